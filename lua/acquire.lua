@@ -1,0 +1,72 @@
+-- acquire: grant the lease on a free target with the next fencing token.
+--
+-- KEYS[1] lease record        KEYS[2] fence counter (never expires)
+-- KEYS[3] request cache for (acquire, target, owner, request id)
+-- ARGV[1] owner               ARGV[2] ttl_ms (> 0)
+-- ARGV[3] max_lifetime_ms ("0" = none)
+-- ARGV[4] lease id to assign (fresh random, only used when granting)
+-- ARGV[5] metadata JSON ("" = none)
+-- ARGV[6] token floor: the token issued is > this ("0" = none)
+-- ARGV[7] idempotency window ms (added to the ttl for the cache entry)
+--
+-- Returns (see lib.lua for the shapes):
+--   acquired + lease with id      the lease was granted, or this request id granted it
+--   held + lease without id       a live lease exists (never cached: a retry may win later)
+--   expired                       this request id's lease has ended
+--   idempotency_conflict          the request id was used with other inputs
+--   corrupt_state                 unreadable record/counter/cache, or counter exhausted
+local owner, ttl, max_life = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+local fp = fingerprint(ARGV[2], ARGV[3], ARGV[5])
+
+local state, r, why = read_lease(KEYS[1], now)
+local cached = read_cache(KEYS[3])
+if cached == false then return reply('corrupt_state', now, 'request cache entry is unreadable') end
+if cached then
+  if cached.fp ~= fp then
+    return reply('idempotency_conflict', now, 'request id was used with different inputs')
+  end
+  if state == 'corrupt' then return reply('corrupt_state', now, why) end
+  if state == 'live' and r.lease_id == cached.lease_id then
+    return reply_lease('acquired', now, 'lease acquired (replayed request)', r, true)
+  end
+  if state == 'live' then
+    return reply_lease('held', now, 'the lease this request acquired was superseded', r, false)
+  end
+  return reply('expired', now, 'the lease this request acquired has ended')
+end
+
+if state == 'corrupt' then return reply('corrupt_state', now, why) end
+if state == 'live' then return reply_lease('held', now, 'target is held', r, false) end
+
+local kind = redis.call('TYPE', KEYS[2]).ok
+local counter = '0'
+if kind ~= 'none' then
+  if kind ~= 'string' then return reply('corrupt_state', now, 'fence counter holds a ' .. kind) end
+  counter = redis.call('GET', KEYS[2])
+  if not is_uint(counter) then return reply('corrupt_state', now, 'fence counter is not a number') end
+  if redis.call('PTTL', KEYS[2]) ~= -1 then return reply('corrupt_state', now, 'fence counter has an expiry') end
+end
+if dec_lt(counter, ARGV[6]) then counter = ARGV[6] end
+if counter == MAX_TOKEN then return reply('corrupt_state', now, 'fence counter exhausted') end
+redis.call('SET', KEYS[2], counter)
+redis.call('INCR', KEYS[2])
+local token = redis.call('GET', KEYS[2])
+
+local expires = now + ttl
+local max_expires = ''
+if max_life > 0 then
+  max_expires = str(now + max_life)
+  if now + max_life < expires then expires = now + max_life end
+end
+local rec = {
+  lease_id = ARGV[4], owner = owner, token = token, acquired_ms = str(now),
+  expires_ms = str(expires), max_expires_ms = max_expires, meta = ARGV[5],
+}
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'v', '1', 'lease_id', rec.lease_id, 'owner', owner, 'token', token,
+  'acquired_ms', rec.acquired_ms, 'expires_ms', rec.expires_ms,
+  'max_expires_ms', max_expires, 'meta', rec.meta)
+redis.call('PEXPIREAT', KEYS[1], expires)
+remember(KEYS[3], fp, rec.lease_id, token, ttl + tonumber(ARGV[7]))
+return reply_lease('acquired', now, 'lease acquired', rec, true)

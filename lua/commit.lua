@@ -1,0 +1,42 @@
+-- commit: fenced write of one value under a target.
+--
+-- KEYS[1] lease record   KEYS[2] commit record (hash: token, value, committed_ms; no expiry)
+-- KEYS[3] request cache for (commit, target, request id)
+-- ARGV[1] token  ARGV[2] key name  ARGV[3] value  ARGV[4] idempotency window ms
+--
+-- Returns:
+--   committed [+ lease without id]  stored (a replay returns committed without a lease)
+--   stale_token                     not the live lease's token, or below the key's last commit
+--   expired                         no live lease
+--   idempotency_conflict            the request id was used with other inputs
+--   corrupt_state                   unreadable record; nothing changed
+local token = ARGV[1]
+local now = now_ms()
+local fp = fingerprint(token, ARGV[2], ARGV[3])
+
+local cached = read_cache(KEYS[3])
+if cached == false then return reply('corrupt_state', now, 'request cache entry is unreadable') end
+if cached then
+  if cached.fp ~= fp then
+    return reply('idempotency_conflict', now, 'request id was used with different inputs')
+  end
+  return reply('committed', now, 'value committed (replayed request)')
+end
+
+local state, r, why = read_lease(KEYS[1], now)
+if state == 'corrupt' then return reply('corrupt_state', now, why) end
+if state == 'none' then return reply('expired', now, 'target has no live lease') end
+if r.token ~= token then return reply('stale_token', now, "token is not the current lease's") end
+
+local kind = redis.call('TYPE', KEYS[2]).ok
+if kind ~= 'none' then
+  if kind ~= 'hash' then return reply('corrupt_state', now, 'commit record holds a ' .. kind) end
+  local last = redis.call('HGET', KEYS[2], 'token')
+  if not is_uint(last) then return reply('corrupt_state', now, 'commit record is unparsable') end
+  if dec_lt(token, last) then
+    return reply('stale_token', now, 'a higher token was already committed for this key')
+  end
+end
+redis.call('HSET', KEYS[2], 'token', token, 'value', ARGV[3], 'committed_ms', str(now))
+remember(KEYS[3], fp, '', token, tonumber(ARGV[4]))
+return reply_lease('committed', now, 'value committed', r, false)

@@ -1,0 +1,12 @@
+-- get: read the live lease, never its lease id.
+--
+-- KEYS[1] lease record
+-- Returns:
+--   found + lease without id      a live lease exists
+--   not_found                     none
+--   corrupt_state                 unreadable record; nothing changed
+local now = now_ms()
+local state, r, why = read_lease(KEYS[1], now)
+if state == 'corrupt' then return reply('corrupt_state', now, why) end
+if state == 'none' then return reply('not_found', now, 'target has no live lease') end
+return reply_lease('found', now, 'target is held', r, false)

@@ -1,0 +1,44 @@
+-- release: end the exact current lease. The fence counter is untouched.
+--
+-- KEYS[1] lease record        KEYS[2] request cache for (release, target, owner, request id)
+-- ARGV[1] owner  ARGV[2] lease id  ARGV[3] token  ARGV[4] idempotency window ms
+--
+-- Returns:
+--   released [+ lease with id]    ended (a replay returns released without a lease)
+--   not_owner                     a live lease exists but is not (lease id, owner, token)
+--   expired                       no live lease
+--   idempotency_conflict          the request id was used with other inputs
+--   corrupt_state                 unreadable record; nothing changed
+-- Cleanup rule: a corrupt record (no expiry, unknown version, bad fields) whose
+-- lease_id, owner and token fields still read exactly as given is deleted and
+-- reported as released: only the holder can prove that identity.
+local owner, lease_id, token = ARGV[1], ARGV[2], ARGV[3]
+local now = now_ms()
+local fp = fingerprint(lease_id, token)
+
+local state, r, why = read_lease(KEYS[1], now)
+local cached = read_cache(KEYS[2])
+if cached == false then return reply('corrupt_state', now, 'request cache entry is unreadable') end
+if cached then
+  if cached.fp ~= fp then
+    return reply('idempotency_conflict', now, 'request id was used with different inputs')
+  end
+  return reply('released', now, 'lease released (replayed request)')
+end
+
+local out
+if state == 'corrupt' then
+  if not (r and holder_matches(r, owner, lease_id, token)) then
+    return reply('corrupt_state', now, why)
+  end
+  out = reply('released', now, 'corrupt lease record removed by its holder')
+elseif state == 'none' then
+  return reply('expired', now, 'the lease has ended')
+elseif not holder_matches(r, owner, lease_id, token) then
+  return reply('not_owner', now, 'the lease is not held by this lease id, owner and token')
+else
+  out = reply_lease('released', now, 'lease released', r, true)
+end
+redis.call('DEL', KEYS[1])
+remember(KEYS[2], fp, lease_id, token, tonumber(ARGV[4]))
+return out

@@ -1,0 +1,9 @@
+//! targetlease: leases with fencing tokens for Kubernetes workloads, stored in Valkey.
+//!
+//! The crate is layered: [`store`] is the backend-neutral lease protocol with
+//! its Valkey and in-memory backends; the CLI and the operator only talk to
+//! the [`store::LeaseStore`] trait.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod store;

@@ -1,0 +1,520 @@
+//! The lease protocol, independent of any backend.
+//!
+//! Everything above this module (the CLI, the operator) speaks only these
+//! types. Refusals such as "someone else holds it" are [`Outcome`] values;
+//! [`StoreError`] is reserved for the backend failing or the caller sending
+//! input that can never be valid.
+
+pub mod memory;
+pub mod valkey;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+/// Longest accepted target, owner, lease id, request id or commit key, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Largest accepted lease metadata document (serialized JSON), in bytes.
+pub const MAX_METADATA_BYTES: usize = 4096;
+/// Largest accepted fenced-commit value, in bytes.
+pub const MAX_COMMIT_VALUE_BYTES: usize = 64 * 1024;
+/// Longest accepted lease duration or maximum lifetime.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Highest fencing token a store will ever issue (the counter fails closed here).
+pub const MAX_TOKEN: u64 = i64::MAX as u64;
+/// How long a request id is remembered after its operation (acquire adds its ttl).
+pub const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(120);
+
+/// Which lease: a tenant (the Kubernetes namespace) and a target name in it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// Tenant the target belongs to; leases never cross tenants.
+    pub namespace: String,
+    /// Name of the thing only one owner may act on.
+    pub name: String,
+}
+
+impl Target {
+    /// A target `name` in tenant `namespace`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        check_name("namespace", &self.namespace)?;
+        check_name("target", &self.name)
+    }
+}
+
+/// Ask for the lease on a target.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    /// The target to lease.
+    pub target: Target,
+    /// Who wants it (an identity, not a secret).
+    pub owner: String,
+    /// How long the lease lives unless renewed.
+    pub ttl: Duration,
+    /// Hard limit on the lease's life from acquisition; renewals cannot pass it.
+    pub max_lifetime: Option<Duration>,
+    /// Retrying with the same id returns the original result.
+    pub request_id: String,
+    /// Opaque JSON object stored with the lease (at most 4 KiB).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The issued token must be greater than this (a durable floor kept by the caller).
+    pub token_floor: Option<u64>,
+}
+
+impl AcquireRequest {
+    /// An acquire with a fresh request id and no optional settings.
+    pub fn new(target: Target, owner: impl Into<String>, ttl: Duration) -> Self {
+        Self {
+            target,
+            owner: owner.into(),
+            ttl,
+            max_lifetime: None,
+            request_id: new_request_id(),
+            metadata: None,
+            token_floor: None,
+        }
+    }
+
+    /// Checks every bound; backends call this before touching state.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        self.target.validate()?;
+        check_name("owner", &self.owner)?;
+        check_name("request id", &self.request_id)?;
+        check_duration("ttl", self.ttl)?;
+        if let Some(max) = self.max_lifetime {
+            check_duration("max lifetime", max)?;
+        }
+        if let Some(meta) = &self.metadata {
+            let len = serde_json::to_string(meta)
+                .map(|s| s.len())
+                .unwrap_or(usize::MAX);
+            if len > MAX_METADATA_BYTES {
+                return Err(StoreError::Invalid(format!(
+                    "metadata is {len} bytes; at most {MAX_METADATA_BYTES} are allowed"
+                )));
+            }
+        }
+        if let Some(floor) = self.token_floor
+            && floor >= MAX_TOKEN
+        {
+            return Err(StoreError::Invalid(format!(
+                "token floor must be below {MAX_TOKEN}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The metadata as the compact JSON text that is stored (empty when absent).
+    pub fn metadata_json(&self) -> String {
+        self.metadata
+            .as_ref()
+            .map(|m| serde_json::Value::Object(m.clone()).to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// The exact identity of one lease: who holds it, its capability id, its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The owner named at acquisition.
+    pub owner: String,
+    /// The secret lease id returned by acquire.
+    pub lease_id: String,
+    /// The fencing token returned by acquire.
+    pub token: u64,
+}
+
+impl Holder {
+    fn validate(&self) -> Result<(), StoreError> {
+        check_name("owner", &self.owner)?;
+        check_name("lease id", &self.lease_id)?;
+        check_token(self.token)
+    }
+}
+
+/// Extend a held lease.
+#[derive(Clone, Debug)]
+pub struct RenewRequest {
+    /// The leased target.
+    pub target: Target,
+    /// The exact current lease.
+    pub holder: Holder,
+    /// New remaining life, counted from the server's now.
+    pub ttl: Duration,
+    /// Retrying with the same id returns the original result.
+    pub request_id: String,
+}
+
+impl RenewRequest {
+    /// A renew with a fresh request id.
+    pub fn new(target: Target, holder: Holder, ttl: Duration) -> Self {
+        Self {
+            target,
+            holder,
+            ttl,
+            request_id: new_request_id(),
+        }
+    }
+
+    /// Checks every bound; backends call this before touching state.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        self.target.validate()?;
+        self.holder.validate()?;
+        check_name("request id", &self.request_id)?;
+        check_duration("ttl", self.ttl)
+    }
+}
+
+/// Give a held lease back.
+#[derive(Clone, Debug)]
+pub struct ReleaseRequest {
+    /// The leased target.
+    pub target: Target,
+    /// The exact current lease.
+    pub holder: Holder,
+    /// Retrying with the same id returns the original result.
+    pub request_id: String,
+}
+
+impl ReleaseRequest {
+    /// A release with a fresh request id.
+    pub fn new(target: Target, holder: Holder) -> Self {
+        Self {
+            target,
+            holder,
+            request_id: new_request_id(),
+        }
+    }
+
+    /// Checks every bound; backends call this before touching state.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        self.target.validate()?;
+        self.holder.validate()?;
+        check_name("request id", &self.request_id)
+    }
+}
+
+/// Administratively end whatever lease a target has, without an owner check.
+#[derive(Clone, Debug)]
+pub struct RevokeRequest {
+    /// The target to clear.
+    pub target: Target,
+    /// Why (kept for audit; never required).
+    pub reason: Option<String>,
+}
+
+impl RevokeRequest {
+    /// Checks every bound; backends call this before touching state.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        self.target.validate()?;
+        if let Some(reason) = &self.reason
+            && reason.len() > MAX_METADATA_BYTES
+        {
+            return Err(StoreError::Invalid(format!(
+                "reason is longer than {MAX_METADATA_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Write `key = value` under a target, accepted only with the live lease's token.
+#[derive(Clone, Debug)]
+pub struct CommitRequest {
+    /// The leased target.
+    pub target: Target,
+    /// The fencing token the writer holds.
+    pub token: u64,
+    /// Name of the value (scoped to the target).
+    pub key: String,
+    /// The value to store.
+    pub value: String,
+    /// Retrying with the same id returns the original result.
+    pub request_id: String,
+}
+
+impl CommitRequest {
+    /// A commit with a fresh request id.
+    pub fn new(
+        target: Target,
+        token: u64,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Self {
+        Self {
+            target,
+            token,
+            key: key.into(),
+            value: value.into(),
+            request_id: new_request_id(),
+        }
+    }
+
+    /// Checks every bound; backends call this before touching state.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        self.target.validate()?;
+        check_token(self.token)?;
+        check_name("key", &self.key)?;
+        check_name("request id", &self.request_id)?;
+        if self.value.len() > MAX_COMMIT_VALUE_BYTES {
+            return Err(StoreError::Invalid(format!(
+                "value is longer than {MAX_COMMIT_VALUE_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A lease as a store reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    /// The target name.
+    pub target: String,
+    /// The capability to renew or release; only ever shown to the holder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    /// Who holds it.
+    pub owner: String,
+    /// Strictly greater than every token issued before for this target.
+    pub fencing_token: u64,
+    /// Server time of acquisition, in Unix milliseconds.
+    pub acquired_at_ms: u64,
+    /// Server time at which the lease ends unless renewed, in Unix milliseconds.
+    pub expires_at_ms: u64,
+    /// Server time past which no renewal can extend the lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_expires_at_ms: Option<u64>,
+    /// The metadata given at acquisition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl Lease {
+    /// The same lease with the capability removed, as shown to anyone but the holder.
+    pub fn without_lease_id(mut self) -> Self {
+        self.lease_id = None;
+        self
+    }
+
+    /// The exact identity needed to renew or release, when this copy carries it.
+    pub fn holder(&self) -> Option<Holder> {
+        self.lease_id.as_ref().map(|id| Holder {
+            owner: self.owner.clone(),
+            lease_id: id.clone(),
+            token: self.fencing_token,
+        })
+    }
+}
+
+/// What a store operation decided. Refusals are values, not errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A new lease was granted.
+    Acquired,
+    /// The lease was extended.
+    Renewed,
+    /// The lease was given back.
+    Released,
+    /// The lease was ended by an administrator.
+    Revoked,
+    /// The target has a live lease (shown without its lease id).
+    Found,
+    /// The fenced write was stored.
+    Committed,
+    /// Someone else holds a live lease on the target.
+    Held,
+    /// The target has no live lease.
+    NotFound,
+    /// A live lease exists but it is not the one named in the request.
+    NotOwner,
+    /// The lease named in the request has ended.
+    Expired,
+    /// The token is not the current lease's, or is lower than one already committed.
+    StaleToken,
+    /// The request id was used before with different inputs.
+    IdempotencyConflict,
+    /// The stored state is not something this version understands; nothing was changed.
+    CorruptState,
+}
+
+impl Outcome {
+    /// Every outcome, for metrics and tests.
+    pub const ALL: [Outcome; 13] = [
+        Outcome::Acquired,
+        Outcome::Renewed,
+        Outcome::Released,
+        Outcome::Revoked,
+        Outcome::Found,
+        Outcome::Committed,
+        Outcome::Held,
+        Outcome::NotFound,
+        Outcome::NotOwner,
+        Outcome::Expired,
+        Outcome::StaleToken,
+        Outcome::IdempotencyConflict,
+        Outcome::CorruptState,
+    ];
+
+    /// The stable snake_case name used in JSON, scripts and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Acquired => "acquired",
+            Outcome::Renewed => "renewed",
+            Outcome::Released => "released",
+            Outcome::Revoked => "revoked",
+            Outcome::Found => "found",
+            Outcome::Committed => "committed",
+            Outcome::Held => "held",
+            Outcome::NotFound => "not_found",
+            Outcome::NotOwner => "not_owner",
+            Outcome::Expired => "expired",
+            Outcome::StaleToken => "stale_token",
+            Outcome::IdempotencyConflict => "idempotency_conflict",
+            Outcome::CorruptState => "corrupt_state",
+        }
+    }
+
+    /// Parses a name produced by [`Outcome::as_str`].
+    pub fn parse(name: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.as_str() == name)
+    }
+
+    /// True when the operation did what was asked.
+    pub fn is_success(self) -> bool {
+        matches!(
+            self,
+            Outcome::Acquired
+                | Outcome::Renewed
+                | Outcome::Released
+                | Outcome::Revoked
+                | Outcome::Found
+                | Outcome::Committed
+        )
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The answer to every store operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// What happened.
+    pub outcome: Outcome,
+    /// The lease the outcome is about, when there is one to show.
+    pub lease: Option<Lease>,
+    /// The store's clock when it decided, in Unix milliseconds.
+    pub server_time_ms: u64,
+    /// One human sentence; never contains secrets.
+    pub message: String,
+}
+
+/// What a health probe learned about the backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    /// The store's clock, in Unix milliseconds.
+    pub server_time_ms: u64,
+    /// Round trip of the probe.
+    pub latency: Duration,
+}
+
+/// The backend failed, or the request can never be valid.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The request breaks a bound; nothing was sent.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The backend could not be asked; nothing happened.
+    #[error("backend unavailable: {0}")]
+    BackendUnavailable(String),
+    /// The request may or may not have taken effect; retry with the same request id.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+}
+
+impl StoreError {
+    /// A bounded name for metrics labels and Event reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            StoreError::Invalid(_) => "invalid",
+            StoreError::BackendUnavailable(_) => "backend_unavailable",
+            StoreError::OutcomeUnknown(_) => "outcome_unknown",
+        }
+    }
+}
+
+/// The lease protocol every backend implements; one contract suite checks them all.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Grants the lease if the target is free.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError>;
+    /// Extends the exact current lease.
+    async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError>;
+    /// Ends the exact current lease.
+    async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError>;
+    /// Reads the live lease, without its lease id.
+    async fn get(&self, target: &Target) -> Result<Reply, StoreError>;
+    /// Ends any lease on the target, without an owner check. The token counter is kept.
+    async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError>;
+    /// Stores a value only if the token is the live lease's and not lower than the last commit.
+    async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError>;
+    /// Probes the backend.
+    async fn health(&self) -> Result<Health, StoreError>;
+}
+
+/// A fresh random request id.
+pub fn new_request_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+fn check_name(what: &str, value: &str) -> Result<(), StoreError> {
+    if value.is_empty() {
+        return Err(StoreError::Invalid(format!("{what} must not be empty")));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(StoreError::Invalid(format!(
+            "{what} is {} bytes; at most {MAX_NAME_BYTES} are allowed",
+            value.len()
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(StoreError::Invalid(format!(
+            "{what} must not contain control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn check_duration(what: &str, value: Duration) -> Result<(), StoreError> {
+    if value.as_millis() == 0 {
+        return Err(StoreError::Invalid(format!("{what} must be at least 1ms")));
+    }
+    if value > MAX_DURATION {
+        return Err(StoreError::Invalid(format!(
+            "{what} must be at most {}",
+            humantime::format_duration(MAX_DURATION)
+        )));
+    }
+    Ok(())
+}
+
+fn check_token(token: u64) -> Result<(), StoreError> {
+    if token == 0 || token > MAX_TOKEN {
+        return Err(StoreError::Invalid(format!(
+            "token must be between 1 and {MAX_TOKEN}"
+        )));
+    }
+    Ok(())
+}

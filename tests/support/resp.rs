@@ -1,0 +1,110 @@
+//! A tiny blocking RESP2 client for tests: raw commands against a real server
+//! (to corrupt state on purpose, read counters, flush), independent of the
+//! client library under test.
+
+#![allow(dead_code)] // shared by several test binaries, each using a part
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// One reply, as the server sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<String>),
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// The reply as text (simple, bulk or integer), panicking otherwise.
+    pub fn text(&self) -> String {
+        match self {
+            Resp::Simple(s) | Resp::Bulk(Some(s)) => s.clone(),
+            Resp::Int(i) => i.to_string(),
+            other => panic!("expected a text reply, got {other:?}"),
+        }
+    }
+
+    /// The reply as an integer.
+    pub fn int(&self) -> i64 {
+        match self {
+            Resp::Int(i) => *i,
+            other => panic!("expected an integer reply, got {other:?}"),
+        }
+    }
+}
+
+/// A blocking connection.
+pub struct Conn {
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    pub fn connect(addr: &str) -> std::io::Result<Self> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(Self {
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends one command and reads its reply.
+    pub fn cmd(&mut self, args: &[&str]) -> Resp {
+        self.try_cmd(args).expect("valkey connection failed")
+    }
+
+    pub fn try_cmd(&mut self, args: &[&str]) -> std::io::Result<Resp> {
+        let mut buf = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            buf.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            buf.extend_from_slice(a.as_bytes());
+            buf.extend_from_slice(b"\r\n");
+        }
+        self.reader.get_mut().write_all(&buf)?;
+        self.read()
+    }
+
+    fn read(&mut self) -> std::io::Result<Resp> {
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        if line.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed",
+            ));
+        }
+        let body = line[1..].trim_end_matches("\r\n").to_string();
+        Ok(match line.as_bytes()[0] {
+            b'+' => Resp::Simple(body),
+            b'-' => Resp::Error(body),
+            b':' => Resp::Int(body.parse().unwrap()),
+            b'$' => {
+                let n: i64 = body.parse().unwrap();
+                if n < 0 {
+                    Resp::Bulk(None)
+                } else {
+                    let mut data = vec![0u8; n as usize + 2];
+                    self.reader.read_exact(&mut data)?;
+                    data.truncate(n as usize);
+                    Resp::Bulk(Some(String::from_utf8_lossy(&data).into_owned()))
+                }
+            }
+            b'*' => {
+                let n: i64 = body.parse().unwrap();
+                if n < 0 {
+                    Resp::Array(None)
+                } else {
+                    let mut items = Vec::with_capacity(n as usize);
+                    for _ in 0..n {
+                        items.push(self.read()?);
+                    }
+                    Resp::Array(Some(items))
+                }
+            }
+            other => panic!("unexpected RESP type byte {other}"),
+        })
+    }
+}

