@@ -1,1 +1,8 @@
-fn main() {}
+//! The `targetlease` binary; everything lives in the library's `cli` module.
+
+use std::process::ExitCode;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    targetlease::cli::main().await
+}

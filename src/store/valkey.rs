@@ -17,7 +17,7 @@ use fred::prelude::*;
 use fred::types::CustomCommand;
 use fred::types::config::Options;
 
-pub use config::{Secret, ValkeyConfig, redact_url};
+pub use config::{Durability, Secret, TlsFiles, ValkeyConfig, redact_url};
 pub use keys::KeySpace;
 use scripts::{SCRIPTS, Script};
 

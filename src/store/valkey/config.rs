@@ -1,6 +1,7 @@
 //! How to reach Valkey: one typed config shared by the CLI and the operator.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// A secret string whose `Debug` and `Display` never show the value.
@@ -42,6 +43,62 @@ pub struct ValkeyConfig {
     pub connect_timeout: Duration,
     /// Number of pooled connections.
     pub pool_size: usize,
+    /// TLS material; used with `rediss://` and `rediss-cluster://` URLs.
+    pub tls: TlsFiles,
+    /// What must hold before an acquire is reported as held.
+    pub durability: Durability,
+}
+
+/// PEM files for TLS (rustls). Verification is always on.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    /// CA bundle to trust instead of the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain for mTLS.
+    pub cert_file: Option<PathBuf>,
+    /// Client private key for mTLS.
+    pub key_file: Option<PathBuf>,
+    /// Name to verify the server certificate against, instead of the URL host.
+    pub server_name: Option<String>,
+}
+
+/// How durable an acquired lease must be before it is reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Acknowledged by the primary's memory (the default; lost on failover).
+    #[default]
+    None,
+    /// Acknowledged by at least N replicas (`WAIT`).
+    Replicas(u32),
+    /// Written to the primary's append-only file (`WAITAOF`).
+    Aof,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(Durability::None),
+            "aof" => Ok(Durability::Aof),
+            other => match other.strip_prefix("replicas:").map(str::parse::<u32>) {
+                Some(Ok(n)) if n > 0 => Ok(Durability::Replicas(n)),
+                _ => Err(format!(
+                    "durability must be none, aof or replicas:N (N >= 1), not {other:?}"
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Durability::None => f.write_str("none"),
+            Durability::Replicas(n) => write!(f, "replicas:{n}"),
+            Durability::Aof => f.write_str("aof"),
+        }
+    }
 }
 
 impl Default for ValkeyConfig {
@@ -54,6 +111,8 @@ impl Default for ValkeyConfig {
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             pool_size: 1,
+            tls: TlsFiles::default(),
+            durability: Durability::None,
         }
     }
 }

@@ -1,0 +1,94 @@
+//! Connection flags shared by every command that talks to Valkey.
+//!
+//! Each flag has a `TARGETLEASE_…` environment fallback and is parsed once
+//! into a [`ValkeyConfig`]; nothing below the CLI reads the environment.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig};
+
+/// How to reach Valkey.
+#[derive(Args, Clone, Debug)]
+pub struct ConnectionArgs {
+    /// Valkey URL: redis://, rediss:// (TLS), redis-cluster://, rediss-cluster://
+    /// (extra seeds as ?node=host:port&node=…) or redis-sentinel://.
+    #[arg(long, env = "TARGETLEASE_VALKEY_URL", default_value = "redis://127.0.0.1:6379")]
+    pub valkey_url: String,
+    /// ACL user name.
+    #[arg(long, env = "TARGETLEASE_USERNAME")]
+    pub username: Option<String>,
+    /// File holding the ACL password (never pass the password itself as a flag).
+    #[arg(long, env = "TARGETLEASE_PASSWORD_FILE")]
+    pub password_file: Option<PathBuf>,
+    /// Prefix of every key (the ACL key pattern is `<prefix>:*`).
+    #[arg(long, env = "TARGETLEASE_KEY_PREFIX", default_value = "targetlease")]
+    pub key_prefix: String,
+    /// Deadline for one operation, e.g. 500ms or 2s.
+    #[arg(long, env = "TARGETLEASE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Deadline for connecting (TLS handshake included).
+    #[arg(long, env = "TARGETLEASE_CONNECT_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// Number of pooled connections.
+    #[arg(long, env = "TARGETLEASE_POOL_SIZE", default_value_t = 1)]
+    pub pool_size: usize,
+    /// PEM CA bundle to trust for TLS instead of the system roots.
+    #[arg(long, env = "TARGETLEASE_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain for mTLS.
+    #[arg(long, env = "TARGETLEASE_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM client private key for mTLS.
+    #[arg(long, env = "TARGETLEASE_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Name to verify the server certificate against, instead of the URL host.
+    #[arg(long, env = "TARGETLEASE_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+    /// What must hold before an acquire is reported: none, replicas:N or aof.
+    #[arg(long, env = "TARGETLEASE_DURABILITY", default_value = "none")]
+    pub durability: Durability,
+}
+
+impl ConnectionArgs {
+    /// The typed config; reads the password file.
+    pub fn to_config(&self) -> Result<ValkeyConfig, String> {
+        let password = match &self.password_file {
+            Some(path) => Some(read_secret(path)?),
+            None => None,
+        };
+        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err("--timeout and --connect-timeout must be positive".into());
+        }
+        if self.pool_size == 0 || self.pool_size > 128 {
+            return Err("--pool-size must be between 1 and 128".into());
+        }
+        Ok(ValkeyConfig {
+            url: self.valkey_url.clone(),
+            username: self.username.clone(),
+            password,
+            key_prefix: self.key_prefix.clone(),
+            timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
+            pool_size: self.pool_size,
+            tls: TlsFiles {
+                ca_file: self.tls_ca_file.clone(),
+                cert_file: self.tls_cert_file.clone(),
+                key_file: self.tls_key_file.clone(),
+                server_name: self.tls_server_name.clone(),
+            },
+            durability: self.durability,
+        })
+    }
+}
+
+/// Reads a secret file; one trailing newline is not part of the secret.
+pub fn read_secret(path: &std::path::Path) -> Result<Secret, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read password file {}: {}", path.display(), e.kind()))?;
+    let value = text.strip_suffix('\n').unwrap_or(&text);
+    let value = value.strip_suffix('\r').unwrap_or(value);
+    Ok(Secret::new(value))
+}
