@@ -677,6 +677,40 @@ pub async fn token_floor_raises_the_next_token(h: &impl Harness) {
     );
 }
 
+pub async fn commit_refuses_a_lower_token_even_after_counter_loss(h: &impl Harness) {
+    let s = h.store();
+    let t = target("counter-loss");
+    let first = held(&*s, &t, "alice", LONG).await;
+    s.release(&ReleaseRequest::new(t.clone(), holder(&first)))
+        .await
+        .unwrap();
+    let second = held(&*s, &t, "alice", LONG).await;
+    assert_eq!(second.fencing_token, 2);
+    let c = CommitRequest::new(t.clone(), second.fencing_token, "k", "v2");
+    assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
+
+    h.lose_counter(&t).await;
+    let reissued = held(&*s, &t, "bob", LONG).await;
+    assert_eq!(reissued.fencing_token, 1, "the store lost its counter");
+    let c = CommitRequest::new(t.clone(), reissued.fencing_token, "k", "regressed");
+    assert_eq!(
+        s.commit(&c).await.unwrap().outcome,
+        Outcome::StaleToken,
+        "the commit record still refuses a lower token"
+    );
+    s.release(&ReleaseRequest::new(t.clone(), holder(&reissued)))
+        .await
+        .unwrap();
+
+    // A caller-kept floor restores monotonicity.
+    let mut req = AcquireRequest::new(t.clone(), "bob", LONG);
+    req.token_floor = Some(second.fencing_token);
+    let floored = s.acquire(&req).await.unwrap().lease.unwrap();
+    assert_eq!(floored.fencing_token, 3);
+    let c = CommitRequest::new(t.clone(), floored.fencing_token, "k", "v3");
+    assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
+}
+
 pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
     let s = h.store();
     let t = target("secret");

@@ -45,6 +45,9 @@ pub trait Harness: Send + Sync {
     async fn corrupt(&self, target: &Target, how: Corruption, holder: &Holder);
     /// An opaque picture of the target's stored state, to prove nothing changed.
     async fn snapshot(&self, target: &Target) -> String;
+    /// Loses the target's counter and lease (a flush or an unreplicated failover);
+    /// committed values survive, as they would downstream.
+    async fn lose_counter(&self, target: &Target);
 }
 
 /// The reference backend with a manual clock.
@@ -78,6 +81,9 @@ impl Harness for MemoryHarness {
             Corruption::Garbage => None,
         };
         self.store.put_corrupt_lease(target, identity);
+    }
+    async fn lose_counter(&self, _target: &Target) {
+        self.store.forget_counters();
     }
     async fn snapshot(&self, target: &Target) -> String {
         format!(
@@ -147,6 +153,14 @@ impl Harness for ValkeyHarness {
             }
         }
     }
+    async fn lose_counter(&self, target: &Target) {
+        let mut c = self.server.conn();
+        c.cmd(&[
+            "DEL",
+            &self.lease_key(target),
+            &self.store.keys().fence(target),
+        ]);
+    }
     async fn snapshot(&self, target: &Target) -> String {
         let mut c = self.server.conn();
         let keys = [self.lease_key(target), self.store.keys().fence(target)];
@@ -203,6 +217,7 @@ all_backends!(
     fenced_commit_accepts_only_the_live_token,
     revoke_ends_the_lease_but_never_lowers_the_token,
     token_floor_raises_the_next_token,
+    commit_refuses_a_lower_token_even_after_counter_loss,
     conflicts_never_reveal_the_lease_id,
     tenants_are_isolated,
     health_reports_server_time,
