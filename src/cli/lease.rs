@@ -1,0 +1,393 @@
+//! `targetlease lease …`: one store operation per invocation, one JSON envelope out.
+//!
+//! Every request is built and validated before anything connects, so bad
+//! arguments exit 2 having sent nothing.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use super::connection::ConnectionArgs;
+use super::logging::{self, LogArgs};
+use super::output::{self, Report};
+use crate::store::valkey::ValkeyStore;
+use crate::store::{
+    AcquireRequest, CommitRequest, Holder, LeaseStore, MAX_METADATA_BYTES, ReleaseRequest,
+    RenewRequest, Reply, RevokeRequest, StoreError, Target,
+};
+
+/// Acquire, renew, release, inspect, revoke or fence-write a lease.
+#[derive(Args, Debug)]
+pub struct LeaseArgs {
+    /// The operation.
+    #[command(subcommand)]
+    pub command: LeaseCommand,
+}
+
+/// The lease operations.
+#[derive(Subcommand, Debug)]
+pub enum LeaseCommand {
+    /// Take the lease if the target is free; prints the lease id and fencing token.
+    Acquire(AcquireArgs),
+    /// Extend the lease you hold (exact lease id, owner and token).
+    Renew(RenewArgs),
+    /// Give back the lease you hold (exact lease id, owner and token).
+    Release(ReleaseArgs),
+    /// Show the live lease of a target, without its lease id.
+    Get(GetArgs),
+    /// End whatever lease a target has, without an owner check (administrative).
+    Revoke(RevokeArgs),
+    /// Store KEY=VALUE under the target, only with the live lease's fencing token.
+    Commit(CommitArgs),
+}
+
+/// Which target, in which tenant.
+#[derive(Args, Clone, Debug)]
+pub struct TargetArgs {
+    /// The target name (1 to 256 bytes).
+    #[arg(long, env = "TARGETLEASE_TARGET")]
+    pub target: String,
+    /// The tenant (Kubernetes namespace) the target belongs to.
+    #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+}
+
+impl TargetArgs {
+    /// The typed target.
+    pub fn target(&self) -> Target {
+        Target::new(&self.namespace, &self.target)
+    }
+}
+
+/// Flags of `lease acquire`.
+#[derive(Args, Debug)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Who wants the lease (1 to 256 bytes; an identity, not a secret).
+    #[arg(long, env = "TARGETLEASE_OWNER")]
+    owner: String,
+    /// How long the lease lives unless renewed, e.g. 10s.
+    #[arg(long, env = "TARGETLEASE_TTL", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Hard limit on the lease's life; renewals cannot extend past it.
+    #[arg(long, env = "TARGETLEASE_MAX_LIFETIME", value_parser = humantime::parse_duration)]
+    max_lifetime: Option<Duration>,
+    /// Idempotency key: a retry with the same id returns the original result (default: fresh).
+    #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
+    request_id: Option<String>,
+    /// A JSON object (at most 4 KiB) stored with the lease and shown by get.
+    #[arg(long, env = "TARGETLEASE_METADATA", hide_env_values = true)]
+    metadata: Option<String>,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// The exact identity of the held lease.
+#[derive(Args, Debug)]
+pub struct HolderArgs {
+    /// The owner named at acquisition.
+    #[arg(long, env = "TARGETLEASE_OWNER")]
+    owner: String,
+    /// The lease id printed by acquire.
+    #[arg(long, env = "TARGETLEASE_LEASE_ID")]
+    lease_id: String,
+    /// The fencing token printed by acquire.
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    token: u64,
+}
+
+impl HolderArgs {
+    fn holder(&self) -> Holder {
+        Holder {
+            owner: self.owner.clone(),
+            lease_id: self.lease_id.clone(),
+            token: self.token,
+        }
+    }
+}
+
+/// Flags of `lease renew`.
+#[derive(Args, Debug)]
+pub struct RenewArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    #[command(flatten)]
+    holder: HolderArgs,
+    /// New remaining life, counted from the server's now, e.g. 10s.
+    #[arg(long, env = "TARGETLEASE_TTL", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Idempotency key: a retry with the same id returns the original result (default: fresh).
+    #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
+    request_id: Option<String>,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// Flags of `lease release`.
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    #[command(flatten)]
+    holder: HolderArgs,
+    /// Idempotency key: a retry with the same id returns the original result (default: fresh).
+    #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
+    request_id: Option<String>,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// Flags of `lease get`.
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// Flags of `lease revoke`.
+#[derive(Args, Debug)]
+pub struct RevokeArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Why the lease is revoked (informational).
+    #[arg(long, env = "TARGETLEASE_REVOKE_REASON")]
+    reason: Option<String>,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// Flags of `lease commit`.
+#[derive(Args, Debug)]
+pub struct CommitArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// The fencing token of the live lease.
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    token: u64,
+    /// Name of the value, scoped to the target (1 to 256 bytes).
+    #[arg(long, env = "TARGETLEASE_COMMIT_KEY")]
+    key: String,
+    /// The value to store (at most 64 KiB).
+    #[arg(long, env = "TARGETLEASE_COMMIT_VALUE")]
+    value: String,
+    /// Idempotency key: a retry with the same id returns the original result (default: fresh).
+    #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
+    request_id: Option<String>,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// One validated store call, ready to send.
+enum Op {
+    Acquire(AcquireRequest),
+    Renew(RenewRequest),
+    Release(ReleaseRequest),
+    Get(Target),
+    Revoke(RevokeRequest),
+    Commit(CommitRequest),
+}
+
+impl Op {
+    async fn send(&self, store: &dyn LeaseStore) -> Result<Reply, StoreError> {
+        match self {
+            Op::Acquire(r) => store.acquire(r).await,
+            Op::Renew(r) => store.renew(r).await,
+            Op::Release(r) => store.release(r).await,
+            Op::Get(t) => store.get(t).await,
+            Op::Revoke(r) => store.revoke(r).await,
+            Op::Commit(r) => store.commit(r).await,
+        }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        match self {
+            Op::Acquire(r) => r.validate(),
+            Op::Renew(r) => r.validate(),
+            Op::Release(r) => r.validate(),
+            // Target bounds are checked by RevokeRequest; a get has nothing else to check.
+            Op::Get(t) => RevokeRequest {
+                target: t.clone(),
+                reason: None,
+            }
+            .validate(),
+            Op::Revoke(r) => r.validate(),
+            Op::Commit(r) => r.validate(),
+        }
+    }
+
+    fn is_write(&self) -> bool {
+        !matches!(self, Op::Get(_))
+    }
+
+    fn request_id(&self) -> Option<&str> {
+        match self {
+            Op::Acquire(r) => Some(&r.request_id),
+            Op::Renew(r) => Some(&r.request_id),
+            Op::Release(r) => Some(&r.request_id),
+            Op::Commit(r) => Some(&r.request_id),
+            Op::Get(_) | Op::Revoke(_) => None,
+        }
+    }
+}
+
+/// Parses `--metadata`: a JSON object of at most 4 KiB.
+pub fn parse_metadata(
+    text: Option<&str>,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, String> {
+    let Some(text) = text else { return Ok(None) };
+    if text.len() > MAX_METADATA_BYTES {
+        return Err(format!(
+            "--metadata is {} bytes; at most {MAX_METADATA_BYTES} are allowed",
+            text.len()
+        ));
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
+        Ok(_) => Err("--metadata must be a JSON object, e.g. '{\"job\":\"nightly\"}'".into()),
+        Err(e) => Err(format!(
+            "--metadata is not valid JSON (line {}, column {})",
+            e.line(),
+            e.column()
+        )),
+    }
+}
+
+fn request_id(given: &Option<String>) -> String {
+    given.clone().unwrap_or_else(crate::store::new_request_id)
+}
+
+fn build(cmd: &LeaseCommand) -> Result<Op, String> {
+    let op = match cmd {
+        LeaseCommand::Acquire(a) => {
+            let mut req = AcquireRequest::new(a.target.target(), &a.owner, a.ttl);
+            req.max_lifetime = a.max_lifetime;
+            req.request_id = request_id(&a.request_id);
+            req.metadata = parse_metadata(a.metadata.as_deref())?;
+            Op::Acquire(req)
+        }
+        LeaseCommand::Renew(a) => {
+            let mut req = RenewRequest::new(a.target.target(), a.holder.holder(), a.ttl);
+            req.request_id = request_id(&a.request_id);
+            Op::Renew(req)
+        }
+        LeaseCommand::Release(a) => {
+            let mut req = ReleaseRequest::new(a.target.target(), a.holder.holder());
+            req.request_id = request_id(&a.request_id);
+            Op::Release(req)
+        }
+        LeaseCommand::Get(a) => Op::Get(a.target.target()),
+        LeaseCommand::Revoke(a) => Op::Revoke(RevokeRequest {
+            target: a.target.target(),
+            reason: a.reason.clone(),
+        }),
+        LeaseCommand::Commit(a) => {
+            let mut req = CommitRequest::new(a.target.target(), a.token, &a.key, &a.value);
+            req.request_id = request_id(&a.request_id);
+            Op::Commit(req)
+        }
+    };
+    op.validate().map_err(|e| match e {
+        StoreError::Invalid(msg) => msg,
+        other => other.to_string(),
+    })?;
+    Ok(op)
+}
+
+impl LeaseCommand {
+    fn conn(&self) -> &ConnectionArgs {
+        match self {
+            LeaseCommand::Acquire(a) => &a.conn,
+            LeaseCommand::Renew(a) => &a.conn,
+            LeaseCommand::Release(a) => &a.conn,
+            LeaseCommand::Get(a) => &a.conn,
+            LeaseCommand::Revoke(a) => &a.conn,
+            LeaseCommand::Commit(a) => &a.conn,
+        }
+    }
+
+    fn log(&self) -> &LogArgs {
+        match self {
+            LeaseCommand::Acquire(a) => &a.log,
+            LeaseCommand::Renew(a) => &a.log,
+            LeaseCommand::Release(a) => &a.log,
+            LeaseCommand::Get(a) => &a.log,
+            LeaseCommand::Revoke(a) => &a.log,
+            LeaseCommand::Commit(a) => &a.log,
+        }
+    }
+}
+
+/// Runs one `lease` subcommand and returns the contract exit code.
+pub async fn main(args: LeaseArgs) -> ExitCode {
+    let cmd = args.command;
+    logging::init(cmd.log());
+    // (no client required) everything that can be refused locally is refused here.
+    let op = match build(&cmd) {
+        Ok(op) => op,
+        Err(msg) => return output::usage_error(&msg),
+    };
+    let config = match cmd.conn().to_config() {
+        Ok(c) => c,
+        Err(msg) => return output::usage_error(&msg),
+    };
+    // (client required)
+    let store = match ValkeyStore::connect(&config).await {
+        Ok(s) => s,
+        Err(e) => return output::emit(Report::from(e)),
+    };
+    // The store enforces `--timeout`; this is a backstop should a reply never come.
+    let backstop = config.timeout + Duration::from_secs(1);
+    let result = match tokio::time::timeout(backstop, op.send(&store)).await {
+        Ok(r) => r,
+        Err(_) if op.is_write() => Err(StoreError::OutcomeUnknown(
+            "no reply from valkey in time; retry with the same request id".into(),
+        )),
+        Err(_) => Err(StoreError::BackendUnavailable(
+            "no reply from valkey in time".into(),
+        )),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
+    // The caller needs the id to resolve an unknown outcome, even when it was generated.
+    let result = match (result, op.request_id()) {
+        (Err(StoreError::OutcomeUnknown(msg)), Some(id)) => Err(StoreError::OutcomeUnknown(
+            format!("{msg} (--request-id {id})"),
+        )),
+        (other, _) => other,
+    };
+    output::emit(Report::from(result))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_metadata;
+
+    #[test]
+    fn metadata_must_be_a_small_json_object() {
+        assert!(parse_metadata(None).unwrap().is_none());
+        assert_eq!(
+            parse_metadata(Some(r#"{"a":1}"#)).unwrap().unwrap().len(),
+            1
+        );
+        assert!(parse_metadata(Some("[1]")).is_err());
+        assert!(parse_metadata(Some("\"x\"")).is_err());
+        assert!(parse_metadata(Some("{")).is_err());
+        let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(4096));
+        assert!(parse_metadata(Some(&big)).is_err());
+    }
+}

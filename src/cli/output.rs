@@ -1,0 +1,225 @@
+//! The one JSON envelope every lease command prints, and the exit-code contract.
+//!
+//! Scripts depend on both exactly: `{"outcome", "lease", "server_time_ms",
+//! "message"}` on stdout, and 0 success / 1 refusal / 2 bad arguments /
+//! 3 backend trouble as the exit code. Keeping them in one file keeps the
+//! mapping from drifting between `lease` and `run`.
+
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+use crate::store::{Lease, Outcome, Reply, StoreError};
+
+/// Exit code of a command that did what was asked.
+pub const EXIT_OK: u8 = 0;
+/// Exit code of a refusal (`held`, `not_found`, `not_owner`, …).
+pub const EXIT_REFUSED: u8 = 1;
+/// Exit code of bad arguments; nothing was sent to the backend.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code of backend trouble (`backend_unavailable`, `corrupt_state`, `outcome_unknown`).
+pub const EXIT_BACKEND: u8 = 3;
+
+/// What a command reports: a store outcome, or the backend failing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// The store decided.
+    Store(Outcome),
+    /// The backend could not be asked; nothing happened.
+    BackendUnavailable,
+    /// The request may or may not have taken effect; retry with the same request id.
+    OutcomeUnknown,
+}
+
+impl Status {
+    /// The stable snake_case name printed as `outcome`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Store(o) => o.as_str(),
+            Status::BackendUnavailable => "backend_unavailable",
+            Status::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+
+    /// The exit code the contract assigns to this outcome.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Status::Store(Outcome::CorruptState)
+            | Status::BackendUnavailable
+            | Status::OutcomeUnknown => EXIT_BACKEND,
+            Status::Store(o) if o.is_success() => EXIT_OK,
+            Status::Store(_) => EXIT_REFUSED,
+        }
+    }
+}
+
+/// The JSON object printed for every lease operation.
+#[derive(Clone, Debug, Serialize)]
+pub struct Envelope {
+    /// Outcome name, e.g. `acquired` or `backend_unavailable`.
+    pub outcome: &'static str,
+    /// The lease the outcome is about, or `null`.
+    pub lease: Option<Lease>,
+    /// The server's clock when it decided; 0 when no server answered.
+    pub server_time_ms: u64,
+    /// One human sentence; never contains secrets.
+    pub message: String,
+    #[serde(skip)]
+    status: Status,
+}
+
+impl Envelope {
+    /// The envelope of a store reply. `held` and `found` never carry a lease id.
+    pub fn from_reply(reply: Reply) -> Self {
+        let lease = match reply.outcome {
+            Outcome::Held | Outcome::Found => reply.lease.map(Lease::without_lease_id),
+            _ => reply.lease,
+        };
+        Self {
+            outcome: reply.outcome.as_str(),
+            lease,
+            server_time_ms: reply.server_time_ms,
+            message: reply.message,
+            status: Status::Store(reply.outcome),
+        }
+    }
+
+    /// The envelope of a backend failure (no server answered, so time is 0).
+    pub fn from_backend_error(status: Status, message: String) -> Self {
+        Self {
+            outcome: status.as_str(),
+            lease: None,
+            server_time_ms: 0,
+            message,
+            status,
+        }
+    }
+
+    /// What the command reports.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// The exit code for this envelope.
+    pub fn exit_code(&self) -> u8 {
+        self.status.exit_code()
+    }
+
+    /// One line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| {
+            format!(
+                r#"{{"outcome":"{}","lease":null,"server_time_ms":0,"message":"unprintable reply"}}"#,
+                self.outcome
+            )
+        })
+    }
+}
+
+/// A command's result: an envelope to print, or arguments that can never work.
+#[derive(Debug)]
+pub enum Report {
+    /// Printed as JSON; exit code from its outcome.
+    Envelope(Envelope),
+    /// Printed to stderr only; exit 2.
+    Usage(String),
+}
+
+impl From<Result<Reply, StoreError>> for Report {
+    fn from(result: Result<Reply, StoreError>) -> Self {
+        match result {
+            Ok(reply) => Report::Envelope(Envelope::from_reply(reply)),
+            Err(e) => Report::from(e),
+        }
+    }
+}
+
+impl From<StoreError> for Report {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Invalid(msg) => Report::Usage(msg),
+            StoreError::BackendUnavailable(msg) => Report::Envelope(Envelope::from_backend_error(
+                Status::BackendUnavailable,
+                msg,
+            )),
+            StoreError::OutcomeUnknown(msg) => {
+                Report::Envelope(Envelope::from_backend_error(Status::OutcomeUnknown, msg))
+            }
+        }
+    }
+}
+
+/// Prints a usage error to stderr; the caller exits 2.
+pub fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Prints the report (envelope to stdout, usage errors to stderr) and returns the exit code.
+pub fn emit(report: Report) -> ExitCode {
+    match report {
+        Report::Envelope(env) => {
+            println!("{}", env.to_json());
+            ExitCode::from(env.exit_code())
+        }
+        Report::Usage(msg) => usage_error(&msg),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_has_the_contract_exit_code() {
+        let expected = [
+            ("acquired", 0),
+            ("renewed", 0),
+            ("released", 0),
+            ("revoked", 0),
+            ("found", 0),
+            ("committed", 0),
+            ("held", 1),
+            ("not_found", 1),
+            ("not_owner", 1),
+            ("expired", 1),
+            ("stale_token", 1),
+            ("idempotency_conflict", 1),
+            ("corrupt_state", 3),
+        ];
+        for o in Outcome::ALL {
+            let code = expected
+                .iter()
+                .find(|(n, _)| *n == o.as_str())
+                .map(|(_, c)| *c)
+                .unwrap_or_else(|| panic!("outcome {o} missing from the contract table"));
+            assert_eq!(Status::Store(o).exit_code(), code, "{o}");
+        }
+        assert_eq!(Status::BackendUnavailable.exit_code(), 3);
+        assert_eq!(Status::OutcomeUnknown.exit_code(), 3);
+    }
+
+    #[test]
+    fn held_and_found_never_show_a_lease_id() {
+        for outcome in [Outcome::Held, Outcome::Found] {
+            let reply = Reply {
+                outcome,
+                lease: Some(Lease {
+                    target: "t".into(),
+                    lease_id: Some("secret-capability".into()),
+                    owner: "o".into(),
+                    fencing_token: u64::MAX / 2,
+                    acquired_at_ms: 1,
+                    expires_at_ms: 2,
+                    max_expires_at_ms: None,
+                    metadata: None,
+                }),
+                server_time_ms: 1,
+                message: String::new(),
+            };
+            let json = Envelope::from_reply(reply).to_json();
+            assert!(!json.contains("lease_id"), "{json}");
+            assert!(json.contains(&(u64::MAX / 2).to_string()), "{json}");
+        }
+    }
+}
