@@ -7,4 +7,10 @@
 #![deny(missing_docs)]
 
 pub mod cli;
+pub mod conditions;
+pub mod crd;
+pub mod floor;
+pub mod lease_id;
+pub mod operator;
+pub mod reconcile;
 pub mod store;

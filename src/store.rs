@@ -6,6 +6,7 @@
 //! input that can never be valid.
 
 pub mod memory;
+pub mod metrics;
 pub mod valkey;
 
 use std::time::Duration;
@@ -67,6 +68,9 @@ pub struct AcquireRequest {
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// The issued token must be greater than this (a durable floor kept by the caller).
     pub token_floor: Option<u64>,
+    /// The lease id to assign, for callers that derive it (it must be unguessable:
+    /// it is the capability to renew and release). Default: a fresh random id.
+    pub lease_id: Option<String>,
 }
 
 impl AcquireRequest {
@@ -80,6 +84,7 @@ impl AcquireRequest {
             request_id: new_request_id(),
             metadata: None,
             token_floor: None,
+            lease_id: None,
         }
     }
 
@@ -88,6 +93,14 @@ impl AcquireRequest {
         self.target.validate()?;
         check_name("owner", &self.owner)?;
         check_name("request id", &self.request_id)?;
+        if let Some(id) = &self.lease_id {
+            check_name("lease id", id)?;
+            if id.len() < 16 {
+                return Err(StoreError::Invalid(
+                    "lease id must be at least 16 bytes (it is a capability)".into(),
+                ));
+            }
+        }
         check_duration("ttl", self.ttl)?;
         if let Some(max) = self.max_lifetime {
             check_duration("max lifetime", max)?;

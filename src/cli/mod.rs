@@ -5,6 +5,12 @@
 //! outcome_unknown).
 
 pub mod connection;
+pub mod crd;
+pub mod lease;
+pub mod logging;
+pub mod operator;
+pub mod output;
+pub mod run;
 
 use std::process::ExitCode;
 
@@ -21,9 +27,23 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
-pub enum Command {}
+pub enum Command {
+    /// Acquire, renew, release, get, revoke or fence-write a lease (one JSON object on stdout).
+    Lease(lease::LeaseArgs),
+    /// Hold a lease while a command runs: `run --target T --owner O --ttl 10s -- CMD [ARGS…]`.
+    Run(run::RunArgs),
+    /// Print the TargetLease CustomResourceDefinition as YAML (committed under crds/).
+    Crd(crd::CrdArgs),
+    /// Run the operator: reconcile TargetLeases against Valkey.
+    Operator(operator::OperatorArgs),
+}
 
 /// Parses arguments, runs the command and returns its exit code.
 pub async fn main() -> ExitCode {
-    match Cli::parse().command {}
+    match Cli::parse().command {
+        Command::Lease(args) => lease::main(args).await,
+        Command::Run(args) => run::main(args).await,
+        Command::Crd(args) => crd::main(args),
+        Command::Operator(args) => operator::main(args).await,
+    }
 }

@@ -300,7 +300,7 @@ impl LeaseStore for MemoryStore {
             expires_ms = expires_ms.min(max);
         }
         let rec = Record {
-            lease_id: super::new_request_id(),
+            lease_id: req.lease_id.clone().unwrap_or_else(super::new_request_id),
             owner: req.owner.clone(),
             token,
             acquired_ms: now,

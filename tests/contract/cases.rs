@@ -711,6 +711,27 @@ pub async fn commit_refuses_a_lower_token_even_after_counter_loss(h: &impl Harne
     assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
 }
 
+pub async fn a_caller_chosen_lease_id_is_used_and_replayed(h: &impl Harness) {
+    let s = h.store();
+    let t = target("chosen-id");
+    let mut req = AcquireRequest::new(t.clone(), "alice", LONG);
+    req.lease_id = Some("derived-capability-0123456789".into());
+    let first = s.acquire(&req).await.unwrap().lease.unwrap();
+    assert_eq!(
+        first.lease_id.as_deref(),
+        Some("derived-capability-0123456789")
+    );
+    assert_eq!(s.acquire(&req).await.unwrap().lease.unwrap(), first);
+    let renewed = s
+        .renew(&RenewRequest::new(t.clone(), holder(&first), LONG))
+        .await
+        .unwrap();
+    assert_eq!(renewed.outcome, Outcome::Renewed);
+    let mut short = AcquireRequest::new(target("chosen-short"), "alice", LONG);
+    short.lease_id = Some("guessable".into());
+    assert_invalid(s.acquire(&short).await, "short lease id");
+}
+
 pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
     let s = h.store();
     let t = target("secret");

@@ -218,6 +218,7 @@ all_backends!(
     revoke_ends_the_lease_but_never_lowers_the_token,
     token_floor_raises_the_next_token,
     commit_refuses_a_lower_token_even_after_counter_loss,
+    a_caller_chosen_lease_id_is_used_and_replayed,
     conflicts_never_reveal_the_lease_id,
     tenants_are_isolated,
     health_reports_server_time,

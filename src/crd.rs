@@ -1,0 +1,289 @@
+//! The `TargetLease` custom resource: what users apply and what they read back.
+//!
+//! Doc comments on these types become `kubectl explain` output, so they are
+//! written for the person applying the YAML.
+
+// Several `printcolumn(... type_ = "string" ...)` entries look like duplicates to clippy.
+#![allow(clippy::duplicated_attributes)]
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Go-style duration: one or more `<integer><unit>` with unit ms, s, m or h (e.g. `90s`, `1m30s`).
+const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h))+$";
+
+/// A lease with a fencing token on a named target, held for one holder or elected
+/// among candidate pods. The operator acquires it in Valkey, keeps it renewed and
+/// publishes the fencing token in `status`; deleting the resource releases it.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "targetlease.dev",
+    version = "v1alpha1",
+    kind = "TargetLease",
+    namespaced,
+    shortname = "tl",
+    status = "TargetLeaseStatus",
+    doc = "A lease with a monotonic fencing token on a named target, stored in Valkey.",
+    printcolumn(name = "Target", type_ = "string", json_path = ".spec.target"),
+    printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder"),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("has(self.holder) != has(self.candidates)").message("exactly one of spec.holder or spec.candidates must be set"))]
+#[x_kube(validation = Rule::new("!has(self.renewInterval) || duration(self.renewInterval) < duration(self.leaseDuration)").message("spec.renewInterval must be shorter than spec.leaseDuration"))]
+#[x_kube(validation = Rule::new("!has(self.maxLifetime) || duration(self.maxLifetime) >= duration(self.leaseDuration)").message("spec.maxLifetime must be at least spec.leaseDuration"))]
+#[serde(rename_all = "camelCase")]
+pub struct TargetLeaseSpec {
+    /// Name of the thing only one holder may act on (a database, a shard, a job).
+    /// Leases on the same target in the same namespace exclude each other; at most
+    /// one of them is Held at a time, the others wait in creation order.
+    /// Immutable: create a new TargetLease to lease another target.
+    #[schemars(length(min = 1, max = 256))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.target is immutable"))]
+    pub target: String,
+
+    /// A single named holder. Set exactly one of `holder` or `candidates`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<HolderSpec>,
+
+    /// Leader election: the operator elects one Ready pod matching the selector and
+    /// moves the lease (with a larger token) when that pod goes away or stops being
+    /// Ready. Set exactly one of `holder` or `candidates`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<CandidatesSpec>,
+
+    /// How long the lease lives in Valkey without a renewal, e.g. `90s`. If the
+    /// operator cannot renew for this long, the lease ends and a new holder gets a
+    /// larger token. Between 1s and 24h. Default `90s`.
+    #[serde(default = "default_lease_duration")]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('24h')").message("spec.leaseDuration must be between 1s and 24h"))]
+    pub lease_duration: String,
+
+    /// How often the operator renews the lease, e.g. `30s`. Must be shorter than
+    /// `leaseDuration`. Default: a third of `leaseDuration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('100ms')").message("spec.renewInterval must be at least 100ms"))]
+    pub renew_interval: Option<String>,
+
+    /// Hard limit on one lease's life from acquisition, e.g. `1h`; renewals never
+    /// extend past it. When it is reached the lease ends and (if the holder or a
+    /// candidate still qualifies) a new one with a larger token is acquired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('8760h')").message("spec.maxLifetime must be at most 8760h"))]
+    pub max_lifetime: Option<String>,
+}
+
+fn default_lease_duration() -> String {
+    "90s".into()
+}
+
+/// A single named holder of the lease.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderSpec {
+    /// Who holds the lease, as recorded in Valkey and shown in `status.holder`
+    /// (for example a job name). Not a secret.
+    #[schemars(length(min = 1, max = 256))]
+    pub identity: String,
+
+    /// Optional pod in this namespace the lease is tied to: while it is missing or
+    /// not Ready the lease is not held, and when it is deleted the lease is released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub pod_name: Option<String>,
+}
+
+/// Candidate pods for leader election.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidatesSpec {
+    /// Pods in this namespace that may lead. Only Ready pods are elected.
+    pub pod_selector: LabelSelector,
+}
+
+/// Where a lease stands.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Waiting: the target is held by someone else, or no candidate is Ready yet.
+    Pending,
+    /// The lease is held; `fencingToken` is the current token.
+    Held,
+    /// The lease was given back (the resource is being deleted).
+    Released,
+    /// The lease ended without being released (expired, revoked, pod gone); a new
+    /// acquisition will carry a larger token.
+    Lost,
+    /// The spec or the backend is in a state the operator cannot act on; see conditions.
+    Error,
+}
+
+impl Phase {
+    /// The name as written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Held => "Held",
+            Phase::Released => "Released",
+            Phase::Lost => "Lost",
+            Phase::Error => "Error",
+        }
+    }
+}
+
+/// What the operator observed and published. Written only by the operator.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetLeaseStatus {
+    /// Pending, Held, Released, Lost or Error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// Identity of the current holder (the elected pod's name in leader election).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+
+    /// The fencing token of the current (or, when not Held, the last) lease. It is
+    /// strictly greater than every token published before for this target in this
+    /// namespace; pass it with every write downstream and refuse writes carrying a
+    /// smaller token than one already seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<u64>,
+
+    /// When Valkey granted the current lease (Valkey server time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+
+    /// A lower bound on the lease's expiry in Valkey (Valkey server time): Valkey
+    /// will not end the lease before this instant, and may keep it longer because
+    /// renewals are not all published. Refreshed before it passes while the lease is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Opaque id of the current acquisition attempt; lets the operator retry an
+    /// acquire after a crash without ever getting a second token. Not a secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquisition_id: Option<String>,
+
+    /// Latest observations, one per type: `Held`, `BackendAvailable`, `SpecValid`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<Vec<Condition>>();
+    schema.insert("x-kubernetes-list-type".into(), "map".into());
+    schema.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    schema
+}
+
+impl TargetLeaseSpec {
+    /// The lease duration as a `Duration`.
+    pub fn lease_duration(&self) -> Result<Duration, String> {
+        parse_duration(&self.lease_duration).map_err(|e| format!("spec.leaseDuration: {e}"))
+    }
+
+    /// The renew interval, defaulting to a third of the lease duration.
+    pub fn renew_interval(&self) -> Result<Duration, String> {
+        match &self.renew_interval {
+            Some(s) => parse_duration(s).map_err(|e| format!("spec.renewInterval: {e}")),
+            None => Ok(self.lease_duration()? / 3),
+        }
+    }
+
+    /// The maximum lifetime, when set.
+    pub fn max_lifetime(&self) -> Result<Option<Duration>, String> {
+        self.max_lifetime
+            .as_deref()
+            .map(|s| parse_duration(s).map_err(|e| format!("spec.maxLifetime: {e}")))
+            .transpose()
+    }
+}
+
+/// Parses the Go-style durations the schema admits (`90s`, `1m30s`, `500ms`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(format!("{s:?} is not a duration like 90s or 1m30s"));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{s:?} is too large"))?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (Duration::from_millis(1), 2)
+        } else if rest.starts_with('s') {
+            (Duration::from_secs(1), 1)
+        } else if rest.starts_with('m') {
+            (Duration::from_secs(60), 1)
+        } else if rest.starts_with('h') {
+            (Duration::from_secs(3600), 1)
+        } else {
+            return Err(format!("{s:?} is not a duration like 90s or 1m30s"));
+        };
+        rest = &rest[len..];
+        let part = u32::try_from(n)
+            .ok()
+            .and_then(|n| unit.checked_mul(n))
+            .ok_or_else(|| format!("{s:?} is too large"))?;
+        total = total
+            .checked_add(part)
+            .ok_or_else(|| format!("{s:?} is too large"))?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_durations_the_schema_admits() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("99999999999h").is_err());
+    }
+
+    #[test]
+    fn renew_interval_defaults_to_a_third() {
+        let spec = TargetLeaseSpec {
+            target: "t".into(),
+            holder: None,
+            candidates: None,
+            lease_duration: "90s".into(),
+            renew_interval: None,
+            max_lifetime: None,
+        };
+        assert_eq!(spec.renew_interval(), Ok(Duration::from_secs(30)));
+    }
+}

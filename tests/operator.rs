@@ -1,0 +1,338 @@
+//! The operator end to end: the real `targetlease operator` binary against a
+//! real kube-apiserver + etcd and a real valkey-server.
+
+mod support {
+    pub mod kube_env;
+    pub mod operator_env;
+    pub mod resp;
+    pub mod valkey_server;
+}
+
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use support::operator_env::{OperatorEnv, summary};
+use targetlease::crd::Phase;
+use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+use targetlease::store::{LeaseStore, Outcome, Target};
+
+const SOON: Duration = Duration::from_secs(20);
+
+async fn store_for(env: &OperatorEnv) -> ValkeyStore {
+    ValkeyStore::connect(&ValkeyConfig {
+        url: env.valkey.url(),
+        ..ValkeyConfig::default()
+    })
+    .await
+    .expect("connect to the test valkey")
+}
+
+fn holder_spec(target: &str, identity: &str) -> serde_json::Value {
+    json!({ "target": target, "holder": { "identity": identity } })
+}
+
+#[tokio::test]
+async fn applied_lease_is_held_with_a_token_from_valkey() {
+    let env = OperatorEnv::start("held").await;
+    env.create("job-a", holder_spec("db-migration", "job-a"))
+        .await;
+    let tl = env.wait_phase("job-a", Phase::Held, SOON).await;
+    let st = tl.status.clone().unwrap();
+    assert_eq!(st.holder.as_deref(), Some("job-a"));
+    assert_eq!(st.fencing_token, Some(1));
+    assert!(st.acquired_at.is_some() && st.expires_at.is_some());
+    assert_eq!(st.observed_generation, tl.metadata.generation);
+    assert!(
+        tl.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"targetlease.dev/release".to_string())
+    );
+    let held = st.conditions.iter().find(|c| c.type_ == "Held").unwrap();
+    assert_eq!(held.status, "True");
+
+    // Valkey agrees, and the published expiry is no later than Valkey's.
+    let store = store_for(&env).await;
+    let got = store
+        .get(&Target::new(&env.ns, "db-migration"))
+        .await
+        .unwrap();
+    assert_eq!(got.outcome, Outcome::Found);
+    let lease = got.lease.unwrap();
+    assert_eq!(lease.owner, "job-a");
+    assert_eq!(lease.fencing_token, 1);
+    let published = st.expires_at.unwrap().0.as_millisecond() as u64;
+    assert!(published <= lease.expires_at_ms);
+}
+
+#[tokio::test]
+async fn deleting_the_resource_releases_the_lease() {
+    let env = OperatorEnv::start("release").await;
+    env.create("job-a", holder_spec("t", "job-a")).await;
+    env.wait_phase("job-a", Phase::Held, SOON).await;
+    env.delete("job-a").await;
+    env.wait_gone("job-a", SOON).await;
+    let store = store_for(&env).await;
+    let got = store.get(&Target::new(&env.ns, "t")).await.unwrap();
+    assert_eq!(
+        got.outcome,
+        Outcome::NotFound,
+        "finalizer released the lease in Valkey"
+    );
+}
+
+#[tokio::test]
+async fn two_leases_on_one_target_hand_off_in_creation_order() {
+    let env = OperatorEnv::start("handoff").await;
+    env.create("first", holder_spec("shared", "first")).await;
+    env.wait_phase("first", Phase::Held, SOON).await;
+    env.create("second", holder_spec("shared", "second")).await;
+    env.create("third", holder_spec("shared", "third")).await;
+    let second = env.wait_phase("second", Phase::Pending, SOON).await;
+    env.wait_phase("third", Phase::Pending, SOON).await;
+    assert_eq!(
+        summary(&env.api().get("first").await.unwrap()).0,
+        Some(Phase::Held)
+    );
+    assert_eq!(second.status.unwrap().holder, None);
+
+    // The default lease lives 90s: getting it within seconds proves the waiter
+    // was woken by the release, not by expiry or polling.
+    env.delete("first").await;
+    let second = env
+        .wait_phase("second", Phase::Held, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        summary(&second),
+        (Some(Phase::Held), Some("second".into()), Some(2))
+    );
+    let third = env.api().get("third").await.unwrap();
+    assert_eq!(
+        summary(&third).0,
+        Some(Phase::Pending),
+        "third waits behind second"
+    );
+
+    env.delete("second").await;
+    let third = env
+        .wait_phase("third", Phase::Held, Duration::from_secs(10))
+        .await;
+    assert_eq!(summary(&third).2, Some(3));
+}
+
+#[tokio::test]
+async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
+    let env = OperatorEnv::start("outside").await;
+    let store = store_for(&env).await;
+    let target = Target::new(&env.ns, "external");
+    let outside = store
+        .acquire(&targetlease::store::AcquireRequest::new(
+            target.clone(),
+            "cron",
+            Duration::from_secs(2),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(outside.outcome, Outcome::Acquired);
+    env.create("waiter", holder_spec("external", "waiter"))
+        .await;
+    let pending = env.wait_phase("waiter", Phase::Pending, SOON).await;
+    let held = pending
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Held")
+        .unwrap();
+    assert_eq!(held.reason, "TargetHeld");
+    // The outside lease expires after 2s; the waiter retries at that expiry.
+    let tl = env
+        .wait_phase("waiter", Phase::Held, Duration::from_secs(10))
+        .await;
+    assert_eq!(summary(&tl).2, Some(2));
+}
+
+#[tokio::test]
+async fn invalid_specs_are_refused_by_the_api_server() {
+    let env = OperatorEnv::start("invalid").await;
+    let api = env.api();
+    let cases = [
+        (
+            json!({ "target": "t" }),
+            "exactly one of spec.holder or spec.candidates",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "candidates": {"podSelector": {}} }),
+            "exactly one of spec.holder or spec.candidates",
+        ),
+        (
+            json!({ "target": "", "holder": {"identity": "a"} }),
+            "spec.target",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "0s" }),
+            "between 1s and 24h",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "25h" }),
+            "between 1s and 24h",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "1.5s" }),
+            "spec.leaseDuration",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "10s" }),
+            "renewInterval must be shorter",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "maxLifetime": "5s" }),
+            "maxLifetime must be at least",
+        ),
+    ];
+    for (i, (spec, expected)) in cases.into_iter().enumerate() {
+        let obj = json!({
+            "apiVersion": "targetlease.dev/v1alpha1",
+            "kind": "TargetLease",
+            "metadata": { "name": format!("bad-{i}") },
+            "spec": spec,
+        });
+        let err = api
+            .patch(
+                &format!("bad-{i}"),
+                &PatchParams::apply("tests"),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .expect_err(&format!("case {i} must be refused"));
+        let text = err.to_string();
+        assert!(text.contains(expected), "case {i}: {text}");
+    }
+
+    // The target is immutable.
+    env.create("ok", holder_spec("t", "a")).await;
+    let change = json!({ "spec": { "target": "other" } });
+    let err = api
+        .patch("ok", &PatchParams::default(), &Patch::Merge(&change))
+        .await
+        .expect_err("changing the target must be refused");
+    assert!(
+        err.to_string().contains("spec.target is immutable"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_operator_re_adopts_leases_without_new_tokens_or_status_writes() {
+    let mut env = OperatorEnv::start("restart").await;
+    env.create(
+        "job",
+        json!({ "target": "t", "holder": {"identity": "job"}, "leaseDuration": "30s", "renewInterval": "10s" }),
+    )
+    .await;
+    let before = env.wait_phase("job", Phase::Held, SOON).await;
+    let store = store_for(&env).await;
+    let target = Target::new(&env.ns, "t");
+    let valkey_before = store.get(&target).await.unwrap().lease.unwrap();
+
+    env.kill_operator(0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    env.start_operator();
+    // The new process renews at once (it has no memory of the last renewal).
+    let renewed = support::kube_env::eventually("the new operator to renew", SOON, || {
+        let store = &store;
+        let target = &target;
+        let floor = valkey_before.expires_at_ms;
+        async move {
+            let l = store.get(target).await.ok()?.lease?;
+            (l.expires_at_ms > floor).then_some(l)
+        }
+    })
+    .await;
+    assert_eq!(
+        renewed.fencing_token, valkey_before.fencing_token,
+        "no new token"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = env.api().get("job").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "re-adoption wrote no status"
+    );
+    assert_eq!(summary(&after), summary(&before));
+}
+
+#[tokio::test]
+async fn tokens_keep_increasing_after_valkey_forgets_everything() {
+    let env = OperatorEnv::start("flush").await;
+    env.create(
+        "job",
+        json!({ "target": "t", "holder": {"identity": "job"}, "leaseDuration": "6s", "renewInterval": "1s" }),
+    )
+    .await;
+    let held = env.wait_phase("job", Phase::Held, SOON).await;
+    assert_eq!(summary(&held).2, Some(1));
+
+    env.valkey.conn().cmd(&["FLUSHALL"]);
+    // The next renewal finds nothing; the operator reacquires above the published token.
+    let again = env
+        .wait_for("job", "Held with token 2", SOON, |tl| {
+            summary(tl) == (Some(Phase::Held), Some("job".into()), Some(2))
+        })
+        .await;
+    assert_eq!(summary(&again).2, Some(2));
+
+    // A deleted lease leaves its token behind in the floor ConfigMap.
+    env.delete("job").await;
+    env.wait_gone("job", SOON).await;
+    env.valkey.conn().cmd(&["FLUSHALL"]);
+    env.create("next", holder_spec("t", "next")).await;
+    let next = env.wait_phase("next", Phase::Held, SOON).await;
+    assert_eq!(
+        summary(&next).2,
+        Some(3),
+        "token above every token published before"
+    );
+}
+
+#[tokio::test]
+async fn valkey_down_sets_a_condition_and_recovers() {
+    let mut env = OperatorEnv::start("down").await;
+    env.create(
+        "job",
+        json!({ "target": "t", "holder": {"identity": "job"}, "leaseDuration": "6s", "renewInterval": "1s" }),
+    )
+    .await;
+    env.wait_phase("job", Phase::Held, SOON).await;
+    env.valkey.kill();
+    let down = env
+        .wait_for("job", "BackendAvailable=False", SOON, |tl| {
+            tl.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "BackendAvailable" && c.status == "False")
+            })
+        })
+        .await;
+    assert_ne!(summary(&down).0, Some(Phase::Error));
+    env.valkey.restart();
+    // The restarted server lost everything (no persistence): a new lease, a larger token.
+    let back = env
+        .wait_for(
+            "job",
+            "Held again with BackendAvailable=True",
+            Duration::from_secs(40),
+            |tl| {
+                tl.status.as_ref().is_some_and(|s| {
+                    s.phase == Some(Phase::Held)
+                        && s.fencing_token == Some(2)
+                        && s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "BackendAvailable" && c.status == "True")
+                })
+            },
+        )
+        .await;
+    assert_eq!(summary(&back).1.as_deref(), Some("job"));
+}

@@ -1,0 +1,212 @@
+//! One end-to-end environment: a namespace on the shared control plane, a
+//! private real Valkey, the CRD installed, and the real `targetlease operator`
+//! binary running against both (watching only that namespace).
+
+#![allow(dead_code)] // shared by several test binaries, each using a part
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, CustomResourceExt};
+use serde_json::Value;
+use targetlease::crd::{Phase, TargetLease};
+
+use super::kube_env::{self, ControlPlane};
+use super::valkey_server::ValkeyServer;
+
+pub struct OperatorEnv {
+    pub cp: &'static ControlPlane,
+    pub ns: String,
+    pub valkey: ValkeyServer,
+    pub client: Client,
+    dir: tempfile::TempDir,
+    operators: Vec<Child>,
+}
+
+/// Installs (or updates) the generated CRD and waits until it is Established.
+pub async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = TargetLease::crd();
+    crds.patch(
+        "targetleases.targetlease.dev",
+        &PatchParams::apply("targetlease-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply the TargetLease CRD");
+    let established = await_condition(
+        crds,
+        "targetleases.targetlease.dev",
+        conditions::is_crd_established(),
+    );
+    tokio::time::timeout(Duration::from_secs(30), established)
+        .await
+        .expect("CRD established in time")
+        .expect("watch the CRD");
+}
+
+impl OperatorEnv {
+    pub async fn start(prefix: &str) -> Self {
+        let cp = kube_env::shared().await;
+        let client = cp.client();
+        install_crd(&client).await;
+        let ns = cp.namespace(prefix).await;
+        let valkey = ValkeyServer::start();
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("lease-id-key"),
+            "test-lease-id-key-0123456789abcdef\n",
+        )
+        .unwrap();
+        let mut env = Self {
+            cp,
+            ns,
+            valkey,
+            client,
+            dir,
+            operators: Vec::new(),
+        };
+        env.start_operator();
+        env
+    }
+
+    pub fn key_file(&self) -> PathBuf {
+        self.dir.path().join("lease-id-key")
+    }
+
+    /// Starts one more operator process; returns its index.
+    pub fn start_operator(&mut self) -> usize {
+        self.start_operator_with(&[])
+    }
+
+    pub fn start_operator_with(&mut self, extra: &[&str]) -> usize {
+        let log = std::fs::File::create(
+            self.dir
+                .path()
+                .join(format!("operator-{}.log", self.operators.len())),
+        )
+        .expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .arg("operator")
+            .args(["--valkey-url", &self.valkey.url()])
+            .arg("--lease-id-key-file")
+            .arg(self.key_file())
+            .args(["--floor-namespace", &self.ns, "--watch-namespace", &self.ns])
+            .args(extra)
+            .env("KUBECONFIG", self.cp.kubeconfig_path())
+            .env("RUST_LOG", "targetlease=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start targetlease operator");
+        self.operators.push(child);
+        self.operators.len() - 1
+    }
+
+    /// Kills an operator process with SIGKILL (a crash).
+    pub fn kill_operator(&mut self, i: usize) {
+        let _ = self.operators[i].kill();
+        let _ = self.operators[i].wait();
+    }
+
+    pub fn operator_log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("operator-{i}.log")))
+            .unwrap_or_default()
+    }
+
+    pub fn api(&self) -> Api<TargetLease> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a TargetLease from a JSON spec.
+    pub async fn create(&self, name: &str, spec: Value) -> TargetLease {
+        let obj: TargetLease = serde_json::from_value(serde_json::json!({
+            "apiVersion": "targetlease.dev/v1alpha1",
+            "kind": "TargetLease",
+            "metadata": { "name": name, "namespace": self.ns },
+            "spec": spec,
+        }))
+        .expect("a valid TargetLease document");
+        self.api()
+            .create(&Default::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("create TargetLease {name}: {e}"))
+    }
+
+    pub async fn delete(&self, name: &str) {
+        self.api()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete TargetLease {name}: {e}"));
+    }
+
+    /// Waits until the lease satisfies `pred`, printing the operator log on timeout.
+    pub async fn wait_for(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&TargetLease) -> bool,
+    ) -> TargetLease {
+        let api = self.api();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Ok(tl) = api.get(name).await
+                && pred(&tl)
+            {
+                return tl;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let current = api.get(name).await.map(|t| format!("{:?}", t.status));
+                panic!(
+                    "timed out after {timeout:?} waiting for {name} to be {what}; now {current:?}\noperator log:\n{}",
+                    self.operator_log(0)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn wait_phase(&self, name: &str, phase: Phase, timeout: Duration) -> TargetLease {
+        self.wait_for(name, phase.as_str(), timeout, |tl| {
+            tl.status.as_ref().and_then(|s| s.phase) == Some(phase)
+        })
+        .await
+    }
+
+    pub async fn wait_gone(&self, name: &str, timeout: Duration) {
+        let api = self.api();
+        kube_env::eventually(&format!("{name} deleted"), timeout, || {
+            let api = api.clone();
+            async move {
+                api.get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_none()
+                    .then_some(())
+            }
+        })
+        .await
+    }
+}
+
+impl Drop for OperatorEnv {
+    fn drop(&mut self) {
+        for c in &mut self.operators {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Phase, holder and token of a lease, for compact assertions.
+pub fn summary(tl: &TargetLease) -> (Option<Phase>, Option<String>, Option<u64>) {
+    let s = tl.status.clone().unwrap_or_default();
+    (s.phase, s.holder, s.fencing_token)
+}
