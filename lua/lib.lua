@@ -96,6 +96,15 @@ local function remember(key, fp, lease_id, token, window_ms)
   redis.call('PEXPIRE', key, window_ms)
 end
 
+-- Tells subscribers of "<prefix>:events" that a target may be free, with the
+-- target's key base "<prefix>:{<ns>:<target>}" as the message. Best effort:
+-- pcall, so a user without pub/sub permission still releases.
+local function notify_free(lease_key)
+  local base = string.sub(lease_key, 1, #lease_key - #':lease')
+  local prefix = string.match(base, '^(.*):{')
+  if prefix then redis.pcall('PUBLISH', prefix .. ':events', base) end
+end
+
 local function fingerprint(...)
   return redis.sha1hex(table.concat({ ... }, '\0'))
 end

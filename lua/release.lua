@@ -3,6 +3,7 @@
 -- KEYS[1] lease record        KEYS[2] request cache for (release, target, owner, request id)
 -- ARGV[1] owner  ARGV[2] lease id  ARGV[3] token  ARGV[4] idempotency window ms
 --
+-- Publishes the key base "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
 -- Returns:
 --   released [+ lease with id]    ended (a replay returns released without a lease)
 --   not_owner                     a live lease exists but is not (lease id, owner, token)
@@ -40,5 +41,6 @@ else
   out = reply_lease('released', now, 'lease released', r, true)
 end
 redis.call('DEL', KEYS[1])
+notify_free(KEYS[1])
 remember(KEYS[2], fp, lease_id, token, tonumber(ARGV[4]))
 return out

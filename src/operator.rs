@@ -4,7 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -15,7 +17,7 @@ use crate::crd::TargetLease;
 use crate::floor::FloorStore;
 use crate::lease_id::LeaseIdKey;
 use crate::reconcile::{self, Context, pods};
-use crate::store::LeaseStore;
+use crate::store::{LeaseStore, Target};
 
 /// Everything the operator needs, parsed once by the CLI.
 pub struct OperatorConfig {
@@ -35,6 +37,9 @@ pub struct OperatorConfig {
     pub watch_namespace: Option<String>,
     /// This replica's name, for Events.
     pub instance: String,
+    /// Targets that may have become free (releases from anywhere, including
+    /// outside Kubernetes); their waiting TargetLeases are woken at once.
+    pub release_events: BoxStream<'static, Target>,
 }
 
 fn api<K>(client: &kube::Client, namespace: &Option<String>) -> Api<K>
@@ -71,6 +76,19 @@ pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send 
     );
     let leases = controller.store();
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    let released = {
+        let leases = leases.clone();
+        cfg.release_events.flat_map(move |target| {
+            let waiting: Vec<_> = leases
+                .state()
+                .into_iter()
+                .filter(|tl| tl.namespace().as_deref() == Some(target.namespace.as_str()))
+                .filter(|tl| tl.spec.target == target.name)
+                .map(|tl| ObjectRef::from_obj(&*tl))
+                .collect();
+            futures::stream::iter(waiting)
+        })
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         store: cfg.store,
@@ -98,7 +116,7 @@ pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send 
                 .map(|tl| ObjectRef::from_obj(&*tl))
                 .collect::<Vec<_>>()
         })
-        .reconcile_on(wake_rx)
+        .reconcile_on(futures::stream::select(wake_rx, released))
         .graceful_shutdown_on(shutdown)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {

@@ -15,7 +15,7 @@ use serde_json::json;
 use support::operator_env::{OperatorEnv, summary};
 use targetlease::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{LeaseStore, Outcome, Target};
+use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Target};
 
 const SOON: Duration = Duration::from_secs(20);
 
@@ -127,14 +127,14 @@ async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
     let store = store_for(&env).await;
     let target = Target::new(&env.ns, "external");
     let outside = store
-        .acquire(&targetlease::store::AcquireRequest::new(
+        .acquire(&AcquireRequest::new(
             target.clone(),
             "cron",
-            Duration::from_secs(2),
+            Duration::from_secs(60),
         ))
         .await
         .unwrap();
-    assert_eq!(outside.outcome, Outcome::Acquired);
+    let lease = outside.lease.unwrap();
     env.create("waiter", holder_spec("external", "waiter"))
         .await;
     let pending = env.wait_phase("waiter", Phase::Pending, SOON).await;
@@ -146,9 +146,42 @@ async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
         .find(|c| c.type_ == "Held")
         .unwrap();
     assert_eq!(held.reason, "TargetHeld");
-    // The outside lease expires after 2s; the waiter retries at that expiry.
+    assert!(held.message.contains("cron"), "{}", held.message);
+
+    // The outside holder releases long before its 60s expiry: the waiter is woken.
+    let released = store
+        .release(&ReleaseRequest::new(
+            target.clone(),
+            lease.holder().unwrap(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(released.outcome, Outcome::Released);
     let tl = env
         .wait_phase("waiter", Phase::Held, Duration::from_secs(10))
+        .await;
+    assert_eq!(summary(&tl).2, Some(2));
+}
+
+#[tokio::test]
+async fn a_waiter_retries_when_an_outside_lease_expires() {
+    let env = OperatorEnv::start("outside-expiry").await;
+    let store = store_for(&env).await;
+    let target = Target::new(&env.ns, "external");
+    let outside = store
+        .acquire(&AcquireRequest::new(
+            target.clone(),
+            "cron",
+            Duration::from_secs(4),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(outside.outcome, Outcome::Acquired);
+    env.create("next", holder_spec("external", "next")).await;
+    env.wait_phase("next", Phase::Pending, SOON).await;
+    // Expiry publishes nothing; the waiter retries right after the holder's expiry.
+    let tl = env
+        .wait_phase("next", Phase::Held, Duration::from_secs(10))
         .await;
     assert_eq!(summary(&tl).2, Some(2));
 }

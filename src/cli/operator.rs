@@ -10,7 +10,9 @@ use super::connection::{ConnectionArgs, read_secret};
 use super::logging::{self, LogArgs};
 use crate::lease_id::LeaseIdKey;
 use crate::operator::{self, OperatorConfig};
-use crate::store::valkey::ValkeyStore;
+use futures::StreamExt;
+
+use crate::store::valkey::{ValkeyStore, events};
 
 /// Flags of `targetlease operator`.
 #[derive(Args, Debug)]
@@ -87,6 +89,13 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         Ok(s) => Arc::new(s),
         Err(e) => return fail(&e.to_string()),
     };
+    let release_events = match events::release_events(&config).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::warn!(error = %e, "no release notifications; waiters retry at the holder's expiry");
+            futures::stream::pending().boxed()
+        }
+    };
     let client = match kube::Client::try_default().await {
         Ok(c) => c,
         Err(e) => return fail(&format!("kubernetes client: {e}")),
@@ -102,6 +111,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
             concurrency: args.concurrency,
             watch_namespace: args.watch_namespace,
             instance: args.instance,
+            release_events,
         },
         shutdown_signal(),
     )
