@@ -159,6 +159,7 @@ pub struct TargetLeaseStatus {
     /// namespace; pass it with every write downstream and refuse writes carrying a
     /// smaller token than one already seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "token_schema")]
     pub fencing_token: Option<u64>,
 
     /// When Valkey granted the current lease (Valkey server time).
@@ -184,6 +185,10 @@ pub struct TargetLeaseStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+fn token_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "integer", "format": "int64", "minimum": 1, "nullable": true })
 }
 
 fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {

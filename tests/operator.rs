@@ -10,9 +10,11 @@ mod support {
 
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use support::operator_env::{OperatorEnv, summary};
+use support::operator_env::{OperatorEnv, apply_example, summary};
 use targetlease::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Target};
@@ -368,4 +370,127 @@ async fn valkey_down_sets_a_condition_and_recovers() {
         )
         .await;
     assert_eq!(summary(&back).1.as_deref(), Some("job"));
+}
+
+async fn candidate_pod(env: &OperatorEnv, name: &str, ready: bool) {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "labels": { "app": "web" } },
+        "spec": { "containers": [{ "name": "web", "image": "registry.example/web:1.0" }] },
+    }))
+    .unwrap();
+    pods.create(&Default::default(), &pod).await.expect("create pod");
+    set_ready(env, name, ready).await;
+}
+
+/// There is no kubelet: tests set readiness through the pod status subresource.
+async fn set_ready(env: &OperatorEnv, name: &str, ready: bool) {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let status = json!({
+        "status": { "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] }
+    });
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("set pod readiness");
+}
+
+async fn leader_marks(env: &OperatorEnv, name: &str) -> (Option<String>, Option<String>) {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    match pods.get_opt(name).await.unwrap() {
+        None => (None, None),
+        Some(p) => (
+            p.labels().get("targetlease.dev/leader").cloned(),
+            p.annotations().get("targetlease.dev/fencing-token").cloned(),
+        ),
+    }
+}
+
+#[tokio::test]
+async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens() {
+    let env = OperatorEnv::start("election").await;
+    for (i, name) in ["web-0", "web-1", "web-2"].into_iter().enumerate() {
+        let _ = i;
+        candidate_pod(&env, name, true).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
+    }
+    let applied = apply_example(&env, "leader-election.yaml").await;
+    assert!(applied.iter().any(|(k, n)| k == "TargetLease" && n == "web-leader"));
+
+    let tl = env
+        .wait_for("web-leader", "led by web-0", SOON, |tl| {
+            summary(tl) == (Some(Phase::Held), Some("web-0".into()), Some(1))
+        })
+        .await;
+    let token = summary(&tl).2.unwrap().to_string();
+    let marks = support::kube_env::eventually("web-0 marked", SOON, || async {
+        let m = leader_marks(&env, "web-0").await;
+        (m.0.is_some() && m.1.is_some()).then_some(m)
+    })
+    .await;
+    assert_eq!(marks, (Some("true".into()), Some(token)));
+    assert_eq!(leader_marks(&env, "web-1").await, (None, None), "followers carry no marks");
+
+    // The leader pod goes away: the lease moves to the next Ready pod, larger token.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    pods.delete("web-0", &Default::default()).await.unwrap();
+    env.wait_for("web-leader", "led by web-1", SOON, |tl| {
+        summary(tl) == (Some(Phase::Held), Some("web-1".into()), Some(2))
+    })
+    .await;
+    support::kube_env::eventually("web-1 marked", SOON, || async {
+        (leader_marks(&env, "web-1").await == (Some("true".into()), Some("2".into()))).then_some(())
+    })
+    .await;
+
+    // The leader stops being Ready: its marks go first, then the lease moves.
+    set_ready(&env, "web-1", false).await;
+    env.wait_for("web-leader", "led by web-2", SOON, |tl| {
+        summary(tl) == (Some(Phase::Held), Some("web-2".into()), Some(3))
+    })
+    .await;
+    assert_eq!(leader_marks(&env, "web-1").await, (None, None), "old leader unmarked");
+    assert_eq!(leader_marks(&env, "web-2").await, (Some("true".into()), Some("3".into())));
+
+    // No Ready candidate at all: Pending, and nobody is marked.
+    set_ready(&env, "web-2", false).await;
+    let pending = env.wait_phase("web-leader", Phase::Pending, SOON).await;
+    let held = pending.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Held").unwrap();
+    assert_eq!(held.reason, "NoReadyCandidate");
+    assert_eq!(leader_marks(&env, "web-2").await, (None, None));
+}
+
+#[tokio::test]
+async fn the_job_lease_example_holds_one_and_queues_the_other() {
+    let env = OperatorEnv::start("example-job").await;
+    apply_example(&env, "job-lease.yaml").await;
+    let first = env.wait_phase("orders-db-job-1", Phase::Held, SOON).await;
+    assert_eq!(summary(&first).1.as_deref(), Some("migration-2026-11"));
+    env.wait_phase("orders-db-job-2", Phase::Pending, SOON).await;
+    env.delete("orders-db-job-1").await;
+    let second = env.wait_phase("orders-db-job-2", Phase::Held, Duration::from_secs(10)).await;
+    assert!(summary(&second).2 > summary(&first).2);
+}
+
+#[tokio::test]
+async fn a_holder_tied_to_a_pod_follows_its_readiness() {
+    let env = OperatorEnv::start("pod-holder").await;
+    candidate_pod(&env, "worker", false).await;
+    env.create(
+        "tied",
+        json!({ "target": "t", "holder": { "identity": "worker", "podName": "worker" } }),
+    )
+    .await;
+    let pending = env.wait_phase("tied", Phase::Pending, SOON).await;
+    let held = pending.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Held").unwrap();
+    assert_eq!(held.reason, "PodNotReady");
+    set_ready(&env, "worker", true).await;
+    env.wait_phase("tied", Phase::Held, SOON).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    pods.delete("worker", &Default::default()).await.unwrap();
+    env.wait_phase("tied", Phase::Pending, SOON).await;
+    let store = store_for(&env).await;
+    let got = store.get(&Target::new(&env.ns, "t")).await.unwrap();
+    assert_eq!(got.outcome, Outcome::NotFound, "the lease was released when its pod went away");
 }

@@ -210,3 +210,35 @@ pub fn summary(tl: &TargetLease) -> (Option<Phase>, Option<String>, Option<u64>)
     let s = tl.status.clone().unwrap_or_default();
     (s.phase, s.holder, s.fencing_token)
 }
+
+/// Applies every document of a YAML file from `examples/` into the env's
+/// namespace (server-side apply); returns (kind, name) of each.
+pub async fn apply_example(env: &OperatorEnv, file: &str) -> Vec<(String, String)> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    use serde::Deserialize;
+    let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut applied = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = Value::deserialize(doc).expect("valid YAML");
+        if value.is_null() {
+            continue;
+        }
+        let obj: DynamicObject = serde_json::from_value(value).expect("a Kubernetes object");
+        let types = obj.types.clone().expect("apiVersion and kind");
+        let (group, version) = match types.api_version.split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (String::new(), types.api_version.clone()),
+        };
+        let plural = format!("{}s", types.kind.to_lowercase());
+        let gvk = GroupVersionKind::gvk(&group, &version, &types.kind);
+        let ar = ApiResource::from_gvk_with_plural(&gvk, &plural);
+        let api: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.ns, &ar);
+        let name = obj.metadata.name.clone().expect("metadata.name");
+        api.patch(&name, &PatchParams::apply("targetlease-tests").force(), &Patch::Apply(&obj))
+            .await
+            .unwrap_or_else(|e| panic!("apply {} {name} from {file}: {e}", types.kind));
+        applied.push((types.kind, name));
+    }
+    applied
+}

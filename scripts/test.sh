@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, then formatting, lints and every
+# test against real Valkey servers and a real kube-apiserver + etcd.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+eval "$(scripts/setup.sh)"
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --locked --all-targets "$@"
