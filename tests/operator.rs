@@ -381,7 +381,9 @@ async fn candidate_pod(env: &OperatorEnv, name: &str, ready: bool) {
         "spec": { "containers": [{ "name": "web", "image": "registry.example/web:1.0" }] },
     }))
     .unwrap();
-    pods.create(&Default::default(), &pod).await.expect("create pod");
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("create pod");
     set_ready(env, name, ready).await;
 }
 
@@ -402,7 +404,9 @@ async fn leader_marks(env: &OperatorEnv, name: &str) -> (Option<String>, Option<
         None => (None, None),
         Some(p) => (
             p.labels().get("targetlease.dev/leader").cloned(),
-            p.annotations().get("targetlease.dev/fencing-token").cloned(),
+            p.annotations()
+                .get("targetlease.dev/fencing-token")
+                .cloned(),
         ),
     }
 }
@@ -416,7 +420,11 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
         tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
     }
     let applied = apply_example(&env, "leader-election.yaml").await;
-    assert!(applied.iter().any(|(k, n)| k == "TargetLease" && n == "web-leader"));
+    assert!(
+        applied
+            .iter()
+            .any(|(k, n)| k == "TargetLease" && n == "web-leader")
+    );
 
     let tl = env
         .wait_for("web-leader", "led by web-0", SOON, |tl| {
@@ -430,7 +438,11 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
     })
     .await;
     assert_eq!(marks, (Some("true".into()), Some(token)));
-    assert_eq!(leader_marks(&env, "web-1").await, (None, None), "followers carry no marks");
+    assert_eq!(
+        leader_marks(&env, "web-1").await,
+        (None, None),
+        "followers carry no marks"
+    );
 
     // The leader pod goes away: the lease moves to the next Ready pod, larger token.
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
@@ -450,13 +462,26 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
         summary(tl) == (Some(Phase::Held), Some("web-2".into()), Some(3))
     })
     .await;
-    assert_eq!(leader_marks(&env, "web-1").await, (None, None), "old leader unmarked");
-    assert_eq!(leader_marks(&env, "web-2").await, (Some("true".into()), Some("3".into())));
+    assert_eq!(
+        leader_marks(&env, "web-1").await,
+        (None, None),
+        "old leader unmarked"
+    );
+    assert_eq!(
+        leader_marks(&env, "web-2").await,
+        (Some("true".into()), Some("3".into()))
+    );
 
     // No Ready candidate at all: Pending, and nobody is marked.
     set_ready(&env, "web-2", false).await;
     let pending = env.wait_phase("web-leader", Phase::Pending, SOON).await;
-    let held = pending.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Held").unwrap();
+    let held = pending
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Held")
+        .unwrap();
     assert_eq!(held.reason, "NoReadyCandidate");
     assert_eq!(leader_marks(&env, "web-2").await, (None, None));
 }
@@ -467,9 +492,12 @@ async fn the_job_lease_example_holds_one_and_queues_the_other() {
     apply_example(&env, "job-lease.yaml").await;
     let first = env.wait_phase("orders-db-job-1", Phase::Held, SOON).await;
     assert_eq!(summary(&first).1.as_deref(), Some("migration-2026-11"));
-    env.wait_phase("orders-db-job-2", Phase::Pending, SOON).await;
+    env.wait_phase("orders-db-job-2", Phase::Pending, SOON)
+        .await;
     env.delete("orders-db-job-1").await;
-    let second = env.wait_phase("orders-db-job-2", Phase::Held, Duration::from_secs(10)).await;
+    let second = env
+        .wait_phase("orders-db-job-2", Phase::Held, Duration::from_secs(10))
+        .await;
     assert!(summary(&second).2 > summary(&first).2);
 }
 
@@ -483,7 +511,13 @@ async fn a_holder_tied_to_a_pod_follows_its_readiness() {
     )
     .await;
     let pending = env.wait_phase("tied", Phase::Pending, SOON).await;
-    let held = pending.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Held").unwrap();
+    let held = pending
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Held")
+        .unwrap();
     assert_eq!(held.reason, "PodNotReady");
     set_ready(&env, "worker", true).await;
     env.wait_phase("tied", Phase::Held, SOON).await;
@@ -492,5 +526,9 @@ async fn a_holder_tied_to_a_pod_follows_its_readiness() {
     env.wait_phase("tied", Phase::Pending, SOON).await;
     let store = store_for(&env).await;
     let got = store.get(&Target::new(&env.ns, "t")).await.unwrap();
-    assert_eq!(got.outcome, Outcome::NotFound, "the lease was released when its pod went away");
+    assert_eq!(
+        got.outcome,
+        Outcome::NotFound,
+        "the lease was released when its pod went away"
+    );
 }

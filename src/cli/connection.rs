@@ -15,7 +15,12 @@ use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig};
 pub struct ConnectionArgs {
     /// Valkey URL: redis://, rediss:// (TLS), redis-cluster://, rediss-cluster://
     /// (extra seeds as ?node=host:port&node=…) or redis-sentinel://.
-    #[arg(long, env = "TARGETLEASE_VALKEY_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "TARGETLEASE_VALKEY_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub valkey_url: String,
     /// ACL user name.
     #[arg(long, env = "TARGETLEASE_USERNAME")]

@@ -93,7 +93,7 @@ pub struct HolderArgs {
     #[arg(long, env = "TARGETLEASE_OWNER")]
     owner: String,
     /// The lease id printed by acquire.
-    #[arg(long, env = "TARGETLEASE_LEASE_ID")]
+    #[arg(long, env = "TARGETLEASE_LEASE_ID", hide_env_values = true)]
     lease_id: String,
     /// The fencing token printed by acquire.
     #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]

@@ -179,6 +179,7 @@ async fn acquire_within(
 ) -> Result<Granted, NotAcquired> {
     let deadline = Instant::now() + wait;
     let mut delay = POLL_MIN;
+    let mut unknown_retries = 0;
     loop {
         let sent = Instant::now();
         let last = match bounded(backstop, store.acquire(req)).await {
@@ -198,11 +199,21 @@ async fn acquire_within(
             },
         };
         let now = Instant::now();
-        if now >= deadline {
+        // A lost reply may have granted us the lease: resolve it with the same
+        // request id a couple of times even past the deadline.
+        let resolve = last.status() == Status::OutcomeUnknown && unknown_retries < 2;
+        if now >= deadline && !resolve {
             return Err(NotAcquired::Refused(last));
         }
+        if resolve {
+            unknown_retries += 1;
+        }
         tracing::debug!(outcome = last.outcome, "target not acquired yet; waiting");
-        let pause = jittered(delay).min(deadline - now);
+        let pause = if now >= deadline {
+            POLL_MIN
+        } else {
+            jittered(delay).min(deadline - now)
+        };
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             sig = signals.recv() => {
@@ -361,7 +372,11 @@ pub async fn main(args: RunArgs) -> ExitCode {
         Err(msg) => return output::usage_error(&msg),
     };
     if let Err(e) = req.validate() {
-        return output::usage_error(&e.to_string());
+        let msg = match e {
+            StoreError::Invalid(msg) => msg,
+            other => other.to_string(),
+        };
+        return output::usage_error(&msg);
     }
     let config = match args.conn.to_config() {
         Ok(c) => c,
@@ -467,6 +482,11 @@ pub async fn main(args: RunArgs) -> ExitCode {
         }
     };
     renewer.abort();
+    if lost.is_none()
+        && let Ok(env) = lost_rx.try_recv()
+    {
+        lost = Some(env);
+    }
     let (child_code, child_desc) = describe_exit(&status);
 
     // Release even after a presumed loss: if only the backend was unreachable,
@@ -482,8 +502,17 @@ pub async fn main(args: RunArgs) -> ExitCode {
         }
         None => {
             let mut env = envelope_of(released);
+            // A refused release means the lease had ended while CMD ran, before
+            // a renewal noticed: that is a loss too.
+            let ended = matches!(env.status(), Status::Store(o) if o != Outcome::Released);
             env.message = format!("{}; {}", child_desc, env.message);
-            finish(env, child_code, false)
+            if ended {
+                env.lease = env.lease.or(Some(acquired));
+                let code = if child_code == 0 { 1 } else { child_code };
+                finish(env, code, true)
+            } else {
+                finish(env, child_code, false)
+            }
         }
     }
 }

@@ -235,9 +235,13 @@ pub async fn apply_example(env: &OperatorEnv, file: &str) -> Vec<(String, String
         let ar = ApiResource::from_gvk_with_plural(&gvk, &plural);
         let api: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.ns, &ar);
         let name = obj.metadata.name.clone().expect("metadata.name");
-        api.patch(&name, &PatchParams::apply("targetlease-tests").force(), &Patch::Apply(&obj))
-            .await
-            .unwrap_or_else(|e| panic!("apply {} {name} from {file}: {e}", types.kind));
+        api.patch(
+            &name,
+            &PatchParams::apply("targetlease-tests").force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {} {name} from {file}: {e}", types.kind));
         applied.push((types.kind, name));
     }
     applied
