@@ -6,11 +6,13 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod cli;
 pub mod conditions;
 pub mod crd;
 pub mod floor;
 pub mod lease_id;
+pub mod metrics;
 pub mod operator;
 pub mod reconcile;
 pub mod store;

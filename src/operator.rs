@@ -1,7 +1,10 @@
-//! Wires the reconciler to the cluster: caches, watches, wake-ups, shutdown.
+//! Wires the reconciler to the cluster: caches, watches, wake-ups, leader
+//! election among replicas, and shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -12,14 +15,17 @@ use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
 
+use crate::admin::RuntimeStatus;
 use crate::crd::TargetLease;
 use crate::floor::FloorStore;
 use crate::lease_id::LeaseIdKey;
+use crate::metrics::OperatorMetrics;
 use crate::reconcile::{self, Context, pods};
 use crate::store::{LeaseStore, Target};
 
-/// Everything the operator needs, parsed once by the CLI.
+/// Everything the controller needs, parsed once by the CLI.
 pub struct OperatorConfig {
     /// Kubernetes client.
     pub client: kube::Client,
@@ -35,11 +41,12 @@ pub struct OperatorConfig {
     pub concurrency: u16,
     /// Only watch this namespace (all namespaces when absent).
     pub watch_namespace: Option<String>,
-    /// This replica's name, for Events.
+    /// This replica's name, for Events and leader election.
     pub instance: String,
-    /// Targets that may have become free (releases from anywhere, including
-    /// outside Kubernetes); their waiting TargetLeases are woken at once.
-    pub release_events: BoxStream<'static, Target>,
+    /// Reconcile metrics.
+    pub metrics: OperatorMetrics,
+    /// Leadership and cache state, read by the admin server.
+    pub runtime: Arc<RuntimeStatus>,
 }
 
 fn api<K>(client: &kube::Client, namespace: &Option<String>) -> Api<K>
@@ -56,8 +63,14 @@ where
     }
 }
 
-/// Runs the controller until `shutdown` resolves.
-pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+/// Runs the controller until `stop` resolves. `release_events` are targets that
+/// may have become free (releases from anywhere, including outside
+/// Kubernetes); their TargetLeases are woken at once.
+pub async fn run(
+    cfg: &OperatorConfig,
+    release_events: BoxStream<'static, Target>,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = cfg.client.clone();
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let pod_stream = reflector::reflector(
@@ -75,10 +88,34 @@ pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send 
         watcher::Config::default(),
     );
     let leases = controller.store();
+    if let Ok(mut slot) = cfg.runtime.leases.write() {
+        *slot = Some(leases.clone());
+    }
+    let synced = {
+        let (leases, pods, runtime) = (leases.clone(), pod_reader.clone(), cfg.runtime.clone());
+        tokio::spawn(async move {
+            // Several tasks wait on these stores and a waiter's wake-up can be lost,
+            // so ask again every 100ms instead of awaiting once.
+            loop {
+                let leases_ready =
+                    tokio::time::timeout(Duration::from_millis(100), leases.wait_until_ready())
+                        .await;
+                let pods_ready =
+                    tokio::time::timeout(Duration::from_millis(100), pods.wait_until_ready()).await;
+                match (leases_ready, pods_ready) {
+                    (Ok(Ok(())), Ok(Ok(()))) => break,
+                    (Ok(Err(_)), _) | (_, Ok(Err(_))) => return,
+                    _ => {}
+                }
+            }
+            tracing::debug!("caches synced");
+            runtime.synced.store(true, Ordering::SeqCst);
+        })
+    };
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
     let released = {
         let leases = leases.clone();
-        cfg.release_events.flat_map(move |target| {
+        release_events.flat_map(move |target| {
             let waiting: Vec<_> = leases
                 .state()
                 .into_iter()
@@ -91,7 +128,7 @@ pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send 
     };
     let ctx = Arc::new(Context {
         client: client.clone(),
-        store: cfg.store,
+        store: cfg.store.clone(),
         leases: leases.clone(),
         pods: pod_reader,
         floors: FloorStore::new(client.clone(), &cfg.floor_namespace, &cfg.floor_configmap),
@@ -99,12 +136,13 @@ pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send 
             client.clone(),
             Reporter {
                 controller: "targetlease-operator".into(),
-                instance: Some(cfg.instance),
+                instance: Some(cfg.instance.clone()),
             },
         ),
-        lease_ids: cfg.lease_ids,
+        lease_ids: cfg.lease_ids.clone(),
         wake: wake_tx,
         renewed: Default::default(),
+        metrics: cfg.metrics.clone(),
     });
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
@@ -117,7 +155,7 @@ pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send 
                 .collect::<Vec<_>>()
         })
         .reconcile_on(futures::stream::select(wake_rx, released))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
             match result {
@@ -126,4 +164,75 @@ pub async fn run(cfg: OperatorConfig, shutdown: impl Future<Output = ()> + Send 
             }
         })
         .await;
+    synced.abort();
+    cfg.runtime.synced.store(false, Ordering::SeqCst);
+    if let Ok(mut slot) = cfg.runtime.leases.write() {
+        *slot = None;
+    }
+}
+
+/// Leader election among operator replicas, on a `coordination.k8s.io` Lease.
+pub struct Election {
+    /// Namespace of the Lease (the operator's own).
+    pub namespace: String,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// Seconds a leader holds the Lease without renewing it.
+    pub duration_secs: u64,
+    /// Seconds before expiry at which the leader renews.
+    pub grace_secs: u64,
+}
+
+/// Runs the controller only while this replica leads, until `shutdown` resolves;
+/// then stops reconciling and gives the Lease up so another replica takes over
+/// at once. Workload leases are never released on shutdown: the next leader
+/// re-adopts them (same tokens).
+pub async fn run_elected(
+    cfg: OperatorConfig,
+    election: Election,
+    mut release_events: impl FnMut() -> BoxStream<'static, Target>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), kube_lease_manager::LeaseManagerError> {
+    let manager =
+        kube_lease_manager::LeaseManagerBuilder::new(cfg.client.clone(), &election.lease_name)
+            .with_namespace(&election.namespace)
+            .with_identity(&cfg.instance)
+            .with_duration(election.duration_secs)
+            .with_grace(election.grace_secs)
+            .build()
+            .await?;
+    let (mut leading, handle) = manager.watch().await;
+    let mut shutdown_rx = shutdown.clone();
+    loop {
+        if *shutdown_rx.borrow() {
+            break;
+        }
+        if *leading.borrow_and_update() {
+            tracing::info!(instance = %cfg.instance, "became the operator leader");
+            cfg.runtime.leading.store(true, Ordering::SeqCst);
+            let mut lost = leading.clone();
+            let mut stop_on_shutdown = shutdown.clone();
+            let stop = async move {
+                tokio::select! {
+                    _ = lost.wait_for(|l| !*l) => {},
+                    _ = stop_on_shutdown.wait_for(|s| *s) => {},
+                }
+            };
+            run(&cfg, release_events(), stop).await;
+            cfg.runtime.leading.store(false, Ordering::SeqCst);
+            tracing::info!(instance = %cfg.instance, "stopped leading");
+        } else {
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() { break },
+                _ = shutdown_rx.wait_for(|s| *s) => break,
+            }
+        }
+    }
+    // Dropping the receiver makes the manager release the Lease.
+    drop(leading);
+    match handle.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Ok(()),
+    }
 }

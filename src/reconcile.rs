@@ -59,6 +59,8 @@ pub struct Context {
     pub wake: UnboundedSender<ObjectRef<TargetLease>>,
     /// When this process last renewed each lease.
     pub renewed: Mutex<HashMap<ObjectRef<TargetLease>, Instant>>,
+    /// Reconcile metrics.
+    pub metrics: crate::metrics::OperatorMetrics,
 }
 
 /// Why a reconcile failed; each is retried with backoff by the controller.
@@ -93,12 +95,22 @@ const CORRUPT_RETRY: Duration = Duration::from_secs(60);
 
 /// Entry point for the controller.
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_inner(tl, &ctx).await;
+    ctx.metrics.reconciled(
+        started.elapsed(),
+        result.as_ref().err().map(Error::category),
+    );
+    result
+}
+
+async fn reconcile_inner(tl: Arc<TargetLease>, ctx: &Context) -> Result<Action, Error> {
     let ns = tl.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, tl, |event| async {
         match event {
-            Finalizer::Apply(tl) => apply(&tl, &api, &ctx).await,
-            Finalizer::Cleanup(tl) => cleanup(&tl, &api, &ctx).await,
+            Finalizer::Apply(tl) => apply(&tl, &api, ctx).await,
+            Finalizer::Cleanup(tl) => cleanup(&tl, &api, ctx).await,
         }
     })
     .await

@@ -1,18 +1,27 @@
-//! `targetlease operator`: run the controller.
+//! `targetlease operator`: run the controller, the admin server and (with
+//! several replicas) leader election.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 
 use super::connection::{ConnectionArgs, read_secret};
 use super::logging::{self, LogArgs};
+use crate::admin::{self, AdminState, RuntimeStatus};
 use crate::lease_id::LeaseIdKey;
-use crate::operator::{self, OperatorConfig};
-use futures::StreamExt;
-
-use crate::store::valkey::{ValkeyStore, events};
+use crate::metrics::OperatorMetrics;
+use crate::operator::{self, Election, OperatorConfig};
+use crate::store::metrics::{MeteredStore, StoreMetrics};
+use crate::store::valkey::{ValkeyConfig, ValkeyStore, events};
+use crate::store::{LeaseStore, Target};
 
 /// Flags of `targetlease operator`.
 #[derive(Args, Debug)]
@@ -47,15 +56,52 @@ pub struct OperatorArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "TARGETLEASE_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
-    /// This replica's name, for Events (the pod name in a cluster).
+    /// This replica's name, for Events and leader election (the pod name in a cluster).
     #[arg(long, env = "POD_NAME", default_value = "targetlease-operator")]
     pub instance: String,
+    /// Address of the admin server (/livez, /readyz, /metrics).
+    #[arg(long, env = "TARGETLEASE_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// Elect one active replica on a coordination.k8s.io Lease (for several replicas).
+    #[arg(long, env = "TARGETLEASE_LEADER_ELECTION", default_value_t = false)]
+    pub leader_election: bool,
+    /// Namespace of the leader election Lease (default: the floor namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader election Lease.
+    #[arg(
+        long,
+        env = "TARGETLEASE_LEADER_ELECTION_LEASE",
+        default_value = "targetlease-operator"
+    )]
+    pub leader_election_lease: String,
+    /// How long a silent leader keeps the Lease (whole seconds, at least 2s).
+    #[arg(long, env = "TARGETLEASE_LEADER_ELECTION_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_election_duration: Duration,
 }
 
-fn fail(message: &str) -> ExitCode {
-    tracing::error!("{message}");
+fn usage(message: &str) -> ExitCode {
     eprintln!("targetlease operator: {message}");
-    ExitCode::from(3)
+    ExitCode::from(2)
+}
+
+/// Connects to Valkey, retrying with capped backoff until it answers or shutdown.
+async fn connect(
+    config: &ValkeyConfig,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<ValkeyStore> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match ValkeyStore::connect(config).await {
+            Ok(store) => return Some(store),
+            Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "lease store not reachable"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {},
+            _ = shutdown.wait_for(|s| *s) => return None,
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
+    }
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C.
@@ -65,10 +111,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         Some(path) => {
             match read_secret(path).and_then(|s| LeaseIdKey::new(s.expose().as_bytes())) {
                 Ok(k) => k,
-                Err(e) => {
-                    eprintln!("targetlease operator: {e}");
-                    return ExitCode::from(2);
-                }
+                Err(e) => return usage(&e),
             }
         }
         None => {
@@ -80,44 +123,114 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     };
     let config = match args.connection.to_config() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("targetlease operator: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage(&e),
     };
-    let store = match ValkeyStore::connect(&config).await {
-        Ok(s) => Arc::new(s),
-        Err(e) => return fail(&e.to_string()),
-    };
-    let release_events = match events::release_events(&config).await {
-        Ok(stream) => stream,
-        Err(e) => {
-            tracing::warn!(error = %e, "no release notifications; waiters retry at the holder's expiry");
-            futures::stream::pending().boxed()
-        }
-    };
+    if args.leader_election && args.leader_election_duration.as_secs() < 2 {
+        return usage("--leader-election-duration must be at least 2s");
+    }
     let client = match kube::Client::try_default().await {
         Ok(c) => c,
-        Err(e) => return fail(&format!("kubernetes client: {e}")),
+        Err(e) => {
+            eprintln!("targetlease operator: kubernetes client: {e}");
+            return ExitCode::from(3);
+        }
     };
-    tracing::info!("operator starting");
-    operator::run(
-        OperatorConfig {
-            client,
-            store,
-            floor_namespace: args.floor_namespace,
-            floor_configmap: args.floor_configmap,
-            lease_ids,
-            concurrency: args.concurrency,
-            watch_namespace: args.watch_namespace,
-            instance: args.instance,
-            release_events,
-        },
-        shutdown_signal(),
-    )
-    .await;
+    let (shutdown_tx, mut shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = shutdown_tx.send(true);
+    });
+
+    let Some(valkey) = connect(&config, &mut shutdown).await else {
+        return ExitCode::SUCCESS;
+    };
+    let store_metrics = StoreMetrics::default();
+    let store: Arc<dyn LeaseStore> =
+        Arc::new(MeteredStore::new(Arc::new(valkey), store_metrics.clone()));
+    let metrics = OperatorMetrics::default();
+    let mut registry = Registry::default();
+    store_metrics.register(registry.sub_registry_with_prefix("targetlease"));
+    metrics.register(&mut registry);
+    let runtime = Arc::new(RuntimeStatus::default());
+
+    let admin_state = Arc::new(AdminState {
+        registry,
+        metrics: metrics.clone(),
+        store: store.clone(),
+        runtime: runtime.clone(),
+    });
+    let admin_shutdown = {
+        let mut rx = shutdown.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let admin = tokio::spawn(admin::serve(args.admin_addr, admin_state, admin_shutdown));
+
+    let cfg = OperatorConfig {
+        client,
+        store,
+        floor_namespace: args.floor_namespace.clone(),
+        floor_configmap: args.floor_configmap,
+        lease_ids,
+        concurrency: args.concurrency,
+        watch_namespace: args.watch_namespace,
+        instance: args.instance,
+        metrics,
+        runtime: runtime.clone(),
+    };
+    let subscribe = {
+        let config = config.clone();
+        move || release_events(config.clone())
+    };
+    tracing::info!(admin = %args.admin_addr, leader_election = args.leader_election, "operator starting");
+    if args.leader_election {
+        let election = Election {
+            namespace: args
+                .leader_election_namespace
+                .unwrap_or(args.floor_namespace),
+            lease_name: args.leader_election_lease,
+            duration_secs: args.leader_election_duration.as_secs(),
+            grace_secs: (args.leader_election_duration.as_secs() / 3).max(1),
+        };
+        if let Err(e) = operator::run_elected(cfg, election, subscribe, shutdown.clone()).await {
+            tracing::error!(error = %e, "leader election failed");
+            return ExitCode::from(3);
+        }
+    } else {
+        runtime
+            .leading
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut rx = shutdown.clone();
+        let stop = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let events = subscribe();
+        operator::run(&cfg, events, stop).await;
+    }
+    if let Ok(Err(e)) = admin.await {
+        tracing::error!(error = %e, "admin server failed");
+        return ExitCode::from(3);
+    }
     tracing::info!("operator stopped");
     ExitCode::SUCCESS
+}
+
+/// Release notifications, subscribed when the controller starts (lazily, so a
+/// replica that never leads holds no subscription).
+fn release_events(config: ValkeyConfig) -> BoxStream<'static, Target> {
+    futures::stream::once(async move {
+        match events::release_events(&config).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "no release notifications; waiters retry at the holder's expiry");
+                futures::stream::pending().boxed()
+            }
+        }
+    })
+    .flatten()
+    .boxed()
 }
 
 async fn shutdown_signal() {

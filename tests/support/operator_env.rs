@@ -25,6 +25,10 @@ pub struct OperatorEnv {
     pub client: Client,
     dir: tempfile::TempDir,
     operators: Vec<Child>,
+    admin_ports: Vec<u16>,
+    /// Operators started from now on use this kubeconfig (default: the admin
+    /// one) and get `POD_NAMESPACE` like a pod would: see `run_operators_as`.
+    operator_kubeconfig: Option<PathBuf>,
 }
 
 /// Installs (or updates) the generated CRD and waits until it is Established.
@@ -51,6 +55,13 @@ pub async fn install_crd(client: &Client) {
 
 impl OperatorEnv {
     pub async fn start(prefix: &str) -> Self {
+        let mut env = Self::start_without_operator(prefix).await;
+        env.start_operator();
+        env
+    }
+
+    /// Namespace, Valkey and CRD, but no operator yet.
+    pub async fn start_without_operator(prefix: &str) -> Self {
         let cp = kube_env::shared().await;
         let client = cp.client();
         install_crd(&client).await;
@@ -62,16 +73,16 @@ impl OperatorEnv {
             "test-lease-id-key-0123456789abcdef\n",
         )
         .unwrap();
-        let mut env = Self {
+        Self {
             cp,
             ns,
             valkey,
             client,
             dir,
             operators: Vec::new(),
-        };
-        env.start_operator();
-        env
+            admin_ports: Vec::new(),
+            operator_kubeconfig: None,
+        }
     }
 
     pub fn key_file(&self) -> PathBuf {
@@ -90,14 +101,27 @@ impl OperatorEnv {
                 .join(format!("operator-{}.log", self.operators.len())),
         )
         .expect("log file");
+        let admin_port = super::valkey_server::free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
             .arg("operator")
+            .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])
+            .env("POD_NAME", format!("operator-{}", self.operators.len()))
             .args(["--valkey-url", &self.valkey.url()])
             .arg("--lease-id-key-file")
             .arg(self.key_file())
             .args(["--floor-namespace", &self.ns, "--watch-namespace", &self.ns])
             .args(extra)
-            .env("KUBECONFIG", self.cp.kubeconfig_path())
+            .env(
+                "KUBECONFIG",
+                self.operator_kubeconfig
+                    .as_deref()
+                    .unwrap_or(self.cp.kubeconfig_path()),
+            )
+            .envs(
+                self.operator_kubeconfig
+                    .as_ref()
+                    .map(|_| ("POD_NAMESPACE", self.ns.as_str())),
+            )
             .env("RUST_LOG", "targetlease=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -105,7 +129,27 @@ impl OperatorEnv {
             .spawn()
             .expect("start targetlease operator");
         self.operators.push(child);
+        self.admin_ports.push(admin_port);
         self.operators.len() - 1
+    }
+
+    /// Operators started from now on authenticate with `kubeconfig` (e.g. a
+    /// ServiceAccount token, so RBAC applies) and see `POD_NAMESPACE` set to
+    /// the env's namespace, as the Helm chart's pods do.
+    pub fn run_operators_as(&mut self, kubeconfig: PathBuf) {
+        self.operator_kubeconfig = Some(kubeconfig);
+    }
+
+    /// Port of operator `i`'s admin server.
+    pub fn admin_port(&self, i: usize) -> u16 {
+        self.admin_ports[i]
+    }
+
+    /// Sends SIGTERM to operator `i` and waits for it to exit.
+    pub fn stop_operator(&mut self, i: usize) -> std::process::ExitStatus {
+        let pid = self.operators[i].id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        self.operators[i].wait().expect("wait for the operator")
     }
 
     /// Kills an operator process with SIGKILL (a crash).
@@ -245,4 +289,20 @@ pub async fn apply_example(env: &OperatorEnv, file: &str) -> Vec<(String, String
         applied.push((types.kind, name));
     }
     applied
+}
+
+/// A plain HTTP/1.0 GET on loopback: (status code, body); None when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
 }
