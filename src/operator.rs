@@ -143,6 +143,7 @@ pub async fn run(
         wake: wake_tx,
         renewed: Default::default(),
         metrics: cfg.metrics.clone(),
+        failures: Default::default(),
     });
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))

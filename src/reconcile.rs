@@ -59,6 +59,8 @@ pub struct Context {
     pub renewed: Mutex<HashMap<ObjectRef<TargetLease>, Instant>>,
     /// Reconcile metrics.
     pub metrics: crate::metrics::OperatorMetrics,
+    /// Consecutive store failures per lease, for backoff.
+    pub failures: Mutex<HashMap<ObjectRef<TargetLease>, u32>>,
 }
 
 /// Why a reconcile failed; each is retried with backoff by the controller.
@@ -86,7 +88,7 @@ impl Error {
     }
 }
 
-/// How long to wait before retrying after the store failed.
+/// How long to wait after an outcome the operator does not expect.
 const BACKEND_RETRY: Duration = Duration::from_secs(2);
 /// How long to wait before looking again at corrupt state.
 const CORRUPT_RETRY: Duration = Duration::from_secs(60);
@@ -199,7 +201,7 @@ async fn apply(tl: &TargetLease, api: &Api<TargetLease>, ctx: &Context) -> Resul
             }
             Step::Release { reason, message } => {
                 if !pass.release(reason, &message).await? {
-                    return Ok(Action::requeue(BACKEND_RETRY));
+                    return Ok(pass.retry_action());
                 }
             }
             Step::Wait { reason, message } => {
@@ -224,7 +226,7 @@ async fn cleanup(tl: &TargetLease, api: &Api<TargetLease>, ctx: &Context) -> Res
             .release(reason::RELEASED, "the TargetLease is being deleted")
             .await?
     {
-        return Ok(Action::requeue(BACKEND_RETRY));
+        return Ok(pass.retry_action());
     }
     // The last published token outlives the resource (see `floor`).
     if let Some(token) = pass.status.fencing_token {

@@ -532,3 +532,60 @@ async fn a_holder_tied_to_a_pod_follows_its_readiness() {
         "the lease was released when its pod went away"
     );
 }
+
+fn kubectl(env: &OperatorEnv, args: &[&str]) -> String {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(env.cp.kubeconfig_path())
+        .args(args)
+        .output()
+        .expect("kubectl is on the machine");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn kubectl_shows_the_columns_explains_every_field_and_lists_events() {
+    let env = OperatorEnv::start("kubectl").await;
+    env.create("job", holder_spec("reports", "nightly")).await;
+    env.wait_phase("job", Phase::Held, SOON).await;
+
+    let table = kubectl(&env, &["get", "tl", "-n", &env.ns]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "TARGET", "HOLDER", "TOKEN", "PHASE", "AGE"]
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[..5], ["job", "reports", "nightly", "1", "Held"]);
+
+    let explain = kubectl(&env, &["explain", "targetlease.spec"]);
+    for field in [
+        "target",
+        "holder",
+        "candidates",
+        "leaseDuration",
+        "renewInterval",
+        "maxLifetime",
+    ] {
+        assert!(
+            explain.contains(field),
+            "kubectl explain lacks {field}:\n{explain}"
+        );
+    }
+    assert!(explain.contains("Immutable"), "{explain}");
+    let status = kubectl(&env, &["explain", "targetlease.status.fencingToken"]);
+    assert!(status.contains("strictly greater"), "{status}");
+
+    let events = kubectl(&env, &["get", "events", "-n", &env.ns, "-o", "wide"]);
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("Acquired") && l.contains("targetlease/job")),
+        "no Acquired event:\n{events}"
+    );
+}

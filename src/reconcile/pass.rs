@@ -11,7 +11,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::{BACKEND_RETRY, Context, Error, FIELD_MANAGER, Timing, plan, pods};
+use super::{Context, Error, FIELD_MANAGER, Timing, plan, pods};
 use crate::conditions::{self, Status, reason};
 use crate::crd::{Phase, TargetLease, TargetLeaseStatus};
 use crate::store::{Holder, Lease, StoreError, Target};
@@ -49,6 +49,11 @@ impl Pass<'_> {
     }
 
     pub(super) fn backend_ok(&mut self) {
+        self.ctx
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key());
         self.condition(
             conditions::BACKEND_AVAILABLE,
             Status::True,
@@ -75,7 +80,29 @@ impl Pass<'_> {
             )
             .await;
         }
-        Action::requeue(BACKEND_RETRY)
+        *self
+            .ctx
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(self.key())
+            .or_default() += 1;
+        self.retry_action()
+    }
+
+    /// Requeue after the current backoff (with up to 20% jitter).
+    pub(super) fn retry_action(&self) -> Action {
+        let failures = self
+            .ctx
+            .failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.key())
+            .copied()
+            .unwrap_or(1);
+        let base = plan::backoff(failures.saturating_sub(1));
+        let jitter = base.mul_f64(rand::random::<f64>() * 0.2);
+        Action::requeue(base + jitter)
     }
 
     /// Writes status by server-side apply, only when it changed.

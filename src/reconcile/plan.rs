@@ -130,6 +130,14 @@ pub fn retry_after_held(holder_expires_ms: u64, server_now_ms: u64) -> Duration 
     Duration::from_millis(left + 50).clamp(Duration::from_millis(100), Duration::from_secs(300))
 }
 
+/// Delay before retrying after `failures` consecutive store failures:
+/// 250ms doubling to a 30s cap (the caller adds jitter).
+pub fn backoff(failures: u32) -> Duration {
+    let base = Duration::from_millis(250);
+    base.saturating_mul(1 << failures.min(7))
+        .min(Duration::from_secs(30))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +243,15 @@ mod tests {
         assert!(needs_expiry_refresh(None, 1000, r));
         assert!(!needs_expiry_refresh(Some(100_000), 1000, r));
         assert!(needs_expiry_refresh(Some(31_000), 1000, r));
+    }
+
+    #[test]
+    fn store_failures_back_off_to_a_cap() {
+        assert_eq!(backoff(0), Duration::from_millis(250));
+        assert_eq!(backoff(1), Duration::from_millis(500));
+        assert_eq!(backoff(6), Duration::from_secs(16));
+        assert_eq!(backoff(7), Duration::from_secs(30));
+        assert_eq!(backoff(100), Duration::from_secs(30));
     }
 
     #[test]
