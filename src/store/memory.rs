@@ -200,19 +200,42 @@ impl MemoryStore {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
-
-    fn reply(now: u64, outcome: Outcome, lease: Option<Lease>, message: &str) -> Reply {
-        Reply {
-            outcome,
-            lease,
-            server_time_ms: now,
-            message: message.to_owned(),
-        }
-    }
 }
 
 fn fingerprint(parts: &[&str]) -> String {
     parts.join("\u{0}")
+}
+
+const CORRUPT: &str = "lease record is corrupt";
+const CONFLICT: &str = "request id was used with different inputs";
+const NOT_HOLDER: &str = "the lease is not held by this lease id, owner and token";
+
+fn reply(now: u64, outcome: Outcome, lease: Option<Lease>, message: &str) -> Reply {
+    Reply {
+        outcome,
+        lease,
+        server_time_ms: now,
+        message: message.to_owned(),
+    }
+}
+
+/// A reply without a lease.
+fn bare(now: u64, outcome: Outcome, message: &str) -> Reply {
+    reply(now, outcome, None, message)
+}
+
+/// The live record when it is exactly `h`'s lease; otherwise the refusal.
+fn held_by(slot: Option<Slot>, h: &Holder) -> Result<Record, (Outcome, &'static str)> {
+    match slot {
+        Some(Slot::Corrupt { .. }) => Err((Outcome::CorruptState, CORRUPT)),
+        None => Err((Outcome::Expired, "the lease has ended")),
+        Some(Slot::Live(r)) if !r.holder_matches(h) => Err((Outcome::NotOwner, NOT_HOLDER)),
+        Some(Slot::Live(r)) => Ok(r),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 #[async_trait]
@@ -221,109 +244,69 @@ impl LeaseStore for MemoryStore {
         req.validate()?;
         let now = self.clock.now_ms();
         let t = &req.target;
-        let fp = fingerprint(&[
-            &req.ttl.as_millis().to_string(),
-            &req.max_lifetime
-                .map(|d| d.as_millis())
-                .unwrap_or(0)
-                .to_string(),
-            &req.metadata_json(),
-        ]);
+        let max_life = req.max_lifetime.map(ms).unwrap_or(0).to_string();
+        let fp = fingerprint(&[&ms(req.ttl).to_string(), &max_life, &req.metadata_json()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
         if let Some(c) = st.cached("acquire", t, &req.owner, &req.request_id, now) {
             if c.fingerprint != fp {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::IdempotencyConflict,
-                    None,
-                    "request id was used with different inputs",
-                ));
+                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
             }
             return Ok(match slot {
-                Some(Slot::Live(r)) if r.lease_id == c.lease_id => Self::reply(
+                Some(Slot::Live(r)) if r.lease_id == c.lease_id => reply(
                     now,
                     Outcome::Acquired,
                     Some(r.lease(t)),
                     "lease acquired (replayed request)",
                 ),
-                Some(Slot::Live(r)) => Self::reply(
+                Some(Slot::Live(r)) => reply(
                     now,
                     Outcome::Held,
                     Some(r.lease(t).without_lease_id()),
                     "the lease this request acquired was superseded",
                 ),
-                Some(Slot::Corrupt { .. }) => {
-                    Self::reply(now, Outcome::CorruptState, None, "lease record is corrupt")
-                }
-                None => Self::reply(
+                Some(Slot::Corrupt { .. }) => bare(now, Outcome::CorruptState, CORRUPT),
+                None => bare(
                     now,
                     Outcome::Expired,
-                    None,
                     "the lease this request acquired has ended",
                 ),
             });
         }
         match slot {
-            Some(Slot::Corrupt { .. }) => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::CorruptState,
-                    None,
-                    "lease record is corrupt",
-                ));
-            }
+            Some(Slot::Corrupt { .. }) => return Ok(bare(now, Outcome::CorruptState, CORRUPT)),
             Some(Slot::Live(r)) => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::Held,
-                    Some(r.lease(t).without_lease_id()),
-                    "target is held",
-                ));
+                let shown = Some(r.lease(t).without_lease_id());
+                return Ok(reply(now, Outcome::Held, shown, "target is held"));
             }
             None => {}
         }
         let counter = st.counters.get(t).copied().unwrap_or(0);
         let base = counter.max(req.token_floor.unwrap_or(0));
         if base >= MAX_TOKEN {
-            return Ok(Self::reply(
-                now,
-                Outcome::CorruptState,
-                None,
-                "fence counter exhausted",
-            ));
+            return Ok(bare(now, Outcome::CorruptState, "fence counter exhausted"));
         }
-        let token = base + 1;
-        let max_expires_ms = req.max_lifetime.map(|m| now + m.as_millis() as u64);
-        let mut expires_ms = now + req.ttl.as_millis() as u64;
-        if let Some(max) = max_expires_ms {
-            expires_ms = expires_ms.min(max);
-        }
+        let max_expires_ms = req.max_lifetime.map(|m| now + ms(m));
+        let expires_ms = (now + ms(req.ttl)).min(max_expires_ms.unwrap_or(u64::MAX));
         let rec = Record {
             lease_id: req.lease_id.clone().unwrap_or_else(super::new_request_id),
             owner: req.owner.clone(),
-            token,
+            token: base + 1,
             acquired_ms: now,
             expires_ms,
             max_expires_ms,
             metadata: req.metadata.clone(),
         };
-        st.counters.insert(t.clone(), token);
+        st.counters.insert(t.clone(), rec.token);
         st.leases.insert(t.clone(), Slot::Live(rec.clone()));
-        let window = IDEMPOTENCY_WINDOW + req.ttl;
-        st.remember(
-            "acquire",
-            t,
-            &req.owner,
-            &req.request_id,
-            Cached {
-                fingerprint: fp,
-                lease_id: rec.lease_id.clone(),
-                token,
-                expires_ms: now + window.as_millis() as u64,
-            },
-        );
-        Ok(Self::reply(
+        let cached = Cached {
+            fingerprint: fp,
+            lease_id: rec.lease_id.clone(),
+            token: rec.token,
+            expires_ms: now + ms(IDEMPOTENCY_WINDOW + req.ttl),
+        };
+        st.remember("acquire", t, &req.owner, &req.request_id, cached);
+        Ok(reply(
             now,
             Outcome::Acquired,
             Some(rec.lease(t)),
@@ -334,88 +317,40 @@ impl LeaseStore for MemoryStore {
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let now = self.clock.now_ms();
-        let t = &req.target;
-        let h = &req.holder;
-        let fp = fingerprint(&[
-            &h.lease_id,
-            &h.token.to_string(),
-            &req.ttl.as_millis().to_string(),
-        ]);
+        let (t, h) = (&req.target, &req.holder);
+        let fp = fingerprint(&[&h.lease_id, &h.token.to_string(), &ms(req.ttl).to_string()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
         if let Some(c) = st.cached("renew", t, &h.owner, &req.request_id, now) {
             if c.fingerprint != fp {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::IdempotencyConflict,
-                    None,
-                    "request id was used with different inputs",
-                ));
+                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
             }
             return Ok(match slot {
-                Some(Slot::Live(r)) if r.lease_id == c.lease_id && r.token == c.token => {
-                    Self::reply(
-                        now,
-                        Outcome::Renewed,
-                        Some(r.lease(t)),
-                        "lease renewed (replayed request)",
-                    )
-                }
-                Some(Slot::Live(_)) => {
-                    Self::reply(now, Outcome::NotOwner, None, "the lease was superseded")
-                }
-                Some(Slot::Corrupt { .. }) => {
-                    Self::reply(now, Outcome::CorruptState, None, "lease record is corrupt")
-                }
-                None => Self::reply(now, Outcome::Expired, None, "the lease has ended"),
+                Some(Slot::Live(r)) if r.lease_id == c.lease_id && r.token == c.token => reply(
+                    now,
+                    Outcome::Renewed,
+                    Some(r.lease(t)),
+                    "lease renewed (replayed request)",
+                ),
+                Some(Slot::Live(_)) => bare(now, Outcome::NotOwner, "the lease was superseded"),
+                Some(Slot::Corrupt { .. }) => bare(now, Outcome::CorruptState, CORRUPT),
+                None => bare(now, Outcome::Expired, "the lease has ended"),
             });
         }
-        let mut rec = match slot {
-            Some(Slot::Corrupt { .. }) => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::CorruptState,
-                    None,
-                    "lease record is corrupt",
-                ));
-            }
-            None => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::Expired,
-                    None,
-                    "the lease has ended",
-                ));
-            }
-            Some(Slot::Live(r)) if !r.holder_matches(h) => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::NotOwner,
-                    None,
-                    "the lease is not held by this lease id, owner and token",
-                ));
-            }
-            Some(Slot::Live(r)) => r,
+        let mut rec = match held_by(slot, h) {
+            Ok(r) => r,
+            Err((outcome, message)) => return Ok(bare(now, outcome, message)),
         };
-        let mut expires_ms = now + req.ttl.as_millis() as u64;
-        if let Some(max) = rec.max_expires_ms {
-            expires_ms = expires_ms.min(max);
-        }
-        rec.expires_ms = expires_ms;
+        rec.expires_ms = (now + ms(req.ttl)).min(rec.max_expires_ms.unwrap_or(u64::MAX));
         st.leases.insert(t.clone(), Slot::Live(rec.clone()));
-        st.remember(
-            "renew",
-            t,
-            &h.owner,
-            &req.request_id,
-            Cached {
-                fingerprint: fp,
-                lease_id: rec.lease_id.clone(),
-                token: rec.token,
-                expires_ms: now + IDEMPOTENCY_WINDOW.as_millis() as u64,
-            },
-        );
-        Ok(Self::reply(
+        let cached = Cached {
+            fingerprint: fp,
+            lease_id: rec.lease_id.clone(),
+            token: rec.token,
+            expires_ms: now + ms(IDEMPOTENCY_WINDOW),
+        };
+        st.remember("renew", t, &h.owner, &req.request_id, cached);
+        Ok(reply(
             now,
             Outcome::Renewed,
             Some(rec.lease(t)),
@@ -426,93 +361,53 @@ impl LeaseStore for MemoryStore {
     async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let now = self.clock.now_ms();
-        let t = &req.target;
-        let h = &req.holder;
+        let (t, h) = (&req.target, &req.holder);
         let fp = fingerprint(&[&h.lease_id, &h.token.to_string()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
         if let Some(c) = st.cached("release", t, &h.owner, &req.request_id, now) {
             if c.fingerprint != fp {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::IdempotencyConflict,
-                    None,
-                    "request id was used with different inputs",
-                ));
+                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
             }
-            return Ok(Self::reply(
+            return Ok(bare(
                 now,
                 Outcome::Released,
-                None,
                 "lease released (replayed request)",
             ));
         }
+        // The exact holder may clear a corrupt record whose identity still reads.
         let released = match slot {
             Some(Slot::Corrupt {
                 holder: Some(ref id),
             }) if id == h => None,
-            Some(Slot::Corrupt { .. }) => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::CorruptState,
-                    None,
-                    "lease record is corrupt",
-                ));
-            }
-            None => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::Expired,
-                    None,
-                    "the lease has ended",
-                ));
-            }
-            Some(Slot::Live(r)) if !r.holder_matches(h) => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::NotOwner,
-                    None,
-                    "the lease is not held by this lease id, owner and token",
-                ));
-            }
-            Some(Slot::Live(r)) => Some(r.lease(t)),
+            other => match held_by(other, h) {
+                Ok(r) => Some(r.lease(t)),
+                Err((outcome, message)) => return Ok(bare(now, outcome, message)),
+            },
         };
         st.leases.remove(t);
-        st.remember(
-            "release",
-            t,
-            &h.owner,
-            &req.request_id,
-            Cached {
-                fingerprint: fp,
-                lease_id: h.lease_id.clone(),
-                token: h.token,
-                expires_ms: now + IDEMPOTENCY_WINDOW.as_millis() as u64,
-            },
-        );
-        Ok(Self::reply(
-            now,
-            Outcome::Released,
-            released,
-            "lease released",
-        ))
+        let cached = Cached {
+            fingerprint: fp,
+            lease_id: h.lease_id.clone(),
+            token: h.token,
+            expires_ms: now + ms(IDEMPOTENCY_WINDOW),
+        };
+        st.remember("release", t, &h.owner, &req.request_id, cached);
+        Ok(reply(now, Outcome::Released, released, "lease released"))
     }
 
     async fn get(&self, target: &Target) -> Result<Reply, StoreError> {
         target.validate()?;
         let now = self.clock.now_ms();
-        let mut st = self.lock();
-        Ok(match st.slot(target, now) {
-            Some(Slot::Live(r)) => Self::reply(
+        Ok(match self.lock().slot(target, now) {
+            Some(Slot::Live(r)) => reply(
                 now,
                 Outcome::Found,
                 Some(r.lease(target).without_lease_id()),
                 "target is held",
             ),
-            Some(Slot::Corrupt { .. }) => {
-                Self::reply(now, Outcome::CorruptState, None, "lease record is corrupt")
-            }
-            None => Self::reply(now, Outcome::NotFound, None, "target has no live lease"),
+            Some(Slot::Corrupt { .. }) => bare(now, Outcome::CorruptState, CORRUPT),
+            None => bare(now, Outcome::NotFound, "target has no live lease"),
         })
     }
 
@@ -524,16 +419,16 @@ impl LeaseStore for MemoryStore {
         let slot = st.slot(t, now);
         st.leases.remove(t);
         Ok(match slot {
-            Some(Slot::Live(r)) => Self::reply(
+            Some(Slot::Live(r)) => reply(
                 now,
                 Outcome::Revoked,
                 Some(r.lease(t).without_lease_id()),
                 "lease revoked",
             ),
             Some(Slot::Corrupt { .. }) => {
-                Self::reply(now, Outcome::Revoked, None, "corrupt lease record removed")
+                bare(now, Outcome::Revoked, "corrupt lease record removed")
             }
-            None => Self::reply(now, Outcome::NotFound, None, "target has no live lease"),
+            None => bare(now, Outcome::NotFound, "target has no live lease"),
         })
     }
 
@@ -546,42 +441,21 @@ impl LeaseStore for MemoryStore {
         let slot = st.slot(t, now);
         if let Some(c) = st.cached("commit", t, "", &req.request_id, now) {
             if c.fingerprint != fp {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::IdempotencyConflict,
-                    None,
-                    "request id was used with different inputs",
-                ));
+                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
             }
-            return Ok(Self::reply(
+            return Ok(bare(
                 now,
                 Outcome::Committed,
-                None,
                 "value committed (replayed request)",
             ));
         }
         let rec = match slot {
-            Some(Slot::Corrupt { .. }) => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::CorruptState,
-                    None,
-                    "lease record is corrupt",
-                ));
-            }
-            None => {
-                return Ok(Self::reply(
-                    now,
-                    Outcome::Expired,
-                    None,
-                    "target has no live lease",
-                ));
-            }
+            Some(Slot::Corrupt { .. }) => return Ok(bare(now, Outcome::CorruptState, CORRUPT)),
+            None => return Ok(bare(now, Outcome::Expired, "target has no live lease")),
             Some(Slot::Live(r)) if r.token != req.token => {
-                return Ok(Self::reply(
+                return Ok(bare(
                     now,
                     Outcome::StaleToken,
-                    None,
                     "token is not the current lease's",
                 ));
             }
@@ -591,33 +465,20 @@ impl LeaseStore for MemoryStore {
         if let Some((committed, _)) = st.commits.get(&commit_key)
             && *committed > req.token
         {
-            return Ok(Self::reply(
-                now,
-                Outcome::StaleToken,
-                None,
-                "a higher token was already committed for this key",
-            ));
+            let message = "a higher token was already committed for this key";
+            return Ok(bare(now, Outcome::StaleToken, message));
         }
         st.commits
             .insert(commit_key, (req.token, req.value.clone()));
-        st.remember(
-            "commit",
-            t,
-            "",
-            &req.request_id,
-            Cached {
-                fingerprint: fp,
-                lease_id: String::new(),
-                token: req.token,
-                expires_ms: now + IDEMPOTENCY_WINDOW.as_millis() as u64,
-            },
-        );
-        Ok(Self::reply(
-            now,
-            Outcome::Committed,
-            Some(rec.lease(t).without_lease_id()),
-            "value committed",
-        ))
+        let cached = Cached {
+            fingerprint: fp,
+            lease_id: String::new(),
+            token: req.token,
+            expires_ms: now + ms(IDEMPOTENCY_WINDOW),
+        };
+        st.remember("commit", t, "", &req.request_id, cached);
+        let shown = Some(rec.lease(t).without_lease_id());
+        Ok(reply(now, Outcome::Committed, shown, "value committed"))
     }
 
     async fn health(&self) -> Result<Health, StoreError> {
