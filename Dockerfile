@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# targetlease: the operator and CLI in one small, non-root image.
+#
+#   docker build -t ghcr.io/targetlease/targetlease:0.1.0 .
+#
+# Build stage: the full Rust image (it has the C compiler `ring` needs).
+# The Lua scripts are compiled into the binary (include_str!); lua/ is copied
+# into the runtime image only so the exact scripts can be read from the image.
+FROM docker.io/library/rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY lua ./lua
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked --bin targetlease \
+ && install -D -m 0755 target/release/targetlease /out/targetlease
+
+# Runtime: distroless with glibc and CA certificates, no shell, no package
+# manager, runs as UID/GID 65532 (matches the Helm chart's securityContext).
+FROM gcr.io/distroless/cc-debian12:nonroot
+LABEL org.opencontainers.image.title="targetlease" \
+      org.opencontainers.image.description="Leases with fencing tokens for Kubernetes workloads, stored in Valkey" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /out/targetlease /usr/local/bin/targetlease
+COPY lua /usr/share/targetlease/lua
+COPY crds /usr/share/targetlease/crds
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/targetlease"]
+CMD ["operator"]

@@ -1,0 +1,65 @@
+{{/* Chart name, truncated to the DNS label limit. */}}
+{{- define "targetlease.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, prefixed by the chart name unless it already contains it. */}}
+{{- define "targetlease.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "targetlease.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "targetlease.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "targetlease.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "targetlease.labels" -}}
+helm.sh/chart: {{ include "targetlease.chart" . }}
+{{ include "targetlease.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "targetlease.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "targetlease.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The user name the API server gives the operator's ServiceAccount. */}}
+{{- define "targetlease.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "targetlease.serviceAccountName" .) }}
+{{- end }}
+
+{{- define "targetlease.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "targetlease.leaseIdKeySecretName" -}}
+{{- default (printf "%s-lease-id-key" (include "targetlease.fullname" .)) .Values.leaseIdKey.existingSecret }}
+{{- end }}
+
+{{/* Whether the API server serves ValidatingAdmissionPolicy v1. */}}
+{{- define "targetlease.admissionPolicySupported" -}}
+{{- if and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding") }}true{{ end }}
+{{- end }}

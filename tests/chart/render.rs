@@ -1,0 +1,486 @@
+//! `helm lint` and `helm template`: what the chart renders for default and
+//! non-default values, checked object by object.
+
+use std::process::Command;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use crate::helm::*;
+
+#[test]
+fn helm_lint_passes_with_default_and_non_default_values() {
+    let chart = chart();
+    let out = helm_ok(&["lint", "--strict", "--kube-version", KUBE_VERSION, &chart]);
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+    helm_ok(&[
+        "lint",
+        "--strict",
+        "--kube-version",
+        KUBE_VERSION,
+        &chart,
+        "--set",
+        "replicaCount=3,valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls",
+        "--set",
+        "metrics.serviceMonitor.enabled=true,valkey.auth.existingSecret=valkey-auth",
+    ]);
+}
+
+#[test]
+fn the_chart_ships_the_generated_crd() {
+    let generated = std::fs::read_to_string(repo().join("crds/targetlease.dev_targetleases.yaml"))
+        .expect("crds/targetlease.dev_targetleases.yaml");
+    let shipped = std::fs::read_to_string(
+        repo().join("charts/targetlease/crds/targetlease.dev_targetleases.yaml"),
+    )
+    .expect("charts/targetlease/crds/targetlease.dev_targetleases.yaml");
+    assert!(
+        shipped == generated,
+        "the chart's CRD drifted: cp crds/targetlease.dev_targetleases.yaml charts/targetlease/crds/"
+    );
+}
+
+#[test]
+fn the_values_schema_refuses_mistakes() {
+    let chart = chart();
+    let refused = |set: &str, expect: &str| {
+        let out = helm(&[
+            "template",
+            "t",
+            &chart,
+            "--kube-version",
+            KUBE_VERSION,
+            "--set",
+            set,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{set} was accepted");
+        assert!(err.contains(expect), "{set}: {err}");
+    };
+    refused("valkey.url=redis://user:secret@valkey:6379", "/valkey/url");
+    refused("replicas=3", "replicas");
+    refused("replicaCount=0", "/replicaCount");
+    refused("valkey.durability=sometimes", "/valkey/durability");
+    refused(
+        "valkey.tls.enabled=true",
+        "valkey.tls.enabled needs valkey.tls.existingSecret",
+    );
+    refused(
+        "valkey.tls.enabled=true,valkey.tls.existingSecret=s,valkey.tls.certKey=tls.crt",
+        "go together",
+    );
+}
+
+// ---------------------------------------------------------- rendering ---
+
+fn expected_cluster_rules() -> Value {
+    json!([
+        { "apiGroups": ["targetlease.dev"], "resources": ["targetleases"],
+          "verbs": ["list", "watch", "patch"] },
+        { "apiGroups": ["targetlease.dev"], "resources": ["targetleases/status"],
+          "verbs": ["patch"] },
+        { "apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"] },
+        { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
+    ])
+}
+
+fn expected_role_rules(floor: &str, election_lease: Option<&str>) -> Value {
+    let mut rules = vec![
+        json!({ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"] }),
+        json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [floor],
+                "verbs": ["get", "update"] }),
+    ];
+    if let Some(lease) = election_lease {
+        rules.push(
+            json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                           "verbs": ["create"] }),
+        );
+        rules.push(
+            json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                           "resourceNames": [lease], "verbs": ["get", "patch"] }),
+        );
+    }
+    Value::Array(rules)
+}
+
+/// Pod Security Standard "restricted", checked field by field.
+fn assert_restricted(r: &Rendered) {
+    let pod = &r.get("Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert!(pod["securityContext"]["runAsUser"].as_u64().unwrap() > 0);
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert!(pod[field].is_null() || pod[field] == false, "{field}");
+    }
+    let sc = &r.container()["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert!(sc["capabilities"]["add"].is_null());
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    for v in pod["volumes"].as_array().unwrap() {
+        assert!(v["hostPath"].is_null(), "no hostPath volumes");
+    }
+}
+
+/// Secrets reach the process only as files: no env var carries a value from a Secret.
+fn assert_no_secret_in_env(r: &Rendered) {
+    let c = r.container();
+    assert!(c["envFrom"].is_null(), "no envFrom");
+    let names: Vec<_> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert!(
+                e["valueFrom"]["secretKeyRef"].is_null(),
+                "env from a Secret: {e}"
+            );
+            e["name"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(names, ["POD_NAME", "POD_NAMESPACE", "RUST_LOG"]);
+    assert!(
+        !r.args().iter().any(|a| a.starts_with("--password=")),
+        "no password flag"
+    );
+}
+
+#[test]
+fn default_values_render_a_restricted_highly_available_operator() {
+    let r = template("tl", "tl-system", &[]);
+    let kinds: Vec<_> = r.kinds().into_iter().collect();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Secret",
+            "Service",
+            "ServiceAccount"
+        ],
+        "no ServiceMonitor by default; no policy unless the API server serves it"
+    );
+    for doc in &r.0 {
+        let cluster_scoped = doc["kind"] == "ClusterRole" || doc["kind"] == "ClusterRoleBinding";
+        assert_eq!(
+            doc["metadata"]["namespace"].is_null(),
+            cluster_scoped,
+            "{}",
+            doc["kind"]
+        );
+        if !cluster_scoped {
+            assert_eq!(doc["metadata"]["namespace"], "tl-system");
+        }
+    }
+
+    let deploy = r.get("Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"];
+    assert_eq!(pod["spec"]["serviceAccountName"], "tl-targetlease");
+    let selector = &deploy["spec"]["selector"]["matchLabels"];
+    for (k, v) in selector.as_object().unwrap() {
+        assert_eq!(&pod["metadata"]["labels"][k], v);
+    }
+    assert_restricted(&r);
+    assert_no_secret_in_env(&r);
+
+    let c = r.container();
+    assert_eq!(
+        c["ports"],
+        json!([{ "name": "admin", "containerPort": 8080, "protocol": "TCP" }])
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "admin");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "admin");
+    assert_eq!(
+        c["env"][0],
+        json!({ "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } })
+    );
+    assert_eq!(
+        c["env"][1],
+        json!({ "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } })
+    );
+    let args = r.args();
+    for expected in [
+        "operator",
+        "--valkey-url=redis://valkey:6379",
+        "--lease-id-key-file=/etc/targetlease/lease-id/key",
+        "--floor-namespace=tl-system",
+        "--floor-configmap=targetlease-token-floors",
+        "--admin-addr=0.0.0.0:8080",
+        "--leader-election",
+        "--leader-election-namespace=tl-system",
+        "--leader-election-lease=targetlease-operator",
+        "--log-format=json",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--password-file")));
+    assert!(!args.iter().any(|a| a.starts_with("--tls-")));
+    assert!(!args.iter().any(|a| a.starts_with("--watch-namespace")));
+
+    // The lease-id key: generated, kept on uninstall, mounted as a file.
+    let secret: Secret = serde_json::from_value(r.get("Secret").clone()).unwrap();
+    assert_eq!(secret.name_any(), "tl-targetlease-lease-id-key");
+    assert_eq!(
+        secret
+            .annotations()
+            .get("helm.sh/resource-policy")
+            .map(String::as_str),
+        Some("keep")
+    );
+    assert_eq!(secret.data.unwrap()["key"].0.len(), 64);
+    assert_eq!(
+        r.volume("lease-id-key")["secret"]["secretName"],
+        "tl-targetlease-lease-id-key"
+    );
+
+    let pdb = r.get("PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+    assert_eq!(&pdb["spec"]["selector"]["matchLabels"], selector);
+
+    let svc = r.get("Service");
+    assert_eq!(
+        svc["spec"]["ports"],
+        json!([{ "name": "metrics", "port": 8080, "targetPort": "admin", "protocol": "TCP" }])
+    );
+    assert_eq!(&svc["spec"]["selector"], selector);
+}
+
+#[test]
+fn rbac_grants_exactly_the_verbs_the_operator_uses() {
+    let r = template("tl", "tl-system", &[]);
+    assert_eq!(r.get("ClusterRole")["rules"], expected_cluster_rules());
+    assert_eq!(
+        r.get("Role")["rules"],
+        expected_role_rules("targetlease-token-floors", Some("targetlease-operator"))
+    );
+    let subject =
+        json!([{ "kind": "ServiceAccount", "name": "tl-targetlease", "namespace": "tl-system" }]);
+    for (binding, role) in [
+        ("ClusterRoleBinding", "ClusterRole"),
+        ("RoleBinding", "Role"),
+    ] {
+        let b = r.get(binding);
+        assert_eq!(b["subjects"], subject, "{binding}");
+        assert_eq!(b["roleRef"]["kind"], role);
+        assert_eq!(b["roleRef"]["name"], r.get(role)["metadata"]["name"]);
+    }
+
+    // Renamed floor ConfigMap and Lease follow; no election, no Lease rights.
+    let r = template(
+        "tl",
+        "tl-system",
+        &[
+            "--set",
+            "operator.floorConfigMap=floors,leaderElection.leaseName=le",
+        ],
+    );
+    assert_eq!(
+        r.get("Role")["rules"],
+        expected_role_rules("floors", Some("le"))
+    );
+    let r = template(
+        "tl",
+        "tl-system",
+        &["--set", "leaderElection.enabled=false"],
+    );
+    assert_eq!(
+        r.get("Role")["rules"],
+        expected_role_rules("targetlease-token-floors", None)
+    );
+    assert!(!r.args().iter().any(|a| a.starts_with("--leader-election")));
+}
+
+#[test]
+fn the_admission_policy_renders_where_supported_unless_turned_off() {
+    let mut with_api = vec![];
+    with_api.extend_from_slice(&VAP_APIS);
+    let r = template("tl", "tl-system", &with_api);
+    let policy = r.get("ValidatingAdmissionPolicy");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{ "apiGroups": ["targetlease.dev"], "apiVersions": ["*"],
+                 "operations": ["UPDATE"], "resources": ["targetleases/status"] }])
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["spec"]["validations"][0]["expression"],
+        r#"request.userInfo.username in ["system:serviceaccount:tl-system:tl-targetlease"]"#
+    );
+    let binding = r.get("ValidatingAdmissionPolicyBinding");
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert!(
+        binding["spec"]["matchResources"].is_null(),
+        "all namespaces by default"
+    );
+
+    // Scoped to the watched namespace; extra identities allowed on request.
+    with_api.extend_from_slice(&[
+        "--set",
+        "operator.watchNamespace=apps,admissionPolicy.extraAllowedUsers[0]=break-glass",
+    ]);
+    let r = template("tl", "tl-system", &with_api);
+    assert_eq!(
+        r.get("ValidatingAdmissionPolicyBinding")["spec"]["matchResources"],
+        json!({ "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "apps" } } })
+    );
+    assert_eq!(
+        r.get("ValidatingAdmissionPolicy")["spec"]["validations"][0]["expression"],
+        r#"request.userInfo.username in ["system:serviceaccount:tl-system:tl-targetlease","break-glass"]"#
+    );
+
+    let mut off = VAP_APIS.to_vec();
+    off.extend_from_slice(&["--set", "admissionPolicy.enabled=false"]);
+    let r = template("tl", "tl-system", &off);
+    assert!(r.find("ValidatingAdmissionPolicy").is_none());
+    assert!(r.find("ValidatingAdmissionPolicyBinding").is_none());
+}
+
+const NON_DEFAULT: &[&str] = &[
+    "--set",
+    "replicaCount=3",
+    "--set",
+    "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    "--set",
+    "valkey.url=rediss://valkey.data.svc:6380,valkey.durability=replicas:1,valkey.keyPrefix=tl",
+    "--set",
+    "valkey.auth.username=targetlease,valkey.auth.existingSecret=valkey-auth,valkey.auth.passwordKey=pw",
+    "--set",
+    "valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls,valkey.tls.certKey=tls.crt,valkey.tls.keyKey=tls.key",
+    "--set",
+    "valkey.tls.serverName=valkey.internal",
+    "--set",
+    "leaseIdKey.existingSecret=my-lease-id-key",
+    "--set",
+    "metrics.serviceMonitor.enabled=true,metrics.serviceMonitor.labels.release=prom",
+    "--set",
+    "admissionPolicy.enabled=false",
+    "--set",
+    "operator.watchNamespace=apps,operator.concurrency=4,operator.logFormat=text",
+    "--set",
+    "podDisruptionBudget.maxUnavailable=2",
+    "--api-versions",
+    "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+    "--api-versions",
+    "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding",
+];
+
+#[test]
+fn non_default_values_render_tls_an_existing_password_and_a_service_monitor() {
+    let r = template("prod", "ops", NON_DEFAULT);
+    assert_eq!(r.get("Deployment")["spec"]["replicas"], 3);
+    assert_eq!(
+        r.container()["image"],
+        "ghcr.io/targetlease/targetlease@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    );
+    assert!(
+        r.find("ValidatingAdmissionPolicy").is_none(),
+        "turned off even where supported"
+    );
+    assert!(
+        r.find("Secret").is_none(),
+        "an existing lease-id key is used, not generated"
+    );
+    assert_restricted(&r);
+    assert_no_secret_in_env(&r);
+
+    let args = r.args();
+    for expected in [
+        "--valkey-url=rediss://valkey.data.svc:6380",
+        "--durability=replicas:1",
+        "--key-prefix=tl",
+        "--username=targetlease",
+        "--password-file=/etc/targetlease/valkey-auth/password",
+        "--tls-ca-file=/etc/targetlease/valkey-tls/ca.crt",
+        "--tls-cert-file=/etc/targetlease/valkey-tls/tls.crt",
+        "--tls-key-file=/etc/targetlease/valkey-tls/tls.key",
+        "--tls-server-name=valkey.internal",
+        "--watch-namespace=apps",
+        "--concurrency=4",
+        "--log-format=text",
+        "--floor-namespace=ops",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    // Each file flag points into a read-only mount of the right Secret key.
+    let mounts = r.container()["volumeMounts"].as_array().unwrap().clone();
+    let mount = |name: &str| {
+        let m = mounts.iter().find(|m| m["name"] == name).unwrap();
+        assert_eq!(m["readOnly"], true, "{name}");
+        m["mountPath"].as_str().unwrap().to_string()
+    };
+    assert_eq!(mount("valkey-auth"), "/etc/targetlease/valkey-auth");
+    assert_eq!(mount("valkey-tls"), "/etc/targetlease/valkey-tls");
+    assert_eq!(mount("lease-id-key"), "/etc/targetlease/lease-id");
+    assert_eq!(
+        r.volume("valkey-auth")["secret"],
+        json!({ "secretName": "valkey-auth", "defaultMode": 0o440,
+                "items": [{ "key": "pw", "path": "password" }] })
+    );
+    assert_eq!(
+        r.volume("valkey-tls")["secret"]["items"],
+        json!([{ "key": "ca.crt", "path": "ca.crt" }, { "key": "tls.crt", "path": "tls.crt" },
+               { "key": "tls.key", "path": "tls.key" }])
+    );
+    assert_eq!(
+        r.volume("lease-id-key")["secret"]["secretName"],
+        "my-lease-id-key"
+    );
+
+    let sm = r.get("ServiceMonitor");
+    assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"],
+        r.get("Service")["metadata"]["labels"]
+            .as_object()
+            .map(|l| {
+                json!({
+                    "app.kubernetes.io/name": l["app.kubernetes.io/name"],
+                    "app.kubernetes.io/instance": l["app.kubernetes.io/instance"],
+                })
+            })
+            .unwrap()
+    );
+    assert_eq!(r.get("PodDisruptionBudget")["spec"]["maxUnavailable"], 2);
+}
+
+/// The chart and the binary agree on flag names: `targetlease <rendered args> --help`
+/// fails on any flag the binary does not know or a value it cannot parse.
+#[test]
+fn the_binary_accepts_the_rendered_arguments() {
+    for (what, r) in [
+        ("default", template("tl", "tl-system", &[])),
+        ("non-default", template("prod", "ops", NON_DEFAULT)),
+    ] {
+        let args = r.args();
+        let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .args(&args)
+            .arg("--help")
+            .output()
+            .expect("run targetlease");
+        assert!(
+            out.status.success(),
+            "{what} values: `targetlease {}` is refused:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
