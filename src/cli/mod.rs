@@ -4,6 +4,7 @@
 //! 2 bad arguments, 3 backend trouble (backend_unavailable, corrupt_state,
 //! outcome_unknown).
 
+pub mod check;
 pub mod connection;
 pub mod crd;
 pub mod lease;
@@ -36,6 +37,8 @@ pub enum Command {
     Crd(crd::CrdArgs),
     /// Run the operator: reconcile TargetLeases against Valkey.
     Operator(operator::OperatorArgs),
+    /// Check that a Valkey deployment is safe for leases (JSON on stdout; --human for text).
+    Check(check::CheckArgs),
 }
 
 /// Parses arguments, runs the command and returns its exit code.
@@ -45,5 +48,6 @@ pub async fn main() -> ExitCode {
         Command::Run(args) => run::main(args).await,
         Command::Crd(args) => crd::main(args),
         Command::Operator(args) => operator::main(args).await,
+        Command::Check(args) => check::main(args).await,
     }
 }

@@ -6,6 +6,8 @@
 //! `valkey::concurrent_acquires_have_exactly_one_winner`, and so on. The Valkey
 //! run needs a real `valkey-server` and fails without one.
 
+#[path = "../support/cluster.rs"]
+mod cluster;
 #[path = "../support/resp.rs"]
 mod resp;
 #[path = "../support/valkey_server.rs"]
@@ -175,6 +177,85 @@ impl Harness for ValkeyHarness {
     }
 }
 
+/// A real 3-primary Valkey Cluster, private to one test, through fred's cluster mode.
+pub struct ValkeyClusterHarness {
+    cluster: cluster::Cluster,
+    store: Arc<ValkeyStore>,
+    config: ValkeyConfig,
+}
+
+impl ValkeyClusterHarness {
+    pub async fn new() -> Self {
+        let cluster = tokio::task::spawn_blocking(cluster::Cluster::start)
+            .await
+            .expect("start the test cluster");
+        let config = ValkeyConfig {
+            url: cluster.url(),
+            ..ValkeyConfig::default()
+        };
+        let store = Arc::new(
+            ValkeyStore::connect(&config)
+                .await
+                .expect("connect to the test cluster"),
+        );
+        Self {
+            cluster,
+            store,
+            config,
+        }
+    }
+}
+
+#[async_trait]
+impl Harness for ValkeyClusterHarness {
+    fn store(&self) -> Arc<dyn LeaseStore> {
+        self.store.clone()
+    }
+    async fn another_client(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(
+            ValkeyStore::connect(&self.config)
+                .await
+                .expect("second connection"),
+        )
+    }
+    async fn advance(&self, by: Duration) {
+        tokio::time::sleep(by).await;
+    }
+    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &Holder) {
+        let key = self.store.keys().lease(target);
+        let mut c = self.cluster.conn_for(&key);
+        match how {
+            Corruption::NoExpiry => assert_eq!(c.cmd(&["PERSIST", &key]).int(), 1),
+            Corruption::UnknownVersion => {
+                c.cmd(&["HSET", &key, "v", "99"]);
+            }
+            Corruption::Garbage => {
+                c.cmd(&["DEL", &key]);
+                c.cmd(&["SET", &key, "\u{1}not a lease"]);
+            }
+        }
+    }
+    async fn lose_counter(&self, target: &Target) {
+        let keys = self.store.keys();
+        let (lease, fence) = (keys.lease(target), keys.fence(target));
+        self.cluster.conn_for(&lease).cmd(&["DEL", &lease, &fence]);
+    }
+    async fn snapshot(&self, target: &Target) -> String {
+        let keys = [
+            self.store.keys().lease(target),
+            self.store.keys().fence(target),
+        ];
+        let mut c = self.cluster.conn_for(&keys[0]);
+        let mut out = String::new();
+        for k in keys {
+            let dump = c.cmd(&["DUMP", &k]);
+            let ttl = c.cmd(&["PTTL", &k]).int();
+            out.push_str(&format!("{k}={dump:?} ttl_set={}\n", ttl >= 0));
+        }
+        out
+    }
+}
+
 /// Instantiates every contract case for one backend.
 macro_rules! contract {
     ($backend:ident, $harness:ty, [$($case:ident),* $(,)?]) => {
@@ -194,6 +275,7 @@ macro_rules! all_backends {
     ($($case:ident),* $(,)?) => {
         contract!(memory, crate::MemoryHarness, [$($case),*]);
         contract!(valkey, crate::ValkeyHarness, [$($case),*]);
+        contract!(valkey_cluster, crate::ValkeyClusterHarness, [$($case),*]);
     };
 }
 

@@ -1,0 +1,420 @@
+//! `targetlease check`: is this Valkey deployment safe for leases?
+//!
+//! Connects with the shared flags and reports each finding as ok, warn or
+//! fail. Exit codes: 0 nothing failed, 1 a check failed, 2 bad arguments,
+//! 3 the server cannot be reached. Only `INFO`, the lease scripts and a read
+//! of a probe target are used, so the least-privilege ACL user can run it.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::connection::ConnectionArgs;
+use super::logging::{self, LogArgs};
+use super::output;
+use crate::store::valkey::{Durability, ValkeyStore};
+use crate::store::{LeaseStore, StoreError, Target};
+
+/// Arguments of `targetlease check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// How to reach Valkey.
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    /// Print text for people instead of one JSON object.
+    #[arg(long)]
+    pub human: bool,
+    /// Diagnostics on stderr.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// How one finding came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Nothing to do.
+    Ok,
+    /// Works, with a risk the operator should know about.
+    Warn,
+    /// Unsafe or not working.
+    Fail,
+}
+
+/// One finding.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    /// Stable name, e.g. `maxmemory-policy`.
+    pub name: &'static str,
+    /// The verdict.
+    pub status: Status,
+    /// One sentence saying why.
+    pub detail: String,
+}
+
+/// Everything `check` prints.
+#[derive(Debug, Serialize)]
+pub struct CheckReport {
+    /// True when no check failed.
+    pub ok: bool,
+    /// The findings, in a fixed order.
+    pub checks: Vec<Check>,
+}
+
+const EXIT_FAILED: u8 = 1;
+const EXIT_UNREACHABLE: u8 = 3;
+/// Latency above which reachability warns.
+const SLOW: Duration = Duration::from_millis(100);
+
+fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
+    Check {
+        name,
+        status,
+        detail: detail.into(),
+    }
+}
+
+/// Runs `targetlease check`.
+pub async fn main(args: CheckArgs) -> ExitCode {
+    logging::init(&args.log);
+    let config = match args.conn.to_config() {
+        Ok(c) => c,
+        Err(msg) => return output::usage_error(&msg),
+    };
+    let (checks, code) = match ValkeyStore::connect_only(&config).await {
+        Err(StoreError::Invalid(msg)) => return output::usage_error(&msg),
+        Err(e) => (
+            vec![check("reachability", Status::Fail, e.to_string())],
+            EXIT_UNREACHABLE,
+        ),
+        Ok(store) => {
+            let checks = run_checks(&store, config.durability).await;
+            store.close().await;
+            let unreachable = checks
+                .first()
+                .is_some_and(|c| c.name == "reachability" && c.status == Status::Fail);
+            let failed = checks.iter().any(|c| c.status == Status::Fail);
+            let code = if unreachable {
+                EXIT_UNREACHABLE
+            } else if failed {
+                EXIT_FAILED
+            } else {
+                0
+            };
+            (checks, code)
+        }
+    };
+    let report = CheckReport {
+        ok: checks.iter().all(|c| c.status != Status::Fail),
+        checks,
+    };
+    if args.human {
+        print!("{}", human(&report));
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("report serializes")
+        );
+    }
+    ExitCode::from(code)
+}
+
+/// The report as text, one line per check.
+pub fn human(report: &CheckReport) -> String {
+    let mut out = String::new();
+    for c in &report.checks {
+        let tag = match c.status {
+            Status::Ok => "ok  ",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        out.push_str(&format!("{tag}  {:<17} {}\n", c.name, c.detail));
+    }
+    out.push_str(if report.ok {
+        "safe: no check failed\n"
+    } else {
+        "UNSAFE: at least one check failed\n"
+    });
+    out
+}
+
+/// Every check, in order; stops after reachability when the server is gone.
+pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Check> {
+    let mut checks = Vec::new();
+    match store.health().await {
+        Ok(h) => {
+            let ms = h.latency.as_secs_f64() * 1000.0;
+            let status = if h.latency > SLOW {
+                Status::Warn
+            } else {
+                Status::Ok
+            };
+            checks.push(check(
+                "reachability",
+                status,
+                format!("server answered in {ms:.1}ms"),
+            ));
+        }
+        Err(e) => {
+            checks.push(check("reachability", Status::Fail, e.to_string()));
+            return checks;
+        }
+    }
+    let server = store.info("server").await.map(|t| fields(&t));
+    checks.push(match &server {
+        Ok(f) => version(f),
+        Err(e) => check(
+            "server-version",
+            Status::Warn,
+            format!("cannot read INFO server: {e}"),
+        ),
+    });
+    checks.push(match store.load_scripts().await {
+        Ok(()) => check("scripts", Status::Ok, "all lease scripts load"),
+        Err(e) => check("scripts", Status::Fail, e.to_string()),
+    });
+    checks.push(
+        match store.get(&Target::new("targetlease-check", "probe")).await {
+            Ok(_) => check(
+                "permissions",
+                Status::Ok,
+                "the user can run the lease scripts on keys under the prefix",
+            ),
+            Err(e) => check("permissions", Status::Fail, e.to_string()),
+        },
+    );
+    checks.push(match store.info("memory").await {
+        Ok(t) => eviction(&fields(&t)),
+        Err(e) => check(
+            "maxmemory-policy",
+            Status::Warn,
+            format!("cannot read the eviction policy: {e}"),
+        ),
+    });
+    checks.push(match store.info("persistence").await {
+        Ok(t) => persistence(&fields(&t), durability),
+        Err(e) => check(
+            "persistence",
+            Status::Warn,
+            format!("cannot read INFO persistence: {e}"),
+        ),
+    });
+    checks.push(match store.info("replication").await {
+        Ok(t) => replication(&fields(&t), durability),
+        Err(e) => check(
+            "replication",
+            Status::Warn,
+            format!("cannot read INFO replication: {e}"),
+        ),
+    });
+    checks.push(match store.info("cluster").await {
+        Ok(t) => cluster(&fields(&t), store.is_clustered()),
+        Err(e) => check(
+            "cluster",
+            Status::Warn,
+            format!("cannot read INFO cluster: {e}"),
+        ),
+    });
+    checks
+}
+
+type Fields = Vec<(String, String)>;
+
+/// `key:value` lines of an INFO reply.
+fn fields(text: &str) -> Fields {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+fn field<'a>(f: &'a Fields, key: &str) -> Option<&'a str> {
+    f.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+fn version(f: &Fields) -> Check {
+    let (product, v) = match (field(f, "valkey_version"), field(f, "redis_version")) {
+        (Some(v), _) => ("Valkey", v),
+        (None, Some(v)) => ("Redis", v),
+        (None, None) => {
+            return check(
+                "server-version",
+                Status::Warn,
+                "INFO server names no version",
+            );
+        }
+    };
+    let parts: Vec<u32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
+    let at_least_7_2 = parts.as_slice() >= [7, 2].as_slice();
+    let mode = field(f, "server_mode").unwrap_or("standalone");
+    if product == "Valkey" && at_least_7_2 {
+        check(
+            "server-version",
+            Status::Ok,
+            format!("{product} {v} ({mode})"),
+        )
+    } else if !at_least_7_2 {
+        check(
+            "server-version",
+            Status::Warn,
+            format!(
+                "{product} {v} ({mode}) is older than 7.2: no WAITAOF, so --durability aof cannot work"
+            ),
+        )
+    } else {
+        check(
+            "server-version",
+            Status::Warn,
+            format!("{product} {v} ({mode}): targetlease is tested against Valkey"),
+        )
+    }
+}
+
+fn eviction(f: &Fields) -> Check {
+    let Some(policy) = field(f, "maxmemory_policy") else {
+        return check(
+            "maxmemory-policy",
+            Status::Warn,
+            "cannot read maxmemory_policy from INFO memory",
+        );
+    };
+    if policy.starts_with("allkeys-") {
+        check(
+            "maxmemory-policy",
+            Status::Fail,
+            format!(
+                "maxmemory-policy is {policy}: under memory pressure the server may evict a fence \
+                 counter and issue a token again; set it to noeviction"
+            ),
+        )
+    } else if policy.starts_with("volatile-") {
+        check(
+            "maxmemory-policy",
+            Status::Warn,
+            format!(
+                "maxmemory-policy is {policy}: live leases (keys with a TTL) may be evicted early; \
+                 noeviction is safer"
+            ),
+        )
+    } else {
+        check(
+            "maxmemory-policy",
+            Status::Ok,
+            format!("maxmemory-policy is {policy}"),
+        )
+    }
+}
+
+fn persistence(f: &Fields, durability: Durability) -> Check {
+    let aof = field(f, "aof_enabled") == Some("1");
+    match (aof, durability) {
+        (true, _) => check("persistence", Status::Ok, "append-only file enabled"),
+        (false, Durability::Aof) => check(
+            "persistence",
+            Status::Fail,
+            "--durability aof needs appendonly yes on the server",
+        ),
+        (false, _) => check(
+            "persistence",
+            Status::Warn,
+            "no append-only file: a restart without a replica loses fence counters \
+             (keep the operator's token floor, or enable appendonly)",
+        ),
+    }
+}
+
+fn replication(f: &Fields, durability: Durability) -> Check {
+    let role = field(f, "role").unwrap_or("unknown");
+    if role != "master" {
+        return check(
+            "replication",
+            Status::Fail,
+            format!("connected to a {role}, not a primary: writes will be refused"),
+        );
+    }
+    let replicas: u32 = field(f, "connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    match durability {
+        Durability::Replicas(n) if replicas < n => check(
+            "replication",
+            Status::Fail,
+            format!(
+                "--durability replicas:{n} but the primary has {replicas} connected replica(s)"
+            ),
+        ),
+        _ if replicas == 0 => check(
+            "replication",
+            Status::Warn,
+            "primary without replicas: a lost primary loses every lease",
+        ),
+        _ => check(
+            "replication",
+            Status::Ok,
+            format!("primary with {replicas} connected replica(s)"),
+        ),
+    }
+}
+
+fn cluster(f: &Fields, clustered_url: bool) -> Check {
+    let enabled = field(f, "cluster_enabled") == Some("1");
+    match (enabled, clustered_url) {
+        (true, true) => check("cluster", Status::Ok, "Valkey Cluster"),
+        (false, false) => check("cluster", Status::Ok, "standalone (cluster mode disabled)"),
+        (true, false) => check(
+            "cluster",
+            Status::Fail,
+            "the server runs in cluster mode: use a redis-cluster:// or rediss-cluster:// URL",
+        ),
+        (false, true) => check(
+            "cluster",
+            Status::Fail,
+            "a cluster URL was given but the server is not in cluster mode",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(text: &str) -> Fields {
+        fields(text)
+    }
+
+    #[test]
+    fn eviction_policy_verdicts() {
+        let v = |p: &str| eviction(&f(&format!("# Memory\r\nmaxmemory_policy:{p}\r\n"))).status;
+        assert_eq!(v("allkeys-lru"), Status::Fail);
+        assert_eq!(v("allkeys-random"), Status::Fail);
+        assert_eq!(v("volatile-ttl"), Status::Warn);
+        assert_eq!(v("noeviction"), Status::Ok);
+        assert_eq!(eviction(&f("")).status, Status::Warn);
+    }
+
+    #[test]
+    fn durability_settings_raise_the_bar() {
+        let p = f("aof_enabled:0");
+        assert_eq!(persistence(&p, Durability::None).status, Status::Warn);
+        assert_eq!(persistence(&p, Durability::Aof).status, Status::Fail);
+        let r = f("role:master\nconnected_slaves:1");
+        assert_eq!(replication(&r, Durability::Replicas(1)).status, Status::Ok);
+        assert_eq!(
+            replication(&r, Durability::Replicas(2)).status,
+            Status::Fail
+        );
+        assert_eq!(
+            replication(&f("role:slave"), Durability::None).status,
+            Status::Fail
+        );
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(version(&f("valkey_version:9.1.0")).status, Status::Ok);
+        assert_eq!(version(&f("redis_version:7.0.15")).status, Status::Warn);
+    }
+}

