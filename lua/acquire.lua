@@ -9,6 +9,8 @@
 -- ARGV[6] token floor: the token issued is > this ("0" = none)
 -- ARGV[7] idempotency window ms (added to the ttl for the cache entry)
 --
+-- A successful replay rewrites its cache entry's expiry (a write), so a
+-- durability WAIT after it covers the original write too.
 -- Returns (see lib.lua for the shapes):
 --   acquired + lease with id      the lease was granted, or this request id granted it
 --   held + lease without id       a live lease exists (never cached: a retry may win later)
@@ -28,6 +30,7 @@ if cached then
   end
   if state == 'corrupt' then return reply('corrupt_state', now, why) end
   if state == 'live' and r.lease_id == cached.lease_id then
+    touch(KEYS[3])
     return reply_lease('acquired', now, 'lease acquired (replayed request)', r, true)
   end
   if state == 'live' then

@@ -4,6 +4,8 @@
 -- KEYS[3] request cache for (commit, target, request id)
 -- ARGV[1] token  ARGV[2] key name  ARGV[3] value  ARGV[4] idempotency window ms
 --
+-- A successful replay rewrites its cache entry's expiry (a write), so a
+-- durability WAIT after it covers the original write too.
 -- Returns:
 --   committed [+ lease without id]  stored (a replay returns committed without a lease)
 --   stale_token                     not the live lease's token, or below the key's last commit
@@ -20,6 +22,7 @@ if cached then
   if cached.fp ~= fp then
     return reply('idempotency_conflict', now, 'request id was used with different inputs')
   end
+  touch(KEYS[3])
   return reply('committed', now, 'value committed (replayed request)')
 end
 

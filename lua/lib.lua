@@ -105,6 +105,14 @@ local function notify_free(lease_key)
   if prefix then redis.pcall('PUBLISH', prefix .. ':events', base) end
 end
 
+-- A write that changes nothing: a replayed request rewrites its cache entry's
+-- expiry, so a durability WAIT after the replay (on any connection) also
+-- covers the original write, which precedes it in the replication stream.
+local function touch(key)
+  local ttl = redis.call('PTTL', key)
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+end
+
 local function fingerprint(...)
   return redis.sha1hex(table.concat({ ... }, '\0'))
 end

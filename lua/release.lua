@@ -4,6 +4,8 @@
 -- ARGV[1] owner  ARGV[2] lease id  ARGV[3] token  ARGV[4] idempotency window ms
 --
 -- Publishes the key base "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
+-- A successful replay rewrites its cache entry's expiry (a write), so a
+-- durability WAIT after it covers the original write too.
 -- Returns:
 --   released [+ lease with id]    ended (a replay returns released without a lease)
 --   not_owner                     a live lease exists but is not (lease id, owner, token)
@@ -24,6 +26,7 @@ if cached then
   if cached.fp ~= fp then
     return reply('idempotency_conflict', now, 'request id was used with different inputs')
   end
+  touch(KEYS[2])
   return reply('released', now, 'lease released (replayed request)')
 end
 

@@ -4,6 +4,8 @@
 -- ARGV[1] owner  ARGV[2] lease id  ARGV[3] token  ARGV[4] ttl_ms (> 0)
 -- ARGV[5] idempotency window ms
 --
+-- A successful replay rewrites its cache entry's expiry (a write), so a
+-- durability WAIT after it covers the original write too.
 -- Returns:
 --   renewed + lease with id       extended (or this request id extended it and it still lives)
 --   not_owner                     a live lease exists but is not (lease id, owner, token)
@@ -23,6 +25,7 @@ if cached then
   end
   if state == 'corrupt' then return reply('corrupt_state', now, why) end
   if state == 'live' and r.lease_id == cached.lease_id and r.token == cached.token then
+    touch(KEYS[2])
     return reply_lease('renewed', now, 'lease renewed (replayed request)', r, true)
   end
   if state == 'live' then return reply('not_owner', now, 'the lease was superseded') end

@@ -147,3 +147,26 @@ async fn aof_mode_needs_the_append_only_file() {
             .await,
     );
 }
+
+/// A replay that returns its cached success must itself be a write, or a WAIT
+/// on a fresh connection would not cover the original write.
+#[tokio::test]
+async fn a_successful_replay_is_a_write_so_its_wait_covers_the_original() {
+    // The offset only moves once a replica has made the primary keep a backlog.
+    let (server, _replica) = pair();
+    let s = store(&server, Durability::Replicas(1)).await;
+    let offset = || info(&server, "master_repl_offset").parse::<u64>().unwrap();
+    let t = Target::new("durable", "replay");
+    let req = AcquireRequest::new(t.clone(), "alice", TTL);
+    let lease = s.acquire(&req).await.unwrap().lease.unwrap();
+    let renew = RenewRequest::new(t.clone(), lease.holder().unwrap(), TTL);
+    s.renew(&renew).await.unwrap();
+
+    let before = offset();
+    let again = s.acquire(&req).await.unwrap();
+    assert_eq!(again.lease.unwrap().fencing_token, lease.fencing_token);
+    let after_acquire = offset();
+    assert!(after_acquire > before, "an acquire replay writes");
+    assert_eq!(s.renew(&renew).await.unwrap().outcome, Outcome::Renewed);
+    assert!(offset() > after_acquire, "a renew replay writes");
+}
