@@ -127,7 +127,8 @@ pub fn needs_expiry_refresh(
 /// just past the holder's expiry (server clock difference), bounded.
 pub fn retry_after_held(holder_expires_ms: u64, server_now_ms: u64) -> Duration {
     let left = holder_expires_ms.saturating_sub(server_now_ms);
-    Duration::from_millis(left.saturating_add(50)).clamp(Duration::from_millis(100), Duration::from_secs(300))
+    Duration::from_millis(left.saturating_add(50))
+        .clamp(Duration::from_millis(100), Duration::from_secs(300))
 }
 
 /// Delay before retrying after `failures` consecutive store failures:
