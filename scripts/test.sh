@@ -7,4 +7,4 @@ cd "$REPO"
 eval "$(scripts/setup.sh)"
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
-cargo test --locked --all-targets "$@"
+cargo test --locked --all-targets --no-fail-fast "$@"

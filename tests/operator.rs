@@ -139,7 +139,8 @@ async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
     let lease = outside.lease.unwrap();
     env.create("waiter", holder_spec("external", "waiter"))
         .await;
-    let pending = env.wait_phase("waiter", Phase::Pending, SOON).await;
+    let pending = env.wait_reason("waiter", "TargetHeld", SOON).await;
+    assert_eq!(summary(&pending).0, Some(Phase::Pending));
     let held = pending
         .status
         .unwrap()
@@ -474,7 +475,10 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
 
     // No Ready candidate at all: Pending, and nobody is marked.
     set_ready(&env, "web-2", false).await;
-    let pending = env.wait_phase("web-leader", Phase::Pending, SOON).await;
+    let pending = env
+        .wait_reason("web-leader", "NoReadyCandidate", SOON)
+        .await;
+    assert_eq!(summary(&pending).0, Some(Phase::Pending));
     let held = pending
         .status
         .unwrap()
@@ -510,7 +514,8 @@ async fn a_holder_tied_to_a_pod_follows_its_readiness() {
         json!({ "target": "t", "holder": { "identity": "worker", "podName": "worker" } }),
     )
     .await;
-    let pending = env.wait_phase("tied", Phase::Pending, SOON).await;
+    let pending = env.wait_reason("tied", "PodNotReady", SOON).await;
+    assert_eq!(summary(&pending).0, Some(Phase::Pending));
     let held = pending
         .status
         .unwrap()

@@ -223,6 +223,19 @@ impl OperatorEnv {
         .await
     }
 
+    /// Waits until the `Held` condition has this reason (phases pass through
+    /// transient reasons, e.g. Pending/Acquiring before Pending/TargetHeld).
+    pub async fn wait_reason(&self, name: &str, reason: &str, timeout: Duration) -> TargetLease {
+        self.wait_for(name, reason, timeout, |tl| {
+            tl.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Held" && c.reason == reason)
+            })
+        })
+        .await
+    }
+
     pub async fn wait_gone(&self, name: &str, timeout: Duration) {
         let api = self.api();
         kube_env::eventually(&format!("{name} deleted"), timeout, || {
