@@ -61,33 +61,7 @@ impl ValkeyStore {
     /// reports a script that cannot load as a finding, not as unreachable).
     pub async fn connect_only(cfg: &ValkeyConfig) -> Result<Self, StoreError> {
         let keys = KeySpace::new(&cfg.key_prefix)?;
-        let mut config = client_config(cfg)?;
-        if let Some(user) = &cfg.username {
-            config.username = Some(user.clone());
-        }
-        if let Some(password) = &cfg.password {
-            config.password = Some(password.expose().to_owned());
-        }
-        config.fail_fast = true;
-        let pool = Builder::from_config(config)
-            .with_connection_config(|c| {
-                c.connection_timeout = cfg.connect_timeout;
-                c.internal_command_timeout = cfg.connect_timeout;
-                c.max_redirections = MAX_REDIRECTIONS;
-                c.max_command_attempts = MAX_REDIRECTIONS + 3;
-                // A dead peer behind a silent network is noticed in about a minute.
-                c.tcp = TcpConfig {
-                    nodelay: Some(true),
-                    keepalive: Some(
-                        TcpKeepalive::new()
-                            .with_time(Duration::from_secs(30))
-                            .with_interval(Duration::from_secs(10)),
-                    ),
-                    ..TcpConfig::default()
-                };
-            })
-            // Reconnect forever, 100ms doubling to 5s, plus fred's default 100ms jitter.
-            .set_policy(ReconnectPolicy::new_exponential(0, 100, 5_000, 2))
+        let pool = builder(cfg)?
             .build_pool(cfg.pool_size.max(1))
             .map_err(|e| StoreError::Invalid(format!("valkey client: {}", e.details())))?;
         match tokio::time::timeout(cfg.connect_timeout, pool.init()).await {
@@ -307,6 +281,41 @@ impl ValkeyStore {
         };
         acked.map_err(not_durable)
     }
+}
+
+/// The client builder every connection of a store uses (the pool and the
+/// release-event subscriber): URL, credentials, TLS, timeouts, keepalive,
+/// redirect limits and the reconnect policy.
+fn builder(cfg: &ValkeyConfig) -> Result<Builder, StoreError> {
+    let mut config = client_config(cfg)?;
+    if let Some(user) = &cfg.username {
+        config.username = Some(user.clone());
+    }
+    if let Some(password) = &cfg.password {
+        config.password = Some(password.expose().to_owned());
+    }
+    config.fail_fast = true;
+    let mut builder = Builder::from_config(config);
+    builder
+        .with_connection_config(|c| {
+            c.connection_timeout = cfg.connect_timeout;
+            c.internal_command_timeout = cfg.connect_timeout;
+            c.max_redirections = MAX_REDIRECTIONS;
+            c.max_command_attempts = MAX_REDIRECTIONS + 3;
+            // A dead peer behind a silent network is noticed in about a minute.
+            c.tcp = TcpConfig {
+                nodelay: Some(true),
+                keepalive: Some(
+                    TcpKeepalive::new()
+                        .with_time(Duration::from_secs(30))
+                        .with_interval(Duration::from_secs(10)),
+                ),
+                ..TcpConfig::default()
+            };
+        })
+        // Reconnect forever, 100ms doubling to 5s, plus fred's default 100ms jitter.
+        .set_policy(ReconnectPolicy::new_exponential(0, 100, 5_000, 2));
+    Ok(builder)
 }
 
 /// The fred config for `cfg`: URL, TLS (our rustls settings, never fred's defaults).

@@ -15,16 +15,7 @@ use crate::store::{StoreError, Target};
 
 /// Subscribes to release notifications under `cfg.key_prefix`.
 pub async fn release_events(cfg: &ValkeyConfig) -> Result<BoxStream<'static, Target>, StoreError> {
-    let mut config = super::client_config(cfg)?;
-    if let Some(user) = &cfg.username {
-        config.username = Some(user.clone());
-    }
-    if let Some(password) = &cfg.password {
-        config.password = Some(password.expose().to_owned());
-    }
-    let client = Builder::from_config(config)
-        .with_connection_config(|c| c.connection_timeout = cfg.connect_timeout)
-        .set_policy(ReconnectPolicy::new_exponential(0, 100, 5_000, 2))
+    let client = super::builder(cfg)?
         .build_subscriber_client()
         .map_err(|e| StoreError::Invalid(format!("valkey subscriber: {}", e.details())))?;
     match tokio::time::timeout(cfg.connect_timeout, client.init()).await {
