@@ -1,0 +1,94 @@
+//! `cargo bench --bench targetlease`: store throughput against the raw
+//! server, reconciler scale, handoff and failover latency, API write cost.
+//! Starts its own valkey-server and control plane and writes
+//! `docs/benchmarks.md`. Run it through `scripts/bench.sh`.
+//!
+//! A benchmark, not a test: under `cargo test --all-targets` (no `--bench`
+//! argument, no `TARGETLEASE_BENCH`) it exits at once without measuring.
+
+mod operator;
+mod report;
+mod report_analysis;
+mod stats;
+mod store;
+mod tracker;
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn main() {
+    let requested =
+        std::env::args().any(|a| a == "--bench") || std::env::var_os("TARGETLEASE_BENCH").is_some();
+    if !requested {
+        eprintln!("targetlease bench: skipped (run scripts/bench.sh, or cargo bench)");
+        return;
+    }
+    let started = Instant::now();
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let store = (only.is_empty() || only == "store").then(|| {
+        store::run(&store::Params {
+            concurrencies: env_list("BENCH_CONCURRENCY", &[1, 16, 64]),
+            ops: env_or("BENCH_STORE_OPS", 30_000),
+            ops_single: env_or("BENCH_STORE_OPS_SINGLE", 5_000),
+            pool_size: env_or("BENCH_POOL", 4),
+            pool_sweep: env_list("BENCH_POOL_SWEEP", &[1, 4, 16, 64]),
+        })
+    });
+    let store_secs = started.elapsed().as_secs_f64();
+
+    let operator = (only.is_empty() || only == "operator").then(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let results = rt.block_on(operator::run(&operator::Params {
+            scales: env_list("BENCH_SCALES", &[1_000, 5_000]),
+            steady: Duration::from_secs(env_or("BENCH_STEADY_SECS", 120)),
+            handoff_trials: env_or("BENCH_HANDOFF_TRIALS", 50),
+            failover_trials: env_or("BENCH_FAILOVER_TRIALS", 30),
+            create_parallelism: env_or("BENCH_CREATE_PARALLELISM", 64),
+        }));
+        // The watches in the background are not awaited: don't wait for them.
+        rt.shutdown_background();
+        results
+    });
+
+    let text = report::render(&report::Run {
+        store: store.as_ref(),
+        operator: operator.as_ref(),
+        store_secs,
+        harness_secs: started.elapsed().as_secs_f64(),
+        total_secs: std::env::var("BENCH_STARTED_EPOCH")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|t0| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(t0);
+                now.saturating_sub(t0) as f64
+            }),
+    });
+    let out = std::env::var("BENCH_OUT")
+        .unwrap_or_else(|_| format!("{}/docs/benchmarks.md", env!("CARGO_MANIFEST_DIR")));
+    std::fs::write(&out, &text).unwrap_or_else(|e| panic!("write {out}: {e}"));
+    println!("{text}");
+    eprintln!("bench: wrote {out}");
+}
