@@ -33,7 +33,8 @@ die() { log "ERROR: $*"; exit 1; }
 tail_logs() { # DIR
   local f
   for f in "$1"/etcd.log "$1"/kube-apiserver.log "$1"/kube-controller-manager.log; do
-    [ -s "$f" ] || continue
+    [ -e "$f" ] || continue
+    [ -s "$f" ] || { echo "----- $f is empty -----" >&2; continue; }
     echo "----- last 40 lines of $f -----" >&2
     tail -n 40 "$f" >&2
   done

@@ -80,11 +80,23 @@ pub async fn shared() -> &'static ControlPlane {
 impl ControlPlane {
     /// Starts a new control plane in a fresh temporary directory.
     /// Panics with the script's output (including log tails) on failure.
+    /// A start that fails for a transient reason (a port race, a loaded
+    /// machine) is tried again, up to three times; every failure is reported.
     pub async fn start() -> ControlPlane {
-        match Self::try_start().await {
-            Ok(cp) => cp,
-            Err(e) => panic!("could not start the test Kubernetes control plane: {e}"),
+        let mut failures = Vec::new();
+        for attempt in 1..=3 {
+            match Self::try_start().await {
+                Ok(cp) => return cp,
+                Err(e) => {
+                    eprintln!("control plane start attempt {attempt} failed: {e}");
+                    failures.push(e.to_string());
+                }
+            }
         }
+        panic!(
+            "could not start the test Kubernetes control plane:\n{}",
+            failures.join("\n---\n")
+        )
     }
 
     pub async fn try_start() -> Result<ControlPlane, BoxError> {
