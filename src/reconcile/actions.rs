@@ -49,15 +49,7 @@ impl Pass<'_> {
             (Outcome::Acquired, Some(lease)) => {
                 self.publish_lease(&lease);
                 self.mark_pod().await?;
-                self.condition(
-                    conditions::HELD,
-                    Status::True,
-                    reason::ACQUIRED,
-                    &format!(
-                        "held by {} with fencing token {}",
-                        lease.owner, lease.fencing_token
-                    ),
-                );
+                self.held(&lease);
                 self.mark_renewed();
                 self.publish().await?;
                 self.event(
@@ -161,15 +153,7 @@ impl Pass<'_> {
                     self.status.expires_at = time_ms(lease.expires_at_ms);
                     self.mark_pod().await?;
                 }
-                self.condition(
-                    conditions::HELD,
-                    Status::True,
-                    reason::ACQUIRED,
-                    &format!(
-                        "held by {} with fencing token {}",
-                        lease.owner, lease.fencing_token
-                    ),
-                );
+                self.held(&lease);
                 self.publish().await?;
                 Ok(self.next_renewal(t))
             }

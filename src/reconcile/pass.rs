@@ -48,6 +48,15 @@ impl Pass<'_> {
         );
     }
 
+    /// Sets the `Held` condition for the lease this resource holds.
+    pub(super) fn held(&mut self, lease: &Lease) {
+        let message = format!(
+            "held by {} with fencing token {}",
+            lease.owner, lease.fencing_token
+        );
+        self.condition(conditions::HELD, Status::True, reason::ACQUIRED, &message);
+    }
+
     pub(super) fn backend_ok(&mut self) {
         self.ctx
             .failures
