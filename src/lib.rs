@@ -11,6 +11,7 @@ pub mod cli;
 pub mod conditions;
 pub mod crd;
 pub mod floor;
+pub mod leadership;
 pub mod lease_id;
 pub mod metrics;
 pub mod operator;

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use crate::admin::RuntimeStatus;
 use crate::crd::TargetLease;
 use crate::floor::FloorStore;
+use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
 use crate::reconcile::{self, Context, pods};
@@ -47,6 +48,8 @@ pub struct OperatorConfig {
     pub metrics: OperatorMetrics,
     /// Leadership and cache state, read by the admin server.
     pub runtime: Arc<RuntimeStatus>,
+    /// Open while this replica may write (always, without leader election).
+    pub leadership: Leadership,
 }
 
 fn api<K>(client: &kube::Client, namespace: &Option<String>) -> Api<K>
@@ -144,6 +147,7 @@ pub async fn run(
         renewed: Default::default(),
         metrics: cfg.metrics.clone(),
         failures: Default::default(),
+        leadership: cfg.leadership.clone(),
     });
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
@@ -211,6 +215,9 @@ pub async fn run_elected(
         if *leading.borrow_and_update() {
             tracing::info!(instance = %cfg.instance, "became the operator leader");
             cfg.runtime.leading.store(true, Ordering::SeqCst);
+            // TODO(election): extend per renewal instead of opening indefinitely.
+            cfg.leadership
+                .lead_until(std::time::Instant::now() + Duration::from_secs(365 * 24 * 3600));
             let mut lost = leading.clone();
             let mut stop_on_shutdown = shutdown.clone();
             let stop = async move {
@@ -220,6 +227,7 @@ pub async fn run_elected(
                 }
             };
             run(&cfg, release_events(), stop).await;
+            cfg.leadership.step_down();
             cfg.runtime.leading.store(false, Ordering::SeqCst);
             tracing::info!(instance = %cfg.instance, "stopped leading");
         } else {

@@ -61,6 +61,8 @@ pub struct Context {
     pub metrics: crate::metrics::OperatorMetrics,
     /// Consecutive store failures per lease, for backoff.
     pub failures: Mutex<HashMap<ObjectRef<TargetLease>, u32>>,
+    /// Open while this replica may write.
+    pub leadership: crate::leadership::Leadership,
 }
 
 /// Why a reconcile failed; each is retried with backoff by the controller.

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use super::connection::{ConnectionArgs, read_secret};
 use super::logging::{self, LogArgs};
 use crate::admin::{self, AdminState, RuntimeStatus};
+use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{self, Election, OperatorConfig};
@@ -179,6 +180,11 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         instance: args.instance,
         metrics,
         runtime: runtime.clone(),
+        leadership: if args.leader_election {
+            Leadership::elected()
+        } else {
+            Leadership::always()
+        },
     };
     let subscribe = {
         let config = config.clone();
