@@ -1,6 +1,6 @@
 //! Condition types and reasons, and the one function that updates them.
 //!
-//! Reasons are bounded constants: they double as Event reasons and metric labels.
+//! Reasons are one bounded enum: they double as Event reasons and metric labels.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -11,38 +11,75 @@ pub const BACKEND_AVAILABLE: &str = "BackendAvailable";
 /// False when the spec cannot be acted on (the schema normally prevents this).
 pub const SPEC_VALID: &str = "SpecValid";
 
-/// Condition and Event reasons.
-pub mod reason {
+/// Why a condition is what it is; also the reason of the matching Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
     /// The lease was granted.
-    pub const ACQUIRED: &str = "Acquired";
+    Acquired,
     /// An acquisition is about to be attempted.
-    pub const ACQUIRING: &str = "Acquiring";
+    Acquiring,
     /// Someone else holds the target.
-    pub const TARGET_HELD: &str = "TargetHeld";
+    TargetHeld,
     /// An older TargetLease on the same target is served first.
-    pub const QUEUED: &str = "Queued";
+    Queued,
     /// The holder's pod is missing or not Ready.
-    pub const POD_NOT_READY: &str = "PodNotReady";
+    PodNotReady,
     /// No candidate pod is Ready.
-    pub const NO_READY_CANDIDATE: &str = "NoReadyCandidate";
-    /// The elected or named holder changed; the old lease was given back.
-    pub const HOLDER_CHANGED: &str = "HolderChanged";
+    NoReadyCandidate,
+    /// The elected or named holder changed (or its pod was recreated); the old
+    /// lease is given back.
+    HolderChanged,
     /// Valkey no longer has the lease (expired, revoked or superseded).
-    pub const LEASE_LOST: &str = "LeaseLost";
+    LeaseLost,
+    /// The lease reached `maxLifetime`; it is given back and a new one acquired.
+    MaxLifetimeReached,
     /// The lease was given back because the resource is being deleted.
-    pub const RELEASED: &str = "Released";
+    Released,
     /// The store answered.
-    pub const REACHABLE: &str = "Reachable";
+    Reachable,
     /// The store could not be asked, or did not answer.
-    pub const BACKEND_UNAVAILABLE: &str = "BackendUnavailable";
+    BackendUnavailable,
     /// The store holds state this version cannot read; an administrator must revoke it.
-    pub const CORRUPT_STATE: &str = "CorruptState";
+    CorruptState,
     /// The lease may still be held but has not been confirmed since its published expiry.
-    pub const UNCONFIRMED: &str = "Unconfirmed";
+    Unconfirmed,
     /// The spec parsed.
-    pub const VALID: &str = "Valid";
-    /// The spec did not parse.
-    pub const INVALID_SPEC: &str = "InvalidSpec";
+    Valid,
+    /// The spec cannot be acted on.
+    InvalidSpec,
+    /// Another election in the namespace selects some of the same pods.
+    OverlappingCandidates,
+}
+
+impl Reason {
+    /// The CamelCase name written in conditions and Events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Acquired => "Acquired",
+            Reason::Acquiring => "Acquiring",
+            Reason::TargetHeld => "TargetHeld",
+            Reason::Queued => "Queued",
+            Reason::PodNotReady => "PodNotReady",
+            Reason::NoReadyCandidate => "NoReadyCandidate",
+            Reason::HolderChanged => "HolderChanged",
+            Reason::LeaseLost => "LeaseLost",
+            Reason::MaxLifetimeReached => "MaxLifetimeReached",
+            Reason::Released => "Released",
+            Reason::Reachable => "Reachable",
+            Reason::BackendUnavailable => "BackendUnavailable",
+            Reason::CorruptState => "CorruptState",
+            Reason::Unconfirmed => "Unconfirmed",
+            Reason::Valid => "Valid",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::OverlappingCandidates => "OverlappingCandidates",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Condition status values.
@@ -57,7 +94,8 @@ pub enum Status {
 }
 
 impl Status {
-    fn as_str(self) -> &'static str {
+    /// The name written in the condition.
+    pub fn as_str(self) -> &'static str {
         match self {
             Status::True => "True",
             Status::False => "False",
@@ -72,7 +110,7 @@ pub fn upsert(
     conditions: &mut Vec<Condition>,
     type_: &str,
     status: Status,
-    reason: &str,
+    reason: Reason,
     message: &str,
     generation: Option<i64>,
     now: &Time,
@@ -80,7 +118,7 @@ pub fn upsert(
     let fresh = Condition {
         type_: type_.to_owned(),
         status: status.as_str().to_owned(),
-        reason: reason.to_owned(),
+        reason: reason.as_str().to_owned(),
         message: message.to_owned(),
         observed_generation: generation,
         last_transition_time: now.clone(),
@@ -117,6 +155,11 @@ pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition
     conditions.iter().find(|c| c.type_ == type_)
 }
 
+/// True when the condition of `type_` has status `status`.
+pub fn is(conditions: &[Condition], type_: &str, status: Status) -> bool {
+    get(conditions, type_).is_some_and(|c| c.status == status.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,44 +171,30 @@ mod tests {
     #[test]
     fn transition_time_moves_only_when_status_flips() {
         let mut c = Vec::new();
-        assert!(upsert(
-            &mut c,
-            HELD,
-            Status::False,
-            "A",
-            "m",
-            Some(1),
-            &at(1000)
-        ));
-        assert!(!upsert(
-            &mut c,
-            HELD,
-            Status::False,
-            "A",
-            "m",
-            Some(1),
-            &at(2000)
-        ));
-        assert!(upsert(
-            &mut c,
-            HELD,
-            Status::False,
-            "B",
-            "m2",
-            Some(1),
-            &at(3000)
-        ));
-        assert_eq!(c[0].last_transition_time, at(1000));
-        assert!(upsert(
-            &mut c,
+        let mut set = |status, reason, message: &str, ms| {
+            upsert(&mut c, HELD, status, reason, message, Some(1), &at(ms))
+        };
+        assert!(set(Status::False, Reason::Acquiring, "m", 1000));
+        assert!(!set(Status::False, Reason::Acquiring, "m", 2000));
+        assert!(set(Status::False, Reason::Queued, "m2", 3000));
+        assert!(set(Status::True, Reason::Acquired, "m3", 4000));
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].last_transition_time, at(4000));
+        assert_eq!(c[0].reason, "Acquired");
+        let mut c2 = vec![Condition {
+            last_transition_time: at(1000),
+            ..c[0].clone()
+        }];
+        upsert(
+            &mut c2,
             HELD,
             Status::True,
-            "C",
-            "m3",
+            Reason::Acquired,
+            "other",
             Some(1),
-            &at(4000)
-        ));
-        assert_eq!(c[0].last_transition_time, at(4000));
-        assert_eq!(c.len(), 1);
+            &at(5000),
+        );
+        assert_eq!(c2[0].last_transition_time, at(1000));
+        assert!(is(&c2, HELD, Status::True));
     }
 }

@@ -8,6 +8,9 @@
 
 use std::time::Duration;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, ValidationRule,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -15,6 +18,8 @@ use serde::{Deserialize, Serialize};
 
 /// Go-style duration: one or more `<integer><unit>` with unit ms, s, m or h (e.g. `90s`, `1m30s`).
 const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h))+$";
+/// Names stored in Valkey carry no control characters (C0, DEL, C1), as the store requires.
+const NO_CONTROL_CHARACTERS: &str = "^[^\\x00-\\x1f\\x7f-\\x9f]*$";
 
 /// A lease with a fencing token on a named target, held for one holder or elected
 /// among candidate pods. The operator acquires it in Valkey, keeps it renewed and
@@ -39,7 +44,7 @@ const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h))+$";
     )
 )]
 #[x_kube(validation = Rule::new("has(self.holder) != has(self.candidates)").message("exactly one of spec.holder or spec.candidates must be set"))]
-#[x_kube(validation = Rule::new("!has(self.renewInterval) || duration(self.renewInterval) < duration(self.leaseDuration)").message("spec.renewInterval must be shorter than spec.leaseDuration"))]
+#[x_kube(validation = Rule::new("!has(self.renewInterval) || duration(self.renewInterval) + duration(self.renewInterval) <= duration(self.leaseDuration)").message("spec.renewInterval must be at most half of spec.leaseDuration"))]
 #[x_kube(validation = Rule::new("!has(self.maxLifetime) || duration(self.maxLifetime) >= duration(self.leaseDuration)").message("spec.maxLifetime must be at least spec.leaseDuration"))]
 #[serde(rename_all = "camelCase")]
 pub struct TargetLeaseSpec {
@@ -47,8 +52,9 @@ pub struct TargetLeaseSpec {
     /// Leases on the same target in the same namespace exclude each other; at most
     /// one of them is Held at a time, the others wait in creation order.
     /// Immutable: create a new TargetLease to lease another target.
-    #[schemars(length(min = 1, max = 256))]
+    #[schemars(length(min = 1, max = 256), regex(pattern = NO_CONTROL_CHARACTERS))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.target is immutable"))]
+    #[x_kube(validation = Rule::new("size(bytes(self)) <= 256").message("spec.target must be at most 256 bytes (UTF-8)"))]
     pub target: String,
 
     /// A single named holder. Set exactly one of `holder` or `candidates`.
@@ -95,7 +101,8 @@ fn default_lease_duration() -> String {
 pub struct HolderSpec {
     /// Who holds the lease, as recorded in Valkey and shown in `status.holder`
     /// (for example a job name). Not a secret.
-    #[schemars(length(min = 1, max = 256))]
+    #[schemars(length(min = 1, max = 256), regex(pattern = NO_CONTROL_CHARACTERS))]
+    #[x_kube(validation = Rule::new("size(bytes(self)) <= 256").message("spec.holder.identity must be at most 256 bytes (UTF-8)"))]
     pub identity: String,
 
     /// Optional pod in this namespace the lease is tied to: while it is missing or
@@ -109,7 +116,12 @@ pub struct HolderSpec {
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CandidatesSpec {
-    /// Pods in this namespace that may lead. Only Ready pods are elected.
+    /// Pods in this namespace that may lead. Only Ready pods are elected. Must not
+    /// be empty (`{}` would make every pod of the namespace a candidate): select
+    /// exactly one application's pods, e.g. `matchLabels: {app: web}`. The elected
+    /// pod gets the label `<name>.targetlease.dev/leader: "true"`, where `<name>`
+    /// is this TargetLease's name, so a Service can route to this election's leader only.
+    #[x_kube(validation = Rule::new("(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)").message("spec.candidates.podSelector must not be empty"))]
     pub pod_selector: LabelSelector,
 }
 
@@ -127,6 +139,10 @@ pub enum Phase {
     Lost,
     /// The spec or the backend is in a state the operator cannot act on; see conditions.
     Error,
+    /// The lease may still exist, but the store could not confirm it since its
+    /// published expiry: do not act on it. Becomes Held again (same token) when
+    /// a renewal succeeds, or Lost.
+    Unknown,
 }
 
 impl Phase {
@@ -138,6 +154,7 @@ impl Phase {
             Phase::Released => "Released",
             Phase::Lost => "Lost",
             Phase::Error => "Error",
+            Phase::Unknown => "Unknown",
         }
     }
 }
@@ -146,13 +163,30 @@ impl Phase {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetLeaseStatus {
-    /// Pending, Held, Released, Lost or Error.
+    /// Pending, Held, Released, Lost, Error or Unknown. Only `Held` means the
+    /// lease is held, and only until `expiresAt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
 
     /// Identity of the current holder (the elected pod's name in leader election).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
+
+    /// The pod the lease is tied to (the elected pod, or `spec.holder.podName`).
+    /// That pod, and only while `phase` is Held, carries the lease's marks: the
+    /// label `<name>.targetlease.dev/leader: "true"` and the annotations
+    /// `<name>.targetlease.dev/fencing-token` and `<name>.targetlease.dev/expires-at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_pod: Option<String>,
+
+    /// UID of `holderPod`: a pod recreated under the same name is a new holder
+    /// and gets a new lease with a larger token.
+    #[serde(
+        default,
+        rename = "holderPodUID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub holder_pod_uid: Option<String>,
 
     /// The fencing token of the current (or, when not Held, the last) lease. It is
     /// strictly greater than every token published before for this target in this
@@ -181,6 +215,12 @@ pub struct TargetLeaseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquisition_id: Option<String>,
 
+    /// Acquisition id of a lease being given back: no longer held, but possibly
+    /// still in Valkey until the store confirms the release (`holder` and
+    /// `fencingToken` name it until then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub releasing_acquisition_id: Option<String>,
+
     /// Latest observations, one per type: `Held`, `BackendAvailable`, `SpecValid`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
@@ -199,6 +239,35 @@ fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Sch
         serde_json::json!(["type"]),
     );
     schema
+}
+
+/// Longest TargetLease name: the name becomes the prefix of the pod mark keys
+/// (`<name>.targetlease.dev/leader`), and a label key prefix is at most 253 characters.
+pub const MAX_NAME_CHARS: usize = 253 - ".targetlease.dev".len();
+
+/// The CustomResourceDefinition as installed: the derived one plus the rules
+/// that need the object's metadata (only reachable from the schema's root).
+pub fn definition() -> CustomResourceDefinition {
+    let mut crd = <TargetLease as kube::CustomResourceExt>::crd();
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema
+                .x_kubernetes_validations
+                .get_or_insert_with(Vec::new)
+                .push(ValidationRule {
+                    rule: format!("size(self.metadata.name) <= {MAX_NAME_CHARS}"),
+                    message: Some(format!(
+                        "metadata.name must be at most {MAX_NAME_CHARS} characters: it prefixes the pod label <name>.targetlease.dev/leader"
+                    )),
+                    ..ValidationRule::default()
+                });
+        }
+    }
+    crd
 }
 
 impl TargetLeaseSpec {

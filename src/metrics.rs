@@ -104,7 +104,7 @@ impl OperatorMetrics {
                 Some(Phase::Released) => 2,
                 Some(Phase::Lost) => 3,
                 Some(Phase::Error) => 4,
-                None => 5,
+                Some(Phase::Unknown) | None => 5,
             };
             counts[i] += 1;
         }

@@ -3,12 +3,12 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -23,7 +23,7 @@ use crate::floor::FloorStore;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
-use crate::reconcile::{self, Context, pods};
+use crate::reconcile::{self, Context, pods, queue};
 use crate::store::{LeaseStore, Target};
 
 /// Everything the controller needs, parsed once by the CLI.
@@ -85,6 +85,17 @@ pub async fn run(
     )
     .default_backoff()
     .touched_objects();
+    let (floor_reader, floor_writer) = reflector::store::<ConfigMap>();
+    let floor_stream = reflector::reflector(
+        floor_writer,
+        watcher(
+            Api::<ConfigMap>::namespaced(client.clone(), &cfg.floor_namespace),
+            watcher::Config::default().labels(&FloorStore::selector(&cfg.floor_configmap)),
+        ),
+    )
+    .default_backoff()
+    .for_each(|_| futures::future::ready(()));
+    let floor_task = tokio::spawn(floor_stream);
 
     let controller = Controller::new(
         api::<TargetLease>(&client, &cfg.watch_namespace),
@@ -94,24 +105,56 @@ pub async fn run(
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = Some(leases.clone());
     }
-    let synced = {
-        let (leases, pods, runtime) = (leases.clone(), pod_reader.clone(), cfg.runtime.clone());
+    let synced = Arc::new(AtomicBool::new(false));
+    let floors = FloorStore::new(
+        client.clone(),
+        &cfg.floor_namespace,
+        &cfg.floor_configmap,
+        floor_reader.clone(),
+    );
+    let sync_task = {
+        let (leases, pods, floor_cache) = (leases.clone(), pod_reader.clone(), floor_reader);
+        let (runtime, synced, leadership) =
+            (cfg.runtime.clone(), synced.clone(), cfg.leadership.clone());
+        let migrate = FloorStore::new(
+            client.clone(),
+            &cfg.floor_namespace,
+            &cfg.floor_configmap,
+            floor_cache.clone(),
+        );
         tokio::spawn(async move {
             // Several tasks wait on these stores and a waiter's wake-up can be lost,
             // so ask again every 100ms instead of awaiting once.
             loop {
-                let leases_ready =
-                    tokio::time::timeout(Duration::from_millis(100), leases.wait_until_ready())
-                        .await;
-                let pods_ready =
-                    tokio::time::timeout(Duration::from_millis(100), pods.wait_until_ready()).await;
-                match (leases_ready, pods_ready) {
-                    (Ok(Ok(())), Ok(Ok(()))) => break,
-                    (Ok(Err(_)), _) | (_, Ok(Err(_))) => return,
-                    _ => {}
+                let ready = |s: Result<Result<(), _>, _>| matches!(s, Ok(Ok(())));
+                let tick = Duration::from_millis(100);
+                let l = tokio::time::timeout(tick, leases.wait_until_ready()).await;
+                let p = tokio::time::timeout(tick, pods.wait_until_ready()).await;
+                let f = tokio::time::timeout(tick, floor_cache.wait_until_ready()).await;
+                if ready(l) && ready(p) && ready(f) {
+                    break;
+                }
+            }
+            // Floors kept in one ConfigMap by earlier versions move into the buckets
+            // before any acquire reads them.
+            loop {
+                if leadership.check().is_err() {
+                    return;
+                }
+                match migrate.migrate_unsharded().await {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        tracing::info!(entries = n, "moved token floors into sharded ConfigMaps");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot migrate token floors; retrying");
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
                 }
             }
             tracing::debug!("caches synced");
+            synced.store(true, Ordering::SeqCst);
             runtime.synced.store(true, Ordering::SeqCst);
         })
     };
@@ -134,7 +177,7 @@ pub async fn run(
         store: cfg.store.clone(),
         leases: leases.clone(),
         pods: pod_reader,
-        floors: FloorStore::new(client.clone(), &cfg.floor_namespace, &cfg.floor_configmap),
+        floors,
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -144,19 +187,23 @@ pub async fn run(
         ),
         lease_ids: cfg.lease_ids.clone(),
         wake: wake_tx,
-        renewed: Default::default(),
         metrics: cfg.metrics.clone(),
-        failures: Default::default(),
         leadership: cfg.leadership.clone(),
+        synced,
+        memory: Default::default(),
+        published: Default::default(),
+        clock: Default::default(),
     });
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
         .watches_stream(pod_stream, move |pod: Pod| {
-            leases
-                .state()
-                .into_iter()
-                .filter(|tl| pods::concerns(tl, &pod))
-                .map(|tl| ObjectRef::from_obj(&*tl))
+            // The pod's own TargetLeases, and every lease queued on their targets:
+            // a head of queue that stops wanting the lease must wake the next one.
+            let all = leases.state();
+            let concerned: Vec<_> = all.iter().filter(|tl| pods::concerns(tl, &pod)).collect();
+            all.iter()
+                .filter(|tl| concerned.iter().any(|c| queue::same_target(c, tl)))
+                .map(|tl| ObjectRef::from_obj(&**tl))
                 .collect::<Vec<_>>()
         })
         .reconcile_on(futures::stream::select(wake_rx, released))
@@ -169,7 +216,8 @@ pub async fn run(
             }
         })
         .await;
-    synced.abort();
+    sync_task.abort();
+    floor_task.abort();
     cfg.runtime.synced.store(false, Ordering::SeqCst);
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = None;

@@ -1,36 +1,39 @@
-//! The reconciler: finalizer -> plan -> store call -> status -> Action.
+//! The reconciler: fresh object -> finalizer -> plan -> store call ->
+//! transition -> publish (marks, floor, status, marks) -> Action.
 //!
-//! Level-triggered: each pass reads the resource, the pod cache and the store,
-//! decides with [`plan::plan`] and makes it so. Every step is safe to repeat
-//! and to interrupt: acquisitions carry an id recorded in status *before* the
-//! store is called, so a crash between the store call and the status write is
-//! resolved by replaying that id, never by a second token.
+//! Level-triggered: each pass reads the resource (never older than the
+//! operator's own last write), the pod and lease caches (only once synced)
+//! and the store, decides with the pure [`plan`] and [`transition`] modules
+//! and makes it so in a fixed safe order (`pass.rs`). Every step is safe to
+//! repeat and to interrupt: acquisitions carry an id recorded in status
+//! *before* the store is called, and a lease is unpublished *before* it is
+//! released, so a crash anywhere is resolved by the next pass.
 
-mod actions;
+mod execute;
+pub mod marks;
 mod pass;
 pub mod plan;
 pub mod pods;
+pub mod queue;
+pub mod spec;
+pub mod transition;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
-use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::conditions::{self, Status, reason};
-use crate::crd::{Phase, TargetLease};
+use crate::crd::TargetLease;
 use crate::floor::FloorStore;
+use crate::leadership::{Leadership, NotLeader};
 use crate::lease_id::LeaseIdKey;
 use crate::store::LeaseStore;
-use pass::Pass;
-use plan::{Observed, Step};
 
 /// Finalizer that guarantees the lease is released before the resource goes.
 pub const FINALIZER: &str = "targetlease.dev/release";
@@ -53,27 +56,43 @@ pub struct Context {
     pub recorder: Recorder,
     /// Derives lease ids from acquisition ids.
     pub lease_ids: LeaseIdKey,
-    /// Wakes other TargetLeases (same target) when a lease is given back.
+    /// Wakes other TargetLeases (same target) when the queue may have moved.
     pub wake: UnboundedSender<ObjectRef<TargetLease>>,
-    /// When this process last renewed each lease.
-    pub renewed: Mutex<HashMap<ObjectRef<TargetLease>, Instant>>,
     /// Reconcile metrics.
     pub metrics: crate::metrics::OperatorMetrics,
-    /// Consecutive store failures per lease, for backoff.
-    pub failures: Mutex<HashMap<ObjectRef<TargetLease>, u32>>,
     /// Open while this replica may write.
-    pub leadership: crate::leadership::Leadership,
+    pub leadership: Leadership,
+    /// Every cache the planner reads has synced; no pass plans before.
+    pub synced: Arc<AtomicBool>,
+    /// What this process remembers per TargetLease (dropped when it goes).
+    pub memory: Mutex<HashMap<ObjectRef<TargetLease>, Memory>>,
+    /// Highest token this process published per (namespace, target).
+    pub published: Mutex<HashMap<(String, String), u64>>,
+    /// The store's clock as last seen, and when.
+    pub clock: Mutex<Option<(u64, Instant)>>,
 }
 
-/// Why a reconcile failed; each is retried with backoff by the controller.
+/// Per-TargetLease state kept between passes.
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    /// When the store last confirmed the lease, and its hard end.
+    pub confirmed: Option<(Instant, Option<u64>)>,
+    /// Consecutive failures (store or API), for backoff.
+    pub failures: u32,
+    /// The newest resourceVersion this process wrote or read; a cached object
+    /// with another version is re-read before planning.
+    pub known_version: Option<String>,
+}
+
+/// Why a reconcile failed; each is retried with per-object backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The Kubernetes API failed.
     #[error("kubernetes api: {0}")]
     Kube(#[from] kube::Error),
-    /// The finalizer machinery failed.
-    #[error("finalizer: {0}")]
-    Finalizer(String),
+    /// This replica may not write.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
     /// The resource has no namespace (cannot happen for a namespaced kind).
     #[error("resource has no namespace")]
     NoNamespace,
@@ -83,22 +102,56 @@ impl Error {
     /// A bounded name for metrics and Event reasons.
     pub fn category(&self) -> &'static str {
         match self {
+            Error::Kube(e) if is_conflict(e) => "conflict",
             Error::Kube(_) => "kubernetes",
-            Error::Finalizer(_) => "finalizer",
+            Error::NotLeader(_) => "not_leader",
             Error::NoNamespace => "no_namespace",
         }
     }
 }
 
-/// How long to wait after an outcome the operator does not expect.
-const BACKEND_RETRY: Duration = Duration::from_secs(2);
-/// How long to wait before looking again at corrupt state.
-const CORRUPT_RETRY: Duration = Duration::from_secs(60);
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+impl Context {
+    fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Memory) -> T) -> T {
+        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        f(all.entry(key.clone()).or_default())
+    }
+
+    fn recall(&self, key: &ObjectRef<TargetLease>) -> Memory {
+        let all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        all.get(key).cloned().unwrap_or_default()
+    }
+
+    fn forget(&self, key: &ObjectRef<TargetLease>) {
+        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        all.remove(key);
+    }
+
+    /// The store's clock now, estimated from its last answer and the monotonic
+    /// clock since (the local wall clock only before the store ever answered).
+    fn server_now_ms(&self) -> u64 {
+        let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        match *clock {
+            Some((ms, at)) => ms + at.elapsed().as_millis() as u64,
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+
+    fn saw_server_time(&self, ms: u64) {
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        *clock = Some((ms, Instant::now()));
+    }
+}
 
 /// Entry point for the controller.
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
-    let result = reconcile_inner(tl, &ctx).await;
+    let result = reconcile_inner(&tl, &ctx).await;
     ctx.metrics.reconciled(
         started.elapsed(),
         result.as_ref().err().map(Error::category),
@@ -106,137 +159,51 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
     result
 }
 
-async fn reconcile_inner(tl: Arc<TargetLease>, ctx: &Context) -> Result<Action, Error> {
-    let ns = tl.namespace().ok_or(Error::NoNamespace)?;
-    let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, tl, |event| async {
-        match event {
-            Finalizer::Apply(tl) => apply(&tl, &api, ctx).await,
-            Finalizer::Cleanup(tl) => cleanup(&tl, &api, ctx).await,
-        }
-    })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
-    })
-}
-
-/// Backoff for failed reconciles.
-pub fn error_policy(_tl: Arc<TargetLease>, err: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %err, category = err.category(), "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
-}
-
-/// Timing from the spec (the schema guarantees these parse; we still check).
-pub(crate) struct Timing {
-    pub(crate) ttl: Duration,
-    pub(crate) renew: Duration,
-    pub(crate) max_lifetime: Option<Duration>,
-}
-
-fn timing(tl: &TargetLease) -> Result<Timing, String> {
-    Ok(Timing {
-        ttl: tl.spec.lease_duration()?,
-        renew: tl.spec.renew_interval()?,
-        max_lifetime: tl.spec.max_lifetime()?,
-    })
-}
-
-async fn apply(tl: &TargetLease, api: &Api<TargetLease>, ctx: &Context) -> Result<Action, Error> {
-    let mut pass = Pass {
-        tl,
-        api,
-        ctx,
-        status: tl.status.clone().unwrap_or_default(),
-    };
-    // (no client required) parse the spec.
-    let t = match timing(tl) {
-        Ok(t) => t,
-        Err(message) => {
-            pass.status.phase = Some(Phase::Error);
-            pass.condition(
-                conditions::SPEC_VALID,
-                Status::False,
-                reason::INVALID_SPEC,
-                &message,
-            );
-            pass.publish().await?;
-            return Ok(Action::await_change());
-        }
-    };
-    pass.condition(
-        conditions::SPEC_VALID,
-        Status::True,
-        reason::VALID,
-        "spec is valid",
-    );
-
-    // Plan and act; a release or a new attempt is followed by a fresh plan.
-    for _ in 0..3 {
-        let observed = Observed {
-            status: &pass.status,
-            desired: pods::desired_holder(tl, &ctx.pods),
-            queued_behind: pass.queued_behind(),
-            renew_due: pass.renew_due(&t),
-        };
-        match plan::plan(&observed) {
-            Step::NewAttempt => {
-                pass.status.acquisition_id = Some(crate::store::new_request_id());
-                pass.not_held(
-                    if pass.status.phase == Some(Phase::Lost) {
-                        Phase::Lost
-                    } else {
-                        Phase::Pending
-                    },
-                    reason::ACQUIRING,
-                    "acquiring the lease",
-                );
-                pass.publish().await?;
-            }
-            Step::Acquire { owner } => return pass.acquire(owner, &t).await,
-            Step::Renew => return pass.renew(&t).await,
-            Step::Idle => {
-                pass.publish().await?;
-                return Ok(pass.next_renewal(&t));
-            }
-            Step::Release { reason, message } => {
-                if !pass.release(reason, &message).await? {
-                    return Ok(pass.retry_action());
-                }
-            }
-            Step::Wait { reason, message } => {
-                pass.not_held(Phase::Pending, reason, &message);
-                pass.publish().await?;
-                return Ok(Action::await_change());
-            }
-        }
+async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Error> {
+    // (no client required) never plan from caches that have not synced.
+    if !ctx.synced.load(Ordering::SeqCst) {
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
-    Ok(Action::requeue(Duration::ZERO))
+    ctx.leadership.check()?;
+    // (client required) the object as of the operator's own last write.
+    let Some(mut pass) = pass::Pass::start(ctx, tl).await? else {
+        ctx.forget(&ObjectRef::from_obj(tl));
+        return Ok(Action::await_change());
+    };
+    if pass.deleting() {
+        return pass.cleanup().await;
+    }
+    pass.ensure_finalizer().await?;
+    pass.apply().await
 }
 
-async fn cleanup(tl: &TargetLease, api: &Api<TargetLease>, ctx: &Context) -> Result<Action, Error> {
-    let mut pass = Pass {
-        tl,
-        api,
-        ctx,
-        status: tl.status.clone().unwrap_or_default(),
-    };
-    if plan::is_held(&pass.status)
-        && !pass
-            .release(reason::RELEASED, "the TargetLease is being deleted")
-            .await?
+/// Backoff for failed reconciles: one per-object policy for API and store errors.
+pub fn error_policy(tl: Arc<TargetLease>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = ObjectRef::from_obj(&*tl);
+    if let Error::Kube(e) = err
+        && is_conflict(e)
     {
-        return Ok(pass.retry_action());
+        // Someone else wrote first: re-read and plan again at once.
+        ctx.remember(&key, |m| m.known_version = None);
+        return Action::requeue(Duration::from_millis(50));
     }
-    // The last published token outlives the resource (see `floor`).
-    if let Some(token) = pass.status.fencing_token {
-        ctx.floors
-            .raise(&tl.namespace().unwrap_or_default(), &tl.spec.target, token)
-            .await?;
+    if matches!(err, Error::NotLeader(_)) {
+        return Action::requeue(Duration::from_secs(1));
     }
-    pass.forget_renewal();
-    pass.wake_waiters();
-    Ok(Action::await_change())
+    let failures = ctx.remember(&key, |m| {
+        m.failures = m.failures.saturating_add(1);
+        m.failures
+    });
+    tracing::warn!(
+        lease = %key,
+        error = %err,
+        category = err.category(),
+        "reconcile failed"
+    );
+    Action::requeue(with_jitter(plan::backoff(failures.saturating_sub(1))))
+}
+
+/// Adds up to 20% jitter.
+fn with_jitter(base: Duration) -> Duration {
+    base + base.mul_f64(rand::random::<f64>() * 0.2)
 }

@@ -492,7 +492,10 @@ pub fn new_request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-fn check_name(what: &str, value: &str) -> Result<(), StoreError> {
+/// Checks a name the store keeps (target, owner, ids): 1 to 256 bytes, no
+/// control characters. Callers validating ahead of time (the operator) use it
+/// so admission, the operator and the store agree.
+pub fn check_name(what: &str, value: &str) -> Result<(), StoreError> {
     if value.is_empty() {
         return Err(StoreError::Invalid(format!("{what} must not be empty")));
     }

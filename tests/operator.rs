@@ -220,11 +220,32 @@ async fn invalid_specs_are_refused_by_the_api_server() {
         ),
         (
             json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "10s" }),
-            "renewInterval must be shorter",
+            "renewInterval must be at most half",
         ),
         (
             json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "maxLifetime": "5s" }),
             "maxLifetime must be at least",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "6s" }),
+            "renewInterval must be at most half",
+        ),
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {}} }),
+            "podSelector must not be empty",
+        ),
+        (
+            json!({ "target": "a\u{1}b", "holder": {"identity": "a"} }),
+            "spec.target",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a\u{85}b"} }),
+            "spec.holder.identity",
+        ),
+        (
+            // 129 characters, 258 bytes: the store counts bytes, so admission does too.
+            json!({ "target": "é".repeat(129), "holder": {"identity": "a"} }),
+            "at most 256 bytes",
         ),
     ];
     for (i, (spec, expected)) in cases.into_iter().enumerate() {
@@ -234,17 +255,29 @@ async fn invalid_specs_are_refused_by_the_api_server() {
             "metadata": { "name": format!("bad-{i}") },
             "spec": spec,
         });
+        // Created as JSON: an apply patch is read as YAML, which folds U+0085 into a space.
+        let obj: targetlease::crd::TargetLease = serde_json::from_value(obj).unwrap();
         let err = api
-            .patch(
-                &format!("bad-{i}"),
-                &PatchParams::apply("tests"),
-                &Patch::Apply(&obj),
-            )
+            .create(&Default::default(), &obj)
             .await
             .expect_err(&format!("case {i} must be refused"));
         let text = err.to_string();
         assert!(text.contains(expected), "case {i}: {text}");
     }
+
+    // The name prefixes the pod mark keys, so it is bounded.
+    let long = "n".repeat(238);
+    let obj = json!({
+        "apiVersion": "targetlease.dev/v1alpha1",
+        "kind": "TargetLease",
+        "metadata": { "name": long },
+        "spec": { "target": "t", "holder": {"identity": "a"} },
+    });
+    let err = api
+        .patch(&long, &PatchParams::apply("tests"), &Patch::Apply(&obj))
+        .await
+        .expect_err("a 238-character name must be refused");
+    assert!(err.to_string().contains("at most 237 characters"), "{err}");
 
     // The target is immutable.
     env.create("ok", holder_spec("t", "a")).await;
@@ -404,9 +437,9 @@ async fn leader_marks(env: &OperatorEnv, name: &str) -> (Option<String>, Option<
     match pods.get_opt(name).await.unwrap() {
         None => (None, None),
         Some(p) => (
-            p.labels().get("targetlease.dev/leader").cloned(),
+            p.labels().get("web-leader.targetlease.dev/leader").cloned(),
             p.annotations()
-                .get("targetlease.dev/fencing-token")
+                .get("web-leader.targetlease.dev/fencing-token")
                 .cloned(),
         ),
     }

@@ -396,7 +396,7 @@ fn operator_section(w: &mut String, o: &operator::Results) {
         "Leader failover: a TargetLease with `candidates.podSelector` over two Ready pods (no \
          kubelet: readiness set through the pod status subresource); the bench deletes the elected \
          pod and times until the TargetLease names the other pod as `Held` holder, and until that \
-         pod carries the `targetlease.dev/leader=true` label. {} trials.\n",
+         pod carries the `<name>.targetlease.dev/leader=true` label. {} trials.\n",
         o.failover_status.len() + o.failover_failures
     );
     let _ = writeln!(w, "| figure | p50 | p99 | max | failures |");

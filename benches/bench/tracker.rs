@@ -103,9 +103,10 @@ impl Tracker {
                     let mut s = state.lock().unwrap();
                     match ev {
                         Ok(Event::Apply(p)) | Ok(Event::InitApply(p)) => {
-                            let leader =
-                                p.labels().get("targetlease.dev/leader").map(String::as_str)
-                                    == Some("true");
+                            // Any election's leader label (`<name>.targetlease.dev/leader`).
+                            let leader = p.labels().iter().any(|(k, v)| {
+                                k.ends_with(".targetlease.dev/leader") && v == "true"
+                            });
                             s.leaders.insert(p.name_any(), leader);
                         }
                         Ok(Event::Delete(p)) => {

@@ -1,7 +1,9 @@
-//! One reconcile pass over one TargetLease: the status being built, and the
-//! helpers that read caches, write status and publish Events.
+//! One pass over one TargetLease: the object it planned from, the status it
+//! is building, and the writes, always in the same order (`flush`):
+//! unmark pods the new status does not name → write status (conditional on
+//! the version planned from) → mark the pod it names → Events → wake-ups.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -11,135 +13,248 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::{Context, Error, FIELD_MANAGER, Timing, plan, pods};
-use crate::conditions::{self, Status, reason};
-use crate::crd::{Phase, TargetLease, TargetLeaseStatus};
-use crate::store::{Holder, Lease, StoreError, Target};
+use super::spec::{self, ValidSpec};
+use super::transition::{Facts, Memory as Remembered, Next, Note, Transition};
+use super::{Context, Error, FIELD_MANAGER, FINALIZER, marks, plan, queue, with_jitter};
+use crate::crd::{TargetLease, TargetLeaseStatus};
 
-/// What one pass decided to publish, plus what to do next.
 pub(super) struct Pass<'a> {
-    pub(super) tl: &'a TargetLease,
-    pub(super) api: &'a Api<TargetLease>,
     pub(super) ctx: &'a Context,
-    pub(super) status: TargetLeaseStatus,
+    pub(super) api: Api<TargetLease>,
+    /// The object as the API server last showed it to this process.
+    pub(super) tl: TargetLease,
+    pub(super) key: ObjectRef<TargetLease>,
+    /// The status this pass will publish.
+    pub(super) working: TargetLeaseStatus,
+    pub(super) spec: Result<ValidSpec, String>,
+    notes: Vec<Note>,
+    wake: bool,
 }
 
-impl Pass<'_> {
-    pub(super) fn target(&self) -> Target {
-        Target::new(
-            self.tl.namespace().unwrap_or_default(),
-            self.tl.spec.target.clone(),
-        )
+impl<'a> Pass<'a> {
+    /// Starts a pass from `cached`, re-reading the object when the cache may be
+    /// older than this process's own last write. `None`: the object is gone.
+    pub(super) async fn start(
+        ctx: &'a Context,
+        cached: &TargetLease,
+    ) -> Result<Option<Self>, Error> {
+        let ns = cached.namespace().ok_or(Error::NoNamespace)?;
+        let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
+        let key = ObjectRef::from_obj(cached);
+        let known = ctx.recall(&key).known_version;
+        let tl = if known.is_some() && known != cached.resource_version() {
+            match api.get_opt(&cached.name_any()).await? {
+                Some(fresh) => fresh,
+                None => return Ok(None),
+            }
+        } else {
+            cached.clone()
+        };
+        ctx.remember(&key, |m| m.known_version = tl.resource_version());
+        let working = tl.status.clone().unwrap_or_default();
+        let spec = spec::validate(&tl);
+        Ok(Some(Self {
+            ctx,
+            api,
+            key,
+            working,
+            spec,
+            tl,
+            notes: Vec::new(),
+            wake: false,
+        }))
     }
 
-    pub(super) fn key(&self) -> ObjectRef<TargetLease> {
-        ObjectRef::from_obj(self.tl)
+    pub(super) fn deleting(&self) -> bool {
+        self.tl.metadata.deletion_timestamp.is_some()
     }
 
-    pub(super) fn condition(&mut self, type_: &str, status: Status, reason: &str, message: &str) {
-        conditions::upsert(
-            &mut self.status.conditions,
-            type_,
-            status,
-            reason,
-            message,
-            self.tl.metadata.generation,
-            &Time(Timestamp::now()),
-        );
+    pub(super) fn has_finalizer(&self) -> bool {
+        self.tl.finalizers().iter().any(|f| f == FINALIZER)
     }
 
-    /// Sets the `Held` condition for the lease this resource holds.
-    pub(super) fn held(&mut self, lease: &Lease) {
-        let message = format!(
-            "held by {} with fencing token {}",
-            lease.owner, lease.fencing_token
-        );
-        self.condition(conditions::HELD, Status::True, reason::ACQUIRED, &message);
+    pub(super) fn published(&self) -> TargetLeaseStatus {
+        self.tl.status.clone().unwrap_or_default()
     }
 
-    pub(super) fn backend_ok(&mut self) {
-        self.ctx
-            .failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key());
-        self.condition(
-            conditions::BACKEND_AVAILABLE,
-            Status::True,
-            reason::REACHABLE,
-            "the lease store answered",
-        );
-    }
-
-    /// Records backend trouble (an Event only when the condition flips) and backs off.
-    pub(super) async fn backend_failed(&mut self, err: &StoreError) -> Action {
-        let was_down = conditions::get(&self.status.conditions, conditions::BACKEND_AVAILABLE)
-            .is_some_and(|c| c.status == "False");
-        self.condition(
-            conditions::BACKEND_AVAILABLE,
-            Status::False,
-            reason::BACKEND_UNAVAILABLE,
-            err.category(),
-        );
-        if !was_down {
-            self.event(
-                EventType::Warning,
-                reason::BACKEND_UNAVAILABLE,
-                format!("lease store unavailable: {err}"),
-            )
-            .await;
+    pub(super) fn facts(&self) -> Facts {
+        let ns = self.tl.namespace().unwrap_or_default();
+        Facts {
+            generation: self.tl.metadata.generation,
+            now: Time(Timestamp::now()),
+            server_now_ms: self.ctx.server_now_ms(),
+            me: format!("{ns}/{}", self.tl.name_any()),
+            deleting: self.deleting(),
+            renew_interval: self
+                .spec
+                .as_ref()
+                .map_or(Duration::from_secs(30), |s| s.timing.renew),
         }
-        *self
-            .ctx
-            .failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(self.key())
-            .or_default() += 1;
-        self.retry_action()
     }
 
-    /// Requeue after the current backoff (with up to 20% jitter).
-    pub(super) fn retry_action(&self) -> Action {
-        let failures = self
-            .ctx
-            .failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&self.key())
-            .copied()
-            .unwrap_or(1);
-        let base = plan::backoff(failures.saturating_sub(1));
-        let jitter = base.mul_f64(rand::random::<f64>() * 0.2);
-        Action::requeue(base + jitter)
-    }
-
-    /// Writes status by server-side apply, only when it changed.
-    pub(super) async fn publish(&mut self) -> Result<(), Error> {
-        self.status.observed_generation = self.tl.metadata.generation;
-        if self.tl.status.as_ref() == Some(&self.status) {
+    /// Adds the finalizer (JSON patch, conditional on the list it saw).
+    pub(super) async fn ensure_finalizer(&mut self) -> Result<(), Error> {
+        if self.has_finalizer() {
             return Ok(());
         }
+        let finalizers = self.tl.finalizers().to_vec();
+        let ops = if finalizers.is_empty() {
+            serde_json::json!([
+                { "op": "test", "path": "/metadata/finalizers", "value": null },
+                { "op": "add", "path": "/metadata/finalizers", "value": [FINALIZER] },
+            ])
+        } else {
+            serde_json::json!([
+                { "op": "test", "path": "/metadata/finalizers", "value": finalizers },
+                { "op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER },
+            ])
+        };
+        self.patch_metadata(ops).await
+    }
+
+    /// Removes the finalizer: nothing of this resource is left in the store.
+    pub(super) async fn remove_finalizer(&mut self) -> Result<(), Error> {
+        let Some(i) = self.tl.finalizers().iter().position(|f| f == FINALIZER) else {
+            return Ok(());
+        };
+        let ops = serde_json::json!([
+            { "op": "test", "path": format!("/metadata/finalizers/{i}"), "value": FINALIZER },
+            { "op": "remove", "path": format!("/metadata/finalizers/{i}") },
+        ]);
+        match self.patch_metadata(ops).await {
+            // Already gone: the finalizer went with it.
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn patch_metadata(&mut self, ops: serde_json::Value) -> Result<(), Error> {
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+        self.ctx.leadership.check()?;
+        let updated = self
+            .api
+            .patch(
+                &self.tl.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await?;
+        self.adopt(updated);
+        Ok(())
+    }
+
+    /// The server's copy after a write of ours becomes the one we plan from.
+    fn adopt(&mut self, updated: TargetLease) {
+        self.ctx
+            .remember(&self.key, |m| m.known_version = updated.resource_version());
+        self.tl = updated;
+    }
+
+    /// Takes in a transition: its status becomes the working status; Events
+    /// and wake-ups wait for the next flush.
+    pub(super) fn absorb(&mut self, t: Transition) -> Next {
+        self.working = t.status;
+        self.notes.extend(t.notes);
+        self.wake |= t.wake_waiters;
+        match t.memory {
+            Remembered::Keep => {}
+            Remembered::Confirmed { max_expires_ms } => self.ctx.remember(&self.key, |m| {
+                m.confirmed = Some((std::time::Instant::now(), max_expires_ms));
+            }),
+            Remembered::Forget => self.ctx.remember(&self.key, |m| m.confirmed = None),
+        }
+        match t.store_answered {
+            Some(true) => self.ctx.remember(&self.key, |m| m.failures = 0),
+            Some(false) => self.ctx.remember(&self.key, |m| {
+                m.failures = m.failures.saturating_add(1);
+            }),
+            None => {}
+        }
+        t.next
+    }
+
+    /// Publishes the working status, in the one safe order.
+    pub(super) async fn flush(&mut self) -> Result<(), Error> {
+        self.working.observed_generation = self
+            .working
+            .observed_generation
+            .or(self.tl.metadata.generation);
+        let published = self.published();
+        let name = self.tl.name_any();
+        let ns = self.tl.namespace().unwrap_or_default();
+        let wanted = marks::wanted(&self.working);
+        let previous = marks::wanted(&published).map(|m| m.pod);
+        let pods = self.ctx.pods.state();
+        let in_ns: Vec<_> = pods
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+            .map(|p| &**p)
+            .collect();
+        let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
+        for pod in &todo.unmark {
+            self.ctx.leadership.check()?;
+            marks::unmark(&self.ctx.client, &ns, &name, pod).await?;
+        }
+        if self.working != published {
+            self.write_status().await?;
+        }
+        if let Some(m) = &todo.mark {
+            self.ctx.leadership.check()?;
+            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+        }
+        for note in std::mem::take(&mut self.notes) {
+            self.event(note).await;
+        }
+        if std::mem::take(&mut self.wake) {
+            self.wake_waiters();
+        }
+        Ok(())
+    }
+
+    /// Server-side apply of status, conditional on the version planned from.
+    async fn write_status(&mut self) -> Result<(), Error> {
         let patch = serde_json::json!({
             "apiVersion": "targetlease.dev/v1alpha1",
             "kind": "TargetLease",
-            "status": self.status,
+            "metadata": { "resourceVersion": self.tl.resource_version() },
+            "status": self.working,
         });
-        self.api
+        self.ctx.leadership.check()?;
+        let updated = self
+            .api
             .patch_status(
                 &self.tl.name_any(),
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await?;
+        if let Some(token) = self.working.fencing_token {
+            let mut published = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = published
+                .entry((
+                    updated.namespace().unwrap_or_default(),
+                    updated.spec.target.clone(),
+                ))
+                .or_default();
+            *slot = (*slot).max(token);
+        }
+        self.adopt(updated);
         Ok(())
     }
 
-    pub(super) async fn event(&self, type_: EventType, reason: &str, note: String) {
+    async fn event(&self, note: Note) {
+        if self.ctx.leadership.check().is_err() {
+            return;
+        }
         let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.as_str().into(),
+            note: Some(note.message),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -153,155 +268,63 @@ impl Pass<'_> {
         }
     }
 
-    /// Wakes the other TargetLeases on the same target (they may be next in line).
+    /// Wakes the other TargetLeases on the same target (the queue may have moved).
     pub(super) fn wake_waiters(&self) {
-        let me = self.key();
         for other in self.ctx.leases.state() {
-            if other.namespace() == self.tl.namespace()
-                && other.spec.target == self.tl.spec.target
-                && ObjectRef::from_obj(&*other) != me
-            {
+            if queue::same_target(&other, &self.tl) && ObjectRef::from_obj(&*other) != self.key {
                 let _ = self.ctx.wake.unbounded_send(ObjectRef::from_obj(&*other));
             }
         }
     }
 
-    /// The oldest TargetLease on the same target that is ahead of this one.
-    pub(super) fn queued_behind(&self) -> Option<String> {
-        let mine = (self.tl.creation_timestamp(), self.tl.name_any());
+    /// When to look again, for a transition's [`Next`].
+    pub(super) fn action(&self, next: &Next) -> Action {
+        let memory = self.ctx.recall(&self.key);
+        match next {
+            Next::Renewal => {
+                let renew = self
+                    .spec
+                    .as_ref()
+                    .map_or(Duration::from_secs(30), |s| s.timing.renew);
+                let wait = memory
+                    .confirmed
+                    .map_or(Duration::ZERO, |(at, _)| renew.saturating_sub(at.elapsed()));
+                Action::requeue(wait.max(Duration::from_millis(10)))
+            }
+            Next::Requeue(d) => Action::requeue(*d),
+            Next::Backoff { not_after } => {
+                let wait = with_jitter(plan::backoff(memory.failures.saturating_sub(1)));
+                let wait =
+                    not_after.map_or(wait, |limit| wait.min(limit + Duration::from_millis(20)));
+                Action::requeue(wait)
+            }
+            Next::AwaitChange => Action::await_change(),
+            Next::PlanAgain | Next::Reclaim(_) => Action::requeue(Duration::ZERO),
+        }
+    }
+
+    /// The store confirmed the lease within the renew interval (of this process).
+    pub(super) fn renew_due(&self) -> bool {
+        let Ok(spec) = &self.spec else {
+            return true;
+        };
+        let renew = spec.timing.renew;
         self.ctx
-            .leases
-            .state()
-            .into_iter()
-            .filter(|o| o.namespace() == self.tl.namespace())
-            .filter(|o| o.spec.target == self.tl.spec.target)
-            .filter(|o| o.metadata.deletion_timestamp.is_none())
-            .filter(|o| (o.creation_timestamp(), o.name_any()) < mine)
-            .filter(|o| match o.status.as_ref() {
-                None => true,
-                Some(s) => {
-                    plan::is_held(s)
-                        || conditions::get(&s.conditions, conditions::HELD).is_some_and(|c| {
-                            matches!(
-                                c.reason.as_str(),
-                                reason::ACQUIRING | reason::TARGET_HELD | reason::QUEUED
-                            )
-                        })
-                }
-            })
-            .map(|o| o.name_any())
-            .min()
+            .recall(&self.key)
+            .confirmed
+            .is_none_or(|(at, _)| at.elapsed() + renew / 10 >= renew)
     }
 
-    /// The token every new acquisition must exceed.
-    pub(super) async fn token_floor(&self) -> Result<u64, Error> {
-        let ns = self.tl.namespace();
-        let published = self
-            .ctx
-            .leases
-            .state()
-            .into_iter()
-            .filter(|o| o.namespace() == ns && o.spec.target == self.tl.spec.target)
-            .filter_map(|o| o.status.as_ref().and_then(|s| s.fencing_token))
-            .chain(self.status.fencing_token)
-            .max()
-            .unwrap_or(0);
-        let recorded = self
-            .ctx
-            .floors
-            .get(ns.as_deref().unwrap_or_default(), &self.tl.spec.target)
-            .await?;
-        Ok(published.max(recorded))
+    /// The lease's hard end is within one renew interval: replace it now.
+    pub(super) fn rotation_due(&self) -> bool {
+        let Ok(spec) = &self.spec else {
+            return false;
+        };
+        let now = self.ctx.server_now_ms();
+        self.ctx
+            .recall(&self.key)
+            .confirmed
+            .and_then(|(_, max)| max)
+            .is_some_and(|max| now + spec.timing.renew.as_millis() as u64 >= max)
     }
-
-    pub(super) fn renew_due(&self, t: &Timing) -> bool {
-        let renewed = self.ctx.renewed.lock().unwrap_or_else(|p| p.into_inner());
-        renewed
-            .get(&self.key())
-            .is_none_or(|at| at.elapsed() + t.renew / 10 >= t.renew)
-    }
-
-    pub(super) fn mark_renewed(&self) {
-        let mut renewed = self.ctx.renewed.lock().unwrap_or_else(|p| p.into_inner());
-        renewed.insert(self.key(), Instant::now());
-    }
-
-    pub(super) fn forget_renewal(&self) {
-        let mut renewed = self.ctx.renewed.lock().unwrap_or_else(|p| p.into_inner());
-        renewed.remove(&self.key());
-    }
-
-    pub(super) fn next_renewal(&self, t: &Timing) -> Action {
-        let renewed = self.ctx.renewed.lock().unwrap_or_else(|p| p.into_inner());
-        let wait = renewed
-            .get(&self.key())
-            .map(|at| t.renew.saturating_sub(at.elapsed()))
-            .unwrap_or(Duration::ZERO);
-        Action::requeue(wait.max(Duration::from_millis(10)))
-    }
-
-    pub(super) fn holder(&self) -> Option<Holder> {
-        Some(Holder {
-            owner: self.status.holder.clone()?,
-            lease_id: self
-                .ctx
-                .lease_ids
-                .derive(self.status.acquisition_id.as_deref()?),
-            token: self.status.fencing_token?,
-        })
-    }
-
-    pub(super) fn is_election(&self) -> bool {
-        self.tl.spec.candidates.is_some()
-    }
-
-    pub(super) fn publish_lease(&mut self, lease: &Lease) {
-        self.status.phase = Some(Phase::Held);
-        self.status.holder = Some(lease.owner.clone());
-        self.status.fencing_token = Some(lease.fencing_token);
-        self.status.acquired_at = time_ms(lease.acquired_at_ms);
-        self.status.expires_at = time_ms(lease.expires_at_ms);
-    }
-
-    /// Publishes that the lease is not held, keeping the last token visible.
-    pub(super) fn not_held(&mut self, phase: Phase, why: &str, message: &str) {
-        self.status.phase = Some(phase);
-        self.status.expires_at = None;
-        if phase == Phase::Pending {
-            self.status.holder = None;
-            self.status.acquired_at = None;
-        }
-        self.condition(conditions::HELD, Status::False, why, message);
-    }
-
-    pub(super) async fn unmark_pod(&self) -> Result<(), Error> {
-        if let (true, Some(pod)) = (self.is_election(), self.status.holder.as_deref()) {
-            pods::unmark(&self.ctx.client, self.tl, pod).await?;
-        }
-        Ok(())
-    }
-
-    pub(super) async fn mark_pod(&self) -> Result<(), Error> {
-        if let (true, Some(pod), Some(token)) = (
-            self.is_election(),
-            self.status.holder.as_deref(),
-            self.status.fencing_token,
-        ) {
-            let expires = self
-                .status
-                .expires_at
-                .as_ref()
-                .map(|t| t.0.to_string())
-                .unwrap_or_default();
-            pods::mark(&self.ctx.client, self.tl, pod, token, &expires).await?;
-        }
-        Ok(())
-    }
-}
-
-pub(super) fn time_ms(ms: u64) -> Option<Time> {
-    i64::try_from(ms)
-        .ok()
-        .and_then(|ms| Timestamp::from_millisecond(ms).ok())
-        .map(Time)
 }

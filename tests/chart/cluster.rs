@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
@@ -381,9 +381,11 @@ async fn leader_mark(env: &OperatorEnv, name: &str) -> Option<(String, String)> 
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
     let pod = pods.get_opt(name).await.unwrap()?;
     Some((
-        pod.labels().get("targetlease.dev/leader")?.clone(),
+        pod.labels()
+            .get("web-leader.targetlease.dev/leader")?
+            .clone(),
         pod.annotations()
-            .get("targetlease.dev/fencing-token")?
+            .get("web-leader.targetlease.dev/fencing-token")?
             .clone(),
     ))
 }
@@ -459,12 +461,17 @@ async fn the_operator_runs_as_the_chart_service_account() {
     .expect("connect to the test valkey");
     let got = store.get(&Target::new(&ns, "orders-db")).await.unwrap();
     assert_eq!(got.outcome, Outcome::NotFound, "released in Valkey");
-    let floor = Api::<ConfigMap>::namespaced(cp.client(), &ns)
-        .get("targetlease-token-floors")
+    let floors = Api::<ConfigMap>::namespaced(cp.client(), &ns)
+        .list(
+            &ListParams::default().labels("targetlease.dev/token-floors=targetlease-token-floors"),
+        )
         .await
-        .expect("the token floor ConfigMap, written by the operator");
+        .expect("the token floor ConfigMaps, written by the operator");
     assert!(
-        floor.data.unwrap_or_default().values().any(|v| v == "2"),
+        floors
+            .items
+            .into_iter()
+            .any(|cm| cm.data.unwrap_or_default().values().any(|v| v == "2")),
         "floor records token 2"
     );
 

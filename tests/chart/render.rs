@@ -77,7 +77,7 @@ fn the_values_schema_refuses_mistakes() {
 fn expected_cluster_rules() -> Value {
     json!([
         { "apiGroups": ["targetlease.dev"], "resources": ["targetleases"],
-          "verbs": ["list", "watch", "patch"] },
+          "verbs": ["get", "list", "watch", "patch"] },
         { "apiGroups": ["targetlease.dev"], "resources": ["targetleases/status"],
           "verbs": ["patch"] },
         { "apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"] },
@@ -86,10 +86,14 @@ fn expected_cluster_rules() -> Value {
 }
 
 fn expected_role_rules(floor: &str, election_lease: Option<&str>) -> Value {
+    let buckets: Vec<String> = (0..64).map(|i| format!("{floor}-{i:02x}")).collect();
     let mut rules = vec![
-        json!({ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"] }),
-        json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [floor],
+        json!({ "apiGroups": [""], "resources": ["configmaps"],
+                "verbs": ["create", "list", "watch"] }),
+        json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": buckets,
                 "verbs": ["get", "update"] }),
+        json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [floor],
+                "verbs": ["get", "delete"] }),
     ];
     if let Some(lease) = election_lease {
         rules.push(

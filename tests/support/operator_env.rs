@@ -9,9 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
-use kube::{Client, CustomResourceExt};
 use serde_json::Value;
 use targetlease::crd::{Phase, TargetLease};
 
@@ -34,7 +34,7 @@ pub struct OperatorEnv {
 /// Installs (or updates) the generated CRD and waits until it is Established.
 pub async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = TargetLease::crd();
+    let crd = targetlease::crd::definition();
     crds.patch(
         "targetleases.targetlease.dev",
         &PatchParams::apply("targetlease-tests").force(),

@@ -1,0 +1,363 @@
+//! The executor: runs each planned step (the store call, if any), hands the
+//! reply to the pure transition, and publishes before every store call that
+//! depends on what is published (an acquire needs its attempt recorded; a
+//! release needs the lease unpublished first).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+
+use super::pass::Pass;
+use super::plan::{self, Desired, Observed, Step};
+use super::transition::{self, META_ACQUISITION, META_TARGETLEASE, Next, Note, Transition};
+use super::{Error, pods, queue, spec};
+use crate::conditions::Reason;
+use crate::floor::floor_key;
+use crate::store::{
+    AcquireRequest, Holder, ReleaseRequest, RenewRequest, Reply, StoreError, Target,
+};
+
+/// Steps one pass may take before it yields (a release, a new attempt and an
+/// acquire, with a reclaim in between, fit comfortably).
+const MAX_STEPS: usize = 8;
+
+impl Pass<'_> {
+    /// Makes a live resource's lease what its spec and the pods call for.
+    pub(super) async fn apply(mut self) -> Result<Action, Error> {
+        let check = self.spec.as_ref().map(|_| ()).map_err(Clone::clone);
+        self.working = transition::spec_checked(&self.facts(), &self.working, &check);
+        for _ in 0..MAX_STEPS {
+            let desired = self.desired();
+            let observed = Observed {
+                status: &self.working,
+                generation: self.tl.metadata.generation,
+                desired: desired.clone(),
+                queued_behind: self.queued_behind(),
+                renew_due: self.renew_due(),
+                rotation_due: self.rotation_due(),
+            };
+            let step = plan::plan(&observed);
+            let t = self.run(step, &desired).await?;
+            match self.follow(t).await? {
+                Next::PlanAgain => continue,
+                next => {
+                    self.flush().await?;
+                    return Ok(self.action(&next));
+                }
+            }
+        }
+        self.flush().await?;
+        Ok(Action::requeue(Duration::ZERO))
+    }
+
+    /// Gives back everything this resource has in the store (the last
+    /// published token is covered by the floor first), then lets the finalizer go.
+    pub(super) async fn cleanup(mut self) -> Result<Action, Error> {
+        if !self.has_finalizer() {
+            self.ctx.forget(&self.key);
+            return Ok(Action::await_change());
+        }
+        self.raise_floor().await?;
+        for _ in 0..MAX_STEPS {
+            let step = plan::plan_cleanup(&self.working);
+            if step == Step::Finalize {
+                // Nothing left to publish but the marks' removal (status goes with the object).
+                self.working = self.published();
+                self.flush().await?;
+                self.remove_finalizer().await?;
+                self.ctx.forget(&self.key);
+                self.wake_waiters();
+                return Ok(Action::await_change());
+            }
+            let t = self
+                .run(
+                    step,
+                    &Desired::Nobody {
+                        reason: Reason::Released,
+                        message: "the TargetLease is being deleted".into(),
+                    },
+                )
+                .await?;
+            match self.follow(t).await? {
+                Next::PlanAgain => continue,
+                next => {
+                    self.flush().await?;
+                    return Ok(self.action(&next));
+                }
+            }
+        }
+        self.flush().await?;
+        Ok(Action::requeue(Duration::ZERO))
+    }
+
+    /// Absorbs a transition and runs its reclaim, if any; returns what follows.
+    async fn follow(&mut self, t: Transition) -> Result<Next, Error> {
+        let mut next = self.absorb(t);
+        while let Next::Reclaim(r) = next {
+            let reply = self.release(&r.owner, &r.acquisition, r.token).await?;
+            let t = transition::after_reclaim(&self.facts(), &self.working, &r, reply);
+            next = self.absorb(t);
+        }
+        Ok(next)
+    }
+
+    /// Runs one step: the store call it needs, then its pure transition.
+    async fn run(&mut self, step: Step, desired: &Desired) -> Result<Transition, Error> {
+        let f = self.facts();
+        let t = match step {
+            Step::NewAttempt => {
+                transition::start_attempt(&f, &self.working, crate::store::new_request_id())
+            }
+            Step::Acquire { owner } => {
+                self.flush().await?;
+                let pod = match desired {
+                    Desired::Holder { pod, .. } => pod.clone(),
+                    Desired::Nobody { .. } => None,
+                };
+                let reply = self.acquire(owner).await?;
+                let mut t = transition::after_acquire(&f, &self.working, pod.as_ref(), reply);
+                self.flag_overlap(&mut t);
+                t
+            }
+            Step::Renew => {
+                let reply = self.renew().await?;
+                transition::after_renew(&self.facts(), &self.working, reply)
+            }
+            Step::Idle => {
+                let pod = match desired {
+                    Desired::Holder { pod, .. } => pod.clone(),
+                    Desired::Nobody { .. } => None,
+                };
+                transition::idle(&f, &self.working, pod.as_ref())
+            }
+            Step::Release { reason, message } => {
+                transition::begin_release(&f, &self.working, reason, &message)
+            }
+            Step::FinishRelease => {
+                // The lease is unpublished (status and marks) before Valkey lets go.
+                self.flush().await?;
+                let w = &self.working;
+                let reply = match (
+                    w.releasing_acquisition_id.clone(),
+                    w.holder.clone(),
+                    w.fencing_token,
+                ) {
+                    (Some(acquisition), Some(owner), Some(token)) => {
+                        self.release(&owner, &acquisition, token).await?
+                    }
+                    _ => Ok(Reply {
+                        outcome: crate::store::Outcome::NotFound,
+                        lease: None,
+                        server_time_ms: f.server_now_ms,
+                        message: "nothing recorded to release".into(),
+                    }),
+                };
+                transition::after_release(&self.facts(), &self.working, reply)
+            }
+            Step::Abandon => {
+                self.ctx.leadership.check()?;
+                let reply = self.ctx.store.get(&self.target()).await;
+                self.saw(&reply);
+                transition::after_abandon_read(&self.facts(), &self.working, reply)
+            }
+            Step::Wait { reason, message } => transition::wait(&f, &self.working, reason, &message),
+            Step::Finalize => transition::idle(&f, &self.working, None),
+        };
+        Ok(t)
+    }
+
+    fn target(&self) -> Target {
+        Target::new(
+            self.tl.namespace().unwrap_or_default(),
+            self.tl.spec.target.clone(),
+        )
+    }
+
+    fn saw(&self, reply: &Result<Reply, StoreError>) {
+        if let Ok(r) = reply {
+            self.ctx.saw_server_time(r.server_time_ms);
+        }
+    }
+
+    async fn acquire(&mut self, owner: String) -> Result<Result<Reply, StoreError>, Error> {
+        let Some(attempt) = self.working.acquisition_id.clone() else {
+            return Ok(Err(StoreError::Invalid("no acquisition recorded".into())));
+        };
+        let Ok(valid) = &self.spec else {
+            return Ok(Err(StoreError::Invalid("invalid spec".into())));
+        };
+        let t = valid.timing;
+        let mut req = AcquireRequest::new(self.target(), owner, t.ttl);
+        req.request_id = attempt.clone();
+        req.lease_id = Some(self.ctx.lease_ids.derive(&attempt));
+        req.max_lifetime = t.max_lifetime;
+        let floor = self.token_floor();
+        req.token_floor = (floor > 0).then_some(floor);
+        let mut meta = serde_json::Map::new();
+        meta.insert(META_TARGETLEASE.into(), self.facts().me.into());
+        meta.insert(META_ACQUISITION.into(), attempt.into());
+        req.metadata = Some(meta);
+        self.ctx.leadership.check()?;
+        let reply = self.ctx.store.acquire(&req).await;
+        self.saw(&reply);
+        Ok(reply)
+    }
+
+    async fn renew(&mut self) -> Result<Result<Reply, StoreError>, Error> {
+        let w = &self.working;
+        let (Some(owner), Some(attempt), Some(token), Ok(valid)) = (
+            w.holder.clone(),
+            w.acquisition_id.clone(),
+            w.fencing_token,
+            &self.spec,
+        ) else {
+            return Ok(Err(StoreError::Invalid(
+                "no lease recorded to renew".into(),
+            )));
+        };
+        let holder = Holder {
+            owner,
+            lease_id: self.ctx.lease_ids.derive(&attempt),
+            token,
+        };
+        let req = RenewRequest::new(self.target(), holder, valid.timing.ttl);
+        self.ctx.leadership.check()?;
+        let reply = self.ctx.store.renew(&req).await;
+        self.saw(&reply);
+        Ok(reply)
+    }
+
+    /// Releases the lease of `acquisition` (its lease id derives from it); the
+    /// request id derives from it too, so a retry after a lost reply replays.
+    async fn release(
+        &mut self,
+        owner: &str,
+        acquisition: &str,
+        token: u64,
+    ) -> Result<Result<Reply, StoreError>, Error> {
+        let holder = Holder {
+            owner: owner.to_owned(),
+            lease_id: self.ctx.lease_ids.derive(acquisition),
+            token,
+        };
+        let mut req = ReleaseRequest::new(self.target(), holder);
+        req.request_id = format!("release-{acquisition}");
+        self.ctx.leadership.check()?;
+        let reply = self.ctx.store.release(&req).await;
+        self.saw(&reply);
+        Ok(reply)
+    }
+
+    /// Who should hold the lease (nobody, for an invalid spec).
+    fn desired(&self) -> Desired {
+        match &self.spec {
+            Ok(valid) => pods::desired_holder(&self.tl, valid, &self.ctx.pods),
+            Err(message) => Desired::Nobody {
+                reason: Reason::InvalidSpec,
+                message: message.clone(),
+            },
+        }
+    }
+
+    fn queued_behind(&self) -> Option<String> {
+        let leases = self.ctx.leases.state();
+        let pods = &self.ctx.pods;
+        queue::queued_behind(&self.tl, &leases, |other| {
+            spec::validate(other).is_ok_and(|v| {
+                matches!(
+                    pods::desired_holder(other, &v, pods),
+                    Desired::Holder { .. }
+                )
+            })
+        })
+    }
+
+    /// The token every new acquisition must exceed: the highest published for
+    /// the target (statuses in the cache, this process's own writes) or kept
+    /// by the floor for deleted leases.
+    fn token_floor(&self) -> u64 {
+        let ns = self.tl.namespace().unwrap_or_default();
+        let target = &self.tl.spec.target;
+        let cached = self
+            .ctx
+            .leases
+            .state()
+            .into_iter()
+            .filter(|o| queue::same_target(o, &self.tl))
+            .filter_map(|o| o.status.as_ref().and_then(|s| s.fencing_token))
+            .max()
+            .unwrap_or(0);
+        let own = self
+            .ctx
+            .published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(ns.clone(), target.clone()))
+            .copied()
+            .unwrap_or(0);
+        let status = self.working.fencing_token.unwrap_or(0);
+        cached
+            .max(own)
+            .max(status)
+            .max(self.ctx.floors.get(&ns, target))
+    }
+
+    /// Covers the last published token with the floor before anything is released.
+    async fn raise_floor(&mut self) -> Result<(), Error> {
+        let Some(token) = self.published().fencing_token else {
+            return Ok(());
+        };
+        let ns = self.tl.namespace().unwrap_or_default();
+        let target = self.tl.spec.target.clone();
+        if self.ctx.floors.get(&ns, &target) >= token {
+            return Ok(());
+        }
+        let mut covered: HashMap<String, u64> = HashMap::new();
+        for o in self.ctx.leases.state() {
+            if o.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            if let (Some(o_ns), Some(token)) = (
+                o.namespace(),
+                o.status.as_ref().and_then(|s| s.fencing_token),
+            ) {
+                let slot = covered.entry(floor_key(&o_ns, &o.spec.target)).or_default();
+                *slot = (*slot).max(token);
+            }
+        }
+        self.ctx.leadership.check()?;
+        self.ctx.floors.raise(&ns, &target, token, &covered).await?;
+        Ok(())
+    }
+
+    /// An election won a pod another election also selects: say so once, at acquisition.
+    fn flag_overlap(&self, t: &mut Transition) {
+        if self.tl.spec.candidates.is_none()
+            || !t.notes.iter().any(|n| n.reason == Reason::Acquired)
+        {
+            return;
+        }
+        let Some(pod_name) = t.status.holder_pod.as_deref() else {
+            return;
+        };
+        let ns = self.tl.namespace().unwrap_or_default();
+        let Some(pod) = self.ctx.pods.get(&ObjectRef::new(pod_name).within(&ns)) else {
+            return;
+        };
+        let others = pods::overlapping_elections(&self.tl, &pod, &self.ctx.leases.state());
+        if !others.is_empty() {
+            t.notes.push(Note {
+                warning: true,
+                reason: Reason::OverlappingCandidates,
+                message: format!(
+                    "pod {pod_name} is also a candidate of {}: give each election its own selector; \
+                     each marks its leader with its own label <name>.targetlease.dev/leader",
+                    others.join(", ")
+                ),
+            });
+        }
+    }
+}

@@ -1,0 +1,238 @@
+use super::*;
+
+fn held(holder: &str) -> TargetLeaseStatus {
+    TargetLeaseStatus {
+        phase: Some(Phase::Held),
+        holder: Some(holder.into()),
+        fencing_token: Some(7),
+        acquisition_id: Some("a1".into()),
+        observed_generation: Some(1),
+        ..Default::default()
+    }
+}
+
+fn holder(identity: &str) -> Desired {
+    Desired::Holder {
+        identity: identity.into(),
+        pod: None,
+    }
+}
+
+fn pod_holder(identity: &str, uid: &str) -> Desired {
+    Desired::Holder {
+        identity: identity.into(),
+        pod: Some(PodRef {
+            name: identity.into(),
+            uid: uid.into(),
+        }),
+    }
+}
+
+fn nobody(reason: Reason) -> Desired {
+    Desired::Nobody {
+        reason,
+        message: "m".into(),
+    }
+}
+
+fn observed(status: &TargetLeaseStatus, desired: Desired) -> Observed<'_> {
+    Observed {
+        status,
+        generation: Some(1),
+        desired,
+        queued_behind: None,
+        renew_due: false,
+        rotation_due: false,
+    }
+}
+
+#[test]
+fn a_new_resource_records_an_attempt_before_acquiring() {
+    let st = TargetLeaseStatus::default();
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::NewAttempt);
+    let st = TargetLeaseStatus {
+        acquisition_id: Some("a1".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        plan(&observed(&st, holder("job"))),
+        Step::Acquire {
+            owner: "job".into()
+        }
+    );
+}
+
+#[test]
+fn a_held_lease_renews_when_due_when_the_spec_changed_or_when_unconfirmed() {
+    let st = held("job");
+    let mut o = observed(&st, holder("job"));
+    assert_eq!(plan(&o), Step::Idle);
+    o.renew_due = true;
+    assert_eq!(plan(&o), Step::Renew);
+    o.renew_due = false;
+    o.generation = Some(2);
+    assert_eq!(plan(&o), Step::Renew, "a spec edit is applied at once");
+    let mut st = held("job");
+    st.phase = Some(Phase::Unknown);
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::Renew);
+}
+
+#[test]
+fn a_holder_that_no_longer_qualifies_is_released_first() {
+    let st = held("pod-a");
+    assert!(matches!(
+        plan(&observed(&st, holder("pod-b"))),
+        Step::Release {
+            reason: Reason::HolderChanged,
+            ..
+        }
+    ));
+    assert!(matches!(
+        plan(&observed(&st, nobody(Reason::PodNotReady))),
+        Step::Release {
+            reason: Reason::PodNotReady,
+            ..
+        }
+    ));
+    assert!(matches!(
+        plan(&observed(&st, nobody(Reason::InvalidSpec))),
+        Step::Release {
+            reason: Reason::InvalidSpec,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_pod_recreated_under_the_same_name_is_a_new_holder() {
+    let mut st = held("web-0");
+    st.holder_pod = Some("web-0".into());
+    st.holder_pod_uid = Some("uid-1".into());
+    assert_eq!(
+        plan(&observed(&st, pod_holder("web-0", "uid-1"))),
+        Step::Idle
+    );
+    assert!(matches!(
+        plan(&observed(&st, pod_holder("web-0", "uid-2"))),
+        Step::Release {
+            reason: Reason::HolderChanged,
+            ..
+        }
+    ));
+    // A status written before UIDs were recorded adopts the pod it finds.
+    st.holder_pod_uid = None;
+    assert_eq!(
+        plan(&observed(&st, pod_holder("web-0", "uid-2"))),
+        Step::Idle
+    );
+}
+
+#[test]
+fn a_lease_at_its_max_lifetime_is_replaced() {
+    let st = held("job");
+    let mut o = observed(&st, holder("job"));
+    o.rotation_due = true;
+    assert!(matches!(
+        plan(&o),
+        Step::Release {
+            reason: Reason::MaxLifetimeReached,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_release_in_progress_is_finished_before_anything_else() {
+    let mut st = held("job");
+    st.phase = Some(Phase::Pending);
+    st.releasing_acquisition_id = Some("a0".into());
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::FinishRelease);
+    assert_eq!(plan_cleanup(&st), Step::FinishRelease);
+}
+
+#[test]
+fn waiters_queue_behind_older_leases_and_drop_unwanted_attempts() {
+    let st = TargetLeaseStatus::default();
+    let mut o = observed(&st, holder("job"));
+    o.queued_behind = Some("first".into());
+    assert!(matches!(
+        plan(&o),
+        Step::Wait {
+            reason: Reason::Queued,
+            ..
+        }
+    ));
+    let attempt = TargetLeaseStatus {
+        acquisition_id: Some("a1".into()),
+        ..Default::default()
+    };
+    let mut o = observed(&attempt, holder("job"));
+    o.queued_behind = Some("first".into());
+    assert_eq!(plan(&o), Step::Abandon);
+    assert_eq!(
+        plan(&observed(&attempt, nobody(Reason::PodNotReady))),
+        Step::Abandon
+    );
+    assert!(matches!(
+        plan(&observed(&st, nobody(Reason::PodNotReady))),
+        Step::Wait {
+            reason: Reason::PodNotReady,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn lost_leases_start_over() {
+    let mut st = held("job");
+    st.phase = Some(Phase::Lost);
+    st.acquisition_id = None;
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::NewAttempt);
+}
+
+#[test]
+fn cleanup_releases_then_abandons_then_finalizes() {
+    assert!(matches!(
+        plan_cleanup(&held("job")),
+        Step::Release {
+            reason: Reason::Released,
+            ..
+        }
+    ));
+    let attempt = TargetLeaseStatus {
+        acquisition_id: Some("a1".into()),
+        ..Default::default()
+    };
+    assert_eq!(plan_cleanup(&attempt), Step::Abandon);
+    assert_eq!(plan_cleanup(&TargetLeaseStatus::default()), Step::Finalize);
+}
+
+#[test]
+fn the_published_expiry_is_rewritten_when_it_is_later_than_valkeys_or_about_to_pass() {
+    let r = Duration::from_secs(30);
+    assert!(expiry_to_publish(None, 61_000, 1000, r));
+    assert!(!expiry_to_publish(Some(60_000), 61_000, 1000, r));
+    assert!(
+        expiry_to_publish(Some(60_000), 7_000, 1000, r),
+        "a shorter renewal moves the expiry earlier"
+    );
+    assert!(expiry_to_publish(Some(31_000), 61_000, 1000, r));
+}
+
+#[test]
+fn failures_back_off_to_a_cap() {
+    assert_eq!(backoff(0), Duration::from_millis(250));
+    assert_eq!(backoff(1), Duration::from_millis(500));
+    assert_eq!(backoff(6), Duration::from_secs(16));
+    assert_eq!(backoff(7), Duration::from_secs(30));
+    assert_eq!(backoff(100), Duration::from_secs(30));
+}
+
+#[test]
+fn waiters_retry_just_after_the_holder_expires_and_recheck_on_their_own() {
+    assert_eq!(retry_after_held(10_000, 9_000), Duration::from_millis(1050));
+    assert_eq!(retry_after_held(0, 9_000), Duration::from_millis(100));
+    assert_eq!(retry_after_held(u64::MAX, 0), Duration::from_secs(60));
+    assert_eq!(recheck_after(Reason::Queued), Some(Duration::from_secs(30)));
+    assert!(recheck_after(Reason::InvalidSpec).is_none());
+}

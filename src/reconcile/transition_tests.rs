@@ -1,0 +1,388 @@
+use super::*;
+use crate::store::Lease;
+
+const NOW_MS: u64 = 1_000_000;
+
+fn facts() -> Facts {
+    Facts {
+        generation: Some(2),
+        now: time_ms(NOW_MS).unwrap(),
+        server_now_ms: NOW_MS,
+        me: "ns/tl".into(),
+        deleting: false,
+        renew_interval: Duration::from_secs(30),
+    }
+}
+
+fn lease(owner: &str, token: u64, expires_ms: u64) -> Lease {
+    Lease {
+        target: "t".into(),
+        lease_id: None,
+        owner: owner.into(),
+        fencing_token: token,
+        acquired_at_ms: NOW_MS - 1000,
+        expires_at_ms: expires_ms,
+        max_expires_at_ms: None,
+        metadata: None,
+    }
+}
+
+fn ours(mut l: Lease, acquisition: &str) -> Lease {
+    let mut meta = serde_json::Map::new();
+    meta.insert(META_TARGETLEASE.into(), "ns/tl".into());
+    meta.insert(META_ACQUISITION.into(), acquisition.into());
+    l.metadata = Some(meta);
+    l
+}
+
+fn reply(outcome: Outcome, lease: Option<Lease>) -> Result<Reply, StoreError> {
+    Ok(Reply {
+        outcome,
+        lease,
+        server_time_ms: NOW_MS,
+        message: "m".into(),
+    })
+}
+
+fn down() -> Result<Reply, StoreError> {
+    Err(StoreError::BackendUnavailable("refused".into()))
+}
+
+fn attempt() -> TargetLeaseStatus {
+    TargetLeaseStatus {
+        phase: Some(Phase::Pending),
+        acquisition_id: Some("a1".into()),
+        fencing_token: Some(6),
+        observed_generation: Some(1),
+        ..Default::default()
+    }
+}
+
+fn held(expires_ms: u64) -> TargetLeaseStatus {
+    TargetLeaseStatus {
+        phase: Some(Phase::Held),
+        holder: Some("job".into()),
+        holder_pod: Some("job-pod".into()),
+        holder_pod_uid: Some("u1".into()),
+        fencing_token: Some(7),
+        acquisition_id: Some("a1".into()),
+        expires_at: time_ms(expires_ms),
+        observed_generation: Some(2),
+        ..Default::default()
+    }
+}
+
+fn condition(s: &TargetLeaseStatus, type_: &str) -> (String, String) {
+    let c = conditions::get(&s.conditions, type_).expect(type_);
+    (c.status.clone(), c.reason.clone())
+}
+
+fn pod() -> PodRef {
+    PodRef {
+        name: "job-pod".into(),
+        uid: "u1".into(),
+    }
+}
+
+#[test]
+fn acquire_outcomes() {
+    let f = facts();
+    let t = after_acquire(
+        &f,
+        &attempt(),
+        Some(&pod()),
+        reply(Outcome::Acquired, Some(lease("job", 7, NOW_MS + 90_000))),
+    );
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert_eq!(t.status.fencing_token, Some(7));
+    assert_eq!(t.status.holder_pod_uid.as_deref(), Some("u1"));
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 90_000));
+    assert_eq!(t.status.observed_generation, Some(2));
+    assert_eq!(
+        condition(&t.status, HELD),
+        ("True".into(), "Acquired".into())
+    );
+    assert_eq!(t.next, Next::Renewal);
+    assert_eq!(t.notes[0].reason, Reason::Acquired);
+    assert!(matches!(t.memory, Memory::Confirmed { .. }));
+
+    let t = after_acquire(
+        &f,
+        &attempt(),
+        None,
+        reply(Outcome::Held, Some(lease("cron", 3, NOW_MS + 10_000))),
+    );
+    assert_eq!(t.status.phase, Some(Phase::Pending));
+    assert_eq!(t.status.acquisition_id.as_deref(), Some("a1"), "kept");
+    assert_eq!(t.status.fencing_token, Some(6), "the last token stays");
+    assert_eq!(condition(&t.status, HELD).1, "TargetHeld");
+    assert_eq!(t.next, Next::Requeue(Duration::from_millis(10_050)));
+
+    let t = after_acquire(
+        &f,
+        &attempt(),
+        None,
+        reply(
+            Outcome::Held,
+            Some(ours(lease("job", 5, NOW_MS + 10_000), "a0")),
+        ),
+    );
+    assert_eq!(
+        t.next,
+        Next::Reclaim(Reclaim {
+            owner: "job".into(),
+            acquisition: "a0".into(),
+            token: 5,
+            then_forget_attempt: false
+        })
+    );
+    assert_eq!(t.status.phase, Some(Phase::Pending));
+
+    for outcome in [Outcome::Expired, Outcome::IdempotencyConflict] {
+        let t = after_acquire(&f, &attempt(), None, reply(outcome, None));
+        assert_eq!(t.status.acquisition_id, None);
+        assert_eq!(t.next, Next::PlanAgain);
+    }
+
+    let t = after_acquire(&f, &attempt(), None, reply(Outcome::CorruptState, None));
+    assert_eq!(t.status.phase, Some(Phase::Error));
+    assert_eq!(
+        condition(&t.status, HELD),
+        ("Unknown".into(), "CorruptState".into())
+    );
+    assert_eq!(t.next, Next::Requeue(Duration::from_secs(60)));
+
+    let t = after_acquire(
+        &f,
+        &attempt(),
+        None,
+        Err(StoreError::Invalid("target is 300 bytes".into())),
+    );
+    assert_eq!(t.status.phase, Some(Phase::Error));
+    assert_eq!(
+        condition(&t.status, SPEC_VALID),
+        ("False".into(), "InvalidSpec".into())
+    );
+    assert_eq!(t.next, Next::AwaitChange);
+}
+
+#[test]
+fn store_failures_flag_the_backend_once_per_outage_and_keep_the_attempt() {
+    let f = facts();
+    for err in [
+        StoreError::BackendUnavailable("x".into()),
+        StoreError::OutcomeUnknown("y".into()),
+    ] {
+        let t = after_acquire(&f, &attempt(), None, Err(err));
+        assert_eq!(
+            t.status.acquisition_id.as_deref(),
+            Some("a1"),
+            "replayed later"
+        );
+        assert_eq!(condition(&t.status, BACKEND_AVAILABLE).0, "False");
+        assert_eq!(t.notes.len(), 1);
+        assert_eq!(t.store_answered, Some(false));
+        assert_eq!(t.next, Next::Backoff { not_after: None });
+        let again = after_acquire(&f, &t.status, None, down());
+        assert!(again.notes.is_empty(), "one Event per outage");
+    }
+}
+
+#[test]
+fn renewals_never_leave_a_later_expiry_published() {
+    let f = facts();
+    let far = NOW_MS + 60_000;
+    // A renewal that extends the lease: status is not rewritten.
+    let t = after_renew(
+        &f,
+        &held(far),
+        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 90_000))),
+    );
+    assert_eq!(t.status.expires_at, time_ms(far));
+    // A renewal with a shorter duration moves Valkey's expiry earlier: republished.
+    let t = after_renew(
+        &f,
+        &held(far),
+        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 6_000))),
+    );
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 6_000));
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert_eq!(t.next, Next::Renewal);
+}
+
+#[test]
+fn a_renewal_that_finds_the_lease_gone_publishes_lost() {
+    let f = facts();
+    for outcome in [Outcome::Expired, Outcome::NotOwner] {
+        let t = after_renew(&f, &held(NOW_MS + 60_000), reply(outcome, None));
+        assert_eq!(t.status.phase, Some(Phase::Lost));
+        assert_eq!(t.status.acquisition_id, None);
+        assert_eq!(t.status.expires_at, None);
+        assert_eq!(t.status.fencing_token, Some(7));
+        assert_eq!(t.memory, Memory::Forget);
+        assert!(t.wake_waiters);
+        assert_eq!(t.notes[0].reason, Reason::LeaseLost);
+    }
+}
+
+#[test]
+fn held_is_withdrawn_when_the_store_is_silent_past_the_published_expiry() {
+    let f = facts();
+    let t = after_renew(&f, &held(NOW_MS + 5_000), down());
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert_eq!(
+        t.next,
+        Next::Backoff {
+            not_after: Some(Duration::from_secs(5))
+        }
+    );
+    let t = after_renew(&f, &held(NOW_MS), down());
+    assert_eq!(t.status.phase, Some(Phase::Unknown));
+    assert_eq!(
+        condition(&t.status, HELD),
+        ("Unknown".into(), "Unconfirmed".into())
+    );
+    // The store answers again: Held, same token, expiry republished.
+    let back = after_renew(
+        &f,
+        &t.status,
+        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 90_000))),
+    );
+    assert_eq!(back.status.phase, Some(Phase::Held));
+    assert_eq!(back.status.expires_at, time_ms(NOW_MS + 90_000));
+    assert_eq!(condition(&back.status, BACKEND_AVAILABLE).0, "True");
+}
+
+#[test]
+fn a_release_unpublishes_first_and_keeps_the_finalizer_until_confirmed() {
+    let mut f = facts();
+    let t = begin_release(&f, &held(NOW_MS + 60_000), Reason::PodNotReady, "gone");
+    assert_eq!(t.status.phase, Some(Phase::Pending));
+    assert_eq!(t.status.releasing_acquisition_id.as_deref(), Some("a1"));
+    assert_eq!(t.status.acquisition_id, None);
+    assert_eq!(t.status.holder.as_deref(), Some("job"), "names the lease");
+    assert_eq!(t.status.expires_at, None);
+    assert_eq!(
+        condition(&t.status, HELD),
+        ("False".into(), "PodNotReady".into())
+    );
+
+    let failed = after_release(&f, &t.status, down());
+    assert_eq!(
+        failed.status.releasing_acquisition_id.as_deref(),
+        Some("a1")
+    );
+    assert_eq!(failed.next, Next::Backoff { not_after: None });
+
+    let done = after_release(&f, &t.status, reply(Outcome::Released, None));
+    assert_eq!(done.status.releasing_acquisition_id, None);
+    assert_eq!(done.status.holder, None);
+    assert_eq!(done.status.fencing_token, Some(7));
+    assert_eq!(condition(&done.status, HELD).1, "PodNotReady");
+    assert_eq!(done.notes[0].reason, Reason::Released);
+    assert!(done.wake_waiters);
+
+    // A lease that had already ended is not reported as released.
+    let gone = after_release(&f, &t.status, reply(Outcome::NotOwner, None));
+    assert_eq!(gone.status.releasing_acquisition_id, None);
+    assert_eq!(gone.notes[0].reason, Reason::LeaseLost);
+
+    f.deleting = true;
+    let t = begin_release(&f, &held(NOW_MS + 60_000), Reason::Released, "deleted");
+    assert_eq!(t.status.phase, Some(Phase::Released));
+}
+
+#[test]
+fn an_abandoned_attempt_is_reclaimed_only_when_it_is_ours() {
+    let f = facts();
+    let own = reply(
+        Outcome::Found,
+        Some(ours(lease("job", 8, NOW_MS + 9_000), "a1")),
+    );
+    let t = after_abandon_read(&f, &attempt(), own);
+    assert_eq!(
+        t.next,
+        Next::Reclaim(Reclaim {
+            owner: "job".into(),
+            acquisition: "a1".into(),
+            token: 8,
+            then_forget_attempt: true
+        })
+    );
+    let older = reply(
+        Outcome::Found,
+        Some(ours(lease("job", 8, NOW_MS + 9_000), "a0")),
+    );
+    for r in [
+        older,
+        reply(Outcome::Found, Some(lease("cron", 8, NOW_MS + 9_000))),
+        reply(Outcome::NotFound, None),
+    ] {
+        let t = after_abandon_read(&f, &attempt(), r);
+        assert_eq!(t.status.acquisition_id, None);
+        assert_eq!(t.next, Next::PlanAgain);
+    }
+    let t = after_abandon_read(&f, &attempt(), down());
+    assert_eq!(t.status.acquisition_id.as_deref(), Some("a1"));
+}
+
+#[test]
+fn a_reclaim_frees_the_target_or_waits_for_a_lease_it_cannot_release() {
+    let f = facts();
+    let r = Reclaim {
+        owner: "job".into(),
+        acquisition: "a1".into(),
+        token: 8,
+        then_forget_attempt: true,
+    };
+    let t = after_reclaim(&f, &attempt(), &r, reply(Outcome::Released, None));
+    assert_eq!(t.status.acquisition_id, None);
+    assert!(t.wake_waiters);
+    let r = Reclaim {
+        then_forget_attempt: false,
+        ..r
+    };
+    let t = after_reclaim(&f, &attempt(), &r, reply(Outcome::Released, None));
+    assert_eq!(t.status.acquisition_id.as_deref(), Some("a1"));
+    assert_eq!(t.next, Next::PlanAgain);
+    let t = after_reclaim(&f, &attempt(), &r, reply(Outcome::NotOwner, None));
+    assert_eq!(condition(&t.status, HELD).1, "TargetHeld");
+    assert!(matches!(t.next, Next::Requeue(_)));
+}
+
+#[test]
+fn waits_recheck_on_their_own_and_an_invalid_spec_is_an_error() {
+    let f = facts();
+    let t = wait(&f, &attempt(), Reason::Queued, "behind first");
+    assert_eq!(t.status.phase, Some(Phase::Pending));
+    assert_eq!(t.next, Next::Requeue(Duration::from_secs(30)));
+    let t = wait(&f, &attempt(), Reason::InvalidSpec, "bad selector");
+    assert_eq!(t.status.phase, Some(Phase::Error));
+    assert_eq!(t.next, Next::AwaitChange);
+    let checked = spec_checked(&f, &attempt(), &Err("bad selector".into()));
+    assert_eq!(
+        condition(&checked, SPEC_VALID),
+        ("False".into(), "InvalidSpec".into())
+    );
+}
+
+#[test]
+fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
+    let f = facts();
+    let mut lost = held(NOW_MS);
+    lost.phase = Some(Phase::Lost);
+    lost.acquisition_id = None;
+    let t = start_attempt(&f, &lost, "a2".into());
+    assert_eq!(t.status.phase, Some(Phase::Lost));
+    assert_eq!(t.status.acquisition_id.as_deref(), Some("a2"));
+    let t = start_attempt(&f, &TargetLeaseStatus::default(), "a2".into());
+    assert_eq!(t.status.phase, Some(Phase::Pending));
+    assert_eq!(condition(&t.status, HELD).1, "Acquiring");
+
+    let mut legacy = held(NOW_MS + 60_000);
+    legacy.holder_pod_uid = None;
+    let t = idle(&f, &legacy, Some(&pod()));
+    assert_eq!(t.status.holder_pod_uid.as_deref(), Some("u1"));
+    let t = idle(&f, &held(NOW_MS + 60_000), Some(&pod()));
+    assert_eq!(t.status, held(NOW_MS + 60_000));
+}
