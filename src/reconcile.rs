@@ -82,6 +82,8 @@ pub struct Memory {
     /// The newest resourceVersion this process wrote or read; a cached object
     /// with another version is re-read before planning.
     pub known_version: Option<String>,
+    /// The last API call failed (a conflict, a refused patch): re-read first.
+    pub reread: bool,
 }
 
 /// Why a reconcile failed; each is retried with per-object backoff.
@@ -180,12 +182,13 @@ async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Erro
 /// Backoff for failed reconciles: one per-object policy for API and store errors.
 pub fn error_policy(tl: Arc<TargetLease>, err: &Error, ctx: Arc<Context>) -> Action {
     let key = ObjectRef::from_obj(&*tl);
-    if let Error::Kube(e) = err
-        && is_conflict(e)
-    {
-        // Someone else wrote first: re-read and plan again at once.
-        ctx.remember(&key, |m| m.known_version = None);
-        return Action::requeue(Duration::from_millis(50));
+    if let Error::Kube(e) = err {
+        // The cache may not show what the server has: read the object first.
+        ctx.remember(&key, |m| m.reread = true);
+        if is_conflict(e) {
+            // Someone else wrote first: plan again at once from a fresh read.
+            return Action::requeue(Duration::from_millis(50));
+        }
     }
     if matches!(err, Error::NotLeader(_)) {
         return Action::requeue(Duration::from_secs(1));

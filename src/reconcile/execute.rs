@@ -68,6 +68,7 @@ impl Pass<'_> {
                 self.working = self.published();
                 self.flush().await?;
                 self.remove_finalizer().await?;
+                self.forget_published();
                 self.ctx.forget(&self.key);
                 self.wake_waiters();
                 return Ok(Action::await_change());
@@ -331,6 +332,20 @@ impl Pass<'_> {
         self.ctx.leadership.check()?;
         self.ctx.floors.raise(&ns, &target, token, &covered).await?;
         Ok(())
+    }
+
+    /// The floor now covers what this process published for the target.
+    fn forget_published(&self) {
+        let ns = self.tl.namespace().unwrap_or_default();
+        let target = self.tl.spec.target.clone();
+        let floor = self.ctx.floors.get(&ns, &target);
+        let mut published = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
+        if published
+            .get(&(ns.clone(), target.clone()))
+            .is_some_and(|t| *t <= floor)
+        {
+            published.remove(&(ns, target));
+        }
     }
 
     /// An election won a pod another election also selects: say so once, at acquisition.

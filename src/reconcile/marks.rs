@@ -152,6 +152,7 @@ pub async fn mark(
     name: &str,
     m: &Mark,
 ) -> Result<(), kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let k = keys(name);
     let annotations = BTreeMap::from([
         (k.token, m.token.to_string()),
@@ -166,42 +167,58 @@ pub async fn mark(
         metadata["uid"] = uid.clone().into();
     }
     let patch = serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": metadata });
-    apply(client, ns, &m.pod, name, &patch).await
-}
-
-/// Removes every mark of this TargetLease from a pod (applying an empty
-/// document under its field manager); a pod that is already gone is fine.
-pub async fn unmark(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    pod: &str,
-) -> Result<(), kube::Error> {
-    let patch =
-        serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": pod } });
-    apply(client, ns, pod, name, &patch).await
-}
-
-async fn apply(
-    client: &kube::Client,
-    ns: &str,
-    pod: &str,
-    name: &str,
-    patch: &serde_json::Value,
-) -> Result<(), kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     match api
         .patch(
-            pod,
+            &m.pod,
             &PatchParams::apply(&field_manager(name)).force(),
-            &Patch::Apply(patch),
+            &Patch::Apply(&patch),
         )
         .await
     {
         Ok(_) => Ok(()),
         // Gone (404), recreated (409 on the UID precondition), or gone so that
-        // apply would have to create it (422): nothing to mark or unmark.
+        // apply would have to create it (422): nothing to mark.
         Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes every mark of this TargetLease from a pod, whoever wrote it (a
+/// merge patch setting the keys to null), plus the marks of earlier versions
+/// when they name this TargetLease. A pod that is already gone is fine.
+pub async fn unmark(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    pod: &str,
+    cached: Option<&Pod>,
+) -> Result<(), kube::Error> {
+    let k = keys(name);
+    let mut labels = serde_json::Map::new();
+    let mut annotations = serde_json::Map::new();
+    labels.insert(k.leader, serde_json::Value::Null);
+    annotations.insert(k.token, serde_json::Value::Null);
+    annotations.insert(k.expires_at, serde_json::Value::Null);
+    let legacy = cached.and_then(|p| p.annotations().get(LEGACY_LEASE_ANNOTATION).cloned());
+    if legacy.as_deref() == Some(name) {
+        labels.insert("targetlease.dev/leader".into(), serde_json::Value::Null);
+        for legacy in [
+            LEGACY_LEASE_ANNOTATION,
+            "targetlease.dev/holder",
+            "targetlease.dev/fencing-token",
+            "targetlease.dev/expires-at",
+        ] {
+            annotations.insert(legacy.into(), serde_json::Value::Null);
+        }
+    }
+    let patch = serde_json::json!({ "metadata": { "labels": labels, "annotations": annotations } });
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match api
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e),
     }
 }

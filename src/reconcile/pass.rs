@@ -41,8 +41,9 @@ impl<'a> Pass<'a> {
         let ns = cached.namespace().ok_or(Error::NoNamespace)?;
         let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
         let key = ObjectRef::from_obj(cached);
-        let known = ctx.recall(&key).known_version;
-        let tl = if known.is_some() && known != cached.resource_version() {
+        let memory = ctx.recall(&key);
+        let known = memory.known_version;
+        let tl = if memory.reread || (known.is_some() && known != cached.resource_version()) {
             match api.get_opt(&cached.name_any()).await? {
                 Some(fresh) => fresh,
                 None => return Ok(None),
@@ -50,7 +51,10 @@ impl<'a> Pass<'a> {
         } else {
             cached.clone()
         };
-        ctx.remember(&key, |m| m.known_version = tl.resource_version());
+        ctx.remember(&key, |m| {
+            m.known_version = tl.resource_version();
+            m.reread = false;
+        });
         let working = tl.status.clone().unwrap_or_default();
         let spec = spec::validate(&tl);
         Ok(Some(Self {
@@ -193,8 +197,9 @@ impl<'a> Pass<'a> {
             .collect();
         let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
         for pod in &todo.unmark {
+            let cached = in_ns.iter().find(|p| p.name_any() == *pod).copied();
             self.ctx.leadership.check()?;
-            marks::unmark(&self.ctx.client, &ns, &name, pod).await?;
+            marks::unmark(&self.ctx.client, &ns, &name, pod, cached).await?;
         }
         if self.working != published {
             self.write_status().await?;

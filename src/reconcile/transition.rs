@@ -243,12 +243,22 @@ pub fn spec_checked(
     status: &TargetLeaseStatus,
     check: &Result<(), String>,
 ) -> TargetLeaseStatus {
-    let mut d = Draft::new(f, status);
-    match check {
-        Ok(()) => d.condition(SPEC_VALID, Status::True, Reason::Valid, "spec is valid"),
-        Err(message) => d.condition(SPEC_VALID, Status::False, Reason::InvalidSpec, message),
-    }
-    d.t.status
+    // Judged on the spec of this generation, whatever status has applied so far.
+    let mut status = status.clone();
+    let (state, reason, message) = match check {
+        Ok(()) => (Status::True, Reason::Valid, "spec is valid"),
+        Err(message) => (Status::False, Reason::InvalidSpec, message.as_str()),
+    };
+    conditions::upsert(
+        &mut status.conditions,
+        SPEC_VALID,
+        state,
+        reason,
+        message,
+        f.generation,
+        &f.now,
+    );
+    status
 }
 
 /// [`plan::Step::NewAttempt`]: record a fresh acquisition id before acquiring.

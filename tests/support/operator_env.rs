@@ -319,3 +319,138 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
         .unwrap_or_default();
     Some((status, body))
 }
+
+/// Pods stand in for workloads: there is no kubelet, so readiness is set
+/// through the status subresource.
+impl OperatorEnv {
+    pub fn pods(&self) -> Api<k8s_openapi::api::core::v1::Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a pod with these labels and readiness.
+    pub async fn create_pod(&self, name: &str, labels: &[(&str, &str)], ready: bool) {
+        let labels: std::collections::BTreeMap<_, _> = labels.iter().cloned().collect();
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "labels": labels },
+            "spec": { "containers": [{ "name": "app", "image": "registry.example/app:1.0" }] },
+        }))
+        .unwrap();
+        self.pods()
+            .create(&Default::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {name}: {e}"));
+        self.set_ready(name, ready).await;
+    }
+
+    /// Sets the pod's Ready condition.
+    pub async fn set_ready(&self, name: &str, ready: bool) {
+        let status = serde_json::json!({
+            "status": { "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] }
+        });
+        self.pods()
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("set readiness of pod {name}: {e}"));
+    }
+
+    /// Deletes a pod at once (no kubelet would finish a graceful deletion).
+    pub async fn delete_pod(&self, name: &str) {
+        self.pods()
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap_or_else(|e| panic!("delete pod {name}: {e}"));
+    }
+
+    /// The marks TargetLease `tl` put on pod `pod`: (leader label, token, expires-at).
+    pub async fn marks(
+        &self,
+        pod: &str,
+        tl: &str,
+    ) -> (Option<String>, Option<String>, Option<String>) {
+        use kube::ResourceExt;
+        match self.pods().get_opt(pod).await.expect("read pod") {
+            None => (None, None, None),
+            Some(p) => (
+                p.labels()
+                    .get(&format!("{tl}.targetlease.dev/leader"))
+                    .cloned(),
+                p.annotations()
+                    .get(&format!("{tl}.targetlease.dev/fencing-token"))
+                    .cloned(),
+                p.annotations()
+                    .get(&format!("{tl}.targetlease.dev/expires-at"))
+                    .cloned(),
+            ),
+        }
+    }
+
+    /// A store client on the env's Valkey.
+    pub async fn store(&self) -> targetlease::store::valkey::ValkeyStore {
+        targetlease::store::valkey::ValkeyStore::connect(
+            &targetlease::store::valkey::ValkeyConfig {
+                url: self.valkey.url(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("connect to the test valkey")
+    }
+
+    /// The lease id key the env's operators derive lease ids with.
+    pub fn lease_id_key(&self) -> targetlease::lease_id::LeaseIdKey {
+        let text = std::fs::read_to_string(self.key_file()).unwrap();
+        targetlease::lease_id::LeaseIdKey::new(text.trim_end().as_bytes()).unwrap()
+    }
+
+    /// Stops (SIGSTOP) or resumes (SIGCONT) operator `i`.
+    pub fn pause_operator(&self, i: usize, paused: bool) {
+        let pid = self.operators[i].id().to_string();
+        let sig = if paused { "-STOP" } else { "-CONT" };
+        let _ = Command::new("kill").args([sig, &pid]).status();
+    }
+}
+
+/// Every version of every TargetLease in a namespace, as a watch delivered it.
+pub struct History {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, TargetLease)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl History {
+    pub fn record(env: &OperatorEnv) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let api = env.api();
+        let sink = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = events.next().await {
+                if let Ok(watcher::Event::Apply(tl) | watcher::Event::InitApply(tl)) = ev {
+                    sink.lock().unwrap().push((std::time::Instant::now(), tl));
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// The versions of `name`, in the order the watch delivered them.
+    pub fn of(&self, name: &str) -> Vec<TargetLease> {
+        use kube::ResourceExt;
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, tl)| tl.name_any() == name)
+            .map(|(_, tl)| tl.clone())
+            .collect()
+    }
+}
+
+impl Drop for History {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
