@@ -98,7 +98,7 @@ fn expected_role_rules(floor: &str, election_lease: Option<&str>) -> Value {
         );
         rules.push(
             json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                           "resourceNames": [lease], "verbs": ["get", "patch"] }),
+                           "resourceNames": [lease], "verbs": ["get", "update"] }),
         );
     }
     Value::Array(rules)
