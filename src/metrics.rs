@@ -67,7 +67,7 @@ impl OperatorMetrics {
         );
         registry.register(
             "targetlease_leases",
-            "TargetLeases by status phase (as last observed by the leader)",
+            "TargetLeases by status phase, as the leader sees them (0 on replicas that do not lead)",
             self.leases.clone(),
         );
         registry.register(

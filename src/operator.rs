@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::admin::RuntimeStatus;
 use crate::crd::TargetLease;
+use crate::election::{Elector, Timings};
 use crate::floor::FloorStore;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
@@ -226,70 +227,92 @@ pub async fn run(
 
 /// Leader election among operator replicas, on a `coordination.k8s.io` Lease.
 pub struct Election {
+    /// Client for the Lease. Without the write gate: the elector's own writes
+    /// are what open it.
+    pub client: kube::Client,
     /// Namespace of the Lease (the operator's own).
     pub namespace: String,
     /// Name of the Lease.
     pub lease_name: String,
-    /// Seconds a leader holds the Lease without renewing it.
-    pub duration_secs: u64,
-    /// Seconds before expiry at which the leader renews.
-    pub grace_secs: u64,
+    /// Lease duration, renew deadline and retry period.
+    pub timings: Timings,
 }
 
-/// Runs the controller only while this replica leads, until `shutdown` resolves;
-/// then stops reconciling and gives the Lease up so another replica takes over
+/// Runs the controller only while this replica leads, until `shutdown` resolves.
+///
+/// The controller starts when this replica takes the Lease and stops when it
+/// cannot prove it still holds it (the gate has closed by then); the replica
+/// then stands by again in the same process. On shutdown the gate closes, the
+/// controller stops, and the Lease is given up so another replica takes over
 /// at once. Workload leases are never released on shutdown: the next leader
 /// re-adopts them (same tokens).
 pub async fn run_elected(
     cfg: OperatorConfig,
     election: Election,
     mut release_events: impl FnMut() -> BoxStream<'static, Target>,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), kube_lease_manager::LeaseManagerError> {
-    let manager =
-        kube_lease_manager::LeaseManagerBuilder::new(cfg.client.clone(), &election.lease_name)
-            .with_namespace(&election.namespace)
-            .with_identity(&cfg.instance)
-            .with_duration(election.duration_secs)
-            .with_grace(election.grace_secs)
-            .build()
-            .await?;
-    let (mut leading, handle) = manager.watch().await;
-    let mut shutdown_rx = shutdown.clone();
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let timings = election.timings;
+    let mut elector = Elector::new(
+        election.client,
+        &election.namespace,
+        &election.lease_name,
+        &cfg.instance,
+        timings,
+    );
+    tracing::info!(identity = %elector.identity(), lease = %election.lease_name, "joining the leader election");
     loop {
-        if *shutdown_rx.borrow() {
-            break;
+        let valid_until = tokio::select! {
+            until = elector.acquire(&cfg.leadership) => until,
+            _ = shutdown.wait_for(|s| *s) => break,
+        };
+        tracing::info!(identity = %elector.identity(), "became the operator leader");
+        cfg.runtime.leading.store(true, Ordering::SeqCst);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let controller = run(&cfg, release_events(), async move {
+            let _ = stop_rx.await;
+        });
+        tokio::pin!(controller);
+        let mut shutting_down = false;
+        tokio::select! {
+            // Ends with the gate closed, at the latest at the renew deadline.
+            _ = elector.keep_leading(&cfg.leadership, valid_until) => {},
+            _ = shutdown.wait_for(|s| *s) => shutting_down = true,
+            _ = &mut controller => tracing::error!("the controller stopped by itself"),
         }
-        if *leading.borrow_and_update() {
-            tracing::info!(instance = %cfg.instance, "became the operator leader");
-            cfg.runtime.leading.store(true, Ordering::SeqCst);
-            // TODO(election): extend per renewal instead of opening indefinitely.
-            cfg.leadership
-                .lead_until(std::time::Instant::now() + Duration::from_secs(365 * 24 * 3600));
-            let mut lost = leading.clone();
-            let mut stop_on_shutdown = shutdown.clone();
-            let stop = async move {
-                tokio::select! {
-                    _ = lost.wait_for(|l| !*l) => {},
-                    _ = stop_on_shutdown.wait_for(|s| *s) => {},
-                }
-            };
-            run(&cfg, release_events(), stop).await;
-            cfg.leadership.step_down();
+        cfg.leadership.step_down();
+        let _ = stop_tx.send(());
+        // In-flight reconciles finish (their writes refused by the gate)
+        // before the Lease can be given up.
+        let stopped = tokio::time::timeout(timings.renew_deadline, &mut controller)
+            .await
+            .is_ok();
+        if shutting_down {
             cfg.runtime.leading.store(false, Ordering::SeqCst);
-            tracing::info!(instance = %cfg.instance, "stopped leading");
-        } else {
-            tokio::select! {
-                changed = leading.changed() => if changed.is_err() { break },
-                _ = shutdown_rx.wait_for(|s| *s) => break,
+            if stopped {
+                give_up(&mut elector, timings).await;
+            } else {
+                tracing::warn!("the controller did not stop in time; the Lease is left to expire");
             }
+            return;
         }
+        if !stopped {
+            tracing::warn!("waiting for the controller's in-flight requests to end");
+            controller.await;
+        }
+        cfg.runtime.leading.store(false, Ordering::SeqCst);
+        tracing::info!(identity = %elector.identity(), "stopped leading; standing by");
     }
-    // Dropping the receiver makes the manager release the Lease.
-    drop(leading);
-    match handle.await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Ok(()),
+    give_up(&mut elector, timings).await;
+}
+
+/// Clears the holder of the Lease (if still ours), bounded in time: a replica
+/// that cannot reach the API server leaves it to expire.
+async fn give_up(elector: &mut Elector, timings: Timings) {
+    match tokio::time::timeout(timings.renew_deadline, elector.release()).await {
+        Ok(Ok(true)) => tracing::info!("gave the leader election Lease up"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not give the leader election Lease up"),
+        Err(_) => tracing::warn!("giving the leader election Lease up timed out"),
     }
 }
