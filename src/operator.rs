@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -82,7 +82,8 @@ pub async fn run(
         watcher(
             api::<Pod>(&client, &cfg.watch_namespace),
             watcher::Config::default(),
-        ),
+        )
+        .modify(slim_pod),
     )
     .default_backoff()
     .touched_objects();
@@ -98,11 +99,18 @@ pub async fn run(
     .for_each(|_| futures::future::ready(()));
     let floor_task = tokio::spawn(floor_stream);
 
-    let controller = Controller::new(
-        api::<TargetLease>(&client, &cfg.watch_namespace),
-        watcher::Config::default(),
-    );
-    let leases = controller.store();
+    let (leases, lease_writer) = reflector::store::<TargetLease>();
+    let lease_stream = reflector::reflector(
+        lease_writer,
+        watcher(
+            api::<TargetLease>(&client, &cfg.watch_namespace),
+            watcher::Config::default(),
+        )
+        .modify(|tl: &mut TargetLease| tl.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::for_stream(lease_stream, leases.clone());
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = Some(leases.clone());
     }
@@ -223,6 +231,27 @@ pub async fn run(
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = None;
     }
+}
+
+/// Keeps only what the planner reads of a pod (identity, labels, our
+/// annotations, creation and deletion times, the Ready condition), so the
+/// cache stays small with thousands of unrelated pods.
+fn slim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.generate_name = None;
+    meta.finalizers = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k.contains("targetlease.dev/"));
+    }
+    pod.spec = None;
+    pod.status = pod.status.take().map(|status| PodStatus {
+        conditions: status
+            .conditions
+            .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
+        ..PodStatus::default()
+    });
 }
 
 /// Leader election among operator replicas, on a `coordination.k8s.io` Lease.
