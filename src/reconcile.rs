@@ -84,6 +84,8 @@ pub struct Memory {
     pub known_version: Option<String>,
     /// The last API call failed (a conflict, a refused patch): re-read first.
     pub reread: bool,
+    /// The implicit first attempt was used up (its lease ended or was never ours).
+    pub implicit_spent: bool,
 }
 
 /// Why a reconcile failed; each is retried with per-object backoff.

@@ -38,6 +38,7 @@ impl Pass<'_> {
                 queued_behind: self.queued_behind(),
                 renew_due: self.renew_due(),
                 rotation_due: self.rotation_due(),
+                attempt: self.attempt().is_some(),
             };
             let step = plan::plan(&observed);
             let t = self.run(step, &desired).await?;
@@ -62,7 +63,7 @@ impl Pass<'_> {
         }
         self.raise_floor().await?;
         for _ in 0..MAX_STEPS {
-            let step = plan::plan_cleanup(&self.working);
+            let step = plan::plan_cleanup(&self.working, self.attempt().is_some());
             if step == Step::Finalize {
                 // Nothing left to publish but the marks' removal (status goes with the object).
                 self.working = self.published();
@@ -113,13 +114,21 @@ impl Pass<'_> {
                 transition::start_attempt(&f, &self.working, crate::store::new_request_id())
             }
             Step::Acquire { owner } => {
-                self.flush().await?;
+                // A recorded attempt is published before the store sees it (the
+                // implicit first one needs nothing: it derives from the UID).
+                if self.working.acquisition_id.is_some()
+                    && self.published().acquisition_id != self.working.acquisition_id
+                {
+                    self.flush().await?;
+                }
                 let pod = match desired {
                     Desired::Holder { pod, .. } => pod.clone(),
                     Desired::Nobody { .. } => None,
                 };
-                let reply = self.acquire(owner).await?;
-                let mut t = transition::after_acquire(&f, &self.working, pod.as_ref(), reply);
+                let attempt = self.attempt().unwrap_or_default();
+                let reply = self.acquire(owner, &attempt).await?;
+                let mut t =
+                    transition::after_acquire(&f, &self.working, &attempt, pod.as_ref(), reply);
                 self.flag_overlap(&mut t);
                 t
             }
@@ -162,7 +171,13 @@ impl Pass<'_> {
                 self.ctx.leadership.check()?;
                 let reply = self.ctx.store.get(&self.target()).await;
                 self.saw(&reply);
-                transition::after_abandon_read(&self.facts(), &self.working, reply)
+                let attempt = self.attempt();
+                transition::after_abandon_read(
+                    &self.facts(),
+                    &self.working,
+                    attempt.as_deref(),
+                    reply,
+                )
             }
             Step::Wait { reason, message } => transition::wait(&f, &self.working, reason, &message),
             Step::Finalize => transition::idle(&f, &self.working, None),
@@ -183,10 +198,12 @@ impl Pass<'_> {
         }
     }
 
-    async fn acquire(&mut self, owner: String) -> Result<Result<Reply, StoreError>, Error> {
-        let Some(attempt) = self.working.acquisition_id.clone() else {
-            return Ok(Err(StoreError::Invalid("no acquisition recorded".into())));
-        };
+    async fn acquire(
+        &mut self,
+        owner: String,
+        attempt: &str,
+    ) -> Result<Result<Reply, StoreError>, Error> {
+        let attempt = attempt.to_owned();
         let Ok(valid) = &self.spec else {
             return Ok(Err(StoreError::Invalid("invalid spec".into())));
         };

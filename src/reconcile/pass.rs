@@ -168,6 +168,9 @@ impl<'a> Pass<'a> {
             }),
             Remembered::Forget => self.ctx.remember(&self.key, |m| m.confirmed = None),
         }
+        if t.forget_attempt {
+            self.ctx.remember(&self.key, |m| m.implicit_spent = true);
+        }
         match t.store_answered {
             Some(true) => self.ctx.remember(&self.key, |m| m.failures = 0),
             Some(false) => self.ctx.remember(&self.key, |m| {
@@ -306,6 +309,22 @@ impl<'a> Pass<'a> {
             Next::AwaitChange => Action::await_change(),
             Next::PlanAgain | Next::Reclaim(_) => Action::requeue(Duration::ZERO),
         }
+    }
+
+    /// The acquisition in effect: recorded in status, or — for a resource that
+    /// never published a token — the implicit first one, derived from its UID
+    /// (stable across crashes, so the acquire needs no status write first).
+    pub(super) fn attempt(&self) -> Option<String> {
+        let w = &self.working;
+        if w.acquisition_id.is_some() {
+            return w.acquisition_id.clone();
+        }
+        let fresh = w.fencing_token.is_none()
+            && w.releasing_acquisition_id.is_none()
+            && !self.ctx.recall(&self.key).implicit_spent;
+        fresh
+            .then(|| self.tl.uid().map(|uid| format!("first-{uid}")))
+            .flatten()
     }
 
     /// The store confirmed the lease within the renew interval (of this process).

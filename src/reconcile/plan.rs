@@ -52,6 +52,10 @@ pub struct Observed<'a> {
     pub renew_due: bool,
     /// The lease is close enough to its `maxLifetime` that it must be replaced.
     pub rotation_due: bool,
+    /// An acquisition attempt is in effect: recorded in status, or the implicit
+    /// first attempt of a resource that never published a token (its id
+    /// derives from the resource's UID, so it needs no write before the acquire).
+    pub attempt: bool,
 }
 
 /// The next thing to do.
@@ -145,7 +149,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
             },
         };
     }
-    let attempt = st.acquisition_id.is_some();
+    let attempt = o.attempt;
     match &o.desired {
         Desired::Nobody { .. } if attempt => Step::Abandon,
         Desired::Nobody { reason, message } => Step::Wait {
@@ -169,7 +173,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
 
 /// Decides the next step of a resource being deleted: give everything back,
 /// then let the finalizer go.
-pub fn plan_cleanup(status: &TargetLeaseStatus) -> Step {
+pub fn plan_cleanup(status: &TargetLeaseStatus, attempt: bool) -> Step {
     if status.releasing_acquisition_id.is_some() {
         Step::FinishRelease
     } else if holds_lease(status) {
@@ -177,7 +181,7 @@ pub fn plan_cleanup(status: &TargetLeaseStatus) -> Step {
             reason: Reason::Released,
             message: "the TargetLease is being deleted".into(),
         }
-    } else if status.acquisition_id.is_some() {
+    } else if attempt {
         Step::Abandon
     } else {
         Step::Finalize

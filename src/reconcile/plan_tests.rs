@@ -43,6 +43,7 @@ fn observed(status: &TargetLeaseStatus, desired: Desired) -> Observed<'_> {
         queued_behind: None,
         renew_due: false,
         rotation_due: false,
+        attempt: status.acquisition_id.is_some(),
     }
 }
 
@@ -50,6 +51,15 @@ fn observed(status: &TargetLeaseStatus, desired: Desired) -> Observed<'_> {
 fn a_new_resource_records_an_attempt_before_acquiring() {
     let st = TargetLeaseStatus::default();
     assert_eq!(plan(&observed(&st, holder("job"))), Step::NewAttempt);
+    // The implicit first attempt (derived from the UID) needs no write first.
+    let mut o = observed(&st, holder("job"));
+    o.attempt = true;
+    assert_eq!(
+        plan(&o),
+        Step::Acquire {
+            owner: "job".into()
+        }
+    );
     let st = TargetLeaseStatus {
         acquisition_id: Some("a1".into()),
         ..Default::default()
@@ -147,7 +157,7 @@ fn a_release_in_progress_is_finished_before_anything_else() {
     st.phase = Some(Phase::Pending);
     st.releasing_acquisition_id = Some("a0".into());
     assert_eq!(plan(&observed(&st, holder("job"))), Step::FinishRelease);
-    assert_eq!(plan_cleanup(&st), Step::FinishRelease);
+    assert_eq!(plan_cleanup(&st, false), Step::FinishRelease);
 }
 
 #[test]
@@ -193,7 +203,7 @@ fn lost_leases_start_over() {
 #[test]
 fn cleanup_releases_then_abandons_then_finalizes() {
     assert!(matches!(
-        plan_cleanup(&held("job")),
+        plan_cleanup(&held("job"), true),
         Step::Release {
             reason: Reason::Released,
             ..
@@ -203,8 +213,11 @@ fn cleanup_releases_then_abandons_then_finalizes() {
         acquisition_id: Some("a1".into()),
         ..Default::default()
     };
-    assert_eq!(plan_cleanup(&attempt), Step::Abandon);
-    assert_eq!(plan_cleanup(&TargetLeaseStatus::default()), Step::Finalize);
+    assert_eq!(plan_cleanup(&attempt, true), Step::Abandon);
+    assert_eq!(
+        plan_cleanup(&TargetLeaseStatus::default(), false),
+        Step::Finalize
+    );
 }
 
 #[test]

@@ -112,6 +112,8 @@ pub struct Transition {
     pub memory: Memory,
     /// Whether the store answered (resets the backoff) or failed (extends it).
     pub store_answered: Option<bool>,
+    /// The attempt in effect is over (recorded or implicit): the next one needs a new id.
+    pub forget_attempt: bool,
 }
 
 struct Draft<'f> {
@@ -130,6 +132,7 @@ impl<'f> Draft<'f> {
                 wake_waiters: false,
                 memory: Memory::Keep,
                 store_answered: None,
+                forget_attempt: false,
             },
         }
     }
@@ -283,10 +286,11 @@ pub fn own_acquisition(lease: &Lease, me: &str) -> Option<String> {
         .flatten()
 }
 
-/// After [`plan::Step::Acquire`].
+/// After [`plan::Step::Acquire`] under acquisition `attempt`.
 pub fn after_acquire(
     f: &Facts,
     status: &TargetLeaseStatus,
+    attempt: &str,
     pod: Option<&PodRef>,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
@@ -298,6 +302,7 @@ pub fn after_acquire(
     d.store_ok();
     match (reply.outcome, reply.lease) {
         (Outcome::Acquired, Some(lease)) => {
+            d.t.status.acquisition_id = Some(attempt.to_owned());
             d.held(&lease, pod);
             d.applied();
             d.note(
@@ -337,6 +342,7 @@ pub fn after_acquire(
             // That attempt's lease is over (or the spec changed under it): a new
             // attempt follows; a live lease of the old one is reclaimed by it.
             d.t.status.acquisition_id = None;
+            d.t.forget_attempt = true;
             d.done(Next::PlanAgain)
         }
         (Outcome::CorruptState, _) => d.corrupt(&reply.message),
@@ -364,6 +370,7 @@ pub fn after_reclaim(
             }
             if reclaim.then_forget_attempt {
                 d.t.status.acquisition_id = None;
+                d.t.forget_attempt = true;
             } else if reply.outcome != Outcome::Released {
                 // Not ours after all (e.g. the lease id key changed): wait for it.
                 d.not_held(
@@ -380,11 +387,12 @@ pub fn after_reclaim(
     }
 }
 
-/// After [`plan::Step::Abandon`] read the target: reclaim the recorded
-/// attempt's lease if it is live, else forget the attempt.
+/// After [`plan::Step::Abandon`] read the target: reclaim the lease of
+/// `attempt` if it is live, else forget the attempt.
 pub fn after_abandon_read(
     f: &Facts,
     status: &TargetLeaseStatus,
+    attempt: Option<&str>,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
     let mut d = Draft::new(f, status);
@@ -393,7 +401,7 @@ pub fn after_abandon_read(
         Err(e) => return store_error(d, &e),
     };
     d.store_ok();
-    let attempt = status.acquisition_id.clone();
+    let attempt = attempt.map(str::to_owned);
     match (reply.outcome, reply.lease) {
         (Outcome::Found, Some(lease))
             if attempt.is_some() && own_acquisition(&lease, &f.me) == attempt =>
@@ -408,6 +416,7 @@ pub fn after_abandon_read(
         // Nothing of that attempt is live (a corrupt record is reported by the next acquire).
         (Outcome::Found | Outcome::NotFound | Outcome::CorruptState, _) => {
             d.t.status.acquisition_id = None;
+            d.t.forget_attempt = true;
             d.done(Next::PlanAgain)
         }
         (other, _) => unexpected(d, "get", other),

@@ -90,6 +90,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         Some(&pod()),
         reply(Outcome::Acquired, Some(lease("job", 7, NOW_MS + 90_000))),
     );
@@ -109,6 +110,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         None,
         reply(Outcome::Held, Some(lease("cron", 3, NOW_MS + 10_000))),
     );
@@ -121,6 +123,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         None,
         reply(
             Outcome::Held,
@@ -139,12 +142,18 @@ fn acquire_outcomes() {
     assert_eq!(t.status.phase, Some(Phase::Pending));
 
     for outcome in [Outcome::Expired, Outcome::IdempotencyConflict] {
-        let t = after_acquire(&f, &attempt(), None, reply(outcome, None));
+        let t = after_acquire(&f, &attempt(), "a1", None, reply(outcome, None));
         assert_eq!(t.status.acquisition_id, None);
         assert_eq!(t.next, Next::PlanAgain);
     }
 
-    let t = after_acquire(&f, &attempt(), None, reply(Outcome::CorruptState, None));
+    let t = after_acquire(
+        &f,
+        &attempt(),
+        "a1",
+        None,
+        reply(Outcome::CorruptState, None),
+    );
     assert_eq!(t.status.phase, Some(Phase::Error));
     assert_eq!(
         condition(&t.status, HELD),
@@ -155,6 +164,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         None,
         Err(StoreError::Invalid("target is 300 bytes".into())),
     );
@@ -173,7 +183,7 @@ fn store_failures_flag_the_backend_once_per_outage_and_keep_the_attempt() {
         StoreError::BackendUnavailable("x".into()),
         StoreError::OutcomeUnknown("y".into()),
     ] {
-        let t = after_acquire(&f, &attempt(), None, Err(err));
+        let t = after_acquire(&f, &attempt(), "a1", None, Err(err));
         assert_eq!(
             t.status.acquisition_id.as_deref(),
             Some("a1"),
@@ -183,7 +193,7 @@ fn store_failures_flag_the_backend_once_per_outage_and_keep_the_attempt() {
         assert_eq!(t.notes.len(), 1);
         assert_eq!(t.store_answered, Some(false));
         assert_eq!(t.next, Next::Backoff { not_after: None });
-        let again = after_acquire(&f, &t.status, None, down());
+        let again = after_acquire(&f, &t.status, "a1", None, down());
         assert!(again.notes.is_empty(), "one Event per outage");
     }
 }
@@ -299,7 +309,7 @@ fn an_abandoned_attempt_is_reclaimed_only_when_it_is_ours() {
         Outcome::Found,
         Some(ours(lease("job", 8, NOW_MS + 9_000), "a1")),
     );
-    let t = after_abandon_read(&f, &attempt(), own);
+    let t = after_abandon_read(&f, &attempt(), Some("a1"), own);
     assert_eq!(
         t.next,
         Next::Reclaim(Reclaim {
@@ -318,11 +328,11 @@ fn an_abandoned_attempt_is_reclaimed_only_when_it_is_ours() {
         reply(Outcome::Found, Some(lease("cron", 8, NOW_MS + 9_000))),
         reply(Outcome::NotFound, None),
     ] {
-        let t = after_abandon_read(&f, &attempt(), r);
+        let t = after_abandon_read(&f, &attempt(), Some("a1"), r);
         assert_eq!(t.status.acquisition_id, None);
         assert_eq!(t.next, Next::PlanAgain);
     }
-    let t = after_abandon_read(&f, &attempt(), down());
+    let t = after_abandon_read(&f, &attempt(), Some("a1"), down());
     assert_eq!(t.status.acquisition_id.as_deref(), Some("a1"));
 }
 
