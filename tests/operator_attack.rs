@@ -735,6 +735,104 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
     );
 }
 
+/// Promise (docs/operator.md, `holderPod`/`holderPodUID`): "the pod the lease
+/// is tied to ... A pod recreated under the same name ... is a new holder: the
+/// old lease is given back and a new one, with a larger token, is acquired".
+///
+/// Scenario: a lease held for the plain identity "worker" (token 1, published
+/// in status: a process outside Kubernetes may be acting with it). The spec is
+/// edited to tie it to pod "worker". The operator renews, then its `Idle` step
+/// adopts the pod into the existing lease (`transition::idle` fills in
+/// holderPod/holderPodUID when no UID is recorded, meant for statuses written
+/// before UIDs existed) and marks the pod leader with token 1: a new holder
+/// inherits a token that was already handed to someone else.
+#[tokio::test]
+async fn a_holder_newly_tied_to_a_pod_gets_a_new_token() {
+    let env = OperatorEnv::start("tie").await;
+    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create(
+        "job",
+        json!({ "target": "t", "holder": { "identity": "worker" },
+                "leaseDuration": "6s", "renewInterval": "2s" }),
+    )
+    .await;
+    let untied = env.wait_phase("job", Phase::Held, SOON).await;
+    assert_eq!(summary(&untied).2, Some(1));
+    env.api()
+        .patch(
+            "job",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "holder": { "identity": "worker", "podName": "worker" } } })),
+        )
+        .await
+        .unwrap();
+    let tied = env
+        .wait_for("job", "tied to pod worker", SOON, |tl| {
+            tl.status
+                .as_ref()
+                .is_some_and(|s| s.phase == Some(Phase::Held) && s.holder_pod.is_some())
+        })
+        .await;
+    let marks = eventually("worker marked", SOON, || async {
+        let m = env.marks("worker", "job").await;
+        m.1.clone().map(|_| m)
+    })
+    .await;
+    assert!(
+        summary(&tied).2 > Some(1),
+        "the lease published for the untied identity (token 1) now also marks pod worker: {} | marks {marks:?}",
+        status_line(&tied)
+    );
+}
+
+/// Promise: only the pod the lease is tied to carries its marks ("The
+/// `holder.podName` pod is marked the same way as an elected pod").
+///
+/// Scenario: a pod-tied lease (podName "w"); the spec is edited to drop
+/// podName (the lease is no longer tied to any pod). Nothing clears
+/// holderPod: the plan's UID check needs a desired pod, `idle` only fills
+/// holderPod in, so the pod keeps the leader label and token annotation and
+/// status keeps naming it, even once the pod is NotReady.
+#[tokio::test]
+async fn a_holder_no_longer_tied_to_a_pod_stops_marking_it() {
+    let env = OperatorEnv::start("untie").await;
+    env.create_pod("w", &[("app", "w")], true).await;
+    env.create(
+        "job",
+        json!({ "target": "t", "holder": { "identity": "w", "podName": "w" },
+                "leaseDuration": "6s", "renewInterval": "2s" }),
+    )
+    .await;
+    env.wait_phase("job", Phase::Held, SOON).await;
+    eventually("w marked", SOON, || async {
+        env.marks("w", "job").await.0.map(|_| ())
+    })
+    .await;
+    env.api()
+        .patch(
+            "job",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "holder": { "identity": "w", "podName": null } } })),
+        )
+        .await
+        .unwrap();
+    env.wait_for("job", "observedGeneration 2", SOON, |tl| {
+        tl.status.as_ref().and_then(|s| s.observed_generation) == Some(2)
+    })
+    .await;
+    env.set_ready("w", false).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let tl = env.api().get("job").await.unwrap();
+    let marks = env.marks("w", "job").await;
+    assert!(
+        marks == (None, None, None) && tl.status.clone().unwrap().holder_pod.is_none(),
+        "spec no longer ties the lease to pod w (and w is NotReady), yet status names holderPod {:?} \
+         and w carries {marks:?}; {}",
+        tl.status.unwrap().holder_pod,
+        status_line(&env.api().get("job").await.unwrap())
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Wake-ups
 // ---------------------------------------------------------------------------
