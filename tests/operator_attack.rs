@@ -336,8 +336,8 @@ async fn a_shorter_duration_whose_renewal_reply_is_lost_never_leaves_a_later_exp
     let o = outside.lease.unwrap();
     let st = tl.status.clone().unwrap_or_default();
     let published = ms(&st.expires_at);
-    let lie = st.phase == Some(Phase::Held)
-        && published.is_some_and(|p| p > o.acquired_at_ms as i64);
+    let lie =
+        st.phase == Some(Phase::Held) && published.is_some_and(|p| p > o.acquired_at_ms as i64);
     assert!(
         !lie && label.0.is_none(),
         "an outside holder got token {} at {} (Valkey time), but the operator still publishes {} \
@@ -436,7 +436,8 @@ async fn held_is_withdrawn_when_the_published_expiry_passes_during_a_partition()
 #[tokio::test]
 async fn a_shorter_duration_never_leaves_the_pod_annotation_later_than_status() {
     let env = OperatorEnv::start("shrinkorder").await;
-    env.create_pod("web-0", &[("app", "shrinkorder")], true).await;
+    env.create_pod("web-0", &[("app", "shrinkorder")], true)
+        .await;
     let timeline = Timeline::record(&env.client, &env.ns);
     env.create(
         "web",
@@ -497,7 +498,10 @@ async fn the_expires_at_annotation_is_the_same_lower_bound_as_status() {
     for e in timeline.entries() {
         match e.change {
             support::timeline::Change::Lease(_, Some(tl)) => {
-                let x = tl.status.and_then(|s| s.expires_at).map(|t| t.0.to_string());
+                let x = tl
+                    .status
+                    .and_then(|s| s.expires_at)
+                    .map(|t| t.0.to_string());
                 if x != status_expiry && status_expiry.is_some() {
                     status_changes += 1;
                 }
@@ -575,8 +579,10 @@ async fn marks_and_tokens_hold_at_every_revision_through_churn_and_crashes() {
     .await;
     env.create(
         "el2",
-        with(json!({ "target": "el2", "candidates": { "podSelector": { "matchExpressions": [
-            { "key": "app", "operator": "In", "values": ["ch", "solo"] } ] } } })),
+        with(
+            json!({ "target": "el2", "candidates": { "podSelector": { "matchExpressions": [
+            { "key": "app", "operator": "In", "values": ["ch", "solo"] } ] } } }),
+        ),
     )
     .await;
     env.create(
@@ -606,7 +612,12 @@ async fn marks_and_tokens_hold_at_every_revision_through_churn_and_crashes() {
                 if let Some(leader) = summary(&tl).1 {
                     env.delete_pod(&leader).await;
                     let _ = eventually("pod gone", SOON, || async {
-                        env.pods().get_opt(&leader).await.ok()?.is_none().then_some(())
+                        env.pods()
+                            .get_opt(&leader)
+                            .await
+                            .ok()?
+                            .is_none()
+                            .then_some(())
                     })
                     .await;
                     env.create_pod(&leader, &[("app", "ch")], true).await;
@@ -698,14 +709,19 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
     )
     .await;
     let recorded = env
-        .wait_for("job", "an attempt recorded while Valkey is cut off", SOON, |tl| {
-            tl.status.as_ref().is_some_and(|s| {
-                s.acquisition_id.is_some()
-                    && s.conditions
-                        .iter()
-                        .any(|c| c.type_ == "BackendAvailable" && c.status == "False")
-            })
-        })
+        .wait_for(
+            "job",
+            "an attempt recorded while Valkey is cut off",
+            SOON,
+            |tl| {
+                tl.status.as_ref().is_some_and(|s| {
+                    s.acquisition_id.is_some()
+                        && s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "BackendAvailable" && c.status == "False")
+                })
+            },
+        )
         .await;
     let x = recorded.status.unwrap().acquisition_id.unwrap();
     // The earlier attempt W's lease, as an acquire whose reply was lost left it.
@@ -717,11 +733,17 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
     meta.insert("targetlease".into(), format!("{}/job", env.ns).into());
     meta.insert("acquisition".into(), "attempt-w".into());
     req.metadata = Some(meta);
-    assert_eq!(store.acquire(&req).await.unwrap().outcome, Outcome::Acquired);
+    assert_eq!(
+        store.acquire(&req).await.unwrap().outcome,
+        Outcome::Acquired
+    );
 
     env.delete("job").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(env.api().get_opt("job").await.unwrap().is_some(), "kept by the finalizer");
+    assert!(
+        env.api().get_opt("job").await.unwrap().is_some(),
+        "kept by the finalizer"
+    );
     proxy.reset_connections();
     proxy.set_mode(support::tcp_proxy::PASS);
     env.wait_gone("job", Duration::from_secs(40)).await;
@@ -730,7 +752,8 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
         left.lease.is_none(),
         "TargetLease job (attempt {x}) is gone, but its own lease from attempt W is still in \
          Valkey, blocking the target for its whole leaseDuration: {:?}\nlog tail:\n{}",
-        left.lease.map(|l| (l.owner, l.fencing_token, l.expires_at_ms, l.metadata)),
+        left.lease
+            .map(|l| (l.owner, l.fencing_token, l.expires_at_ms, l.metadata)),
         tail(&op.log(), 12)
     );
 }
@@ -762,7 +785,9 @@ async fn a_holder_newly_tied_to_a_pod_gets_a_new_token() {
         .patch(
             "job",
             &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "holder": { "identity": "worker", "podName": "worker" } } })),
+            &Patch::Merge(
+                json!({ "spec": { "holder": { "identity": "worker", "podName": "worker" } } }),
+            ),
         )
         .await
         .unwrap();
@@ -853,9 +878,11 @@ async fn release_notifications_resume_after_the_subscriber_could_not_connect() {
     let dir = tempfile::tempdir().unwrap();
     proxy.refuse_after(1);
     let op = Op::start(&env, &proxy.url(), dir.path(), "op");
-    eventually("the subscriber gave up", Duration::from_secs(30), || async {
-        op.log().contains("no release notifications").then_some(())
-    })
+    eventually(
+        "the subscriber gave up",
+        Duration::from_secs(30),
+        || async { op.log().contains("no release notifications").then_some(()) },
+    )
     .await;
     proxy.refuse_new(false);
     // Valkey is reachable again for everyone from here on.
@@ -870,11 +897,8 @@ async fn release_notifications_resume_after_the_subscriber_could_not_connect() {
         .await
         .unwrap();
     assert_eq!(outside.outcome, Outcome::Acquired);
-    env.create(
-        "q",
-        json!({ "target": "q", "holder": { "identity": "q" } }),
-    )
-    .await;
+    env.create("q", json!({ "target": "q", "holder": { "identity": "q" } }))
+        .await;
     env.wait_reason("q", "TargetHeld", SOON).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let holder = outside.lease.unwrap().holder().unwrap();
@@ -951,8 +975,14 @@ async fn the_next_waiter_is_woken_whenever_the_head_leaves_the_queue() {
     // b's pod is Ready again: no preemption, c keeps the target.
     env.set_ready("b-pod", true).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(summary(&env.api().get("c").await.unwrap()).0, Some(Phase::Held));
-    assert_ne!(summary(&env.api().get("b").await.unwrap()).0, Some(Phase::Held));
+    assert_eq!(
+        summary(&env.api().get("c").await.unwrap()).0,
+        Some(Phase::Held)
+    );
+    assert_ne!(
+        summary(&env.api().get("b").await.unwrap()).0,
+        Some(Phase::Held)
+    );
     // c is deleted: b (older, Ready again) is next, d stays queued.
     env.delete("c").await;
     env.wait_phase("b", Phase::Held, quick).await;
@@ -980,11 +1010,15 @@ async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
     env.create_pod("y-pod", &[("app", "y")], false).await;
     let timing = json!({ "leaseDuration": "60s", "renewInterval": "20s" });
     let mut y = json!({ "target": "t", "holder": { "identity": "y", "podName": "y-pod" } });
-    y.as_object_mut().unwrap().extend(timing.as_object().unwrap().clone());
+    y.as_object_mut()
+        .unwrap()
+        .extend(timing.as_object().unwrap().clone());
     env.create("y", y).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut x = json!({ "target": "t", "holder": { "identity": "x" } });
-    x.as_object_mut().unwrap().extend(timing.as_object().unwrap().clone());
+    x.as_object_mut()
+        .unwrap()
+        .extend(timing.as_object().unwrap().clone());
     env.create("x", x).await;
     env.wait_phase("x", Phase::Held, SOON).await;
     env.set_ready("y-pod", true).await;
@@ -1001,7 +1035,9 @@ async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
         .unwrap();
     let at = now_ms();
     eprintln!("revoke: {:?}", revoked.outcome);
-    let y_held = env.wait_phase("y", Phase::Held, Duration::from_secs(25)).await;
+    let y_held = env
+        .wait_phase("y", Phase::Held, Duration::from_secs(25))
+        .await;
     let y_after = now_ms() - at;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Replay: instants at which both are published Held.
@@ -1019,7 +1055,11 @@ async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
                 .collect();
             if held.len() > 1 {
                 let seen = e.seen.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
-                both.push(format!("rv {} (+{} ms after the revoke): Held: {held:?}", e.rv, seen - at));
+                both.push(format!(
+                    "rv {} (+{} ms after the revoke): Held: {held:?}",
+                    e.rv,
+                    seen - at
+                ));
             }
         }
     }
@@ -1115,19 +1155,28 @@ async fn admission_and_the_operator_agree_on_names_targets_and_identities() {
     let env = OperatorEnv::start("limits").await;
     let two_byte = "é".repeat(128); // 128 chars, 256 bytes
     let accepted = [
-        ("bytes-256", json!({ "target": two_byte, "holder": { "identity": two_byte } })),
+        (
+            "bytes-256",
+            json!({ "target": two_byte, "holder": { "identity": two_byte } }),
+        ),
         (
             "separators",
             json!({ "target": "a\u{2028}b\u{200b}c", "holder": { "identity": "x\u{feff}y" } }),
         ),
-        ("colon", json!({ "target": "}:{a%3A}", "holder": { "identity": "i" } })),
+        (
+            "colon",
+            json!({ "target": "}:{a%3A}", "holder": { "identity": "i" } }),
+        ),
     ];
     for (name, spec) in &accepted {
         env.create(name, spec.clone()).await;
     }
     let long_name = "n".repeat(237);
-    env.create(&long_name, json!({ "target": "long", "holder": { "identity": "l" } }))
-        .await;
+    env.create(
+        &long_name,
+        json!({ "target": "long", "holder": { "identity": "l" } }),
+    )
+    .await;
     for (name, _) in &accepted {
         env.wait_phase(name, Phase::Held, SOON).await;
     }
@@ -1154,5 +1203,10 @@ async fn admission_and_the_operator_agree_on_names_targets_and_identities() {
         "metadata": { "name": "n".repeat(238) }, "spec": { "target": "t", "holder": { "identity": "i" } },
     }))
     .unwrap();
-    assert!(env.api().create(&Default::default(), &name_238).await.is_err());
+    assert!(
+        env.api()
+            .create(&Default::default(), &name_238)
+            .await
+            .is_err()
+    );
 }

@@ -73,7 +73,14 @@ impl TcpProxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     let rx = epoch_rx.clone();
-                    tokio::spawn(pump(cr, sw, mode.clone(), true, forwarded.clone(), rx.clone()));
+                    tokio::spawn(pump(
+                        cr,
+                        sw,
+                        mode.clone(),
+                        true,
+                        forwarded.clone(),
+                        rx.clone(),
+                    ));
                     tokio::spawn(pump(sr, cw, mode.clone(), false, forwarded.clone(), rx));
                 }
             })

@@ -18,6 +18,7 @@ use targetlease::crd::{Phase, TargetLease};
 
 /// One change, at one revision.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Change {
     Pod(String, Option<Pod>),
     Lease(String, Option<TargetLease>),
@@ -273,7 +274,10 @@ fn instant_violations(
     }
     for (owner, pods) in leaders {
         if pods.len() > 1 {
-            out.push(format!("{owner} leader label on {} pods: {pods:?}", pods.len()));
+            out.push(format!(
+                "{owner} leader label on {} pods: {pods:?}",
+                pods.len()
+            ));
         }
     }
     out
