@@ -168,19 +168,6 @@ pub async fn run(
         })
     };
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
-    let released = {
-        let leases = leases.clone();
-        release_events.flat_map(move |target| {
-            let waiting: Vec<_> = leases
-                .state()
-                .into_iter()
-                .filter(|tl| tl.namespace().as_deref() == Some(target.namespace.as_str()))
-                .filter(|tl| tl.spec.target == target.name)
-                .map(|tl| ObjectRef::from_obj(&*tl))
-                .collect();
-            futures::stream::iter(waiting)
-        })
-    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         store: cfg.store.clone(),
@@ -203,6 +190,11 @@ pub async fn run(
         published: Default::default(),
         clock: Default::default(),
     });
+    let sweeper = tokio::spawn(sweep_orphaned_marks(ctx.clone()));
+    let released = {
+        let ctx = ctx.clone();
+        release_events.flat_map(move |target| futures::stream::iter(ctx.released(&target)))
+    };
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
         .watches_stream(pod_stream, move |pod: Pod| {
@@ -227,9 +219,53 @@ pub async fn run(
         .await;
     sync_task.abort();
     floor_task.abort();
+    sweeper.abort();
     cfg.runtime.synced.store(false, Ordering::SeqCst);
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = None;
+    }
+}
+
+/// Removes marks whose TargetLease is gone (a finalizer removed by hand, a
+/// crash between the status write of a deletion and its unmark). A mark is
+/// removed once its TargetLease has been missing from the synced cache at two
+/// sweeps in a row, so a cache that lags behind a new lease never costs a mark.
+async fn sweep_orphaned_marks(ctx: Arc<Context>) {
+    use std::collections::HashSet;
+    let mut suspects: HashSet<(String, String, String)> = HashSet::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        if !ctx.synced.load(Ordering::SeqCst) || ctx.leadership.check().is_err() {
+            continue;
+        }
+        let leases: HashSet<(String, String)> = ctx
+            .leases
+            .state()
+            .iter()
+            .map(|tl| (tl.namespace().unwrap_or_default(), tl.name_any()))
+            .collect();
+        let mut now = HashSet::new();
+        for pod in ctx.pods.state() {
+            let ns = pod.namespace().unwrap_or_default();
+            for name in reconcile::marks::marked_by(&pod) {
+                if !leases.contains(&(ns.clone(), name.clone())) {
+                    now.insert((ns.clone(), pod.name_any(), name));
+                }
+            }
+        }
+        for (ns, pod, name) in now.intersection(&suspects) {
+            if ctx.leadership.check().is_err() {
+                break;
+            }
+            let cached = ctx.pods.get(&ObjectRef::new(pod).within(ns));
+            match reconcile::marks::unmark(&ctx.client, ns, name, pod, cached.as_deref()).await {
+                Ok(()) => {
+                    tracing::info!(namespace = %ns, pod = %pod, lease = %name, "removed the marks of a TargetLease that no longer exists")
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot remove orphaned marks"),
+            }
+        }
+        suspects = now;
     }
 }
 

@@ -62,8 +62,10 @@ impl Pass<'_> {
             return Ok(Action::await_change());
         }
         self.raise_floor().await?;
+        let mut looked = false;
         for _ in 0..MAX_STEPS {
-            let step = plan::plan_cleanup(&self.working, self.attempt().is_some());
+            let step = plan::plan_cleanup(&self.working, looked);
+            looked |= step == Step::Abandon;
             if step == Step::Finalize {
                 // Nothing left to publish but the marks' removal (status goes with the object).
                 self.working = self.published();
@@ -133,6 +135,11 @@ impl Pass<'_> {
                 t
             }
             Step::Renew => {
+                let ttl = self.spec.as_ref().map(|s| s.timing.ttl).unwrap_or_default();
+                if let Some(t) = transition::before_renew(&f, &self.working, ttl) {
+                    self.absorb(t);
+                    self.flush().await?;
+                }
                 let reply = self.renew().await?;
                 transition::after_renew(&self.facts(), &self.working, reply)
             }
@@ -171,13 +178,7 @@ impl Pass<'_> {
                 self.ctx.leadership.check()?;
                 let reply = self.ctx.store.get(&self.target()).await;
                 self.saw(&reply);
-                let attempt = self.attempt();
-                transition::after_abandon_read(
-                    &self.facts(),
-                    &self.working,
-                    attempt.as_deref(),
-                    reply,
-                )
+                transition::after_abandon_read(&self.facts(), &self.working, reply)
             }
             Step::Wait { reason, message } => transition::wait(&f, &self.working, reason, &message),
             Step::Finalize => transition::idle(&f, &self.working, None),
@@ -242,8 +243,22 @@ impl Pass<'_> {
             token,
         };
         let req = RenewRequest::new(self.target(), holder, valid.timing.ttl);
+        // A reply that would come after the published expiry comes too late:
+        // stop waiting then, so Held is withdrawn in time. The call itself runs
+        // on (its outcome is unknown, which is what the transition assumes).
+        let limit = transition::left_before_expiry(&self.facts(), &self.working);
         self.ctx.leadership.check()?;
-        let reply = self.ctx.store.renew(&req).await;
+        let store = self.ctx.store.clone();
+        let call = tokio::spawn(async move { store.renew(&req).await });
+        let reply = match limit {
+            None => call.await.unwrap_or_else(|e| Err(lost(e))),
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(joined) => joined.unwrap_or_else(|e| Err(lost(e))),
+                Err(_) => Err(StoreError::OutcomeUnknown(
+                    "no answer before the published expiry".into(),
+                )),
+            },
+        };
         self.saw(&reply);
         Ok(reply)
     }
@@ -392,4 +407,9 @@ impl Pass<'_> {
             });
         }
     }
+}
+
+/// A store call whose task failed (panicked or was cancelled): it may have run.
+fn lost(e: tokio::task::JoinError) -> StoreError {
+    StoreError::OutcomeUnknown(format!("store call did not complete: {e}"))
 }

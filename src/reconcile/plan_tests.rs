@@ -157,7 +157,7 @@ fn a_release_in_progress_is_finished_before_anything_else() {
     st.phase = Some(Phase::Pending);
     st.releasing_acquisition_id = Some("a0".into());
     assert_eq!(plan(&observed(&st, holder("job"))), Step::FinishRelease);
-    assert_eq!(plan_cleanup(&st, false), Step::FinishRelease);
+    assert_eq!(plan_cleanup(&st, true), Step::FinishRelease);
 }
 
 #[test]
@@ -213,9 +213,15 @@ fn cleanup_releases_then_abandons_then_finalizes() {
         acquisition_id: Some("a1".into()),
         ..Default::default()
     };
-    assert_eq!(plan_cleanup(&attempt, true), Step::Abandon);
+    assert_eq!(plan_cleanup(&attempt, false), Step::Abandon);
+    assert_eq!(plan_cleanup(&attempt, true), Step::Finalize);
+    // Even without a recorded attempt the store is looked at once.
     assert_eq!(
         plan_cleanup(&TargetLeaseStatus::default(), false),
+        Step::Abandon
+    );
+    assert_eq!(
+        plan_cleanup(&TargetLeaseStatus::default(), true),
         Step::Finalize
     );
 }
@@ -223,13 +229,20 @@ fn cleanup_releases_then_abandons_then_finalizes() {
 #[test]
 fn the_published_expiry_is_rewritten_when_it_is_later_than_valkeys_or_about_to_pass() {
     let r = Duration::from_secs(30);
-    assert!(expiry_to_publish(None, 61_000, 1000, r));
-    assert!(!expiry_to_publish(Some(60_000), 61_000, 1000, r));
+    let m = expiry_margin(r);
+    assert_eq!(m, Duration::from_secs(1));
+    assert_eq!(
+        expiry_margin(Duration::from_millis(400)),
+        Duration::from_millis(100)
+    );
+    assert!(expiry_to_publish(None, 61_000, 1000, r, m));
+    assert!(!expiry_to_publish(Some(60_000), 61_000, 1000, r, m));
     assert!(
-        expiry_to_publish(Some(60_000), 7_000, 1000, r),
+        expiry_to_publish(Some(60_000), 7_000, 1000, r, m),
         "a shorter renewal moves the expiry earlier"
     );
-    assert!(expiry_to_publish(Some(31_000), 61_000, 1000, r));
+    assert!(expiry_to_publish(Some(32_000), 61_000, 1000, r, m));
+    assert!(!expiry_to_publish(Some(32_001), 61_000, 1000, r, m));
 }
 
 #[test]

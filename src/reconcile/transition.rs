@@ -36,6 +36,9 @@ pub struct Facts {
     pub deleting: bool,
     /// The renew interval from the spec.
     pub renew_interval: Duration,
+    /// How long before the published expiry a confirmation must arrive
+    /// ([`plan::expiry_margin`]).
+    pub expiry_margin: Duration,
 }
 
 /// An Event to publish.
@@ -221,6 +224,19 @@ impl<'f> Draft<'f> {
         self.condition(HELD, Status::False, reason, message);
     }
 
+    /// Held is withdrawn: the store has not confirmed the lease and its
+    /// published expiry is about to pass (or has).
+    fn unconfirmed(&mut self) {
+        self.t.status.phase = Some(Phase::Unknown);
+        self.condition(
+            HELD,
+            Status::Unknown,
+            Reason::Unconfirmed,
+            "the lease could not be renewed before its published expiry",
+        );
+        self.t.wake_waiters = true;
+    }
+
     fn corrupt(mut self, message: &str) -> Transition {
         self.t.status.phase = Some(Phase::Error);
         self.t.status.expires_at = None;
@@ -387,12 +403,12 @@ pub fn after_reclaim(
     }
 }
 
-/// After [`plan::Step::Abandon`] read the target: reclaim the lease of
-/// `attempt` if it is live, else forget the attempt.
+/// After [`plan::Step::Abandon`] read the target: a live lease of this
+/// resource is unpublished (status does not hold it), whichever attempt made
+/// it: reclaim it; then forget the attempt.
 pub fn after_abandon_read(
     f: &Facts,
     status: &TargetLeaseStatus,
-    attempt: Option<&str>,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
     let mut d = Draft::new(f, status);
@@ -401,14 +417,12 @@ pub fn after_abandon_read(
         Err(e) => return store_error(d, &e),
     };
     d.store_ok();
-    let attempt = attempt.map(str::to_owned);
     match (reply.outcome, reply.lease) {
-        (Outcome::Found, Some(lease))
-            if attempt.is_some() && own_acquisition(&lease, &f.me) == attempt =>
-        {
+        (Outcome::Found, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
+            let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
             d.done(Next::Reclaim(Reclaim {
                 owner: lease.owner,
-                acquisition: attempt.unwrap_or_default(),
+                acquisition,
                 token: lease.fencing_token,
                 then_forget_attempt: true,
             }))
@@ -434,24 +448,12 @@ pub fn after_renew(
         Ok(r) => r,
         Err(e) => {
             d.store_failed(&e);
-            let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
-            let left_ms = published.map_or(0, |p| p - f.server_now_ms as i64);
-            if left_ms <= 0 {
-                // The store may have ended the lease: stop publishing it as held.
-                d.t.status.phase = Some(Phase::Unknown);
-                d.condition(
-                    HELD,
-                    Status::Unknown,
-                    Reason::Unconfirmed,
-                    "the lease could not be renewed before its published expiry",
-                );
-                d.t.wake_waiters = true;
+            let left = left_before_expiry(f, status);
+            if left.is_none() {
+                d.unconfirmed();
                 return d.done(Next::Backoff { not_after: None });
             }
-            let left = Duration::from_millis(left_ms as u64);
-            return d.done(Next::Backoff {
-                not_after: Some(left),
-            });
+            return d.done(Next::Backoff { not_after: left });
         }
     };
     d.store_ok();
@@ -465,6 +467,7 @@ pub fn after_renew(
                     lease.expires_at_ms,
                     reply.server_time_ms,
                     f.renew_interval,
+                    f.expiry_margin,
                 )
             {
                 d.t.status.expires_at = time_ms(lease.expires_at_ms);
@@ -496,6 +499,35 @@ pub fn after_renew(
             d.done(Next::PlanAgain)
         }
     }
+}
+
+/// How long the published expiry leaves for a confirmation (its margin
+/// deducted); `None` when it has (about to have) passed.
+pub fn left_before_expiry(f: &Facts, status: &TargetLeaseStatus) -> Option<Duration> {
+    let published = status.expires_at.as_ref()?.0.as_millisecond();
+    let left = published - f.server_now_ms as i64 - f.expiry_margin.as_millis() as i64;
+    (left > 0).then(|| Duration::from_millis(left as u64))
+}
+
+/// Before a renewal with `ttl`: nothing published may be later than what the
+/// renewal can set (a shorter `leaseDuration`: lower `expiresAt` and the pod
+/// annotation first, so a lost reply cannot leave them later than Valkey's),
+/// and `Held` is withdrawn if the published expiry is about to pass. `None`
+/// when nothing changes.
+pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Option<Transition> {
+    if status.phase != Some(Phase::Held) {
+        return None;
+    }
+    let mut d = Draft::new(f, status);
+    let floor = f.server_now_ms + ttl.as_millis() as u64;
+    let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
+    if published.is_some_and(|p| p > floor as i64) {
+        d.t.status.expires_at = time_ms(floor);
+    }
+    if left_before_expiry(f, &d.t.status).is_none() {
+        d.unconfirmed();
+    }
+    (d.t.status != *status).then(|| d.done(Next::PlanAgain))
 }
 
 /// [`plan::Step::Release`]: stop publishing the lease (status no longer Held,
@@ -585,14 +617,14 @@ pub fn wait(f: &Facts, status: &TargetLeaseStatus, reason: Reason, message: &str
     d.done(next)
 }
 
-/// [`plan::Step::Idle`]: nothing due; a status written before pod UIDs were
-/// recorded adopts the pod it is tied to.
+/// [`plan::Step::Idle`]: nothing due; a status that names its pod without a
+/// UID records the UID.
 pub fn idle(f: &Facts, status: &TargetLeaseStatus, pod: Option<&PodRef>) -> Transition {
     let mut d = Draft::new(f, status);
     if let Some(p) = pod
         && status.holder_pod_uid.is_none()
+        && status.holder_pod.as_deref() == Some(p.name.as_str())
     {
-        d.t.status.holder_pod = Some(p.name.clone());
         d.t.status.holder_pod_uid = Some(p.uid.clone());
     }
     d.done(Next::Renewal)
@@ -619,11 +651,13 @@ fn unexpected(mut d: Draft<'_>, op: &str, outcome: Outcome) -> Transition {
     d.done(Next::Backoff { not_after: None })
 }
 
-/// A Unix-milliseconds instant as a Kubernetes time.
+/// A Unix-milliseconds instant as a Kubernetes time, rounded down to the
+/// second (what the API server stores), so status and pod annotations carry
+/// the same lower bound.
 pub fn time_ms(ms: u64) -> Option<Time> {
-    i64::try_from(ms)
+    i64::try_from(ms / 1000)
         .ok()
-        .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+        .and_then(|s| Timestamp::from_second(s).ok())
         .map(Time)
 }
 

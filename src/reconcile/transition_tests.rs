@@ -11,6 +11,7 @@ fn facts() -> Facts {
         me: "ns/tl".into(),
         deleting: false,
         renew_interval: Duration::from_secs(30),
+        expiry_margin: Duration::from_secs(1),
     }
 }
 
@@ -243,10 +244,11 @@ fn held_is_withdrawn_when_the_store_is_silent_past_the_published_expiry() {
     assert_eq!(
         t.next,
         Next::Backoff {
-            not_after: Some(Duration::from_secs(5))
-        }
+            not_after: Some(Duration::from_secs(4))
+        },
+        "wakes one margin before the published expiry"
     );
-    let t = after_renew(&f, &held(NOW_MS), down());
+    let t = after_renew(&f, &held(NOW_MS + 1_000), down());
     assert_eq!(t.status.phase, Some(Phase::Unknown));
     assert_eq!(
         condition(&t.status, HELD),
@@ -305,34 +307,33 @@ fn a_release_unpublishes_first_and_keeps_the_finalizer_until_confirmed() {
 #[test]
 fn an_abandoned_attempt_is_reclaimed_only_when_it_is_ours() {
     let f = facts();
-    let own = reply(
-        Outcome::Found,
-        Some(ours(lease("job", 8, NOW_MS + 9_000), "a1")),
-    );
-    let t = after_abandon_read(&f, &attempt(), Some("a1"), own);
-    assert_eq!(
-        t.next,
-        Next::Reclaim(Reclaim {
-            owner: "job".into(),
-            acquisition: "a1".into(),
-            token: 8,
-            then_forget_attempt: true
-        })
-    );
-    let older = reply(
-        Outcome::Found,
-        Some(ours(lease("job", 8, NOW_MS + 9_000), "a0")),
-    );
+    // Any live lease of this resource is unpublished here, whichever attempt made it.
+    for acquisition in ["a1", "a0"] {
+        let own = reply(
+            Outcome::Found,
+            Some(ours(lease("job", 8, NOW_MS + 9_000), acquisition)),
+        );
+        let t = after_abandon_read(&f, &attempt(), own);
+        assert_eq!(
+            t.next,
+            Next::Reclaim(Reclaim {
+                owner: "job".into(),
+                acquisition: acquisition.into(),
+                token: 8,
+                then_forget_attempt: true
+            })
+        );
+    }
     for r in [
-        older,
         reply(Outcome::Found, Some(lease("cron", 8, NOW_MS + 9_000))),
         reply(Outcome::NotFound, None),
     ] {
-        let t = after_abandon_read(&f, &attempt(), Some("a1"), r);
+        let t = after_abandon_read(&f, &attempt(), r);
         assert_eq!(t.status.acquisition_id, None);
+        assert!(t.forget_attempt);
         assert_eq!(t.next, Next::PlanAgain);
     }
-    let t = after_abandon_read(&f, &attempt(), Some("a1"), down());
+    let t = after_abandon_read(&f, &attempt(), down());
     assert_eq!(t.status.acquisition_id.as_deref(), Some("a1"));
 }
 
@@ -390,9 +391,30 @@ fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
     assert_eq!(condition(&t.status, HELD).1, "Acquiring");
 
     let mut legacy = held(NOW_MS + 60_000);
-    legacy.holder_pod_uid = None;
+    legacy.holder_pod_uid = None; // holderPod "job-pod" is named
     let t = idle(&f, &legacy, Some(&pod()));
     assert_eq!(t.status.holder_pod_uid.as_deref(), Some("u1"));
     let t = idle(&f, &held(NOW_MS + 60_000), Some(&pod()));
     assert_eq!(t.status, held(NOW_MS + 60_000));
+}
+
+#[test]
+fn a_renewal_is_preceded_by_lowering_what_it_may_shorten() {
+    let f = facts();
+    let t = before_renew(&f, &held(NOW_MS + 60_000), Duration::from_secs(6)).unwrap();
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 6_000));
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert!(before_renew(&f, &held(NOW_MS + 60_000), Duration::from_secs(90)).is_none());
+    // Too close to the published expiry for a reply to arrive in time: withdraw first.
+    let t = before_renew(&f, &held(NOW_MS + 500), Duration::from_secs(90)).unwrap();
+    assert_eq!(t.status.phase, Some(Phase::Unknown));
+}
+
+#[test]
+fn published_times_are_whole_seconds() {
+    assert_eq!(time_ms(1_796_118_559_863), time_ms(1_796_118_559_000));
+    assert_eq!(
+        time_ms(1_796_118_559_863).unwrap().0.as_millisecond(),
+        1_796_118_559_000
+    );
 }
