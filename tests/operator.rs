@@ -2,6 +2,7 @@
 //! real kube-apiserver + etcd and a real valkey-server.
 
 mod support {
+    pub mod chart_identity;
     pub mod kube_env;
     pub mod operator_env;
     pub mod resp;
@@ -458,10 +459,11 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
         (None, None),
         "old leader unmarked"
     );
-    assert_eq!(
-        leader_marks(&env, "web-2").await,
-        (Some("true".into()), Some("3".into()))
-    );
+    // Marks follow the status that names the pod.
+    support::kube_env::eventually("web-2 marked", SOON, || async {
+        (leader_marks(&env, "web-2").await == (Some("true".into()), Some("3".into()))).then_some(())
+    })
+    .await;
 
     // No Ready candidate at all: Pending, and nobody is marked.
     env.set_ready("web-2", false).await;
@@ -585,4 +587,102 @@ async fn kubectl_shows_the_columns_explains_every_field_and_lists_events() {
             .any(|l| l.contains("Acquired") && l.contains("targetlease/job")),
         "no Acquired event:\n{events}"
     );
+}
+
+/// `targetlease token` as the example's init container runs it: the Job's
+/// ServiceAccount with read-only access to TargetLeases gets the token.
+#[tokio::test]
+async fn the_token_subcommand_hands_a_job_its_token_with_read_only_rights() {
+    let env = OperatorEnv::start("token").await;
+    // The RoleBinding names the ServiceAccount's namespace, as a user edits it.
+    let text = support::operator_env::example("job-with-token.yaml")
+        .replace("namespace: default", &format!("namespace: {}", env.ns));
+    support::operator_env::apply_yaml(&env, &text, "job-with-token.yaml").await;
+    let held = env.wait_phase("orders-db-report", Phase::Held, SOON).await;
+    let token = summary(&held).2.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = support::chart_identity::service_account_kubeconfig(
+        env.cp,
+        &env.ns,
+        "nightly-report",
+        &env.cp.server_url(),
+        dir.path(),
+    )
+    .await;
+    let file = dir.path().join("token");
+    let token_cmd = |identity: &str, wait: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .args([
+                "token",
+                "--lease",
+                "orders-db-report",
+                "--identity",
+                identity,
+            ])
+            .args(["--wait", wait, "--file"])
+            .arg(&file)
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .output()
+            .expect("run targetlease token")
+    };
+    let out = token_cmd("nightly-report", "20s");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["outcome"], "held");
+    assert_eq!(printed["fencing_token"], token);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), token.to_string());
+    // Not held for another identity: exit 1 once the wait is over, and an empty file.
+    let out = token_cmd("someone-else", "1s");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "");
+}
+
+/// `targetlease token --follow` as a sidecar: the file always matches what
+/// status publishes for this pod, and is empty while the lease is not held.
+#[tokio::test]
+async fn the_token_sidecar_keeps_its_file_true_to_status() {
+    let env = OperatorEnv::start("token-follow").await;
+    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create(
+        "tied",
+        json!({ "target": "t", "holder": { "identity": "worker", "podName": "worker" },
+                "leaseDuration": "6s", "renewInterval": "2s" }),
+    )
+    .await;
+    env.wait_phase("tied", Phase::Held, SOON).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    let mut sidecar = std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args([
+            "token",
+            "--lease",
+            "tied",
+            "--namespace",
+            &env.ns,
+            "--pod",
+            "worker",
+        ])
+        .args(["--follow", "--file"])
+        .arg(&file)
+        .env("KUBECONFIG", env.cp.kubeconfig_path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the sidecar");
+    let content = |want: &'static str| {
+        let file = file.clone();
+        async move { (std::fs::read_to_string(&file).ok()? == want).then_some(()) }
+    };
+    support::kube_env::eventually("token 1 in the file", SOON, || content("1")).await;
+    env.set_ready("worker", false).await;
+    support::kube_env::eventually("an empty file while not held", SOON, || content("")).await;
+    env.set_ready("worker", true).await;
+    support::kube_env::eventually("token 2 in the file", SOON, || content("2")).await;
+    let _ = sidecar.kill();
+    let _ = sidecar.wait();
 }
