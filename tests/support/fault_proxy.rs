@@ -233,8 +233,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Closes with RST (linger 0: nothing is flushed, the peer sees a reset).
 fn reset(stream: TcpStream) {
-    let _ = stream.set_linger(Some(Duration::ZERO));
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
     drop(stream);
 }
 
