@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::Signals;
 use crate::cli::output::{Envelope, Report, Status};
-use crate::store::valkey::ValkeyStore;
+use crate::store::valkey::{ValkeyConfig, ValkeyStore};
 use crate::store::{
     AcquireRequest, Holder, Lease, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Reply,
     StoreError, Target,
@@ -65,37 +65,64 @@ pub(super) fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(0.8..1.2))
 }
 
-/// Acquires, retrying with backoff while the target is held or the backend
-/// is unreachable, until `wait` has passed. One request id for the whole
-/// loop: a grant whose reply was lost is returned again, and refusals are
-/// not cached.
+/// Connects and acquires, retrying with backoff while the target is held or
+/// the backend is unreachable (connect included), until `wait` has passed.
+/// One request id for the whole loop: a grant whose reply was lost is
+/// returned again, and refusals are not cached. A signal ends it at once,
+/// whatever it is doing.
 pub(super) async fn acquire_within(
-    store: &ValkeyStore,
+    config: &ValkeyConfig,
     req: &AcquireRequest,
     wait: Duration,
     backstop: Duration,
     signals: &mut Signals,
-) -> Result<Granted, NotAcquired> {
+) -> Result<(Arc<ValkeyStore>, Granted), NotAcquired> {
     let deadline = Instant::now() + wait;
     let mut delay = POLL_MIN;
     let mut unknown_retries = 0;
+    let mut store: Option<Arc<ValkeyStore>> = None;
     loop {
         let sent = Instant::now();
-        let last = match bounded(backstop, store.acquire(req)).await {
-            Ok(reply) if reply.outcome == Outcome::Acquired => {
+        let attempt = async {
+            let s = match &store {
+                Some(s) => s.clone(),
+                None => Arc::new(ValkeyStore::connect(config).await?),
+            };
+            let r = bounded(backstop, s.acquire(req)).await;
+            Ok::<_, StoreError>((s, r))
+        };
+        let result = tokio::select! {
+            r = attempt => r,
+            sig = signals.recv() => {
+                let env = Envelope::from_backend_error(
+                    Status::BackendUnavailable,
+                    format!(
+                        "interrupted by {sig} before the lease was acquired \
+                         (a grant whose reply was cut off expires after its ttl)"
+                    ),
+                );
+                return Err(NotAcquired::Interrupted(env, sig));
+            }
+        };
+        let last = match result {
+            Ok((s, Ok(reply))) if reply.outcome == Outcome::Acquired => {
                 let envelope_if_bad = Envelope::from_reply(reply.clone());
-                return granted(reply, sent).ok_or_else(|| {
+                return granted(reply, sent).map(|g| (s, g)).ok_or_else(|| {
                     let mut e = envelope_if_bad;
                     e.message = "acquired reply carried no lease id".into();
                     NotAcquired::Refused(e)
                 });
             }
-            Ok(reply) if reply.outcome == Outcome::Held => Envelope::from_reply(reply),
-            Ok(reply) => return Err(NotAcquired::Refused(Envelope::from_reply(reply))),
-            Err(e) => match Report::from(e) {
-                Report::Usage(msg) => return Err(NotAcquired::Usage(msg)),
-                Report::Envelope(env) => env,
-            },
+            Ok((s, Ok(reply))) if reply.outcome == Outcome::Held => {
+                store = Some(s);
+                Envelope::from_reply(reply)
+            }
+            Ok((_, Ok(reply))) => return Err(NotAcquired::Refused(Envelope::from_reply(reply))),
+            Ok((s, Err(e))) => {
+                store = Some(s);
+                envelope_or_usage(e).map_err(NotAcquired::Usage)?
+            }
+            Err(e) => envelope_or_usage(e).map_err(NotAcquired::Usage)?,
         };
         let now = Instant::now();
         // A lost reply may have granted us the lease: resolve it with the same
@@ -122,6 +149,14 @@ pub(super) async fn acquire_within(
             }
         }
         delay = (delay * 2).min(POLL_MAX);
+    }
+}
+
+/// The envelope of a failed attempt, or the usage message of a request that can never work.
+fn envelope_or_usage(e: StoreError) -> Result<Envelope, String> {
+    match Report::from(e) {
+        Report::Usage(msg) => Err(msg),
+        Report::Envelope(env) => Ok(env),
     }
 }
 
