@@ -145,6 +145,7 @@ impl Client {
                     .await
                     .map_err(|e| SendError::NotSent(e.0))?;
                 let replies = link.request(cmds, deadline).await.map_err(from_link)?;
+                forget_if_not_primary(&link, &replies);
                 return Ok(Sent { replies, link });
             }
             Kind::Cluster(router) => router,
@@ -175,6 +176,9 @@ impl Client {
             })?;
             if asking {
                 replies.remove(0);
+            }
+            if forget_if_not_primary(&link, &replies) {
+                router.stale.store(true, Ordering::SeqCst);
             }
             let moved = match (cmds.len(), replies.first()) {
                 (1, Some(Value::Error(e))) => redirect(e).map(|r| (r, e.clone())),
@@ -351,6 +355,20 @@ impl Client {
             why.join("; ")
         )))
     }
+}
+
+/// A `READONLY` answer means this connection reaches a replica now (a
+/// failover happened): retire it, so the next call finds the primary again
+/// (Sentinel asks again, Cluster relearns its map), while the requests
+/// already on it still get their (definite) answers.
+fn forget_if_not_primary(link: &Link, replies: &[Value]) -> bool {
+    let demoted = replies
+        .iter()
+        .any(|r| matches!(r, Value::Error(e) if e.starts_with("READONLY")));
+    if demoted {
+        link.retire();
+    }
+    demoted
 }
 
 fn from_link(e: LinkError) -> SendError {

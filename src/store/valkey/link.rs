@@ -41,6 +41,14 @@ struct Job {
     done: oneshot::Sender<Result<Vec<Value>, LinkError>>,
 }
 
+/// What the connection task is asked to do, in order.
+enum Msg {
+    /// Write a request.
+    Job(Job),
+    /// Take no more requests; close once every written one is answered.
+    Retire,
+}
+
 impl Job {
     fn take(&self) -> bool {
         self.state
@@ -52,7 +60,7 @@ impl Job {
 /// A handle to one connection; clones share it. It never reconnects.
 #[derive(Clone)]
 pub struct Link {
-    jobs: mpsc::UnboundedSender<Job>,
+    jobs: mpsc::UnboundedSender<Msg>,
     close: Arc<watch::Sender<bool>>,
     alive: Arc<AtomicBool>,
     probe: Arc<Probe>,
@@ -88,6 +96,13 @@ impl Link {
         true
     }
 
+    /// Stops handing out this connection and closes it once the requests
+    /// already written are answered (their answers still count).
+    pub fn retire(&self) {
+        self.alive.store(false, Ordering::SeqCst);
+        let _ = self.jobs.send(Msg::Retire);
+    }
+
     /// Closes the connection: written requests are `Lost`, queued ones `NotSent`.
     pub fn close(&self) {
         self.alive.store(false, Ordering::SeqCst);
@@ -110,7 +125,7 @@ impl Link {
             state: state.clone(),
             done,
         };
-        if !self.is_alive() || self.jobs.send(job).is_err() {
+        if !self.is_alive() || self.jobs.send(Msg::Job(job)).is_err() {
             return Err(LinkError::NotSent("the connection is closed".into()));
         }
         match tokio::time::timeout_at(deadline, reply).await {
@@ -149,7 +164,7 @@ async fn closing(rx: &mut watch::Receiver<bool>) {
 async fn serve(
     stream: super::dial::Stream,
     probe: Arc<Probe>,
-    mut jobs: mpsc::UnboundedReceiver<Job>,
+    mut jobs: mpsc::UnboundedReceiver<Msg>,
     mut closed: watch::Receiver<bool>,
     alive: Arc<AtomicBool>,
 ) {
@@ -158,6 +173,7 @@ async fn serve(
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     // A second view of the close signal, for use while writing.
     let mut closed_while_writing = closed.clone();
+    let mut retiring = false;
     let why: String = 'conn: loop {
         tokio::select! {
             biased;
@@ -185,10 +201,25 @@ async fn serve(
                         let _ = p.done.send(Ok(p.got));
                     }
                 }
+                if retiring && pending.is_empty() {
+                    break 'conn "retired".into();
+                }
             }
             job = jobs.recv() => {
-                let Some(job) = job else { break 'conn "no more users".into() };
+                let job = match job {
+                    None => break 'conn "no more users".into(),
+                    Some(Msg::Retire) if pending.is_empty() => break 'conn "retired".into(),
+                    Some(Msg::Retire) => {
+                        retiring = true;
+                        continue;
+                    }
+                    Some(Msg::Job(job)) => job,
+                };
                 if !job.take() {
+                    continue;
+                }
+                if retiring {
+                    let _ = job.done.send(Err(LinkError::NotSent("the connection was retired".into())));
                     continue;
                 }
                 // Written into a connection the server already closed, it
@@ -216,8 +247,10 @@ async fn serve(
         let _ = p.done.send(Err(LinkError::Lost(why.clone())));
     }
     jobs.close();
-    while let Ok(job) = jobs.try_recv() {
-        if job.take() {
+    while let Ok(msg) = jobs.try_recv() {
+        if let Msg::Job(job) = msg
+            && job.take()
+        {
             let _ = job.done.send(Err(LinkError::NotSent(why.clone())));
         }
     }

@@ -70,7 +70,16 @@ impl Pool {
     /// A live connection, opening one when needed (within the connect timeout
     /// and `deadline`, whichever comes first).
     pub async fn link(&self, deadline: Instant) -> Result<Link, DialError> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let n = self.slots.len();
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        // Any live connection will do; only open one when none is at hand.
+        for k in 0..n {
+            if let Ok(slot) = self.slots[(i + k) % n].try_lock()
+                && let Some(link) = slot.as_ref().filter(|l| l.is_alive())
+            {
+                return Ok(link.clone());
+            }
+        }
         let mut slot = tokio::time::timeout_at(deadline, self.slots[i].lock())
             .await
             .map_err(|_| DialError("no connection became free in time".into()))?;
