@@ -762,3 +762,47 @@ fn wait_retries_a_server_that_is_not_up_yet() {
     );
     assert!(file.exists());
 }
+
+#[test]
+fn sigterm_during_the_final_release_ends_run_at_once() {
+    let s = ValkeyServer::start();
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let started = tmp_file(&dir, "started");
+    let script = format!("echo up > {}; sleep 1", started.display());
+    let mut extra = vec!["--wait", "0s"];
+    extra.extend_from_slice(&QUICK);
+    let child = spawn(run_cmd(
+        &proxy.url(),
+        "db",
+        "a",
+        "10s",
+        &extra,
+        &["sh", "-c", &script],
+    ));
+    wait_for_file(&started, Duration::from_secs(10));
+    // The release will get no answer; run would retry it for several seconds.
+    proxy.silence_from("EVALSHA");
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = deadline::wait_within(child, Duration::from_secs(2));
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = summary(&out);
+    assert_eq!(j["outcome"], "outcome_unknown", "{j}");
+    assert_eq!(j["lease_lost"], false, "{j}");
+}

@@ -27,7 +27,7 @@ const TTL: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_millis(1000);
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Scheduling slack on a loaded 2-core machine.
-const SLACK: Duration = Duration::from_millis(700);
+const SLACK: Duration = Duration::from_millis(1500);
 
 fn config(url: String) -> ValkeyConfig {
     ValkeyConfig {

@@ -207,7 +207,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             } else {
                 126
             };
-            let released = release(&store, &target, &holder, backstop).await;
+            let released = release(&store, &target, &holder, backstop, &mut signals).await;
             let mut env = envelope_of(released);
             env.message = format!(
                 "cannot start {:?}: {}; {}",
@@ -267,7 +267,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
 
     // Release even after a presumed loss: if only the backend was unreachable,
     // the lease may still be ours, and giving it back frees the target early.
-    let released = release(&store, &target, &holder, backstop).await;
+    let released = release(&store, &target, &holder, backstop, &mut signals).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
     match lost {
         Some(mut env) => {

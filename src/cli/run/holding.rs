@@ -242,22 +242,32 @@ pub(super) fn granted_after_renew(reply: Reply, sent: Instant, holder: &Holder) 
 }
 
 /// Releases the lease, retrying an unknown outcome with the same request id.
+/// A signal stops it at once: the lease then simply expires after its ttl.
 pub(super) async fn release(
     store: &ValkeyStore,
     target: &Target,
     holder: &Holder,
     backstop: Duration,
+    signals: &mut Signals,
 ) -> Result<Reply, StoreError> {
     let req = ReleaseRequest::new(target.clone(), holder.clone());
-    let mut result = bounded(backstop, store.release(&req)).await;
-    for _ in 0..2 {
-        match &result {
-            Err(StoreError::OutcomeUnknown(_)) | Err(StoreError::BackendUnavailable(_)) => {
-                tokio::time::sleep(POLL_MIN).await;
-                result = bounded(backstop, store.release(&req)).await;
+    let attempts = async {
+        let mut result = bounded(backstop, store.release(&req)).await;
+        for _ in 0..2 {
+            match &result {
+                Err(StoreError::OutcomeUnknown(_)) | Err(StoreError::BackendUnavailable(_)) => {
+                    tokio::time::sleep(POLL_MIN).await;
+                    result = bounded(backstop, store.release(&req)).await;
+                }
+                _ => break,
             }
-            _ => break,
         }
+        result
+    };
+    tokio::select! {
+        result = attempts => result,
+        sig = signals.recv() => Err(StoreError::OutcomeUnknown(format!(
+            "release interrupted by {sig}; if it did not go through, the lease expires after its ttl"
+        ))),
     }
-    result
 }

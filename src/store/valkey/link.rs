@@ -113,6 +113,10 @@ impl Link {
     /// `deadline`. Passing the deadline closes the connection (the reply may
     /// still come, and must not be read as the answer to anything else).
     pub async fn request(&self, cmds: &[Cmd], deadline: Instant) -> Result<Vec<Value>, LinkError> {
+        if Instant::now() >= deadline {
+            // No time to wait for a reply: do not start what cannot finish.
+            return Err(LinkError::NotSent("no time left".into()));
+        }
         let mut bytes = Vec::new();
         for c in cmds {
             c.encode(&mut bytes);
