@@ -806,3 +806,41 @@ fn sigterm_during_the_final_release_ends_run_at_once() {
     assert_eq!(j["outcome"], "outcome_unknown", "{j}");
     assert_eq!(j["lease_lost"], false, "{j}");
 }
+
+#[test]
+fn a_grant_that_may_have_happened_is_never_reported_as_nothing_happened() {
+    let s = ValkeyServer::start();
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let file = tmp_file(&dir, "ran");
+    // The first acquire runs and its reply is lost; every retry is refused
+    // before running, as by a replica after a failover.
+    proxy.cut_before_reply("EVALSHA");
+    proxy.refuse(
+        "EVALSHA",
+        "READONLY You can't write against a read only replica.",
+        100,
+    );
+    let mut extra = vec!["--wait", "1s"];
+    extra.extend_from_slice(&QUICK);
+    let cmd = run_cmd(
+        &proxy.url(),
+        "db",
+        "a",
+        "30s",
+        &extra,
+        &["touch", file.to_str().unwrap()],
+    );
+    let (out, _) = deadline::output_within(cmd, Duration::from_secs(8));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = summary(&out);
+    assert_eq!(j["outcome"], "outcome_unknown", "{j}");
+    assert!(!file.exists());
+    // It did acquire: the lease exists (and expires after its ttl).
+    assert_eq!(get(&s.url(), "db")["outcome"], "found");
+}

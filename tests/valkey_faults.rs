@@ -404,3 +404,52 @@ async fn reset_connections_fail_definitely_until_the_network_heals() {
         }
     }
 }
+
+#[tokio::test]
+async fn release_events_survive_a_broken_subscription() {
+    use futures::StreamExt;
+    let server = ValkeyServer::start();
+    let proxy = FaultProxy::start(&server.addr());
+    let store = direct(&server).await;
+    let mut events = targetlease::store::valkey::events::release_events(&config(proxy.url()))
+        .await
+        .expect("subscribe");
+    let free = |name: &'static str| {
+        let store = &store;
+        async move {
+            let t = target(name);
+            let l = store
+                .acquire(&AcquireRequest::new(t.clone(), "a", TTL))
+                .await
+                .unwrap()
+                .lease
+                .unwrap();
+            store
+                .release(&targetlease::store::ReleaseRequest::new(
+                    t,
+                    l.holder().unwrap(),
+                ))
+                .await
+                .unwrap();
+        }
+    };
+    free("ev-1").await;
+    let got = tokio::time::timeout(Duration::from_secs(5), events.next())
+        .await
+        .expect("an event in time");
+    assert_eq!(got, Some(target("ev-1")));
+
+    // The subscription is cut; it comes back by itself.
+    proxy.set(Fault::Reset);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Fault::Pass);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        free("ev-2").await;
+        match tokio::time::timeout(Duration::from_millis(500), events.next()).await {
+            Ok(Some(t)) if t == target("ev-2") => break,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(_) => assert!(Instant::now() < deadline, "never resubscribed"),
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! Holding the lease for `run`: acquire within the wait, renew until lost, release.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -81,23 +82,34 @@ pub(super) async fn acquire_within(
     let mut delay = POLL_MIN;
     let mut unknown_retries = 0;
     let mut store: Option<Arc<ValkeyStore>> = None;
+    // Set once an attempt may have run: later definite failures of other
+    // attempts do not undo that.
+    let mut maybe_ran: Option<String> = None;
     loop {
         let sent = Instant::now();
+        let acquiring = AtomicBool::new(false);
         let attempt = async {
             let s = match &store {
                 Some(s) => s.clone(),
                 None => Arc::new(ValkeyStore::connect(config).await?),
             };
+            acquiring.store(true, Ordering::SeqCst);
             let r = bounded(backstop, s.acquire(req)).await;
             Ok::<_, StoreError>((s, r))
         };
         let result = tokio::select! {
             r = attempt => r,
             sig = signals.recv() => {
+                let in_flight = acquiring.load(Ordering::SeqCst);
+                let (status, what) = if in_flight || maybe_ran.is_some() {
+                    (Status::OutcomeUnknown, "an acquire may have gone through")
+                } else {
+                    (Status::BackendUnavailable, "nothing was acquired")
+                };
                 let env = Envelope::from_backend_error(
-                    Status::BackendUnavailable,
+                    status,
                     format!(
-                        "interrupted by {sig} before the lease was acquired \
+                        "interrupted by {sig} before the lease was acquired; {what} \
                          (a grant whose reply was cut off expires after its ttl)"
                     ),
                 );
@@ -124,6 +136,7 @@ pub(super) async fn acquire_within(
             }
             Err(e) => envelope_or_usage(e).map_err(NotAcquired::Usage)?,
         };
+        let last = still_unknown(&mut maybe_ran, last);
         let now = Instant::now();
         // A lost reply may have granted us the lease: resolve it with the same
         // request id a couple of times even past the deadline.
@@ -149,6 +162,26 @@ pub(super) async fn acquire_within(
             }
         }
         delay = (delay * 2).min(POLL_MAX);
+    }
+}
+
+/// Keeps `outcome_unknown` once any attempt of one request id may have run:
+/// a later attempt that was not sent, or was refused before running
+/// (`backend_unavailable`), says nothing about the earlier one.
+fn still_unknown(maybe_ran: &mut Option<String>, last: Envelope) -> Envelope {
+    match (last.status(), maybe_ran.as_ref()) {
+        (Status::OutcomeUnknown, _) => {
+            *maybe_ran = Some(last.message.clone());
+            last
+        }
+        (Status::BackendUnavailable, Some(earlier)) => Envelope::from_backend_error(
+            Status::OutcomeUnknown,
+            format!(
+                "{}; an earlier attempt may have gone through ({earlier})",
+                last.message
+            ),
+        ),
+        _ => last,
     }
 }
 
@@ -181,6 +214,7 @@ pub(super) async fn renew_until_lost(
     loop {
         tokio::time::sleep_until(next).await;
         let req = RenewRequest::new(target.clone(), holder.clone(), ttl);
+        let mut maybe_ran: Option<String> = None;
         loop {
             let sent = Instant::now();
             let result = match tokio::time::timeout_at(expires, store.renew(&req)).await {
@@ -210,7 +244,8 @@ pub(super) async fn renew_until_lost(
                     if now >= expires {
                         tracing::warn!(target = %target.name, error = e.category(), "lease lost: renewal not confirmed before expiry");
                         let env = match Report::from(e) {
-                            Report::Envelope(mut env) => {
+                            Report::Envelope(env) => {
+                                let mut env = still_unknown(&mut maybe_ran, env);
                                 env.message = format!(
                                     "lease presumed lost: no renewal confirmed before it expired ({})",
                                     env.message
@@ -223,6 +258,9 @@ pub(super) async fn renew_until_lost(
                         };
                         let _ = lost.send(env);
                         return;
+                    }
+                    if let StoreError::OutcomeUnknown(why) = &e {
+                        maybe_ran = Some(why.clone());
                     }
                     tracing::warn!(target = %target.name, error = e.category(), "renewal failed; retrying");
                     tokio::time::sleep(retry.min(expires - now)).await;
@@ -253,16 +291,25 @@ pub(super) async fn release(
     let req = ReleaseRequest::new(target.clone(), holder.clone());
     let attempts = async {
         let mut result = bounded(backstop, store.release(&req)).await;
+        let mut maybe_ran = None;
         for _ in 0..2 {
-            match &result {
-                Err(StoreError::OutcomeUnknown(_)) | Err(StoreError::BackendUnavailable(_)) => {
-                    tokio::time::sleep(POLL_MIN).await;
-                    result = bounded(backstop, store.release(&req)).await;
-                }
+            match result {
+                Err(StoreError::OutcomeUnknown(why)) => maybe_ran = Some(why),
+                Err(StoreError::BackendUnavailable(_)) => {}
                 _ => break,
             }
+            tokio::time::sleep(POLL_MIN).await;
+            result = bounded(backstop, store.release(&req)).await;
         }
-        result
+        // A release that may have gone through stays unknown (see still_unknown).
+        match (result, maybe_ran) {
+            (Err(StoreError::BackendUnavailable(now)), Some(earlier)) => {
+                Err(StoreError::OutcomeUnknown(format!(
+                    "{now}; an earlier attempt may have gone through ({earlier})"
+                )))
+            }
+            (result, _) => result,
+        }
     };
     tokio::select! {
         result = attempts => result,

@@ -141,11 +141,15 @@ impl Dialer {
             }
             Ok(Conn { stream, probe })
         };
+        let budget = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout_at(deadline, open).await {
             Ok(r) => r,
-            Err(_) => Err(fail(
-                "no answer in time (connect, TLS and AUTH/PING)".into(),
-            )),
+            Err(_) => Err(fail(format!(
+                "no answer within {} (TCP, TLS and AUTH/PING)",
+                humantime::format_duration(Duration::from_millis(
+                    (budget.as_millis() as u64).div_ceil(10) * 10
+                ))
+            ))),
         }
     }
 

@@ -129,7 +129,8 @@ impl Link {
             state: state.clone(),
             done,
         };
-        if !self.is_alive() || self.jobs.send(Msg::Job(job)).is_err() {
+        // (The server-closed probe runs in the connection task, right before writing.)
+        if !self.alive.load(Ordering::SeqCst) || self.jobs.send(Msg::Job(job)).is_err() {
             return Err(LinkError::NotSent("the connection is closed".into()));
         }
         match tokio::time::timeout_at(deadline, reply).await {
