@@ -241,3 +241,42 @@ async fn stored_fields_the_client_cannot_decode_are_refused_before_any_write() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_calls_share_one_connection_and_each_gets_its_own_reply() {
+    let server = ValkeyServer::start();
+    let s = std::sync::Arc::new(store(&server).await);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let t = Target::new("pipelined", format!("t{i}"));
+            let owner = format!("owner-{i}");
+            let l = s
+                .acquire(&acquire(&t, &owner))
+                .await
+                .unwrap()
+                .lease
+                .unwrap();
+            assert_eq!(
+                (l.target.as_str(), l.owner.as_str()),
+                (t.name.as_str(), owner.as_str())
+            );
+            let got = s.get(&t).await.unwrap().lease.unwrap();
+            assert_eq!(got.owner, owner);
+            let r = s
+                .release(&ReleaseRequest::new(t, l.holder().unwrap()))
+                .await
+                .unwrap();
+            assert_eq!(r.outcome, Outcome::Released);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let clients = server.conn().cmd(&["INFO", "clients"]).text();
+    assert!(
+        clients.contains("connected_clients:2"),
+        "one pooled connection (plus this one): {clients}"
+    );
+}

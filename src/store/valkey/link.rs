@@ -29,6 +29,9 @@ pub enum LinkError {
     Lost(String),
 }
 
+/// Requests are gathered into one write up to about this many bytes.
+const MAX_BATCH: usize = 256 * 1024;
+
 const QUEUED: u8 = 0;
 const TAKEN: u8 = 1;
 const ABANDONED: u8 = 2;
@@ -210,32 +213,49 @@ async fn serve(
                     break 'conn "retired".into();
                 }
             }
-            job = jobs.recv() => {
-                let job = match job {
-                    None => break 'conn "no more users".into(),
-                    Some(Msg::Retire) if pending.is_empty() => break 'conn "retired".into(),
-                    Some(Msg::Retire) => {
-                        retiring = true;
-                        continue;
+            msg = jobs.recv() => {
+                // Take every request already queued, so one write carries them all.
+                let mut batch: Vec<Job> = Vec::new();
+                let mut next = msg;
+                loop {
+                    match next {
+                        None => break 'conn "no more users".into(),
+                        Some(Msg::Retire) => retiring = true,
+                        Some(Msg::Job(job)) if !job.take() => {}
+                        Some(Msg::Job(job)) if retiring => {
+                            let _ = job.done.send(Err(LinkError::NotSent("the connection was retired".into())));
+                        }
+                        Some(Msg::Job(job)) => batch.push(job),
                     }
-                    Some(Msg::Job(job)) => job,
-                };
-                if !job.take() {
+                    if batch.iter().map(|j| j.bytes.len()).sum::<usize>() >= MAX_BATCH {
+                        break;
+                    }
+                    match jobs.try_recv() {
+                        Ok(m) => next = Some(m),
+                        Err(_) => break,
+                    }
+                }
+                if batch.is_empty() {
+                    if retiring && pending.is_empty() {
+                        break 'conn "retired".into();
+                    }
                     continue;
                 }
-                if retiring {
-                    let _ = job.done.send(Err(LinkError::NotSent("the connection was retired".into())));
-                    continue;
-                }
-                // Written into a connection the server already closed, it
+                // Written into a connection the server already closed, they
                 // could not run: say so rather than "may have run".
                 if let Some(why) = probe.closed() {
-                    let _ = job.done.send(Err(LinkError::NotSent(why.clone())));
+                    for job in batch {
+                        let _ = job.done.send(Err(LinkError::NotSent(why.clone())));
+                    }
                     break 'conn why;
                 }
-                pending.push_back(Pending { want: job.replies, got: Vec::new(), done: job.done });
+                let mut bytes = Vec::with_capacity(batch.iter().map(|j| j.bytes.len()).sum());
+                for job in batch {
+                    bytes.extend_from_slice(&job.bytes);
+                    pending.push_back(Pending { want: job.replies, got: Vec::new(), done: job.done });
+                }
                 let write = async {
-                    wr.write_all(&job.bytes).await?;
+                    wr.write_all(&bytes).await?;
                     wr.flush().await
                 };
                 tokio::select! {
