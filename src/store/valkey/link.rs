@@ -125,6 +125,9 @@ impl Link {
             c.encode(&mut bytes);
         }
         let state = Arc::new(AtomicU8::new(QUEUED));
+        // A caller that goes away (its future dropped) before the request is
+        // written takes it back: nothing runs for a caller nobody answers to.
+        let _take_back = TakeBack(state.clone());
         let (done, reply) = oneshot::channel();
         let job = Job {
             bytes,
@@ -153,6 +156,17 @@ impl Link {
                 }
             }
         }
+    }
+}
+
+/// Marks a still-queued request abandoned when dropped.
+struct TakeBack(Arc<AtomicU8>);
+
+impl Drop for TakeBack {
+    fn drop(&mut self) {
+        let _ = self
+            .0
+            .compare_exchange(QUEUED, ABANDONED, Ordering::SeqCst, Ordering::SeqCst);
     }
 }
 
