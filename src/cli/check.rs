@@ -217,7 +217,17 @@ pub async fn run_checks(
             Status::Ok,
             "the user can run the lease scripts on keys under the prefix",
         ),
-        Err(e) => check("permissions", Status::Fail, e.to_string()),
+        // Refused for want of permission: the deployment cannot work.
+        Err(e) if e.to_string().contains("NOPERM") => {
+            check("permissions", Status::Fail, e.to_string())
+        }
+        // Refused for another reason (a full server, too few replicas, …):
+        // the other checks say more; permissions themselves are unproven.
+        Err(e) => check(
+            "permissions",
+            Status::Warn,
+            format!("could not run the probe scripts: {e}"),
+        ),
     });
     checks.push(match ask!("maxmemory-policy", store.info("memory")) {
         Ok(t) => eviction(&fields(&t)),

@@ -18,7 +18,7 @@ pub mod events;
 pub mod keys;
 mod link;
 mod pool;
-pub mod reply;
+mod reply;
 mod resp;
 pub mod scripts;
 pub mod tls;
