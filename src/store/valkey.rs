@@ -303,6 +303,7 @@ impl ValkeyStore {
                 LinkError::NotSent(why) | LinkError::Lost(why) => {
                     format!("the connection that wrote is gone ({why})")
                 }
+                LinkError::Late => "no answer to the wait in time".into(),
             })
         })?;
         let acked = match (self.durability, replies.first()) {

@@ -43,6 +43,8 @@ pub enum SendError {
     NotSent(String),
     /// It was written (or may have been) and no complete reply came: it may have run.
     Lost(String),
+    /// It was written and no reply came before the deadline: it may have run.
+    Late,
     /// Every copy was answered `MOVED`/`ASK` until the limit: none ran.
     Redirected(String),
 }
@@ -375,11 +377,13 @@ fn from_link(e: LinkError) -> SendError {
     match e {
         LinkError::NotSent(why) => SendError::NotSent(why),
         LinkError::Lost(why) => SendError::Lost(why),
+        LinkError::Late => SendError::Late,
     }
 }
 
 fn link_text(e: &LinkError) -> String {
     match e {
         LinkError::NotSent(w) | LinkError::Lost(w) => w.clone(),
+        LinkError::Late => "no reply in time".into(),
     }
 }

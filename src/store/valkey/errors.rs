@@ -77,22 +77,19 @@ pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
 
 /// A request that got no reply. `timeout` names the deadline in messages.
 pub(super) fn unanswered(e: SendError, effect: Effect, timeout: Duration) -> StoreError {
-    match e {
-        SendError::NotSent(why) => StoreError::BackendUnavailable(format!("not sent: {why}")),
-        SendError::Redirected(why) => StoreError::BackendUnavailable(why),
-        SendError::Lost(why) => {
-            let why = if why == "no reply in time" {
-                format!("no reply within {}", humantime::format_duration(timeout))
-            } else {
-                format!("connection lost before the reply: {why}")
-            };
-            match effect {
-                Effect::Write => StoreError::OutcomeUnknown(format!(
-                    "{why}; it may have run, retry with the same request id"
-                )),
-                Effect::Read => StoreError::BackendUnavailable(why),
-            }
+    let why = match e {
+        SendError::NotSent(why) => {
+            return StoreError::BackendUnavailable(format!("not sent: {why}"));
         }
+        SendError::Redirected(why) => return StoreError::BackendUnavailable(why),
+        SendError::Late => format!("no reply within {}", humantime::format_duration(timeout)),
+        SendError::Lost(why) => format!("connection lost before the reply: {why}"),
+    };
+    match effect {
+        Effect::Write => StoreError::OutcomeUnknown(format!(
+            "{why}; it may have run, retry with the same request id"
+        )),
+        Effect::Read => StoreError::BackendUnavailable(why),
     }
 }
 
@@ -136,7 +133,7 @@ mod tests {
     #[test]
     fn a_lost_reply_is_unknown_only_for_writes() {
         let t = Duration::from_secs(2);
-        let lost = || SendError::Lost("no reply in time".into());
+        let lost = || SendError::Late;
         match unanswered(lost(), Effect::Write, t) {
             StoreError::OutcomeUnknown(m) => assert!(m.contains("within 2s"), "{m}"),
             other => panic!("{other:?}"),

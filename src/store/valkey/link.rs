@@ -27,6 +27,8 @@ pub enum LinkError {
     NotSent(String),
     /// It was written (or partly) and no complete reply came: it may have run.
     Lost(String),
+    /// It was written and its deadline passed without a reply: it may have run.
+    Late,
 }
 
 /// Requests are gathered into one write up to about this many bytes.
@@ -152,7 +154,7 @@ impl Link {
                         "no turn on the connection in time".into(),
                     ))
                 } else {
-                    Err(LinkError::Lost("no reply in time".into()))
+                    Err(LinkError::Late)
                 }
             }
         }
