@@ -453,3 +453,49 @@ async fn release_events_survive_a_broken_subscription() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_lost_reply_to_the_script_source_or_to_the_wait_is_unknown() {
+    // With an append-only file, so the wait itself would succeed.
+    let server = ValkeyServer::start_with(&["--appendonly", "yes"]);
+    let proxy = FaultProxy::start(&server.addr());
+    let store = through(&proxy).await;
+    let admin = direct(&server).await;
+
+    // After a flushed script cache the source is sent once; its reply is lost.
+    server.conn().cmd(&["SCRIPT", "FLUSH"]);
+    proxy.cut_before_reply("EVAL");
+    let req = AcquireRequest::new(target("eval-cut"), "alice", TTL);
+    let got = store.acquire(&req).await;
+    assert_unknown(&got, "acquire whose EVAL reply was lost");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.forwarded("EVALSHA"), 1);
+    assert_eq!(proxy.forwarded("EVAL"), 1, "the source went once");
+    assert_eq!(
+        admin.acquire(&req).await.unwrap().outcome,
+        Outcome::Acquired
+    );
+
+    // The durability wait's own reply is lost.
+    let durable = ValkeyStore::connect(&ValkeyConfig {
+        durability: Durability::Aof,
+        ..config(proxy.url())
+    })
+    .await
+    .unwrap();
+    proxy.cut_before_reply("WAITAOF");
+    let got = durable
+        .acquire(&AcquireRequest::new(target("wait-cut"), "alice", TTL))
+        .await;
+    assert_unknown(&got, "acquire whose WAITAOF reply was lost");
+    if let Err(StoreError::OutcomeUnknown(msg)) = &got {
+        assert!(msg.contains("durability"), "{msg}");
+    }
+    assert_eq!(proxy.forwarded("WAITAOF"), 1, "the wait went once");
+    // Without the cut, the same wait confirms.
+    let ok = durable
+        .acquire(&AcquireRequest::new(target("wait-ok"), "alice", TTL))
+        .await
+        .expect("aof durability confirmed");
+    assert_eq!(ok.outcome, Outcome::Acquired);
+}
