@@ -4,8 +4,6 @@
 //! refusal, never `backend_unavailable`), durability is only confirmed on the
 //! connection that wrote, and every call ends within its deadline.
 
-#[path = "support/cluster.rs"]
-mod cluster;
 #[path = "support/fault_proxy.rs"]
 mod fault_proxy;
 #[path = "support/resp.rs"]
@@ -173,97 +171,6 @@ async fn durability_is_never_confirmed_on_a_connection_that_did_not_write() {
     if let Err(StoreError::OutcomeUnknown(msg)) = &got {
         assert!(msg.contains("durability"), "{msg}");
     }
-}
-
-/// A 3-primary cluster whose node serving `key` is reached only through a proxy
-/// (it announces the proxy's port), plus that proxy and the node's index.
-fn cluster_with_proxied_owner(
-    key_of: impl Fn(&cluster::Cluster) -> String,
-) -> (cluster::Cluster, FaultProxy, usize) {
-    let c = cluster::Cluster::start();
-    let key = key_of(&c);
-    let owner = c.owner_of_slot(c.keyslot(&key));
-    let proxy = FaultProxy::start(&c.nodes[owner].addr());
-    let port = proxy.port().to_string();
-    c.nodes[owner]
-        .conn()
-        .cmd(&["CONFIG", "SET", "cluster-announce-port", &port]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for n in &c.nodes {
-        loop {
-            let slots = format!("{:?}", n.conn().cmd(&["CLUSTER", "SLOTS"]));
-            if slots.contains(&format!("Int({port})")) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the announced port never spread");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    (c, proxy, owner)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
-    let t = target("cluster-cut");
-    let keys = targetlease::store::valkey::KeySpace::new("targetlease").unwrap();
-    let lease_key = keys.lease(&t);
-    let lk = lease_key.clone();
-    let (c, proxy, owner) =
-        tokio::task::spawn_blocking(move || cluster_with_proxied_owner(|_| lk.clone()))
-            .await
-            .unwrap();
-    let slot = c.keyslot(&lease_key);
-    let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
-        .await
-        .expect("connect to the cluster through the proxy");
-    let before = calls(&c.nodes[owner], "evalsha");
-
-    // The first copy runs; any later copy is redirected until the client gives up.
-    proxy.cut_before_reply("EVALSHA");
-    proxy.refuse(
-        "EVALSHA",
-        &format!("MOVED {slot} 127.0.0.1:{}", proxy.port()),
-        100,
-    );
-    let got = store
-        .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
-        .await;
-    assert_unknown(&got, "acquire in cluster");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(calls(&c.nodes[owner], "evalsha"), before + 1, "ran once");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
-    let t = target("cluster-moved-loop");
-    let keys = targetlease::store::valkey::KeySpace::new("targetlease").unwrap();
-    let lease_key = keys.lease(&t);
-    let lk = lease_key.clone();
-    let (c, proxy, owner) =
-        tokio::task::spawn_blocking(move || cluster_with_proxied_owner(|_| lk.clone()))
-            .await
-            .unwrap();
-    let slot = c.keyslot(&lease_key);
-    let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
-        .await
-        .expect("connect to the cluster through the proxy");
-    let before = calls(&c.nodes[owner], "evalsha");
-    proxy.refuse(
-        "EVALSHA",
-        &format!("MOVED {slot} 127.0.0.1:{}", proxy.port()),
-        100,
-    );
-    let (got, _) = within(TIMEOUT + SLACK, "a redirection loop", async {
-        store
-            .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
-            .await
-    })
-    .await;
-    assert!(
-        matches!(got, Err(StoreError::BackendUnavailable(_))),
-        "nothing ran: a definite refusal, got {got:?}"
-    );
-    assert_eq!(calls(&c.nodes[owner], "evalsha"), before, "never ran");
 }
 
 #[tokio::test]
