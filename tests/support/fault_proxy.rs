@@ -9,9 +9,13 @@
 //! while clients are connected; they apply to live and new connections.
 //!
 //! ```ignore
-//! let proxy = FaultProxy::start(&server.addr());
-//! proxy.cut_before_reply("EVALSHA");      // the next EVALSHA runs, its reply is lost
-//! proxy.set(Fault::Silent);               // from now on nothing is answered
+//! let proxy = FaultProxy::start(&server.addr());   // or FaultProxy::silent()
+//! proxy.cut_before_reply("EVALSHA");  // the next EVALSHA runs, its reply is lost (RST)
+//! proxy.cut_after_reply("EVALSHA");   // ... its reply arrives, then the connection closes
+//! proxy.refuse("EVALSHA", "READONLY …", 3); // answered with an error, not forwarded
+//! proxy.silence_from("EVALSHA");      // that connection goes silent from there on
+//! proxy.set(Fault::Delay(d));         // standing faults: Pass, Delay, DropReplies,
+//! proxy.set(Fault::Silent);           //   Silent, Reset (live and new connections)
 //! assert_eq!(proxy.forwarded("EVALSHA"), 1);
 //! ```
 //!
@@ -26,13 +30,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 #[path = "fault_frames.rs"]
 mod frames;
 use frames::{split_command, split_reply};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// What happens to traffic until the next [`FaultProxy::set`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
