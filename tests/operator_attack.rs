@@ -1037,8 +1037,8 @@ async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
     let store = env.store().await;
     let revoked = store
         .revoke(&targetlease::store::RevokeRequest {
-            target: Target::new(&env.ns, "t"),
             reason: Some("repair".into()),
+            ..targetlease::store::RevokeRequest::new(Target::new(&env.ns, "t"))
         })
         .await
         .unwrap();

@@ -307,9 +307,12 @@ async fn pod_marks_always_match_status() {
         (env.marks("m-0", "el").await == (None, None, None)).then_some(())
     })
     .await;
-    env.valkey.conn().cmd(&["DEL", &key]);
-    env.wait_phase("el", Phase::Held, Duration::from_secs(90))
-        .await;
+    // Repaired the documented way: a revoke wakes the lease through pub/sub.
+    let mut repair = targetlease::store::RevokeRequest::new(Target::new(&env.ns, "t"));
+    repair.reason = Some("repair".into());
+    let revoked = env.store().await.revoke(&repair).await.unwrap();
+    assert_eq!(revoked.outcome, Outcome::Revoked);
+    env.wait_phase("el", Phase::Held, SOON).await;
     let tl = env.api().get("el").await.unwrap();
     let leader = summary(&tl).1.unwrap();
     eventually("re-marked", SOON, || async {

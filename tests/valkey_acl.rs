@@ -93,8 +93,8 @@ async fn every_lease_operation_works_with_the_documented_user() {
         .unwrap();
     let r = store
         .revoke(&RevokeRequest {
-            target: t.clone(),
             reason: Some("test".into()),
+            ..RevokeRequest::new(t.clone())
         })
         .await
         .unwrap();

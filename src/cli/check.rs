@@ -2,8 +2,11 @@
 //!
 //! Connects with the shared flags and reports each finding as ok, warn or
 //! fail. Exit codes: 0 nothing failed, 1 a check failed, 2 bad arguments,
-//! 3 the server cannot be reached. Only `INFO`, the lease scripts and a read
-//! of a probe target are used, so the least-privilege ACL user can run it.
+//! 3 the server cannot be reached (or stopped answering). Only `INFO`, the
+//! lease scripts and a probe target (a read, and a release that finds nothing
+//! and so writes nothing) are used, so the least-privilege ACL user can run
+//! it. It ends within `--connect-timeout` + `--timeout` against a silent
+//! server: the first unanswered call ends the run.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,7 +18,7 @@ use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
 use super::output;
 use crate::store::valkey::{Durability, ValkeyStore};
-use crate::store::{LeaseStore, StoreError, Target};
+use crate::store::{Holder, LeaseStore, ReleaseRequest, StoreError, Target};
 
 /// Arguments of `targetlease check`.
 #[derive(Args, Debug)]
@@ -90,13 +93,10 @@ pub async fn main(args: CheckArgs) -> ExitCode {
             EXIT_UNREACHABLE,
         ),
         Ok(store) => {
-            let checks = run_checks(&store, config.durability).await;
+            let (checks, answering) = run_checks(&store, config.durability, config.timeout).await;
             store.close().await;
-            let unreachable = checks
-                .first()
-                .is_some_and(|c| c.name == "reachability" && c.status == Status::Fail);
             let failed = checks.iter().any(|c| c.status == Status::Fail);
-            let code = if unreachable {
+            let code = if !answering {
                 EXIT_UNREACHABLE
             } else if failed {
                 EXIT_FAILED
@@ -140,9 +140,32 @@ pub fn human(report: &CheckReport) -> String {
     out
 }
 
-/// Every check, in order; stops after reachability when the server is gone.
-pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Check> {
+/// Every check, in order, and whether the server kept answering. A call that
+/// got no answer within `timeout` ends the run there (failing that check):
+/// the rest would only wait as long again, each.
+pub async fn run_checks(
+    store: &ValkeyStore,
+    durability: Durability,
+    timeout: Duration,
+) -> (Vec<Check>, bool) {
     let mut checks = Vec::new();
+    // Runs one call; `None` (after recording a failed check) when it went unanswered.
+    macro_rules! ask {
+        ($name:expr, $call:expr) => {{
+            let started = std::time::Instant::now();
+            let result = $call.await;
+            if result.is_err() && started.elapsed() >= timeout {
+                let why = result.err().map(|e| e.to_string()).unwrap_or_default();
+                checks.push(check(
+                    $name,
+                    Status::Fail,
+                    format!("the server stopped answering: {why}"),
+                ));
+                return (checks, false);
+            }
+            result
+        }};
+    }
     match store.health().await {
         Ok(h) => {
             let ms = h.latency.as_secs_f64() * 1000.0;
@@ -159,10 +182,10 @@ pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Chec
         }
         Err(e) => {
             checks.push(check("reachability", Status::Fail, e.to_string()));
-            return checks;
+            return (checks, false);
         }
     }
-    let server = store.info("server").await.map(|t| fields(&t));
+    let server = ask!("server-version", store.info("server")).map(|t| fields(&t));
     checks.push(match &server {
         Ok(f) => version(f),
         Err(e) => check(
@@ -171,21 +194,42 @@ pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Chec
             format!("cannot read INFO server: {e}"),
         ),
     });
-    checks.push(match store.load_scripts().await {
+    checks.push(match ask!("scripts", store.load_scripts()) {
         Ok(()) => check("scripts", Status::Ok, "all lease scripts load"),
         Err(e) => check("scripts", Status::Fail, e.to_string()),
     });
-    checks.push(
-        match store.get(&Target::new("targetlease-check", "probe")).await {
-            Ok(_) => check(
-                "permissions",
-                Status::Ok,
-                "the user can run the lease scripts on keys under the prefix",
-            ),
-            Err(e) => check("permissions", Status::Fail, e.to_string()),
-        },
+    // The read path (get) and the write path (a release that finds nothing,
+    // so writes nothing) of a probe target.
+    let probe = Target::new("targetlease-check", "probe");
+    let holder = Holder {
+        owner: "targetlease-check".into(),
+        lease_id: "targetlease-check-probe".into(),
+        token: 1,
+    };
+    let read = ask!("permissions", store.get(&probe));
+    let write = ask!(
+        "permissions",
+        store.release(&ReleaseRequest::new(probe, holder))
     );
-    checks.push(match store.info("memory").await {
+    checks.push(match read.and(write) {
+        Ok(_) => check(
+            "permissions",
+            Status::Ok,
+            "the user can run the lease scripts on keys under the prefix",
+        ),
+        // Refused for want of permission: the deployment cannot work.
+        Err(e) if e.to_string().contains("NOPERM") => {
+            check("permissions", Status::Fail, e.to_string())
+        }
+        // Refused for another reason (a full server, too few replicas, …):
+        // the other checks say more; permissions themselves are unproven.
+        Err(e) => check(
+            "permissions",
+            Status::Warn,
+            format!("could not run the probe scripts: {e}"),
+        ),
+    });
+    checks.push(match ask!("maxmemory-policy", store.info("memory")) {
         Ok(t) => eviction(&fields(&t)),
         Err(e) => check(
             "maxmemory-policy",
@@ -193,7 +237,7 @@ pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Chec
             format!("cannot read the eviction policy: {e}"),
         ),
     });
-    checks.push(match store.info("persistence").await {
+    checks.push(match ask!("persistence", store.info("persistence")) {
         Ok(t) => persistence(&fields(&t), durability),
         Err(e) => check(
             "persistence",
@@ -201,7 +245,7 @@ pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Chec
             format!("cannot read INFO persistence: {e}"),
         ),
     });
-    checks.push(match store.info("replication").await {
+    checks.push(match ask!("replication", store.info("replication")) {
         Ok(t) => replication(&fields(&t), durability),
         Err(e) => check(
             "replication",
@@ -209,7 +253,7 @@ pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Chec
             format!("cannot read INFO replication: {e}"),
         ),
     });
-    checks.push(match store.info("cluster").await {
+    checks.push(match ask!("cluster", store.info("cluster")) {
         Ok(t) => cluster(&fields(&t), store.is_clustered()),
         Err(e) => check(
             "cluster",
@@ -217,7 +261,7 @@ pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Chec
             format!("cannot read INFO cluster: {e}"),
         ),
     });
-    checks
+    (checks, true)
 }
 
 type Fields = Vec<(String, String)>;

@@ -7,7 +7,6 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -26,7 +25,6 @@ use super::connection::ConnectionArgs;
 use super::lease::{TargetArgs, parse_metadata};
 use super::logging::{self, LogArgs};
 use super::output::{self, EXIT_REFUSED, Envelope, Report, Status};
-use crate::store::valkey::ValkeyStore;
 use crate::store::{AcquireRequest, Lease, Outcome, Reply, StoreError};
 
 /// Flags of `run`.
@@ -177,30 +175,19 @@ pub async fn main(args: RunArgs) -> ExitCode {
     };
     let backstop = config.timeout + Duration::from_secs(1);
 
-    // (client required)
-    let store = match ValkeyStore::connect(&config).await {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            return match Report::from(e) {
-                Report::Envelope(env) => {
-                    let code = env.exit_code();
-                    finish(env, code, false)
-                }
-                Report::Usage(msg) => output::usage_error(&msg),
-            };
-        }
-    };
-    let granted = match acquire_within(&store, &req, args.wait, backstop, &mut signals).await {
-        Ok(g) => g,
-        Err(NotAcquired::Refused(env)) => {
-            let code = env.exit_code().max(EXIT_REFUSED);
-            return finish(env, code, false);
-        }
-        Err(NotAcquired::Usage(msg)) => return output::usage_error(&msg),
-        Err(NotAcquired::Interrupted(env, sig)) => {
-            return finish(env, 128 + sig as i32 as u8, false);
-        }
-    };
+    // (client required) connecting counts as part of the wait.
+    let (store, granted) =
+        match acquire_within(&config, &req, args.wait, backstop, &mut signals).await {
+            Ok(g) => g,
+            Err(NotAcquired::Refused(env)) => {
+                let code = env.exit_code().max(EXIT_REFUSED);
+                return finish(env, code, false);
+            }
+            Err(NotAcquired::Usage(msg)) => return output::usage_error(&msg),
+            Err(NotAcquired::Interrupted(env, sig)) => {
+                return finish(env, 128 + sig as i32 as u8, false);
+            }
+        };
     let holder = granted.holder.clone();
     let acquired = granted.lease.clone();
     tracing::info!(target = %target.name, token = holder.token, "lease acquired");
@@ -220,7 +207,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             } else {
                 126
             };
-            let released = release(&store, &target, &holder, backstop).await;
+            let released = release(&store, &target, &holder, backstop, &mut signals).await;
             let mut env = envelope_of(released);
             env.message = format!(
                 "cannot start {:?}: {}; {}",
@@ -280,7 +267,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
 
     // Release even after a presumed loss: if only the backend was unreachable,
     // the lease may still be ours, and giving it back frees the target early.
-    let released = release(&store, &target, &holder, backstop).await;
+    let released = release(&store, &target, &holder, backstop, &mut signals).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
     match lost {
         Some(mut env) => {

@@ -304,4 +304,8 @@ all_backends!(
     conflicts_never_reveal_the_lease_id,
     tenants_are_isolated,
     health_reports_server_time,
+    acquire_replay_needs_the_same_lease_id_and_token,
+    revoke_replays_and_never_ends_a_later_lease,
+    revoke_with_a_token_ends_only_that_lease,
+    metadata_that_cannot_be_read_back_is_refused_up_front,
 );
