@@ -67,12 +67,12 @@ where
     }
 }
 
-/// Runs the controller until `stop` resolves. `release_events` are targets that
+/// Runs the controller until `stop` resolves. `release_notices` are targets that
 /// may have become free (releases from anywhere, including outside
 /// Kubernetes); their TargetLeases are woken at once.
-pub async fn run(
+pub async fn control(
     cfg: &OperatorConfig,
-    release_events: BoxStream<'static, Target>,
+    release_notices: BoxStream<'static, Target>,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = cfg.client.clone();
@@ -193,7 +193,7 @@ pub async fn run(
     let sweeper = tokio::spawn(sweep_orphaned_marks(ctx.clone()));
     let released = {
         let ctx = ctx.clone();
-        release_events.flat_map(move |target| futures::stream::iter(ctx.released(&target)))
+        release_notices.flat_map(move |target| futures::stream::iter(ctx.released(&target)))
     };
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
@@ -311,10 +311,10 @@ pub struct Election {
 /// controller stops, and the Lease is given up so another replica takes over
 /// at once. Workload leases are never released on shutdown: the next leader
 /// re-adopts them (same tokens).
-pub async fn run_elected(
+pub async fn control_while_leading(
     cfg: OperatorConfig,
     election: Election,
-    mut release_events: impl FnMut() -> BoxStream<'static, Target>,
+    mut release_notices: impl FnMut() -> BoxStream<'static, Target>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let timings = election.timings;
@@ -334,7 +334,7 @@ pub async fn run_elected(
         tracing::info!(identity = %elector.identity(), "became the operator leader");
         cfg.runtime.leading.store(true, Ordering::SeqCst);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let controller = run(&cfg, release_events(), async move {
+        let controller = control(&cfg, release_notices(), async move {
             let _ = stop_rx.await;
         });
         tokio::pin!(controller);

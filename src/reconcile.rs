@@ -85,7 +85,7 @@ pub struct Memory {
     /// The last API call failed (a conflict, a refused patch): re-read first.
     pub reread: bool,
     /// The implicit first attempt was used up (its lease ended or was never ours).
-    pub implicit_spent: bool,
+    pub first_acquisition_spent: bool,
     /// A release was announced on the target this lease holds: confirm it with
     /// the store at once (it may have been revoked).
     pub confirm: bool,
@@ -211,7 +211,7 @@ async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Erro
         return pass.cleanup().await;
     }
     pass.ensure_finalizer().await?;
-    pass.apply().await
+    pass.converge().await
 }
 
 /// Backoff for failed reconciles: one per-object policy for API and store errors.

@@ -11,7 +11,8 @@ mod requests;
 pub mod valkey;
 
 pub use requests::{
-    AcquireRequest, CommitRequest, Holder, ReleaseRequest, RenewRequest, RevokeRequest, check_name,
+    AcquireRequest, CommitRequest, LeaseHandle, ReleaseRequest, RenewRequest, RevokeRequest,
+    check_name,
 };
 
 use std::time::Duration;
@@ -92,8 +93,8 @@ impl Lease {
     }
 
     /// The exact identity needed to renew or release, when this copy carries it.
-    pub fn holder(&self) -> Option<Holder> {
-        self.lease_id.as_ref().map(|id| Holder {
+    pub fn handle(&self) -> Option<LeaseHandle> {
+        self.lease_id.as_ref().map(|id| LeaseHandle {
             owner: self.owner.clone(),
             lease_id: id.clone(),
             token: self.fencing_token,

@@ -144,7 +144,7 @@ async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
     let released = store
         .release(&ReleaseRequest::new(
             target.clone(),
-            lease.holder().unwrap(),
+            lease.handle().unwrap(),
         ))
         .await
         .unwrap();

@@ -910,7 +910,7 @@ async fn release_notifications_resume_after_the_subscriber_could_not_connect() {
         .await;
     env.wait_reason("q", "TargetHeld", SOON).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let holder = outside.lease.unwrap().holder().unwrap();
+    let holder = outside.lease.unwrap().handle().unwrap();
     let released = store
         .release(&ReleaseRequest::new(target.clone(), holder))
         .await

@@ -55,7 +55,7 @@ async fn every_key_of_a_target_is_in_one_slot() {
             .await
             .unwrap();
         assert_eq!(r.outcome, Outcome::Acquired);
-        let h = r.lease.unwrap().holder().unwrap();
+        let h = r.lease.unwrap().handle().unwrap();
         let c = store
             .commit(&CommitRequest::new(t.clone(), h.token, "k:}", "v"))
             .await
@@ -80,7 +80,7 @@ async fn leases_keep_working_while_their_slot_migrates() {
         .await
         .unwrap();
     assert_eq!(first.outcome, Outcome::Acquired);
-    let alice = first.lease.unwrap().holder().unwrap();
+    let alice = first.lease.unwrap().handle().unwrap();
 
     // Start the migration and move every key of the slot: the source now answers ASK.
     let s = slot.to_string();

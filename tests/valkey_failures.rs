@@ -187,7 +187,7 @@ async fn server_killed_mid_operation_is_unknown_and_the_retry_allocates_one_toke
         .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
         .await
         .unwrap();
-    let holder = first.lease.unwrap().holder().unwrap();
+    let holder = first.lease.unwrap().handle().unwrap();
     store
         .release(&targetlease::store::ReleaseRequest::new(t.clone(), holder))
         .await

@@ -318,7 +318,7 @@ async fn release_events_survive_a_broken_subscription() {
     let server = ValkeyServer::start();
     let proxy = FaultProxy::start(&server.addr());
     let store = direct(&server).await;
-    let mut events = targetlease::store::valkey::events::release_events(&config(proxy.url()))
+    let mut events = targetlease::store::valkey::notices::release_notices(&config(proxy.url()))
         .await
         .expect("subscribe");
     let free = |name: &'static str| {
@@ -334,7 +334,7 @@ async fn release_events_survive_a_broken_subscription() {
             store
                 .release(&targetlease::store::ReleaseRequest::new(
                     t,
-                    l.holder().unwrap(),
+                    l.handle().unwrap(),
                 ))
                 .await
                 .unwrap();

@@ -45,7 +45,7 @@ async fn tokens_are_exact_beyond_2_pow_53() {
     );
     // The exact tuple still renews and releases.
     let released = s
-        .release(&ReleaseRequest::new(t.clone(), lease.holder().unwrap()))
+        .release(&ReleaseRequest::new(t.clone(), lease.handle().unwrap()))
         .await
         .unwrap();
     assert_eq!(released.outcome, Outcome::Released);
@@ -182,7 +182,7 @@ async fn stored_fields_the_client_cannot_decode_are_refused_before_any_write() {
             .unwrap()
             .lease
             .unwrap();
-        let holder = lease.holder().unwrap();
+        let holder = lease.handle().unwrap();
         let c = s
             .commit(&CommitRequest::new(t.clone(), holder.token, "k", "v1"))
             .await
@@ -265,7 +265,7 @@ async fn many_calls_share_one_connection_and_each_gets_its_own_reply() {
             let got = s.get(&t).await.unwrap().lease.unwrap();
             assert_eq!(got.owner, owner);
             let r = s
-                .release(&ReleaseRequest::new(t, l.holder().unwrap()))
+                .release(&ReleaseRequest::new(t, l.handle().unwrap()))
                 .await
                 .unwrap();
             assert_eq!(r.outcome, Outcome::Released);

@@ -13,8 +13,8 @@ use std::time::Duration;
 use resp::Resp;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireRequest, Holder, LeaseStore, Outcome, ReleaseRequest, Reply, RevokeRequest, StoreError,
-    Target,
+    AcquireRequest, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, Reply, RevokeRequest,
+    StoreError, Target,
 };
 use valkey_server::ValkeyServer;
 
@@ -64,7 +64,7 @@ fn assert_refused(result: Result<Reply, StoreError>, code: &str) {
 
 /// Alice's lease on `name` and a second target Bob holds, for the
 /// read-and-free tests below.
-async fn two_leases(store: &ValkeyStore, name: &str) -> (Target, Holder, Target) {
+async fn two_leases(store: &ValkeyStore, name: &str) -> (Target, LeaseHandle, Target) {
     let t = target(name);
     let alice = store
         .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
@@ -72,7 +72,7 @@ async fn two_leases(store: &ValkeyStore, name: &str) -> (Target, Holder, Target)
         .unwrap()
         .lease
         .unwrap()
-        .holder()
+        .handle()
         .unwrap();
     let other = target(&format!("{name}-other"));
     store

@@ -13,7 +13,7 @@ use super::logging::{self, LogArgs};
 use super::output::{self, Report};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
-    AcquireRequest, CommitRequest, Holder, LeaseStore, MAX_METADATA_BYTES, ReleaseRequest,
+    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, MAX_METADATA_BYTES, ReleaseRequest,
     RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
@@ -101,8 +101,8 @@ pub struct HolderArgs {
 }
 
 impl HolderArgs {
-    fn holder(&self) -> Holder {
-        Holder {
+    fn holder(&self) -> LeaseHandle {
+        LeaseHandle {
             owner: self.owner.clone(),
             lease_id: self.lease_id.clone(),
             token: self.token,

@@ -23,7 +23,7 @@ use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{self, Election, OperatorConfig};
 use crate::store::metrics::{MeteredStore, StoreMetrics};
-use crate::store::valkey::{ValkeyConfig, ValkeyStore, events};
+use crate::store::valkey::{ValkeyConfig, ValkeyStore, notices};
 use crate::store::{LeaseStore, Target};
 
 /// Flags of `targetlease operator`.
@@ -176,8 +176,9 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         Arc::new(MeteredStore::new(Arc::new(valkey), store_metrics.clone()));
     let metrics = OperatorMetrics::default();
     let mut registry = Registry::default();
-    store_metrics.register(registry.sub_registry_with_prefix("targetlease"));
-    metrics.register(&mut registry);
+    let ours = registry.sub_registry_with_prefix("targetlease");
+    store_metrics.register(ours);
+    metrics.register(ours);
     let runtime = Arc::new(RuntimeStatus::default());
 
     let admin_state = Arc::new(AdminState {
@@ -210,7 +211,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     };
     let subscribe = {
         let config = config.clone();
-        move || release_events(config.clone())
+        move || release_notices(config.clone())
     };
     tracing::info!(admin = %args.admin_addr, leader_election = args.leader_election, "operator starting");
     if args.leader_election {
@@ -222,7 +223,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
             lease_name: args.leader_election_lease,
             timings,
         };
-        operator::run_elected(cfg, election, subscribe, shutdown.clone()).await;
+        operator::control_while_leading(cfg, election, subscribe, shutdown.clone()).await;
     } else {
         runtime
             .leading
@@ -231,8 +232,8 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         let stop = async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let events = subscribe();
-        operator::run(&cfg, events, stop).await;
+        let notices = subscribe();
+        operator::control(&cfg, notices, stop).await;
     }
     if let Ok(Err(e)) = admin.await {
         tracing::error!(error = %e, "admin server failed");
@@ -260,11 +261,11 @@ async fn clients(gate: &Leadership) -> Result<(kube::Client, kube::Client), kube
 /// retried with capped backoff for as long as the controller polls the
 /// stream; it stops when the controller does. Releases published while
 /// unsubscribed are missed: waiters also re-check on their own.
-fn release_events(config: ValkeyConfig) -> BoxStream<'static, Target> {
+fn release_notices(config: ValkeyConfig) -> BoxStream<'static, Target> {
     let first = Duration::from_millis(200);
     futures::stream::unfold((config, first), move |(config, mut delay)| async move {
         loop {
-            match events::release_events(&config).await {
+            match notices::release_notices(&config).await {
                 Ok(stream) => {
                     tracing::info!("subscribed to release notifications");
                     // When the subscriber closes, pause and subscribe again.

@@ -24,7 +24,7 @@ use holding::{NotAcquired, acquire_within, release, renew_until_lost};
 use super::connection::ConnectionArgs;
 use super::lease::{TargetArgs, parse_metadata};
 use super::logging::{self, LogArgs};
-use super::output::{self, EXIT_REFUSED, Envelope, Report, Status};
+use super::output::{self, Answer, EXIT_REFUSED, Envelope, Report};
 use crate::store::{AcquireRequest, Lease, Outcome, Reply, StoreError};
 
 /// Flags of `run`.
@@ -234,7 +234,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             status = child.wait() => break status,
             loss = &mut lost_rx, if lost.is_none() => {
                 let env = loss.unwrap_or_else(|_| Envelope::from_backend_error(
-                    Status::BackendUnavailable,
+                    Answer::BackendUnavailable,
                     "lease renewal stopped unexpectedly".into(),
                 ));
                 tracing::warn!(
@@ -280,7 +280,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             let mut env = envelope_of(released);
             // A refused release means the lease had ended while CMD ran, before
             // a renewal noticed: that is a loss too.
-            let ended = matches!(env.status(), Status::Store(o) if o != Outcome::Released);
+            let ended = matches!(env.answer(), Answer::Store(o) if o != Outcome::Released);
             env.message = format!("{}; {}", child_desc, env.message);
             if ended {
                 env.lease = env.lease.or(Some(acquired));
@@ -296,6 +296,6 @@ pub async fn main(args: RunArgs) -> ExitCode {
 fn envelope_of(result: Result<Reply, StoreError>) -> Envelope {
     match Report::from(result) {
         Report::Envelope(env) => env,
-        Report::Usage(msg) => Envelope::from_backend_error(Status::BackendUnavailable, msg),
+        Report::Usage(msg) => Envelope::from_backend_error(Answer::BackendUnavailable, msg),
     }
 }

@@ -17,7 +17,7 @@ use super::{Error, pods, queue, spec};
 use crate::conditions::Reason;
 use crate::floor::floor_key;
 use crate::store::{
-    AcquireRequest, Holder, ReleaseRequest, RenewRequest, Reply, StoreError, Target,
+    AcquireRequest, LeaseHandle, ReleaseRequest, RenewRequest, Reply, StoreError, Target,
 };
 
 /// Steps one pass may take before it yields (a release, a new attempt and an
@@ -26,7 +26,7 @@ const MAX_STEPS: usize = 8;
 
 impl Pass<'_> {
     /// Makes a live resource's lease what its spec and the pods call for.
-    pub(super) async fn apply(mut self) -> Result<Action, Error> {
+    pub(super) async fn converge(mut self) -> Result<Action, Error> {
         let check = self.spec.as_ref().map(|_| ()).map_err(Clone::clone);
         self.working = transition::spec_checked(&self.facts(), &self.working, &check);
         for _ in 0..MAX_STEPS {
@@ -38,10 +38,10 @@ impl Pass<'_> {
                 queued_behind: self.queued_behind(),
                 renew_due: self.renew_due(),
                 rotation_due: self.rotation_due(),
-                attempt: self.attempt().is_some(),
+                acquisition: self.acquisition().is_some(),
             };
             let step = plan::plan(&observed);
-            let t = self.run(step, &desired).await?;
+            let t = self.take(step, &desired).await?;
             match self.follow(t).await? {
                 Next::PlanAgain => continue,
                 next => {
@@ -77,7 +77,7 @@ impl Pass<'_> {
                 return Ok(Action::await_change());
             }
             let t = self
-                .run(
+                .take(
                     step,
                     &Desired::Nobody {
                         reason: Reason::Released,
@@ -109,11 +109,11 @@ impl Pass<'_> {
     }
 
     /// Runs one step: the store call it needs, then its pure transition.
-    async fn run(&mut self, step: Step, desired: &Desired) -> Result<Transition, Error> {
+    async fn take(&mut self, step: Step, desired: &Desired) -> Result<Transition, Error> {
         let f = self.facts();
         let t = match step {
-            Step::NewAttempt => {
-                transition::start_attempt(&f, &self.working, crate::store::new_request_id())
+            Step::RecordAcquisition => {
+                transition::record_acquisition(&f, &self.working, crate::store::new_request_id())
             }
             Step::Acquire { owner } => {
                 // A recorded attempt is published before the store sees it (the
@@ -127,10 +127,10 @@ impl Pass<'_> {
                     Desired::Holder { pod, .. } => pod.clone(),
                     Desired::Nobody { .. } => None,
                 };
-                let attempt = self.attempt().unwrap_or_default();
-                let reply = self.acquire(owner, &attempt).await?;
+                let acquisition = self.acquisition().unwrap_or_default();
+                let reply = self.acquire(owner, &acquisition).await?;
                 let mut t =
-                    transition::after_acquire(&f, &self.working, &attempt, pod.as_ref(), reply);
+                    transition::after_acquire(&f, &self.working, &acquisition, pod.as_ref(), reply);
                 self.flag_overlap(&mut t);
                 t
             }
@@ -202,22 +202,22 @@ impl Pass<'_> {
     async fn acquire(
         &mut self,
         owner: String,
-        attempt: &str,
+        acquisition: &str,
     ) -> Result<Result<Reply, StoreError>, Error> {
-        let attempt = attempt.to_owned();
+        let acquisition = acquisition.to_owned();
         let Ok(valid) = &self.spec else {
             return Ok(Err(StoreError::Invalid("invalid spec".into())));
         };
         let t = valid.timing;
         let mut req = AcquireRequest::new(self.target(), owner, t.ttl);
-        req.request_id = attempt.clone();
-        req.lease_id = Some(self.ctx.lease_ids.derive(&attempt));
+        req.request_id = acquisition.clone();
+        req.lease_id = Some(self.ctx.lease_ids.derive(&acquisition));
         req.max_lifetime = t.max_lifetime;
         let floor = self.token_floor();
         req.token_floor = (floor > 0).then_some(floor);
         let mut meta = serde_json::Map::new();
         meta.insert(META_TARGETLEASE.into(), self.facts().me.into());
-        meta.insert(META_ACQUISITION.into(), attempt.into());
+        meta.insert(META_ACQUISITION.into(), acquisition.into());
         req.metadata = Some(meta);
         self.ctx.leadership.check()?;
         let reply = self.ctx.store.acquire(&req).await;
@@ -227,7 +227,7 @@ impl Pass<'_> {
 
     async fn renew(&mut self) -> Result<Result<Reply, StoreError>, Error> {
         let w = &self.working;
-        let (Some(owner), Some(attempt), Some(token), Ok(valid)) = (
+        let (Some(owner), Some(acquisition), Some(token), Ok(valid)) = (
             w.holder.clone(),
             w.acquisition_id.clone(),
             w.fencing_token,
@@ -237,9 +237,9 @@ impl Pass<'_> {
                 "no lease recorded to renew".into(),
             )));
         };
-        let holder = Holder {
+        let holder = LeaseHandle {
             owner,
-            lease_id: self.ctx.lease_ids.derive(&attempt),
+            lease_id: self.ctx.lease_ids.derive(&acquisition),
             token,
         };
         let req = RenewRequest::new(self.target(), holder, valid.timing.ttl);
@@ -271,7 +271,7 @@ impl Pass<'_> {
         acquisition: &str,
         token: u64,
     ) -> Result<Result<Reply, StoreError>, Error> {
-        let holder = Holder {
+        let holder = LeaseHandle {
             owner: owner.to_owned(),
             lease_id: self.ctx.lease_ids.derive(acquisition),
             token,

@@ -176,8 +176,9 @@ impl<'a> Pass<'a> {
                 m.confirm = false;
             }),
         }
-        if t.forget_attempt {
-            self.ctx.remember(&self.key, |m| m.implicit_spent = true);
+        if t.forget_acquisition {
+            self.ctx
+                .remember(&self.key, |m| m.first_acquisition_spent = true);
         }
         match t.store_answered {
             Some(true) => self.ctx.remember(&self.key, |m| m.failures = 0),
@@ -331,14 +332,14 @@ impl<'a> Pass<'a> {
     /// The acquisition in effect: recorded in status, or — for a resource that
     /// never published a token — the implicit first one, derived from its UID
     /// (stable across crashes, so the acquire needs no status write first).
-    pub(super) fn attempt(&self) -> Option<String> {
+    pub(super) fn acquisition(&self) -> Option<String> {
         let w = &self.working;
         if w.acquisition_id.is_some() {
             return w.acquisition_id.clone();
         }
         let fresh = w.fencing_token.is_none()
             && w.releasing_acquisition_id.is_none()
-            && !self.ctx.recall(&self.key).implicit_spent;
+            && !self.ctx.recall(&self.key).first_acquisition_spent;
         fresh
             .then(|| self.tl.uid().map(|uid| format!("first-{uid}")))
             .flatten()

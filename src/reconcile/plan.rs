@@ -55,7 +55,7 @@ pub struct Observed<'a> {
     /// An acquisition attempt is in effect: recorded in status, or the implicit
     /// first attempt of a resource that never published a token (its id
     /// derives from the resource's UID, so it needs no write before the acquire).
-    pub attempt: bool,
+    pub acquisition: bool,
 }
 
 /// The next thing to do.
@@ -68,7 +68,7 @@ pub enum Step {
     Abandon,
     /// Record a fresh acquisition id in status before calling the store, so a crash
     /// after the store call is resolved by replaying the same id.
-    NewAttempt,
+    RecordAcquisition,
     /// Acquire for `owner` with the recorded acquisition id.
     Acquire {
         /// The identity to acquire for.
@@ -166,14 +166,14 @@ pub fn plan(o: &Observed<'_>) -> Step {
             },
         };
     }
-    let attempt = o.attempt;
+    let recorded = o.acquisition;
     match &o.desired {
-        Desired::Nobody { .. } if attempt => Step::Abandon,
+        Desired::Nobody { .. } if recorded => Step::Abandon,
         Desired::Nobody { reason, message } => Step::Wait {
             reason: *reason,
             message: message.clone(),
         },
-        Desired::Holder { .. } if o.queued_behind.is_some() && attempt => Step::Abandon,
+        Desired::Holder { .. } if o.queued_behind.is_some() && recorded => Step::Abandon,
         Desired::Holder { .. } if o.queued_behind.is_some() => Step::Wait {
             reason: Reason::Queued,
             message: format!(
@@ -181,7 +181,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
                 o.queued_behind.as_deref().unwrap_or_default()
             ),
         },
-        Desired::Holder { .. } if !attempt => Step::NewAttempt,
+        Desired::Holder { .. } if !recorded => Step::RecordAcquisition,
         Desired::Holder { identity, .. } => Step::Acquire {
             owner: identity.clone(),
         },

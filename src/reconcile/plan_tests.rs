@@ -43,17 +43,17 @@ fn observed(status: &TargetLeaseStatus, desired: Desired) -> Observed<'_> {
         queued_behind: None,
         renew_due: false,
         rotation_due: false,
-        attempt: status.acquisition_id.is_some(),
+        acquisition: status.acquisition_id.is_some(),
     }
 }
 
 #[test]
 fn a_new_resource_records_an_attempt_before_acquiring() {
     let st = TargetLeaseStatus::default();
-    assert_eq!(plan(&observed(&st, holder("job"))), Step::NewAttempt);
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::RecordAcquisition);
     // The implicit first attempt (derived from the UID) needs no write first.
     let mut o = observed(&st, holder("job"));
-    o.attempt = true;
+    o.acquisition = true;
     assert_eq!(
         plan(&o),
         Step::Acquire {
@@ -197,7 +197,7 @@ fn lost_leases_start_over() {
     let mut st = held("job");
     st.phase = Some(Phase::Lost);
     st.acquisition_id = None;
-    assert_eq!(plan(&observed(&st, holder("job"))), Step::NewAttempt);
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::RecordAcquisition);
 }
 
 #[test]

@@ -44,7 +44,7 @@ pub enum Holders {
 pub struct ValidSpec {
     /// Durations.
     pub timing: Timing,
-    /// Holder or candidates.
+    /// LeaseHandle or candidates.
     pub holders: Holders,
 }
 

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::plan::{self, PodRef};
-use crate::conditions::{self, BACKEND_AVAILABLE, HELD, Reason, SPEC_VALID, Status};
+use crate::conditions::{self, BACKEND_AVAILABLE, ConditionStatus, HELD, Reason, SPEC_VALID};
 use crate::crd::{Phase, TargetLeaseStatus};
 use crate::store::{Lease, Outcome, Reply, StoreError};
 
@@ -63,7 +63,7 @@ pub struct Reclaim {
     /// Its token.
     pub token: u64,
     /// Forget the recorded acquisition once the lease is gone.
-    pub then_forget_attempt: bool,
+    pub then_forget_acquisition: bool,
 }
 
 /// What happens after a transition.
@@ -116,7 +116,7 @@ pub struct Transition {
     /// Whether the store answered (resets the backoff) or failed (extends it).
     pub store_answered: Option<bool>,
     /// The attempt in effect is over (recorded or implicit): the next one needs a new id.
-    pub forget_attempt: bool,
+    pub forget_acquisition: bool,
 }
 
 struct Draft<'f> {
@@ -135,12 +135,12 @@ impl<'f> Draft<'f> {
                 wake_waiters: false,
                 memory: Memory::Keep,
                 store_answered: None,
-                forget_attempt: false,
+                forget_acquisition: false,
             },
         }
     }
 
-    fn condition(&mut self, type_: &str, status: Status, reason: Reason, message: &str) {
+    fn condition(&mut self, type_: &str, status: ConditionStatus, reason: Reason, message: &str) {
         let generation = self.t.status.observed_generation.or(self.f.generation);
         conditions::upsert(
             &mut self.t.status.conditions,
@@ -170,7 +170,7 @@ impl<'f> Draft<'f> {
         self.t.store_answered = Some(true);
         self.condition(
             BACKEND_AVAILABLE,
-            Status::True,
+            ConditionStatus::True,
             Reason::Reachable,
             "the lease store answered",
         );
@@ -178,10 +178,14 @@ impl<'f> Draft<'f> {
 
     fn store_failed(&mut self, err: &StoreError) {
         self.t.store_answered = Some(false);
-        let was_down = conditions::is(&self.t.status.conditions, BACKEND_AVAILABLE, Status::False);
+        let was_down = conditions::is(
+            &self.t.status.conditions,
+            BACKEND_AVAILABLE,
+            ConditionStatus::False,
+        );
         self.condition(
             BACKEND_AVAILABLE,
-            Status::False,
+            ConditionStatus::False,
             Reason::BackendUnavailable,
             err.category(),
         );
@@ -207,7 +211,7 @@ impl<'f> Draft<'f> {
             "held by {} with fencing token {}",
             lease.owner, lease.fencing_token
         );
-        self.condition(HELD, Status::True, Reason::Acquired, &message);
+        self.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
     }
 
     /// Not held; the last token stays visible. Pending also forgets the holder.
@@ -221,7 +225,7 @@ impl<'f> Draft<'f> {
             s.holder_pod_uid = None;
             s.acquired_at = None;
         }
-        self.condition(HELD, Status::False, reason, message);
+        self.condition(HELD, ConditionStatus::False, reason, message);
     }
 
     /// Held is withdrawn: the store has not confirmed the lease and its
@@ -230,7 +234,7 @@ impl<'f> Draft<'f> {
         self.t.status.phase = Some(Phase::Unknown);
         self.condition(
             HELD,
-            Status::Unknown,
+            ConditionStatus::Unknown,
             Reason::Unconfirmed,
             "the lease could not be renewed before its published expiry",
         );
@@ -240,7 +244,12 @@ impl<'f> Draft<'f> {
     fn corrupt(mut self, message: &str) -> Transition {
         self.t.status.phase = Some(Phase::Error);
         self.t.status.expires_at = None;
-        self.condition(HELD, Status::Unknown, Reason::CorruptState, message);
+        self.condition(
+            HELD,
+            ConditionStatus::Unknown,
+            Reason::CorruptState,
+            message,
+        );
         self.note(
             true,
             Reason::CorruptState,
@@ -265,8 +274,12 @@ pub fn spec_checked(
     // Judged on the spec of this generation, whatever status has applied so far.
     let mut status = status.clone();
     let (state, reason, message) = match check {
-        Ok(()) => (Status::True, Reason::Valid, "spec is valid"),
-        Err(message) => (Status::False, Reason::InvalidSpec, message.as_str()),
+        Ok(()) => (ConditionStatus::True, Reason::Valid, "spec is valid"),
+        Err(message) => (
+            ConditionStatus::False,
+            Reason::InvalidSpec,
+            message.as_str(),
+        ),
     };
     conditions::upsert(
         &mut status.conditions,
@@ -280,8 +293,8 @@ pub fn spec_checked(
     status
 }
 
-/// [`plan::Step::NewAttempt`]: record a fresh acquisition id before acquiring.
-pub fn start_attempt(f: &Facts, status: &TargetLeaseStatus, id: String) -> Transition {
+/// [`plan::Step::RecordAcquisition`]: record a fresh acquisition id before acquiring.
+pub fn record_acquisition(f: &Facts, status: &TargetLeaseStatus, id: String) -> Transition {
     let mut d = Draft::new(f, status);
     d.t.status.acquisition_id = Some(id);
     let phase = if status.phase == Some(Phase::Lost) {
@@ -306,7 +319,7 @@ pub fn own_acquisition(lease: &Lease, me: &str) -> Option<String> {
 pub fn after_acquire(
     f: &Facts,
     status: &TargetLeaseStatus,
-    attempt: &str,
+    acquisition: &str,
     pod: Option<&PodRef>,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
@@ -318,7 +331,7 @@ pub fn after_acquire(
     d.store_ok();
     match (reply.outcome, reply.lease) {
         (Outcome::Acquired, Some(lease)) => {
-            d.t.status.acquisition_id = Some(attempt.to_owned());
+            d.t.status.acquisition_id = Some(acquisition.to_owned());
             d.held(&lease, pod);
             d.applied();
             d.note(
@@ -340,7 +353,7 @@ pub fn after_acquire(
                 owner: lease.owner,
                 acquisition,
                 token: lease.fencing_token,
-                then_forget_attempt: false,
+                then_forget_acquisition: false,
             }))
         }
         (Outcome::Held, lease) => {
@@ -358,7 +371,7 @@ pub fn after_acquire(
             // That attempt's lease is over (or the spec changed under it): a new
             // attempt follows; a live lease of the old one is reclaimed by it.
             d.t.status.acquisition_id = None;
-            d.t.forget_attempt = true;
+            d.t.forget_acquisition = true;
             d.done(Next::PlanAgain)
         }
         (Outcome::CorruptState, _) => d.corrupt(&reply.message),
@@ -384,9 +397,9 @@ pub fn after_reclaim(
             if reply.outcome == Outcome::Released {
                 d.t.wake_waiters = true;
             }
-            if reclaim.then_forget_attempt {
+            if reclaim.then_forget_acquisition {
                 d.t.status.acquisition_id = None;
-                d.t.forget_attempt = true;
+                d.t.forget_acquisition = true;
             } else if reply.outcome != Outcome::Released {
                 // Not ours after all (e.g. the lease id key changed): wait for it.
                 d.not_held(
@@ -424,13 +437,13 @@ pub fn after_abandon_read(
                 owner: lease.owner,
                 acquisition,
                 token: lease.fencing_token,
-                then_forget_attempt: true,
+                then_forget_acquisition: true,
             }))
         }
         // Nothing of that attempt is live (a corrupt record is reported by the next acquire).
         (Outcome::Found | Outcome::NotFound | Outcome::CorruptState, _) => {
             d.t.status.acquisition_id = None;
-            d.t.forget_attempt = true;
+            d.t.forget_acquisition = true;
             d.done(Next::PlanAgain)
         }
         (other, _) => unexpected(d, "get", other),
@@ -478,7 +491,7 @@ pub fn after_renew(
                 lease.owner, lease.fencing_token
             );
             d.applied();
-            d.condition(HELD, Status::True, Reason::Acquired, &message);
+            d.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
             d.t.memory = Memory::Confirmed {
                 max_expires_ms: lease.max_expires_at_ms,
             };
@@ -548,7 +561,7 @@ pub fn begin_release(
     // Keep holder and token: they name the lease being released.
     d.t.status.phase = Some(phase);
     d.t.status.expires_at = None;
-    d.condition(HELD, Status::False, reason, message);
+    d.condition(HELD, ConditionStatus::False, reason, message);
     d.t.memory = Memory::Forget;
     d.done(Next::PlanAgain)
 }
@@ -634,7 +647,12 @@ fn store_error(mut d: Draft<'_>, err: &StoreError) -> Transition {
     if let StoreError::Invalid(message) = err {
         // Only a spec the store refuses gets here (the operator validated it first).
         d.t.status.phase = Some(Phase::Error);
-        d.condition(SPEC_VALID, Status::False, Reason::InvalidSpec, message);
+        d.condition(
+            SPEC_VALID,
+            ConditionStatus::False,
+            Reason::InvalidSpec,
+            message,
+        );
         return d.done(Next::AwaitChange);
     }
     d.store_failed(err);

@@ -137,7 +137,7 @@ fn acquire_outcomes() {
             owner: "job".into(),
             acquisition: "a0".into(),
             token: 5,
-            then_forget_attempt: false
+            then_forget_acquisition: false
         })
     );
     assert_eq!(t.status.phase, Some(Phase::Pending));
@@ -320,7 +320,7 @@ fn an_abandoned_attempt_is_reclaimed_only_when_it_is_ours() {
                 owner: "job".into(),
                 acquisition: acquisition.into(),
                 token: 8,
-                then_forget_attempt: true
+                then_forget_acquisition: true
             })
         );
     }
@@ -330,7 +330,7 @@ fn an_abandoned_attempt_is_reclaimed_only_when_it_is_ours() {
     ] {
         let t = after_abandon_read(&f, &attempt(), r);
         assert_eq!(t.status.acquisition_id, None);
-        assert!(t.forget_attempt);
+        assert!(t.forget_acquisition);
         assert_eq!(t.next, Next::PlanAgain);
     }
     let t = after_abandon_read(&f, &attempt(), down());
@@ -344,13 +344,13 @@ fn a_reclaim_frees_the_target_or_waits_for_a_lease_it_cannot_release() {
         owner: "job".into(),
         acquisition: "a1".into(),
         token: 8,
-        then_forget_attempt: true,
+        then_forget_acquisition: true,
     };
     let t = after_reclaim(&f, &attempt(), &r, reply(Outcome::Released, None));
     assert_eq!(t.status.acquisition_id, None);
     assert!(t.wake_waiters);
     let r = Reclaim {
-        then_forget_attempt: false,
+        then_forget_acquisition: false,
         ..r
     };
     let t = after_reclaim(&f, &attempt(), &r, reply(Outcome::Released, None));
@@ -383,10 +383,10 @@ fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
     let mut lost = held(NOW_MS);
     lost.phase = Some(Phase::Lost);
     lost.acquisition_id = None;
-    let t = start_attempt(&f, &lost, "a2".into());
+    let t = record_acquisition(&f, &lost, "a2".into());
     assert_eq!(t.status.phase, Some(Phase::Lost));
     assert_eq!(t.status.acquisition_id.as_deref(), Some("a2"));
-    let t = start_attempt(&f, &TargetLeaseStatus::default(), "a2".into());
+    let t = record_acquisition(&f, &TargetLeaseStatus::default(), "a2".into());
     assert_eq!(t.status.phase, Some(Phase::Pending));
     assert_eq!(condition(&t.status, HELD).1, "Acquiring");
 

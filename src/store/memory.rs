@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    AcquireRequest, CommitRequest, Health, Holder, IDEMPOTENCY_WINDOW, Lease, LeaseStore,
+    AcquireRequest, CommitRequest, Health, IDEMPOTENCY_WINDOW, Lease, LeaseHandle, LeaseStore,
     MAX_TOKEN, Outcome, ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
@@ -45,7 +45,7 @@ impl MemoryStore {
 
     /// Replaces the target's lease with unreadable state (for the contract suite).
     /// With `identity`, the holder fields stay readable, as when only the TTL is missing.
-    pub fn put_corrupt_lease(&self, target: &Target, identity: Option<Holder>) {
+    pub fn put_corrupt_lease(&self, target: &Target, identity: Option<LeaseHandle>) {
         self.lock()
             .leases
             .insert(target.clone(), Slot::Corrupt { holder: identity });
@@ -89,7 +89,7 @@ fn bare(now: u64, outcome: Outcome, message: &str) -> Reply {
 }
 
 /// The live record when it is exactly `h`'s lease; otherwise the refusal.
-fn held_by(slot: Option<Slot>, h: &Holder) -> Result<Record, (Outcome, &'static str)> {
+fn held_by(slot: Option<Slot>, h: &LeaseHandle) -> Result<Record, (Outcome, &'static str)> {
     match slot {
         Some(Slot::Corrupt { .. }) => Err((Outcome::CorruptState, CORRUPT)),
         None => Err((Outcome::Expired, "the lease has ended")),
@@ -194,7 +194,7 @@ impl LeaseStore for MemoryStore {
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let now = self.clock.now_ms();
-        let (t, h) = (&req.target, &req.holder);
+        let (t, h) = (&req.target, &req.handle);
         let fp = fingerprint(&[&h.lease_id, &h.token.to_string(), &ms(req.ttl).to_string()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
@@ -227,7 +227,7 @@ impl LeaseStore for MemoryStore {
     async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let now = self.clock.now_ms();
-        let (t, h) = (&req.target, &req.holder);
+        let (t, h) = (&req.target, &req.handle);
         let fp = fingerprint(&[&h.lease_id, &h.token.to_string()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);

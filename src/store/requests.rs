@@ -85,9 +85,10 @@ impl AcquireRequest {
     }
 }
 
-/// The exact identity of one lease: who holds it, its capability id, its token.
+/// A lease handle: the exact (owner, lease id, token) of one lease, which
+/// renew and release require (see the glossary in docs/architecture.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
+pub struct LeaseHandle {
     /// The owner named at acquisition.
     pub owner: String,
     /// The secret lease id returned by acquire.
@@ -96,7 +97,7 @@ pub struct Holder {
     pub token: u64,
 }
 
-impl Holder {
+impl LeaseHandle {
     fn validate(&self) -> Result<(), StoreError> {
         check_name("owner", &self.owner)?;
         check_name("lease id", &self.lease_id)?;
@@ -110,7 +111,7 @@ pub struct RenewRequest {
     /// The leased target.
     pub target: Target,
     /// The exact current lease.
-    pub holder: Holder,
+    pub handle: LeaseHandle,
     /// New remaining life, counted from the server's now.
     pub ttl: Duration,
     /// Retrying with the same id returns the original result.
@@ -119,10 +120,10 @@ pub struct RenewRequest {
 
 impl RenewRequest {
     /// A renew with a fresh request id.
-    pub fn new(target: Target, holder: Holder, ttl: Duration) -> Self {
+    pub fn new(target: Target, handle: LeaseHandle, ttl: Duration) -> Self {
         Self {
             target,
-            holder,
+            handle,
             ttl,
             request_id: new_request_id(),
         }
@@ -131,7 +132,7 @@ impl RenewRequest {
     /// Checks every bound; backends call this before touching state.
     pub fn validate(&self) -> Result<(), StoreError> {
         self.target.validate()?;
-        self.holder.validate()?;
+        self.handle.validate()?;
         check_name("request id", &self.request_id)?;
         check_duration("ttl", self.ttl)
     }
@@ -143,17 +144,17 @@ pub struct ReleaseRequest {
     /// The leased target.
     pub target: Target,
     /// The exact current lease.
-    pub holder: Holder,
+    pub handle: LeaseHandle,
     /// Retrying with the same id returns the original result.
     pub request_id: String,
 }
 
 impl ReleaseRequest {
     /// A release with a fresh request id.
-    pub fn new(target: Target, holder: Holder) -> Self {
+    pub fn new(target: Target, handle: LeaseHandle) -> Self {
         Self {
             target,
-            holder,
+            handle,
             request_id: new_request_id(),
         }
     }
@@ -161,7 +162,7 @@ impl ReleaseRequest {
     /// Checks every bound; backends call this before touching state.
     pub fn validate(&self) -> Result<(), StoreError> {
         self.target.validate()?;
-        self.holder.validate()?;
+        self.handle.validate()?;
         check_name("request id", &self.request_id)
     }
 }

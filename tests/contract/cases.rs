@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use targetlease::store::{
-    AcquireRequest, CommitRequest, Holder, Lease, LeaseStore, Outcome, ReleaseRequest,
+    AcquireRequest, CommitRequest, Lease, LeaseHandle, LeaseStore, Outcome, ReleaseRequest,
     RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
@@ -32,8 +32,8 @@ async fn held(s: &dyn LeaseStore, t: &Target, owner: &str, ttl: Duration) -> Lea
     r.lease.expect("acquired reply carries the lease")
 }
 
-fn holder(l: &Lease) -> Holder {
-    l.holder().expect("the holder's copy carries the lease id")
+fn holder(l: &Lease) -> LeaseHandle {
+    l.handle().expect("the holder's copy carries the lease id")
 }
 
 pub async fn acquire_grants_a_token_and_then_reports_held(h: &impl Harness) {
@@ -174,15 +174,15 @@ pub async fn renew_extends_and_requires_the_exact_tuple(h: &impl Harness) {
     assert_eq!(renewed.lease_id, l.lease_id);
 
     for wrong in [
-        Holder {
+        LeaseHandle {
             owner: "mallory".into(),
             ..holder(&l)
         },
-        Holder {
+        LeaseHandle {
             lease_id: "forged".into(),
             ..holder(&l)
         },
-        Holder {
+        LeaseHandle {
             token: l.fencing_token + 1,
             ..holder(&l)
         },
@@ -401,7 +401,7 @@ pub async fn corrupt_records_fail_closed_and_change_nothing(h: &impl Harness) {
             .await
             .unwrap();
         assert_eq!(commit.outcome, Outcome::CorruptState, "{how:?} commit");
-        let stranger = Holder {
+        let stranger = LeaseHandle {
             owner: "mallory".into(),
             ..holder(&l)
         };
@@ -537,7 +537,7 @@ pub async fn input_bounds_are_enforced_and_nothing_is_written(h: &impl Harness) 
     let mut r = ok();
     r.token_floor = Some(i64::MAX as u64);
     assert_invalid(s.acquire(&r).await, "floor at the maximum");
-    let bad_holder = Holder {
+    let bad_holder = LeaseHandle {
         owner: "alice".into(),
         lease_id: "L".into(),
         token: 0,
@@ -742,7 +742,7 @@ pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
         s.get(&t).await.unwrap(),
         s.renew(&RenewRequest::new(
             t.clone(),
-            Holder {
+            LeaseHandle {
                 owner: "bob".into(),
                 ..holder(&l)
             },

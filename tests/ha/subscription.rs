@@ -80,7 +80,7 @@ async fn a_leader_elected_while_valkey_is_down_subscribes_once_it_is_back() {
     let released = store
         .release(&ReleaseRequest::new(
             target,
-            outside.lease.unwrap().holder().unwrap(),
+            outside.lease.unwrap().handle().unwrap(),
         ))
         .await
         .unwrap();

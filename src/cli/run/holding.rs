@@ -10,10 +10,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Signals;
-use crate::cli::output::{Envelope, Report, Status};
+use crate::cli::output::{Answer, Envelope, Report};
 use crate::store::valkey::{ValkeyConfig, ValkeyStore};
 use crate::store::{
-    AcquireRequest, Holder, Lease, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Reply,
+    AcquireRequest, Lease, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Reply,
     StoreError, Target,
 };
 
@@ -45,13 +45,13 @@ pub(super) enum NotAcquired {
 /// The lease as granted, with when it ends by the local monotonic clock.
 pub(super) struct Granted {
     pub(super) lease: Lease,
-    pub(super) holder: Holder,
+    pub(super) holder: LeaseHandle,
     pub(super) expires: Instant,
 }
 
 pub(super) fn granted(reply: Reply, sent: Instant) -> Option<Granted> {
     let lease = reply.lease?;
-    let holder = lease.holder()?;
+    let holder = lease.handle()?;
     // Measured from before the request left: the server decided later, so this
     // local estimate can only be early, never late.
     let remaining = lease.expires_at_ms.saturating_sub(reply.server_time_ms);
@@ -102,9 +102,9 @@ pub(super) async fn acquire_within(
             sig = signals.recv() => {
                 let in_flight = acquiring.load(Ordering::SeqCst);
                 let (status, what) = if in_flight || maybe_ran.is_some() {
-                    (Status::OutcomeUnknown, "an acquire may have gone through")
+                    (Answer::OutcomeUnknown, "an acquire may have gone through")
                 } else {
-                    (Status::BackendUnavailable, "nothing was acquired")
+                    (Answer::BackendUnavailable, "nothing was acquired")
                 };
                 let env = Envelope::from_backend_error(
                     status,
@@ -140,7 +140,7 @@ pub(super) async fn acquire_within(
         let now = Instant::now();
         // A lost reply may have granted us the lease: resolve it with the same
         // request id a couple of times even past the deadline.
-        let resolve = last.status() == Status::OutcomeUnknown && unknown_retries < 2;
+        let resolve = last.answer() == Answer::OutcomeUnknown && unknown_retries < 2;
         if now >= deadline && !resolve {
             return Err(NotAcquired::Refused(last));
         }
@@ -169,13 +169,13 @@ pub(super) async fn acquire_within(
 /// a later attempt that was not sent, or was refused before running
 /// (`backend_unavailable`), says nothing about the earlier one.
 fn still_unknown(maybe_ran: &mut Option<String>, last: Envelope) -> Envelope {
-    match (last.status(), maybe_ran.as_ref()) {
-        (Status::OutcomeUnknown, _) => {
+    match (last.answer(), maybe_ran.as_ref()) {
+        (Answer::OutcomeUnknown, _) => {
             *maybe_ran = Some(last.message.clone());
             last
         }
-        (Status::BackendUnavailable, Some(earlier)) => Envelope::from_backend_error(
-            Status::OutcomeUnknown,
+        (Answer::BackendUnavailable, Some(earlier)) => Envelope::from_backend_error(
+            Answer::OutcomeUnknown,
             format!(
                 "{}; an earlier attempt may have gone through ({earlier})",
                 last.message
@@ -253,7 +253,7 @@ pub(super) async fn renew_until_lost(
                                 env
                             }
                             Report::Usage(msg) => {
-                                Envelope::from_backend_error(Status::BackendUnavailable, msg)
+                                Envelope::from_backend_error(Answer::BackendUnavailable, msg)
                             }
                         };
                         let _ = lost.send(env);
@@ -270,7 +270,11 @@ pub(super) async fn renew_until_lost(
     }
 }
 
-pub(super) fn granted_after_renew(reply: Reply, sent: Instant, holder: &Holder) -> Option<Instant> {
+pub(super) fn granted_after_renew(
+    reply: Reply,
+    sent: Instant,
+    holder: &LeaseHandle,
+) -> Option<Instant> {
     let lease = reply.lease?;
     if lease.fencing_token != holder.token {
         return None;
@@ -284,7 +288,7 @@ pub(super) fn granted_after_renew(reply: Reply, sent: Instant, holder: &Holder) 
 pub(super) async fn release(
     store: &ValkeyStore,
     target: &Target,
-    holder: &Holder,
+    holder: &LeaseHandle,
     backstop: Duration,
     signals: &mut Signals,
 ) -> Result<Reply, StoreError> {

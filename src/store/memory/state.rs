@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::{CONFLICT, CORRUPT, bare, reply};
-use crate::store::{Holder, Lease, Outcome, Reply, Target};
+use crate::store::{Lease, LeaseHandle, Outcome, Reply, Target};
 
 #[derive(Clone, Debug)]
 pub(super) struct Record {
@@ -18,7 +18,7 @@ pub(super) struct Record {
 }
 
 impl Record {
-    pub(super) fn holder_matches(&self, h: &Holder) -> bool {
+    pub(super) fn holder_matches(&self, h: &LeaseHandle) -> bool {
         self.lease_id == h.lease_id && self.owner == h.owner && self.token == h.token
     }
 
@@ -41,7 +41,7 @@ pub(super) enum Slot {
     Live(Record),
     /// Unreadable state; `holder` is set when its identity fields still parse.
     Corrupt {
-        holder: Option<Holder>,
+        holder: Option<LeaseHandle>,
     },
 }
 

@@ -68,7 +68,7 @@ pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
 }
 
 pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
-    let (t, h) = (&req.target, &req.holder);
+    let (t, h) = (&req.target, &req.handle);
     Call {
         script: &SCRIPTS.renew,
         keys: vec![
@@ -87,7 +87,7 @@ pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
 }
 
 pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> Call {
-    let (t, h) = (&req.target, &req.holder);
+    let (t, h) = (&req.target, &req.handle);
     Call {
         script: &SCRIPTS.release,
         keys: vec![
@@ -158,7 +158,7 @@ pub(super) fn commit(ks: &KeySpace, req: &CommitRequest) -> Call {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Holder;
+    use crate::store::LeaseHandle;
 
     /// `(index, name)` of every `-- KEYS[i] name` (or ARGV) line of a header.
     fn declared(body: &str, what: &str) -> Vec<(usize, String)> {
@@ -192,7 +192,7 @@ mod tests {
     fn every_script_header_matches_its_call_site() {
         let ks = KeySpace::new("tl").unwrap();
         let t = Target::new("ns", "t");
-        let h = Holder {
+        let h = LeaseHandle {
             owner: "o".into(),
             lease_id: "lease-id-0123456789".into(),
             token: 7,

@@ -28,7 +28,7 @@ const PING_EVERY: Duration = Duration::from_secs(30);
 /// Subscribes to release notifications under `cfg.key_prefix`. The first
 /// subscription must work (within the connect timeout); after that the
 /// stream reconnects and resubscribes by itself, backing off up to 5s.
-pub async fn release_events(cfg: &ValkeyConfig) -> Result<BoxStream<'static, Target>, StoreError> {
+pub async fn release_notices(cfg: &ValkeyConfig) -> Result<BoxStream<'static, Target>, StoreError> {
     let (endpoint, dialer) = super::prepare(cfg)?;
     let sub = Subscriber {
         dialer,
@@ -41,7 +41,7 @@ pub async fn release_events(cfg: &ValkeyConfig) -> Result<BoxStream<'static, Tar
         .await
         .map_err(|e| StoreError::BackendUnavailable(format!("subscriber: {e}")))?;
     let (tx, rx) = mpsc::channel(1024);
-    tokio::spawn(sub.run(first, tx, cfg.key_prefix.clone()));
+    tokio::spawn(sub.pump(first, tx, cfg.key_prefix.clone()));
     let stream =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|t| (t, rx)) });
     Ok(stream.boxed())
@@ -98,7 +98,7 @@ impl Subscriber {
     }
 
     /// Forwards messages until the receiver is gone, reconnecting as needed.
-    async fn run(self, first: Stream, tx: mpsc::Sender<Target>, prefix: String) {
+    async fn pump(self, first: Stream, tx: mpsc::Sender<Target>, prefix: String) {
         let mut stream = Some(first);
         let mut delay = Duration::from_millis(100);
         loop {
