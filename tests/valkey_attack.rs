@@ -732,10 +732,14 @@ async fn unmet_durability_waits_do_not_fail_unrelated_reads() {
         .await
         .unwrap();
     replica.freeze(true);
-    let writers: Vec<_> = (0..2)
+    // Four writers at the same instant: their scripts share one write, so
+    // their WAITs reach the server back to back.
+    let go = Arc::new(tokio::sync::Barrier::new(4));
+    let writers: Vec<_> = (0..4)
         .map(|i| {
-            let s = store.clone();
+            let (s, go) = (store.clone(), go.clone());
             tokio::spawn(async move {
+                go.wait().await;
                 s.acquire(&AcquireRequest::new(target(&format!("w{i}")), "w", TTL))
                     .await
             })
@@ -838,4 +842,45 @@ async fn idle_connections_closed_by_the_server_are_never_unknown() {
 fn scripts_are_exported_for_the_fake() {
     // (keeps the SCRIPTS import honest: the fake answers SCRIPT LOAD with the real sha)
     assert_eq!(SCRIPTS.all().len(), 6);
+}
+
+// ---------------------------------------------------------------------------
+// Connections "closed" on a missed deadline.
+// ---------------------------------------------------------------------------
+
+fn connected_clients(server: &ValkeyServer) -> u64 {
+    let text = server.conn().cmd(&["INFO", "clients"]).text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// docs/valkey.md: "A call that gets no reply in time closes its connection
+/// (… a stuck connection must not hold up the next one)". The link keeps a
+/// duplicate of the socket (`dial::Probe`, `try_clone` = dup), so dropping the
+/// stream sends no FIN: the server keeps the connection (and keeps running
+/// whatever was queued on it) until that pool slot happens to be used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_on_a_missed_deadline_is_really_closed() {
+    let server = ValkeyServer::start();
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        timeout: Duration::from_millis(500),
+        ..config(server.url())
+    })
+    .await
+    .unwrap();
+    let t = target("closed-for-real");
+    store.get(&t).await.unwrap();
+    server.freeze(true);
+    let r = store.get(&t).await;
+    server.freeze(false);
+    assert!(matches!(r, Err(StoreError::BackendUnavailable(_))), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Only the connection asking remains.
+    assert_eq!(
+        connected_clients(&server),
+        1,
+        "the client said it closed its connection, the server still has it"
+    );
 }
