@@ -260,6 +260,8 @@ pub trait LeaseStore: Send + Sync {
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError>;
     /// Probes the backend.
     async fn health(&self) -> Result<Health, StoreError>;
+    /// Closes connections (sends nothing that could change state). Default: nothing to close.
+    async fn close(&self) {}
 }
 
 /// A fresh random request id.

@@ -7,9 +7,11 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use futures::future::BoxFuture;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
@@ -25,7 +27,8 @@ use super::connection::ConnectionArgs;
 use super::lease::{TargetArgs, parse_metadata};
 use super::logging::{self, LogArgs};
 use super::output::{self, Answer, EXIT_REFUSED, Envelope, Report};
-use crate::store::{AcquireRequest, Lease, Outcome, Reply, StoreError};
+use crate::store::valkey::ValkeyStore;
+use crate::store::{AcquireRequest, Lease, LeaseStore, Outcome, Reply, StoreError};
 
 /// Flags of `run`.
 #[derive(Args, Debug)]
@@ -176,8 +179,15 @@ pub async fn main(args: RunArgs) -> ExitCode {
     let backstop = config.timeout + Duration::from_secs(1);
 
     // (client required) connecting counts as part of the wait.
+    let connect = move || -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> {
+        let config = config.clone();
+        Box::pin(async move {
+            let store: Arc<dyn LeaseStore> = Arc::new(ValkeyStore::connect(&config).await?);
+            Ok(store)
+        })
+    };
     let (store, granted) =
-        match acquire_within(&config, &req, args.wait, backstop, &mut signals).await {
+        match acquire_within(&connect, &req, args.wait, backstop, &mut signals).await {
             Ok(g) => g,
             Err(NotAcquired::Refused(env)) => {
                 let code = env.exit_code().max(EXIT_REFUSED);
@@ -207,7 +217,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             } else {
                 126
             };
-            let released = release(&store, &target, &holder, backstop, &mut signals).await;
+            let released = release(&*store, &target, &holder, backstop, &mut signals).await;
             let mut env = envelope_of(released);
             env.message = format!(
                 "cannot start {:?}: {}; {}",
@@ -263,33 +273,39 @@ pub async fn main(args: RunArgs) -> ExitCode {
     {
         lost = Some(env);
     }
+    let lost_while_running = lost.is_some();
     let (child_code, child_desc) = describe_exit(&status);
 
     // Release even after a presumed loss: if only the backend was unreachable,
     // the lease may still be ours, and giving it back frees the target early.
-    let released = release(&store, &target, &holder, backstop, &mut signals).await;
+    let released = release(&*store, &target, &holder, backstop, &mut signals).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
-    match lost {
+    let mut env = match lost {
         Some(mut env) => {
-            env.lease = env.lease.or(Some(acquired));
-            env.message = format!("{}; lease lost: {}", child_desc, env.message);
-            let code = if child_code == 0 { 1 } else { child_code };
-            finish(env, code, true)
+            env.message = format!("lease lost: {}", env.message);
+            env
         }
-        None => {
-            let mut env = envelope_of(released);
-            // A refused release means the lease had ended while CMD ran, before
-            // a renewal noticed: that is a loss too.
-            let ended = matches!(env.answer(), Answer::Store(o) if o != Outcome::Released);
-            env.message = format!("{}; {}", child_desc, env.message);
-            if ended {
-                env.lease = env.lease.or(Some(acquired));
-                let code = if child_code == 0 { 1 } else { child_code };
-                finish(env, code, true)
-            } else {
-                finish(env, child_code, false)
-            }
-        }
+        None => envelope_of(released),
+    };
+    let (code, lease_lost) = ending(child_code, env.answer(), lost_while_running);
+    if lease_lost {
+        env.lease = env.lease.or(Some(acquired));
+    }
+    env.message = format!("{child_desc}; {}", env.message);
+    finish(env, code, lease_lost)
+}
+
+/// How `run` ends once CMD has exited with `child_code`: its own exit code and
+/// whether the lease was lost while CMD ran. `answer` is the renewal's report
+/// of the loss (`lost_while_running`) or else the final release's answer: a
+/// refused release means the lease had ended before a renewal noticed, which
+/// is a loss too. A loss never exits 0. No client required.
+pub(crate) fn ending(child_code: u8, answer: Answer, lost_while_running: bool) -> (u8, bool) {
+    let refused = matches!(answer, Answer::Store(o) if o != Outcome::Released);
+    if lost_while_running || refused {
+        (if child_code == 0 { 1 } else { child_code }, true)
+    } else {
+        (child_code, false)
     }
 }
 

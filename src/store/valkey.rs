@@ -375,6 +375,10 @@ impl LeaseStore for ValkeyStore {
         self.call(calls::commit(&self.keys, req), &req.target).await
     }
 
+    async fn close(&self) {
+        ValkeyStore::close(self).await
+    }
+
     async fn health(&self) -> Result<Health, StoreError> {
         let started = std::time::Instant::now();
         let time = self.single(Route::Any, Cmd::new("TIME")).await?;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
 use rand::Rng;
 use tokio::sync::oneshot;
@@ -11,7 +12,6 @@ use tokio::time::Instant;
 
 use super::Signals;
 use crate::cli::output::{Answer, Envelope, Report};
-use crate::store::valkey::{ValkeyConfig, ValkeyStore};
 use crate::store::{
     AcquireRequest, Lease, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Reply,
     StoreError, Target,
@@ -62,6 +62,11 @@ pub(super) fn granted(reply: Reply, sent: Instant) -> Option<Granted> {
     })
 }
 
+/// Opens a store (for `run`, a Valkey connection); called again after a
+/// failed connect, within the wait.
+pub(super) type Connect<'a> =
+    &'a (dyn Fn() -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> + Sync);
+
 pub(super) fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(0.8..1.2))
 }
@@ -72,16 +77,16 @@ pub(super) fn jittered(d: Duration) -> Duration {
 /// returned again, and refusals are not cached. A signal ends it at once,
 /// whatever it is doing.
 pub(super) async fn acquire_within(
-    config: &ValkeyConfig,
+    connect: Connect<'_>,
     req: &AcquireRequest,
     wait: Duration,
     backstop: Duration,
     signals: &mut Signals,
-) -> Result<(Arc<ValkeyStore>, Granted), NotAcquired> {
+) -> Result<(Arc<dyn LeaseStore>, Granted), NotAcquired> {
     let deadline = Instant::now() + wait;
     let mut delay = POLL_MIN;
     let mut unknown_retries = 0;
-    let mut store: Option<Arc<ValkeyStore>> = None;
+    let mut store: Option<Arc<dyn LeaseStore>> = None;
     // Set once an attempt may have run: later definite failures of other
     // attempts do not undo that.
     let mut maybe_ran: Option<String> = None;
@@ -91,7 +96,7 @@ pub(super) async fn acquire_within(
         let attempt = async {
             let s = match &store {
                 Some(s) => s.clone(),
-                None => Arc::new(ValkeyStore::connect(config).await?),
+                None => connect().await?,
             };
             acquiring.store(true, Ordering::SeqCst);
             let r = bounded(backstop, s.acquire(req)).await;
@@ -199,7 +204,7 @@ fn envelope_or_usage(e: StoreError) -> Result<Envelope, String> {
 /// retried with the same request id until the lease's local expiry estimate
 /// passes; only then is the lease presumed lost.
 pub(super) async fn renew_until_lost(
-    store: Arc<ValkeyStore>,
+    store: Arc<dyn LeaseStore>,
     target: Target,
     granted: Granted,
     ttl: Duration,
@@ -286,7 +291,7 @@ pub(super) fn granted_after_renew(
 /// Releases the lease, retrying an unknown outcome with the same request id.
 /// A signal stops it at once: the lease then simply expires after its ttl.
 pub(super) async fn release(
-    store: &ValkeyStore,
+    store: &dyn LeaseStore,
     target: &Target,
     holder: &LeaseHandle,
     backstop: Duration,
@@ -322,3 +327,7 @@ pub(super) async fn release(
         ))),
     }
 }
+
+#[cfg(test)]
+#[path = "holding_tests.rs"]
+mod tests;
