@@ -68,5 +68,8 @@ fn the_architecture_doc_names_only_things_that_exist() {
             missing.push(name.to_string());
         }
     }
-    assert!(missing.is_empty(), "docs/architecture.md names what does not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names what does not exist: {missing:?}"
+    );
 }
