@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::plan::PodRef;
 use crate::conditions::{self, BACKEND_AVAILABLE, ConditionStatus, HELD, Reason, SPEC_VALID};
 use crate::crd::{Phase, TargetLeaseStatus};
-use crate::store::{Lease, Outcome, StoreError};
+use crate::store::{Lease, Outcome, Reply, StoreError};
 
 /// Lease metadata key naming the TargetLease (`<namespace>/<name>`) that acquired it.
 pub const META_TARGETLEASE: &str = "targetlease";
@@ -270,6 +270,24 @@ mod hold;
 
 pub use acquire::*;
 pub use hold::*;
+
+/// Runs `then` on a draft for a store reply that arrived (the store answered);
+/// a store failure is a transition of its own ([`store_error`]).
+pub(super) fn answered<'f>(
+    f: &'f Facts,
+    status: &TargetLeaseStatus,
+    reply: Result<Reply, StoreError>,
+    then: impl FnOnce(Draft<'f>, Reply) -> Transition,
+) -> Transition {
+    let mut d = Draft::new(f, status);
+    match reply {
+        Ok(r) => {
+            d.store_ok();
+            then(d, r)
+        }
+        Err(e) => store_error(d, &e),
+    }
+}
 
 pub(super) fn store_error(mut d: Draft<'_>, err: &StoreError) -> Transition {
     if let StoreError::Invalid(message) = err {

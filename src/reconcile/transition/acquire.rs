@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{
-    Draft, Facts, META_ACQUISITION, META_TARGETLEASE, Memory, Next, Reclaim, Transition,
-    store_error, unexpected,
+    Draft, Facts, META_ACQUISITION, META_TARGETLEASE, Memory, Next, Reclaim, Transition, answered,
+    unexpected,
 };
 use crate::conditions::{self, ConditionStatus, Reason, SPEC_VALID};
 use crate::crd::{Phase, TargetLeaseStatus};
@@ -70,60 +70,56 @@ pub fn after_acquire(
     pod: Option<&PodRef>,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    match (reply.outcome, reply.lease) {
-        (Outcome::Acquired, Some(lease)) => {
-            d.t.status.acquisition_id = Some(acquisition.to_owned());
-            d.held(&lease, pod);
-            d.applied();
-            d.note(
-                false,
-                Reason::Acquired,
-                format!(
-                    "acquired by {} with fencing token {}",
-                    lease.owner, lease.fencing_token
-                ),
-            );
-            d.t.memory = Memory::Confirmed {
-                max_expires_ms: lease.max_expires_at_ms,
-            };
-            d.done(Next::Renewal)
+    answered(f, status, reply, |mut d, reply| {
+        match (reply.outcome, reply.lease) {
+            (Outcome::Acquired, Some(lease)) => {
+                d.t.status.acquisition_id = Some(acquisition.to_owned());
+                d.held(&lease, pod);
+                d.applied();
+                d.note(
+                    false,
+                    Reason::Acquired,
+                    format!(
+                        "acquired by {} with fencing token {}",
+                        lease.owner, lease.fencing_token
+                    ),
+                );
+                d.t.memory = Memory::Confirmed {
+                    max_expires_ms: lease.max_expires_at_ms,
+                };
+                d.done(Next::Renewal)
+            }
+            (Outcome::Held, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
+                let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
+                d.done(Next::Reclaim(Reclaim {
+                    owner: lease.owner,
+                    acquisition,
+                    token: lease.fencing_token,
+                    then_forget_acquisition: false,
+                }))
+            }
+            (Outcome::Held, lease) => {
+                let holder = lease.as_ref().map_or("someone else", |l| l.owner.as_str());
+                let message = format!("target is held by {holder}");
+                d.not_held(Phase::Pending, Reason::TargetHeld, &message);
+                d.applied();
+                let expires = lease.map_or(reply.server_time_ms, |l| l.expires_at_ms);
+                d.done(Next::Requeue(plan::retry_after_held(
+                    expires,
+                    reply.server_time_ms,
+                )))
+            }
+            (Outcome::Expired | Outcome::IdempotencyConflict, _) => {
+                // That attempt's lease is over (or the spec changed under it): a new
+                // attempt follows; a live lease of the old one is reclaimed by it.
+                d.t.status.acquisition_id = None;
+                d.t.forget_acquisition = true;
+                d.done(Next::PlanAgain)
+            }
+            (Outcome::CorruptState, _) => d.corrupt(&reply.message),
+            (other, _) => unexpected(d, "acquire", other),
         }
-        (Outcome::Held, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
-            let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
-            d.done(Next::Reclaim(Reclaim {
-                owner: lease.owner,
-                acquisition,
-                token: lease.fencing_token,
-                then_forget_acquisition: false,
-            }))
-        }
-        (Outcome::Held, lease) => {
-            let holder = lease.as_ref().map_or("someone else", |l| l.owner.as_str());
-            let message = format!("target is held by {holder}");
-            d.not_held(Phase::Pending, Reason::TargetHeld, &message);
-            d.applied();
-            let expires = lease.map_or(reply.server_time_ms, |l| l.expires_at_ms);
-            d.done(Next::Requeue(plan::retry_after_held(
-                expires,
-                reply.server_time_ms,
-            )))
-        }
-        (Outcome::Expired | Outcome::IdempotencyConflict, _) => {
-            // That attempt's lease is over (or the spec changed under it): a new
-            // attempt follows; a live lease of the old one is reclaimed by it.
-            d.t.status.acquisition_id = None;
-            d.t.forget_acquisition = true;
-            d.done(Next::PlanAgain)
-        }
-        (Outcome::CorruptState, _) => d.corrupt(&reply.message),
-        (other, _) => unexpected(d, "acquire", other),
-    }
+    })
 }
 
 /// After releasing an unpublished lease of ours ([`Next::Reclaim`]).
@@ -133,34 +129,30 @@ pub fn after_reclaim(
     reclaim: &Reclaim,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    match reply.outcome {
-        Outcome::Released | Outcome::NotOwner | Outcome::Expired | Outcome::NotFound => {
-            if reply.outcome == Outcome::Released {
-                d.t.wake_waiters = true;
+    answered(f, status, reply, |mut d, reply| {
+        match reply.outcome {
+            Outcome::Released | Outcome::NotOwner | Outcome::Expired | Outcome::NotFound => {
+                if reply.outcome == Outcome::Released {
+                    d.t.wake_waiters = true;
+                }
+                if reclaim.then_forget_acquisition {
+                    d.t.status.acquisition_id = None;
+                    d.t.forget_acquisition = true;
+                } else if reply.outcome != Outcome::Released {
+                    // Not ours after all (e.g. the lease id key changed): wait for it.
+                    d.not_held(
+                        Phase::Pending,
+                        Reason::TargetHeld,
+                        "target is held by an earlier acquisition this operator cannot release",
+                    );
+                    return d.done(Next::Requeue(Duration::from_secs(5)));
+                }
+                d.done(Next::PlanAgain)
             }
-            if reclaim.then_forget_acquisition {
-                d.t.status.acquisition_id = None;
-                d.t.forget_acquisition = true;
-            } else if reply.outcome != Outcome::Released {
-                // Not ours after all (e.g. the lease id key changed): wait for it.
-                d.not_held(
-                    Phase::Pending,
-                    Reason::TargetHeld,
-                    "target is held by an earlier acquisition this operator cannot release",
-                );
-                return d.done(Next::Requeue(Duration::from_secs(5)));
-            }
-            d.done(Next::PlanAgain)
+            Outcome::CorruptState => d.corrupt(&reply.message),
+            other => unexpected(d, "release", other),
         }
-        Outcome::CorruptState => d.corrupt(&reply.message),
-        other => unexpected(d, "release", other),
-    }
+    })
 }
 
 /// After [`plan::Step::Abandon`] read the target: a live lease of this
@@ -171,28 +163,24 @@ pub fn after_abandon_read(
     status: &TargetLeaseStatus,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    match (reply.outcome, reply.lease) {
-        (Outcome::Found, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
-            let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
-            d.done(Next::Reclaim(Reclaim {
-                owner: lease.owner,
-                acquisition,
-                token: lease.fencing_token,
-                then_forget_acquisition: true,
-            }))
+    answered(f, status, reply, |mut d, reply| {
+        match (reply.outcome, reply.lease) {
+            (Outcome::Found, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
+                let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
+                d.done(Next::Reclaim(Reclaim {
+                    owner: lease.owner,
+                    acquisition,
+                    token: lease.fencing_token,
+                    then_forget_acquisition: true,
+                }))
+            }
+            // Nothing of that attempt is live (a corrupt record is reported by the next acquire).
+            (Outcome::Found | Outcome::NotFound | Outcome::CorruptState, _) => {
+                d.t.status.acquisition_id = None;
+                d.t.forget_acquisition = true;
+                d.done(Next::PlanAgain)
+            }
+            (other, _) => unexpected(d, "get", other),
         }
-        // Nothing of that attempt is live (a corrupt record is reported by the next acquire).
-        (Outcome::Found | Outcome::NotFound | Outcome::CorruptState, _) => {
-            d.t.status.acquisition_id = None;
-            d.t.forget_acquisition = true;
-            d.done(Next::PlanAgain)
-        }
-        (other, _) => unexpected(d, "get", other),
-    }
+    })
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Draft, Facts, Memory, Next, Transition, store_error, time_ms, unexpected};
+use super::{Draft, Facts, Memory, Next, Transition, answered, time_ms, unexpected};
 use crate::conditions::{self, ConditionStatus, HELD, Reason};
 use crate::crd::{Phase, TargetLeaseStatus};
 use crate::reconcile::plan::{self, PodRef};
@@ -131,48 +131,44 @@ pub fn after_release(
     status: &TargetLeaseStatus,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    let why = conditions::get(&status.conditions, HELD)
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
-    let finished = |d: &mut Draft<'_>| {
-        let s = &mut d.t.status;
-        s.releasing_acquisition_id = None;
-        if s.phase == Some(Phase::Pending) {
-            // The Held condition already says why (set when the release began).
-            s.holder = None;
-            s.holder_pod = None;
-            s.holder_pod_uid = None;
-            s.acquired_at = None;
+    answered(f, status, reply, |mut d, reply| {
+        let why = conditions::get(&status.conditions, HELD)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let finished = |d: &mut Draft<'_>| {
+            let s = &mut d.t.status;
+            s.releasing_acquisition_id = None;
+            if s.phase == Some(Phase::Pending) {
+                // The Held condition already says why (set when the release began).
+                s.holder = None;
+                s.holder_pod = None;
+                s.holder_pod_uid = None;
+                s.acquired_at = None;
+            }
+            d.t.wake_waiters = true;
+        };
+        match reply.outcome {
+            Outcome::Released => {
+                finished(&mut d);
+                d.note(false, Reason::Released, format!("lease released: {why}"));
+                d.done(Next::PlanAgain)
+            }
+            Outcome::NotOwner | Outcome::Expired | Outcome::NotFound => {
+                finished(&mut d);
+                d.note(
+                    true,
+                    Reason::LeaseLost,
+                    format!(
+                        "the lease had already ended in the store ({}) when it was given back: {why}",
+                        reply.outcome
+                    ),
+                );
+                d.done(Next::PlanAgain)
+            }
+            Outcome::CorruptState => d.corrupt(&reply.message),
+            other => unexpected(d, "release", other),
         }
-        d.t.wake_waiters = true;
-    };
-    match reply.outcome {
-        Outcome::Released => {
-            finished(&mut d);
-            d.note(false, Reason::Released, format!("lease released: {why}"));
-            d.done(Next::PlanAgain)
-        }
-        Outcome::NotOwner | Outcome::Expired | Outcome::NotFound => {
-            finished(&mut d);
-            d.note(
-                true,
-                Reason::LeaseLost,
-                format!(
-                    "the lease had already ended in the store ({}) when it was given back: {why}",
-                    reply.outcome
-                ),
-            );
-            d.done(Next::PlanAgain)
-        }
-        Outcome::CorruptState => d.corrupt(&reply.message),
-        other => unexpected(d, "release", other),
-    }
+    })
 }
 
 /// [`plan::Step::Wait`]: Pending (Error for an invalid spec) until something changes.
