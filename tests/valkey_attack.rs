@@ -95,7 +95,10 @@ async fn a_cancelled_caller_never_hands_its_reply_to_the_next_caller() {
         "the get received someone else's reply: {got:?}"
     );
     assert_eq!(got.lease.as_ref().unwrap().owner, "alice");
-    assert!(got.lease.unwrap().lease_id.is_none(), "get never shows a lease id");
+    assert!(
+        got.lease.unwrap().lease_id.is_none(),
+        "get never shows a lease id"
+    );
     assert_eq!(calls(&server, "evalsha"), 1, "the acquire ran exactly once");
 }
 
@@ -168,7 +171,11 @@ async fn cancelled_pipelined_callers_never_shift_replies_or_run_twice() {
         );
     }
     let ran = calls(&server, "evalsha") - before;
-    assert_eq!(ran as usize, proxy.forwarded("EVALSHA"), "server runs vs sends");
+    assert_eq!(
+        ran as usize,
+        proxy.forwarded("EVALSHA"),
+        "server runs vs sends"
+    );
     // And the connection is still usable with correct answers.
     let after = store.get(&target("storm-1")).await.unwrap();
     assert_eq!(after.outcome, Outcome::Found);
@@ -233,7 +240,11 @@ impl Drop for Sentinel {
     }
 }
 
-async fn acquire_through_sentinels(first: u16, second: u16, name: &str) -> Result<Reply, StoreError> {
+async fn acquire_through_sentinels(
+    first: u16,
+    second: u16,
+    name: &str,
+) -> Result<Reply, StoreError> {
     let store = ValkeyStore::connect(&config(format!(
         "redis-sentinel://127.0.0.1:{first}?sentinelServiceName=mymaster&node=127.0.0.1:{second}"
     )))
@@ -324,7 +335,10 @@ async fn sentinels_without_a_password_in_front_of_a_protected_primary() {
     let r = store
         .acquire(&AcquireRequest::new(target("sentinel-auth"), "a", TTL))
         .await;
-    assert!(matches!(&r, Ok(reply) if reply.outcome == Outcome::Acquired), "{r:?}");
+    assert!(
+        matches!(&r, Ok(reply) if reply.outcome == Outcome::Acquired),
+        "{r:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -360,7 +374,10 @@ async fn cluster_with_unknown_endpoints_is_usable() {
     let r = store
         .acquire(&AcquireRequest::new(target("unknown-endpoint"), "a", TTL))
         .await;
-    assert!(matches!(&r, Ok(reply) if reply.outcome == Outcome::Acquired), "{r:?}");
+    assert!(
+        matches!(&r, Ok(reply) if reply.outcome == Outcome::Acquired),
+        "{r:?}"
+    );
 }
 
 /// docs/protocol.md: `MOVED`/`ASK` prove the command did not run (followed, or
@@ -396,7 +413,9 @@ async fn cluster_moved_to_an_empty_endpoint_is_followed_not_unknown() {
     let mut probe = c.nodes[from].conn();
     let moved = probe.cmd(&["GET", &lease_key]);
     eprintln!("the old owner answers: {moved:?}");
-    let r = store.acquire(&AcquireRequest::new(t.clone(), "a", TTL)).await;
+    let r = store
+        .acquire(&AcquireRequest::new(t.clone(), "a", TTL))
+        .await;
     assert!(
         !matches!(r, Err(StoreError::OutcomeUnknown(_))),
         "a redirection proves the script did not run; got {r:?}"
@@ -414,15 +433,27 @@ async fn cluster_moved_to_an_empty_endpoint_is_followed_not_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_url_at_a_cluster_node_reports_moved_as_unknown() {
     let c = cluster::Cluster::start();
-    let store = ValkeyStore::connect(&config(c.nodes[0].url())).await.unwrap();
+    let store = ValkeyStore::connect(&config(c.nodes[0].url()))
+        .await
+        .unwrap();
     // A target whose slot lives on another node.
     let t = (0..)
         .map(|i| target(&format!("elsewhere-{i}")))
         .find(|t| c.owner_of_slot(c.keyslot(&store.keys().lease(t))) != 0)
         .unwrap();
-    let before: u64 = c.nodes.iter().map(|n| calls(n, "evalsha") + calls(n, "eval")).sum();
-    let r = store.acquire(&AcquireRequest::new(t.clone(), "a", TTL)).await;
-    let after: u64 = c.nodes.iter().map(|n| calls(n, "evalsha") + calls(n, "eval")).sum();
+    let before: u64 = c
+        .nodes
+        .iter()
+        .map(|n| calls(n, "evalsha") + calls(n, "eval"))
+        .sum();
+    let r = store
+        .acquire(&AcquireRequest::new(t.clone(), "a", TTL))
+        .await;
+    let after: u64 = c
+        .nodes
+        .iter()
+        .map(|n| calls(n, "evalsha") + calls(n, "eval"))
+        .sum();
     assert_eq!(before, after, "no script ran on any node");
     assert!(
         matches!(r, Err(StoreError::BackendUnavailable(_))),
@@ -437,8 +468,16 @@ async fn a_stalled_tls_handshake_is_bounded_by_the_connect_timeout() {
     let silent = FaultProxy::silent();
     let started = Instant::now();
     let r = ValkeyStore::connect(&config(format!("rediss://127.0.0.1:{}", silent.port()))).await;
-    assert!(matches!(r, Err(StoreError::BackendUnavailable(_))), "{:?}", r.err());
-    assert!(started.elapsed() < CONNECT_TIMEOUT + SLACK, "{:?}", started.elapsed());
+    assert!(
+        matches!(r, Err(StoreError::BackendUnavailable(_))),
+        "{:?}",
+        r.err()
+    );
+    assert!(
+        started.elapsed() < CONNECT_TIMEOUT + SLACK,
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -514,7 +553,9 @@ impl Fake {
         let (st, sn, cn) = (streamed.clone(), seen.clone(), connections.clone());
         tokio::spawn(async move {
             loop {
-                let Ok((mut sock, _)) = listener.accept().await else { return };
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
                 cn.fetch_add(1, Ordering::SeqCst);
                 let (answer, st, sn) = (answer.clone(), st.clone(), sn.clone());
                 tokio::spawn(async move {
@@ -528,10 +569,13 @@ impl Fake {
                             let a = match (name.as_str(), answer(&name)) {
                                 ("PING", Answer::Default) => Answer::Bytes(b"+PONG\r\n".to_vec()),
                                 ("SCRIPT", Answer::Default) => {
-                                    let sha = sha1_smol::Sha1::from(&args[2][..]).digest().to_string();
+                                    let sha =
+                                        sha1_smol::Sha1::from(&args[2][..]).digest().to_string();
                                     Answer::Bytes(bulk(sha.as_bytes()))
                                 }
-                                (_, Answer::Default) => Answer::Bytes(b"-ERR unexpected\r\n".to_vec()),
+                                (_, Answer::Default) => {
+                                    Answer::Bytes(b"-ERR unexpected\r\n".to_vec())
+                                }
                                 (_, a) => a,
                             };
                             match a {
@@ -553,7 +597,8 @@ impl Fake {
                                 Answer::EndlessLine => {
                                     let _ = sock.write_all(b"+").await;
                                     let junk = vec![b'a'; 1 << 20];
-                                    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+                                    let until =
+                                        tokio::time::Instant::now() + Duration::from_secs(20);
                                     while tokio::time::Instant::now() < until {
                                         match sock.write_all(&junk).await {
                                             Ok(()) => {
@@ -587,7 +632,12 @@ impl Fake {
     }
 
     fn seen(&self, name: &str) -> usize {
-        self.seen.lock().unwrap().iter().filter(|n| *n == name).count()
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|n| *n == name)
+            .count()
     }
 }
 
@@ -681,9 +731,16 @@ async fn a_server_silent_after_the_handshake_is_bounded() {
     .await;
     let started = Instant::now();
     let r = ValkeyStore::connect(&config(fake.url())).await;
-    assert!(matches!(r, Err(StoreError::BackendUnavailable(_))), "{:?}", r.err());
+    assert!(
+        matches!(r, Err(StoreError::BackendUnavailable(_))),
+        "{:?}",
+        r.err()
+    );
     assert!(started.elapsed() < CONNECT_TIMEOUT + TIMEOUT + SLACK);
-    assert!(fake.seen("SCRIPT") >= 1, "the handshake passed, the preload hung");
+    assert!(
+        fake.seen("SCRIPT") >= 1,
+        "the handshake passed, the preload hung"
+    );
     assert_eq!(fake.connections.load(Ordering::SeqCst), 1);
 }
 
@@ -713,7 +770,9 @@ async fn unmet_durability_waits_do_not_fail_unrelated_reads() {
     let replica =
         ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !(info(&replica, "master_link_status") == "up" && info(&primary, "connected_slaves") == "1") {
+    while !(info(&replica, "master_link_status") == "up"
+        && info(&primary, "connected_slaves") == "1")
+    {
         assert!(Instant::now() < deadline, "replica never synced");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -783,7 +842,12 @@ async fn metadata_at_the_depth_limit_with_brackets_in_strings_reads_back() {
     let meta = serde_json::json!({ "top": v }).as_object().unwrap().clone();
     // One more level is refused up front: this one sits exactly at the limit.
     let mut over = AcquireRequest::new(target("deeper"), "a", TTL);
-    over.metadata = Some(serde_json::json!({ "x": meta.clone() }).as_object().unwrap().clone());
+    over.metadata = Some(
+        serde_json::json!({ "x": meta.clone() })
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
     assert!(over.validate().is_err(), "65 levels must be refused");
     let mut req = AcquireRequest::new(target("deep"), "a", TTL);
     req.metadata = Some(meta.clone());
@@ -809,7 +873,10 @@ async fn escaped_and_literal_escape_names_are_distinct_targets() {
     let b = Target::new("n}", "%7D");
     let c = Target::new("n", "}:x");
     for (t, o) in [(&a, "a"), (&b, "b"), (&c, "c")] {
-        let r = store.acquire(&AcquireRequest::new(t.clone(), o, TTL)).await.unwrap();
+        let r = store
+            .acquire(&AcquireRequest::new(t.clone(), o, TTL))
+            .await
+            .unwrap();
         assert_eq!(r.outcome, Outcome::Acquired, "{t:?}");
         assert_eq!(r.lease.unwrap().fencing_token, 1, "{t:?} shares a counter");
     }
