@@ -2,8 +2,6 @@
 //! private real Valkey, the CRD installed, and the real `targetlease operator`
 //! binary running against both (watching only that namespace).
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

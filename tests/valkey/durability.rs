@@ -1,10 +1,7 @@
 //! `--durability` against a real primary + replica pair and a real AOF:
 //! a lease is only reported held once the configured durability holds.
 
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::valkey_server;
 
 use std::time::{Duration, Instant};
 

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
+use super::{SOON, election, is_leader, spec, start_operator};
 use crate::support::audit::{self, Write};
 use crate::support::chart_identity::{chart_service_account, service_account_kubeconfig};
 use crate::support::kube_env::eventually;
 use crate::support::operator_env::{OperatorEnv, http_get, summary};
 use crate::support::tcp_proxy::TcpProxy;
-use crate::{SOON, election, is_leader, spec, start_operator};
 use targetlease::crd::Phase;
 
 /// Every `targetlease_leases` sample of operator `i`, e.g. `{phase="Held"} 2`.

@@ -1,14 +1,9 @@
 //! `targetlease check` (the real binary) against real servers: safe, unsafe,
 //! restricted and unreachable deployments.
 
-#[path = "support/deadline.rs"]
-mod deadline;
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::deadline;
+use crate::support::fault_proxy;
+use crate::support::valkey_server;
 
 use std::process::{Command, Output};
 
@@ -136,7 +131,7 @@ fn a_replica_fails() {
 #[test]
 fn the_least_privilege_user_can_run_every_check() {
     let server = ValkeyServer::start_with(&["--appendonly", "yes"]);
-    let doc = include_str!("../docs/valkey.md");
+    let doc = include_str!("../../docs/valkey.md");
     let rule = doc
         .lines()
         .find(|l| l.starts_with("ACL SETUSER targetlease "))

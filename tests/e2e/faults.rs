@@ -4,12 +4,7 @@
 //! a status write, recreated pods and max lifetimes. Each test reproduces a
 //! defect found in review (issue 10) on a real kube-apiserver and a real Valkey.
 
-mod support {
-    pub mod kube_env;
-    pub mod operator_env;
-    pub mod resp;
-    pub mod valkey_server;
-}
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,13 +1,7 @@
 //! The operator end to end: the real `targetlease operator` binary against a
 //! real kube-apiserver + etcd and a real valkey-server.
 
-mod support {
-    pub mod chart_identity;
-    pub mod kube_env;
-    pub mod operator_env;
-    pub mod resp;
-    pub mod valkey_server;
-}
+use crate::support;
 
 use std::time::Duration;
 

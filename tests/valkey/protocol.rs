@@ -3,10 +3,8 @@
 //! counters or request-cache entries refused without being touched, and
 //! stored fields the client could not decode refused before any write.
 
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::resp;
+use crate::support::valkey_server;
 
 use std::time::Duration;
 

@@ -2,14 +2,9 @@
 //! the child's environment and exit code, waiting for a held target, renewal,
 //! stopping the child when the lease is lost, signal forwarding, release.
 
-#[path = "support/deadline.rs"]
-mod deadline;
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::deadline;
+use crate::support::fault_proxy;
+use crate::support::valkey_server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

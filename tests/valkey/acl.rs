@@ -1,12 +1,9 @@
 //! The least-privilege ACL rule shipped in docs/valkey.md, tested as written:
 //! with it every lease operation works, and everything else is refused.
 
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::cluster;
+use crate::support::resp;
+use crate::support::valkey_server;
 
 use std::time::Duration;
 
@@ -22,7 +19,7 @@ const PASSWORD: &str = "acl-test-Pw-5521";
 
 /// The `ACL SETUSER` line of docs/valkey.md, with the password filled in.
 fn documented_rule() -> Vec<String> {
-    let doc = include_str!("../docs/valkey.md");
+    let doc = include_str!("../../docs/valkey.md");
     let line = doc
         .lines()
         .find(|l| l.starts_with("ACL SETUSER targetlease "))

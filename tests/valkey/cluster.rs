@@ -1,12 +1,8 @@
 //! Valkey Cluster specifics: one slot per target, and leases keep working
 //! while the target's slot migrates (ASK during, MOVED after).
 
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::cluster;
+use crate::support::resp;
 
 use std::time::Duration;
 

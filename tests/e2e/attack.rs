@@ -9,14 +9,7 @@
 //! replay pods and TargetLeases in the API server's revision order
 //! (`support::timeline`).
 
-mod support {
-    pub mod kube_env;
-    pub mod link_proxy;
-    pub mod operator_env;
-    pub mod resp;
-    pub mod timeline;
-    pub mod valkey_server;
-}
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -3,10 +3,8 @@
 //! where Valkey allows any write, freed: `get` is read-only, `release` and
 //! `revoke` run under OOM. What cannot run is refused definitely.
 
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::resp;
+use crate::support::valkey_server;
 
 use std::time::Duration;
 

@@ -4,12 +4,8 @@
 //! refusal, never `backend_unavailable`), durability is only confirmed on the
 //! connection that wrote, and every call ends within its deadline.
 
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::fault_proxy;
+use crate::support::valkey_server;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -3,14 +3,9 @@
 //! A copy that may have run is never reported as a definite refusal, and
 //! redirections that never ran are.
 
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::cluster;
+use crate::support::fault_proxy;
+use crate::support::valkey_server;
 
 use std::time::{Duration, Instant};
 

@@ -2,14 +2,10 @@
 //! real `valkey-server` (one per test): flags, env fallbacks, the JSON
 //! envelope, outcome names and exit codes, and that bad input writes nothing.
 
-#[path = "support/deadline.rs"]
-mod deadline;
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::deadline;
+use crate::support::fault_proxy;
+use crate::support::resp;
+use crate::support::valkey_server;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Output};

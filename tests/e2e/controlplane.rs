@@ -2,10 +2,7 @@
 //! `tests/support/kube_env.rs` and `docs/controlplane.md`). They fail, never
 //! skip, when the control plane cannot start.
 
-// `#[path]` rather than `mod support { pub mod kube_env; }`: rustfmt would
-// look for the module under tests/controlplane/ (the Go module's directory).
-#[path = "support/kube_env.rs"]
-mod kube_env;
+use crate::support::kube_env;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

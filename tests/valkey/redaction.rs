@@ -1,10 +1,7 @@
 //! With `RUST_LOG=trace`, the real binary logs neither the password, nor
 //! another owner's lease id, nor lease metadata, whatever happens.
 
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::valkey_server;
 
 use std::path::Path;
 use std::process::Command;
@@ -41,7 +38,7 @@ fn run(args: &[&str], url: &str, password_file: &Path) -> Run {
 #[tokio::test]
 async fn trace_logs_hold_no_secrets() {
     let server = ValkeyServer::start();
-    let rule = include_str!("../docs/valkey.md")
+    let rule = include_str!("../../docs/valkey.md")
         .lines()
         .find(|l| l.starts_with("ACL SETUSER targetlease "))
         .expect("documented rule")

@@ -1,9 +1,7 @@
 //! `redis-sentinel://` URLs: the store finds the primary through a real Sentinel.
 
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::resp;
+use crate::support::valkey_server;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -4,15 +4,7 @@
 //! standby takes over (proved from the API server's audit log), and release
 //! notifications for a leader elected while Valkey was down.
 
-mod support {
-    pub mod audit;
-    pub mod chart_identity;
-    pub mod kube_env;
-    pub mod operator_env;
-    pub mod resp;
-    pub mod tcp_proxy;
-    pub mod valkey_server;
-}
+use crate::support;
 
 use std::time::{Duration, Instant};
 
@@ -21,10 +13,8 @@ use support::kube_env::eventually;
 use support::operator_env::{OperatorEnv, http_get, summary};
 use targetlease::crd::Phase;
 
-mod ha {
-    pub mod split_brain;
-    pub mod subscription;
-}
+mod split_brain;
+mod subscription;
 
 const SOON: Duration = Duration::from_secs(20);
 

@@ -2,10 +2,8 @@
 //! a definite error (never a success, never a panic), and a lost reply to a
 //! mutation is `outcome_unknown`, resolved by retrying with the same request id.
 
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::resp;
+use crate::support::valkey_server;
 
 use std::io::Write;
 use std::net::TcpStream;

@@ -1,12 +1,8 @@
 //! TLS against a real TLS-only server: verification always on, CA, server
 //! name override and mutual TLS.
 
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/tls.rs"]
-mod tls;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::tls;
+use crate::support::valkey_server;
 
 use std::time::Duration;
 

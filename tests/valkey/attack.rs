@@ -6,14 +6,10 @@
 //! current code are reported (with a diagnosis) in the attack report; they are
 //! not weakened to pass.
 
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+use crate::support::cluster;
+use crate::support::fault_proxy;
+use crate::support::resp;
+use crate::support::valkey_server;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

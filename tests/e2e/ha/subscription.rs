@@ -8,10 +8,10 @@ use targetlease::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Target};
 
+use super::{SOON, election, is_leader, spec, start_operator};
 use crate::support::kube_env::eventually;
 use crate::support::operator_env::{OperatorEnv, http_get, summary};
 use crate::support::resp::Resp;
-use crate::{SOON, election, is_leader, spec, start_operator};
 
 /// Subscribers of the release channel, as Valkey counts them.
 fn subscribers(env: &OperatorEnv) -> Option<i64> {
