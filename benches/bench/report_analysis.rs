@@ -126,8 +126,12 @@ pub fn text(run: &Run) -> String {
              one `SET … PX`), read the lease record with one `HGETALL` (a wrong type is an \
              error reply, caught), take the next token with one `SET` of a decimal string \
              incremented in Lua (exact past 2^53), and define only the helpers each script \
-             uses. Client efficiency compares our client with redis-benchmark on the very same \
-             script, so it isolates the client's cost per call.\n",
+             uses. What is left beyond the commands is Lua itself: every call re-creates the \
+             helpers a script carries as closures and builds its reply table, a few µs that \
+             the minimal script does not pay; Valkey Functions (`FUNCTION LOAD`, `FCALL`) would \
+             create the helpers once per load instead of once per call. Client efficiency \
+             compares our client with redis-benchmark on the very same script, so it isolates \
+             the client's cost per call.\n",
             per_op.join(", ")
         );
     }

@@ -198,8 +198,16 @@ fn hold(server: &ValkeyServer, stem: &str, count: usize) {
             cmd.extend([ks.lease(&t), ks.fence(&t)]);
             cmd.push(ks.request(&t, "acquire", OWNER, &format!("setup-{i}")));
             cmd.extend(
-                [OWNER, &TTL_MS.to_string(), "0", LEASE_ID, "", "0", &window()]
-                    .map(String::from),
+                [
+                    OWNER,
+                    &TTL_MS.to_string(),
+                    "0",
+                    LEASE_ID,
+                    "",
+                    "0",
+                    &window(),
+                ]
+                .map(String::from),
             );
             cmd
         }),

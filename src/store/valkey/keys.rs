@@ -3,7 +3,7 @@
 //! ```text
 //! <prefix>:{<ns>:<target>}:lease                 lease record (hash, TTL = lease expiry)
 //! <prefix>:{<ns>:<target>}:fence                 fencing counter (string, no TTL, never deleted)
-//! <prefix>:{<ns>:<target>}:req:<op>:<scope>:<id> request cache (hash, TTL = idempotency window)
+//! <prefix>:{<ns>:<target>}:req:<op>:<scope>:<id> request cache (string, TTL = idempotency window)
 //! <prefix>:{<ns>:<target>}:commit:<key>          fenced commit (hash, no TTL)
 //! ```
 //!
