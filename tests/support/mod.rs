@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod chart_identity;
+pub mod cli;
 pub mod cluster;
 pub mod deadline;
 pub mod fault_proxy;
