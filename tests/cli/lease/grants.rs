@@ -286,7 +286,7 @@ fn tokens_beyond_2_pow_53_are_printed_exactly() {
         .ok("committed", 0);
     lease(&u, "commit")
         .target("db")
-        .token(&(expected - 1).to_string())
+        .token((expected - 1).to_string())
         .flag("key", "k")
         .flag("value", "v")
         .ok("stale_token", 1);
