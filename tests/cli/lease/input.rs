@@ -3,8 +3,9 @@
 use super::*;
 
 /// Bad arguments: exit 2, a message on stderr, nothing on stdout, nothing written.
-fn assert_usage_error(s: &ValkeyServer, args: &[&str], needle: &str) {
-    let out = lease_with(&s.url(), args).output();
+fn assert_usage_error(s: &ValkeyServer, command: &Lease, needle: &str) {
+    let args = command.args();
+    let out = command.output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {stdout} {stderr}");
@@ -21,173 +22,133 @@ fn bad_arguments_exit_2_and_write_nothing() {
     let s = ValkeyServer::start();
     let long = "o".repeat(257);
     let big_meta = format!(r#"{{"a":"{}"}}"#, "x".repeat(4100));
-    let acq = |extra: &[&'static str]| -> Vec<&'static str> {
-        let mut v = vec!["acquire"];
-        v.extend_from_slice(extra);
-        v
-    };
-    let cases: Vec<(Vec<&str>, &str)> = vec![
+    let u = s.url();
+    let cases = [
         (
-            acq(&["--target", "", "--owner", "o", "--ttl", "1s"]),
+            lease(&u, "acquire").target("").owner("o").ttl("1s"),
             "target must not be empty",
         ),
         (
-            vec!["acquire", "--target", "t", "--owner", &long, "--ttl", "1s"],
+            lease(&u, "acquire").target("t").owner(&long).ttl("1s"),
             "owner is 257 bytes",
         ),
         (
-            acq(&["--target", "t", "--owner", "", "--ttl", "1s"]),
+            lease(&u, "acquire").target("t").owner("").ttl("1s"),
             "owner must not be empty",
         ),
         (
-            acq(&["--target", "t", "--owner", "o", "--ttl", "0s"]),
+            lease(&u, "acquire").target("t").owner("o").ttl("0s"),
             "ttl must be at least",
         ),
         (
-            acq(&["--target", "t", "--owner", "o", "--ttl", "1000days"]),
+            lease(&u, "acquire").target("t").owner("o").ttl("1000days"),
             "ttl must be at most",
         ),
         (
-            acq(&["--target", "t", "--owner", "o", "--ttl", "soon"]),
+            lease(&u, "acquire").target("t").owner("o").ttl("soon"),
             "--ttl",
         ),
         (
-            acq(&[
-                "--target",
-                "t",
-                "--owner",
-                "o",
-                "--ttl",
-                "1s",
-                "--metadata",
-                "[1,2]",
-            ]),
+            lease(&u, "acquire")
+                .target("t")
+                .owner("o")
+                .ttl("1s")
+                .flag("metadata", "[1,2]"),
             "must be a JSON object",
         ),
         (
-            acq(&[
-                "--target",
-                "t",
-                "--owner",
-                "o",
-                "--ttl",
-                "1s",
-                "--metadata",
-                "{nope",
-            ]),
+            lease(&u, "acquire")
+                .target("t")
+                .owner("o")
+                .ttl("1s")
+                .flag("metadata", "{nope"),
             "not valid JSON",
         ),
         (
-            vec![
-                "acquire",
-                "--target",
-                "t",
-                "--owner",
-                "o",
-                "--ttl",
-                "1s",
-                "--metadata",
-                &big_meta,
-            ],
+            lease(&u, "acquire")
+                .target("t")
+                .owner("o")
+                .ttl("1s")
+                .flag("metadata", &big_meta),
             "at most 4096",
         ),
-        (acq(&["--target", "t", "--owner", "o"]), "--ttl"),
-        (acq(&["--owner", "o", "--ttl", "1s"]), "--target"),
+        (lease(&u, "acquire").target("t").owner("o"), "--ttl"),
+        (lease(&u, "acquire").owner("o").ttl("1s"), "--target"),
         (
-            acq(&["--target", "t", "--owner", "o", "--ttl", "1s", "--bogus"]),
+            lease(&u, "acquire")
+                .target("t")
+                .owner("o")
+                .ttl("1s")
+                .switch("bogus"),
             "--bogus",
         ),
         (
-            vec![
-                "renew",
-                "--target",
-                "t",
-                "--owner",
-                "o",
-                "--lease-id",
-                "l",
-                "--token",
-                "0",
-                "--ttl",
-                "1s",
-            ],
+            lease(&u, "renew")
+                .target("t")
+                .owner("o")
+                .lease_id("l")
+                .token("0")
+                .ttl("1s"),
             "token must be between",
         ),
         (
-            vec![
-                "renew",
-                "--target",
-                "t",
-                "--owner",
-                "o",
-                "--lease-id",
-                "l",
-                "--token",
-                "-1",
-                "--ttl",
-                "1s",
-            ],
+            lease(&u, "renew")
+                .target("t")
+                .owner("o")
+                .lease_id("l")
+                .token("-1")
+                .ttl("1s"),
             "--token",
         ),
         (
-            vec![
-                "release",
-                "--target",
-                "t",
-                "--owner",
-                "o",
-                "--lease-id",
-                "l",
-                "--token",
-                "1.5",
-            ],
+            lease(&u, "release")
+                .target("t")
+                .owner("o")
+                .lease_id("l")
+                .token("1.5"),
             "--token",
         ),
         (
-            vec![
-                "release",
-                "--target",
-                "t",
-                "--owner",
-                "o",
-                "--lease-id",
-                "",
-                "--token",
-                "1",
-            ],
+            lease(&u, "release")
+                .target("t")
+                .owner("o")
+                .lease_id("")
+                .token("1"),
             "lease id must not be empty",
         ),
         (
-            vec![
-                "commit", "--target", "t", "--token", "1", "--key", "", "--value", "v",
-            ],
+            lease(&u, "commit")
+                .target("t")
+                .token("1")
+                .flag("key", "")
+                .flag("value", "v"),
             "key must not be empty",
         ),
         (
-            vec!["commit", "--target", "t", "--key", "k", "--value", "v"],
+            lease(&u, "commit")
+                .target("t")
+                .flag("key", "k")
+                .flag("value", "v"),
             "--token",
         ),
         (
-            vec!["get", "--target", "t", "--namespace", ""],
+            lease(&u, "get").target("t").flag("namespace", ""),
             "namespace must not be empty",
         ),
         (
-            vec![
-                "get",
-                "--target",
-                "t",
-                "--password-file",
-                "/nonexistent/targetlease-password",
-            ],
+            lease(&u, "get")
+                .target("t")
+                .flag("password-file", "/nonexistent/targetlease-password"),
             "cannot read password file",
         ),
         (
-            vec!["get", "--target", "t", "--key-prefix", "a{b"],
+            lease(&u, "get").target("t").flag("key-prefix", "a{b"),
             "key prefix",
         ),
     ];
-    for (args, needle) in &cases {
-        assert_usage_error(&s, args, needle);
+
+    for (command, needle) in &cases {
+        assert_usage_error(&s, command, needle);
     }
     // And the server still answers: nothing was wrong with it.
     lease(&s.url(), "get").target("t").ok("not_found", 1);

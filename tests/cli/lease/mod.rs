@@ -11,7 +11,7 @@ pub use std::time::{Duration, Instant};
 
 pub use serde_json::Value;
 
-pub use crate::support::cli::{Res, lease, lease_with, targetlease};
+pub use crate::support::cli::{Lease, Res, lease, lease_with, targetlease};
 pub use crate::support::deadline;
 pub use crate::support::fault_proxy;
 pub use crate::support::resp::Resp;
