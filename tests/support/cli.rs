@@ -193,3 +193,43 @@ impl Res {
             .unwrap_or_else(|| panic!("no token in {}", self.stdout))
     }
 }
+
+/// `targetlease run --target T --owner O --ttl TTL [more…] -- CMD…`, with
+/// the server's URL in the environment.
+#[derive(Clone, Debug)]
+pub struct Run {
+    url: String,
+    args: Vec<String>,
+}
+
+/// Starts `targetlease run` for `owner` on `target` with a lease of `ttl`.
+pub fn run(url: &str, target: &str, owner: &str, ttl: &str) -> Run {
+    let args = ["run", "--target", target, "--owner", owner, "--ttl", ttl];
+    Run {
+        url: url.to_owned(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+impl Run {
+    /// More `run` flags, as given.
+    pub fn with(mut self, more: &[&str]) -> Self {
+        self.args.extend(more.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// The command for running `cmd` under the lease.
+    pub fn exec(&self, cmd: &[&str]) -> Command {
+        let mut all = self.args.clone();
+        all.push("--".into());
+        all.extend(cmd.iter().map(|a| a.to_string()));
+        let mut command = targetlease(&all);
+        command.env("TARGETLEASE_VALKEY_URL", &self.url);
+        command
+    }
+
+    /// The command for running a shell script under the lease.
+    pub fn sh(&self, script: &str) -> Command {
+        self.exec(&["sh", "-c", script])
+    }
+}

@@ -78,9 +78,7 @@ fn renew_extends_and_refuses_anyone_but_the_exact_holder() {
     let (owner, id, token) = holder_args(&j);
     let r = lease(&u, "renew")
         .target("db")
-        .owner(&owner)
-        .lease_id(&id)
-        .token(&token)
+        .holder(&j)
         .ttl("60s")
         .ok("renewed", 0);
     assert_eq!(lease_keys(&r.json["lease"]), set(&HOLDER_FIELDS));
@@ -111,20 +109,15 @@ fn renew_and_release_after_expiry_are_expired() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = acquire(&u, "db", "alice", "150ms");
-    let (owner, id, token) = holder_args(&j);
     std::thread::sleep(Duration::from_millis(400));
     lease(&u, "renew")
         .target("db")
-        .owner(&owner)
-        .lease_id(&id)
-        .token(&token)
+        .holder(&j)
         .ttl("10s")
         .ok("expired", 1);
     lease(&u, "release")
         .target("db")
-        .owner(&owner)
-        .lease_id(&id)
-        .token(&token)
+        .holder(&j)
         .ok("expired", 1);
     lease(&u, "get").target("db").ok("not_found", 1);
 }
@@ -134,7 +127,7 @@ fn release_frees_the_target_and_the_next_token_is_larger() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = acquire(&u, "db", "alice", "10s");
-    let (owner, id, token) = holder_args(&j);
+    let (_, id, token) = holder_args(&j);
     // Not the holder: refused, the lease untouched.
     lease(&u, "release")
         .target("db")
@@ -145,9 +138,7 @@ fn release_frees_the_target_and_the_next_token_is_larger() {
     lease(&u, "get").target("db").ok("found", 0);
     lease(&u, "release")
         .target("db")
-        .owner(&owner)
-        .lease_id(&id)
-        .token(&token)
+        .holder(&j)
         .ok("released", 0);
     lease(&u, "get").target("db").ok("not_found", 1);
     let next = acquire(&u, "db", "bob", "10s");
@@ -197,7 +188,7 @@ fn commit_is_fenced_by_the_live_token() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = acquire(&u, "db", "alice", "10s");
-    let (owner, id, token) = holder_args(&j);
+    let (_, _, token) = holder_args(&j);
     let ok = lease(&u, "commit")
         .target("db")
         .token(&token)
@@ -213,9 +204,7 @@ fn commit_is_fenced_by_the_live_token() {
         .ok("stale_token", 1);
     lease(&u, "release")
         .target("db")
-        .owner(&owner)
-        .lease_id(&id)
-        .token(&token)
+        .holder(&j)
         .ok("released", 0);
     lease(&u, "commit")
         .target("db")
@@ -275,7 +264,7 @@ fn tokens_beyond_2_pow_53_are_printed_exactly() {
         r.stdout
     );
     assert_eq!(r.json["lease"]["fencing_token"].as_u64(), Some(expected));
-    let (owner, id, token) = holder_args(&r.json);
+    let (_, _, token) = holder_args(&r.json);
     assert_eq!(token, expected.to_string());
     // The exact token is accepted back; one off is not.
     lease(&u, "commit")
@@ -292,9 +281,7 @@ fn tokens_beyond_2_pow_53_are_printed_exactly() {
         .ok("stale_token", 1);
     lease(&u, "renew")
         .target("db")
-        .owner(&owner)
-        .lease_id(&id)
-        .token(&token)
+        .holder(&r.json)
         .ttl("10s")
         .ok("renewed", 0);
     let got = lease(&u, "get").target("db").ok("found", 0);

@@ -12,22 +12,12 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
         "echo \"$TARGETLEASE_FENCING_TOKEN|$TARGETLEASE_LEASE_ID|$TARGETLEASE_TARGET|$TARGETLEASE_NAMESPACE|$TARGETLEASE_OWNER\" > {}; echo child-stdout; exit 7",
         file.display()
     );
-    let out = run_cmd(
-        &u,
-        "db",
-        "alice",
-        "10s",
-        &["--namespace", "team-a"],
-        &["sh", "-c", &script],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run(&u, "db", "alice", "10s")
+        .with(&["--namespace", "team-a"])
+        .sh(&script)
+        .output()
+        .unwrap();
+    assert_exit(&out, 7);
     // stdout is the child's alone.
     assert_eq!(String::from_utf8_lossy(&out.stdout), "child-stdout\n");
     let text = std::fs::read_to_string(&file).unwrap();
@@ -47,37 +37,21 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
     assert_eq!(got.1["outcome"], "not_found");
 
     // Success, and a second run gets a larger token.
-    let out = run_cmd(
-        &u,
-        "db",
-        "alice",
-        "10s",
-        &["--namespace", "team-a"],
-        &["sh", "-c", "test \"$TARGETLEASE_FENCING_TOKEN\" = 2"],
-    )
-    .output()
-    .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run(&u, "db", "alice", "10s")
+        .with(&["--namespace", "team-a"])
+        .sh("test \"$TARGETLEASE_FENCING_TOKEN\" = 2")
+        .output()
+        .unwrap();
+    assert_exit(&out, 0);
 }
 
 #[test]
 fn a_child_killed_by_a_signal_gives_128_plus_the_signal() {
     let s = ValkeyServer::start();
-    let out = run_cmd(
-        &s.url(),
-        "db",
-        "alice",
-        "10s",
-        &[],
-        &["sh", "-c", "kill -KILL $$"],
-    )
-    .output()
-    .unwrap();
+    let out = run(&s.url(), "db", "alice", "10s")
+        .sh("kill -KILL $$")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(128 + 9));
     assert_eq!(get(&s.url(), "db")["outcome"], "not_found");
 }
@@ -85,16 +59,10 @@ fn a_child_killed_by_a_signal_gives_128_plus_the_signal() {
 #[test]
 fn a_missing_command_exits_127_and_releases() {
     let s = ValkeyServer::start();
-    let out = run_cmd(
-        &s.url(),
-        "db",
-        "alice",
-        "10s",
-        &[],
-        &["/nonexistent/targetlease-cmd"],
-    )
-    .output()
-    .unwrap();
+    let out = run(&s.url(), "db", "alice", "10s")
+        .exec(&["/nonexistent/targetlease-cmd"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(127));
     assert_eq!(summary(&out)["outcome"], "released");
     assert_eq!(get(&s.url(), "db")["outcome"], "not_found");
@@ -110,25 +78,17 @@ fn a_child_ignoring_sigterm_is_killed_after_the_grace_period() {
         "trap '' TERM; echo up > {}; while :; do sleep 0.1; done",
         started.display()
     );
-    let mut child = spawn(run_cmd(
-        &u,
-        "db",
-        "alice",
-        "1s",
-        &["--kill-grace", "700ms"],
-        &["sh", "-c", &script],
-    ));
+    let mut child = spawn(
+        run(&u, "db", "alice", "1s")
+            .with(&["--kill-grace", "700ms"])
+            .sh(&script),
+    );
     wait_for_file(&started, Duration::from_secs(10));
     let revoked_at = Instant::now();
     revoke(&u, "db");
     let out = wait_child(&mut child, Duration::from_secs(10));
     let took = revoked_at.elapsed();
-    assert_eq!(
-        out.status.code(),
-        Some(128 + 9),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 128 + 9);
     assert!(took >= Duration::from_millis(700), "killed after {took:?}");
     assert_eq!(summary(&out)["lease_lost"], true);
 }
@@ -145,14 +105,7 @@ fn sigterm_to_run_is_forwarded_to_the_child_and_the_lease_released() {
         got.display(),
         started.display()
     );
-    let mut child = spawn(run_cmd(
-        &u,
-        "db",
-        "alice",
-        "10s",
-        &[],
-        &["sh", "-c", &script],
-    ));
+    let mut child = spawn(run(&u, "db", "alice", "10s").sh(&script));
     wait_for_file(&started, Duration::from_secs(10));
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -160,12 +113,7 @@ fn sigterm_to_run_is_forwarded_to_the_child_and_the_lease_released() {
         .unwrap();
     assert!(status.success());
     let out = wait_child(&mut child, Duration::from_secs(10));
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 5);
     assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "term");
     assert_eq!(summary(&out)["outcome"], "released");
     assert_eq!(get(&u, "db")["outcome"], "not_found");
@@ -178,14 +126,11 @@ fn sigterm_before_the_command_starts_ends_run_at_once() {
     let file = tmp_file(&dir, "ran");
     let mut extra = vec!["--wait", "60s"];
     extra.extend_from_slice(&QUICK);
-    let child = spawn(run_cmd(
-        &silent.url(),
-        "db",
-        "a",
-        "10s",
-        &extra,
-        &["touch", file.to_str().unwrap()],
-    ));
+    let child = spawn(
+        run(&silent.url(), "db", "a", "10s")
+            .with(&extra)
+            .exec(&["touch", file.to_str().unwrap()]),
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let sent = Instant::now();
     let status = Command::new("kill")
@@ -196,12 +141,7 @@ fn sigterm_before_the_command_starts_ends_run_at_once() {
     let out = deadline::wait_within(child, Duration::from_secs(2));
     eprintln!("run exited {:?} after SIGTERM", sent.elapsed());
     assert!(sent.elapsed() < Duration::from_secs(2));
-    assert_eq!(
-        out.status.code(),
-        Some(128 + 15),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 128 + 15);
     assert_eq!(summary(&out)["lease_lost"], false);
     assert!(!file.exists(), "the command ran after SIGTERM");
 }
@@ -215,14 +155,7 @@ fn sigterm_during_the_final_release_ends_run_at_once() {
     let script = format!("echo up > {}; sleep 1", started.display());
     let mut extra = vec!["--wait", "0s"];
     extra.extend_from_slice(&QUICK);
-    let child = spawn(run_cmd(
-        &proxy.url(),
-        "db",
-        "a",
-        "10s",
-        &extra,
-        &["sh", "-c", &script],
-    ));
+    let child = spawn(run(&proxy.url(), "db", "a", "10s").with(&extra).sh(&script));
     wait_for_file(&started, Duration::from_secs(10));
     // The release will get no answer; run would retry it for several seconds.
     proxy.silence_from("EVALSHA");
@@ -239,13 +172,7 @@ fn sigterm_during_the_final_release_ends_run_at_once() {
         "{:?}",
         sent.elapsed()
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = summary(&out);
+    let j = ended(&out, 0);
     assert_eq!(j["outcome"], "outcome_unknown", "{j}");
     assert_eq!(j["lease_lost"], false, "{j}");
 }
@@ -307,16 +234,11 @@ fn bad_arguments_exit_2_and_backend_trouble_exits_3_without_running_anything() {
     assert_eq!(s.conn().cmd(&["DBSIZE"]).int(), 0);
 
     let closed = format!("redis://127.0.0.1:{}", free_port());
-    let out = run_cmd(
-        &closed,
-        "db",
-        "a",
-        "1s",
-        &["--connect-timeout", "1s"],
-        &touch,
-    )
-    .output()
-    .unwrap();
+    let out = run(&closed, "db", "a", "1s")
+        .with(&["--connect-timeout", "1s"])
+        .exec(&touch)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(summary(&out)["outcome"], "backend_unavailable");
     assert!(!file.exists(), "the command ran without the lease");

@@ -6,18 +6,13 @@ use super::*;
 fn the_lease_is_renewed_while_the_child_outlives_its_ttl() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let mut child = spawn(run_cmd(&u, "db", "alice", "600ms", &[], &["sleep", "2"]));
+    let mut child = spawn(run(&u, "db", "alice", "600ms").exec(&["sleep", "2"]));
     std::thread::sleep(Duration::from_millis(1500));
     let j = get(&u, "db");
     assert_eq!(j["outcome"], "found", "lease not renewed: {j}");
     assert_eq!(j["lease"]["owner"], "alice");
     let out = wait_child(&mut child, Duration::from_secs(10));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 0);
     assert_eq!(summary(&out)["lease_lost"], false);
     assert_eq!(get(&u, "db")["outcome"], "not_found");
 }
@@ -26,7 +21,7 @@ fn the_lease_is_renewed_while_the_child_outlives_its_ttl() {
 fn a_revoked_lease_terminates_the_child_and_run_fails() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let mut child = spawn(run_cmd(&u, "db", "alice", "1s", &[], &["sleep", "30"]));
+    let mut child = spawn(run(&u, "db", "alice", "1s").exec(&["sleep", "30"]));
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(get(&u, "db")["outcome"], "found");
     let revoked_at = Instant::now();
@@ -37,13 +32,7 @@ fn a_revoked_lease_terminates_the_child_and_run_fails() {
         "{:?}",
         revoked_at.elapsed()
     );
-    assert_eq!(
-        out.status.code(),
-        Some(128 + 15),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = summary(&out);
+    let j = ended(&out, 128 + 15);
     assert_eq!(j["lease_lost"], true);
     assert!(
         ["expired", "not_owner", "not_found"].contains(&j["outcome"].as_str().unwrap()),
@@ -61,23 +50,11 @@ fn a_child_that_exits_0_after_losing_the_lease_still_fails() {
         "trap 'exit 0' TERM; echo up > {}; while :; do sleep 0.1; done",
         started.display()
     );
-    let mut child = spawn(run_cmd(
-        &u,
-        "db",
-        "alice",
-        "1s",
-        &[],
-        &["sh", "-c", &script],
-    ));
+    let mut child = spawn(run(&u, "db", "alice", "1s").sh(&script));
     wait_for_file(&started, Duration::from_secs(10));
     revoke(&u, "db");
     let out = wait_child(&mut child, Duration::from_secs(10));
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 1);
     assert_eq!(summary(&out)["lease_lost"], true);
 }
 
@@ -85,14 +62,11 @@ fn a_child_that_exits_0_after_losing_the_lease_still_fails() {
 fn losing_the_backend_past_the_lease_expiry_terminates_the_child() {
     let mut s = ValkeyServer::start();
     let u = s.url();
-    let mut child = spawn(run_cmd(
-        &u,
-        "db",
-        "alice",
-        "1s",
-        &["--timeout", "300ms"],
-        &["sleep", "30"],
-    ));
+    let mut child = spawn(
+        run(&u, "db", "alice", "1s")
+            .with(&["--timeout", "300ms"])
+            .exec(&["sleep", "30"]),
+    );
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(get(&u, "db")["outcome"], "found");
     let killed_at = Instant::now();
@@ -101,13 +75,7 @@ fn losing_the_backend_past_the_lease_expiry_terminates_the_child() {
     // Renewals keep failing until the local expiry estimate (at most the 1s ttl) passes.
     let took = killed_at.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert_eq!(
-        out.status.code(),
-        Some(128 + 15),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = summary(&out);
+    let j = ended(&out, 128 + 15);
     assert_eq!(j["lease_lost"], true);
     assert!(
         ["backend_unavailable", "outcome_unknown"].contains(&j["outcome"].as_str().unwrap()),
@@ -123,17 +91,9 @@ fn a_lease_that_ended_unnoticed_before_the_child_exited_still_fails_the_run() {
     // exits 0 long before the first renewal (at ttl/3 = 20s) could notice.
     let script = format!("{BIN} lease revoke > /dev/null && exit 0");
     let started = Instant::now();
-    let out = run_cmd(&u, "db", "alice", "60s", &[], &["sh", "-c", &script])
-        .output()
-        .unwrap();
+    let out = run(&u, "db", "alice", "60s").sh(&script).output().unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = summary(&out);
+    let j = ended(&out, 1);
     assert_eq!(j["lease_lost"], true, "{j}");
     assert_eq!(get(&u, "db")["outcome"], "not_found");
 }
@@ -154,22 +114,11 @@ fn a_grant_that_may_have_happened_is_never_reported_as_nothing_happened() {
     );
     let mut extra = vec!["--wait", "1s"];
     extra.extend_from_slice(&QUICK);
-    let cmd = run_cmd(
-        &proxy.url(),
-        "db",
-        "a",
-        "30s",
-        &extra,
-        &["touch", file.to_str().unwrap()],
-    );
+    let cmd = run(&proxy.url(), "db", "a", "30s")
+        .with(&extra)
+        .exec(&["touch", file.to_str().unwrap()]);
     let (out, _) = deadline::output_within(cmd, Duration::from_secs(8));
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = summary(&out);
+    let j = ended(&out, 3);
     assert_eq!(j["outcome"], "outcome_unknown", "{j}");
     assert!(!file.exists());
     // It did acquire: the lease exists (and expires after its ttl).

@@ -17,29 +17,13 @@ pub(crate) use std::time::{Duration, Instant};
 pub(crate) use serde_json::Value;
 pub(crate) use valkey_server::{ValkeyServer, free_port};
 
-pub(crate) use crate::support::cli::BIN;
+pub(crate) use crate::support::cli::{BIN, run};
 
 /// `targetlease <args>` with the server's URL in the environment.
 pub(crate) fn tl(url: &str, args: &[&str]) -> Command {
     let mut cmd = crate::support::cli::targetlease(args);
     cmd.env("TARGETLEASE_VALKEY_URL", url);
     cmd
-}
-
-/// `targetlease run --target T --owner O --ttl TTL <extra> -- <cmd>`.
-pub(crate) fn run_cmd(
-    url: &str,
-    target: &str,
-    owner: &str,
-    ttl: &str,
-    extra: &[&str],
-    cmd: &[&str],
-) -> Command {
-    let mut args = vec!["run", "--target", target, "--owner", owner, "--ttl", ttl];
-    args.extend_from_slice(extra);
-    args.push("--");
-    args.extend_from_slice(cmd);
-    tl(url, &args)
 }
 
 pub(crate) fn lease_json(url: &str, args: &[&str]) -> (i32, Value) {
@@ -58,6 +42,22 @@ pub(crate) fn lease_json(url: &str, args: &[&str]) -> (i32, Value) {
 
 pub(crate) fn get(url: &str, target: &str) -> Value {
     lease_json(url, &["get", "--target", target]).1
+}
+
+/// Asserts `run` exited with `code`, showing its stderr otherwise.
+pub(crate) fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Asserts `run` exited with `code`; its JSON summary.
+pub(crate) fn ended(out: &Output, code: i32) -> Value {
+    assert_exit(out, code);
+    summary(out)
 }
 
 /// The JSON summary `run` writes as its last stderr line.

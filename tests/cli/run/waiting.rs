@@ -10,16 +10,10 @@ fn a_held_target_without_wait_exits_1_and_runs_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let file = tmp_file(&dir, "ran");
     let started = Instant::now();
-    let out = run_cmd(
-        &u,
-        "db",
-        "alice",
-        "10s",
-        &[],
-        &["touch", file.to_str().unwrap()],
-    )
-    .output()
-    .unwrap();
+    let out = run(&u, "db", "alice", "10s")
+        .exec(&["touch", file.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(started.elapsed() < Duration::from_secs(3));
     assert!(out.stdout.is_empty());
@@ -37,23 +31,13 @@ fn waits_for_a_held_target_and_gives_up_after_wait() {
     let dir = tempfile::tempdir().unwrap();
     let file = tmp_file(&dir, "ran");
     let started = Instant::now();
-    let out = run_cmd(
-        &u,
-        "db",
-        "alice",
-        "10s",
-        &["--wait", "1500ms"],
-        &["touch", file.to_str().unwrap()],
-    )
-    .output()
-    .unwrap();
+    let out = run(&u, "db", "alice", "10s")
+        .with(&["--wait", "1500ms"])
+        .exec(&["touch", file.to_str().unwrap()])
+        .output()
+        .unwrap();
     let took = started.elapsed();
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 1);
     assert!(
         took >= Duration::from_millis(1400),
         "gave up after {took:?}"
@@ -73,14 +57,11 @@ fn waits_for_a_held_target_and_runs_once_it_is_released() {
     let file = tmp_file(&dir, "token");
     let script = format!("echo $TARGETLEASE_FENCING_TOKEN > {}", file.display());
     let started = Instant::now();
-    let mut child = spawn(run_cmd(
-        &u,
-        "db",
-        "alice",
-        "10s",
-        &["--wait", "20s"],
-        &["sh", "-c", &script],
-    ));
+    let mut child = spawn(
+        run(&u, "db", "alice", "10s")
+            .with(&["--wait", "20s"])
+            .sh(&script),
+    );
     std::thread::sleep(Duration::from_millis(1200));
     assert!(!file.exists(), "ran while the target was held");
     let l = &held["lease"];
@@ -100,12 +81,7 @@ fn waits_for_a_held_target_and_runs_once_it_is_released() {
     );
     assert_eq!(code, 0, "{rel}");
     let out = wait_child(&mut child, Duration::from_secs(10));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 0);
     assert!(started.elapsed() >= Duration::from_millis(1200));
     assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), "2");
     assert_eq!(get(&u, "db")["outcome"], "not_found");
@@ -118,23 +94,12 @@ fn wait_against_a_silent_server_gives_up_within_its_budget() {
     let file = tmp_file(&dir, "ran");
     let mut extra = vec!["--wait", "2s"];
     extra.extend_from_slice(&QUICK);
-    let cmd = run_cmd(
-        &silent.url(),
-        "db",
-        "a",
-        "10s",
-        &extra,
-        &["touch", file.to_str().unwrap()],
-    );
+    let cmd = run(&silent.url(), "db", "a", "10s")
+        .with(&extra)
+        .exec(&["touch", file.to_str().unwrap()]);
     // The wait, plus one connect attempt that started just before it ended.
     let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j = summary(&out);
+    let j = ended(&out, 3);
     assert_eq!(j["outcome"], "backend_unavailable", "{j}");
     assert!(!j["message"].as_str().unwrap().contains("Os {"), "{j}");
     assert!(!file.exists(), "the command ran without the lease");
@@ -150,14 +115,9 @@ fn wait_retries_a_server_that_is_not_up_yet() {
     // Refused connections are retried until the wait ends, not given up at once.
     let mut extra = vec!["--wait", "2s"];
     extra.extend_from_slice(&QUICK);
-    let cmd = run_cmd(
-        &url,
-        "db",
-        "a",
-        "10s",
-        &extra,
-        &["touch", file.to_str().unwrap()],
-    );
+    let cmd = run(&url, "db", "a", "10s")
+        .with(&extra)
+        .exec(&["touch", file.to_str().unwrap()]);
     let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(summary(&out)["outcome"], "backend_unavailable");
@@ -169,22 +129,14 @@ fn wait_retries_a_server_that_is_not_up_yet() {
     // A server that comes up during the wait is used.
     let mut extra = vec!["--wait", "20s"];
     extra.extend_from_slice(&QUICK);
-    let child = spawn(run_cmd(
-        &url,
-        "db",
-        "a",
-        "10s",
-        &extra,
-        &["touch", file.to_str().unwrap()],
-    ));
+    let child = spawn(
+        run(&url, "db", "a", "10s")
+            .with(&extra)
+            .exec(&["touch", file.to_str().unwrap()]),
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let _server = ValkeyServer::start_on(port, &[]);
     let out = deadline::wait_within(child, Duration::from_secs(20));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 0);
     assert!(file.exists());
 }
