@@ -12,6 +12,7 @@ use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig};
 
 /// How to reach Valkey.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Connection")]
 pub struct ConnectionArgs {
     /// Valkey URL: redis://, rediss:// (TLS), redis-cluster://, rediss-cluster://
     /// (extra seeds as ?node=host:port&node=…) or redis-sentinel://.

@@ -10,11 +10,11 @@ use clap::{Args, Subcommand};
 
 use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
-use super::output::{self, Report};
+use super::output::{self, Format, Report};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
-    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, MAX_METADATA_BYTES, ReleaseRequest,
-    RenewRequest, Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, MAX_METADATA_BYTES, MAX_TOKEN,
+    ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
 /// Acquire, renew, release, inspect, revoke or fence-write a lease.
@@ -29,17 +29,54 @@ pub struct LeaseArgs {
 #[derive(Subcommand, Debug)]
 pub enum LeaseCommand {
     /// Take the lease if the target is free; prints the lease id and fencing token.
+    #[command(
+        after_help = "Examples:\n  targetlease lease acquire --target db-migration --ttl 60s\n  targetlease lease acquire --target db --owner job-7 --request-id job-7-try-1 --metadata '{\"run\":7}'"
+    )]
     Acquire(AcquireArgs),
     /// Extend the lease you hold (exact lease id, owner and token).
+    #[command(
+        after_help = "Example:\n  targetlease lease renew --target db --owner job-7 --lease-id \"$ID\" --token 42 --ttl 60s"
+    )]
     Renew(RenewArgs),
     /// Give back the lease you hold (exact lease id, owner and token).
     Release(ReleaseArgs),
     /// Show the live lease of a target, without its lease id.
+    #[command(
+        after_help = "Examples:\n  targetlease lease get --target db\n  targetlease lease get --target db --namespace team-a -o text"
+    )]
     Get(GetArgs),
     /// End whatever lease a target has, without an owner check (administrative).
     Revoke(RevokeArgs),
     /// Store KEY=VALUE under the target, only with the live lease's fencing token.
+    #[command(
+        after_help = "Example:\n  targetlease lease commit --target db --token 42 --key schema-version --value 17"
+    )]
     Commit(CommitArgs),
+}
+
+/// The owner named when `--owner` is not given: this host's name and this
+/// process's id (`host:pid`; in a pod the host name is the pod name).
+pub fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// The lease duration when `--ttl` is not given.
+pub const DEFAULT_TTL: &str = "30s";
+
+/// Parses a fencing token: a whole number from 1 to 2^63-1. Out-of-range
+/// and negative values get the range in the message.
+pub fn parse_token(text: &str) -> Result<u64, String> {
+    let range = format!("token must be between 1 and {MAX_TOKEN}");
+    match text.parse::<i128>() {
+        Ok(n) if n >= 1 && n <= i128::from(MAX_TOKEN) => Ok(n as u64),
+        Ok(_) => Err(range),
+        Err(_) => Err(format!("{range} (a whole number)")),
+    }
 }
 
 /// Which target, in which tenant.
@@ -66,10 +103,11 @@ pub struct AcquireArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// Who wants the lease (1 to 256 bytes; an identity, not a secret).
-    #[arg(long, env = "TARGETLEASE_OWNER")]
+    /// Default: this host's name and this process's id, `host:pid`.
+    #[arg(long, env = "TARGETLEASE_OWNER", default_value_t = default_owner(), hide_default_value = true)]
     owner: String,
     /// How long the lease lives unless renewed, e.g. 10s.
-    #[arg(long, env = "TARGETLEASE_TTL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Hard limit on the lease's life; renewals cannot extend past it.
     #[arg(long, env = "TARGETLEASE_MAX_LIFETIME", value_parser = humantime::parse_duration)]
@@ -96,7 +134,7 @@ pub struct HolderArgs {
     #[arg(long, env = "TARGETLEASE_LEASE_ID", hide_env_values = true)]
     lease_id: String,
     /// The fencing token printed by acquire.
-    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN", value_parser = parse_token, allow_negative_numbers = true)]
     token: u64,
 }
 
@@ -118,7 +156,7 @@ pub struct RenewArgs {
     #[command(flatten)]
     holder: HolderArgs,
     /// New remaining life, counted from the server's now, e.g. 10s.
-    #[arg(long, env = "TARGETLEASE_TTL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Idempotency key: a retry with the same id returns the original result (default: fresh).
     #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
@@ -150,6 +188,9 @@ pub struct ReleaseArgs {
 pub struct GetArgs {
     #[command(flatten)]
     target: TargetArgs,
+    /// json (the one-line envelope) or text (a line for people).
+    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
+    output: Format,
     #[command(flatten)]
     conn: ConnectionArgs,
     #[command(flatten)]
@@ -165,7 +206,7 @@ pub struct RevokeArgs {
     #[arg(long, env = "TARGETLEASE_REVOKE_REASON")]
     reason: Option<String>,
     /// Only end the lease with this fencing token (refused as not_owner otherwise).
-    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN", value_parser = parse_token, allow_negative_numbers = true)]
     token: Option<u64>,
     /// Idempotency key: a retry with the same id returns the original result,
     /// and never ends a lease acquired after the first attempt (default: fresh).
@@ -183,7 +224,7 @@ pub struct CommitArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// The fencing token of the live lease.
-    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN", value_parser = parse_token, allow_negative_numbers = true)]
     token: u64,
     /// Name of the value, scoped to the target (1 to 256 bytes).
     #[arg(long, env = "TARGETLEASE_COMMIT_KEY")]
@@ -376,7 +417,11 @@ pub async fn main(args: LeaseArgs) -> ExitCode {
         )),
         (other, _) => other,
     };
-    output::emit(Report::from(result))
+    let format = match &cmd {
+        LeaseCommand::Get(a) => a.output,
+        _ => Format::Json,
+    };
+    output::emit_as(Report::from(result), format)
 }
 
 #[cfg(test)]
