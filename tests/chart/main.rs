@@ -16,8 +16,14 @@ mod support {
     pub mod valkey_server;
 }
 
+mod argocd;
 mod cluster;
+mod gitops;
 mod helm;
+mod lease_id_key;
+mod observability;
 mod operator;
 mod render;
 mod render_ha;
+mod render_values;
+mod schema;

@@ -167,9 +167,45 @@ async fn the_operator_runs_as_the_chart_service_account() {
         "a replica holds the Lease"
     );
 
+    // Every kind of write the flows above made was counted once it reached
+    // the API server (the client counts them, so none can be missed).
+    let metrics = scrape(env.admin_port(0)).await;
+    for kind in ["status", "finalizer", "pod_mark", "floor", "event"] {
+        let line = format!("targetlease_api_writes_total{{kind=\"{kind}\"}} ");
+        let n: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("no {line} in\n{metrics}"))
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(n >= 1.0, "{line}{n}");
+    }
+    for line in ["targetlease_backend_up 1", "targetlease_leader 1"] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    assert!(metrics.contains("targetlease_leases_lost_total "));
+    assert!(metrics.contains("targetlease_build_info{version="));
+    assert!(metrics.contains("targetlease_process_resident_memory_bytes "));
+
     let log = env.operator_log(0);
     assert!(
         !log.to_lowercase().contains("forbidden"),
         "the operator was refused something:\n{log}"
     );
+}
+
+/// `GET /metrics` on the admin port.
+async fn scrape(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the admin port");
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    reply
 }
