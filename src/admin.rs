@@ -219,7 +219,9 @@ mod tests {
             .await
             .unwrap();
         let status = res.status();
-        let body = axum::body::to_bytes(res.into_body(), 1 << 20).await.unwrap();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
         (status, String::from_utf8(body.to_vec()).unwrap())
     }
 
@@ -232,7 +234,11 @@ mod tests {
             assert!(body.contains("targetlease_backend_up 1"), "{body}");
             assert_eq!(get(&state, "/readyz").await.0, StatusCode::OK);
         }
-        assert_eq!(store_metrics.count("health", "ok"), 1, "one probe for 20 requests");
+        assert_eq!(
+            store_metrics.count("health", "ok"),
+            1,
+            "one probe for 20 requests"
+        );
         // Once the answer is older than the TTL, the next request probes again.
         let past = Instant::now() - PROBE_TTL - Duration::from_millis(1);
         *state.probed.lock().await = Some((past, true));

@@ -218,7 +218,10 @@ mod tests {
             "targetlease_backend_up",
             "targetlease_leader",
         ] {
-            assert!(names.iter().any(|n| n == expected), "{expected} in {names:?}");
+            assert!(
+                names.iter().any(|n| n == expected),
+                "{expected} in {names:?}"
+            );
         }
     }
 

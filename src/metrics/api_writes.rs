@@ -208,21 +208,75 @@ mod tests {
         let tl = "/apis/targetlease.dev/v1alpha1/namespaces/apps/targetleases/web";
         let pod = "/api/v1/namespaces/apps/pods/web-0";
         let cases = [
-            (Method::PATCH, format!("{tl}/status?fieldManager=x&force=true"), "application/apply-patch+yaml", Some(WriteKind::Status)),
-            (Method::PATCH, tl.to_string(), "application/json-patch+json", Some(WriteKind::Finalizer)),
-            (Method::PATCH, pod.to_string(), "application/apply-patch+yaml", Some(WriteKind::PodMark)),
-            (Method::PATCH, pod.to_string(), "application/merge-patch+json", Some(WriteKind::PodUnmark)),
-            (Method::POST, "/api/v1/namespaces/tl-system/configmaps".into(), "application/json", Some(WriteKind::Floor)),
-            (Method::PUT, "/api/v1/namespaces/tl-system/configmaps/floors-0a".into(), "application/json", Some(WriteKind::Floor)),
-            (Method::POST, "/apis/events.k8s.io/v1/namespaces/apps/events".into(), "application/json", Some(WriteKind::Event)),
-            (Method::PATCH, "/apis/events.k8s.io/v1/namespaces/apps/events/e1".into(), "application/merge-patch+json", Some(WriteKind::Event)),
-            (Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/x/leases/l".into(), "application/json", Some(WriteKind::Other)),
-            (Method::DELETE, "/api/v1/namespaces/x".into(), "application/json", Some(WriteKind::Other)),
+            (
+                Method::PATCH,
+                format!("{tl}/status?fieldManager=x&force=true"),
+                "application/apply-patch+yaml",
+                Some(WriteKind::Status),
+            ),
+            (
+                Method::PATCH,
+                tl.to_string(),
+                "application/json-patch+json",
+                Some(WriteKind::Finalizer),
+            ),
+            (
+                Method::PATCH,
+                pod.to_string(),
+                "application/apply-patch+yaml",
+                Some(WriteKind::PodMark),
+            ),
+            (
+                Method::PATCH,
+                pod.to_string(),
+                "application/merge-patch+json",
+                Some(WriteKind::PodUnmark),
+            ),
+            (
+                Method::POST,
+                "/api/v1/namespaces/tl-system/configmaps".into(),
+                "application/json",
+                Some(WriteKind::Floor),
+            ),
+            (
+                Method::PUT,
+                "/api/v1/namespaces/tl-system/configmaps/floors-0a".into(),
+                "application/json",
+                Some(WriteKind::Floor),
+            ),
+            (
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/apps/events".into(),
+                "application/json",
+                Some(WriteKind::Event),
+            ),
+            (
+                Method::PATCH,
+                "/apis/events.k8s.io/v1/namespaces/apps/events/e1".into(),
+                "application/merge-patch+json",
+                Some(WriteKind::Event),
+            ),
+            (
+                Method::PUT,
+                "/apis/coordination.k8s.io/v1/namespaces/x/leases/l".into(),
+                "application/json",
+                Some(WriteKind::Other),
+            ),
+            (
+                Method::DELETE,
+                "/api/v1/namespaces/x".into(),
+                "application/json",
+                Some(WriteKind::Other),
+            ),
             (Method::GET, format!("{tl}/status"), "", None),
             (Method::GET, "/api/v1/pods?watch=true".into(), "", None),
         ];
         for (method, path, ct, want) in cases {
-            assert_eq!(WriteKind::of(&req(method.clone(), &path, ct)), want, "{method} {path}");
+            assert_eq!(
+                WriteKind::of(&req(method.clone(), &path, ct)),
+                want,
+                "{method} {path}"
+            );
         }
     }
 

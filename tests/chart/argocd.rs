@@ -74,7 +74,16 @@ fn expected(phase: Option<&str>, held: Option<&str>, backend: Option<&str>) -> &
 fn every_phase_and_condition_combination_gets_the_right_health_and_a_message() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("testdata")).unwrap();
-    let phases = [None, Some("Pending"), Some("Held"), Some("Released"), Some("Lost"), Some("Error"), Some("Unknown"), Some("Frozen")];
+    let phases = [
+        None,
+        Some("Pending"),
+        Some("Held"),
+        Some("Released"),
+        Some("Lost"),
+        Some("Error"),
+        Some("Unknown"),
+        Some("Frozen"),
+    ];
     let states = [None, Some("True"), Some("False"), Some("Unknown")];
     let mut tests = Vec::new();
     let token: u64 = (1 << 53) + 1;
@@ -84,7 +93,12 @@ fn every_phase_and_condition_combination_gets_the_right_health_and_a_message() {
                 let mut conditions = Vec::new();
                 if let Some(h) = held {
                     let message = format!("held by job-a with fencing token {token}");
-                    conditions.push(condition("Held", h, "Acquired", if h == "True" { &message } else { "" }));
+                    conditions.push(condition(
+                        "Held",
+                        h,
+                        "Acquired",
+                        if h == "True" { &message } else { "" },
+                    ));
                 }
                 if let Some(b) = backend {
                     conditions.push(condition("BackendAvailable", b, "BackendUnavailable", ""));
@@ -98,25 +112,42 @@ fn every_phase_and_condition_combination_gets_the_right_health_and_a_message() {
                     "metadata": { "name": "t", "namespace": "apps", "generation": 1 },
                     "spec": { "target": "t" }, "status": status,
                 });
-                let file = format!("testdata/{}-{}-{}.yaml", phase.unwrap_or("none"), held.unwrap_or("none"), backend.unwrap_or("none"));
-                std::fs::write(dir.path().join(&file), serde_yaml::to_string(&obj).unwrap()).unwrap();
+                let file = format!(
+                    "testdata/{}-{}-{}.yaml",
+                    phase.unwrap_or("none"),
+                    held.unwrap_or("none"),
+                    backend.unwrap_or("none")
+                );
+                std::fs::write(dir.path().join(&file), serde_yaml::to_string(&obj).unwrap())
+                    .unwrap();
                 let mut health = json!({ "status": expected(phase, held, backend) });
                 if phase == Some("Held") && held == Some("True") && backend != Some("False") {
-                    health["message"] = json!(format!("Held: held by job-a with fencing token {token}"));
+                    health["message"] =
+                        json!(format!("Held: held by job-a with fencing token {token}"));
                 }
                 tests.push(json!({ "inputPath": file, "healthStatus": health }));
             }
         }
     }
     let file = dir.path().join("health_test.yaml");
-    std::fs::write(&file, serde_yaml::to_string(&json!({ "tests": tests })).unwrap()).unwrap();
+    std::fs::write(
+        &file,
+        serde_yaml::to_string(&json!({ "tests": tests })).unwrap(),
+    )
+    .unwrap();
     let out = run(&file);
-    assert!(out.contains(&format!("{} tests, 0 failed", tests.len())), "{out}");
+    assert!(
+        out.contains(&format!("{} tests, 0 failed", tests.len())),
+        "{out}"
+    );
 }
 
 #[test]
 fn the_install_guide_points_at_the_shipped_check_instead_of_copying_it() {
     let doc = std::fs::read_to_string(repo().join("docs/install.md")).unwrap();
     assert!(doc.contains("contrib/argocd/health.lua"));
-    assert!(!doc.contains("hs.status ="), "docs/install.md carries its own copy of the check");
+    assert!(
+        !doc.contains("hs.status ="),
+        "docs/install.md carries its own copy of the check"
+    );
 }

@@ -216,7 +216,7 @@ async fn helm_install_and_upgrade_pass_pod_security_and_render_no_key() {
         .expect("the chart's pod is admitted under Pod Security restricted");
     // So is the OpenShift variant (no fixed user, group or fsGroup).
     let openshift = repo().join("contrib/openshift/values.yaml");
-    let os = template(&release, &ns, &["-f", openshift.to_str().unwrap()]);
+    let os = crate::helm::template(&release, &ns, &["-f", openshift.to_str().unwrap()]);
     let os_spec = os.get("Deployment")["spec"]["template"]["spec"].clone();
     assert!(os_spec["securityContext"]["runAsUser"].is_null());
     pods.create(&dry_run, &pod(os_spec))

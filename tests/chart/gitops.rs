@@ -16,12 +16,19 @@ fn helm_template_renders_identical_manifests_every_time() {
     };
     for extra in [
         &[][..],
-        &["--set", "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true"][..],
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true",
+        ][..],
         &["--set", "leaseIdKey.existingSecret=mine"][..],
     ] {
         let first = render(extra);
         for _ in 0..2 {
-            assert_eq!(render(extra), first, "helm template {extra:?} is not deterministic");
+            assert_eq!(
+                render(extra),
+                first,
+                "helm template {extra:?} is not deterministic"
+            );
         }
     }
 }
@@ -29,11 +36,24 @@ fn helm_template_renders_identical_manifests_every_time() {
 #[test]
 fn by_default_the_operator_makes_the_key_and_may_touch_only_that_secret() {
     let r = template("tl", "tl-system", &[]);
-    assert!(r.find("Secret").is_none(), "no key rendered, nothing random in the manifests");
-    assert!(r.args().contains(&"--lease-id-key-secret=tl-targetlease-lease-id-key".to_string()));
-    assert!(!r.args().iter().any(|a| a.starts_with("--lease-id-key-file")));
+    assert!(
+        r.find("Secret").is_none(),
+        "no key rendered, nothing random in the manifests"
+    );
+    assert!(
+        r.args()
+            .contains(&"--lease-id-key-secret=tl-targetlease-lease-id-key".to_string())
+    );
+    assert!(
+        !r.args()
+            .iter()
+            .any(|a| a.starts_with("--lease-id-key-file"))
+    );
     let rules = r.get("Role")["rules"].as_array().unwrap().clone();
-    let secret_rules: Vec<_> = rules.iter().filter(|r| r["resources"][0] == "secrets").collect();
+    let secret_rules: Vec<_> = rules
+        .iter()
+        .filter(|r| r["resources"][0] == "secrets")
+        .collect();
     assert_eq!(
         serde_json::Value::Array(secret_rules.into_iter().cloned().collect()),
         serde_json::json!([
@@ -58,11 +78,21 @@ fn an_existing_secret_is_mounted_and_grants_no_secret_access() {
     let r = template(
         "tl",
         "tl-system",
-        &["--set", "leaseIdKey.existingSecret=gitops-key,leaseIdKey.key=secret"],
+        &[
+            "--set",
+            "leaseIdKey.existingSecret=gitops-key,leaseIdKey.key=secret",
+        ],
     );
     assert!(r.find("Secret").is_none());
-    assert!(r.args().contains(&"--lease-id-key-file=/etc/targetlease/lease-id/key".to_string()));
-    assert!(!r.args().iter().any(|a| a.starts_with("--lease-id-key-secret")));
+    assert!(
+        r.args()
+            .contains(&"--lease-id-key-file=/etc/targetlease/lease-id/key".to_string())
+    );
+    assert!(
+        !r.args()
+            .iter()
+            .any(|a| a.starts_with("--lease-id-key-secret"))
+    );
     assert_eq!(
         r.volume("lease-id-key")["secret"],
         serde_json::json!({ "secretName": "gitops-key", "defaultMode": 0o440,
@@ -70,6 +100,10 @@ fn an_existing_secret_is_mounted_and_grants_no_secret_access() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules("targetlease-token-floors", Some("targetlease-operator"), None)
+        expected_role_rules(
+            "targetlease-token-floors",
+            Some("targetlease-operator"),
+            None
+        )
     );
 }

@@ -32,7 +32,8 @@ async fn replicas_racing_for_the_key_agree_on_one_and_never_change_it() {
     let release = install_identity(cp, &ns).await;
     let name = key_secret_name(&release.rendered.args());
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
+    let kubeconfig =
+        service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
     // Eight "replicas", each with its own client authenticated as the
     // chart's ServiceAccount, holding only the chart's RBAC.
     let mut clients = Vec::new();
@@ -51,7 +52,10 @@ async fn replicas_racing_for_the_key_agree_on_one_and_never_change_it() {
         .into_iter()
         .map(|r| r.unwrap_or_else(|e| panic!("a replica got no key: {e}")))
         .collect();
-    let created = results.iter().filter(|(_, o)| *o == Origin::Created).count();
+    let created = results
+        .iter()
+        .filter(|(_, o)| *o == Origin::Created)
+        .count();
     assert_eq!(created, 1, "exactly one replica creates the Secret");
     let derived: BTreeSet<String> = results.iter().map(|(k, _)| k.derive("probe")).collect();
     assert_eq!(derived.len(), 1, "every replica derives the same lease ids");
@@ -70,7 +74,10 @@ async fn replicas_racing_for_the_key_agree_on_one_and_never_change_it() {
     let refused = secrets
         .patch(&name, &PatchParams::default(), &Patch::Merge(&change))
         .await;
-    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422), "{refused:?}");
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "{refused:?}"
+    );
 
     // The chart grants nothing more: another Secret is out of reach (a
     // refusal, reported at once, not retried).
@@ -92,7 +99,10 @@ async fn a_secret_without_the_key_is_refused_not_repaired() {
         "stringData": { "password": "not ours" },
     }))
     .unwrap();
-    secrets.create(&PostParams::default(), &foreign).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
     let r = load_or_create(&cp.client(), &ns, "tl-targetlease-lease-id-key").await;
     assert!(
         matches!(&r, Err(KeyError::Permanent(m)) if m.contains("has no data key `key`")),
@@ -138,7 +148,8 @@ async fn two_operator_replicas_starting_at_once_create_one_key() {
         .collect();
     assert_eq!(chart_args.len(), 4, "{chart_args:?}");
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
+    let kubeconfig =
+        service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
     let valkey = ValkeyServer::start();
     let mut operators = Operators(Vec::new());
     let mut logs = Vec::new();
@@ -171,7 +182,11 @@ async fn two_operator_replicas_starting_at_once_create_one_key() {
                 .iter()
                 .filter_map(|l| {
                     let line = l.lines().find(|line| line.contains("lease-id key"))?;
-                    Some(if line.contains("Created") { "Created" } else { "Existing" })
+                    Some(if line.contains("Created") {
+                        "Created"
+                    } else {
+                        "Existing"
+                    })
                 })
                 .collect();
             (origins.len() == 2).then(|| origins.join(","))
@@ -180,7 +195,13 @@ async fn two_operator_replicas_starting_at_once_create_one_key() {
     .await;
     let mut sorted: Vec<&str> = origins.split(',').collect();
     sorted.sort();
-    assert_eq!(sorted, ["Created", "Existing"], "logs:\n{}\n---\n{}", read(0), read(1));
+    assert_eq!(
+        sorted,
+        ["Created", "Existing"],
+        "logs:\n{}\n---\n{}",
+        read(0),
+        read(1)
+    );
     let secrets: Api<Secret> = Api::namespaced(cp.client(), &ns);
     assert!(secrets.get(&name).await.is_ok());
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -28,12 +28,18 @@ fn security_contexts_are_values_and_openshift_drops_the_ids() {
     let r = template(
         "tl",
         "tl-system",
-        &["--set", "podSecurityContext.runAsUser=1001,securityContext.readOnlyRootFilesystem=false"],
+        &[
+            "--set",
+            "podSecurityContext.runAsUser=1001,securityContext.readOnlyRootFilesystem=false",
+        ],
     );
     let pod = &r.get("Deployment")["spec"]["template"]["spec"]["securityContext"];
     assert_eq!(pod["runAsUser"], 1001);
     assert_eq!(pod["fsGroup"], 65532);
-    assert_eq!(r.container()["securityContext"]["readOnlyRootFilesystem"], false);
+    assert_eq!(
+        r.container()["securityContext"]["readOnlyRootFilesystem"],
+        false
+    );
 }
 
 #[test]
@@ -48,12 +54,17 @@ fn extra_env_volumes_annotations_and_history_reach_the_deployment() {
             r#"extraVolumes=[{"name":"ca","configMap":{"name":"corp-ca"}}]"#,
             "--set-json",
             r#"extraVolumeMounts=[{"name":"ca","mountPath":"/etc/ssl/corp","readOnly":true}]"#,
+            "--set-string",
+            "deploymentAnnotations.reloader\\.stakater\\.com/auto=true",
             "--set",
-            "deploymentAnnotations.reloader\\.stakater\\.com/auto=true,revisionHistoryLimit=2",
+            "revisionHistoryLimit=2",
         ],
     );
     let deploy = r.get("Deployment");
-    assert_eq!(deploy["metadata"]["annotations"]["reloader.stakater.com/auto"], "true");
+    assert_eq!(
+        deploy["metadata"]["annotations"]["reloader.stakater.com/auto"],
+        "true"
+    );
     assert!(
         deploy["spec"]["template"]["metadata"]["annotations"].is_null(),
         "Deployment annotations stay on the Deployment"
@@ -61,19 +72,31 @@ fn extra_env_volumes_annotations_and_history_reach_the_deployment() {
     assert_eq!(deploy["spec"]["revisionHistoryLimit"], 2);
     let env = r.container()["env"].as_array().unwrap().clone();
     let names: Vec<_> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["POD_NAME", "POD_NAMESPACE", "RUST_LOG", "HTTPS_PROXY", "TZ"]);
+    assert_eq!(
+        names,
+        ["POD_NAME", "POD_NAMESPACE", "RUST_LOG", "HTTPS_PROXY", "TZ"]
+    );
     assert_eq!(env[4]["valueFrom"]["configMapKeyRef"]["name"], "tz");
     assert_eq!(r.volume("ca")["configMap"]["name"], "corp-ca");
     let mounts = r.container()["volumeMounts"].as_array().unwrap().clone();
-    assert!(mounts.contains(&json!({ "name": "ca", "mountPath": "/etc/ssl/corp", "readOnly": true })));
-    assert!(mounts.iter().any(|m| m["name"] == "tmp"), "the chart's own mounts stay");
+    assert!(
+        mounts.contains(&json!({ "name": "ca", "mountPath": "/etc/ssl/corp", "readOnly": true }))
+    );
+    assert!(
+        mounts.iter().any(|m| m["name"] == "tmp"),
+        "the chart's own mounts stay"
+    );
 }
 
 #[test]
 fn the_admin_server_listens_on_ipv6_and_ipv4_by_default() {
     let r = template("tl", "tl-system", &[]);
     assert!(r.args().contains(&"--admin-addr=[::]:8080".to_string()));
-    let r = template("tl", "tl-system", &["--set", "admin.address=0.0.0.0,admin.port=9090"]);
+    let r = template(
+        "tl",
+        "tl-system",
+        &["--set", "admin.address=0.0.0.0,admin.port=9090"],
+    );
     assert!(r.args().contains(&"--admin-addr=0.0.0.0:9090".to_string()));
     assert_eq!(r.container()["ports"][0]["containerPort"], 9090);
 }
@@ -102,7 +125,11 @@ fn the_service_monitor_takes_a_namespace_and_relabelings() {
     let ep = &sm["spec"]["endpoints"][0];
     assert_eq!(ep["relabelings"][0]["targetLabel"], "cluster");
     assert_eq!(ep["metricRelabelings"][0]["action"], "drop");
-    let plain = template("tl", "tl-system", &["--set", "metrics.serviceMonitor.enabled=true"]);
+    let plain = template(
+        "tl",
+        "tl-system",
+        &["--set", "metrics.serviceMonitor.enabled=true"],
+    );
     let sm = plain.get("ServiceMonitor");
     assert_eq!(sm["metadata"]["namespace"], "tl-system");
     assert!(sm["spec"]["endpoints"][0]["relabelings"].is_null());
@@ -119,9 +146,17 @@ const POLICY: &[&str] = &[
 
 #[test]
 fn the_network_policy_admits_the_admin_port_and_reaches_only_dns_the_api_and_valkey() {
-    assert!(template("tl", "tl-system", &[]).find("NetworkPolicy").is_none(), "off by default");
+    assert!(
+        template("tl", "tl-system", &[])
+            .find("NetworkPolicy")
+            .is_none(),
+        "off by default"
+    );
     // It refuses to render a policy that would cut the operator off.
-    refused(&["--set", "networkPolicy.enabled=true"], "networkPolicy.apiServer.to");
+    refused(
+        &["--set", "networkPolicy.enabled=true"],
+        "networkPolicy.apiServer.to",
+    );
     refused(&POLICY[..4], "networkPolicy.valkey.to");
 
     let r = template("tl", "tl-system", POLICY);
@@ -139,12 +174,30 @@ fn the_network_policy_admits_the_admin_port_and_reaches_only_dns_the_api_and_val
     );
     let egress = np["spec"]["egress"].as_array().unwrap();
     assert_eq!(egress.len(), 3);
-    assert_eq!(egress[0]["ports"], json!([{ "port": 53, "protocol": "UDP" }, { "port": 53, "protocol": "TCP" }]));
-    assert_eq!(egress[0]["to"][0]["podSelector"]["matchLabels"]["k8s-app"], "kube-dns");
-    assert_eq!(egress[1]["to"], json!([{ "ipBlock": { "cidr": "10.0.0.1/32" } }]));
-    assert_eq!(egress[1]["ports"], json!([{ "port": 6443, "protocol": "TCP" }, { "port": 443, "protocol": "TCP" }]));
-    assert_eq!(egress[2]["to"][0]["podSelector"]["matchLabels"]["app"], "valkey");
-    assert_eq!(egress[2]["ports"], json!([{ "port": 6379, "protocol": "TCP" }]));
+    assert_eq!(
+        egress[0]["ports"],
+        json!([{ "port": 53, "protocol": "UDP" }, { "port": 53, "protocol": "TCP" }])
+    );
+    assert_eq!(
+        egress[0]["to"][0]["podSelector"]["matchLabels"]["k8s-app"],
+        "kube-dns"
+    );
+    assert_eq!(
+        egress[1]["to"],
+        json!([{ "ipBlock": { "cidr": "10.0.0.1/32" } }])
+    );
+    assert_eq!(
+        egress[1]["ports"],
+        json!([{ "port": 6443, "protocol": "TCP" }, { "port": 443, "protocol": "TCP" }])
+    );
+    assert_eq!(
+        egress[2]["to"][0]["podSelector"]["matchLabels"]["app"],
+        "valkey"
+    );
+    assert_eq!(
+        egress[2]["ports"],
+        json!([{ "port": 6379, "protocol": "TCP" }])
+    );
 
     let mut more = POLICY.to_vec();
     more.extend_from_slice(&[
@@ -155,6 +208,9 @@ fn the_network_policy_admits_the_admin_port_and_reaches_only_dns_the_api_and_val
     ]);
     let r = template("tl", "tl-system", &more);
     let np = r.get("NetworkPolicy");
-    assert_eq!(np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], "monitoring");
+    assert_eq!(
+        np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
     assert_eq!(np["spec"]["egress"][3]["ports"][0]["port"], 26379);
 }

@@ -110,7 +110,11 @@ fn base64_encode(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -138,7 +142,10 @@ pub async fn load_or_create(
         if let Some(existing) = api.get_opt(name).await.map_err(|e| classify(&what, e))? {
             return Ok((key_of(&existing, ns, name)?, Origin::Existing));
         }
-        match api.create(&PostParams::default(), &fresh_secret(name)).await {
+        match api
+            .create(&PostParams::default(), &fresh_secret(name))
+            .await
+        {
             Ok(created) => return Ok((key_of(&created, ns, name)?, Origin::Created)),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => return Err(classify(&format!("create Secret {ns}/{name}"), e)),
