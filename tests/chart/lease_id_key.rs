@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use targetlease::cli::operator::lease_id_secret::{KeyError, Origin, load_or_create};
+use targetlease::lease_id::LeaseIdKey;
 
 use crate::cluster::{SOON, client_from, install_identity, service_account_kubeconfig};
 use crate::support::kube_env::{self, eventually};
@@ -69,7 +70,13 @@ async fn replicas_racing_for_the_key_agree_on_one_and_never_change_it() {
     let secrets: Api<Secret> = Api::namespaced(cp.client(), &ns);
     let secret = secrets.get(&name).await.unwrap();
     assert_eq!(secret.immutable, Some(true));
-    assert_eq!(secret.data.as_ref().unwrap()["key"].0.len(), 64);
+    let stored = &secret.data.as_ref().unwrap()["key"].0;
+    assert_eq!(stored.len(), 64);
+    assert_eq!(
+        Some(&LeaseIdKey::new(stored).unwrap().derive("probe")),
+        derived.iter().next(),
+        "every replica uses the key the Secret holds (the winner's)"
+    );
     let change = json!({ "data": { "key": "Y2hhbmdlZC1jaGFuZ2VkLWNoYW5nZWQ=" } });
     let refused = secrets
         .patch(&name, &PatchParams::default(), &Patch::Merge(&change))
@@ -181,12 +188,14 @@ async fn two_operator_replicas_starting_at_once_create_one_key() {
             let origins: Vec<&str> = lines
                 .iter()
                 .filter_map(|l| {
-                    let line = l.lines().find(|line| line.contains("lease-id key"))?;
-                    Some(if line.contains("Created") {
-                        "Created"
-                    } else {
-                        "Existing"
-                    })
+                    // The line that reports the key in use (not a retry warning).
+                    l.lines()
+                        .filter(|line| line.contains("lease-id key"))
+                        .find_map(|line| {
+                            ["Created", "Existing"]
+                                .into_iter()
+                                .find(|o| line.contains(&format!("origin={o}")))
+                        })
                 })
                 .collect();
             (origins.len() == 2).then(|| origins.join(","))
@@ -203,8 +212,15 @@ async fn two_operator_replicas_starting_at_once_create_one_key() {
         read(1)
     );
     let secrets: Api<Secret> = Api::namespaced(cp.client(), &ns);
-    assert!(secrets.get(&name).await.is_ok());
+    let secret = secrets
+        .get(&name)
+        .await
+        .expect("the Secret one replica created");
+    let key = String::from_utf8(secret.data.unwrap()["key"].0.clone()).unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..2 {
+        assert!(!read(i).contains(&key), "operator {i} logged the key");
+    }
     for (i, child) in operators.0.iter_mut().enumerate() {
         assert!(
             child.try_wait().unwrap().is_none(),

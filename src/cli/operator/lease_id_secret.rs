@@ -206,4 +206,112 @@ mod tests {
         let err = key_of(&empty, "ns", "k").unwrap_err().to_string();
         assert!(err.contains("no data key `key`"), "{err}");
     }
+
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    /// A fake API server: answers each request with the next canned reply
+    /// (status, JSON body) and records `METHOD path` of every request.
+    fn fake_api(replies: Vec<(u16, serde_json::Value)>) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let replies = Arc::new(Mutex::new(replies.into_iter()));
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            log.lock()
+                .unwrap()
+                .push(format!("{} {}", req.method(), req.uri().path()));
+            let (code, body) = replies
+                .lock()
+                .unwrap()
+                .next()
+                .unwrap_or_else(|| panic!("unexpected request {} {}", req.method(), req.uri()));
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                )
+            }
+        });
+        (kube::Client::new(svc, "ns"), seen)
+    }
+
+    fn status(code: u16, reason: &str) -> serde_json::Value {
+        serde_json::json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "message": reason, "reason": reason, "code": code })
+    }
+
+    const PATH: &str = "/api/v1/namespaces/ns/secrets";
+
+    /// The race, step by step: this replica sees no Secret, another replica
+    /// creates it first (409), and this one reads back what the winner wrote,
+    /// never the key it generated itself.
+    #[tokio::test]
+    async fn a_replica_that_loses_the_create_uses_the_winners_key() {
+        let winner = fresh_secret("k");
+        let winner_key = key_of(&winner, "ns", "k").unwrap().derive("probe");
+        let (client, seen) = fake_api(vec![
+            (404, status(404, "NotFound")),
+            (409, status(409, "AlreadyExists")),
+            (200, serde_json::to_value(&winner).unwrap()),
+        ]);
+        let (key, origin) = load_or_create(&client, "ns", "k").await.unwrap();
+        assert_eq!(origin, Origin::Existing);
+        assert_eq!(key.derive("probe"), winner_key);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                format!("GET {PATH}/k"),
+                format!("POST {PATH}"),
+                format!("GET {PATH}/k")
+            ],
+            "read, create, read back: nothing is ever replaced or patched"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_existing_key_is_only_read() {
+        let existing = fresh_secret("k");
+        let (client, seen) = fake_api(vec![(200, serde_json::to_value(&existing).unwrap())]);
+        let (key, origin) = load_or_create(&client, "ns", "k").await.unwrap();
+        assert_eq!(origin, Origin::Existing);
+        assert_eq!(
+            key.derive("probe"),
+            key_of(&existing, "ns", "k").unwrap().derive("probe")
+        );
+        assert_eq!(*seen.lock().unwrap(), [format!("GET {PATH}/k")]);
+    }
+
+    #[tokio::test]
+    async fn the_created_key_is_the_one_the_api_server_stored() {
+        // The create's reply is what the API server stored: the replica
+        // uses that, not a copy of what it sent.
+        let stored = fresh_secret("k");
+        let stored_key = key_of(&stored, "ns", "k").unwrap().derive("probe");
+        let (client, seen) = fake_api(vec![
+            (404, status(404, "NotFound")),
+            (201, serde_json::to_value(&stored).unwrap()),
+        ]);
+        let (key, origin) = load_or_create(&client, "ns", "k").await.unwrap();
+        assert_eq!(origin, Origin::Created);
+        assert_eq!(key.derive("probe"), stored_key);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [format!("GET {PATH}/k"), format!("POST {PATH}")]
+        );
+    }
+
+    #[tokio::test]
+    async fn forbidden_is_permanent_and_unavailable_is_transient() {
+        let (client, _) = fake_api(vec![(403, status(403, "Forbidden"))]);
+        let r = load_or_create(&client, "ns", "k").await;
+        assert!(matches!(r, Err(KeyError::Permanent(_))), "{:?}", r.err());
+        let (client, _) = fake_api(vec![(503, status(503, "ServiceUnavailable"))]);
+        let r = load_or_create(&client, "ns", "k").await;
+        assert!(matches!(r, Err(KeyError::Transient(_))), "{:?}", r.err());
+    }
 }
