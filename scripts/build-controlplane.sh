@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane binaries and test tools from Go modules:
 #   etcd, kube-apiserver, kube-controller-manager  (tests/controlplane)
-#   kubectl                                        (tests/controlplane, a Go `tool`)
+#   kubectl, only when asked                       (tests/controlplane/kubectl)
 #   helm                                           (tests/controlplane/helm)
 #   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
 # into ${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}.
@@ -68,7 +68,7 @@ inputs_hash() { # DIR LDFLAGS -> hash of the module's inputs (excluding nested m
     echo "${BUILD_FLAGS[*]} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
     cd "$dir"
     # Files of this module only: stop at nested go.mod directories.
-    find . \( -path ./helm -prune -o -path ./luahealth -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
+    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
       | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -d' ' -f1
 }
@@ -109,7 +109,7 @@ case "$WHAT" in
   kube|all) build_group kube "$SRC" "$(kube_ldflags)" ./cmd/etcd ./cmd/kube-apiserver ./cmd/kube-controller-manager ;;&
   helm|all) build_group helm "$SRC/helm" "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm ;;&
   luahealth|all) build_group luahealth "$SRC/luahealth" "-s -w" .=lua-health ;;&
-  kubectl) build_group kubectl "$SRC" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
+  kubectl) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
   kube|helm|luahealth|kubectl|all) ;;
   *) echo "usage: $0 [kube|helm|luahealth|kubectl|all]" >&2; exit 2 ;;
 esac
