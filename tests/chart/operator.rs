@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams};
 use serde_json::json;
 use targetlease::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{LeaseStore, Outcome, Target};
+use targetlease::store::{LeaseStore, Outcome, RevokeRequest, Target};
 
 use crate::cluster::{SOON, install_identity, service_account_kubeconfig, wait_policy_enforced};
 use crate::support::kube_env::eventually;
@@ -167,6 +167,37 @@ async fn the_operator_runs_as_the_chart_service_account() {
         "a replica holds the Lease"
     );
 
+    // A lease that ends in Valkey without being given back (here: revoked)
+    // is lost, and counted once (the counter starts at zero); the operator
+    // then acquires the target again, with the next token.
+    let lost = || async {
+        sample(
+            &scrape(env.admin_port(0)).await,
+            "targetlease_leases_lost_total",
+        )
+    };
+    assert_eq!(lost().await, 0.0);
+    env.create(
+        "job-c",
+        json!({ "target": "payments", "holder": { "identity": "job-c" },
+                "leaseDuration": "4s", "renewInterval": "1s" }),
+    )
+    .await;
+    env.wait_phase("job-c", Phase::Held, SOON).await;
+    let revoked = store
+        .revoke(&RevokeRequest::new(Target::new(&ns, "payments")))
+        .await
+        .unwrap();
+    assert_eq!(revoked.outcome, Outcome::Revoked);
+    env.wait_for("job-c", "held again with token 2", SOON, |tl| {
+        summary(tl) == (Some(Phase::Held), Some("job-c".into()), Some(2))
+    })
+    .await;
+    eventually("the lost lease counted", SOON, || async {
+        (lost().await == 1.0).then_some(())
+    })
+    .await;
+
     // Every kind of write the flows above made was counted once it reached
     // the API server (the client counts them, so none can be missed).
     let metrics = scrape(env.admin_port(0)).await;
@@ -193,6 +224,17 @@ async fn the_operator_runs_as_the_chart_service_account() {
         !log.to_lowercase().contains("forbidden"),
         "the operator was refused something:\n{log}"
     );
+}
+
+/// The value of the sample named exactly `name` (no labels).
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// `GET /metrics` on the admin port.
