@@ -2,8 +2,6 @@
 //! private real Valkey, the CRD installed, and the real `targetlease operator`
 //! binary running against both (watching only that namespace).
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -168,12 +166,12 @@ impl OperatorEnv {
     }
 
     /// Creates a TargetLease from a JSON spec.
-    pub async fn create(&self, name: &str, spec: Value) -> TargetLease {
+    pub async fn create(&self, name: &str, spec: impl Into<Value>) -> TargetLease {
         let obj: TargetLease = serde_json::from_value(serde_json::json!({
             "apiVersion": "targetlease.dev/v1alpha1",
             "kind": "TargetLease",
             "metadata": { "name": name, "namespace": self.ns },
-            "spec": spec,
+            "spec": spec.into(),
         }))
         .expect("a valid TargetLease document");
         self.api()

