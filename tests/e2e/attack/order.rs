@@ -199,12 +199,7 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
     // The earlier attempt W's lease, as an acquire whose reply was lost left it.
     let store = env.store().await;
     let target = Target::new(&env.ns, "t");
-    let mut req = AcquireRequest::new(target.clone(), "job", Duration::from_secs(3600));
-    req.lease_id = Some(env.lease_id_key().derive("attempt-w"));
-    let mut meta = serde_json::Map::new();
-    meta.insert("targetlease".into(), format!("{}/job", env.ns).into());
-    meta.insert("acquisition".into(), "attempt-w".into());
-    req.metadata = Some(meta);
+    let req = env.operator_acquire("job", "t", "attempt-w", Duration::from_secs(3600));
     assert_eq!(
         store.acquire(&req).await.unwrap().outcome,
         Outcome::Acquired

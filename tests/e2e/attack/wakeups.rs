@@ -28,15 +28,9 @@ async fn release_notifications_resume_after_the_subscriber_could_not_connect() {
     // Valkey is reachable again for everyone from here on.
     let store = env.store().await;
     let target = Target::new(&env.ns, "q");
-    let outside = store
-        .acquire(&AcquireRequest::new(
-            target.clone(),
-            "cron",
-            Duration::from_secs(60),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(outside.outcome, Outcome::Acquired);
+    let outside = env
+        .hold_outside(&store, &target, "cron", Duration::from_secs(60))
+        .await;
     env.create("q", lease_for("q").identity("q")).await;
     env.wait_reason("q", "TargetHeld", SOON).await;
     tokio::time::sleep(Duration::from_secs(3)).await;

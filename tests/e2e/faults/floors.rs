@@ -113,13 +113,7 @@ async fn max_lifetime_rotates_and_invalid_selectors_are_reported() {
     )
     .await;
     let bad = env.wait_phase("bad", Phase::Error, SOON).await;
-    let valid = bad
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "SpecValid")
-        .unwrap();
+    let valid = condition(&bad, "SpecValid").unwrap();
     assert_eq!(
         (valid.status.as_str(), valid.reason.as_str()),
         ("False", "InvalidSpec")
@@ -137,13 +131,8 @@ async fn a_new_lease_is_held_after_two_writes_and_its_first_acquire_replays() {
     // What a crashed operator left behind: the first acquire went through,
     // its status write did not.
     let attempt = format!("first-{}", created.uid().unwrap());
-    let mut req = AcquireRequest::new(Target::new(&env.ns, "t"), "job", Duration::from_secs(90));
+    let mut req = env.operator_acquire("job", "t", &attempt, Duration::from_secs(90));
     req.request_id = attempt.clone();
-    req.lease_id = Some(env.lease_id_key().derive(&attempt));
-    let mut meta = serde_json::Map::new();
-    meta.insert("targetlease".into(), format!("{}/job", env.ns).into());
-    meta.insert("acquisition".into(), attempt.clone().into());
-    req.metadata = Some(meta);
     let store = env.store().await;
     assert_eq!(
         store.acquire(&req).await.unwrap().outcome,

@@ -19,9 +19,9 @@ pub(crate) use kube::ResourceExt;
 pub(crate) use kube::api::{ListParams, Patch, PatchParams};
 pub(crate) use serde_json::json;
 pub(crate) use support::kube_env::eventually;
-pub(crate) use support::operator_env::{History, OperatorEnv, summary};
+pub(crate) use support::operator_env::{History, OperatorEnv, condition, summary};
 pub(crate) use targetlease::crd::{Phase, TargetLease};
-pub(crate) use targetlease::store::{AcquireRequest, LeaseStore, Outcome, Target};
+pub(crate) use targetlease::store::{LeaseStore, Outcome, Target};
 
 pub(crate) const SOON: Duration = Duration::from_secs(20);
 
@@ -30,12 +30,7 @@ pub(crate) fn ms(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time
 }
 
 pub(crate) fn reason(tl: &TargetLease) -> Option<String> {
-    tl.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Held")
-        .map(|c| c.reason.clone())
+    condition(tl, "Held").map(|c| c.reason)
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -70,15 +70,13 @@ async fn a_restart_among_many_pods_keeps_every_lease_and_leader() {
 async fn a_waiter_is_not_stranded_when_the_head_of_the_queue_leaves() {
     let env = OperatorEnv::start("stranded").await;
     let store = env.store().await;
-    let outside = store
-        .acquire(&AcquireRequest::new(
-            Target::new(&env.ns, "q"),
-            "cron",
-            Duration::from_secs(15),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(outside.outcome, Outcome::Acquired);
+    env.hold_outside(
+        &store,
+        &Target::new(&env.ns, "q"),
+        "cron",
+        Duration::from_secs(15),
+    )
+    .await;
     env.create_pod("q1-pod", &[("app", "q1")], true).await;
     env.create("q1", lease_for("q").identity("q1").pod("q1-pod"))
         .await;
@@ -147,13 +145,12 @@ async fn a_delete_during_an_outage_keeps_the_finalizer_and_the_floor() {
 async fn an_unpublished_acquisition_of_our_own_is_reclaimed_at_once() {
     let env = OperatorEnv::start("orphan").await;
     let store = env.store().await;
-    let key = env.lease_id_key();
-    let mut req = AcquireRequest::new(Target::new(&env.ns, "t"), "job", Duration::from_secs(90));
-    req.lease_id = Some(key.derive("attempt-before-the-crash"));
-    let mut meta = serde_json::Map::new();
-    meta.insert("targetlease".into(), format!("{}/job", env.ns).into());
-    meta.insert("acquisition".into(), "attempt-before-the-crash".into());
-    req.metadata = Some(meta);
+    let req = env.operator_acquire(
+        "job",
+        "t",
+        "attempt-before-the-crash",
+        Duration::from_secs(90),
+    );
     assert_eq!(
         store.acquire(&req).await.unwrap().outcome,
         Outcome::Acquired
@@ -166,15 +163,13 @@ async fn an_unpublished_acquisition_of_our_own_is_reclaimed_at_once() {
     assert_eq!(summary(&tl).2, Some(2));
 
     // Someone else's lease is left alone.
-    let other = store
-        .acquire(&AcquireRequest::new(
-            Target::new(&env.ns, "u"),
-            "cron",
-            Duration::from_secs(90),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(other.outcome, Outcome::Acquired);
+    env.hold_outside(
+        &store,
+        &Target::new(&env.ns, "u"),
+        "cron",
+        Duration::from_secs(90),
+    )
+    .await;
     env.create("waits", lease_for("u").identity("waits")).await;
     env.wait_reason("waits", "TargetHeld", SOON).await;
     let still = store.get(&Target::new(&env.ns, "u")).await.unwrap();

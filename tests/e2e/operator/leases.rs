@@ -99,26 +99,15 @@ async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
     let env = OperatorEnv::start("outside").await;
     let store = env.store().await;
     let target = Target::new(&env.ns, "external");
-    let outside = store
-        .acquire(&AcquireRequest::new(
-            target.clone(),
-            "cron",
-            Duration::from_secs(60),
-        ))
-        .await
-        .unwrap();
+    let outside = env
+        .hold_outside(&store, &target, "cron", Duration::from_secs(60))
+        .await;
     let lease = outside.lease.unwrap();
     env.create("waiter", lease_for("external").identity("waiter"))
         .await;
     let pending = env.wait_reason("waiter", "TargetHeld", SOON).await;
     assert_eq!(summary(&pending).0, Some(Phase::Pending));
-    let held = pending
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Held")
-        .unwrap();
+    let held = condition(&pending, "Held").unwrap();
     assert_eq!(held.reason, "TargetHeld");
     assert!(held.message.contains("cron"), "{}", held.message);
 
@@ -142,15 +131,8 @@ async fn a_waiter_retries_when_an_outside_lease_expires() {
     let env = OperatorEnv::start("outside-expiry").await;
     let store = env.store().await;
     let target = Target::new(&env.ns, "external");
-    let outside = store
-        .acquire(&AcquireRequest::new(
-            target.clone(),
-            "cron",
-            Duration::from_secs(4),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(outside.outcome, Outcome::Acquired);
+    env.hold_outside(&store, &target, "cron", Duration::from_secs(4))
+        .await;
     env.create("next", lease_for("external").identity("next"))
         .await;
     env.wait_phase("next", Phase::Pending, SOON).await;

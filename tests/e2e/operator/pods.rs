@@ -78,13 +78,7 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
         .wait_reason("web-leader", "NoReadyCandidate", SOON)
         .await;
     assert_eq!(summary(&pending).0, Some(Phase::Pending));
-    let held = pending
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Held")
-        .unwrap();
+    let held = condition(&pending, "Held").unwrap();
     assert_eq!(held.reason, "NoReadyCandidate");
     assert_eq!(leader_marks(&env, "web-2").await, (None, None));
 }
@@ -112,13 +106,7 @@ async fn a_holder_tied_to_a_pod_follows_its_readiness() {
         .await;
     let pending = env.wait_reason("tied", "PodNotReady", SOON).await;
     assert_eq!(summary(&pending).0, Some(Phase::Pending));
-    let held = pending
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Held")
-        .unwrap();
+    let held = condition(&pending, "Held").unwrap();
     assert_eq!(held.reason, "PodNotReady");
     env.set_ready("worker", true).await;
     env.wait_phase("tied", Phase::Held, SOON).await;

@@ -101,7 +101,7 @@ async fn a_plain_url_at_a_cluster_node_reports_moved_as_unknown() {
     let before: u64 = c
         .nodes
         .iter()
-        .map(|n| calls(n, "evalsha") + calls(n, "eval"))
+        .map(|n| n.calls("evalsha") + n.calls("eval"))
         .sum();
     let r = store
         .acquire(&AcquireRequest::new(t.clone(), "a", TTL))
@@ -109,7 +109,7 @@ async fn a_plain_url_at_a_cluster_node_reports_moved_as_unknown() {
     let after: u64 = c
         .nodes
         .iter()
-        .map(|n| calls(n, "evalsha") + calls(n, "eval"))
+        .map(|n| n.calls("evalsha") + n.calls("eval"))
         .sum();
     assert_eq!(before, after, "no script ran on any node");
     assert!(

@@ -16,21 +16,20 @@ pub(crate) use crate::support::fault_proxy;
 pub(crate) use crate::support::resp;
 pub(crate) use crate::support::valkey_server;
 
-pub(crate) use std::process::{Child, Command, Stdio};
 pub(crate) use std::sync::Arc;
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 pub(crate) use std::time::{Duration, Instant};
 
 pub(crate) use fault_proxy::{Fault, FaultProxy};
 pub(crate) use rand::Rng;
-pub(crate) use resp::{Conn, Resp};
+pub(crate) use resp::Resp;
 pub(crate) use targetlease::store::valkey::scripts::SCRIPTS;
 pub(crate) use targetlease::store::valkey::{Durability, ValkeyConfig, ValkeyStore};
 pub(crate) use targetlease::store::{
     AcquireRequest, LeaseStore, Outcome, Reply, StoreError, Target,
 };
 pub(crate) use tokio::io::{AsyncReadExt, AsyncWriteExt};
-pub(crate) use valkey_server::{ValkeyServer, free_port, server_binary};
+pub(crate) use valkey_server::{ValkeyServer, free_port};
 
 pub(crate) const TTL: Duration = Duration::from_secs(60);
 
@@ -52,16 +51,6 @@ pub(crate) fn config(url: String) -> ValkeyConfig {
 
 pub(crate) fn target(name: &str) -> Target {
     Target::new("attack", name)
-}
-
-/// `calls=` of one command in INFO commandstats (0 when never called).
-pub(crate) fn calls(server: &ValkeyServer, command: &str) -> u64 {
-    let info = server.conn().cmd(&["INFO", "commandstats"]).text();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 pub(crate) fn get_key(server: &ValkeyServer, key: &str) -> Option<String> {

@@ -2,59 +2,7 @@
 
 use super::*;
 
-/// A Sentinel watching `primary_port` as `mymaster`, killed on drop.
-struct Sentinel {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Sentinel {
-    fn start(primary_port: u16) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {primary_port} 1\n",
-                dir.path().display(),
-            ),
-        )
-        .unwrap();
-        let child = Command::new(server_binary())
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start valkey-server --sentinel");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = Conn::connect(&format!("127.0.0.1:{port}"))
-                && let Ok(r) = c.try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])
-                && format!("{r:?}").contains(&primary_port.to_string())
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "sentinel did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::support::sentinel::Sentinel;
 
 async fn acquire_through_sentinels(
     first: u16,
@@ -77,7 +25,7 @@ async fn acquire_through_sentinels(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_first_sentinel_does_not_hide_a_healthy_second_one() {
     let primary = ValkeyServer::start();
-    let good = Sentinel::start(primary.port);
+    let good = Sentinel::start(&primary);
     let silent = FaultProxy::silent();
     let r = acquire_through_sentinels(silent.port(), good.port, "silent-sentinel").await;
     assert!(
@@ -92,8 +40,8 @@ async fn a_silent_first_sentinel_does_not_hide_a_healthy_second_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_naming_a_dead_primary_does_not_hide_one_naming_the_live_primary() {
     let primary = ValkeyServer::start();
-    let stale = Sentinel::start(free_port()); // monitors an address nobody listens on
-    let good = Sentinel::start(primary.port);
+    let stale = Sentinel::watching(free_port(), ""); // monitors an address nobody listens on
+    let good = Sentinel::start(&primary);
     let r = acquire_through_sentinels(stale.port, good.port, "stale-sentinel").await;
     assert!(
         matches!(&r, Ok(reply) if reply.outcome == Outcome::Acquired),
@@ -110,32 +58,7 @@ async fn a_sentinel_naming_a_dead_primary_does_not_hide_one_naming_the_live_prim
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinels_without_a_password_in_front_of_a_protected_primary() {
     let primary = ValkeyServer::start_with(&["--requirepass", "s3cret"]);
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\nsentinel auth-pass mymaster s3cret\n",
-            dir.path().display(),
-            primary.port
-        ),
-    )
-    .unwrap();
-    let child = Command::new(server_binary())
-        .arg(&conf)
-        .arg("--sentinel")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let sentinel = Sentinel {
-        child,
-        port,
-        _dir: dir,
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let sentinel = Sentinel::watching(primary.port, "sentinel auth-pass mymaster s3cret\n");
     let store = ValkeyStore::connect(&ValkeyConfig {
         password: Some(targetlease::store::valkey::Secret::new("s3cret")),
         ..config(format!(
