@@ -275,6 +275,9 @@ impl<'a> Pass<'a> {
         if self.ctx.leadership.check().is_err() {
             return;
         }
+        if note.reason == crate::conditions::Reason::LeaseLost {
+            self.ctx.metrics.lease_lost();
+        }
         let ev = Event {
             type_: if note.warning {
                 EventType::Warning
