@@ -209,6 +209,33 @@ pub struct Reply {
     pub message: String,
 }
 
+/// A value stored by a fenced commit, as read back.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Committed {
+    /// The value's name under its target.
+    pub key: String,
+    /// The value.
+    pub value: String,
+    /// The fencing token it was committed with.
+    pub fencing_token: u64,
+    /// The store's clock when it was committed, in Unix milliseconds.
+    pub committed_at_ms: u64,
+}
+
+/// What a read of a committed value found: `found` with the value,
+/// `not_found`, or `corrupt_state`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadReply {
+    /// `Found`, `NotFound` or `CorruptState`.
+    pub outcome: Outcome,
+    /// The value when found.
+    pub committed: Option<Committed>,
+    /// The store's clock when it read, in Unix milliseconds.
+    pub server_time_ms: u64,
+    /// One human sentence.
+    pub message: String,
+}
+
 /// What a health probe learned about the backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
@@ -258,6 +285,9 @@ pub trait LeaseStore: Send + Sync {
     async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError>;
     /// Stores a value only if the token is the live lease's and not lower than the last commit.
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError>;
+    /// Reads back the value last committed under `key` of the target, with
+    /// its token (no lease needed; never writes).
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError>;
     /// Probes the backend.
     async fn health(&self) -> Result<Health, StoreError>;
     /// Closes connections (sends nothing that could change state). Default: nothing to close.

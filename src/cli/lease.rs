@@ -10,11 +10,11 @@ use clap::{Args, Subcommand};
 
 use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
-use super::output::{self, Format, Report};
+use super::output::{self, Envelope, Format, Report};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
     AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, MAX_METADATA_BYTES, MAX_TOKEN,
-    ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
+    ReleaseRequest, RenewRequest, RevokeRequest, StoreError, Target,
 };
 
 /// Acquire, renew, release, inspect, revoke or fence-write a lease.
@@ -47,6 +47,11 @@ pub enum LeaseCommand {
     Get(GetArgs),
     /// End whatever lease a target has, without an owner check (administrative).
     Revoke(RevokeArgs),
+    /// Read back the value last committed under KEY, with its fencing token (no lease needed).
+    #[command(
+        after_help = "Example:\n  targetlease lease read --target db --key schema-version -o text"
+    )]
+    Read(ReadArgs),
     /// Store KEY=VALUE under the target, only with the live lease's fencing token.
     #[command(
         after_help = "Example:\n  targetlease lease commit --target db --token 42 --key schema-version --value 17"
@@ -241,6 +246,23 @@ pub struct CommitArgs {
     log: LogArgs,
 }
 
+/// Flags of `lease read`.
+#[derive(Args, Debug)]
+pub struct ReadArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Name of the value, as given to commit.
+    #[arg(long, env = "TARGETLEASE_COMMIT_KEY")]
+    key: String,
+    /// json (the one-line envelope, with a `committed` object) or text.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
+    output: Format,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
 /// One validated store call, ready to send.
 enum Op {
     Acquire(AcquireRequest),
@@ -249,18 +271,21 @@ enum Op {
     Get(Target),
     Revoke(RevokeRequest),
     Commit(CommitRequest),
+    Read(Target, String),
 }
 
 impl Op {
-    async fn send(&self, store: &dyn LeaseStore) -> Result<Reply, StoreError> {
-        match self {
+    async fn send(&self, store: &dyn LeaseStore) -> Result<Envelope, StoreError> {
+        let reply = match self {
             Op::Acquire(r) => store.acquire(r).await,
             Op::Renew(r) => store.renew(r).await,
             Op::Release(r) => store.release(r).await,
             Op::Get(t) => store.get(t).await,
             Op::Revoke(r) => store.revoke(r).await,
             Op::Commit(r) => store.commit(r).await,
-        }
+            Op::Read(t, key) => return store.read(t, key).await.map(Envelope::from_read),
+        };
+        reply.map(Envelope::from_reply)
     }
 
     fn validate(&self) -> Result<(), StoreError> {
@@ -271,11 +296,15 @@ impl Op {
             Op::Get(t) => t.validate(),
             Op::Revoke(r) => r.validate(),
             Op::Commit(r) => r.validate(),
+            Op::Read(t, key) => {
+                t.validate()?;
+                crate::store::check_name("key", key)
+            }
         }
     }
 
     fn is_write(&self) -> bool {
-        !matches!(self, Op::Get(_))
+        !matches!(self, Op::Get(_) | Op::Read(..))
     }
 
     fn request_id(&self) -> Option<&str> {
@@ -285,7 +314,7 @@ impl Op {
             Op::Release(r) => Some(&r.request_id),
             Op::Commit(r) => Some(&r.request_id),
             Op::Revoke(r) => Some(&r.request_id),
-            Op::Get(_) => None,
+            Op::Get(_) | Op::Read(..) => None,
         }
     }
 }
@@ -348,6 +377,7 @@ fn build(cmd: &LeaseCommand) -> Result<Op, String> {
             req.request_id = request_id(&a.request_id);
             Op::Commit(req)
         }
+        LeaseCommand::Read(a) => Op::Read(a.target.target(), a.key.clone()),
     };
     op.validate().map_err(|e| match e {
         StoreError::Invalid(msg) => msg,
@@ -365,6 +395,7 @@ impl LeaseCommand {
             LeaseCommand::Get(a) => &a.conn,
             LeaseCommand::Revoke(a) => &a.conn,
             LeaseCommand::Commit(a) => &a.conn,
+            LeaseCommand::Read(a) => &a.conn,
         }
     }
 
@@ -376,6 +407,7 @@ impl LeaseCommand {
             LeaseCommand::Get(a) => &a.log,
             LeaseCommand::Revoke(a) => &a.log,
             LeaseCommand::Commit(a) => &a.log,
+            LeaseCommand::Read(a) => &a.log,
         }
     }
 }
@@ -419,6 +451,7 @@ pub async fn main(args: LeaseArgs) -> ExitCode {
     };
     let format = match &cmd {
         LeaseCommand::Get(a) => a.output,
+        LeaseCommand::Read(a) => a.output,
         _ => Format::Json,
     };
     output::emit_as(Report::from(result), format)

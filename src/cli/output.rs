@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::store::{Lease, Outcome, Reply, StoreError};
+use crate::store::{Committed, Lease, Outcome, ReadReply, Reply, StoreError};
 
 /// Exit code of a command that did what was asked.
 pub const EXIT_OK: u8 = 0;
@@ -65,6 +65,9 @@ pub struct Envelope {
     pub server_time_ms: u64,
     /// One human sentence; never contains secrets.
     pub message: String,
+    /// `lease read` only: the value read back (absent from every other command).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed: Option<Box<Committed>>,
     #[serde(skip)]
     answer: Answer,
 }
@@ -81,7 +84,20 @@ impl Envelope {
             lease,
             server_time_ms: reply.server_time_ms,
             message: reply.message,
+            committed: None,
             answer: Answer::Store(reply.outcome),
+        }
+    }
+
+    /// The envelope of a read of a committed value (`lease` is always null).
+    pub fn from_read(read: ReadReply) -> Self {
+        Self {
+            outcome: read.outcome.as_str(),
+            lease: None,
+            server_time_ms: read.server_time_ms,
+            message: read.message,
+            committed: read.committed.map(Box::new),
+            answer: Answer::Store(read.outcome),
         }
     }
 
@@ -92,6 +108,7 @@ impl Envelope {
             lease: None,
             server_time_ms: 0,
             message,
+            committed: None,
             answer,
         }
     }
@@ -135,6 +152,15 @@ impl From<Result<Reply, StoreError>> for Report {
     }
 }
 
+impl From<Result<Envelope, StoreError>> for Report {
+    fn from(result: Result<Envelope, StoreError>) -> Self {
+        match result {
+            Ok(envelope) => Report::Envelope(envelope),
+            Err(e) => Report::from(e),
+        }
+    }
+}
+
 impl From<StoreError> for Report {
     fn from(e: StoreError) -> Self {
         match e {
@@ -163,6 +189,16 @@ pub enum Format {
 impl Envelope {
     /// One line for people: the outcome, the lease (never its id) and the message.
     pub fn to_text(&self) -> String {
+        if let Some(c) = &self.committed {
+            return format!(
+                "{}: {} = {} (token {}, committed {})",
+                self.outcome,
+                c.key,
+                c.value,
+                c.fencing_token,
+                at(c.committed_at_ms)
+            );
+        }
         let Some(l) = &self.lease else {
             return format!("{}: {}", self.outcome, self.message);
         };

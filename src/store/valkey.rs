@@ -41,8 +41,8 @@ use resp::{Cmd, Value};
 use scripts::{SCRIPTS, Script};
 
 use super::{
-    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
-    Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReadReply, ReleaseRequest,
+    RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
 /// [`super::LeaseStore`] on Valkey (standalone, Sentinel or Cluster).
@@ -412,6 +412,29 @@ impl LeaseStore for ValkeyStore {
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         self.call(calls::commit(&self.keys, req), &req.target).await
+    }
+
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {
+        target.validate()?;
+        crate::store::check_name("key", key)?;
+        let call = calls::read(&self.keys, target, key);
+        let deadline = Instant::now() + self.timeout;
+        let (value, held) = self
+            .script(&call, Use::Shared, deadline)
+            .await
+            .map_err(|e| unanswered(e, call.effect, self.timeout))?;
+        held.give_back();
+        if let Value::Error(e) = &value {
+            return Err(server_error(e, call.effect));
+        }
+        Ok(
+            reply::decode_read(key, &value).unwrap_or_else(|why| ReadReply {
+                outcome: Outcome::CorruptState,
+                committed: None,
+                server_time_ms: 0,
+                message: format!("unreadable reply from the read script ({why})"),
+            }),
+        )
     }
 
     async fn close(&self) {

@@ -5,6 +5,7 @@
 mod faults;
 mod grants;
 mod input;
+mod read;
 
 pub use std::collections::BTreeSet;
 pub use std::time::{Duration, Instant};
