@@ -236,6 +236,17 @@ pub struct ReadReply {
     pub message: String,
 }
 
+/// One lease record found by [`LeaseStore::list`], read through the same
+/// atomic get as [`LeaseStore::get`]: `found` (never with its lease id),
+/// `expired` (the record was there, its lease is not live) or `corrupt_state`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The target of the record.
+    pub target: Target,
+    /// What a get of that target answered (`not_found` becomes `expired`).
+    pub reply: Reply,
+}
+
 /// What a health probe learned about the backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
@@ -288,6 +299,14 @@ pub trait LeaseStore: Send + Sync {
     /// Reads back the value last committed under `key` of the target, with
     /// its token (no lease needed; never writes).
     async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError>;
+    /// The lease records of `namespace` (every namespace when `None`) whose
+    /// target names start with `target_prefix`, sorted by namespace and
+    /// target, each read like [`LeaseStore::get`]. Never writes.
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<Listed>, StoreError>;
     /// Probes the backend.
     async fn health(&self) -> Result<Health, StoreError>;
     /// Closes connections (sends nothing that could change state). Default: nothing to close.

@@ -8,6 +8,7 @@ pub mod check;
 pub mod connection;
 pub mod crd;
 pub mod lease;
+pub mod list;
 pub mod logging;
 pub mod operator;
 pub mod output;

@@ -396,6 +396,35 @@ impl LeaseStore for MemoryStore {
         })
     }
 
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<super::Listed>, StoreError> {
+        let wanted: Vec<Target> = {
+            let st = self.lock();
+            st.leases
+                .keys()
+                .filter(|t| namespace.is_none_or(|n| t.namespace == n))
+                .filter(|t| t.name.starts_with(target_prefix))
+                .cloned()
+                .collect()
+        };
+        let mut listed = Vec::new();
+        for target in wanted {
+            let mut reply = self.get(&target).await?;
+            if reply.outcome == Outcome::NotFound {
+                reply.outcome = Outcome::Expired;
+                reply.message = "the lease has ended".into();
+            }
+            listed.push(super::Listed { target, reply });
+        }
+        listed.sort_by(|a, b| {
+            (&a.target.namespace, &a.target.name).cmp(&(&b.target.namespace, &b.target.name))
+        });
+        Ok(listed)
+    }
+
     async fn health(&self) -> Result<Health, StoreError> {
         let started = Instant::now();
         let now = self.clock.now_ms();

@@ -140,6 +140,13 @@ impl LeaseStore for MeteredStore {
     async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {
         self.inner.read(target, key).await
     }
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<super::Listed>, StoreError> {
+        self.inner.list(namespace, target_prefix).await
+    }
     async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError> {
         self.timed("revoke", self.inner.revoke(req)).await
     }

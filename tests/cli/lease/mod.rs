@@ -5,6 +5,7 @@
 mod faults;
 mod grants;
 mod input;
+mod list;
 mod read;
 
 pub use std::collections::BTreeSet;
