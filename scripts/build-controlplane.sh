@@ -4,6 +4,7 @@
 #   kubectl, only when asked                       (tests/controlplane/kubectl)
 #   helm                                           (tests/controlplane/helm)
 #   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
+#   actionlint (checks .github/workflows)          (tests/controlplane/actionlint)
 # into ${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}.
 #
 # Incremental: each group is rebuilt only when the hash of its inputs (go.mod,
@@ -12,8 +13,8 @@
 # and module cache (`go env GOMODCACHE`), so a rebuild on a warm machine is
 # mostly linking.
 #
-# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|kubectl|all]   (default: all)
-#        `all` is kube, helm and luahealth; kubectl is built only when asked
+# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|kubectl|all]   (default: all)
+#        `all` is kube, helm, luahealth and actionlint; kubectl is built only when asked
 #        (scripts/setup.sh asks when the machine has no kubectl).
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
@@ -68,7 +69,7 @@ inputs_hash() { # DIR LDFLAGS -> hash of the module's inputs (excluding nested m
     echo "${BUILD_FLAGS[*]} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
     cd "$dir"
     # Files of this module only: stop at nested go.mod directories.
-    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
+    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
       | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -d' ' -f1
 }
@@ -109,7 +110,8 @@ case "$WHAT" in
   kube|all) build_group kube "$SRC" "$(kube_ldflags)" ./cmd/etcd ./cmd/kube-apiserver ./cmd/kube-controller-manager ;;&
   helm|all) build_group helm "$SRC/helm" "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm ;;&
   luahealth|all) build_group luahealth "$SRC/luahealth" "-s -w" .=lua-health ;;&
+  actionlint|all) build_group actionlint "$SRC/actionlint" "-s -w" github.com/rhysd/actionlint/cmd/actionlint ;;&
   kubectl) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
-  kube|helm|luahealth|kubectl|all) ;;
-  *) echo "usage: $0 [kube|helm|luahealth|kubectl|all]" >&2; exit 2 ;;
+  kube|helm|luahealth|actionlint|kubectl|all) ;;
+  *) echo "usage: $0 [kube|helm|luahealth|actionlint|kubectl|all]" >&2; exit 2 ;;
 esac

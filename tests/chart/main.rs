@@ -18,6 +18,7 @@ mod helm;
 mod lease_id_key;
 mod observability;
 mod operator;
+mod release;
 mod render;
 mod render_ha;
 mod render_values;
