@@ -103,7 +103,7 @@ pub struct OperatorArgs {
     pub leader_election_retry_period: Duration,
 }
 
-fn usage(message: &str) -> ExitCode {
+fn usage(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("targetlease operator: {message}");
     ExitCode::from(2)
 }
@@ -151,7 +151,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     if args.leader_election
         && let Err(e) = timings.validate()
     {
-        return usage(&format!(
+        return usage(format!(
             "--leader-election-duration, --leader-election-renew-deadline, --leader-election-retry-period: {e}"
         ));
     }

@@ -235,7 +235,7 @@ fn at(ms: u64) -> String {
 }
 
 /// Prints a usage error to stderr; the caller exits 2.
-pub fn usage_error(message: &str) -> ExitCode {
+pub fn usage_error(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::from(EXIT_USAGE)
 }

@@ -175,7 +175,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
     };
     let mut signals = match Signals::install() {
         Ok(s) => s,
-        Err(e) => return output::usage_error(&format!("cannot handle signals: {}", e.kind())),
+        Err(e) => return output::usage_error(format!("cannot handle signals: {}", e.kind())),
     };
     let backstop = config.timeout + Duration::from_secs(1);
 

@@ -56,7 +56,7 @@ impl<'a> Pass<'a> {
             m.reread = false;
         });
         let working = tl.status.clone().unwrap_or_default();
-        let spec = spec::validate(&tl);
+        let spec = spec::validate(&tl).map_err(|e| e.to_string());
         Ok(Some(Self {
             ctx,
             api,
