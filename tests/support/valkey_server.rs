@@ -116,6 +116,16 @@ impl ValkeyServer {
         Conn::connect(&self.addr()).expect("connect to valkey")
     }
 
+    /// `calls=` of one command in INFO commandstats (0 when never called).
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.conn().cmd(&["INFO", "commandstats"]).text();
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+            .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+            .map(|n| n.parse().unwrap())
+            .unwrap_or(0)
+    }
+
     /// Freezes (`true`, SIGSTOP) or thaws (`false`, SIGCONT) the server process:
     /// its connections stay open, it answers nothing meanwhile.
     pub fn freeze(&self, frozen: bool) {

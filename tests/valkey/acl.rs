@@ -156,16 +156,6 @@ fn everything_else_is_refused() {
     );
 }
 
-/// `calls=` of one command in INFO commandstats (0 when never called).
-fn calls(server: &ValkeyServer, command: &str) -> u64 {
-    let info = server.conn().cmd(&["INFO", "commandstats"]).text();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
-}
-
 /// During a slot migration the old owner answers `ASK` for keys it no longer
 /// has, and the client asks the importing node after `ASKING`: the
 /// documented rule must allow that command, or leases on a migrating slot
@@ -246,7 +236,7 @@ async fn the_documented_user_follows_ask_during_a_slot_migration() {
     migrate.extend(keys.iter().map(String::as_str));
     assert_eq!(c.nodes[from].conn().cmd(&migrate), ok, "MIGRATE");
 
-    let asked_before = calls(&c.nodes[to], "asking");
+    let asked_before = c.nodes[to].calls("asking");
     let got = store
         .get(&t)
         .await
@@ -254,7 +244,7 @@ async fn the_documented_user_follows_ask_during_a_slot_migration() {
     assert_eq!(got.outcome, Outcome::Found, "{}", got.message);
     assert_eq!(got.lease.unwrap().owner, "alice");
     assert!(
-        calls(&c.nodes[to], "asking") > asked_before,
+        c.nodes[to].calls("asking") > asked_before,
         "the read went through ASKING on the importing node"
     );
     let refused = no_asking.get(&t).await;

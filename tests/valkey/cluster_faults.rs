@@ -5,14 +5,12 @@
 
 use crate::support::cluster;
 use crate::support::fault_proxy;
-use crate::support::valkey_server;
 
 use std::time::{Duration, Instant};
 
 use fault_proxy::FaultProxy;
 use targetlease::store::valkey::{KeySpace, ValkeyConfig, ValkeyStore};
 use targetlease::store::{AcquireRequest, LeaseStore, StoreError, Target};
-use valkey_server::ValkeyServer;
 
 const TTL: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_millis(1000);
@@ -28,16 +26,6 @@ fn config(url: String) -> ValkeyConfig {
 
 fn target(name: &str) -> Target {
     Target::new("faults", name)
-}
-
-/// `calls=` of one command in INFO commandstats (0 when never called).
-fn calls(server: &ValkeyServer, command: &str) -> u64 {
-    let info = server.conn().cmd(&["INFO", "commandstats"]).text();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 /// A 3-primary cluster whose node serving `key` is reached only through a proxy
@@ -81,7 +69,7 @@ async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
     let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
         .await
         .expect("connect to the cluster through the proxy");
-    let before = calls(&c.nodes[owner], "evalsha");
+    let before = c.nodes[owner].calls("evalsha");
 
     // The first copy runs; any later copy is redirected until the client gives up.
     proxy.cut_before_reply("EVALSHA");
@@ -98,7 +86,7 @@ async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
         "a copy may have run: outcome_unknown, got {got:?}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(calls(&c.nodes[owner], "evalsha"), before + 1, "ran once");
+    assert_eq!(c.nodes[owner].calls("evalsha"), before + 1, "ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,7 +103,7 @@ async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
     let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
         .await
         .expect("connect to the cluster through the proxy");
-    let before = calls(&c.nodes[owner], "evalsha");
+    let before = c.nodes[owner].calls("evalsha");
     proxy.refuse(
         "EVALSHA",
         &format!("MOVED {slot} 127.0.0.1:{}", proxy.port()),
@@ -130,5 +118,5 @@ async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
         matches!(got, Err(StoreError::BackendUnavailable(_))),
         "nothing ran: a definite refusal, got {got:?}"
     );
-    assert_eq!(calls(&c.nodes[owner], "evalsha"), before, "never ran");
+    assert_eq!(c.nodes[owner].calls("evalsha"), before, "never ran");
 }

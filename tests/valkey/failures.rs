@@ -46,16 +46,6 @@ fn send_only(addr: &str, args: &[&str]) -> TcpStream {
     s
 }
 
-/// `calls=` of one command in INFO commandstats (0 when never called).
-fn calls(server: &ValkeyServer, command: &str) -> u64 {
-    let info = server.conn().cmd(&["INFO", "commandstats"]).text();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
-}
-
 /// The error is a definite refusal: `backend_unavailable` naming `code`.
 fn assert_refused(result: Result<Reply, StoreError>, code: &str) {
     match result {
@@ -236,8 +226,8 @@ async fn noscript_after_flush_and_restart_is_recovered_exactly_once() {
         .acquire(&AcquireRequest::new(target("flush"), "b", TTL))
         .await
         .unwrap();
-    assert_eq!(calls(&server, "eval"), 1, "one full send after the flush");
-    assert_eq!(calls(&server, "evalsha"), 2);
+    assert_eq!(server.calls("eval"), 1, "one full send after the flush");
+    assert_eq!(server.calls("evalsha"), 2);
 
     server.restart();
     let req = AcquireRequest::new(target("restart"), "a", TTL);
@@ -246,9 +236,9 @@ async fn noscript_after_flush_and_restart_is_recovered_exactly_once() {
     store.get(&target("restart")).await.unwrap();
     store.get(&target("restart")).await.unwrap();
     // acquire and get each missed once after the restart (get is read-only: EVAL_RO).
-    assert_eq!(calls(&server, "eval"), 1);
-    assert_eq!(calls(&server, "eval_ro"), 1);
-    assert_eq!(calls(&server, "evalsha_ro"), 2);
+    assert_eq!(server.calls("eval"), 1);
+    assert_eq!(server.calls("eval_ro"), 1);
+    assert_eq!(server.calls("evalsha_ro"), 2);
 }
 
 #[tokio::test]

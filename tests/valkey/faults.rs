@@ -61,16 +61,6 @@ async fn within<T>(limit: Duration, what: &str, f: impl Future<Output = T>) -> (
     }
 }
 
-/// `calls=` of one command in INFO commandstats (0 when never called).
-fn calls(server: &ValkeyServer, command: &str) -> u64 {
-    let info = server.conn().cmd(&["INFO", "commandstats"]).text();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
-}
-
 fn assert_unknown(result: &Result<Reply, StoreError>, what: &str) {
     assert!(
         matches!(result, Err(StoreError::OutcomeUnknown(_))),
@@ -279,7 +269,7 @@ async fn reset_connections_fail_definitely_until_the_network_heals() {
         matches!(got, Err(StoreError::BackendUnavailable(_))),
         "{got:?}"
     );
-    let before = calls(&server, "evalsha");
+    let before = server.calls("evalsha");
     let (got, _) = within(
         TIMEOUT + CONNECT_TIMEOUT + SLACK,
         "acquire",
@@ -290,7 +280,7 @@ async fn reset_connections_fail_definitely_until_the_network_heals() {
         matches!(got, Err(StoreError::BackendUnavailable(_))),
         "nothing could be sent: {got:?}"
     );
-    assert_eq!(calls(&server, "evalsha"), before, "nothing ran");
+    assert_eq!(server.calls("evalsha"), before, "nothing ran");
     proxy.set(Fault::Pass);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -312,3 +312,41 @@ async fn many_calls_share_one_connection_and_each_gets_its_own_reply() {
         "one pooled connection (plus this one): {clients}"
     );
 }
+
+#[tokio::test]
+async fn unreadable_commit_records_read_as_corrupt_and_stay_untouched() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "read");
+    let key = s.keys().commit(&t, "k");
+    let cases: [&[&str]; 4] = [
+        &["SET", &key, "a string"],
+        &[
+            "HSET",
+            &key,
+            "token",
+            "seven",
+            "value",
+            "v",
+            "committed_ms",
+            "1",
+        ],
+        &["HSET", &key, "token", "7", "committed_ms", "1"],
+        // A value that is not UTF-8 (byte 0xFF).
+        &[
+            "EVAL",
+            "redis.call('HSET', KEYS[1], 'token', '7', 'value', string.char(255), 'committed_ms', '1')",
+            "1",
+            &key,
+        ],
+    ];
+    for cmd in cases {
+        server.conn().cmd(&["DEL", &key]);
+        server.conn().cmd(cmd);
+        let before = server.conn().cmd(&["DUMP", &key]);
+        let r = s.read(&t, "k").await.expect("an answer");
+        assert_eq!(r.outcome, Outcome::CorruptState, "{cmd:?}: {r:?}");
+        assert!(r.committed.is_none());
+        assert_eq!(server.conn().cmd(&["DUMP", &key]), before, "{cmd:?}");
+    }
+}

@@ -32,11 +32,6 @@ fn target(name: &str) -> Target {
     Target::new("failures", name)
 }
 
-/// `calls=` of one command in INFO commandstats (0 when never called).
-fn calls(server: &ValkeyServer, command: &str) -> u64 {
-    stat(server, command, "calls")
-}
-
 /// One counter (`calls`, `rejected_calls`, …) of a command in INFO commandstats.
 fn stat(server: &ValkeyServer, command: &str, field: &str) -> u64 {
     let info = server.conn().cmd(&["INFO", "commandstats"]).text();
@@ -94,6 +89,8 @@ async fn a_full_server_still_answers_get_release_and_revoke() {
     );
     let got = store.get(&t).await.expect("get on a full server");
     assert_eq!(got.outcome, Outcome::Found);
+    let read = store.read(&t, "k").await.expect("read on a full server");
+    assert_eq!(read.outcome, Outcome::NotFound);
     let released = store
         .release(&ReleaseRequest::new(t.clone(), alice))
         .await
@@ -121,11 +118,16 @@ async fn unmet_min_replicas_still_answers_get_and_refuses_writes_definitely() {
         .conn()
         .cmd(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
     let (ran, rejected) = (
-        calls(&server, "evalsha"),
+        server.calls("evalsha"),
         stat(&server, "evalsha", "rejected_calls"),
     );
     let got = store.get(&t).await.expect("get with too few replicas");
     assert_eq!(got.outcome, Outcome::Found);
+    let read = store
+        .read(&t, "k")
+        .await
+        .expect("read with too few replicas");
+    assert_eq!(read.outcome, Outcome::NotFound);
     // Freeing writes, and Valkey refuses every write before it runs: definite.
     assert_refused(
         store.release(&ReleaseRequest::new(t.clone(), alice)).await,
@@ -141,7 +143,7 @@ async fn unmet_min_replicas_still_answers_get_and_refuses_writes_definitely() {
             .await,
         "NOREPLICAS",
     );
-    assert_eq!(calls(&server, "evalsha"), ran, "none ran");
+    assert_eq!(server.calls("evalsha"), ran, "none ran");
     assert_eq!(
         stat(&server, "evalsha", "rejected_calls"),
         rejected + 3,

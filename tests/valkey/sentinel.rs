@@ -1,82 +1,14 @@
 //! `redis-sentinel://` URLs: the store finds the primary through a real Sentinel.
 
-use crate::support::resp;
 use crate::support::valkey_server;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use resp::Conn;
 use targetlease::store::valkey::{Secret, ValkeyConfig, ValkeyStore};
 use targetlease::store::{AcquireRequest, LeaseStore, Outcome, StoreError, Target};
-use valkey_server::{ValkeyServer, free_port, server_binary};
+use valkey_server::ValkeyServer;
 
-/// A Sentinel watching one primary as `mymaster`, killed on drop.
-struct Sentinel {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Sentinel {
-    fn start(primary: &ValkeyServer) -> Self {
-        Self::start_with(primary, "")
-    }
-
-    /// A Sentinel with extra lines in its configuration file.
-    fn start_with(primary: &ValkeyServer, extra_conf: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\n{extra_conf}",
-                dir.path().display(),
-                primary.port
-            ),
-        )
-        .unwrap();
-        let password = extra_conf
-            .lines()
-            .find_map(|l| l.strip_prefix("requirepass "))
-            .map(str::to_owned);
-        let child = Command::new(server_binary())
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start valkey-server --sentinel");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = Conn::connect(&format!("127.0.0.1:{port}"))
-                && password
-                    .as_deref()
-                    .is_none_or(|pw| c.try_cmd(&["AUTH", pw]).is_ok())
-                && let Ok(r) = c.try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])
-                && format!("{r:?}").contains(&primary.port.to_string())
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "sentinel did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::support::sentinel::Sentinel;
 
 #[tokio::test]
 async fn leases_work_through_sentinel() {
@@ -113,8 +45,8 @@ async fn leases_work_through_sentinel() {
 #[tokio::test]
 async fn sentinels_and_the_primary_each_get_their_own_password() {
     let primary = ValkeyServer::start_with(&["--requirepass", "data-pw-1"]);
-    let sentinel = Sentinel::start_with(
-        &primary,
+    let sentinel = Sentinel::watching(
+        primary.port,
         "sentinel auth-pass mymaster data-pw-1\nrequirepass sentinel-pw-2\n",
     );
     let config = |sentinel_password: Option<&str>| ValkeyConfig {

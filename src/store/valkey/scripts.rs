@@ -136,11 +136,13 @@ pub struct Scripts {
     pub revoke: Script,
     /// `lua/commit.lua`.
     pub commit: Script,
+    /// `lua/read.lua`.
+    pub read: Script,
 }
 
 impl Scripts {
     /// All scripts, for preloading.
-    pub fn all(&self) -> [&Script; 6] {
+    pub fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
             &self.renew,
@@ -148,6 +150,7 @@ impl Scripts {
             &self.get,
             &self.revoke,
             &self.commit,
+            &self.read,
         ]
     }
 }
@@ -168,6 +171,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("../../../lua/revoke.lua"),
     ),
     commit: Script::new("commit", "", include_str!("../../../lua/commit.lua")),
+    read: Script::new("read", "no-writes", include_str!("../../../lua/read.lua")),
 });
 
 #[cfg(test)]
@@ -214,7 +218,9 @@ mod tests {
     #[test]
     fn flags_match_what_each_operation_does() {
         let s = &*SCRIPTS;
-        assert!(s.get.source.starts_with("#!lua flags=no-writes\n") && s.get.read_only);
+        for read in [&s.get, &s.read] {
+            assert!(read.source.starts_with("#!lua flags=no-writes\n") && read.read_only);
+        }
         for free in [&s.release, &s.revoke] {
             assert!(
                 free.source.starts_with("#!lua flags=allow-oom\n"),

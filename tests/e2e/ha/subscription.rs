@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use targetlease::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Target};
+use targetlease::store::{LeaseStore, Outcome, ReleaseRequest, Target};
 
 use super::{SOON, election, is_leader, spec, start_operator};
 use crate::support::kube_env::eventually;
@@ -66,15 +66,9 @@ async fn a_leader_elected_while_valkey_is_down_subscribes_once_it_is_back() {
     .await
     .expect("connect to the test valkey");
     let target = Target::new(&env.ns, "q");
-    let outside = store
-        .acquire(&AcquireRequest::new(
-            target.clone(),
-            "cron",
-            Duration::from_secs(60),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(outside.outcome, Outcome::Acquired);
+    let outside = env
+        .hold_outside(&store, &target, "cron", Duration::from_secs(60))
+        .await;
     env.create("waiter", spec("q")).await;
     env.wait_reason("waiter", "TargetHeld", SOON).await;
     let released = store
