@@ -8,10 +8,11 @@
 --   not_found                             nothing committed under this key
 --   corrupt_state                         unreadable record; nothing changed
 local now = now_ms()
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' then return reply('not_found', now, 'nothing committed under this key') end
-if kind ~= 'hash' then return reply('corrupt_state', now, 'commit record holds a ' .. kind) end
-local c = hash_of(KEYS[1])
+-- One HGETALL (a wrong type is an error reply, caught).
+local flat = redis.pcall('HGETALL', KEYS[1])
+if flat.err then return reply('corrupt_state', now, 'commit record holds a ' .. type_of(KEYS[1])) end
+if #flat == 0 then return reply('not_found', now, 'nothing committed under this key') end
+local c = hash_of(flat)
 if not (is_uint(c.token) and c.value and is_utf8(c.value) and is_uint(c.committed_ms)) then
   return reply('corrupt_state', now, 'commit record is unparsable')
 end
