@@ -142,4 +142,3 @@ pub async fn run(p: &Params) -> Results {
     drop(b);
     results
 }
-
