@@ -1,4 +1,4 @@
-//! Item 1: store throughput and latency through our Rust client against a
+//! The store part: throughput and latency through our Rust client against a
 //! real valkey-server, and `redis-benchmark` against the same server in the
 //! same run (PING, SET NX PX, EVALSHA of a minimal acquire script).
 //!
@@ -46,7 +46,7 @@ pub const OPS: [&str; 4] = ["acquire", "renew", "release", "commit"];
 /// One row: (operation, concurrency, figure).
 pub type Row = (String, usize, Figure);
 
-/// Everything item 1 measured.
+/// Everything the store part measured.
 pub struct Results {
     pub server_version: String,
     pub pool_size: usize,
@@ -256,7 +256,7 @@ async fn with_server_time<F: Future<Output = Figure>>(server: &ValkeyServer, cel
     fig
 }
 
-/// Item 1, start to end, on a fresh server.
+/// The store part, start to end, on a fresh server.
 pub fn run(p: &Params) -> Results {
     let server = ValkeyServer::start();
     let server_version = cli(&server, &["INFO", "server"])
