@@ -224,3 +224,55 @@ fn list_ignores_keys_that_are_not_in_canonical_form() {
         "foreign keys are not records: {entries:?}"
     );
 }
+
+/// An ACL user without `+scan` (the least-privilege rule of docs/valkey.md)
+/// gets one `backend_unavailable` envelope, exit 3, whose message says in
+/// plain words that SCAN was refused and why.
+#[test]
+fn list_refused_scan_exits_3_and_names_the_cause() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    acquire(&u, "db", "alice", "60s");
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    proxy.refuse(
+        "SCAN",
+        "NOPERM User lease has no permissions to run the 'scan' command",
+        1,
+    );
+    let out = lease(&proxy.url(), "list").output();
+    assert_eq!(out.status.code(), Some(3));
+    let r = Res::parse(out);
+    assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
+    let msg = r.json["message"].as_str().unwrap();
+    assert!(msg.contains("NOPERM") && msg.contains("SCAN"), "{msg}");
+    assert!(
+        !msg.contains("Error("),
+        "plain words, not a debug dump: {msg}"
+    );
+}
+
+/// docs/cli.md (Deadlines) bounds `lease list` (its listing gets a budget of
+/// its own, beyond the one call of every other `lease …` command): against
+/// a server that answers every reply late, it ends (exit 3) within the
+/// documented `--connect-timeout` + 5 × `--timeout` + 1s.
+#[test]
+fn list_against_a_slow_server_ends_within_the_documented_deadline() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    for i in 0..20 {
+        acquire(&u, &format!("t{i}"), "alice", "60s");
+    }
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    proxy.set(fault_proxy::Fault::Delay(Duration::from_millis(700)));
+    // connect-timeout 3s, timeout 1s: documented bound 3s + 5 × 1s + 1s.
+    let (out, took) = deadline::output_within(
+        lease(&proxy.url(), "list")
+            .flag("timeout", "1s")
+            .flag("connect-timeout", "3s")
+            .command(),
+        Duration::from_secs(9),
+    );
+    assert_eq!(out.status.code(), Some(3), "took {took:?}");
+    let r = Res::parse(out);
+    assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
+}
