@@ -10,9 +10,18 @@
 # resourceVersion we read, and the API server refuses the update (409) if the
 # object changed meanwhile; then we read again and decide again.
 # Exit 0 written, 1 refused (a newer token wrote), 2 any other error.
-# Needs kubectl and jq. Tokens are compared as 64-bit integers.
+# Needs kubectl and jq. Tokens are compared as 64-bit integers. A TOKEN or an
+# annotation that is not a decimal from 1 to 9223372036854775807 is never
+# evaluated (bash arithmetic would run code hidden in it, read 010 as octal
+# and wrap overflows): the script stops with exit 2 and writes nothing.
 set -euo pipefail
 token="$1" name="$2" key="$3" value="$4"
+# A canonical decimal token: 1 to 9223372036854775807, no sign, no leading 0.
+is_token() {
+  [[ $1 =~ ^[1-9][0-9]{0,18}$ ]] || return 1
+  (( ${#1} < 19 )) || [[ ! $1 > 9223372036854775807 ]]
+}
+is_token "$token" || { echo "TOKEN must be a whole number from 1 to 9223372036854775807" >&2; exit 2; }
 ns=()
 [ -n "${NAMESPACE:-}" ] && ns=(--namespace "$NAMESPACE")
 err="$(mktemp)"
@@ -20,7 +29,11 @@ trap 'rm -f "$err"' EXIT
 for _attempt in 1 2 3 4 5 6 7 8; do
   obj="$(kubectl "${ns[@]}" get configmap "$name" -o json)" || exit 2
   last="$(jq -r '.metadata.annotations["targetlease.dev/fencing-token"] // "0"' <<<"$obj")"
-  if (( last > token )); then
+  if [ "$last" != 0 ] && ! is_token "$last"; then
+    echo "refused: the object's fencing-token annotation is not a token; fix it by hand" >&2
+    exit 2
+  fi
+  if (( 10#$last > 10#$token )); then
     echo "refused: token $token is older than $last, which already wrote" >&2
     exit 1
   fi

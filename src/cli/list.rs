@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::lease::ListArgs;
-use super::output::{self, EXIT_OK, Format, Report};
+use super::output::{self, EXIT_OK, Format, Report, for_people};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{Lease, LeaseStore, Listed, StoreError};
 
@@ -38,25 +38,25 @@ impl<'a> Entry<'a> {
     }
 }
 
-/// The table `-o text` prints.
+/// The table `-o text` prints: one line per record, whatever the names hold.
 fn table(listed: &[Listed]) -> String {
     let mut out = String::from("NAMESPACE\tTARGET\tSTATE\tOWNER\tTOKEN\tEXPIRES IN\n");
     for l in listed {
         let (owner, token, left) = match &l.reply.lease {
             Some(lease) => (
-                lease.owner.as_str(),
+                for_people(&lease.owner),
                 lease.fencing_token.to_string(),
                 format!(
                     "{:.1}s",
                     lease.expires_at_ms.saturating_sub(l.reply.server_time_ms) as f64 / 1000.0
                 ),
             ),
-            None => ("-", "-".to_owned(), "-".to_owned()),
+            None => ("-".into(), "-".to_owned(), "-".to_owned()),
         };
         out.push_str(&format!(
             "{}\t{}\t{}\t{owner}\t{token}\t{left}\n",
-            l.target.namespace,
-            l.target.name,
+            for_people(&l.target.namespace),
+            for_people(&l.target.name),
             l.reply.outcome.as_str()
         ));
     }

@@ -67,8 +67,17 @@ pub async fn main() -> ExitCode {
         Command::Token(args) => token::main(args).await,
         Command::Completion { shell } => {
             let mut cli = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cli, "targetlease", &mut std::io::stdout());
-            ExitCode::SUCCESS
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cli, "targetlease", &mut script);
+            // A reader that stops early (`| head`) is not an error worth a panic.
+            use std::io::Write;
+            match std::io::stdout().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("error: cannot write the completion script: {e}");
+                    ExitCode::FAILURE
+                }
+                _ => ExitCode::SUCCESS,
+            }
         }
     }
 }

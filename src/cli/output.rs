@@ -186,6 +186,26 @@ pub enum Format {
     Text,
 }
 
+/// `s` for a line of text for people: control characters (a line break, a
+/// tab, an escape sequence) are shown escaped (`\n`, `\t`, `\u{1b}`), so a
+/// stored string can never break the line, forge another one or drive the
+/// terminal.
+pub fn for_people(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 impl Envelope {
     /// One line for people: the outcome, the lease (never its id) and the message.
     pub fn to_text(&self) -> String {
@@ -193,18 +213,21 @@ impl Envelope {
             return format!(
                 "{}: {} = {} (token {}, committed {})",
                 self.outcome,
-                c.key,
-                c.value,
+                for_people(&c.key),
+                for_people(&c.value),
                 c.fencing_token,
                 at(c.committed_at_ms)
             );
         }
         let Some(l) = &self.lease else {
-            return format!("{}: {}", self.outcome, self.message);
+            return format!("{}: {}", self.outcome, for_people(&self.message));
         };
         let mut line = format!(
             "{}: {} held by {} with token {}",
-            self.outcome, l.target, l.owner, l.fencing_token
+            self.outcome,
+            for_people(&l.target),
+            for_people(&l.owner),
+            l.fencing_token
         );
         if self.server_time_ms > 0 {
             let left = l.expires_at_ms.saturating_sub(self.server_time_ms);

@@ -462,6 +462,18 @@ impl LeaseStore for ValkeyStore {
         targets.dedup();
         let mut listed = Vec::with_capacity(targets.len());
         for target in targets {
+            // No request can write a record under an invalid name: it is
+            // not understood, so not read (get would refuse the name).
+            if let Err(StoreError::Invalid(why)) = target.validate() {
+                let reply = Reply {
+                    outcome: Outcome::CorruptState,
+                    lease: None,
+                    server_time_ms: 0,
+                    message: format!("the record's key names no valid target ({why})"),
+                };
+                listed.push(crate::store::Listed { target, reply });
+                continue;
+            }
             let mut reply = self.get(&target).await?;
             if reply.outcome == Outcome::NotFound {
                 reply.outcome = Outcome::Expired;

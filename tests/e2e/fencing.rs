@@ -12,13 +12,18 @@ use serde_json::json;
 use crate::support::kube_env;
 
 fn recipe(kubeconfig: &std::path::Path, ns: &str, token: u64, value: &str) -> i32 {
+    recipe_with(kubeconfig, ns, &token.to_string(), value)
+}
+
+/// The recipe with TOKEN given verbatim.
+fn recipe_with(kubeconfig: &std::path::Path, ns: &str, token: &str, value: &str) -> i32 {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/fencing/kubernetes.sh"
     );
     let out = Command::new("bash")
         .arg(script)
-        .arg(token.to_string())
+        .arg(token)
         .arg("orders")
         .arg("state")
         .arg(value)
@@ -88,4 +93,50 @@ async fn the_kubernetes_recipe_refuses_older_tokens_and_stale_reads() {
         other => panic!("a write from a stale read must be refused: {other:?}"),
     }
     assert_eq!(state(&api).await.1, "newest");
+}
+
+/// An annotation (anyone who may edit the object can set it) or a TOKEN that
+/// is not a token is never evaluated: bash arithmetic would run code hidden
+/// in it, wrap an overflow to a small number or read `010` as octal, and
+/// each of those would let an older token write. The recipe stops (exit 2)
+/// and writes nothing.
+#[tokio::test]
+async fn the_kubernetes_recipe_never_evaluates_an_unreadable_token() {
+    let cp = kube_env::shared().await;
+    let ns = cp.namespace("fencing-bad").await;
+    let api: Api<ConfigMap> = Api::namespaced(cp.client(), &ns);
+    let kc = cp.kubeconfig_path();
+    let marker = std::env::temp_dir().join(format!("targetlease-fencing-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let injected = format!("token[$(touch {})0]", marker.display());
+    for annotation in [
+        injected.as_str(),
+        "18446744073709551617",
+        "9223372036854775808",
+        "010",
+        "-5",
+        "abc",
+    ] {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {
+                "name": "orders",
+                "annotations": { "targetlease.dev/fencing-token": annotation }
+            },
+            "data": { "state": "initial" }
+        }))
+        .unwrap();
+        let _ = api.delete("orders", &Default::default()).await;
+        api.create(&PostParams::default(), &cm).await.unwrap();
+        assert_eq!(recipe(kc, &ns, 9, "from-9"), 2, "annotation {annotation:?}");
+        assert_eq!(
+            state(&api).await,
+            (annotation.to_owned(), "initial".into()),
+            "annotation {annotation:?}"
+        );
+        assert!(!marker.exists(), "the annotation ran a command");
+    }
+    for token in ["0", "010", "-1", "9223372036854775808", "x[$(true)]"] {
+        assert_eq!(recipe_with(kc, &ns, token, "bad"), 2, "TOKEN {token:?}");
+    }
+    assert_eq!(state(&api).await.1, "initial");
 }

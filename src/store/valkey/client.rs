@@ -334,6 +334,16 @@ impl Client {
                     .map_err(from_link)?;
                 let page = match replies.pop() {
                     Some(Value::Array(page)) if page.len() == 2 => page,
+                    Some(Value::Error(e)) => {
+                        let hint = if e.starts_with("NOPERM") {
+                            " (the ACL user needs +scan to list)"
+                        } else {
+                            ""
+                        };
+                        return Err(SendError::NotSent(format!(
+                            "valkey refused SCAN: {e}{hint}"
+                        )));
+                    }
                     other => {
                         return Err(SendError::NotSent(format!(
                             "unexpected SCAN reply {other:?}"

@@ -90,14 +90,17 @@ impl KeySpace {
         )
     }
 
-    /// The target a lease record's key belongs to (`None` for any other key).
+    /// The target a lease record's key belongs to (`None` for any other key,
+    /// also one [`KeySpace::lease`] cannot have built, such as a raw `:` or
+    /// `{` in the target: no lease operation reads or writes that key).
     pub fn target_of_lease_key(&self, key: &str) -> Option<Target> {
         let inner = key
             .strip_prefix(&self.prefix)?
             .strip_prefix(":{")?
             .strip_suffix("}:lease")?;
         let (ns, name) = inner.split_once(':')?;
-        Some(Target::new(&unescape(ns)?, &unescape(name)?))
+        let target = Target::new(&unescape(ns)?, &unescape(name)?);
+        (self.lease(&target) == key).then_some(target)
     }
 }
 
@@ -166,6 +169,9 @@ mod tests {
         }
         assert_eq!(ks().target_of_lease_key("tl:{ns:db}:fence"), None);
         assert_eq!(ks().target_of_lease_key("tl:{ns:d%ZZb}:lease"), None);
+        assert_eq!(ks().target_of_lease_key("tl:{ns:a:b}:lease"), None);
+        assert_eq!(ks().target_of_lease_key("tl:{ns:a{b}:lease"), None);
+        assert_eq!(ks().target_of_lease_key("tl:{ns:%3a}:lease"), None);
         assert_eq!(ks().lease_pattern(None, ""), "tl:{*:*}:lease");
         assert_eq!(
             ks().lease_pattern(Some("team:a"), "job*"),

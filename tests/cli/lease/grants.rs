@@ -389,3 +389,22 @@ fn completions_help_headings_and_examples() {
         );
     }
 }
+
+/// `targetlease completion SHELL | head` (a reader that stops early) ends
+/// quietly with 0: no panic, no backtrace.
+#[test]
+fn completion_into_a_closed_pipe_does_not_panic() {
+    for shell in ["bash", "zsh", "fish"] {
+        let mut child = targetlease(&["completion", shell])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Nobody reads: the script meets a broken pipe.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{shell}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{shell}: {stderr}");
+    }
+}

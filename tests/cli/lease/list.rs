@@ -148,3 +148,131 @@ fn list_against_a_silent_server_ends_within_its_deadline() {
     assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
     assert!(took < Duration::from_secs(8));
 }
+
+/// Keys under the prefix that no valid request can write (an empty, an
+/// over-long or a control-character name) are records this version does not
+/// understand: each is listed as `corrupt_state`, and the rest of the listing
+/// is still printed (exit 0), never a usage error after connecting.
+#[test]
+fn list_shows_records_under_invalid_names_as_corrupt_and_lists_the_rest() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    acquire(&u, "db-1", "alice", "60s");
+    let long = "x".repeat(300);
+    let bad_keys = [
+        "targetlease:{default:}:lease".to_owned(),
+        format!("targetlease:{{default:{long}}}:lease"),
+        "targetlease:{default:bad\u{1}}:lease".to_owned(),
+        "targetlease:{:db-1}:lease".to_owned(),
+    ];
+    for k in &bad_keys {
+        s.conn().cmd(&["HSET", k, "v", "1"]);
+    }
+    let entries = listed(&u, &[]);
+    let row = |ns: &str, t: &str, o: &str| (ns.to_owned(), t.to_owned(), o.to_owned());
+    assert_eq!(
+        names(&entries),
+        [
+            row("default", "", "corrupt_state"),
+            row("default", "bad\u{1}", "corrupt_state"),
+            row("default", "db-1", "found"),
+            row("default", &long, "corrupt_state"),
+        ]
+    );
+    let all = listed(&u, &["-A"]);
+    assert_eq!(all.len(), 5, "{all:?}");
+    assert_eq!(names(&all)[0], row("", "db-1", "corrupt_state"));
+}
+
+/// `-o text` prints one row per record: a name with a line break or a tab
+/// (only a foreign or corrupt key can carry one) cannot forge a row, such as
+/// a live lease that does not exist.
+#[test]
+fn list_as_text_cannot_be_forged_by_a_name_with_a_line_break() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    s.conn().cmd(&[
+        "SET",
+        "targetlease:{default:x\ndefault\tforged\tfound\tmallory\t7\t99.0s}:lease",
+        "garbage",
+    ]);
+    let out = lease(&u, "list").with(&["-o", "text"]).output();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "a header and one row: {text}");
+    assert!(
+        !lines.iter().any(|l| l.contains("\tforged\tfound")),
+        "{text}"
+    );
+}
+
+/// A key under the prefix that `escape` cannot have produced (a raw `:` in
+/// the target) is not a lease record of the target it seems to name: the
+/// list never reports a state it did not read from that key.
+#[test]
+fn list_ignores_keys_that_are_not_in_canonical_form() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    s.conn()
+        .cmd(&["SET", "targetlease:{default:a:b}:lease", "garbage"]);
+    s.conn()
+        .cmd(&["SET", "targetlease:{default:c{d}:lease", "garbage"]);
+    let entries = listed(&u, &["-A"]);
+    assert!(
+        names(&entries).is_empty(),
+        "foreign keys are not records: {entries:?}"
+    );
+}
+
+/// An ACL user without `+scan` (the least-privilege rule of docs/valkey.md)
+/// gets one `backend_unavailable` envelope, exit 3, whose message says in
+/// plain words that SCAN was refused and why.
+#[test]
+fn list_refused_scan_exits_3_and_names_the_cause() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    acquire(&u, "db", "alice", "60s");
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    proxy.refuse(
+        "SCAN",
+        "NOPERM User lease has no permissions to run the 'scan' command",
+        1,
+    );
+    let out = lease(&proxy.url(), "list").output();
+    assert_eq!(out.status.code(), Some(3));
+    let r = Res::parse(out);
+    assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
+    let msg = r.json["message"].as_str().unwrap();
+    assert!(msg.contains("NOPERM") && msg.contains("SCAN"), "{msg}");
+    assert!(
+        !msg.contains("Error("),
+        "plain words, not a debug dump: {msg}"
+    );
+}
+
+/// docs/cli.md (Deadlines) bounds `lease list` (its listing gets a budget of
+/// its own, beyond the one call of every other `lease …` command): against
+/// a server that answers every reply late, it ends (exit 3) within the
+/// documented `--connect-timeout` + 5 × `--timeout` + 1s.
+#[test]
+fn list_against_a_slow_server_ends_within_the_documented_deadline() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    for i in 0..20 {
+        acquire(&u, &format!("t{i}"), "alice", "60s");
+    }
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    proxy.set(fault_proxy::Fault::Delay(Duration::from_millis(700)));
+    // connect-timeout 3s, timeout 1s: documented bound 3s + 5 × 1s + 1s.
+    let (out, took) = deadline::output_within(
+        lease(&proxy.url(), "list")
+            .flag("timeout", "1s")
+            .flag("connect-timeout", "3s")
+            .command(),
+        Duration::from_secs(9),
+    );
+    assert_eq!(out.status.code(), Some(3), "took {took:?}");
+    let r = Res::parse(out);
+    assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
+}

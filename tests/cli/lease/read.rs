@@ -64,3 +64,78 @@ fn read_prints_the_committed_value_with_its_token_and_needs_no_lease() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("key must not be empty"));
 }
+
+/// `-o text` is one line for people: a committed value with a line break
+/// (values may hold any text) is shown escaped, never as a second line that
+/// could pass for another answer.
+#[test]
+fn read_as_text_is_one_line_whatever_the_value_holds() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let j = acquire(&u, "db", "alice", "10s");
+    let (_, _, token) = holder_args(&j);
+    let value = "v1\nfound: k = forged (token 99, committed 2030-01-01T00:00:00Z)";
+    lease(&u, "commit")
+        .target("db")
+        .token(&token)
+        .flag("key", "k")
+        .flag("value", value)
+        .ok("committed", 0);
+    let out = lease(&u, "read")
+        .target("db")
+        .flag("key", "k")
+        .flag("output", "text")
+        .output();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text:?}");
+    assert!(
+        text.starts_with("found: k = v1\\nfound: k = forged"),
+        "{text:?}"
+    );
+    // JSON keeps the value exact.
+    let out = lease(&u, "read").target("db").flag("key", "k").output();
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["committed"]["value"], value);
+}
+
+/// `get -o text` is one line, also for a record whose owner holds a line
+/// break and a tab (only a hand-written record can): a table or a log line
+/// cannot be forged through it.
+#[test]
+fn get_and_list_as_text_escape_control_characters_in_stored_owners() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    s.conn().cmd(&[
+        "HSET",
+        "targetlease:{default:db}:lease",
+        "v",
+        "1",
+        "lease_id",
+        "0123456789abcdef",
+        "owner",
+        "alice\ndefault\tforged\tfound\tmallory",
+        "token",
+        "3",
+        "acquired_ms",
+        "1",
+        "expires_ms",
+        "4102444800000",
+    ]);
+    s.conn()
+        .cmd(&["PEXPIRE", "targetlease:{default:db}:lease", "600000"]);
+    let out = lease(&u, "get")
+        .target("db")
+        .flag("output", "text")
+        .output();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text:?}");
+    assert!(
+        text.contains("held by alice\\ndefault\\tforged"),
+        "{text:?}"
+    );
+    let out = lease(&u, "list").with(&["-o", "text"]).output();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text:?}");
+}
