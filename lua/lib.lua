@@ -147,7 +147,7 @@ local function read_lease(key, now)
   if #flat == 0 then return 'none' end
   local r = hash_of(flat)
   local ident = nil
-  if r.lease_id and r.owner and is_uint(r.token) then ident = r end
+  if r.lease_id and r.owner and is_uint(r.token) and r.token ~= '0' then ident = r end
   if r.v ~= '1' then return 'corrupt', ident, 'lease record has an unknown version' end
   if redis.call('PTTL', key) < 0 then return 'corrupt', ident, 'lease record has no expiry' end
   if not (ident and is_uint(r.acquired_ms) and is_uint(r.expires_ms)

@@ -13,7 +13,7 @@ local flat = redis.pcall('HGETALL', KEYS[1])
 if flat.err then return reply('corrupt_state', now, 'commit record holds a ' .. type_of(KEYS[1])) end
 if #flat == 0 then return reply('not_found', now, 'nothing committed under this key') end
 local c = hash_of(flat)
-if not (is_uint(c.token) and c.value and is_utf8(c.value) and is_uint(c.committed_ms)) then
+if not (is_uint(c.token) and c.token ~= '0' and c.value and is_utf8(c.value) and is_uint(c.committed_ms)) then
   return reply('corrupt_state', now, 'commit record is unparsable')
 end
 return { 'found', str(now), 'value committed', c.token, c.value, c.committed_ms }

@@ -319,7 +319,7 @@ async fn unreadable_commit_records_read_as_corrupt_and_stay_untouched() {
     let s = store(&server).await;
     let t = Target::new("ns", "read");
     let key = s.keys().commit(&t, "k");
-    let cases: [&[&str]; 4] = [
+    let cases: [&[&str]; 5] = [
         &["SET", &key, "a string"],
         &[
             "HSET",
@@ -332,6 +332,16 @@ async fn unreadable_commit_records_read_as_corrupt_and_stay_untouched() {
             "1",
         ],
         &["HSET", &key, "token", "7", "committed_ms", "1"],
+        &[
+            "HSET",
+            &key,
+            "token",
+            "0",
+            "value",
+            "v",
+            "committed_ms",
+            "1",
+        ],
         // A value that is not UTF-8 (byte 0xFF).
         &[
             "EVAL",
@@ -349,4 +359,41 @@ async fn unreadable_commit_records_read_as_corrupt_and_stay_untouched() {
         assert!(r.committed.is_none());
         assert_eq!(server.conn().cmd(&["DUMP", &key]), before, "{cmd:?}");
     }
+}
+
+#[tokio::test]
+async fn a_lease_record_with_token_zero_is_corrupt_not_live() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "zero");
+    let key = s.keys().lease(&t);
+    let far = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 600_000)
+        .to_string();
+    server.conn().cmd(&[
+        "HSET",
+        &key,
+        "v",
+        "1",
+        "lease_id",
+        "0123456789abcdef",
+        "owner",
+        "o",
+        "token",
+        "0",
+        "acquired_ms",
+        "1",
+        "expires_ms",
+        &far,
+    ]);
+    server.conn().cmd(&["PEXPIRE", &key, "600000"]);
+    let got = s.get(&t).await.unwrap();
+    assert_eq!(
+        got.outcome,
+        Outcome::CorruptState,
+        "tokens start at 1: {got:?}"
+    );
 }
