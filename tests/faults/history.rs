@@ -195,6 +195,9 @@ pub struct History {
     pub rows: Option<Vec<Row>>,
     /// Fenced-commit values at the end, one per resource that has one.
     pub commits: Option<Vec<CommitState>>,
+    /// How often the recording watches had to relist (expired revisions).
+    #[serde(default)]
+    pub relists: u64,
 }
 
 /// One line a worker process prints: an event to append to the history.
@@ -257,6 +260,10 @@ impl Recorder {
 
     pub fn set_rows(&self, rows: Vec<Row>) {
         self.with(|h| h.rows = Some(rows));
+    }
+
+    pub fn set_relists(&self, n: u64) {
+        self.with(|h| h.relists = n);
     }
 
     pub fn set_commits(&self, commits: Vec<CommitState>) {

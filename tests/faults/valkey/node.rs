@@ -102,11 +102,6 @@ impl Node {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// A raw connection for harness-side commands.
-    pub fn conn(&self) -> Conn {
-        Conn::connect(&self.addr()).expect("connect to valkey")
-    }
-
     /// One command on a fresh connection; None when the node does not answer.
     pub fn try_cmd(&self, args: &[&str]) -> Option<Resp> {
         Conn::connect(&self.addr()).ok()?.try_cmd(args).ok()
@@ -120,19 +115,15 @@ impl Node {
         }
     }
 
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
+    /// Replaces the extra arguments used by the next (re)start.
+    pub fn set_args(&mut self, args: &[String]) {
+        self.args = args.to_vec();
     }
 
     /// Starts again on the same port, directory, arguments and environment.
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
-    }
-
-    /// A file in the node's directory (for the faketime control file).
-    pub fn path(&self, name: &str) -> std::path::PathBuf {
-        self.dir.path().join(name)
     }
 }
 

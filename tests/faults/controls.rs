@@ -1,0 +1,110 @@
+//! Deliberately broken components for the positive controls: each must make
+//! the checker report its property, or the run fails. (The broken
+//! downstreams are in `sink.rs`; the rogue publisher in `workload/operator.rs`.)
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use targetlease::store::{
+    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
+    Reply, RevokeRequest, StoreError, Target,
+};
+
+/// Which broken component a control scenario plugs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// (a) A store that hands a target's first token out again on every
+    /// other acquisition (as if it had lost its counter).
+    ReissueTokens,
+    /// (b) A downstream table without the guard, with a paused holder.
+    Unguarded,
+    /// (b) A downstream that acknowledges before its commit and then rolls back.
+    LoseAckedWrites,
+    /// (c) A store that runs every third acquire and reports `backend_unavailable`.
+    LyingStore,
+    /// (d) A second writer that marks a waiting TargetLease Held.
+    RoguePublisher,
+}
+
+/// Wraps a store with the broken behaviour of `control`, when it is a store control.
+pub fn wrap(control: Option<Control>, inner: Arc<dyn LeaseStore>) -> Arc<dyn LeaseStore> {
+    match control {
+        Some(Control::ReissueTokens) => Arc::new(Broken {
+            inner,
+            kind: Control::ReissueTokens,
+            first: Mutex::new(HashMap::new()),
+            calls: AtomicU64::new(0),
+        }),
+        Some(Control::LyingStore) => Arc::new(Broken {
+            inner,
+            kind: Control::LyingStore,
+            first: Mutex::new(HashMap::new()),
+            calls: AtomicU64::new(0),
+        }),
+        _ => inner,
+    }
+}
+
+struct Broken {
+    inner: Arc<dyn LeaseStore>,
+    kind: Control,
+    /// First token seen per target (ReissueTokens).
+    first: Mutex<HashMap<Target, u64>>,
+    calls: AtomicU64,
+}
+
+#[async_trait]
+impl LeaseStore for Broken {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
+        let mut reply = self.inner.acquire(req).await?;
+        if reply.outcome != Outcome::Acquired {
+            return Ok(reply);
+        }
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.kind {
+            Control::LyingStore if n % 3 == 2 => Err(StoreError::BackendUnavailable(
+                "control: the acquire ran, the caller is told it did not".into(),
+            )),
+            Control::ReissueTokens => {
+                if let Some(lease) = &mut reply.lease {
+                    let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+                    let token = *first
+                        .entry(req.target.clone())
+                        .or_insert(lease.fencing_token);
+                    if n % 2 == 1 {
+                        lease.fencing_token = token;
+                    }
+                }
+                Ok(reply)
+            }
+            _ => Ok(reply),
+        }
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
+        self.inner.renew(req).await
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
+        self.inner.release(req).await
+    }
+
+    async fn get(&self, target: &Target) -> Result<Reply, StoreError> {
+        self.inner.get(target).await
+    }
+
+    async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError> {
+        self.inner.revoke(req).await
+    }
+
+    async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
+        self.inner.commit(req).await
+    }
+
+    async fn health(&self) -> Result<Health, StoreError> {
+        self.inner.health().await
+    }
+}
