@@ -13,7 +13,8 @@
 //!
 //! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
 //! `FAULTS_SECS` (300), `FAULTS_REPORT` (write docs/faults.md to this path),
-//! `FAULTS_REPORT_NOTE` (a line for its header). The binary re-executes
+//! `FAULTS_REPORT_NOTE` (a line for its header), `FAULTS_DUMP` (save every
+//! run's history, not only failed ones). The binary re-executes
 //! itself as `worker-holder` for the paused-holder process.
 //!
 //! Exit status 1 when any run fails: a violation of a property the scenario
@@ -161,7 +162,10 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
                     println!("      {f}");
                 }
                 dump(s, r, &result);
-            } else if !result.report.violations.is_empty() && s.expect.is_none() {
+            } else if std::env::var_os("FAULTS_DUMP").is_some() {
+                dump(s, r, &result);
+            }
+            if failures.is_empty() && !result.report.violations.is_empty() && s.expect.is_none() {
                 for v in result.report.violations.iter().take(3) {
                     println!("      measured: {v}");
                 }

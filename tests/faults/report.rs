@@ -19,10 +19,18 @@ pub struct Figures {
     pub writes: usize,
     pub faults: usize,
     pub refused_stale: usize,
+    /// Operations and writes answered `outcome_unknown` / `backend_unavailable`.
+    pub unknown: usize,
+    pub unavailable: usize,
     /// TargetLease and pod versions the watches recorded, and their relists.
     pub published: usize,
     pub relists: u64,
     pub violations: BTreeMap<(Property, Scope), usize>,
+}
+
+fn answers(h: &crate::history::History, a: &Answer) -> usize {
+    h.ops.iter().filter(|o| &o.answer == a).count()
+        + h.writes.iter().filter(|w| &w.answer == a).count()
 }
 
 /// Judges one run: the figures and every reason it fails (none: it passes).
@@ -38,6 +46,8 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
             .iter()
             .filter(|w| w.sink == Sink::Postgres && w.answer.is("refused"))
             .count(),
+        unknown: answers(h, &Answer::Unknown),
+        unavailable: answers(h, &Answer::Unavailable),
         published: h.publications.len() + h.pods.len(),
         relists: h.relists,
         violations: r.report.counts(),
@@ -69,6 +79,9 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     if s.fault != Fault::None && fig.faults == 0 {
         failures.push("the fault was never injected".into());
     }
+    if s.fault == Fault::EtcdCompaction && h.relists == 0 {
+        failures.push("no watch had to relist: the compaction did not bite".into());
+    }
     if s.fault == Fault::PauseHolder && s.control.is_none() {
         let stale = h.writes.iter().any(|w| {
             w.client == "paused"
@@ -91,6 +104,8 @@ pub fn total(runs: &[Figures]) -> Figures {
         t.writes += f.writes;
         t.faults += f.faults;
         t.refused_stale += f.refused_stale;
+        t.unknown += f.unknown;
+        t.unavailable += f.unavailable;
         t.published += f.published;
         t.relists += f.relists;
         for (k, v) in &f.violations {

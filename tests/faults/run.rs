@@ -29,6 +29,9 @@ use crate::workload::observer;
 pub const TTL: Duration = Duration::from_millis(2000);
 /// Per-operation deadline of library clients (the CLI uses the same).
 const TIMEOUT: Duration = Duration::from_millis(500);
+/// After the last fault ends (its injection finishes), the workload goes on
+/// this long, so recovery is part of the history.
+pub const SETTLE: Duration = Duration::from_secs(3);
 /// Library clients and CLI clients per run.
 const LIB_CLIENTS: usize = 3;
 const CLI_CLIENTS: usize = 1;
@@ -212,6 +215,7 @@ pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunR
         };
         Holder::spawn(&cfg, rec.clone())
     });
+    let faults = Stop::default();
     let fault = tokio::spawn(inject::run(
         s.fault,
         Targets {
@@ -220,11 +224,14 @@ pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunR
             ttl: TTL,
         },
         rec.clone(),
-        stop.clone(),
+        faults.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(secs)).await;
+    faults.set();
+    let back = fault.await.expect("fault task");
+    tokio::time::sleep(SETTLE).await;
     stop.set();
-    if let Some(h) = fault.await.expect("fault task").holder {
+    if let Some(h) = back.holder {
         h.stop().await;
     }
     let primary: Primary = Arc::new(move |args: &[&str]| valkey.on_primary(args));

@@ -252,11 +252,21 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
         tasks.push(tokio::spawn(rogue(tls, stop.clone())));
     }
     let live = (0..replicas).collect();
-    let fault = tokio::spawn(inject(s.fault, env, live, flags, rec.clone(), stop.clone()));
+    let faults = Stop::default();
+    let fault = tokio::spawn(inject(
+        s.fault,
+        env,
+        live,
+        flags,
+        rec.clone(),
+        faults.clone(),
+    ));
 
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    stop.set();
+    faults.set();
     let env = fault.await.expect("fault task");
+    tokio::time::sleep(run::SETTLE).await;
+    stop.set();
     let relists = lease_watch.await.unwrap_or(0) + pod_watch.await.unwrap_or(0);
     rec.set_relists(relists);
     let valkey_addr = env.valkey.addr();
