@@ -198,6 +198,9 @@ pub struct History {
     /// How often the recording watches had to relist (expired revisions).
     #[serde(default)]
     pub relists: u64,
+    /// Calls that never answered (far past their deadline).
+    #[serde(default)]
+    pub hangs: Vec<String>,
 }
 
 /// One line a worker process prints: an event to append to the history.
@@ -260,6 +263,10 @@ impl Recorder {
 
     pub fn set_rows(&self, rows: Vec<Row>) {
         self.with(|h| h.rows = Some(rows));
+    }
+
+    pub fn hang(&self, what: String) {
+        self.with(|h| h.hangs.push(what));
     }
 
     pub fn set_relists(&self, n: u64) {

@@ -40,10 +40,17 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         Fault::None => while !stop.sleep(Duration::from_secs(1)).await {},
         Fault::SentinelFailover => {
             let v = valkey();
+            let start = v.epoch();
+            let mut planned = 0;
             while !stop.sleep(Duration::from_secs(1)).await {
                 rec.fault("primary SIGKILL + Sentinel failover");
+                planned += 1;
                 let v = v.clone();
                 blocking(move || v.failover()).await;
+            }
+            // Promotions nobody asked for (a primary wrongly judged down) are faults too.
+            for _ in planned..v.epoch().saturating_sub(start) {
+                rec.fault("unplanned Sentinel failover");
             }
         }
         Fault::Restart => {

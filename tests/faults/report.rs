@@ -22,6 +22,8 @@ pub struct Figures {
     /// Operations and writes answered `outcome_unknown` / `backend_unavailable`.
     pub unknown: usize,
     pub unavailable: usize,
+    /// Calls that outlived their deadline by far (each fails the run).
+    pub hangs: usize,
     /// TargetLease and pod versions the watches recorded, and their relists.
     pub published: usize,
     pub relists: u64,
@@ -48,6 +50,7 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
             .count(),
         unknown: answers(h, &Answer::Unknown),
         unavailable: answers(h, &Answer::Unavailable),
+        hangs: h.hangs.len(),
         published: h.publications.len() + h.pods.len(),
         relists: h.relists,
         violations: r.report.counts(),
@@ -79,6 +82,9 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     if s.fault != Fault::None && fig.faults == 0 {
         failures.push("the fault was never injected".into());
     }
+    for hang in &h.hangs {
+        failures.push(format!("hang: {hang}"));
+    }
     if s.fault == Fault::EtcdCompaction && h.relists == 0 {
         failures.push("no watch had to relist: the compaction did not bite".into());
     }
@@ -106,6 +112,7 @@ pub fn total(runs: &[Figures]) -> Figures {
         t.refused_stale += f.refused_stale;
         t.unknown += f.unknown;
         t.unavailable += f.unavailable;
+        t.hangs += f.hangs;
         t.published += f.published;
         t.relists += f.relists;
         for (k, v) in &f.violations {
@@ -139,22 +146,26 @@ pub fn render(header: &str, results: &[(Scenario, Vec<Figures>, usize)]) -> Stri
     let mut out = String::new();
     out.push_str(header);
     out.push_str(
-        "\n| scenario | fault | runs | duration | operations | writes | faults injected | stale writes refused | (a) tokens | (b) downstream | (c) honesty | (d) exclusion |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| scenario | fault | runs | duration | operations | writes | unknown / unavailable | hangs | faults injected | stale writes refused | watch relists | (a) tokens | (b) downstream | (c) honesty | (d) exclusion |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (s, runs, _) in results.iter().filter(|(s, _, _)| s.control.is_none()) {
         let t = total(runs);
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | {:.0} s | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| `{}` | {} | {} | {:.0} s | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.name,
             s.about,
             runs.len(),
             t.elapsed.as_secs_f64(),
             t.ops,
             t.writes,
+            t.unknown,
+            t.unavailable,
+            t.hangs,
             t.faults,
             t.refused_stale,
+            t.relists,
             cell(s, &t, Property::Tokens),
             cell(s, &t, Property::Downstream),
             cell(s, &t, Property::Honesty),

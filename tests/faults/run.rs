@@ -135,6 +135,7 @@ pub async fn clients(
                 url: url.to_string(),
                 timeout: TIMEOUT,
                 durability: s.durability,
+                rec: rec.clone(),
             };
             (format!("cli{}", i - LIB_CLIENTS), Arc::new(cli))
         };
@@ -169,10 +170,11 @@ pub async fn finish(
     started: Instant,
 ) -> RunResult {
     for t in tasks {
-        // Tasks finish their current step; a stuck one is a harness failure.
-        tokio::time::timeout(Duration::from_secs(60), t)
+        // Tasks finish their current step (every call is cut off as a hang
+        // after 30 s); one that is still stuck is a harness failure.
+        tokio::time::timeout(Duration::from_secs(180), t)
             .await
-            .expect("a workload task did not stop within 60s")
+            .expect("a workload task did not stop within 180s")
             .expect("a workload task panicked");
     }
     rec.set_rows(sink.rows().await);

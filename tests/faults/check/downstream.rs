@@ -6,13 +6,15 @@
 //! sequence number), so their tokens must never go down, and every write
 //! acknowledged to a client must be there. Valkey's fenced commit keeps only
 //! the last value: acknowledged commits, in Valkey-clock order, must never
-//! go down, and the value at the end must carry at least the highest
+//! go down (a commit acknowledged only on a retry after an unknown outcome is
+//! left out: its reply may be a replay, whose time is not when it took
+//! effect), and the value at the end must carry at least the highest
 //! acknowledged token.
 
 use std::collections::{BTreeMap, HashSet};
 
 use super::{Property, Scope, Violation, group_by};
-use crate::history::{History, Sink, WriteRecord};
+use crate::history::{Answer, History, Sink, WriteRecord};
 
 pub fn check(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
@@ -79,15 +81,32 @@ fn postgres(h: &History, out: &mut Vec<Violation>) {
     }
 }
 
+/// Write ids of commits that had an attempt with an unknown outcome: a later
+/// "committed" may be a replay of that attempt, whose effect time is unknown
+/// (its reply carries the replay's server time), so it cannot be ordered.
+fn uncertain(h: &History) -> HashSet<&str> {
+    h.writes
+        .iter()
+        .filter(|w| w.sink == Sink::Commit && w.answer == Answer::Unknown)
+        .map(|w| w.write_id.as_str())
+        .collect()
+}
+
 fn commits(h: &History, out: &mut Vec<Violation>) {
     let committed = acked(h, Sink::Commit, "committed");
+    let uncertain = uncertain(h);
     let finals: BTreeMap<&str, _> = h
         .commits
         .iter()
         .flatten()
         .map(|c| (c.resource.as_str(), c))
         .collect();
-    for (resource, mut ws) in group_by(committed, |w| w.resource.as_str()) {
+    for (resource, ws) in group_by(committed, |w| w.resource.as_str()) {
+        let highest = ws.iter().map(|w| w.token).max();
+        let mut ws: Vec<&WriteRecord> = ws
+            .into_iter()
+            .filter(|w| !uncertain.contains(w.write_id.as_str()))
+            .collect();
         ws.sort_by_key(|w| (w.server_ms, w.token));
         // Only commits in strictly earlier server milliseconds are ordered.
         let mut top: Option<&WriteRecord> = None;
@@ -118,7 +137,7 @@ fn commits(h: &History, out: &mut Vec<Violation>) {
                 pending = Some(w);
             }
         }
-        let Some(highest) = ws.iter().map(|w| w.token).max() else {
+        let Some(highest) = highest else {
             continue;
         };
         if h.commits.is_none() {
@@ -155,7 +174,6 @@ fn commits(h: &History, out: &mut Vec<Violation>) {
 mod tests {
     use super::super::fixtures::*;
     use super::*;
-    use crate::history::Answer;
 
     #[test]
     fn a_guarded_history_is_clean() {
@@ -199,6 +217,18 @@ mod tests {
             .write(Sink::Postgres, "r", 5, "w1", said("accepted"), 0)
             .build();
         assert!(check(&unread)[0].detail.contains("never read"));
+    }
+
+    #[test]
+    fn a_replayed_commit_is_not_ordered_by_its_reply() {
+        // The first attempt ran before a restart; the retry's reply is a replay.
+        let h = H::new()
+            .write(Sink::Commit, "r", 4, "c1", Answer::Unknown, 0)
+            .write(Sink::Commit, "r", 5, "c2", said("committed"), 20)
+            .write(Sink::Commit, "r", 4, "c1", said("committed"), 21)
+            .commits(&[("r", 5, "c2")])
+            .build();
+        assert_eq!(check(&h), vec![]);
     }
 
     #[test]

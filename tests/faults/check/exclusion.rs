@@ -3,9 +3,10 @@
 //! A claim is an interval of Valkey server time during which someone was
 //! promised the lease:
 //! - a client lease: from its acquisition to the latest acknowledged expiry
-//!   (acquire or renew reply), cut short by its release — at the release's
-//!   server time when acknowledged, else at the last server time the client
-//!   had seen before sending it (a lower bound, so no false alarm);
+//!   (acquire or renew reply), cut short by its release at the last server
+//!   time the client had seen before sending it (a lower bound of when the
+//!   release took effect, so no false alarm; an acknowledged release's own
+//!   server time is not one: its reply may come from a resend or a replay);
 //! - a Held TargetLease: `[acquiredAt, expiresAt)` of its status, from the
 //!   revision that published it until the revision that withdrew it;
 //! - a marked pod: `[acquiredAt of the token, expires-at annotation)`.
@@ -71,12 +72,11 @@ fn client_claims<'a>(ops: &[&'a OpRecord]) -> Vec<Claim<'a>> {
                 if let Some((token, i)) = current
                     && Some(token) == o.token
                 {
-                    let cut = if o.answer.is("released") {
-                        o.server_ms
-                    } else {
-                        last_server
-                    };
-                    claims[i].end = claims[i].end.min(cut.max(claims[i].start));
+                    // The claim ends when the client decides to give the lease
+                    // back. Even an acknowledged release's server time is not
+                    // when it took effect: a reply can come from a resend or a
+                    // replay after the release already ran.
+                    claims[i].end = claims[i].end.min(last_server.max(claims[i].start));
                     current = None;
                 }
             }
@@ -220,9 +220,9 @@ mod tests {
         let h = H::new()
             .acquired("a", "t", "r1", 1, 100, 200)
             .renew("a", "t", ("r1", 1), said("renewed"), 150, 300)
-            .release("a", "t", 1, said("released"), 250)
-            .acquired("b", "t", "r2", 2, 260, 400)
-            .release("b", "t", 2, Answer::Unknown, 0) // cut at b's last server time, 260
+            .release("a", "t", 1, said("released"), 250) // cut at a's last server time, 150
+            .acquired("b", "t", "r2", 2, 200, 400)
+            .release("b", "t", 2, Answer::Unknown, 0) // cut at b's last server time, 200
             .acquired("c", "t", "r3", 3, 300, 500)
             .acquired("d", "t", "r4", 4, 500, 600) // c ran out at 500
             .publish("x", "op", 1, Some(5), Some(("q1", 1000, 5000)))
@@ -248,6 +248,17 @@ mod tests {
             v[0].detail
                 .contains("r2 held [200, 400) while r1 held [100, 300)")
         );
+    }
+
+    #[test]
+    fn a_release_replayed_late_does_not_extend_the_claim() {
+        // The release ran before a restart; its reply came from a resend after it.
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 300)
+            .release("a", "t", 1, said("released"), 290)
+            .acquired("b", "t", "r2", 2, 200, 400)
+            .build();
+        assert_eq!(check(&h), vec![]);
     }
 
     #[test]

@@ -167,6 +167,25 @@ impl Valkey {
         });
     }
 
+    /// Sentinel's configuration epoch: one more for every promotion it made.
+    pub fn epoch(&self) -> u64 {
+        let Some(Resp::Array(Some(fields))) = self
+            .sentinel
+            .as_ref()
+            .and_then(|s| s.try_cmd(&["SENTINEL", "MASTER", "mymaster"]))
+        else {
+            return 0;
+        };
+        fields
+            .chunks(2)
+            .find(|kv| kv[0] == Resp::Bulk(Some("config-epoch".into())))
+            .and_then(|kv| match &kv[1] {
+                Resp::Bulk(Some(v)) => v.parse().ok(),
+                _ => None,
+            })
+            .unwrap_or(0)
+    }
+
     /// SIGKILL the primary, wait for Sentinel to promote the replica, bring
     /// the old primary back as a replica of the new one.
     pub fn failover(&self) {

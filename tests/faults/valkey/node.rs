@@ -25,7 +25,9 @@ impl Node {
     }
 
     /// A Sentinel monitoring `mymaster` at `primary_port` (quorum 1), with
-    /// fast failure detection.
+    /// fast failure detection (3 s: with 1 s, a freshly promoted primary on a
+    /// loaded machine was declared down before its first ping reply, and the
+    /// second promotion picked a replica still holding stale data).
     pub fn sentinel(primary_port: u16) -> Self {
         Self::spawned(&[primary_port.to_string()], &[], true)
     }
@@ -54,11 +56,12 @@ impl Node {
                     format!(
                         "port {}\nbind 127.0.0.1\ndir {}\n\
                          sentinel monitor mymaster 127.0.0.1 {primary} 1\n\
-                         sentinel down-after-milliseconds mymaster 1000\n\
-                         sentinel failover-timeout mymaster 5000\n\
-                         sentinel parallel-syncs mymaster 1\n",
+                         sentinel down-after-milliseconds mymaster 3000\n\
+                         sentinel failover-timeout mymaster 10000\n\
+                         sentinel parallel-syncs mymaster 1\nlogfile {}\n",
                         self.port,
-                        self.dir.path().display()
+                        self.dir.path().display(),
+                        self.dir.path().join("valkey.log").display()
                     ),
                 )
                 .expect("write sentinel.conf");
@@ -70,6 +73,8 @@ impl Node {
                 .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .arg("--dir")
                 .arg(self.dir.path())
+                .arg("--logfile")
+                .arg(self.dir.path().join("valkey.log"))
                 .args(&self.args);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
@@ -130,5 +135,9 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill();
+        if std::env::var_os("FAULTS_KEEP").is_some() {
+            let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+            eprintln!("  kept {} (port {})", dir.keep().display(), self.port);
+        }
     }
 }

@@ -3,21 +3,30 @@
 //! envelope back into a reply, so the same client loop drives the library
 //! and the CLI.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
 use targetlease::store::valkey::Durability;
+
+use crate::history::Recorder;
 use targetlease::store::{
     AcquireRequest, CommitRequest, Health, Lease, LeaseStore, Outcome, ReleaseRequest,
     RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
+
+/// A CLI process still running this long after its start is a hang (its
+/// own deadlines are 500 ms): it is killed and the hang recorded.
+const CLI_HANG: Duration = Duration::from_secs(6);
 
 /// Runs the `targetlease` binary against one Valkey URL.
 pub struct CliStore {
     pub url: String,
     pub timeout: Duration,
     pub durability: Durability,
+    /// Where hangs are noted.
+    pub rec: Recorder,
 }
 
 fn ms(d: Duration) -> String {
@@ -92,24 +101,86 @@ fn parse(stdout: &str, write: bool) -> Result<Reply, StoreError> {
 
 impl CliStore {
     async fn run(&self, op: &str, args: Vec<String>, write: bool) -> Result<Reply, StoreError> {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
             .args(["lease", op])
             .args(args)
             .args(["--valkey-url", &self.url, "--timeout", &ms(self.timeout)])
             .args(["--connect-timeout", &ms(self.timeout)])
             .args(["--durability", &self.durability.to_string()])
-            .env("RUST_LOG", "off")
+            .env("RUST_LOG", "targetlease=debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
-            .output()
-            .await
+            .spawn()
             .map_err(|e| StoreError::BackendUnavailable(format!("cannot run the CLI: {e}")))?;
-        if out.status.code() == Some(2) {
-            return Err(StoreError::Invalid(
-                String::from_utf8_lossy(&out.stderr).into_owned(),
+        let mut child = child;
+        let pid = child.id().unwrap_or(0);
+        let stdout = tokio::spawn(read_all(child.stdout.take()));
+        let stderr = tokio::spawn(read_all(child.stderr.take()));
+        let Ok(status) = tokio::time::timeout(CLI_HANG, child.wait()).await else {
+            // The process outlived its own deadlines by far: say what it was doing.
+            let threads = tokio::task::spawn_blocking(move || thread_states(pid))
+                .await
+                .unwrap_or_default();
+            let _ = child.kill().await;
+            let log = stderr.await.unwrap_or_default();
+            let tail = &log[log.len().saturating_sub(1500)..];
+            let printed = stdout.await.unwrap_or_default();
+            self.rec.hang(format!(
+                "CLI `lease {op}` (pid {pid}) still running after {CLI_HANG:?} with \
+                 --timeout {0} --connect-timeout {0}; threads: {threads}; \
+                 stdout so far: {printed:?}; its log: {tail:?}",
+                ms(self.timeout)
             ));
+            return Err(StoreError::OutcomeUnknown("harness: the CLI hung".into()));
+        };
+        let status = status
+            .map_err(|e| StoreError::BackendUnavailable(format!("CLI failed to run: {e}")))?;
+        let stdout = stdout.await.unwrap_or_default();
+        if status.code() == Some(2) {
+            return Err(StoreError::Invalid(stderr.await.unwrap_or_default()));
         }
-        parse(&String::from_utf8_lossy(&out.stdout), write)
+        parse(&stdout, write)
     }
+}
+
+/// Name and kernel wait channel of every thread of `pid` (what a hang waits
+/// on), and, when gdb is installed, the frames of ours and of the client
+/// library in every thread's backtrace.
+fn thread_states(pid: u32) -> String {
+    let bt = std::process::Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let frames: Vec<&str> = bt
+        .lines()
+        .filter(|l| l.starts_with("Thread") || l.contains("targetlease::") || l.contains("fred::"))
+        .collect();
+    let dir = format!("/proc/{pid}/task");
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        out.push(format!("{}:{}", read("comm").trim(), read("wchan").trim()));
+    }
+    format!("{}\n{}", out.join(", "), frames.join("\n"))
+}
+
+/// Everything a pipe yields until it closes (lossy UTF-8).
+async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    if let Some(mut p) = pipe {
+        let _ = p.read_to_end(&mut buf).await;
+    }
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 #[async_trait]

@@ -12,7 +12,7 @@ use targetlease::store::{
     StoreError, Target, new_request_id,
 };
 
-use super::{Stop, answer_of};
+use super::{HANG, Stop, answer_of};
 use crate::history::{OpKind, OpRecord, Recorder, Sink, WriteRecord, now_ms};
 use crate::sink::PgWriter;
 
@@ -73,7 +73,16 @@ impl Client {
         let mut attempt = 0;
         loop {
             let invoke_ms = now_ms();
-            let result = send().await;
+            let result = match tokio::time::timeout(HANG, send()).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.rec.hang(format!(
+                        "{}: a store call invoked at {invoke_ms} had no answer after {HANG:?}",
+                        self.name
+                    ));
+                    Err(StoreError::OutcomeUnknown("harness: no answer".into()))
+                }
+            };
             record(invoke_ms, &result);
             attempt += 1;
             match result {
@@ -160,8 +169,12 @@ impl Client {
     async fn write(&mut self, held: &Held, id: &str) {
         let token = held.holder.token;
         if let Some(pg) = &mut self.pg {
-            let w = pg.write(&held.target.name, token, id).await;
-            self.rec.write(w);
+            match tokio::time::timeout(HANG, pg.write(&held.target.name, token, id)).await {
+                Ok(w) => self.rec.write(w),
+                Err(_) => self
+                    .rec
+                    .hang(format!("{}: PostgreSQL write {id} hung", self.name)),
+            }
         }
         let mut req = CommitRequest::new(held.target.clone(), token, COMMIT_KEY, id);
         req.request_id = format!("commit-{id}");

@@ -17,6 +17,10 @@ use targetlease::store::{Lease, Reply, StoreError};
 
 use crate::history::{Answer, LeaseView};
 
+/// A call without an answer this long (its deadline is 500 ms; the CLI is cut off sooner) is a hang:
+/// recorded, and the run fails.
+pub const HANG: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Tells every workload task to finish its current step and stop.
 #[derive(Clone, Default)]
 pub struct Stop(Arc<AtomicBool>);

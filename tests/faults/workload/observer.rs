@@ -7,13 +7,20 @@ use std::time::Duration;
 
 use targetlease::store::{LeaseStore, Outcome, Target};
 
-use super::{Stop, view_of};
+use super::{HANG, Stop, view_of};
 use crate::history::{Recorder, Sighting, now_ms};
 
 pub async fn run(store: Arc<dyn LeaseStore>, targets: Vec<Target>, rec: Recorder, stop: Stop) {
     while !stop.is_set() {
         for t in &targets {
-            if let Ok(reply) = store.get(t).await
+            let Ok(reply) = tokio::time::timeout(HANG, store.get(t)).await else {
+                rec.hang(format!(
+                    "observer: get {} had no answer after {HANG:?}",
+                    t.name
+                ));
+                continue;
+            };
+            if let Ok(reply) = reply
                 && reply.outcome == Outcome::Found
                 && let Some(lease) = &reply.lease
             {
