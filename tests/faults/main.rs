@@ -14,7 +14,9 @@
 //! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
 //! `FAULTS_SECS` (300), `FAULTS_REPORT` (write docs/faults.md to this path),
 //! `FAULTS_REPORT_NOTE` (a line for its header), `FAULTS_DUMP` (save every
-//! run's history, not only failed ones). The binary re-executes
+//! run's history, not only failed ones), `FAULTS_GDB` (a hung CLI's
+//! backtrace in the failure message), `FAULTS_KEEP` (keep Valkey's
+//! directories and logs). The binary re-executes
 //! itself as `worker-holder` for the paused-holder process.
 //!
 //! Exit status 1 when any run fails: a violation of a property the scenario
@@ -181,7 +183,8 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             include_str!("doc_header.md").trim_end(),
             if long { "long" } else { "quick" },
         );
-        std::fs::write(&path, report::render(&header, &results))
+        let doc = report::render(&header, &results) + include_str!("doc_footer.md");
+        std::fs::write(&path, doc)
             .unwrap_or_else(|e| panic!("write {path}: {e}"));
         println!("faults: wrote {path}");
     }
