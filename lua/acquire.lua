@@ -1,18 +1,21 @@
 -- acquire: grant the lease on a free target with the next fencing token.
 --
--- KEYS[1] lease record        KEYS[2] fence counter (never expires)
--- KEYS[3] request cache for (acquire, target, owner, request id)
--- ARGV[1] owner               ARGV[2] ttl_ms (> 0)
--- ARGV[3] max_lifetime_ms ("0" = none)
--- ARGV[4] lease id to assign (fresh random, only used when granting)
--- ARGV[5] metadata JSON ("" = none)
--- ARGV[6] token floor: the token issued is > this ("0" = none)
--- ARGV[7] idempotency window ms (added to the ttl for the cache entry)
+-- KEYS[1] lease      the lease record
+-- KEYS[2] fence      the fencing counter (never expires, never deleted)
+-- KEYS[3] request    request cache for (acquire, target, owner, request id)
+-- ARGV[1] owner      who asks
+-- ARGV[2] ttl        ttl_ms (> 0)
+-- ARGV[3] max_life   max_lifetime_ms ("0" = none)
+-- ARGV[4] lease_id   lease id to assign (fresh random, only used when granting)
+-- ARGV[5] metadata   JSON object ("" = none), validated by the client
+-- ARGV[6] floor      the token issued is > this ("0" = none)
+-- ARGV[7] window     idempotency window ms (added to the ttl for the cache entry)
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
 -- Returns (see lib.lua for the shapes):
---   acquired + lease with id      the lease was granted, or this request id granted it
+--   acquired + lease with id      the lease was granted, or this request id granted
+--                                 it and it still lives (same lease id and token)
 --   held + lease without id       a live lease exists (never cached: a retry may win later)
 --   expired                       this request id's lease has ended
 --   idempotency_conflict          the request id was used with other inputs
@@ -22,22 +25,14 @@ local now = now_ms()
 local fp = fingerprint(ARGV[2], ARGV[3], ARGV[5])
 
 local state, r, why = read_lease(KEYS[1], now)
-local cached = read_cache(KEYS[3])
-if cached == false then return reply('corrupt_state', now, 'request cache entry is unreadable') end
-if cached then
-  if cached.fp ~= fp then
-    return reply('idempotency_conflict', now, 'request id was used with different inputs')
-  end
-  if state == 'corrupt' then return reply('corrupt_state', now, why) end
-  if state == 'live' and r.lease_id == cached.lease_id then
-    touch(KEYS[3])
-    return reply_lease('acquired', now, 'lease acquired (replayed request)', r, true)
-  end
-  if state == 'live' then
-    return reply_lease('held', now, 'the lease this request acquired was superseded', r, false)
-  end
-  return reply('expired', now, 'the lease this request acquired has ended')
-end
+local replayed = replay(KEYS[3], fp, now, state, r, why, {
+  live = 'acquired', live_msg = 'lease acquired (replayed request)',
+  superseded = function(t, held)
+    return reply_lease('held', t, 'the lease this request acquired was superseded', held, false)
+  end,
+  ended = 'the lease this request acquired has ended',
+})
+if replayed then return replayed end
 
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'live' then return reply_lease('held', now, 'target is held', r, false) end

@@ -1,8 +1,12 @@
 -- commit: fenced write of one value under a target.
 --
--- KEYS[1] lease record   KEYS[2] commit record (hash: token, value, committed_ms; no expiry)
--- KEYS[3] request cache for (commit, target, request id)
--- ARGV[1] token  ARGV[2] key name  ARGV[3] value  ARGV[4] idempotency window ms
+-- KEYS[1] lease      the lease record
+-- KEYS[2] commit     the commit record (hash: token, value, committed_ms; no expiry)
+-- KEYS[3] request    request cache for (commit, target, "", request id)
+-- ARGV[1] token      the writer's fencing token
+-- ARGV[2] key        the value's name
+-- ARGV[3] value      the value
+-- ARGV[4] window     idempotency window ms
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -16,17 +20,12 @@ local token = ARGV[1]
 local now = now_ms()
 local fp = fingerprint(token, ARGV[2], ARGV[3])
 
-local cached = read_cache(KEYS[3])
-if cached == false then return reply('corrupt_state', now, 'request cache entry is unreadable') end
-if cached then
-  if cached.fp ~= fp then
-    return reply('idempotency_conflict', now, 'request id was used with different inputs')
-  end
-  touch(KEYS[3])
-  return reply('committed', now, 'value committed (replayed request)')
-end
-
 local state, r, why = read_lease(KEYS[1], now)
+local replayed = replay(KEYS[3], fp, now, state, r, why, {
+  done = 'committed', done_msg = { committed = 'value committed (replayed request)' },
+})
+if replayed then return replayed end
+
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'none' then return reply('expired', now, 'target has no live lease') end
 if r.token ~= token then return reply('stale_token', now, "token is not the current lease's") end

@@ -1,6 +1,9 @@
 -- get: read the live lease, never its lease id.
 --
--- KEYS[1] lease record
+-- KEYS[1] lease      the lease record
+--
+-- Read-only (no-writes, called with EVALSHA_RO): it runs on a full server,
+-- with min-replicas-to-write unmet, and on a replica.
 -- Returns:
 --   found + lease without id      a live lease exists
 --   not_found                     none

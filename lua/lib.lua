@@ -8,12 +8,17 @@
 -- lease_id is "" whenever the caller is not proven to be the holder.
 -- max_expires_ms and metadata are "" when absent. Numbers are decimal strings:
 -- tokens are kept as strings end to end because Lua numbers are doubles.
+-- Everything echoed from storage is checked by read_lease before a script
+-- writes, so a reply the client cannot decode never follows a write.
 --
 -- Lease record (hash, with a TTL equal to its stored expiry):
 --   v=1, lease_id, owner, token, acquired_ms, expires_ms, max_expires_ms, meta
--- Request cache (hash, TTL = idempotency window): fp, lease_id, token
+-- Request cache (hash, TTL = idempotency window): fp, lease_id, token[, outcome]
 
 local MAX_TOKEN = '9223372036854775807'
+-- Deepest metadata nesting (objects and arrays) accepted: the same limit as
+-- MAX_METADATA_DEPTH in src/store.rs (a test ties the two).
+local META_DEPTH = 64
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -36,6 +41,63 @@ end
 local function dec_lt(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
+end
+
+-- Well-formed UTF-8 (no overlongs, no surrogates), as Rust strings require.
+local function is_utf8(s)
+  if not string.find(s, '[\128-\255]') then return true end
+  local i, n = 1, #s
+  while i <= n do
+    local c = string.byte(s, i)
+    local len
+    if c < 0x80 then len = 1
+    elseif c >= 0xC2 and c <= 0xDF then len = 2
+    elseif c >= 0xE0 and c <= 0xEF then len = 3
+    elseif c >= 0xF0 and c <= 0xF4 then len = 4
+    else return false end
+    if i + len - 1 > n then return false end
+    for j = i + 1, i + len - 1 do
+      local b = string.byte(s, j)
+      if b < 0x80 or b > 0xBF then return false end
+    end
+    local b = string.byte(s, i + 1)
+    if (c == 0xE0 and b < 0xA0) or (c == 0xED and b > 0x9F)
+       or (c == 0xF0 and b < 0x90) or (c == 0xF4 and b > 0x8F) then
+      return false
+    end
+    i = i + len
+  end
+  return true
+end
+
+local function finite_numbers(v)
+  if type(v) == 'number' then return v == v and v ~= math.huge and v ~= -math.huge end
+  if type(v) == 'table' then
+    for _, x in pairs(v) do
+      if not finite_numbers(x) then return false end
+    end
+  end
+  return true
+end
+
+-- Stored metadata the client can decode: "" or a JSON object in UTF-8, at
+-- most META_DEPTH deep, with finite numbers.
+local function is_metadata(s)
+  if s == '' then return true end
+  if not is_utf8(s) or not string.find(s, '^%s*{') then return false end
+  local bare = string.gsub(string.gsub(s, '\\.', ''), '"[^"]*"', '')
+  local depth, deepest = 0, 0
+  for ch in string.gmatch(bare, '[%[%]{}]') do
+    if ch == '{' or ch == '[' then
+      depth = depth + 1
+      if depth > deepest then deepest = depth end
+    else
+      depth = depth - 1
+    end
+  end
+  if deepest > META_DEPTH then return false end
+  local ok, v = pcall(cjson.decode, s)
+  return ok and type(v) == 'table' and finite_numbers(v)
 end
 
 local function hash_of(key)
@@ -67,12 +129,14 @@ local function read_lease(key, now)
   if r.v ~= '1' then return 'corrupt', ident, 'lease record has an unknown version' end
   if redis.call('PTTL', key) < 0 then return 'corrupt', ident, 'lease record has no expiry' end
   if not (ident and is_uint(r.acquired_ms) and is_uint(r.expires_ms)
-          and (r.max_expires_ms == nil or r.max_expires_ms == '' or is_uint(r.max_expires_ms))) then
+          and (r.max_expires_ms == nil or r.max_expires_ms == '' or is_uint(r.max_expires_ms))
+          and is_utf8(r.lease_id) and is_utf8(r.owner)) then
     return 'corrupt', ident, 'lease record is unparsable'
   end
+  r.meta = r.meta or ''
+  if not is_metadata(r.meta) then return 'corrupt', ident, 'lease record has unreadable metadata' end
   if tonumber(r.expires_ms) <= now then return 'none' end
   r.max_expires_ms = r.max_expires_ms or ''
-  r.meta = r.meta or ''
   return 'live', r
 end
 
@@ -80,19 +144,9 @@ local function holder_matches(r, owner, lease_id, token)
   return r.owner == owner and r.lease_id == lease_id and r.token == token
 end
 
--- Reads a request-cache entry. Returns nil | entry | false (unreadable).
-local function read_cache(key)
-  local kind = redis.call('TYPE', key).ok
-  if kind == 'none' then return nil end
-  if kind ~= 'hash' then return false end
-  local c = hash_of(key)
-  if not c.fp then return false end
-  return c
-end
-
-local function remember(key, fp, lease_id, token, window_ms)
+local function remember(key, fp, lease_id, token, window_ms, outcome)
   redis.call('DEL', key)
-  redis.call('HSET', key, 'fp', fp, 'lease_id', lease_id, 'token', token)
+  redis.call('HSET', key, 'fp', fp, 'lease_id', lease_id, 'token', token, 'outcome', outcome or '')
   redis.call('PEXPIRE', key, window_ms)
 end
 
@@ -117,3 +171,34 @@ local function fingerprint(...)
   return redis.sha1hex(table.concat({ ... }, '\0'))
 end
 
+-- The one replay rule, shared by every mutating script (MemoryStore::replay
+-- in src/store/memory.rs is the same rule). Returns nil when the request id
+-- is new; otherwise the reply to return, without any other write than touch:
+--   unreadable entry -> corrupt_state; other inputs -> idempotency_conflict;
+--   rule.done (release, revoke, commit): the original outcome again, final;
+--   else revalidated: the live lease with the cached lease id AND token ->
+--   rule.live with the lease; a corrupt record -> corrupt_state; another live
+--   lease -> rule.superseded(now, r); no live lease -> expired.
+local function replay(key, fp, now, state, r, why, rule)
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'none' then return nil end
+  local c = {}
+  if kind == 'hash' then c = hash_of(key) end
+  if not c.fp then return reply('corrupt_state', now, 'request cache entry is unreadable') end
+  if c.fp ~= fp then
+    return reply('idempotency_conflict', now, 'request id was used with different inputs')
+  end
+  if rule.done then
+    local outcome = rule.done
+    if c.outcome and c.outcome ~= '' then outcome = c.outcome end
+    touch(key)
+    return reply(outcome, now, rule.done_msg[outcome] or (outcome .. ' (replayed request)'))
+  end
+  if state == 'corrupt' then return reply('corrupt_state', now, why) end
+  if state == 'live' and r.lease_id == c.lease_id and r.token == c.token then
+    touch(key)
+    return reply_lease(rule.live, now, rule.live_msg, r, true)
+  end
+  if state == 'live' then return rule.superseded(now, r) end
+  return reply('expired', now, rule.ended)
+end

@@ -1,8 +1,13 @@
 -- release: end the exact current lease. The fence counter is untouched.
 --
--- KEYS[1] lease record        KEYS[2] request cache for (release, target, owner, request id)
--- ARGV[1] owner  ARGV[2] lease id  ARGV[3] token  ARGV[4] idempotency window ms
+-- KEYS[1] lease      the lease record
+-- KEYS[2] request    request cache for (release, target, owner, request id)
+-- ARGV[1] owner      the holder's owner
+-- ARGV[2] lease_id   the holder's lease id
+-- ARGV[3] token      the holder's fencing token
+-- ARGV[4] window     idempotency window ms
 --
+-- Runs under OOM (allow-oom): freeing a lease must work on a full server.
 -- Publishes the key base "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -20,15 +25,10 @@ local now = now_ms()
 local fp = fingerprint(lease_id, token)
 
 local state, r, why = read_lease(KEYS[1], now)
-local cached = read_cache(KEYS[2])
-if cached == false then return reply('corrupt_state', now, 'request cache entry is unreadable') end
-if cached then
-  if cached.fp ~= fp then
-    return reply('idempotency_conflict', now, 'request id was used with different inputs')
-  end
-  touch(KEYS[2])
-  return reply('released', now, 'lease released (replayed request)')
-end
+local replayed = replay(KEYS[2], fp, now, state, r, why, {
+  done = 'released', done_msg = { released = 'lease released (replayed request)' },
+})
+if replayed then return replayed end
 
 local out
 if state == 'corrupt' then

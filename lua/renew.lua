@@ -1,8 +1,12 @@
 -- renew: extend the exact current lease (never past its max lifetime).
 --
--- KEYS[1] lease record        KEYS[2] request cache for (renew, target, owner, request id)
--- ARGV[1] owner  ARGV[2] lease id  ARGV[3] token  ARGV[4] ttl_ms (> 0)
--- ARGV[5] idempotency window ms
+-- KEYS[1] lease      the lease record
+-- KEYS[2] request    request cache for (renew, target, owner, request id)
+-- ARGV[1] owner      the holder's owner
+-- ARGV[2] lease_id   the holder's lease id
+-- ARGV[3] token      the holder's fencing token
+-- ARGV[4] ttl        ttl_ms (> 0), counted from the server's now
+-- ARGV[5] window     idempotency window ms
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -17,20 +21,12 @@ local now = now_ms()
 local fp = fingerprint(lease_id, token, ARGV[4])
 
 local state, r, why = read_lease(KEYS[1], now)
-local cached = read_cache(KEYS[2])
-if cached == false then return reply('corrupt_state', now, 'request cache entry is unreadable') end
-if cached then
-  if cached.fp ~= fp then
-    return reply('idempotency_conflict', now, 'request id was used with different inputs')
-  end
-  if state == 'corrupt' then return reply('corrupt_state', now, why) end
-  if state == 'live' and r.lease_id == cached.lease_id and r.token == cached.token then
-    touch(KEYS[2])
-    return reply_lease('renewed', now, 'lease renewed (replayed request)', r, true)
-  end
-  if state == 'live' then return reply('not_owner', now, 'the lease was superseded') end
-  return reply('expired', now, 'the lease has ended')
-end
+local replayed = replay(KEYS[2], fp, now, state, r, why, {
+  live = 'renewed', live_msg = 'lease renewed (replayed request)',
+  superseded = function(t) return reply('not_owner', t, 'the lease was superseded') end,
+  ended = 'the lease has ended',
+})
+if replayed then return replayed end
 
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'none' then return reply('expired', now, 'the lease has ended') end

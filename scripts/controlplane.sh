@@ -18,6 +18,10 @@
 #   CONTROLPLANE_KCM=0|1         start kube-controller-manager (default: 1 if built)
 #   CONTROLPLANE_OWN_DIR=1       DIR exists but is empty and belongs to us: `stop`
 #                                removes it entirely
+#   CONTROLPLANE_AUDIT=0|1       write the API server audit log DIR/audit.log
+#                                (default 1): one JSON line per write to the
+#                                resources the operator touches, with the user,
+#                                so tests can prove who wrote what and when
 #
 # `start` on a DIR that does not exist creates it and `stop` then removes the
 # whole DIR; on a pre-existing DIR, `stop` removes only what `start` created.
@@ -209,9 +213,38 @@ start_etcd() { # DIR
   tail_logs "$dir"; die "etcd: could not find free ports after 3 attempts"
 }
 
+# Metadata (who, what, when, response code) of every write to what the
+# operator touches; reads and everything else are not logged.
+write_audit_policy() { # DIR
+  cat > "$1/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+    resources:
+      - group: "targetlease.dev"
+        resources: ["targetleases", "targetleases/status"]
+      - group: ""
+        resources: ["pods", "configmaps", "events"]
+      - group: "coordination.k8s.io"
+        resources: ["leases"]
+      - group: "events.k8s.io"
+        resources: ["events"]
+  - level: None
+EOF
+}
+
 start_apiserver() { # DIR
   local dir="$1" attempt port rc etcd_port
+  local audit=()
   etcd_port="$(cat "$dir/etcd.port")"
+  if [ "${CONTROLPLANE_AUDIT:-1}" = 1 ]; then
+    write_audit_policy "$dir"
+    audit=(--audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log"
+      --audit-log-format=json --audit-log-mode=blocking --audit-log-maxbackup=0)
+  fi
   for attempt in 1 2 3; do
     port="$(free_port)"
     : > "$dir/kube-apiserver.log"
@@ -231,7 +264,8 @@ start_apiserver() { # DIR
       --service-cluster-ip-range=10.0.0.0/24 \
       --allow-privileged=true \
       --endpoint-reconciler-type=none \
-      --profiling=false
+      --profiling=false \
+      "${audit[@]}"
     rc=0
     wait_until "$dir" kube-apiserver "$TIMEOUT" readyz "$dir" "$port" || rc=$?
     if [ "$rc" = 0 ]; then echo "$port" > "$dir/kube-apiserver.port"; return 0; fi
@@ -318,7 +352,8 @@ cmd_stop() {
   if [ -f "$dir/.created-by-controlplane" ]; then
     rm -rf "$dir"
   else
-    rm -rf "$dir/etcd-data" "$dir/pki" "$dir/kubeconfig" "$dir"/*.port
+    rm -rf "$dir/etcd-data" "$dir/pki" "$dir/kubeconfig" "$dir"/*.port \
+      "$dir/audit-policy.yaml" "$dir"/audit*.log
   fi
 }
 

@@ -3,6 +3,10 @@
 //! Live while the process serves; ready when the lease store answers and, on
 //! the leader, the informer caches have synced (a standby replica is ready as
 //! soon as the store answers, so a rollout does not wait on leadership).
+//!
+//! `targetlease_leader` follows the write gate, and only a replica whose gate
+//! is open counts leases by phase: every other replica reports zeros, so a
+//! sum over replicas counts each lease once.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +22,7 @@ use kube::runtime::reflector::Store;
 use prometheus_client::registry::Registry;
 
 use crate::crd::TargetLease;
+use crate::leadership::Leadership;
 use crate::metrics::OperatorMetrics;
 use crate::store::LeaseStore;
 
@@ -42,6 +47,8 @@ pub struct AdminState {
     pub store: Arc<dyn LeaseStore>,
     /// Leadership and cache state.
     pub runtime: Arc<RuntimeStatus>,
+    /// The write gate.
+    pub leadership: Leadership,
 }
 
 /// Serves until `shutdown` resolves.
@@ -86,13 +93,15 @@ async fn readyz(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
 
 async fn metrics(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
     store_answers(&state).await;
-    let leading = state.runtime.leading.load(Ordering::SeqCst);
+    let leading = state.leadership.is_leading();
     state.metrics.leader.set(i64::from(leading));
-    if let Ok(guard) = state.runtime.leases.read()
-        && let Some(store) = guard.as_ref()
-    {
-        let leases = store.state();
-        state.metrics.count_phases(leases.iter().map(|l| &**l));
+    let cache = state.runtime.leases.read().ok().and_then(|g| g.clone());
+    match cache {
+        Some(store) if leading => {
+            let leases = store.state();
+            state.metrics.count_phases(leases.iter().map(|l| &**l));
+        }
+        _ => state.metrics.count_phases(std::iter::empty()),
     }
     let mut body = String::new();
     if prometheus_client::encoding::text::encode(&mut body, &state.registry).is_err() {

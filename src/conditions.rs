@@ -84,7 +84,7 @@ impl std::fmt::Display for Reason {
 
 /// Condition status values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
+pub enum ConditionStatus {
     /// "True".
     True,
     /// "False".
@@ -93,13 +93,13 @@ pub enum Status {
     Unknown,
 }
 
-impl Status {
+impl ConditionStatus {
     /// The name written in the condition.
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::True => "True",
-            Status::False => "False",
-            Status::Unknown => "Unknown",
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
         }
     }
 }
@@ -109,7 +109,7 @@ impl Status {
 pub fn upsert(
     conditions: &mut Vec<Condition>,
     type_: &str,
-    status: Status,
+    status: ConditionStatus,
     reason: Reason,
     message: &str,
     generation: Option<i64>,
@@ -156,7 +156,7 @@ pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition
 }
 
 /// True when the condition of `type_` has status `status`.
-pub fn is(conditions: &[Condition], type_: &str, status: Status) -> bool {
+pub fn is(conditions: &[Condition], type_: &str, status: ConditionStatus) -> bool {
     get(conditions, type_).is_some_and(|c| c.status == status.as_str())
 }
 
@@ -174,10 +174,10 @@ mod tests {
         let mut set = |status, reason, message: &str, ms| {
             upsert(&mut c, HELD, status, reason, message, Some(1), &at(ms))
         };
-        assert!(set(Status::False, Reason::Acquiring, "m", 1000));
-        assert!(!set(Status::False, Reason::Acquiring, "m", 2000));
-        assert!(set(Status::False, Reason::Queued, "m2", 3000));
-        assert!(set(Status::True, Reason::Acquired, "m3", 4000));
+        assert!(set(ConditionStatus::False, Reason::Acquiring, "m", 1000));
+        assert!(!set(ConditionStatus::False, Reason::Acquiring, "m", 2000));
+        assert!(set(ConditionStatus::False, Reason::Queued, "m2", 3000));
+        assert!(set(ConditionStatus::True, Reason::Acquired, "m3", 4000));
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].last_transition_time, at(4000));
         assert_eq!(c[0].reason, "Acquired");
@@ -188,13 +188,13 @@ mod tests {
         upsert(
             &mut c2,
             HELD,
-            Status::True,
+            ConditionStatus::True,
             Reason::Acquired,
             "other",
             Some(1),
             &at(5000),
         );
         assert_eq!(c2[0].last_transition_time, at(1000));
-        assert!(is(&c2, HELD, Status::True));
+        assert!(is(&c2, HELD, ConditionStatus::True));
     }
 }

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod cli;
 pub mod conditions;
 pub mod crd;
+pub mod election;
 pub mod floor;
 pub mod leadership;
 pub mod lease_id;

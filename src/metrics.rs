@@ -53,30 +53,31 @@ impl Default for OperatorMetrics {
 }
 
 impl OperatorMetrics {
-    /// Registers every family under the `targetlease_` prefix.
+    /// Registers every family in `registry` (the caller's `targetlease`
+    /// sub-registry, as for the store metrics: one prefix for every metric).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
-            "targetlease_reconcile_duration_seconds",
+            "reconcile_duration_seconds",
             "Time spent in one reconcile",
             self.reconcile_duration.clone(),
         );
         registry.register(
-            "targetlease_reconcile_errors",
+            "reconcile_errors",
             "Reconciles that failed, by error category",
             self.reconcile_errors.clone(),
         );
         registry.register(
-            "targetlease_leases",
-            "TargetLeases by status phase (as last observed by the leader)",
+            "leases",
+            "TargetLeases by status phase, as the leader sees them (0 on replicas that do not lead)",
             self.leases.clone(),
         );
         registry.register(
-            "targetlease_backend_up",
+            "backend_up",
             "1 when the lease store answers health probes",
             self.backend_up.clone(),
         );
         registry.register(
-            "targetlease_leader",
+            "leader",
             "1 when this replica is the elected operator leader",
             self.leader.clone(),
         );

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::admin::RuntimeStatus;
 use crate::crd::TargetLease;
+use crate::election::{Elector, Timings};
 use crate::floor::FloorStore;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
@@ -66,12 +67,12 @@ where
     }
 }
 
-/// Runs the controller until `stop` resolves. `release_events` are targets that
+/// Runs the controller until `stop` resolves. `release_notices` are targets that
 /// may have become free (releases from anywhere, including outside
 /// Kubernetes); their TargetLeases are woken at once.
-pub async fn run(
+pub async fn control(
     cfg: &OperatorConfig,
-    release_events: BoxStream<'static, Target>,
+    release_notices: BoxStream<'static, Target>,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = cfg.client.clone();
@@ -81,7 +82,8 @@ pub async fn run(
         watcher(
             api::<Pod>(&client, &cfg.watch_namespace),
             watcher::Config::default(),
-        ),
+        )
+        .modify(slim_pod),
     )
     .default_backoff()
     .touched_objects();
@@ -97,11 +99,18 @@ pub async fn run(
     .for_each(|_| futures::future::ready(()));
     let floor_task = tokio::spawn(floor_stream);
 
-    let controller = Controller::new(
-        api::<TargetLease>(&client, &cfg.watch_namespace),
-        watcher::Config::default(),
-    );
-    let leases = controller.store();
+    let (leases, lease_writer) = reflector::store::<TargetLease>();
+    let lease_stream = reflector::reflector(
+        lease_writer,
+        watcher(
+            api::<TargetLease>(&client, &cfg.watch_namespace),
+            watcher::Config::default(),
+        )
+        .modify(|tl: &mut TargetLease| tl.managed_fields_mut().clear()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::for_stream(lease_stream, leases.clone());
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = Some(leases.clone());
     }
@@ -159,19 +168,6 @@ pub async fn run(
         })
     };
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
-    let released = {
-        let leases = leases.clone();
-        release_events.flat_map(move |target| {
-            let waiting: Vec<_> = leases
-                .state()
-                .into_iter()
-                .filter(|tl| tl.namespace().as_deref() == Some(target.namespace.as_str()))
-                .filter(|tl| tl.spec.target == target.name)
-                .map(|tl| ObjectRef::from_obj(&*tl))
-                .collect();
-            futures::stream::iter(waiting)
-        })
-    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         store: cfg.store.clone(),
@@ -194,6 +190,11 @@ pub async fn run(
         published: Default::default(),
         clock: Default::default(),
     });
+    let sweeper = tokio::spawn(sweep_orphaned_marks(ctx.clone()));
+    let released = {
+        let ctx = ctx.clone();
+        release_notices.flat_map(move |target| futures::stream::iter(ctx.released(&target)))
+    };
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
         .watches_stream(pod_stream, move |pod: Pod| {
@@ -218,78 +219,165 @@ pub async fn run(
         .await;
     sync_task.abort();
     floor_task.abort();
+    sweeper.abort();
     cfg.runtime.synced.store(false, Ordering::SeqCst);
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = None;
     }
 }
 
+/// Removes marks whose TargetLease is gone (a finalizer removed by hand, a
+/// crash between the status write of a deletion and its unmark). A mark is
+/// removed once its TargetLease has been missing from the synced cache at two
+/// sweeps in a row, so a cache that lags behind a new lease never costs a mark.
+async fn sweep_orphaned_marks(ctx: Arc<Context>) {
+    use std::collections::HashSet;
+    let mut suspects: HashSet<(String, String, String)> = HashSet::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        if !ctx.synced.load(Ordering::SeqCst) || ctx.leadership.check().is_err() {
+            continue;
+        }
+        let leases: HashSet<(String, String)> = ctx
+            .leases
+            .state()
+            .iter()
+            .map(|tl| (tl.namespace().unwrap_or_default(), tl.name_any()))
+            .collect();
+        let mut now = HashSet::new();
+        for pod in ctx.pods.state() {
+            let ns = pod.namespace().unwrap_or_default();
+            for name in reconcile::marks::marked_by(&pod) {
+                if !leases.contains(&(ns.clone(), name.clone())) {
+                    now.insert((ns.clone(), pod.name_any(), name));
+                }
+            }
+        }
+        for (ns, pod, name) in now.intersection(&suspects) {
+            if ctx.leadership.check().is_err() {
+                break;
+            }
+            let cached = ctx.pods.get(&ObjectRef::new(pod).within(ns));
+            match reconcile::marks::unmark(&ctx.client, ns, name, pod, cached.as_deref()).await {
+                Ok(()) => {
+                    tracing::info!(namespace = %ns, pod = %pod, lease = %name, "removed the marks of a TargetLease that no longer exists")
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot remove orphaned marks"),
+            }
+        }
+        suspects = now;
+    }
+}
+
+/// Keeps only what the planner reads of a pod (identity, labels, our
+/// annotations, creation and deletion times, the Ready condition), so the
+/// cache stays small with thousands of unrelated pods.
+fn slim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.generate_name = None;
+    meta.finalizers = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k.contains("targetlease.dev/"));
+    }
+    pod.spec = None;
+    pod.status = pod.status.take().map(|status| PodStatus {
+        conditions: status
+            .conditions
+            .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
+        ..PodStatus::default()
+    });
+}
+
 /// Leader election among operator replicas, on a `coordination.k8s.io` Lease.
 pub struct Election {
+    /// Client for the Lease. Without the write gate: the elector's own writes
+    /// are what open it.
+    pub client: kube::Client,
     /// Namespace of the Lease (the operator's own).
     pub namespace: String,
     /// Name of the Lease.
     pub lease_name: String,
-    /// Seconds a leader holds the Lease without renewing it.
-    pub duration_secs: u64,
-    /// Seconds before expiry at which the leader renews.
-    pub grace_secs: u64,
+    /// Lease duration, renew deadline and retry period.
+    pub timings: Timings,
 }
 
-/// Runs the controller only while this replica leads, until `shutdown` resolves;
-/// then stops reconciling and gives the Lease up so another replica takes over
+/// Runs the controller only while this replica leads, until `shutdown` resolves.
+///
+/// The controller starts when this replica takes the Lease and stops when it
+/// cannot prove it still holds it (the gate has closed by then); the replica
+/// then stands by again in the same process. On shutdown the gate closes, the
+/// controller stops, and the Lease is given up so another replica takes over
 /// at once. Workload leases are never released on shutdown: the next leader
 /// re-adopts them (same tokens).
-pub async fn run_elected(
+pub async fn control_while_leading(
     cfg: OperatorConfig,
     election: Election,
-    mut release_events: impl FnMut() -> BoxStream<'static, Target>,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), kube_lease_manager::LeaseManagerError> {
-    let manager =
-        kube_lease_manager::LeaseManagerBuilder::new(cfg.client.clone(), &election.lease_name)
-            .with_namespace(&election.namespace)
-            .with_identity(&cfg.instance)
-            .with_duration(election.duration_secs)
-            .with_grace(election.grace_secs)
-            .build()
-            .await?;
-    let (mut leading, handle) = manager.watch().await;
-    let mut shutdown_rx = shutdown.clone();
+    mut release_notices: impl FnMut() -> BoxStream<'static, Target>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let timings = election.timings;
+    let mut elector = Elector::new(
+        election.client,
+        &election.namespace,
+        &election.lease_name,
+        &cfg.instance,
+        timings,
+    );
+    tracing::info!(identity = %elector.identity(), lease = %election.lease_name, "joining the leader election");
     loop {
-        if *shutdown_rx.borrow() {
-            break;
+        let valid_until = tokio::select! {
+            until = elector.acquire(&cfg.leadership) => until,
+            _ = shutdown.wait_for(|s| *s) => break,
+        };
+        tracing::info!(identity = %elector.identity(), "became the operator leader");
+        cfg.runtime.leading.store(true, Ordering::SeqCst);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let controller = control(&cfg, release_notices(), async move {
+            let _ = stop_rx.await;
+        });
+        tokio::pin!(controller);
+        let mut shutting_down = false;
+        tokio::select! {
+            // Ends with the gate closed, at the latest at the renew deadline.
+            _ = elector.keep_leading(&cfg.leadership, valid_until) => {},
+            _ = shutdown.wait_for(|s| *s) => shutting_down = true,
+            _ = &mut controller => tracing::error!("the controller stopped by itself"),
         }
-        if *leading.borrow_and_update() {
-            tracing::info!(instance = %cfg.instance, "became the operator leader");
-            cfg.runtime.leading.store(true, Ordering::SeqCst);
-            // TODO(election): extend per renewal instead of opening indefinitely.
-            cfg.leadership
-                .lead_until(std::time::Instant::now() + Duration::from_secs(365 * 24 * 3600));
-            let mut lost = leading.clone();
-            let mut stop_on_shutdown = shutdown.clone();
-            let stop = async move {
-                tokio::select! {
-                    _ = lost.wait_for(|l| !*l) => {},
-                    _ = stop_on_shutdown.wait_for(|s| *s) => {},
-                }
-            };
-            run(&cfg, release_events(), stop).await;
-            cfg.leadership.step_down();
+        cfg.leadership.step_down();
+        let _ = stop_tx.send(());
+        // In-flight reconciles finish (their writes refused by the gate)
+        // before the Lease can be given up.
+        let stopped = tokio::time::timeout(timings.renew_deadline, &mut controller)
+            .await
+            .is_ok();
+        if shutting_down {
             cfg.runtime.leading.store(false, Ordering::SeqCst);
-            tracing::info!(instance = %cfg.instance, "stopped leading");
-        } else {
-            tokio::select! {
-                changed = leading.changed() => if changed.is_err() { break },
-                _ = shutdown_rx.wait_for(|s| *s) => break,
+            if stopped {
+                give_up(&mut elector, timings).await;
+            } else {
+                tracing::warn!("the controller did not stop in time; the Lease is left to expire");
             }
+            return;
         }
+        if !stopped {
+            tracing::warn!("waiting for the controller's in-flight requests to end");
+            controller.await;
+        }
+        cfg.runtime.leading.store(false, Ordering::SeqCst);
+        tracing::info!(identity = %elector.identity(), "stopped leading; standing by");
     }
-    // Dropping the receiver makes the manager release the Lease.
-    drop(leading);
-    match handle.await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Ok(()),
+    give_up(&mut elector, timings).await;
+}
+
+/// Clears the holder of the Lease (if still ours), bounded in time: a replica
+/// that cannot reach the API server leaves it to expire.
+async fn give_up(elector: &mut Elector, timings: Timings) {
+    match tokio::time::timeout(timings.renew_deadline, elector.release()).await {
+        Ok(Ok(true)) => tracing::info!("gave the leader election Lease up"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not give the leader election Lease up"),
+        Err(_) => tracing::warn!("giving the leader election Lease up timed out"),
     }
 }

@@ -84,6 +84,11 @@ pub struct Memory {
     pub known_version: Option<String>,
     /// The last API call failed (a conflict, a refused patch): re-read first.
     pub reread: bool,
+    /// The implicit first attempt was used up (its lease ended or was never ours).
+    pub first_acquisition_spent: bool,
+    /// A release was announced on the target this lease holds: confirm it with
+    /// the store at once (it may have been revoked).
+    pub confirm: bool,
 }
 
 /// Why a reconcile failed; each is retried with per-object backoff.
@@ -144,6 +149,36 @@ impl Context {
         }
     }
 
+    /// A release was announced on `target` (pub/sub): the TargetLeases to wake.
+    /// While one of them holds the target, only the holders are woken (and
+    /// told to confirm their lease first): a holder whose lease was revoked
+    /// unpublishes before it wakes the waiters, so two never show Held at once.
+    pub fn released(&self, target: &crate::store::Target) -> Vec<ObjectRef<TargetLease>> {
+        use kube::ResourceExt;
+        let on_target: Vec<_> = self
+            .leases
+            .state()
+            .into_iter()
+            .filter(|tl| tl.namespace().as_deref() == Some(target.namespace.as_str()))
+            .filter(|tl| tl.spec.target == target.name)
+            .collect();
+        let holders: Vec<_> = on_target
+            .iter()
+            .filter(|tl| tl.status.as_ref().is_some_and(plan::holds_lease))
+            .map(|tl| ObjectRef::from_obj(&**tl))
+            .collect();
+        if holders.is_empty() {
+            return on_target
+                .iter()
+                .map(|tl| ObjectRef::from_obj(&**tl))
+                .collect();
+        }
+        for key in &holders {
+            self.remember(key, |m| m.confirm = true);
+        }
+        holders
+    }
+
     fn saw_server_time(&self, ms: u64) {
         let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
         *clock = Some((ms, Instant::now()));
@@ -176,7 +211,7 @@ async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Erro
         return pass.cleanup().await;
     }
     pass.ensure_finalizer().await?;
-    pass.apply().await
+    pass.converge().await
 }
 
 /// Backoff for failed reconciles: one per-object policy for API and store errors.

@@ -7,7 +7,13 @@
 
 pub mod memory;
 pub mod metrics;
+mod requests;
 pub mod valkey;
+
+pub use requests::{
+    AcquireRequest, CommitRequest, LeaseHandle, ReleaseRequest, RenewRequest, RevokeRequest,
+    check_name,
+};
 
 use std::time::Duration;
 
@@ -18,6 +24,9 @@ use serde::Serialize;
 pub const MAX_NAME_BYTES: usize = 256;
 /// Largest accepted lease metadata document (serialized JSON), in bytes.
 pub const MAX_METADATA_BYTES: usize = 4096;
+/// Deepest accepted metadata nesting: objects and arrays, the top object counting 1.
+/// The scripts check stored metadata against the same limit (`lua/lib.lua`).
+pub const MAX_METADATA_DEPTH: usize = 64;
 /// Largest accepted fenced-commit value, in bytes.
 pub const MAX_COMMIT_VALUE_BYTES: usize = 64 * 1024;
 /// Longest accepted lease duration or maximum lifetime.
@@ -45,244 +54,10 @@ impl Target {
         }
     }
 
-    fn validate(&self) -> Result<(), StoreError> {
-        check_name("namespace", &self.namespace)?;
-        check_name("target", &self.name)
-    }
-}
-
-/// Ask for the lease on a target.
-#[derive(Clone, Debug)]
-pub struct AcquireRequest {
-    /// The target to lease.
-    pub target: Target,
-    /// Who wants it (an identity, not a secret).
-    pub owner: String,
-    /// How long the lease lives unless renewed.
-    pub ttl: Duration,
-    /// Hard limit on the lease's life from acquisition; renewals cannot pass it.
-    pub max_lifetime: Option<Duration>,
-    /// Retrying with the same id returns the original result.
-    pub request_id: String,
-    /// Opaque JSON object stored with the lease (at most 4 KiB).
-    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
-    /// The issued token must be greater than this (a durable floor kept by the caller).
-    pub token_floor: Option<u64>,
-    /// The lease id to assign, for callers that derive it (it must be unguessable:
-    /// it is the capability to renew and release). Default: a fresh random id.
-    pub lease_id: Option<String>,
-}
-
-impl AcquireRequest {
-    /// An acquire with a fresh request id and no optional settings.
-    pub fn new(target: Target, owner: impl Into<String>, ttl: Duration) -> Self {
-        Self {
-            target,
-            owner: owner.into(),
-            ttl,
-            max_lifetime: None,
-            request_id: new_request_id(),
-            metadata: None,
-            token_floor: None,
-            lease_id: None,
-        }
-    }
-
-    /// Checks every bound; backends call this before touching state.
+    /// Checks the name bounds; backends call this before touching state.
     pub fn validate(&self) -> Result<(), StoreError> {
-        self.target.validate()?;
-        check_name("owner", &self.owner)?;
-        check_name("request id", &self.request_id)?;
-        if let Some(id) = &self.lease_id {
-            check_name("lease id", id)?;
-            if id.len() < 16 {
-                return Err(StoreError::Invalid(
-                    "lease id must be at least 16 bytes (it is a capability)".into(),
-                ));
-            }
-        }
-        check_duration("ttl", self.ttl)?;
-        if let Some(max) = self.max_lifetime {
-            check_duration("max lifetime", max)?;
-        }
-        if let Some(meta) = &self.metadata {
-            let len = serde_json::to_string(meta)
-                .map(|s| s.len())
-                .unwrap_or(usize::MAX);
-            if len > MAX_METADATA_BYTES {
-                return Err(StoreError::Invalid(format!(
-                    "metadata is {len} bytes; at most {MAX_METADATA_BYTES} are allowed"
-                )));
-            }
-        }
-        if let Some(floor) = self.token_floor
-            && floor >= MAX_TOKEN
-        {
-            return Err(StoreError::Invalid(format!(
-                "token floor must be below {MAX_TOKEN}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The metadata as the compact JSON text that is stored (empty when absent).
-    pub fn metadata_json(&self) -> String {
-        self.metadata
-            .as_ref()
-            .map(|m| serde_json::Value::Object(m.clone()).to_string())
-            .unwrap_or_default()
-    }
-}
-
-/// The exact identity of one lease: who holds it, its capability id, its token.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
-    /// The owner named at acquisition.
-    pub owner: String,
-    /// The secret lease id returned by acquire.
-    pub lease_id: String,
-    /// The fencing token returned by acquire.
-    pub token: u64,
-}
-
-impl Holder {
-    fn validate(&self) -> Result<(), StoreError> {
-        check_name("owner", &self.owner)?;
-        check_name("lease id", &self.lease_id)?;
-        check_token(self.token)
-    }
-}
-
-/// Extend a held lease.
-#[derive(Clone, Debug)]
-pub struct RenewRequest {
-    /// The leased target.
-    pub target: Target,
-    /// The exact current lease.
-    pub holder: Holder,
-    /// New remaining life, counted from the server's now.
-    pub ttl: Duration,
-    /// Retrying with the same id returns the original result.
-    pub request_id: String,
-}
-
-impl RenewRequest {
-    /// A renew with a fresh request id.
-    pub fn new(target: Target, holder: Holder, ttl: Duration) -> Self {
-        Self {
-            target,
-            holder,
-            ttl,
-            request_id: new_request_id(),
-        }
-    }
-
-    /// Checks every bound; backends call this before touching state.
-    pub fn validate(&self) -> Result<(), StoreError> {
-        self.target.validate()?;
-        self.holder.validate()?;
-        check_name("request id", &self.request_id)?;
-        check_duration("ttl", self.ttl)
-    }
-}
-
-/// Give a held lease back.
-#[derive(Clone, Debug)]
-pub struct ReleaseRequest {
-    /// The leased target.
-    pub target: Target,
-    /// The exact current lease.
-    pub holder: Holder,
-    /// Retrying with the same id returns the original result.
-    pub request_id: String,
-}
-
-impl ReleaseRequest {
-    /// A release with a fresh request id.
-    pub fn new(target: Target, holder: Holder) -> Self {
-        Self {
-            target,
-            holder,
-            request_id: new_request_id(),
-        }
-    }
-
-    /// Checks every bound; backends call this before touching state.
-    pub fn validate(&self) -> Result<(), StoreError> {
-        self.target.validate()?;
-        self.holder.validate()?;
-        check_name("request id", &self.request_id)
-    }
-}
-
-/// Administratively end whatever lease a target has, without an owner check.
-#[derive(Clone, Debug)]
-pub struct RevokeRequest {
-    /// The target to clear.
-    pub target: Target,
-    /// Why (kept for audit; never required).
-    pub reason: Option<String>,
-}
-
-impl RevokeRequest {
-    /// Checks every bound; backends call this before touching state.
-    pub fn validate(&self) -> Result<(), StoreError> {
-        self.target.validate()?;
-        if let Some(reason) = &self.reason
-            && reason.len() > MAX_METADATA_BYTES
-        {
-            return Err(StoreError::Invalid(format!(
-                "reason is longer than {MAX_METADATA_BYTES} bytes"
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Write `key = value` under a target, accepted only with the live lease's token.
-#[derive(Clone, Debug)]
-pub struct CommitRequest {
-    /// The leased target.
-    pub target: Target,
-    /// The fencing token the writer holds.
-    pub token: u64,
-    /// Name of the value (scoped to the target).
-    pub key: String,
-    /// The value to store.
-    pub value: String,
-    /// Retrying with the same id returns the original result.
-    pub request_id: String,
-}
-
-impl CommitRequest {
-    /// A commit with a fresh request id.
-    pub fn new(
-        target: Target,
-        token: u64,
-        key: impl Into<String>,
-        value: impl Into<String>,
-    ) -> Self {
-        Self {
-            target,
-            token,
-            key: key.into(),
-            value: value.into(),
-            request_id: new_request_id(),
-        }
-    }
-
-    /// Checks every bound; backends call this before touching state.
-    pub fn validate(&self) -> Result<(), StoreError> {
-        self.target.validate()?;
-        check_token(self.token)?;
-        check_name("key", &self.key)?;
-        check_name("request id", &self.request_id)?;
-        if self.value.len() > MAX_COMMIT_VALUE_BYTES {
-            return Err(StoreError::Invalid(format!(
-                "value is longer than {MAX_COMMIT_VALUE_BYTES} bytes"
-            )));
-        }
-        Ok(())
+        requests::check_name("namespace", &self.namespace)?;
+        requests::check_name("target", &self.name)
     }
 }
 
@@ -318,8 +93,8 @@ impl Lease {
     }
 
     /// The exact identity needed to renew or release, when this copy carries it.
-    pub fn holder(&self) -> Option<Holder> {
-        self.lease_id.as_ref().map(|id| Holder {
+    pub fn handle(&self) -> Option<LeaseHandle> {
+        self.lease_id.as_ref().map(|id| LeaseHandle {
             owner: self.owner.clone(),
             lease_id: id.clone(),
             token: self.fencing_token,
@@ -485,6 +260,8 @@ pub trait LeaseStore: Send + Sync {
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError>;
     /// Probes the backend.
     async fn health(&self) -> Result<Health, StoreError>;
+    /// Closes connections (sends nothing that could change state). Default: nothing to close.
+    async fn close(&self) {}
 }
 
 /// A fresh random request id.
@@ -492,45 +269,24 @@ pub fn new_request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// Checks a name the store keeps (target, owner, ids): 1 to 256 bytes, no
-/// control characters. Callers validating ahead of time (the operator) use it
-/// so admission, the operator and the store agree.
-pub fn check_name(what: &str, value: &str) -> Result<(), StoreError> {
-    if value.is_empty() {
-        return Err(StoreError::Invalid(format!("{what} must not be empty")));
+/// Reads stored metadata text back: a JSON object, at most
+/// [`MAX_METADATA_DEPTH`] deep. Every backend decodes metadata with this, and
+/// [`AcquireRequest::validate`] accepts only metadata that survives it.
+pub fn metadata_from_json(text: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    match serde_json::from_str::<serde_json::Value>(text).ok()? {
+        serde_json::Value::Object(m) if depth_of_map(&m) <= MAX_METADATA_DEPTH => Some(m),
+        _ => None,
     }
-    if value.len() > MAX_NAME_BYTES {
-        return Err(StoreError::Invalid(format!(
-            "{what} is {} bytes; at most {MAX_NAME_BYTES} are allowed",
-            value.len()
-        )));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(StoreError::Invalid(format!(
-            "{what} must not contain control characters"
-        )));
-    }
-    Ok(())
 }
 
-fn check_duration(what: &str, value: Duration) -> Result<(), StoreError> {
-    if value.as_millis() == 0 {
-        return Err(StoreError::Invalid(format!("{what} must be at least 1ms")));
-    }
-    if value > MAX_DURATION {
-        return Err(StoreError::Invalid(format!(
-            "{what} must be at most {}",
-            humantime::format_duration(MAX_DURATION)
-        )));
-    }
-    Ok(())
+fn depth_of_map(m: &serde_json::Map<String, serde_json::Value>) -> usize {
+    1 + m.values().map(depth_of).max().unwrap_or(0)
 }
 
-fn check_token(token: u64) -> Result<(), StoreError> {
-    if token == 0 || token > MAX_TOKEN {
-        return Err(StoreError::Invalid(format!(
-            "token must be between 1 and {MAX_TOKEN}"
-        )));
+fn depth_of(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::Object(m) => depth_of_map(m),
+        serde_json::Value::Array(a) => 1 + a.iter().map(depth_of).max().unwrap_or(0),
+        _ => 0,
     }
-    Ok(())
 }

@@ -1,6 +1,10 @@
 //! `targetlease check` (the real binary) against real servers: safe, unsafe,
 //! restricted and unreachable deployments.
 
+#[path = "support/deadline.rs"]
+mod deadline;
+#[path = "support/fault_proxy.rs"]
+mod fault_proxy;
 #[path = "support/resp.rs"]
 mod resp;
 #[path = "support/valkey_server.rs"]
@@ -215,4 +219,44 @@ fn wrong_password_is_unreachable_and_not_printed() {
         !all.contains("wrong-pw-2") && !all.contains("right-pw-1"),
         "{all}"
     );
+}
+
+fn check_within(url: &str, limit: std::time::Duration) -> (i32, Output, std::time::Duration) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_targetlease"));
+    cmd.arg("check")
+        .args([
+            "--valkey-url",
+            url,
+            "--timeout",
+            "1s",
+            "--connect-timeout",
+            "1s",
+        ])
+        .env_remove("RUST_LOG");
+    let (out, took) = deadline::output_within(cmd, limit);
+    (out.status.code().expect("exit code"), out, took)
+}
+
+#[test]
+fn a_silent_server_is_unreachable_within_the_connect_timeout() {
+    let silent = fault_proxy::FaultProxy::silent();
+    let (code, out, took) = check_within(&silent.url(), std::time::Duration::from_secs(3));
+    let r = report(&out);
+    assert_eq!(code, 3, "{r}");
+    assert_eq!(status(&r, "reachability"), "fail");
+    assert!(!r.to_string().contains("Os {"), "{r}");
+    eprintln!("check against a silent server: {took:?}");
+}
+
+#[test]
+fn a_server_that_stops_answering_ends_the_check_within_its_deadlines() {
+    let server = ValkeyServer::start();
+    let proxy = fault_proxy::FaultProxy::start(&server.addr());
+    proxy.silence_from("INFO");
+    // Connect (1s) + the call that got no answer (1s): the rest is not attempted.
+    let (code, out, took) = check_within(&proxy.url(), std::time::Duration::from_secs(4));
+    let r = report(&out);
+    assert_eq!(code, 3, "{r}");
+    assert_eq!(r["ok"], false);
+    eprintln!("check against a server that stopped answering: {took:?}: {r}");
 }

@@ -2,6 +2,10 @@
 //! real `valkey-server` (one per test): flags, env fallbacks, the JSON
 //! envelope, outcome names and exit codes, and that bad input writes nothing.
 
+#[path = "support/deadline.rs"]
+mod deadline;
+#[path = "support/fault_proxy.rs"]
+mod fault_proxy;
 #[path = "support/resp.rs"]
 mod resp;
 #[path = "support/valkey_server.rs"]
@@ -1016,4 +1020,158 @@ fn passwords_and_metadata_never_reach_logs_even_at_trace() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3));
+}
+
+/// `lease <args> --valkey-url <url> --timeout 1s --connect-timeout 1s`, which
+/// must end within `limit`.
+fn lease_within(url: &str, args: &[&str], limit: Duration) -> (Res, Duration) {
+    let mut all = vec!["lease"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "--valkey-url",
+        url,
+        "--timeout",
+        "1s",
+        "--connect-timeout",
+        "1s",
+    ]);
+    let (out, took) = deadline::output_within(tl(&all), limit);
+    (parse(out), took)
+}
+
+/// No Rust `Debug` output, no client-library chatter: a category and a cause.
+fn assert_plain(r: &Res) {
+    let msg = r.json["message"].as_str().unwrap();
+    for debug in ["Os {", "kind:", "IO:", "Kind(", "Error {"] {
+        assert!(!msg.contains(debug), "debug output in {msg:?}");
+    }
+    assert!(
+        !r.stderr.contains("Attempted to quit"),
+        "stray client warning: {}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_silent_server_is_reported_within_the_connect_timeout() {
+    let silent = fault_proxy::FaultProxy::silent();
+    for args in [
+        vec!["get", "--target", "db"],
+        vec!["acquire", "--target", "db", "--owner", "o", "--ttl", "10s"],
+        vec!["revoke", "--target", "db"],
+    ] {
+        let (r, took) = lease_within(&silent.url(), &args, Duration::from_secs(3));
+        assert_eq!(
+            r.json["outcome"], "backend_unavailable",
+            "{args:?}: {}",
+            r.stdout
+        );
+        assert_eq!(r.code, 3);
+        assert_plain(&r);
+        eprintln!("{args:?} against a silent server: {took:?}");
+    }
+}
+
+#[test]
+fn a_server_that_stops_answering_mid_call_is_bounded_by_the_timeout() {
+    let s = ValkeyServer::start();
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    proxy.silence_from("EVALSHA_RO");
+    let (r, took) = lease_within(
+        &proxy.url(),
+        &["get", "--target", "db"],
+        Duration::from_secs(4),
+    );
+    assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
+    assert_plain(&r);
+    eprintln!("get with no reply: {took:?}");
+    proxy.silence_from("EVALSHA");
+    let args = [
+        "acquire",
+        "--target",
+        "db",
+        "--owner",
+        "o",
+        "--ttl",
+        "10s",
+        "--request-id",
+        "req-silent",
+    ];
+    let (r, took) = lease_within(&proxy.url(), &args, Duration::from_secs(4));
+    assert_eq!(r.json["outcome"], "outcome_unknown", "{}", r.stdout);
+    assert!(r.json["message"].as_str().unwrap().contains("req-silent"));
+    assert_plain(&r);
+    eprintln!("acquire with no reply: {took:?}");
+}
+
+#[test]
+fn errors_name_a_plain_category_and_cause() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let (r, _) = lease_within(&url, &["get", "--target", "db"], Duration::from_secs(3));
+    assert_eq!(r.json["outcome"], "backend_unavailable");
+    assert_plain(&r);
+    let msg = r.json["message"].as_str().unwrap();
+    assert!(msg.to_lowercase().contains("refused"), "{msg}");
+}
+
+#[test]
+fn a_lost_reply_is_outcome_unknown_and_never_sent_twice() {
+    let s = ValkeyServer::start();
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    let u = s.url();
+    acquire(&u, "db", "alice", "30s");
+    proxy.cut_before_reply("EVALSHA");
+    let (r, _) = lease_within(
+        &proxy.url(),
+        &["revoke", "--target", "db", "--request-id", "rv-1"],
+        Duration::from_secs(4),
+    );
+    assert_eq!(r.json["outcome"], "outcome_unknown", "{}", r.stdout);
+    assert!(r.json["message"].as_str().unwrap().contains("rv-1"));
+    assert_eq!(proxy.forwarded("EVALSHA"), 1, "sent once");
+    // Bob takes the target; the retry of the lost revoke must not end his lease.
+    let bob = acquire(&u, "db", "bob", "30s");
+    let r = run_ok(
+        &u,
+        &["revoke", "--target", "db", "--request-id", "rv-1"],
+        "revoked",
+        0,
+    );
+    assert!(
+        r.json["message"].as_str().unwrap().contains("replayed"),
+        "{}",
+        r.stdout
+    );
+    let got = run_ok(&u, &["get", "--target", "db"], "found", 0);
+    assert_eq!(got.json["lease"]["owner"], "bob");
+    assert_eq!(
+        got.json["lease"]["fencing_token"],
+        bob["lease"]["fencing_token"]
+    );
+}
+
+#[test]
+fn revoke_with_an_expected_token_ends_only_that_lease() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let alice = acquire(&u, "db", "alice", "30s");
+    let token = alice["lease"]["fencing_token"].to_string();
+    let wrong = (alice["lease"]["fencing_token"].as_u64().unwrap() + 1).to_string();
+    let r = run_ok(
+        &u,
+        &["revoke", "--target", "db", "--token", &wrong],
+        "not_owner",
+        1,
+    );
+    assert!(r.json["lease"].is_null(), "{}", r.stdout);
+    run_ok(&u, &["get", "--target", "db"], "found", 0);
+    let r = run_ok(
+        &u,
+        &["revoke", "--target", "db", "--token", &token],
+        "revoked",
+        0,
+    );
+    assert_eq!(r.json["lease"]["owner"], "alice");
+    assert!(r.json["lease"].get("lease_id").is_none());
+    run_ok(&u, &["get", "--target", "db"], "not_found", 1);
 }

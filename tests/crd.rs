@@ -26,3 +26,50 @@ fn the_binary_prints_the_same_crd() {
         targetlease::cli::crd::yaml()
     );
 }
+
+/// docs/architecture.md stays true: every file it names exists, and every
+/// `Type::function`, `module::function` or `module::submodule` it names is
+/// defined in the source.
+#[test]
+fn the_architecture_doc_names_only_things_that_exist() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let doc = std::fs::read_to_string(format!("{root}/docs/architecture.md")).unwrap();
+    let mut sources = String::new();
+    let mut stack = vec![std::path::PathBuf::from(format!("{root}/src"))];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push_str(&std::fs::read_to_string(path).unwrap());
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for quoted in doc.split('`').skip(1).step_by(2) {
+        let name = quoted.trim_end_matches("()");
+        if name.ends_with(".rs") || name.ends_with(".lua") {
+            let candidates = [
+                format!("{root}/{name}"),
+                format!("{root}/src/{name}"),
+                format!("{root}/src/store/{name}"),
+            ];
+            if !candidates.iter().any(|c| std::path::Path::new(c).exists()) {
+                missing.push(name.to_string());
+            }
+        } else if let Some((_, item)) = name.rsplit_once("::")
+            && item.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && item.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+            && !sources.contains(&format!("fn {item}("))
+            && !sources.contains(&format!("fn {item}<"))
+            && !sources.contains(&format!("mod {item};"))
+        {
+            missing.push(name.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names what does not exist: {missing:?}"
+    );
+}

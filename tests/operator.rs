@@ -2,6 +2,7 @@
 //! real kube-apiserver + etcd and a real valkey-server.
 
 mod support {
+    pub mod chart_identity;
     pub mod kube_env;
     pub mod operator_env;
     pub mod resp;
@@ -10,25 +11,13 @@ mod support {
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use support::operator_env::{OperatorEnv, apply_example, summary};
 use targetlease::crd::Phase;
-use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Target};
 
 const SOON: Duration = Duration::from_secs(20);
-
-async fn store_for(env: &OperatorEnv) -> ValkeyStore {
-    ValkeyStore::connect(&ValkeyConfig {
-        url: env.valkey.url(),
-        ..ValkeyConfig::default()
-    })
-    .await
-    .expect("connect to the test valkey")
-}
 
 fn holder_spec(target: &str, identity: &str) -> serde_json::Value {
     json!({ "target": target, "holder": { "identity": identity } })
@@ -55,7 +44,7 @@ async fn applied_lease_is_held_with_a_token_from_valkey() {
     assert_eq!(held.status, "True");
 
     // Valkey agrees, and the published expiry is no later than Valkey's.
-    let store = store_for(&env).await;
+    let store = env.store().await;
     let got = store
         .get(&Target::new(&env.ns, "db-migration"))
         .await
@@ -75,7 +64,7 @@ async fn deleting_the_resource_releases_the_lease() {
     env.wait_phase("job-a", Phase::Held, SOON).await;
     env.delete("job-a").await;
     env.wait_gone("job-a", SOON).await;
-    let store = store_for(&env).await;
+    let store = env.store().await;
     let got = store.get(&Target::new(&env.ns, "t")).await.unwrap();
     assert_eq!(
         got.outcome,
@@ -126,7 +115,7 @@ async fn two_leases_on_one_target_hand_off_in_creation_order() {
 #[tokio::test]
 async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
     let env = OperatorEnv::start("outside").await;
-    let store = store_for(&env).await;
+    let store = env.store().await;
     let target = Target::new(&env.ns, "external");
     let outside = store
         .acquire(&AcquireRequest::new(
@@ -155,7 +144,7 @@ async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
     let released = store
         .release(&ReleaseRequest::new(
             target.clone(),
-            lease.holder().unwrap(),
+            lease.handle().unwrap(),
         ))
         .await
         .unwrap();
@@ -169,7 +158,7 @@ async fn a_waiter_gets_the_target_when_an_outside_holder_lets_go() {
 #[tokio::test]
 async fn a_waiter_retries_when_an_outside_lease_expires() {
     let env = OperatorEnv::start("outside-expiry").await;
-    let store = store_for(&env).await;
+    let store = env.store().await;
     let target = Target::new(&env.ns, "external");
     let outside = store
         .acquire(&AcquireRequest::new(
@@ -301,7 +290,7 @@ async fn a_restarted_operator_re_adopts_leases_without_new_tokens_or_status_writ
     )
     .await;
     let before = env.wait_phase("job", Phase::Held, SOON).await;
-    let store = store_for(&env).await;
+    let store = env.store().await;
     let target = Target::new(&env.ns, "t");
     let valkey_before = store.get(&target).await.unwrap().lease.unwrap();
 
@@ -406,43 +395,10 @@ async fn valkey_down_sets_a_condition_and_recovers() {
     assert_eq!(summary(&back).1.as_deref(), Some("job"));
 }
 
-async fn candidate_pod(env: &OperatorEnv, name: &str, ready: bool) {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "labels": { "app": "web" } },
-        "spec": { "containers": [{ "name": "web", "image": "registry.example/web:1.0" }] },
-    }))
-    .unwrap();
-    pods.create(&Default::default(), &pod)
-        .await
-        .expect("create pod");
-    set_ready(env, name, ready).await;
-}
-
-/// There is no kubelet: tests set readiness through the pod status subresource.
-async fn set_ready(env: &OperatorEnv, name: &str, ready: bool) {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    let status = json!({
-        "status": { "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] }
-    });
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("set pod readiness");
-}
-
+/// (leader label, token annotation) of web-leader's marks on a pod.
 async fn leader_marks(env: &OperatorEnv, name: &str) -> (Option<String>, Option<String>) {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    match pods.get_opt(name).await.unwrap() {
-        None => (None, None),
-        Some(p) => (
-            p.labels().get("web-leader.targetlease.dev/leader").cloned(),
-            p.annotations()
-                .get("web-leader.targetlease.dev/fencing-token")
-                .cloned(),
-        ),
-    }
+    let (label, token, _) = env.marks(name, "web-leader").await;
+    (label, token)
 }
 
 #[tokio::test]
@@ -450,7 +406,7 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
     let env = OperatorEnv::start("election").await;
     for (i, name) in ["web-0", "web-1", "web-2"].into_iter().enumerate() {
         let _ = i;
-        candidate_pod(&env, name, true).await;
+        env.create_pod(name, &[("app", "web")], true).await;
         tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
     }
     let applied = apply_example(&env, "leader-election.yaml").await;
@@ -479,8 +435,10 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
     );
 
     // The leader pod goes away: the lease moves to the next Ready pod, larger token.
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    pods.delete("web-0", &Default::default()).await.unwrap();
+    env.pods()
+        .delete("web-0", &Default::default())
+        .await
+        .unwrap();
     env.wait_for("web-leader", "led by web-1", SOON, |tl| {
         summary(tl) == (Some(Phase::Held), Some("web-1".into()), Some(2))
     })
@@ -491,7 +449,7 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
     .await;
 
     // The leader stops being Ready: its marks go first, then the lease moves.
-    set_ready(&env, "web-1", false).await;
+    env.set_ready("web-1", false).await;
     env.wait_for("web-leader", "led by web-2", SOON, |tl| {
         summary(tl) == (Some(Phase::Held), Some("web-2".into()), Some(3))
     })
@@ -501,13 +459,14 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
         (None, None),
         "old leader unmarked"
     );
-    assert_eq!(
-        leader_marks(&env, "web-2").await,
-        (Some("true".into()), Some("3".into()))
-    );
+    // Marks follow the status that names the pod.
+    support::kube_env::eventually("web-2 marked", SOON, || async {
+        (leader_marks(&env, "web-2").await == (Some("true".into()), Some("3".into()))).then_some(())
+    })
+    .await;
 
     // No Ready candidate at all: Pending, and nobody is marked.
-    set_ready(&env, "web-2", false).await;
+    env.set_ready("web-2", false).await;
     let pending = env
         .wait_reason("web-leader", "NoReadyCandidate", SOON)
         .await;
@@ -541,7 +500,7 @@ async fn the_job_lease_example_holds_one_and_queues_the_other() {
 #[tokio::test]
 async fn a_holder_tied_to_a_pod_follows_its_readiness() {
     let env = OperatorEnv::start("pod-holder").await;
-    candidate_pod(&env, "worker", false).await;
+    env.create_pod("worker", &[("app", "web")], false).await;
     env.create(
         "tied",
         json!({ "target": "t", "holder": { "identity": "worker", "podName": "worker" } }),
@@ -557,12 +516,14 @@ async fn a_holder_tied_to_a_pod_follows_its_readiness() {
         .find(|c| c.type_ == "Held")
         .unwrap();
     assert_eq!(held.reason, "PodNotReady");
-    set_ready(&env, "worker", true).await;
+    env.set_ready("worker", true).await;
     env.wait_phase("tied", Phase::Held, SOON).await;
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    pods.delete("worker", &Default::default()).await.unwrap();
+    env.pods()
+        .delete("worker", &Default::default())
+        .await
+        .unwrap();
     env.wait_phase("tied", Phase::Pending, SOON).await;
-    let store = store_for(&env).await;
+    let store = env.store().await;
     let got = store.get(&Target::new(&env.ns, "t")).await.unwrap();
     assert_eq!(
         got.outcome,
@@ -626,4 +587,102 @@ async fn kubectl_shows_the_columns_explains_every_field_and_lists_events() {
             .any(|l| l.contains("Acquired") && l.contains("targetlease/job")),
         "no Acquired event:\n{events}"
     );
+}
+
+/// `targetlease token` as the example's init container runs it: the Job's
+/// ServiceAccount with read-only access to TargetLeases gets the token.
+#[tokio::test]
+async fn the_token_subcommand_hands_a_job_its_token_with_read_only_rights() {
+    let env = OperatorEnv::start("token").await;
+    // The RoleBinding names the ServiceAccount's namespace, as a user edits it.
+    let text = support::operator_env::example("job-with-token.yaml")
+        .replace("namespace: default", &format!("namespace: {}", env.ns));
+    support::operator_env::apply_yaml(&env, &text, "job-with-token.yaml").await;
+    let held = env.wait_phase("orders-db-report", Phase::Held, SOON).await;
+    let token = summary(&held).2.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = support::chart_identity::service_account_kubeconfig(
+        env.cp,
+        &env.ns,
+        "nightly-report",
+        &env.cp.server_url(),
+        dir.path(),
+    )
+    .await;
+    let file = dir.path().join("token");
+    let token_cmd = |identity: &str, wait: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .args([
+                "token",
+                "--lease",
+                "orders-db-report",
+                "--identity",
+                identity,
+            ])
+            .args(["--wait", wait, "--file"])
+            .arg(&file)
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .output()
+            .expect("run targetlease token")
+    };
+    let out = token_cmd("nightly-report", "20s");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["outcome"], "held");
+    assert_eq!(printed["fencing_token"], token);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), token.to_string());
+    // Not held for another identity: exit 1 once the wait is over, and an empty file.
+    let out = token_cmd("someone-else", "1s");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "");
+}
+
+/// `targetlease token --follow` as a sidecar: the file always matches what
+/// status publishes for this pod, and is empty while the lease is not held.
+#[tokio::test]
+async fn the_token_sidecar_keeps_its_file_true_to_status() {
+    let env = OperatorEnv::start("token-follow").await;
+    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create(
+        "tied",
+        json!({ "target": "t", "holder": { "identity": "worker", "podName": "worker" },
+                "leaseDuration": "6s", "renewInterval": "2s" }),
+    )
+    .await;
+    env.wait_phase("tied", Phase::Held, SOON).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    let mut sidecar = std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args([
+            "token",
+            "--lease",
+            "tied",
+            "--namespace",
+            &env.ns,
+            "--pod",
+            "worker",
+        ])
+        .args(["--follow", "--file"])
+        .arg(&file)
+        .env("KUBECONFIG", env.cp.kubeconfig_path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the sidecar");
+    let content = |want: &'static str| {
+        let file = file.clone();
+        async move { (std::fs::read_to_string(&file).ok()? == want).then_some(()) }
+    };
+    support::kube_env::eventually("token 1 in the file", SOON, || content("1")).await;
+    env.set_ready("worker", false).await;
+    support::kube_env::eventually("an empty file while not held", SOON, || content("")).await;
+    env.set_ready("worker", true).await;
+    support::kube_env::eventually("token 2 in the file", SOON, || content("2")).await;
+    let _ = sidecar.kill();
+    let _ = sidecar.wait();
 }

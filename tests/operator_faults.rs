@@ -307,9 +307,12 @@ async fn pod_marks_always_match_status() {
         (env.marks("m-0", "el").await == (None, None, None)).then_some(())
     })
     .await;
-    env.valkey.conn().cmd(&["DEL", &key]);
-    env.wait_phase("el", Phase::Held, Duration::from_secs(90))
-        .await;
+    // Repaired the documented way: a revoke wakes the lease through pub/sub.
+    let mut repair = targetlease::store::RevokeRequest::new(Target::new(&env.ns, "t"));
+    repair.reason = Some("repair".into());
+    let revoked = env.store().await.revoke(&repair).await.unwrap();
+    assert_eq!(revoked.outcome, Outcome::Revoked);
+    env.wait_phase("el", Phase::Held, SOON).await;
     let tl = env.api().get("el").await.unwrap();
     let leader = summary(&tl).1.unwrap();
     eventually("re-marked", SOON, || async {
@@ -661,4 +664,54 @@ async fn max_lifetime_rotates_and_invalid_selectors_are_reported() {
         (valid.status.as_str(), valid.reason.as_str()),
         ("False", "InvalidSpec")
     );
+}
+
+/// A new lease costs two writes before it is Held (the finalizer and the Held
+/// status): its first attempt id derives from the resource's UID, so a crash
+/// between the acquire and the status write still replays the same lease.
+#[tokio::test]
+async fn a_new_lease_is_held_after_two_writes_and_its_first_acquire_replays() {
+    let mut env = OperatorEnv::start_without_operator("two-writes").await;
+    let history = History::record(&env);
+    let created = env
+        .create(
+            "job",
+            json!({ "target": "t", "holder": { "identity": "job" } }),
+        )
+        .await;
+    // What a crashed operator left behind: the first acquire went through,
+    // its status write did not.
+    let attempt = format!("first-{}", created.uid().unwrap());
+    let mut req = AcquireRequest::new(Target::new(&env.ns, "t"), "job", Duration::from_secs(90));
+    req.request_id = attempt.clone();
+    req.lease_id = Some(env.lease_id_key().derive(&attempt));
+    let mut meta = serde_json::Map::new();
+    meta.insert("targetlease".into(), format!("{}/job", env.ns).into());
+    meta.insert("acquisition".into(), attempt.clone().into());
+    req.metadata = Some(meta);
+    let store = env.store().await;
+    assert_eq!(
+        store.acquire(&req).await.unwrap().outcome,
+        Outcome::Acquired
+    );
+
+    env.start_operator();
+    let held = env.wait_phase("job", Phase::Held, SOON).await;
+    assert_eq!(summary(&held).2, Some(1), "the same lease, replayed");
+    assert_eq!(held.status.unwrap().acquisition_id, Some(attempt));
+    env.create(
+        "fresh",
+        json!({ "target": "u", "holder": { "identity": "fresh" } }),
+    )
+    .await;
+    env.wait_phase("fresh", Phase::Held, SOON).await;
+    let versions: Vec<_> = history
+        .of("fresh")
+        .iter()
+        .map(|tl| tl.resource_version())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // Created, finalizer, Held.
+    assert_eq!(versions.len(), 3, "{versions:?}");
 }

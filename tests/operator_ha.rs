@@ -1,19 +1,30 @@
 //! Operator process concerns end to end: the admin endpoints, graceful
-//! shutdown, and two replicas electing one leader that is replaced when killed.
+//! shutdown, two replicas electing one leader that is replaced when killed,
+//! a leader cut off from the API server that must stop writing before the
+//! standby takes over (proved from the API server's audit log), and release
+//! notifications for a leader elected while Valkey was down.
 
 mod support {
+    pub mod audit;
+    pub mod chart_identity;
     pub mod kube_env;
     pub mod operator_env;
     pub mod resp;
+    pub mod tcp_proxy;
     pub mod valkey_server;
 }
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::kube_env::eventually;
 use support::operator_env::{OperatorEnv, http_get, summary};
 use targetlease::crd::Phase;
+
+mod ha {
+    pub mod split_brain;
+    pub mod subscription;
+}
 
 const SOON: Duration = Duration::from_secs(20);
 
@@ -22,8 +33,35 @@ fn has_sample(metrics: &str, line: &str) -> bool {
     metrics.lines().any(|l| l == line)
 }
 
+/// `targetlease_leader` of operator `i`: None when its admin server does not answer.
+fn is_leader(env: &OperatorEnv, i: usize) -> Option<bool> {
+    http_get(env.admin_port(i), "/metrics").map(|m| has_sample(&m.1, "targetlease_leader 1"))
+}
+
 fn spec(target: &str) -> serde_json::Value {
     json!({ "target": target, "holder": { "identity": target }, "leaseDuration": "30s", "renewInterval": "2s" })
+}
+
+/// Leader election in `env`'s namespace with these timings.
+fn election(env: &OperatorEnv, duration: &str, renew_deadline: &str, retry: &str) -> Vec<String> {
+    [
+        "--leader-election",
+        "--leader-election-namespace",
+        &env.ns,
+        "--leader-election-duration",
+        duration,
+        "--leader-election-renew-deadline",
+        renew_deadline,
+        "--leader-election-retry-period",
+        retry,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn start_operator(env: &mut OperatorEnv, flags: &[String]) -> usize {
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    env.start_operator_with(&flags)
 }
 
 #[tokio::test]
@@ -80,19 +118,9 @@ async fn admin_endpoints_report_liveness_readiness_and_metrics() {
 #[tokio::test]
 async fn a_killed_leader_is_replaced_without_token_changes() {
     let mut env = OperatorEnv::start_without_operator("ha").await;
-    let election = |env: &OperatorEnv| {
-        vec![
-            "--leader-election".to_string(),
-            "--leader-election-namespace".to_string(),
-            env.ns.clone(),
-            "--leader-election-duration".to_string(),
-            "4s".to_string(),
-        ]
-    };
-    let flags = election(&env);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let a = env.start_operator_with(&flags);
-    let b = env.start_operator_with(&flags);
+    let flags = election(&env, "4s", "3s", "500ms");
+    let a = start_operator(&mut env, &flags);
+    let b = start_operator(&mut env, &flags);
 
     env.create("job", spec("t")).await;
     let held = env.wait_phase("job", Phase::Held, SOON).await;
@@ -100,11 +128,7 @@ async fn a_killed_leader_is_replaced_without_token_changes() {
 
     // Exactly one replica leads.
     let leader = eventually("one leader", SOON, || async {
-        let metric = |i| {
-            http_get(env.admin_port(i), "/metrics")
-                .map(|m| has_sample(&m.1, "targetlease_leader 1"))
-        };
-        match (metric(a), metric(b)) {
+        match (is_leader(&env, a), is_leader(&env, b)) {
             (Some(true), Some(false)) => Some(a),
             (Some(false), Some(true)) => Some(b),
             _ => None,
@@ -113,13 +137,57 @@ async fn a_killed_leader_is_replaced_without_token_changes() {
     .await;
     let standby = if leader == a { b } else { a };
 
+    // A crash gives nothing back: the standby waits out the lease duration.
+    let killed = Instant::now();
     env.kill_operator(leader);
     eventually("the standby to lead", Duration::from_secs(15), || async {
-        http_get(env.admin_port(standby), "/metrics")
-            .filter(|m| has_sample(&m.1, "targetlease_leader 1"))
+        is_leader(&env, standby).filter(|l| *l)
     })
     .await;
+    // It waits the lease duration from when it saw the last renewal, which
+    // was at most one retry period before the crash.
+    assert!(
+        killed.elapsed() >= Duration::from_millis(3500),
+        "the standby took over {:?} after the crash: before the 4s lease duration ran out",
+        killed.elapsed()
+    );
     // The new leader reconciles: a new lease is served, the old one keeps its token.
+    env.create("after", spec("u")).await;
+    env.wait_phase("after", Phase::Held, SOON).await;
+    let still = env.api().get("job").await.unwrap();
+    assert_eq!(
+        summary(&still),
+        (Some(Phase::Held), Some("t".into()), token)
+    );
+}
+
+#[tokio::test]
+async fn sigterm_hands_leadership_over_at_once() {
+    let mut env = OperatorEnv::start_without_operator("handover").await;
+    // A long lease: a takeover within seconds proves the Lease was given up.
+    let flags = election(&env, "60s", "40s", "500ms");
+    let a = start_operator(&mut env, &flags);
+    eventually("the first replica to lead", SOON, || async {
+        is_leader(&env, a).filter(|l| *l)
+    })
+    .await;
+    let b = start_operator(&mut env, &flags);
+    env.create("job", spec("t")).await;
+    let token = summary(&env.wait_phase("job", Phase::Held, SOON).await).2;
+    eventually("the second replica to stand by", SOON, || async {
+        is_leader(&env, b).filter(|l| !*l)
+    })
+    .await;
+
+    let stopped = Instant::now();
+    let status = env.stop_operator(a);
+    assert!(status.success(), "operator exited with {status}");
+    eventually("the standby to lead", Duration::from_secs(10), || async {
+        is_leader(&env, b).filter(|l| *l)
+    })
+    .await;
+    assert!(stopped.elapsed() < Duration::from_secs(10));
+    // The workload's lease was not released: same holder, same token.
     env.create("after", spec("u")).await;
     env.wait_phase("after", Phase::Held, SOON).await;
     let still = env.api().get("job").await.unwrap();

@@ -2,6 +2,10 @@
 //! the child's environment and exit code, waiting for a held target, renewal,
 //! stopping the child when the lease is lost, signal forwarding, release.
 
+#[path = "support/deadline.rs"]
+mod deadline;
+#[path = "support/fault_proxy.rs"]
+mod fault_proxy;
 #[path = "support/resp.rs"]
 mod resp;
 #[path = "support/valkey_server.rs"]
@@ -642,4 +646,201 @@ fn a_lease_that_ended_unnoticed_before_the_child_exited_still_fails_the_run() {
     let j = summary(&out);
     assert_eq!(j["lease_lost"], true, "{j}");
     assert_eq!(get(&u, "db")["outcome"], "not_found");
+}
+
+const QUICK: [&str; 4] = ["--timeout", "1s", "--connect-timeout", "1s"];
+
+#[test]
+fn wait_against_a_silent_server_gives_up_within_its_budget() {
+    let silent = fault_proxy::FaultProxy::silent();
+    let dir = tempfile::tempdir().unwrap();
+    let file = tmp_file(&dir, "ran");
+    let mut extra = vec!["--wait", "2s"];
+    extra.extend_from_slice(&QUICK);
+    let cmd = run_cmd(
+        &silent.url(),
+        "db",
+        "a",
+        "10s",
+        &extra,
+        &["touch", file.to_str().unwrap()],
+    );
+    // The wait, plus one connect attempt that started just before it ended.
+    let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = summary(&out);
+    assert_eq!(j["outcome"], "backend_unavailable", "{j}");
+    assert!(!j["message"].as_str().unwrap().contains("Os {"), "{j}");
+    assert!(!file.exists(), "the command ran without the lease");
+    eprintln!("run --wait 2s against a silent server: {took:?}");
+}
+
+#[test]
+fn sigterm_before_the_command_starts_ends_run_at_once() {
+    let silent = fault_proxy::FaultProxy::silent();
+    let dir = tempfile::tempdir().unwrap();
+    let file = tmp_file(&dir, "ran");
+    let mut extra = vec!["--wait", "60s"];
+    extra.extend_from_slice(&QUICK);
+    let child = spawn(run_cmd(
+        &silent.url(),
+        "db",
+        "a",
+        "10s",
+        &extra,
+        &["touch", file.to_str().unwrap()],
+    ));
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = deadline::wait_within(child, Duration::from_secs(2));
+    eprintln!("run exited {:?} after SIGTERM", sent.elapsed());
+    assert!(sent.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(summary(&out)["lease_lost"], false);
+    assert!(!file.exists(), "the command ran after SIGTERM");
+}
+
+#[test]
+fn wait_retries_a_server_that_is_not_up_yet() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = tmp_file(&dir, "ran");
+    // Refused connections are retried until the wait ends, not given up at once.
+    let mut extra = vec!["--wait", "2s"];
+    extra.extend_from_slice(&QUICK);
+    let cmd = run_cmd(
+        &url,
+        "db",
+        "a",
+        "10s",
+        &extra,
+        &["touch", file.to_str().unwrap()],
+    );
+    let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(summary(&out)["outcome"], "backend_unavailable");
+    assert!(
+        took >= Duration::from_millis(1800),
+        "gave up after {took:?}"
+    );
+
+    // A server that comes up during the wait is used.
+    let mut extra = vec!["--wait", "20s"];
+    extra.extend_from_slice(&QUICK);
+    let child = spawn(run_cmd(
+        &url,
+        "db",
+        "a",
+        "10s",
+        &extra,
+        &["touch", file.to_str().unwrap()],
+    ));
+    std::thread::sleep(Duration::from_millis(1500));
+    let _server = ValkeyServer::start_on(port, &[]);
+    let out = deadline::wait_within(child, Duration::from_secs(20));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(file.exists());
+}
+
+#[test]
+fn sigterm_during_the_final_release_ends_run_at_once() {
+    let s = ValkeyServer::start();
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let started = tmp_file(&dir, "started");
+    let script = format!("echo up > {}; sleep 1", started.display());
+    let mut extra = vec!["--wait", "0s"];
+    extra.extend_from_slice(&QUICK);
+    let child = spawn(run_cmd(
+        &proxy.url(),
+        "db",
+        "a",
+        "10s",
+        &extra,
+        &["sh", "-c", &script],
+    ));
+    wait_for_file(&started, Duration::from_secs(10));
+    // The release will get no answer; run would retry it for several seconds.
+    proxy.silence_from("EVALSHA");
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = deadline::wait_within(child, Duration::from_secs(2));
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = summary(&out);
+    assert_eq!(j["outcome"], "outcome_unknown", "{j}");
+    assert_eq!(j["lease_lost"], false, "{j}");
+}
+
+#[test]
+fn a_grant_that_may_have_happened_is_never_reported_as_nothing_happened() {
+    let s = ValkeyServer::start();
+    let proxy = fault_proxy::FaultProxy::start(&s.addr());
+    let dir = tempfile::tempdir().unwrap();
+    let file = tmp_file(&dir, "ran");
+    // The first acquire runs and its reply is lost; every retry is refused
+    // before running, as by a replica after a failover.
+    proxy.cut_before_reply("EVALSHA");
+    proxy.refuse(
+        "EVALSHA",
+        "READONLY You can't write against a read only replica.",
+        100,
+    );
+    let mut extra = vec!["--wait", "1s"];
+    extra.extend_from_slice(&QUICK);
+    let cmd = run_cmd(
+        &proxy.url(),
+        "db",
+        "a",
+        "30s",
+        &extra,
+        &["touch", file.to_str().unwrap()],
+    );
+    let (out, _) = deadline::output_within(cmd, Duration::from_secs(8));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = summary(&out);
+    assert_eq!(j["outcome"], "outcome_unknown", "{j}");
+    assert!(!file.exists());
+    // It did acquire: the lease exists (and expires after its ttl).
+    assert_eq!(get(&s.url(), "db")["outcome"], "found");
 }

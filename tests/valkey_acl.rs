@@ -70,7 +70,7 @@ async fn every_lease_operation_works_with_the_documented_user() {
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Acquired);
-    let holder = r.lease.unwrap().holder().unwrap();
+    let holder = r.lease.unwrap().handle().unwrap();
     let r = store
         .renew(&RenewRequest::new(t.clone(), holder.clone(), ttl))
         .await
@@ -93,8 +93,8 @@ async fn every_lease_operation_works_with_the_documented_user() {
         .unwrap();
     let r = store
         .revoke(&RevokeRequest {
-            target: t.clone(),
             reason: Some("test".into()),
+            ..RevokeRequest::new(t.clone())
         })
         .await
         .unwrap();

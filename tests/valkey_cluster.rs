@@ -55,7 +55,7 @@ async fn every_key_of_a_target_is_in_one_slot() {
             .await
             .unwrap();
         assert_eq!(r.outcome, Outcome::Acquired);
-        let h = r.lease.unwrap().holder().unwrap();
+        let h = r.lease.unwrap().handle().unwrap();
         let c = store
             .commit(&CommitRequest::new(t.clone(), h.token, "k:}", "v"))
             .await
@@ -80,7 +80,7 @@ async fn leases_keep_working_while_their_slot_migrates() {
         .await
         .unwrap();
     assert_eq!(first.outcome, Outcome::Acquired);
-    let alice = first.lease.unwrap().holder().unwrap();
+    let alice = first.lease.unwrap().handle().unwrap();
 
     // Start the migration and move every key of the slot: the source now answers ASK.
     let s = slot.to_string();
@@ -108,11 +108,11 @@ async fn leases_keep_working_while_their_slot_migrates() {
     migrate.extend(keys.iter().map(String::as_str));
     assert_eq!(src_conn.cmd(&migrate).text(), "OK");
 
-    // Mid-migration, no answer may be wrong or unknown. fred 10.1 does not
-    // follow ASK (after ASKING it re-sends the command to the old owner), and
-    // a script whose keys are split between the nodes gets TRYAGAIN anyway:
-    // the store turns that into a bounded, definite refusal (nothing ran),
-    // and the client must stay usable for the retries after the migration.
+    // Mid-migration, no answer may be wrong or unknown. The keys have moved,
+    // so the source answers ASK and the store asks the destination (ASKING);
+    // a script whose keys are split between the nodes gets TRYAGAIN, which
+    // the store turns into a bounded, definite refusal (nothing ran). Either
+    // way the client must stay usable for the retries after the migration.
     let renew = RenewRequest::new(t.clone(), alice.clone(), TTL);
     let bob = AcquireRequest::new(t.clone(), "bob", TTL);
     let during = [

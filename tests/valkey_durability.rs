@@ -73,7 +73,7 @@ async fn replicas_mode_reports_a_lease_only_once_a_replica_has_it() {
         .await
         .expect("acquire with a live replica");
     assert_eq!(r.outcome, Outcome::Acquired);
-    let holder = r.lease.unwrap().holder().unwrap();
+    let holder = r.lease.unwrap().handle().unwrap();
     let r = s
         .renew(&RenewRequest::new(t.clone(), holder.clone(), TTL))
         .await
@@ -159,7 +159,7 @@ async fn a_successful_replay_is_a_write_so_its_wait_covers_the_original() {
     let t = Target::new("durable", "replay");
     let req = AcquireRequest::new(t.clone(), "alice", TTL);
     let lease = s.acquire(&req).await.unwrap().lease.unwrap();
-    let renew = RenewRequest::new(t.clone(), lease.holder().unwrap(), TTL);
+    let renew = RenewRequest::new(t.clone(), lease.handle().unwrap(), TTL);
     s.renew(&renew).await.unwrap();
 
     let before = offset();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireRequest, CommitRequest, Holder, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
+    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
     Target,
 };
 
@@ -115,7 +115,7 @@ async fn connect(server: &ValkeyServer, pool_size: usize) -> ValkeyStore {
 }
 
 /// Acquires one lease per target (sequentially), returning the holders.
-async fn hold(store: &ValkeyStore, targets: &[Target]) -> Vec<Holder> {
+async fn hold(store: &ValkeyStore, targets: &[Target]) -> Vec<LeaseHandle> {
     let mut holders = Vec::with_capacity(targets.len());
     for t in targets {
         let reply = store
@@ -125,7 +125,7 @@ async fn hold(store: &ValkeyStore, targets: &[Target]) -> Vec<Holder> {
         holders.push(
             reply
                 .lease
-                .and_then(|l| l.holder())
+                .and_then(|l| l.handle())
                 .expect("setup acquire granted"),
         );
     }
@@ -149,7 +149,7 @@ async fn ours_at(
     let fresh: Vec<Target> = (0..ops)
         .map(|i| Target::new(NAMESPACE, format!("acq-{tag}-{c}-{i}")))
         .collect();
-    let holders: Mutex<Vec<Option<Holder>>> = Mutex::new(vec![None; ops]);
+    let holders: Mutex<Vec<Option<LeaseHandle>>> = Mutex::new(vec![None; ops]);
     if wants("acquire") || wants("release") {
         let fig = with_server_time(
             server,
@@ -159,7 +159,7 @@ async fn ours_at(
                     let req = AcquireRequest::new(fresh[i].clone(), "bench-owner", TTL);
                     match store.acquire(&req).await {
                         Ok(r) if r.outcome == Outcome::Acquired => {
-                            holders.lock().unwrap()[i] = r.lease.and_then(|l| l.holder());
+                            holders.lock().unwrap()[i] = r.lease.and_then(|l| l.handle());
                             true
                         }
                         _ => false,

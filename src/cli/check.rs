@@ -2,8 +2,11 @@
 //!
 //! Connects with the shared flags and reports each finding as ok, warn or
 //! fail. Exit codes: 0 nothing failed, 1 a check failed, 2 bad arguments,
-//! 3 the server cannot be reached. Only `INFO`, the lease scripts and a read
-//! of a probe target are used, so the least-privilege ACL user can run it.
+//! 3 the server cannot be reached (or stopped answering). Only `INFO`, the
+//! lease scripts and a probe target (a read, and a release that finds nothing
+//! and so writes nothing) are used, so the least-privilege ACL user can run
+//! it. It ends within `--connect-timeout` + `--timeout` against a silent
+//! server: the first unanswered call ends the run.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,7 +18,7 @@ use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
 use super::output;
 use crate::store::valkey::{Durability, ValkeyStore};
-use crate::store::{LeaseStore, StoreError, Target};
+use crate::store::{LeaseHandle, LeaseStore, ReleaseRequest, StoreError, Target};
 
 /// Arguments of `targetlease check`.
 #[derive(Args, Debug)]
@@ -34,7 +37,7 @@ pub struct CheckArgs {
 /// How one finding came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub enum Verdict {
     /// Nothing to do.
     Ok,
     /// Works, with a risk the operator should know about.
@@ -49,7 +52,7 @@ pub struct Check {
     /// Stable name, e.g. `maxmemory-policy`.
     pub name: &'static str,
     /// The verdict.
-    pub status: Status,
+    pub status: Verdict,
     /// One sentence saying why.
     pub detail: String,
 }
@@ -68,7 +71,7 @@ const EXIT_UNREACHABLE: u8 = 3;
 /// Latency above which reachability warns.
 const SLOW: Duration = Duration::from_millis(100);
 
-fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
+fn check(name: &'static str, status: Verdict, detail: impl Into<String>) -> Check {
     Check {
         name,
         status,
@@ -86,17 +89,14 @@ pub async fn main(args: CheckArgs) -> ExitCode {
     let (checks, code) = match ValkeyStore::connect_only(&config).await {
         Err(StoreError::Invalid(msg)) => return output::usage_error(&msg),
         Err(e) => (
-            vec![check("reachability", Status::Fail, e.to_string())],
+            vec![check("reachability", Verdict::Fail, e.to_string())],
             EXIT_UNREACHABLE,
         ),
         Ok(store) => {
-            let checks = run_checks(&store, config.durability).await;
+            let (checks, answering) = run_checks(&store, config.durability, config.timeout).await;
             store.close().await;
-            let unreachable = checks
-                .first()
-                .is_some_and(|c| c.name == "reachability" && c.status == Status::Fail);
-            let failed = checks.iter().any(|c| c.status == Status::Fail);
-            let code = if unreachable {
+            let failed = checks.iter().any(|c| c.status == Verdict::Fail);
+            let code = if !answering {
                 EXIT_UNREACHABLE
             } else if failed {
                 EXIT_FAILED
@@ -107,7 +107,7 @@ pub async fn main(args: CheckArgs) -> ExitCode {
         }
     };
     let report = CheckReport {
-        ok: checks.iter().all(|c| c.status != Status::Fail),
+        ok: checks.iter().all(|c| c.status != Verdict::Fail),
         checks,
     };
     if args.human {
@@ -126,9 +126,9 @@ pub fn human(report: &CheckReport) -> String {
     let mut out = String::new();
     for c in &report.checks {
         let tag = match c.status {
-            Status::Ok => "ok  ",
-            Status::Warn => "WARN",
-            Status::Fail => "FAIL",
+            Verdict::Ok => "ok  ",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
         };
         out.push_str(&format!("{tag}  {:<17} {}\n", c.name, c.detail));
     }
@@ -140,16 +140,39 @@ pub fn human(report: &CheckReport) -> String {
     out
 }
 
-/// Every check, in order; stops after reachability when the server is gone.
-pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Check> {
+/// Every check, in order, and whether the server kept answering. A call that
+/// got no answer within `timeout` ends the run there (failing that check):
+/// the rest would only wait as long again, each.
+pub async fn run_checks(
+    store: &ValkeyStore,
+    durability: Durability,
+    timeout: Duration,
+) -> (Vec<Check>, bool) {
     let mut checks = Vec::new();
+    // Runs one call; `None` (after recording a failed check) when it went unanswered.
+    macro_rules! ask {
+        ($name:expr, $call:expr) => {{
+            let started = std::time::Instant::now();
+            let result = $call.await;
+            if result.is_err() && started.elapsed() >= timeout {
+                let why = result.err().map(|e| e.to_string()).unwrap_or_default();
+                checks.push(check(
+                    $name,
+                    Verdict::Fail,
+                    format!("the server stopped answering: {why}"),
+                ));
+                return (checks, false);
+            }
+            result
+        }};
+    }
     match store.health().await {
         Ok(h) => {
             let ms = h.latency.as_secs_f64() * 1000.0;
             let status = if h.latency > SLOW {
-                Status::Warn
+                Verdict::Warn
             } else {
-                Status::Ok
+                Verdict::Ok
             };
             checks.push(check(
                 "reachability",
@@ -158,66 +181,87 @@ pub async fn run_checks(store: &ValkeyStore, durability: Durability) -> Vec<Chec
             ));
         }
         Err(e) => {
-            checks.push(check("reachability", Status::Fail, e.to_string()));
-            return checks;
+            checks.push(check("reachability", Verdict::Fail, e.to_string()));
+            return (checks, false);
         }
     }
-    let server = store.info("server").await.map(|t| fields(&t));
+    let server = ask!("server-version", store.info("server")).map(|t| fields(&t));
     checks.push(match &server {
         Ok(f) => version(f),
         Err(e) => check(
             "server-version",
-            Status::Warn,
+            Verdict::Warn,
             format!("cannot read INFO server: {e}"),
         ),
     });
-    checks.push(match store.load_scripts().await {
-        Ok(()) => check("scripts", Status::Ok, "all lease scripts load"),
-        Err(e) => check("scripts", Status::Fail, e.to_string()),
+    checks.push(match ask!("scripts", store.load_scripts()) {
+        Ok(()) => check("scripts", Verdict::Ok, "all lease scripts load"),
+        Err(e) => check("scripts", Verdict::Fail, e.to_string()),
     });
-    checks.push(
-        match store.get(&Target::new("targetlease-check", "probe")).await {
-            Ok(_) => check(
-                "permissions",
-                Status::Ok,
-                "the user can run the lease scripts on keys under the prefix",
-            ),
-            Err(e) => check("permissions", Status::Fail, e.to_string()),
-        },
+    // The read path (get) and the write path (a release that finds nothing,
+    // so writes nothing) of a probe target.
+    let probe = Target::new("targetlease-check", "probe");
+    let holder = LeaseHandle {
+        owner: "targetlease-check".into(),
+        lease_id: "targetlease-check-probe".into(),
+        token: 1,
+    };
+    let read = ask!("permissions", store.get(&probe));
+    let write = ask!(
+        "permissions",
+        store.release(&ReleaseRequest::new(probe, holder))
     );
-    checks.push(match store.info("memory").await {
+    checks.push(match read.and(write) {
+        Ok(_) => check(
+            "permissions",
+            Verdict::Ok,
+            "the user can run the lease scripts on keys under the prefix",
+        ),
+        // Refused for want of permission: the deployment cannot work.
+        Err(e) if e.to_string().contains("NOPERM") => {
+            check("permissions", Verdict::Fail, e.to_string())
+        }
+        // Refused for another reason (a full server, too few replicas, …):
+        // the other checks say more; permissions themselves are unproven.
+        Err(e) => check(
+            "permissions",
+            Verdict::Warn,
+            format!("could not run the probe scripts: {e}"),
+        ),
+    });
+    checks.push(match ask!("maxmemory-policy", store.info("memory")) {
         Ok(t) => eviction(&fields(&t)),
         Err(e) => check(
             "maxmemory-policy",
-            Status::Warn,
+            Verdict::Warn,
             format!("cannot read the eviction policy: {e}"),
         ),
     });
-    checks.push(match store.info("persistence").await {
+    checks.push(match ask!("persistence", store.info("persistence")) {
         Ok(t) => persistence(&fields(&t), durability),
         Err(e) => check(
             "persistence",
-            Status::Warn,
+            Verdict::Warn,
             format!("cannot read INFO persistence: {e}"),
         ),
     });
-    checks.push(match store.info("replication").await {
+    checks.push(match ask!("replication", store.info("replication")) {
         Ok(t) => replication(&fields(&t), durability),
         Err(e) => check(
             "replication",
-            Status::Warn,
+            Verdict::Warn,
             format!("cannot read INFO replication: {e}"),
         ),
     });
-    checks.push(match store.info("cluster").await {
+    checks.push(match ask!("cluster", store.info("cluster")) {
         Ok(t) => cluster(&fields(&t), store.is_clustered()),
         Err(e) => check(
             "cluster",
-            Status::Warn,
+            Verdict::Warn,
             format!("cannot read INFO cluster: {e}"),
         ),
     });
-    checks
+    (checks, true)
 }
 
 type Fields = Vec<(String, String)>;
@@ -242,7 +286,7 @@ fn version(f: &Fields) -> Check {
         (None, None) => {
             return check(
                 "server-version",
-                Status::Warn,
+                Verdict::Warn,
                 "INFO server names no version",
             );
         }
@@ -253,13 +297,13 @@ fn version(f: &Fields) -> Check {
     if product == "Valkey" && at_least_7_2 {
         check(
             "server-version",
-            Status::Ok,
+            Verdict::Ok,
             format!("{product} {v} ({mode})"),
         )
     } else if !at_least_7_2 {
         check(
             "server-version",
-            Status::Warn,
+            Verdict::Warn,
             format!(
                 "{product} {v} ({mode}) is older than 7.2: no WAITAOF, so --durability aof cannot work"
             ),
@@ -267,7 +311,7 @@ fn version(f: &Fields) -> Check {
     } else {
         check(
             "server-version",
-            Status::Warn,
+            Verdict::Warn,
             format!("{product} {v} ({mode}): targetlease is tested against Valkey"),
         )
     }
@@ -277,14 +321,14 @@ fn eviction(f: &Fields) -> Check {
     let Some(policy) = field(f, "maxmemory_policy") else {
         return check(
             "maxmemory-policy",
-            Status::Warn,
+            Verdict::Warn,
             "cannot read maxmemory_policy from INFO memory",
         );
     };
     if policy.starts_with("allkeys-") {
         check(
             "maxmemory-policy",
-            Status::Fail,
+            Verdict::Fail,
             format!(
                 "maxmemory-policy is {policy}: under memory pressure the server may evict a fence \
                  counter and issue a token again; set it to noeviction"
@@ -293,7 +337,7 @@ fn eviction(f: &Fields) -> Check {
     } else if policy.starts_with("volatile-") {
         check(
             "maxmemory-policy",
-            Status::Warn,
+            Verdict::Warn,
             format!(
                 "maxmemory-policy is {policy}: live leases (keys with a TTL) may be evicted early; \
                  noeviction is safer"
@@ -302,7 +346,7 @@ fn eviction(f: &Fields) -> Check {
     } else {
         check(
             "maxmemory-policy",
-            Status::Ok,
+            Verdict::Ok,
             format!("maxmemory-policy is {policy}"),
         )
     }
@@ -311,15 +355,15 @@ fn eviction(f: &Fields) -> Check {
 fn persistence(f: &Fields, durability: Durability) -> Check {
     let aof = field(f, "aof_enabled") == Some("1");
     match (aof, durability) {
-        (true, _) => check("persistence", Status::Ok, "append-only file enabled"),
+        (true, _) => check("persistence", Verdict::Ok, "append-only file enabled"),
         (false, Durability::Aof) => check(
             "persistence",
-            Status::Fail,
+            Verdict::Fail,
             "--durability aof needs appendonly yes on the server",
         ),
         (false, _) => check(
             "persistence",
-            Status::Warn,
+            Verdict::Warn,
             "no append-only file: a restart without a replica loses fence counters \
              (keep the operator's token floor, or enable appendonly)",
         ),
@@ -331,7 +375,7 @@ fn replication(f: &Fields, durability: Durability) -> Check {
     if role != "master" {
         return check(
             "replication",
-            Status::Fail,
+            Verdict::Fail,
             format!("connected to a {role}, not a primary: writes will be refused"),
         );
     }
@@ -341,19 +385,19 @@ fn replication(f: &Fields, durability: Durability) -> Check {
     match durability {
         Durability::Replicas(n) if replicas < n => check(
             "replication",
-            Status::Fail,
+            Verdict::Fail,
             format!(
                 "--durability replicas:{n} but the primary has {replicas} connected replica(s)"
             ),
         ),
         _ if replicas == 0 => check(
             "replication",
-            Status::Warn,
+            Verdict::Warn,
             "primary without replicas: a lost primary loses every lease",
         ),
         _ => check(
             "replication",
-            Status::Ok,
+            Verdict::Ok,
             format!("primary with {replicas} connected replica(s)"),
         ),
     }
@@ -362,16 +406,16 @@ fn replication(f: &Fields, durability: Durability) -> Check {
 fn cluster(f: &Fields, clustered_url: bool) -> Check {
     let enabled = field(f, "cluster_enabled") == Some("1");
     match (enabled, clustered_url) {
-        (true, true) => check("cluster", Status::Ok, "Valkey Cluster"),
-        (false, false) => check("cluster", Status::Ok, "standalone (cluster mode disabled)"),
+        (true, true) => check("cluster", Verdict::Ok, "Valkey Cluster"),
+        (false, false) => check("cluster", Verdict::Ok, "standalone (cluster mode disabled)"),
         (true, false) => check(
             "cluster",
-            Status::Fail,
+            Verdict::Fail,
             "the server runs in cluster mode: use a redis-cluster:// or rediss-cluster:// URL",
         ),
         (false, true) => check(
             "cluster",
-            Status::Fail,
+            Verdict::Fail,
             "a cluster URL was given but the server is not in cluster mode",
         ),
     }
@@ -388,33 +432,33 @@ mod tests {
     #[test]
     fn eviction_policy_verdicts() {
         let v = |p: &str| eviction(&f(&format!("# Memory\r\nmaxmemory_policy:{p}\r\n"))).status;
-        assert_eq!(v("allkeys-lru"), Status::Fail);
-        assert_eq!(v("allkeys-random"), Status::Fail);
-        assert_eq!(v("volatile-ttl"), Status::Warn);
-        assert_eq!(v("noeviction"), Status::Ok);
-        assert_eq!(eviction(&f("")).status, Status::Warn);
+        assert_eq!(v("allkeys-lru"), Verdict::Fail);
+        assert_eq!(v("allkeys-random"), Verdict::Fail);
+        assert_eq!(v("volatile-ttl"), Verdict::Warn);
+        assert_eq!(v("noeviction"), Verdict::Ok);
+        assert_eq!(eviction(&f("")).status, Verdict::Warn);
     }
 
     #[test]
     fn durability_settings_raise_the_bar() {
         let p = f("aof_enabled:0");
-        assert_eq!(persistence(&p, Durability::None).status, Status::Warn);
-        assert_eq!(persistence(&p, Durability::Aof).status, Status::Fail);
+        assert_eq!(persistence(&p, Durability::None).status, Verdict::Warn);
+        assert_eq!(persistence(&p, Durability::Aof).status, Verdict::Fail);
         let r = f("role:master\nconnected_slaves:1");
-        assert_eq!(replication(&r, Durability::Replicas(1)).status, Status::Ok);
+        assert_eq!(replication(&r, Durability::Replicas(1)).status, Verdict::Ok);
         assert_eq!(
             replication(&r, Durability::Replicas(2)).status,
-            Status::Fail
+            Verdict::Fail
         );
         assert_eq!(
             replication(&f("role:slave"), Durability::None).status,
-            Status::Fail
+            Verdict::Fail
         );
     }
 
     #[test]
     fn versions() {
-        assert_eq!(version(&f("valkey_version:9.1.0")).status, Status::Ok);
-        assert_eq!(version(&f("redis_version:7.0.15")).status, Status::Warn);
+        assert_eq!(version(&f("valkey_version:9.1.0")).status, Verdict::Ok);
+        assert_eq!(version(&f("redis_version:7.0.15")).status, Verdict::Warn);
     }
 }

@@ -13,7 +13,7 @@ use super::logging::{self, LogArgs};
 use super::output::{self, Report};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
-    AcquireRequest, CommitRequest, Holder, LeaseStore, MAX_METADATA_BYTES, ReleaseRequest,
+    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, MAX_METADATA_BYTES, ReleaseRequest,
     RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
@@ -101,8 +101,8 @@ pub struct HolderArgs {
 }
 
 impl HolderArgs {
-    fn holder(&self) -> Holder {
-        Holder {
+    fn holder(&self) -> LeaseHandle {
+        LeaseHandle {
             owner: self.owner.clone(),
             lease_id: self.lease_id.clone(),
             token: self.token,
@@ -164,6 +164,13 @@ pub struct RevokeArgs {
     /// Why the lease is revoked (informational).
     #[arg(long, env = "TARGETLEASE_REVOKE_REASON")]
     reason: Option<String>,
+    /// Only end the lease with this fencing token (refused as not_owner otherwise).
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    token: Option<u64>,
+    /// Idempotency key: a retry with the same id returns the original result,
+    /// and never ends a lease acquired after the first attempt (default: fresh).
+    #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
+    request_id: Option<String>,
     #[command(flatten)]
     conn: ConnectionArgs,
     #[command(flatten)]
@@ -220,12 +227,7 @@ impl Op {
             Op::Acquire(r) => r.validate(),
             Op::Renew(r) => r.validate(),
             Op::Release(r) => r.validate(),
-            // Target bounds are checked by RevokeRequest; a get has nothing else to check.
-            Op::Get(t) => RevokeRequest {
-                target: t.clone(),
-                reason: None,
-            }
-            .validate(),
+            Op::Get(t) => t.validate(),
             Op::Revoke(r) => r.validate(),
             Op::Commit(r) => r.validate(),
         }
@@ -241,7 +243,8 @@ impl Op {
             Op::Renew(r) => Some(&r.request_id),
             Op::Release(r) => Some(&r.request_id),
             Op::Commit(r) => Some(&r.request_id),
-            Op::Get(_) | Op::Revoke(_) => None,
+            Op::Revoke(r) => Some(&r.request_id),
+            Op::Get(_) => None,
         }
     }
 }
@@ -292,10 +295,13 @@ fn build(cmd: &LeaseCommand) -> Result<Op, String> {
             Op::Release(req)
         }
         LeaseCommand::Get(a) => Op::Get(a.target.target()),
-        LeaseCommand::Revoke(a) => Op::Revoke(RevokeRequest {
-            target: a.target.target(),
-            reason: a.reason.clone(),
-        }),
+        LeaseCommand::Revoke(a) => {
+            let mut req = RevokeRequest::new(a.target.target());
+            req.reason = a.reason.clone();
+            req.token = a.token;
+            req.request_id = request_id(&a.request_id);
+            Op::Revoke(req)
+        }
         LeaseCommand::Commit(a) => {
             let mut req = CommitRequest::new(a.target.target(), a.token, &a.key, &a.value);
             req.request_id = request_id(&a.request_id);

@@ -1,10 +1,10 @@
 //! Diagnostics to stderr, filtered by `RUST_LOG`, with the client library muted.
 //!
 //! stdout belongs to the JSON envelope (or, under `run`, to the child), so
-//! logs always go to stderr. The Valkey client (`fred`) and its protocol
-//! crate can log commands and connection settings, password included, at
-//! debug/trace; they are capped at `warn` whatever `RUST_LOG` says, including
-//! more specific directives such as `fred::protocol=trace`.
+//! logs always go to stderr. Our own Valkey client never logs commands or
+//! replies; the TLS library logs handshake details at debug/trace and is
+//! capped at `warn` whatever `RUST_LOG` says, including more specific
+//! directives such as `rustls::client=trace`.
 
 use clap::{Args, ValueEnum};
 use tracing::Level;
@@ -14,8 +14,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, fmt};
 
-/// Crates whose logs may carry credentials or command arguments.
-const MUTED_TARGETS: [&str; 2] = ["fred", "redis_protocol"];
+/// Crates whose logs are connection internals, not ours to show.
+const MUTED_TARGETS: [&str; 2] = ["rustls", "tokio_rustls"];
 
 /// Log lines are text for people or JSON for collectors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -58,7 +58,7 @@ fn env_filter() -> EnvFilter {
 
 /// Installs the stderr subscriber once; later calls are no-ops.
 pub fn init(args: &LogArgs) {
-    // A more specific directive (`fred::x=trace`) would beat `fred=warn` in the
+    // A more specific directive (`rustls::x=trace`) would beat `rustls=warn` in the
     // env filter, so the cap is enforced again on the target name itself.
     let cap = filter_fn(|meta| !is_muted(meta.target()) || *meta.level() <= Level::WARN);
     let filter = env_filter().and(cap);
@@ -80,10 +80,10 @@ mod tests {
 
     #[test]
     fn muted_targets_match_crates_and_their_modules_only() {
-        assert!(is_muted("fred"));
-        assert!(is_muted("fred::protocol::connection"));
-        assert!(is_muted("redis_protocol::resp3"));
-        assert!(!is_muted("fredrik"));
+        assert!(is_muted("rustls"));
+        assert!(is_muted("rustls::client::hs"));
+        assert!(is_muted("tokio_rustls"));
+        assert!(!is_muted("rustls_native_certs"));
         assert!(!is_muted("targetlease::cli"));
     }
 }

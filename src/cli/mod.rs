@@ -12,6 +12,7 @@ pub mod logging;
 pub mod operator;
 pub mod output;
 pub mod run;
+pub mod token;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,9 @@ pub enum Command {
     Operator(operator::OperatorArgs),
     /// Check that a Valkey deployment is safe for leases (JSON on stdout; --human for text).
     Check(check::CheckArgs),
+    /// Wait until a TargetLease is Held for this pod (or identity) and print its
+    /// fencing token; `--follow --file F` keeps F up to date (a sidecar).
+    Token(token::TokenArgs),
 }
 
 /// Parses arguments, runs the command and returns its exit code.
@@ -49,5 +53,6 @@ pub async fn main() -> ExitCode {
         Command::Crd(args) => crd::main(args),
         Command::Operator(args) => operator::main(args).await,
         Command::Check(args) => check::main(args).await,
+        Command::Token(args) => token::main(args).await,
     }
 }

@@ -16,12 +16,14 @@ use tokio::sync::watch;
 use super::connection::{ConnectionArgs, read_secret};
 use super::logging::{self, LogArgs};
 use crate::admin::{self, AdminState, RuntimeStatus};
+use crate::election::Timings;
+use crate::election::write_gate::WriteGateLayer;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{self, Election, OperatorConfig};
 use crate::store::metrics::{MeteredStore, StoreMetrics};
-use crate::store::valkey::{ValkeyConfig, ValkeyStore, events};
+use crate::store::valkey::{ValkeyConfig, ValkeyStore, notices};
 use crate::store::{LeaseStore, Target};
 
 /// Flags of `targetlease operator`.
@@ -76,9 +78,18 @@ pub struct OperatorArgs {
         default_value = "targetlease-operator"
     )]
     pub leader_election_lease: String,
-    /// How long a silent leader keeps the Lease (whole seconds, at least 2s).
+    /// How long a standby waits, after it last saw the Lease renewed, before
+    /// taking over.
     #[arg(long, env = "TARGETLEASE_LEADER_ELECTION_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub leader_election_duration: Duration,
+    /// How long after sending its last successful renewal the leader keeps
+    /// writing; it stops unless it renewed again. Shorter than the duration.
+    #[arg(long, env = "TARGETLEASE_LEADER_ELECTION_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+    /// How often the leader renews and a standby checks the Lease. Shorter
+    /// than the renew deadline.
+    #[arg(long, env = "TARGETLEASE_LEADER_ELECTION_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub leader_election_retry_period: Duration,
 }
 
 fn usage(message: &str) -> ExitCode {
@@ -126,10 +137,24 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(&e),
     };
-    if args.leader_election && args.leader_election_duration.as_secs() < 2 {
-        return usage("--leader-election-duration must be at least 2s");
+    let timings = Timings {
+        lease_duration: args.leader_election_duration,
+        renew_deadline: args.leader_election_renew_deadline,
+        retry_period: args.leader_election_retry_period,
+    };
+    if args.leader_election
+        && let Err(e) = timings.validate()
+    {
+        return usage(&format!(
+            "--leader-election-duration, --leader-election-renew-deadline, --leader-election-retry-period: {e}"
+        ));
     }
-    let client = match kube::Client::try_default().await {
+    let leadership = if args.leader_election {
+        Leadership::elected()
+    } else {
+        Leadership::always()
+    };
+    let (client, election_client) = match clients(&leadership).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("targetlease operator: kubernetes client: {e}");
@@ -151,8 +176,9 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         Arc::new(MeteredStore::new(Arc::new(valkey), store_metrics.clone()));
     let metrics = OperatorMetrics::default();
     let mut registry = Registry::default();
-    store_metrics.register(registry.sub_registry_with_prefix("targetlease"));
-    metrics.register(&mut registry);
+    let ours = registry.sub_registry_with_prefix("targetlease");
+    store_metrics.register(ours);
+    metrics.register(ours);
     let runtime = Arc::new(RuntimeStatus::default());
 
     let admin_state = Arc::new(AdminState {
@@ -160,6 +186,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         metrics: metrics.clone(),
         store: store.clone(),
         runtime: runtime.clone(),
+        leadership: leadership.clone(),
     });
     let admin_shutdown = {
         let mut rx = shutdown.clone();
@@ -180,30 +207,23 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         instance: args.instance,
         metrics,
         runtime: runtime.clone(),
-        leadership: if args.leader_election {
-            Leadership::elected()
-        } else {
-            Leadership::always()
-        },
+        leadership,
     };
     let subscribe = {
         let config = config.clone();
-        move || release_events(config.clone())
+        move || release_notices(config.clone())
     };
     tracing::info!(admin = %args.admin_addr, leader_election = args.leader_election, "operator starting");
     if args.leader_election {
         let election = Election {
+            client: election_client,
             namespace: args
                 .leader_election_namespace
                 .unwrap_or(args.floor_namespace),
             lease_name: args.leader_election_lease,
-            duration_secs: args.leader_election_duration.as_secs(),
-            grace_secs: (args.leader_election_duration.as_secs() / 3).max(1),
+            timings,
         };
-        if let Err(e) = operator::run_elected(cfg, election, subscribe, shutdown.clone()).await {
-            tracing::error!(error = %e, "leader election failed");
-            return ExitCode::from(3);
-        }
+        operator::control_while_leading(cfg, election, subscribe, shutdown.clone()).await;
     } else {
         runtime
             .leading
@@ -212,8 +232,8 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         let stop = async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let events = subscribe();
-        operator::run(&cfg, events, stop).await;
+        let notices = subscribe();
+        operator::control(&cfg, notices, stop).await;
     }
     if let Ok(Err(e)) = admin.await {
         tracing::error!(error = %e, "admin server failed");
@@ -223,16 +243,47 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The Kubernetes clients: one whose writes need the gate open (everything
+/// the controller does), and one without it for the election Lease.
+async fn clients(gate: &Leadership) -> Result<(kube::Client, kube::Client), kube::Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    let gated = kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&WriteGateLayer::new(gate.clone()))
+        .build();
+    Ok((gated, kube::Client::try_from(config)?))
+}
+
 /// Release notifications, subscribed when the controller starts (lazily, so a
-/// replica that never leads holds no subscription).
-fn release_events(config: ValkeyConfig) -> BoxStream<'static, Target> {
-    futures::stream::once(async move {
-        match events::release_events(&config).await {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!(error = %e, "no release notifications; waiters retry at the holder's expiry");
-                futures::stream::pending().boxed()
+/// replica that never leads holds no subscription). A subscription that
+/// cannot be made (Valkey down when leadership started) or that ends is
+/// retried with capped backoff for as long as the controller polls the
+/// stream; it stops when the controller does. Releases published while
+/// unsubscribed are missed: waiters also re-check on their own.
+fn release_notices(config: ValkeyConfig) -> BoxStream<'static, Target> {
+    let first = Duration::from_millis(200);
+    futures::stream::unfold((config, first), move |(config, mut delay)| async move {
+        loop {
+            match notices::release_notices(&config).await {
+                Ok(stream) => {
+                    tracing::info!("subscribed to release notifications");
+                    // When the subscriber closes, pause and subscribe again.
+                    let ended = futures::stream::once(async {
+                        tracing::warn!("release notifications ended; subscribing again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    })
+                    .filter_map(|()| async { None });
+                    return Some((stream.chain(ended).boxed(), (config, first)));
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    retry_in = ?delay,
+                    "no release notifications yet; waiters retry at the holder's expiry meanwhile"
+                ),
             }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
         }
     })
     .flatten()

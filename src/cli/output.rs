@@ -20,9 +20,10 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code of backend trouble (`backend_unavailable`, `corrupt_state`, `outcome_unknown`).
 pub const EXIT_BACKEND: u8 = 3;
 
-/// What a command reports: a store outcome, or the backend failing.
+/// An answer: what a command reports — a store outcome, or the backend
+/// failing (printed as `outcome`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
+pub enum Answer {
     /// The store decided.
     Store(Outcome),
     /// The backend could not be asked; nothing happened.
@@ -31,24 +32,24 @@ pub enum Status {
     OutcomeUnknown,
 }
 
-impl Status {
+impl Answer {
     /// The stable snake_case name printed as `outcome`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::Store(o) => o.as_str(),
-            Status::BackendUnavailable => "backend_unavailable",
-            Status::OutcomeUnknown => "outcome_unknown",
+            Answer::Store(o) => o.as_str(),
+            Answer::BackendUnavailable => "backend_unavailable",
+            Answer::OutcomeUnknown => "outcome_unknown",
         }
     }
 
     /// The exit code the contract assigns to this outcome.
     pub fn exit_code(self) -> u8 {
         match self {
-            Status::Store(Outcome::CorruptState)
-            | Status::BackendUnavailable
-            | Status::OutcomeUnknown => EXIT_BACKEND,
-            Status::Store(o) if o.is_success() => EXIT_OK,
-            Status::Store(_) => EXIT_REFUSED,
+            Answer::Store(Outcome::CorruptState)
+            | Answer::BackendUnavailable
+            | Answer::OutcomeUnknown => EXIT_BACKEND,
+            Answer::Store(o) if o.is_success() => EXIT_OK,
+            Answer::Store(_) => EXIT_REFUSED,
         }
     }
 }
@@ -65,7 +66,7 @@ pub struct Envelope {
     /// One human sentence; never contains secrets.
     pub message: String,
     #[serde(skip)]
-    status: Status,
+    answer: Answer,
 }
 
 impl Envelope {
@@ -80,29 +81,29 @@ impl Envelope {
             lease,
             server_time_ms: reply.server_time_ms,
             message: reply.message,
-            status: Status::Store(reply.outcome),
+            answer: Answer::Store(reply.outcome),
         }
     }
 
     /// The envelope of a backend failure (no server answered, so time is 0).
-    pub fn from_backend_error(status: Status, message: String) -> Self {
+    pub fn from_backend_error(answer: Answer, message: String) -> Self {
         Self {
-            outcome: status.as_str(),
+            outcome: answer.as_str(),
             lease: None,
             server_time_ms: 0,
             message,
-            status,
+            answer,
         }
     }
 
     /// What the command reports.
-    pub fn status(&self) -> Status {
-        self.status
+    pub fn answer(&self) -> Answer {
+        self.answer
     }
 
     /// The exit code for this envelope.
     pub fn exit_code(&self) -> u8 {
-        self.status.exit_code()
+        self.answer.exit_code()
     }
 
     /// One line of JSON.
@@ -139,11 +140,11 @@ impl From<StoreError> for Report {
         match e {
             StoreError::Invalid(msg) => Report::Usage(msg),
             StoreError::BackendUnavailable(msg) => Report::Envelope(Envelope::from_backend_error(
-                Status::BackendUnavailable,
+                Answer::BackendUnavailable,
                 msg,
             )),
             StoreError::OutcomeUnknown(msg) => {
-                Report::Envelope(Envelope::from_backend_error(Status::OutcomeUnknown, msg))
+                Report::Envelope(Envelope::from_backend_error(Answer::OutcomeUnknown, msg))
             }
         }
     }
@@ -193,10 +194,10 @@ mod tests {
                 .find(|(n, _)| *n == o.as_str())
                 .map(|(_, c)| *c)
                 .unwrap_or_else(|| panic!("outcome {o} missing from the contract table"));
-            assert_eq!(Status::Store(o).exit_code(), code, "{o}");
+            assert_eq!(Answer::Store(o).exit_code(), code, "{o}");
         }
-        assert_eq!(Status::BackendUnavailable.exit_code(), 3);
-        assert_eq!(Status::OutcomeUnknown.exit_code(), 3);
+        assert_eq!(Answer::BackendUnavailable.exit_code(), 3);
+        assert_eq!(Answer::OutcomeUnknown.exit_code(), 3);
     }
 
     #[test]

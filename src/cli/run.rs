@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
+use futures::future::BoxFuture;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
@@ -25,9 +26,9 @@ use holding::{NotAcquired, acquire_within, release, renew_until_lost};
 use super::connection::ConnectionArgs;
 use super::lease::{TargetArgs, parse_metadata};
 use super::logging::{self, LogArgs};
-use super::output::{self, EXIT_REFUSED, Envelope, Report, Status};
+use super::output::{self, Answer, EXIT_REFUSED, Envelope, Report};
 use crate::store::valkey::ValkeyStore;
-use crate::store::{AcquireRequest, Lease, Outcome, Reply, StoreError};
+use crate::store::{AcquireRequest, Lease, LeaseStore, Outcome, Reply, StoreError};
 
 /// Flags of `run`.
 #[derive(Args, Debug)]
@@ -177,30 +178,26 @@ pub async fn main(args: RunArgs) -> ExitCode {
     };
     let backstop = config.timeout + Duration::from_secs(1);
 
-    // (client required)
-    let store = match ValkeyStore::connect(&config).await {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            return match Report::from(e) {
-                Report::Envelope(env) => {
-                    let code = env.exit_code();
-                    finish(env, code, false)
-                }
-                Report::Usage(msg) => output::usage_error(&msg),
-            };
-        }
+    // (client required) connecting counts as part of the wait.
+    let connect = move || -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> {
+        let config = config.clone();
+        Box::pin(async move {
+            let store: Arc<dyn LeaseStore> = Arc::new(ValkeyStore::connect(&config).await?);
+            Ok(store)
+        })
     };
-    let granted = match acquire_within(&store, &req, args.wait, backstop, &mut signals).await {
-        Ok(g) => g,
-        Err(NotAcquired::Refused(env)) => {
-            let code = env.exit_code().max(EXIT_REFUSED);
-            return finish(env, code, false);
-        }
-        Err(NotAcquired::Usage(msg)) => return output::usage_error(&msg),
-        Err(NotAcquired::Interrupted(env, sig)) => {
-            return finish(env, 128 + sig as i32 as u8, false);
-        }
-    };
+    let (store, granted) =
+        match acquire_within(&connect, &req, args.wait, backstop, &mut signals).await {
+            Ok(g) => g,
+            Err(NotAcquired::Refused(env)) => {
+                let code = env.exit_code().max(EXIT_REFUSED);
+                return finish(env, code, false);
+            }
+            Err(NotAcquired::Usage(msg)) => return output::usage_error(&msg),
+            Err(NotAcquired::Interrupted(env, sig)) => {
+                return finish(env, 128 + sig as i32 as u8, false);
+            }
+        };
     let holder = granted.holder.clone();
     let acquired = granted.lease.clone();
     tracing::info!(target = %target.name, token = holder.token, "lease acquired");
@@ -220,7 +217,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             } else {
                 126
             };
-            let released = release(&store, &target, &holder, backstop).await;
+            let released = release(&*store, &target, &holder, backstop, &mut signals).await;
             let mut env = envelope_of(released);
             env.message = format!(
                 "cannot start {:?}: {}; {}",
@@ -247,7 +244,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             status = child.wait() => break status,
             loss = &mut lost_rx, if lost.is_none() => {
                 let env = loss.unwrap_or_else(|_| Envelope::from_backend_error(
-                    Status::BackendUnavailable,
+                    Answer::BackendUnavailable,
                     "lease renewal stopped unexpectedly".into(),
                 ));
                 tracing::warn!(
@@ -276,39 +273,45 @@ pub async fn main(args: RunArgs) -> ExitCode {
     {
         lost = Some(env);
     }
+    let lost_while_running = lost.is_some();
     let (child_code, child_desc) = describe_exit(&status);
 
     // Release even after a presumed loss: if only the backend was unreachable,
     // the lease may still be ours, and giving it back frees the target early.
-    let released = release(&store, &target, &holder, backstop).await;
+    let released = release(&*store, &target, &holder, backstop, &mut signals).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
-    match lost {
+    let mut env = match lost {
         Some(mut env) => {
-            env.lease = env.lease.or(Some(acquired));
-            env.message = format!("{}; lease lost: {}", child_desc, env.message);
-            let code = if child_code == 0 { 1 } else { child_code };
-            finish(env, code, true)
+            env.message = format!("lease lost: {}", env.message);
+            env
         }
-        None => {
-            let mut env = envelope_of(released);
-            // A refused release means the lease had ended while CMD ran, before
-            // a renewal noticed: that is a loss too.
-            let ended = matches!(env.status(), Status::Store(o) if o != Outcome::Released);
-            env.message = format!("{}; {}", child_desc, env.message);
-            if ended {
-                env.lease = env.lease.or(Some(acquired));
-                let code = if child_code == 0 { 1 } else { child_code };
-                finish(env, code, true)
-            } else {
-                finish(env, child_code, false)
-            }
-        }
+        None => envelope_of(released),
+    };
+    let (code, lease_lost) = ending(child_code, env.answer(), lost_while_running);
+    if lease_lost {
+        env.lease = env.lease.or(Some(acquired));
+    }
+    env.message = format!("{child_desc}; {}", env.message);
+    finish(env, code, lease_lost)
+}
+
+/// How `run` ends once CMD has exited with `child_code`: its own exit code and
+/// whether the lease was lost while CMD ran. `answer` is the renewal's report
+/// of the loss (`lost_while_running`) or else the final release's answer: a
+/// refused release means the lease had ended before a renewal noticed, which
+/// is a loss too. A loss never exits 0. No client required.
+pub(crate) fn ending(child_code: u8, answer: Answer, lost_while_running: bool) -> (u8, bool) {
+    let refused = matches!(answer, Answer::Store(o) if o != Outcome::Released);
+    if lost_while_running || refused {
+        (if child_code == 0 { 1 } else { child_code }, true)
+    } else {
+        (child_code, false)
     }
 }
 
 fn envelope_of(result: Result<Reply, StoreError>) -> Envelope {
     match Report::from(result) {
         Report::Envelope(env) => env,
-        Report::Usage(msg) => Envelope::from_backend_error(Status::BackendUnavailable, msg),
+        Report::Usage(msg) => Envelope::from_backend_error(Answer::BackendUnavailable, msg),
     }
 }

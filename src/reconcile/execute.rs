@@ -17,7 +17,7 @@ use super::{Error, pods, queue, spec};
 use crate::conditions::Reason;
 use crate::floor::floor_key;
 use crate::store::{
-    AcquireRequest, Holder, ReleaseRequest, RenewRequest, Reply, StoreError, Target,
+    AcquireRequest, LeaseHandle, ReleaseRequest, RenewRequest, Reply, StoreError, Target,
 };
 
 /// Steps one pass may take before it yields (a release, a new attempt and an
@@ -26,7 +26,7 @@ const MAX_STEPS: usize = 8;
 
 impl Pass<'_> {
     /// Makes a live resource's lease what its spec and the pods call for.
-    pub(super) async fn apply(mut self) -> Result<Action, Error> {
+    pub(super) async fn converge(mut self) -> Result<Action, Error> {
         let check = self.spec.as_ref().map(|_| ()).map_err(Clone::clone);
         self.working = transition::spec_checked(&self.facts(), &self.working, &check);
         for _ in 0..MAX_STEPS {
@@ -38,9 +38,10 @@ impl Pass<'_> {
                 queued_behind: self.queued_behind(),
                 renew_due: self.renew_due(),
                 rotation_due: self.rotation_due(),
+                acquisition: self.acquisition().is_some(),
             };
             let step = plan::plan(&observed);
-            let t = self.run(step, &desired).await?;
+            let t = self.take(step, &desired).await?;
             match self.follow(t).await? {
                 Next::PlanAgain => continue,
                 next => {
@@ -61,8 +62,10 @@ impl Pass<'_> {
             return Ok(Action::await_change());
         }
         self.raise_floor().await?;
+        let mut looked = false;
         for _ in 0..MAX_STEPS {
-            let step = plan::plan_cleanup(&self.working);
+            let step = plan::plan_cleanup(&self.working, looked);
+            looked |= step == Step::Abandon;
             if step == Step::Finalize {
                 // Nothing left to publish but the marks' removal (status goes with the object).
                 self.working = self.published();
@@ -74,7 +77,7 @@ impl Pass<'_> {
                 return Ok(Action::await_change());
             }
             let t = self
-                .run(
+                .take(
                     step,
                     &Desired::Nobody {
                         reason: Reason::Released,
@@ -106,24 +109,37 @@ impl Pass<'_> {
     }
 
     /// Runs one step: the store call it needs, then its pure transition.
-    async fn run(&mut self, step: Step, desired: &Desired) -> Result<Transition, Error> {
+    async fn take(&mut self, step: Step, desired: &Desired) -> Result<Transition, Error> {
         let f = self.facts();
         let t = match step {
-            Step::NewAttempt => {
-                transition::start_attempt(&f, &self.working, crate::store::new_request_id())
+            Step::RecordAcquisition => {
+                transition::record_acquisition(&f, &self.working, crate::store::new_request_id())
             }
             Step::Acquire { owner } => {
-                self.flush().await?;
+                // A recorded attempt is published before the store sees it (the
+                // implicit first one needs nothing: it derives from the UID).
+                if self.working.acquisition_id.is_some()
+                    && self.published().acquisition_id != self.working.acquisition_id
+                {
+                    self.flush().await?;
+                }
                 let pod = match desired {
                     Desired::Holder { pod, .. } => pod.clone(),
                     Desired::Nobody { .. } => None,
                 };
-                let reply = self.acquire(owner).await?;
-                let mut t = transition::after_acquire(&f, &self.working, pod.as_ref(), reply);
+                let acquisition = self.acquisition().unwrap_or_default();
+                let reply = self.acquire(owner, &acquisition).await?;
+                let mut t =
+                    transition::after_acquire(&f, &self.working, &acquisition, pod.as_ref(), reply);
                 self.flag_overlap(&mut t);
                 t
             }
             Step::Renew => {
+                let ttl = self.spec.as_ref().map(|s| s.timing.ttl).unwrap_or_default();
+                if let Some(t) = transition::before_renew(&f, &self.working, ttl) {
+                    self.absorb(t);
+                    self.flush().await?;
+                }
                 let reply = self.renew().await?;
                 transition::after_renew(&self.facts(), &self.working, reply)
             }
@@ -183,23 +199,25 @@ impl Pass<'_> {
         }
     }
 
-    async fn acquire(&mut self, owner: String) -> Result<Result<Reply, StoreError>, Error> {
-        let Some(attempt) = self.working.acquisition_id.clone() else {
-            return Ok(Err(StoreError::Invalid("no acquisition recorded".into())));
-        };
+    async fn acquire(
+        &mut self,
+        owner: String,
+        acquisition: &str,
+    ) -> Result<Result<Reply, StoreError>, Error> {
+        let acquisition = acquisition.to_owned();
         let Ok(valid) = &self.spec else {
             return Ok(Err(StoreError::Invalid("invalid spec".into())));
         };
         let t = valid.timing;
         let mut req = AcquireRequest::new(self.target(), owner, t.ttl);
-        req.request_id = attempt.clone();
-        req.lease_id = Some(self.ctx.lease_ids.derive(&attempt));
+        req.request_id = acquisition.clone();
+        req.lease_id = Some(self.ctx.lease_ids.derive(&acquisition));
         req.max_lifetime = t.max_lifetime;
         let floor = self.token_floor();
         req.token_floor = (floor > 0).then_some(floor);
         let mut meta = serde_json::Map::new();
         meta.insert(META_TARGETLEASE.into(), self.facts().me.into());
-        meta.insert(META_ACQUISITION.into(), attempt.into());
+        meta.insert(META_ACQUISITION.into(), acquisition.into());
         req.metadata = Some(meta);
         self.ctx.leadership.check()?;
         let reply = self.ctx.store.acquire(&req).await;
@@ -209,7 +227,7 @@ impl Pass<'_> {
 
     async fn renew(&mut self) -> Result<Result<Reply, StoreError>, Error> {
         let w = &self.working;
-        let (Some(owner), Some(attempt), Some(token), Ok(valid)) = (
+        let (Some(owner), Some(acquisition), Some(token), Ok(valid)) = (
             w.holder.clone(),
             w.acquisition_id.clone(),
             w.fencing_token,
@@ -219,14 +237,28 @@ impl Pass<'_> {
                 "no lease recorded to renew".into(),
             )));
         };
-        let holder = Holder {
+        let holder = LeaseHandle {
             owner,
-            lease_id: self.ctx.lease_ids.derive(&attempt),
+            lease_id: self.ctx.lease_ids.derive(&acquisition),
             token,
         };
         let req = RenewRequest::new(self.target(), holder, valid.timing.ttl);
+        // A reply that would come after the published expiry comes too late:
+        // stop waiting then, so Held is withdrawn in time. The call itself runs
+        // on (its outcome is unknown, which is what the transition assumes).
+        let limit = transition::left_before_expiry(&self.facts(), &self.working);
         self.ctx.leadership.check()?;
-        let reply = self.ctx.store.renew(&req).await;
+        let store = self.ctx.store.clone();
+        let call = tokio::spawn(async move { store.renew(&req).await });
+        let reply = match limit {
+            None => call.await.unwrap_or_else(|e| Err(lost(e))),
+            Some(limit) => match tokio::time::timeout(limit, call).await {
+                Ok(joined) => joined.unwrap_or_else(|e| Err(lost(e))),
+                Err(_) => Err(StoreError::OutcomeUnknown(
+                    "no answer before the published expiry".into(),
+                )),
+            },
+        };
         self.saw(&reply);
         Ok(reply)
     }
@@ -239,7 +271,7 @@ impl Pass<'_> {
         acquisition: &str,
         token: u64,
     ) -> Result<Result<Reply, StoreError>, Error> {
-        let holder = Holder {
+        let holder = LeaseHandle {
             owner: owner.to_owned(),
             lease_id: self.ctx.lease_ids.derive(acquisition),
             token,
@@ -375,4 +407,9 @@ impl Pass<'_> {
             });
         }
     }
+}
+
+/// A store call whose task failed (panicked or was cancelled): it may have run.
+fn lost(e: tokio::task::JoinError) -> StoreError {
+    StoreError::OutcomeUnknown(format!("store call did not complete: {e}"))
 }

@@ -88,6 +88,26 @@ pub fn is_current(pod: &Pod, name: &str, mark: &Mark) -> bool {
         && pod.annotations().get(LEGACY_LEASE_ANNOTATION).is_none()
 }
 
+/// Names of the TargetLeases whose marks `pod` carries (current or legacy).
+pub fn marked_by(pod: &Pod) -> Vec<String> {
+    let suffixes = [
+        ".targetlease.dev/leader",
+        ".targetlease.dev/fencing-token",
+        ".targetlease.dev/expires-at",
+    ];
+    let mut names: Vec<String> = pod
+        .labels()
+        .keys()
+        .chain(pod.annotations().keys())
+        .filter_map(|k| suffixes.iter().find_map(|s| k.strip_suffix(s)))
+        .map(str::to_owned)
+        .chain(pod.annotations().get(LEGACY_LEASE_ANNOTATION).cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// What to do to pods so they match `wanted`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MarkPlan {
@@ -305,6 +325,21 @@ mod tests {
         assert_eq!(plan("tl", Some(&m), &[&recreated], None).mark, None);
         let p = plan("tl", None, &[&marked], None);
         assert_eq!(p.unmark, ["web-1"]);
+    }
+
+    #[test]
+    fn the_leases_that_marked_a_pod_are_read_from_its_keys() {
+        let a = keys("a");
+        let p = pod(
+            "x",
+            "u",
+            &[(&a.leader, "true"), ("app", "web")],
+            &[
+                ("b.targetlease.dev/fencing-token", "3"),
+                ("targetlease.dev/lease", "c"),
+            ],
+        );
+        assert_eq!(marked_by(&p), ["a", "b", "c"]);
     }
 
     #[test]

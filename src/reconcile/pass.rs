@@ -89,11 +89,15 @@ impl<'a> Pass<'a> {
             server_now_ms: self.ctx.server_now_ms(),
             me: format!("{ns}/{}", self.tl.name_any()),
             deleting: self.deleting(),
-            renew_interval: self
-                .spec
-                .as_ref()
-                .map_or(Duration::from_secs(30), |s| s.timing.renew),
+            renew_interval: self.renew_interval(),
+            expiry_margin: plan::expiry_margin(self.renew_interval()),
         }
+    }
+
+    pub(super) fn renew_interval(&self) -> Duration {
+        self.spec
+            .as_ref()
+            .map_or(Duration::from_secs(30), |s| s.timing.renew)
     }
 
     /// Adds the finalizer (JSON patch, conditional on the list it saw).
@@ -165,8 +169,16 @@ impl<'a> Pass<'a> {
             Remembered::Keep => {}
             Remembered::Confirmed { max_expires_ms } => self.ctx.remember(&self.key, |m| {
                 m.confirmed = Some((std::time::Instant::now(), max_expires_ms));
+                m.confirm = false;
             }),
-            Remembered::Forget => self.ctx.remember(&self.key, |m| m.confirmed = None),
+            Remembered::Forget => self.ctx.remember(&self.key, |m| {
+                m.confirmed = None;
+                m.confirm = false;
+            }),
+        }
+        if t.forget_acquisition {
+            self.ctx
+                .remember(&self.key, |m| m.first_acquisition_spent = true);
         }
         match t.store_answered {
             Some(true) => self.ctx.remember(&self.key, |m| m.failures = 0),
@@ -201,10 +213,21 @@ impl<'a> Pass<'a> {
             self.ctx.leadership.check()?;
             marks::unmark(&self.ctx.client, &ns, &name, pod, cached).await?;
         }
+        // The annotation never shows a later expiry than status: when the
+        // expiry moves earlier on the same pod and token, mark first.
+        let lowering = todo.mark.as_ref().is_some_and(|m| {
+            marks::wanted(&published).is_some_and(|p| {
+                p.pod == m.pod && p.token == m.token && m.expires_at < p.expires_at
+            })
+        });
+        if lowering && let Some(m) = &todo.mark {
+            self.ctx.leadership.check()?;
+            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+        }
         if self.working != published {
             self.write_status().await?;
         }
-        if let Some(m) = &todo.mark {
+        if !lowering && let Some(m) = &todo.mark {
             self.ctx.leadership.check()?;
             marks::mark(&self.ctx.client, &ns, &name, m).await?;
         }
@@ -287,13 +310,11 @@ impl<'a> Pass<'a> {
         let memory = self.ctx.recall(&self.key);
         match next {
             Next::Renewal => {
-                let renew = self
-                    .spec
-                    .as_ref()
-                    .map_or(Duration::from_secs(30), |s| s.timing.renew);
+                let renew = self.renew_interval();
                 let wait = memory
                     .confirmed
                     .map_or(Duration::ZERO, |(at, _)| renew.saturating_sub(at.elapsed()));
+                let wait = self.until_rotation().map_or(wait, |r| wait.min(r));
                 Action::requeue(wait.max(Duration::from_millis(10)))
             }
             Next::Requeue(d) => Action::requeue(*d),
@@ -308,16 +329,59 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// The acquisition in effect: recorded in status, or — for a resource that
+    /// never published a token — the implicit first one, derived from its UID
+    /// (stable across crashes, so the acquire needs no status write first).
+    pub(super) fn acquisition(&self) -> Option<String> {
+        let w = &self.working;
+        if w.acquisition_id.is_some() {
+            return w.acquisition_id.clone();
+        }
+        let fresh = w.fencing_token.is_none()
+            && w.releasing_acquisition_id.is_none()
+            && !self.ctx.recall(&self.key).first_acquisition_spent;
+        fresh
+            .then(|| self.tl.uid().map(|uid| format!("first-{uid}")))
+            .flatten()
+    }
+
     /// The store confirmed the lease within the renew interval (of this process).
     pub(super) fn renew_due(&self) -> bool {
         let Ok(spec) = &self.spec else {
             return true;
         };
         let renew = spec.timing.renew;
-        self.ctx
+        let memory = self.ctx.recall(&self.key);
+        memory.confirm
+            || memory
+                .confirmed
+                .is_none_or(|(at, _)| at.elapsed() + renew / 10 >= renew)
+    }
+
+    /// The hard end of the lease held now: the earliest of what Valkey enforces
+    /// (learned from its last answer) and acquisition + the spec's current
+    /// `maxLifetime` (an edit that adds or shortens it applies to the held lease).
+    fn hard_end_ms(&self) -> Option<u64> {
+        let Ok(spec) = &self.spec else {
+            return None;
+        };
+        let enforced = self
+            .ctx
             .recall(&self.key)
             .confirmed
-            .is_none_or(|(at, _)| at.elapsed() + renew / 10 >= renew)
+            .and_then(|(_, max)| max);
+        let acquired = self
+            .working
+            .acquired_at
+            .as_ref()
+            .map(|t| t.0.as_millisecond().max(0) as u64);
+        let wanted = acquired
+            .zip(spec.timing.max_lifetime)
+            .map(|(at, max)| at + max.as_millis() as u64);
+        match (enforced, wanted) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The lease's hard end is within one renew interval: replace it now.
@@ -326,10 +390,16 @@ impl<'a> Pass<'a> {
             return false;
         };
         let now = self.ctx.server_now_ms();
-        self.ctx
-            .recall(&self.key)
-            .confirmed
-            .and_then(|(_, max)| max)
-            .is_some_and(|max| now + spec.timing.renew.as_millis() as u64 >= max)
+        self.hard_end_ms()
+            .is_some_and(|end| now + spec.timing.renew.as_millis() as u64 >= end)
+    }
+
+    /// How long until the rotation falls due (a renewal never sleeps past it).
+    fn until_rotation(&self) -> Option<Duration> {
+        let renew = self.spec.as_ref().ok()?.timing.renew.as_millis() as u64;
+        let due = self.hard_end_ms()?.saturating_sub(renew);
+        Some(Duration::from_millis(
+            due.saturating_sub(self.ctx.server_now_ms()),
+        ))
     }
 }

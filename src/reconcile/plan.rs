@@ -52,6 +52,10 @@ pub struct Observed<'a> {
     pub renew_due: bool,
     /// The lease is close enough to its `maxLifetime` that it must be replaced.
     pub rotation_due: bool,
+    /// An acquisition attempt is in effect: recorded in status, or the implicit
+    /// first attempt of a resource that never published a token (its id
+    /// derives from the resource's UID, so it needs no write before the acquire).
+    pub acquisition: bool,
 }
 
 /// The next thing to do.
@@ -64,7 +68,7 @@ pub enum Step {
     Abandon,
     /// Record a fresh acquisition id in status before calling the store, so a crash
     /// after the store call is resolved by replaying the same id.
-    NewAttempt,
+    RecordAcquisition,
     /// Acquire for `owner` with the recorded acquisition id.
     Acquire {
         /// The identity to acquire for.
@@ -106,6 +110,24 @@ pub fn is_published_held(status: &TargetLeaseStatus) -> bool {
     status.phase == Some(Phase::Held) && holds_lease(status)
 }
 
+/// Whether the lease recorded in status is tied to the pod the spec calls for
+/// (a token published for one actor must never pass to another): the same
+/// pod by name and UID, or no pod on both sides.
+fn same_pod(st: &TargetLeaseStatus, pod: Option<&PodRef>) -> Result<(), String> {
+    match (pod, st.holder_pod.as_deref()) {
+        (None, None) => Ok(()),
+        (None, Some(was)) => Err(format!("the lease is no longer tied to pod {was}")),
+        (Some(p), None) => Err(format!("the lease is now tied to pod {}", p.name)),
+        (Some(p), Some(was)) if was != p.name => {
+            Err(format!("the lease moves from pod {was} to pod {}", p.name))
+        }
+        (Some(p), Some(_)) if st.holder_pod_uid.as_deref().is_some_and(|u| u != p.uid) => {
+            Err(format!("pod {} was recreated", p.name))
+        }
+        (Some(_), Some(_)) => Ok(()),
+    }
+}
+
 /// Decides the next step of a live resource.
 pub fn plan(o: &Observed<'_>) -> Step {
     let st = o.status;
@@ -115,24 +137,23 @@ pub fn plan(o: &Observed<'_>) -> Step {
     if holds_lease(st) {
         return match &o.desired {
             Desired::Holder { identity, pod } if st.holder.as_deref() == Some(identity) => {
-                match pod {
-                    Some(p) if st.holder_pod_uid.as_deref().is_some_and(|u| u != p.uid) => {
-                        Step::Release {
-                            reason: Reason::HolderChanged,
-                            message: format!("pod {} was recreated", p.name),
-                        }
-                    }
-                    _ if o.rotation_due => Step::Release {
+                match same_pod(st, pod.as_ref()) {
+                    Err(message) => Step::Release {
+                        reason: Reason::HolderChanged,
+                        message,
+                    },
+                    Ok(()) if o.rotation_due => Step::Release {
                         reason: Reason::MaxLifetimeReached,
                         message: "the lease reached spec.maxLifetime; a new one follows".into(),
                     },
-                    _ if o.renew_due
-                        || st.phase == Some(Phase::Unknown)
-                        || st.observed_generation != o.generation =>
+                    Ok(())
+                        if o.renew_due
+                            || st.phase == Some(Phase::Unknown)
+                            || st.observed_generation != o.generation =>
                     {
                         Step::Renew
                     }
-                    _ => Step::Idle,
+                    Ok(()) => Step::Idle,
                 }
             }
             Desired::Holder { identity, .. } => Step::Release {
@@ -145,14 +166,14 @@ pub fn plan(o: &Observed<'_>) -> Step {
             },
         };
     }
-    let attempt = st.acquisition_id.is_some();
+    let recorded = o.acquisition;
     match &o.desired {
-        Desired::Nobody { .. } if attempt => Step::Abandon,
+        Desired::Nobody { .. } if recorded => Step::Abandon,
         Desired::Nobody { reason, message } => Step::Wait {
             reason: *reason,
             message: message.clone(),
         },
-        Desired::Holder { .. } if o.queued_behind.is_some() && attempt => Step::Abandon,
+        Desired::Holder { .. } if o.queued_behind.is_some() && recorded => Step::Abandon,
         Desired::Holder { .. } if o.queued_behind.is_some() => Step::Wait {
             reason: Reason::Queued,
             message: format!(
@@ -160,7 +181,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
                 o.queued_behind.as_deref().unwrap_or_default()
             ),
         },
-        Desired::Holder { .. } if !attempt => Step::NewAttempt,
+        Desired::Holder { .. } if !recorded => Step::RecordAcquisition,
         Desired::Holder { identity, .. } => Step::Acquire {
             owner: identity.clone(),
         },
@@ -168,8 +189,9 @@ pub fn plan(o: &Observed<'_>) -> Step {
 }
 
 /// Decides the next step of a resource being deleted: give everything back,
-/// then let the finalizer go.
-pub fn plan_cleanup(status: &TargetLeaseStatus) -> Step {
+/// look in the store once for any unpublished lease of its own (`looked`: done
+/// in this pass), then let the finalizer go.
+pub fn plan_cleanup(status: &TargetLeaseStatus, looked: bool) -> Step {
     if status.releasing_acquisition_id.is_some() {
         Step::FinishRelease
     } else if holds_lease(status) {
@@ -177,7 +199,7 @@ pub fn plan_cleanup(status: &TargetLeaseStatus) -> Step {
             reason: Reason::Released,
             message: "the TargetLease is being deleted".into(),
         }
-    } else if status.acquisition_id.is_some() {
+    } else if !looked {
         Step::Abandon
     } else {
         Step::Finalize
@@ -186,22 +208,31 @@ pub fn plan_cleanup(status: &TargetLeaseStatus) -> Step {
 
 /// Whether the published expiry must be rewritten after a renewal that moved
 /// Valkey's expiry to `renewed_ms`: it is missing, later than Valkey's new
-/// expiry (never publish more than Valkey granted), or will pass before the
-/// next renewal. Otherwise status stays untouched, which keeps writes to about
-/// one per `leaseDuration - renewInterval`.
+/// expiry (never publish more than Valkey granted), or close enough to pass
+/// before the next renewal (plus `margin`, the time a renewal needs to be
+/// answered and published). Otherwise status stays untouched, which keeps
+/// writes to about one per `leaseDuration - renewInterval`.
 pub fn expiry_to_publish(
     published_ms: Option<i64>,
     renewed_ms: u64,
     server_now_ms: u64,
     renew_interval: Duration,
+    margin: Duration,
 ) -> bool {
     match published_ms {
         None => true,
         Some(published) => {
             published > renewed_ms as i64
-                || published - (server_now_ms as i64) <= renew_interval.as_millis() as i64
+                || published - (server_now_ms as i64)
+                    <= (renew_interval + margin).as_millis() as i64
         }
     }
+}
+
+/// How long before the published expiry the operator must have confirmed the
+/// lease or withdrawn `Held`: time for a reply and a status write.
+pub fn expiry_margin(renew_interval: Duration) -> Duration {
+    (renew_interval / 4).min(Duration::from_secs(1))
 }
 
 /// How long a waiter sleeps before retrying a target held until `holder_expires_ms`:

@@ -43,13 +43,23 @@ fn observed(status: &TargetLeaseStatus, desired: Desired) -> Observed<'_> {
         queued_behind: None,
         renew_due: false,
         rotation_due: false,
+        acquisition: status.acquisition_id.is_some(),
     }
 }
 
 #[test]
 fn a_new_resource_records_an_attempt_before_acquiring() {
     let st = TargetLeaseStatus::default();
-    assert_eq!(plan(&observed(&st, holder("job"))), Step::NewAttempt);
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::RecordAcquisition);
+    // The implicit first attempt (derived from the UID) needs no write first.
+    let mut o = observed(&st, holder("job"));
+    o.acquisition = true;
+    assert_eq!(
+        plan(&o),
+        Step::Acquire {
+            owner: "job".into()
+        }
+    );
     let st = TargetLeaseStatus {
         acquisition_id: Some("a1".into()),
         ..Default::default()
@@ -147,7 +157,7 @@ fn a_release_in_progress_is_finished_before_anything_else() {
     st.phase = Some(Phase::Pending);
     st.releasing_acquisition_id = Some("a0".into());
     assert_eq!(plan(&observed(&st, holder("job"))), Step::FinishRelease);
-    assert_eq!(plan_cleanup(&st), Step::FinishRelease);
+    assert_eq!(plan_cleanup(&st, true), Step::FinishRelease);
 }
 
 #[test]
@@ -187,13 +197,13 @@ fn lost_leases_start_over() {
     let mut st = held("job");
     st.phase = Some(Phase::Lost);
     st.acquisition_id = None;
-    assert_eq!(plan(&observed(&st, holder("job"))), Step::NewAttempt);
+    assert_eq!(plan(&observed(&st, holder("job"))), Step::RecordAcquisition);
 }
 
 #[test]
 fn cleanup_releases_then_abandons_then_finalizes() {
     assert!(matches!(
-        plan_cleanup(&held("job")),
+        plan_cleanup(&held("job"), true),
         Step::Release {
             reason: Reason::Released,
             ..
@@ -203,20 +213,36 @@ fn cleanup_releases_then_abandons_then_finalizes() {
         acquisition_id: Some("a1".into()),
         ..Default::default()
     };
-    assert_eq!(plan_cleanup(&attempt), Step::Abandon);
-    assert_eq!(plan_cleanup(&TargetLeaseStatus::default()), Step::Finalize);
+    assert_eq!(plan_cleanup(&attempt, false), Step::Abandon);
+    assert_eq!(plan_cleanup(&attempt, true), Step::Finalize);
+    // Even without a recorded attempt the store is looked at once.
+    assert_eq!(
+        plan_cleanup(&TargetLeaseStatus::default(), false),
+        Step::Abandon
+    );
+    assert_eq!(
+        plan_cleanup(&TargetLeaseStatus::default(), true),
+        Step::Finalize
+    );
 }
 
 #[test]
 fn the_published_expiry_is_rewritten_when_it_is_later_than_valkeys_or_about_to_pass() {
     let r = Duration::from_secs(30);
-    assert!(expiry_to_publish(None, 61_000, 1000, r));
-    assert!(!expiry_to_publish(Some(60_000), 61_000, 1000, r));
+    let m = expiry_margin(r);
+    assert_eq!(m, Duration::from_secs(1));
+    assert_eq!(
+        expiry_margin(Duration::from_millis(400)),
+        Duration::from_millis(100)
+    );
+    assert!(expiry_to_publish(None, 61_000, 1000, r, m));
+    assert!(!expiry_to_publish(Some(60_000), 61_000, 1000, r, m));
     assert!(
-        expiry_to_publish(Some(60_000), 7_000, 1000, r),
+        expiry_to_publish(Some(60_000), 7_000, 1000, r, m),
         "a shorter renewal moves the expiry earlier"
     );
-    assert!(expiry_to_publish(Some(31_000), 61_000, 1000, r));
+    assert!(expiry_to_publish(Some(32_000), 61_000, 1000, r, m));
+    assert!(!expiry_to_publish(Some(32_001), 61_000, 1000, r, m));
 }
 
 #[test]

@@ -44,7 +44,7 @@ pub enum Holders {
 pub struct ValidSpec {
     /// Durations.
     pub timing: Timing,
-    /// Holder or candidates.
+    /// LeaseHandle or candidates.
     pub holders: Holders,
 }
 
@@ -63,9 +63,10 @@ pub fn validate(tl: &TargetLease) -> Result<ValidSpec, String> {
     if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(24 * 3600) {
         return Err("spec.leaseDuration must be between 1s and 24h".into());
     }
-    if renew < Duration::from_millis(100) || renew >= ttl {
+    if renew < Duration::from_millis(100) || renew * 2 > ttl {
         return Err(
-            "spec.renewInterval must be at least 100ms and shorter than spec.leaseDuration".into(),
+            "spec.renewInterval must be at least 100ms and at most half of spec.leaseDuration"
+                .into(),
         );
     }
     if let Some(max) = max_lifetime
@@ -156,8 +157,8 @@ mod tests {
                 "podSelector",
             ),
             (
-                json!({"target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "10s"}),
-                "renewInterval",
+                json!({"target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "6s"}),
+                "at most half",
             ),
             (
                 json!({"target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "maxLifetime": "5s"}),

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::plan::{self, PodRef};
-use crate::conditions::{self, BACKEND_AVAILABLE, HELD, Reason, SPEC_VALID, Status};
+use crate::conditions::{self, BACKEND_AVAILABLE, ConditionStatus, HELD, Reason, SPEC_VALID};
 use crate::crd::{Phase, TargetLeaseStatus};
 use crate::store::{Lease, Outcome, Reply, StoreError};
 
@@ -36,6 +36,9 @@ pub struct Facts {
     pub deleting: bool,
     /// The renew interval from the spec.
     pub renew_interval: Duration,
+    /// How long before the published expiry a confirmation must arrive
+    /// ([`plan::expiry_margin`]).
+    pub expiry_margin: Duration,
 }
 
 /// An Event to publish.
@@ -60,7 +63,7 @@ pub struct Reclaim {
     /// Its token.
     pub token: u64,
     /// Forget the recorded acquisition once the lease is gone.
-    pub then_forget_attempt: bool,
+    pub then_forget_acquisition: bool,
 }
 
 /// What happens after a transition.
@@ -112,6 +115,8 @@ pub struct Transition {
     pub memory: Memory,
     /// Whether the store answered (resets the backoff) or failed (extends it).
     pub store_answered: Option<bool>,
+    /// The attempt in effect is over (recorded or implicit): the next one needs a new id.
+    pub forget_acquisition: bool,
 }
 
 struct Draft<'f> {
@@ -130,11 +135,12 @@ impl<'f> Draft<'f> {
                 wake_waiters: false,
                 memory: Memory::Keep,
                 store_answered: None,
+                forget_acquisition: false,
             },
         }
     }
 
-    fn condition(&mut self, type_: &str, status: Status, reason: Reason, message: &str) {
+    fn condition(&mut self, type_: &str, status: ConditionStatus, reason: Reason, message: &str) {
         let generation = self.t.status.observed_generation.or(self.f.generation);
         conditions::upsert(
             &mut self.t.status.conditions,
@@ -164,7 +170,7 @@ impl<'f> Draft<'f> {
         self.t.store_answered = Some(true);
         self.condition(
             BACKEND_AVAILABLE,
-            Status::True,
+            ConditionStatus::True,
             Reason::Reachable,
             "the lease store answered",
         );
@@ -172,10 +178,14 @@ impl<'f> Draft<'f> {
 
     fn store_failed(&mut self, err: &StoreError) {
         self.t.store_answered = Some(false);
-        let was_down = conditions::is(&self.t.status.conditions, BACKEND_AVAILABLE, Status::False);
+        let was_down = conditions::is(
+            &self.t.status.conditions,
+            BACKEND_AVAILABLE,
+            ConditionStatus::False,
+        );
         self.condition(
             BACKEND_AVAILABLE,
-            Status::False,
+            ConditionStatus::False,
             Reason::BackendUnavailable,
             err.category(),
         );
@@ -201,7 +211,7 @@ impl<'f> Draft<'f> {
             "held by {} with fencing token {}",
             lease.owner, lease.fencing_token
         );
-        self.condition(HELD, Status::True, Reason::Acquired, &message);
+        self.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
     }
 
     /// Not held; the last token stays visible. Pending also forgets the holder.
@@ -215,13 +225,31 @@ impl<'f> Draft<'f> {
             s.holder_pod_uid = None;
             s.acquired_at = None;
         }
-        self.condition(HELD, Status::False, reason, message);
+        self.condition(HELD, ConditionStatus::False, reason, message);
+    }
+
+    /// Held is withdrawn: the store has not confirmed the lease and its
+    /// published expiry is about to pass (or has).
+    fn unconfirmed(&mut self) {
+        self.t.status.phase = Some(Phase::Unknown);
+        self.condition(
+            HELD,
+            ConditionStatus::Unknown,
+            Reason::Unconfirmed,
+            "the lease could not be renewed before its published expiry",
+        );
+        self.t.wake_waiters = true;
     }
 
     fn corrupt(mut self, message: &str) -> Transition {
         self.t.status.phase = Some(Phase::Error);
         self.t.status.expires_at = None;
-        self.condition(HELD, Status::Unknown, Reason::CorruptState, message);
+        self.condition(
+            HELD,
+            ConditionStatus::Unknown,
+            Reason::CorruptState,
+            message,
+        );
         self.note(
             true,
             Reason::CorruptState,
@@ -246,8 +274,12 @@ pub fn spec_checked(
     // Judged on the spec of this generation, whatever status has applied so far.
     let mut status = status.clone();
     let (state, reason, message) = match check {
-        Ok(()) => (Status::True, Reason::Valid, "spec is valid"),
-        Err(message) => (Status::False, Reason::InvalidSpec, message.as_str()),
+        Ok(()) => (ConditionStatus::True, Reason::Valid, "spec is valid"),
+        Err(message) => (
+            ConditionStatus::False,
+            Reason::InvalidSpec,
+            message.as_str(),
+        ),
     };
     conditions::upsert(
         &mut status.conditions,
@@ -261,8 +293,8 @@ pub fn spec_checked(
     status
 }
 
-/// [`plan::Step::NewAttempt`]: record a fresh acquisition id before acquiring.
-pub fn start_attempt(f: &Facts, status: &TargetLeaseStatus, id: String) -> Transition {
+/// [`plan::Step::RecordAcquisition`]: record a fresh acquisition id before acquiring.
+pub fn record_acquisition(f: &Facts, status: &TargetLeaseStatus, id: String) -> Transition {
     let mut d = Draft::new(f, status);
     d.t.status.acquisition_id = Some(id);
     let phase = if status.phase == Some(Phase::Lost) {
@@ -283,10 +315,11 @@ pub fn own_acquisition(lease: &Lease, me: &str) -> Option<String> {
         .flatten()
 }
 
-/// After [`plan::Step::Acquire`].
+/// After [`plan::Step::Acquire`] under acquisition `attempt`.
 pub fn after_acquire(
     f: &Facts,
     status: &TargetLeaseStatus,
+    acquisition: &str,
     pod: Option<&PodRef>,
     reply: Result<Reply, StoreError>,
 ) -> Transition {
@@ -298,6 +331,7 @@ pub fn after_acquire(
     d.store_ok();
     match (reply.outcome, reply.lease) {
         (Outcome::Acquired, Some(lease)) => {
+            d.t.status.acquisition_id = Some(acquisition.to_owned());
             d.held(&lease, pod);
             d.applied();
             d.note(
@@ -319,7 +353,7 @@ pub fn after_acquire(
                 owner: lease.owner,
                 acquisition,
                 token: lease.fencing_token,
-                then_forget_attempt: false,
+                then_forget_acquisition: false,
             }))
         }
         (Outcome::Held, lease) => {
@@ -337,6 +371,7 @@ pub fn after_acquire(
             // That attempt's lease is over (or the spec changed under it): a new
             // attempt follows; a live lease of the old one is reclaimed by it.
             d.t.status.acquisition_id = None;
+            d.t.forget_acquisition = true;
             d.done(Next::PlanAgain)
         }
         (Outcome::CorruptState, _) => d.corrupt(&reply.message),
@@ -362,8 +397,9 @@ pub fn after_reclaim(
             if reply.outcome == Outcome::Released {
                 d.t.wake_waiters = true;
             }
-            if reclaim.then_forget_attempt {
+            if reclaim.then_forget_acquisition {
                 d.t.status.acquisition_id = None;
+                d.t.forget_acquisition = true;
             } else if reply.outcome != Outcome::Released {
                 // Not ours after all (e.g. the lease id key changed): wait for it.
                 d.not_held(
@@ -380,8 +416,9 @@ pub fn after_reclaim(
     }
 }
 
-/// After [`plan::Step::Abandon`] read the target: reclaim the recorded
-/// attempt's lease if it is live, else forget the attempt.
+/// After [`plan::Step::Abandon`] read the target: a live lease of this
+/// resource is unpublished (status does not hold it), whichever attempt made
+/// it: reclaim it; then forget the attempt.
 pub fn after_abandon_read(
     f: &Facts,
     status: &TargetLeaseStatus,
@@ -393,21 +430,20 @@ pub fn after_abandon_read(
         Err(e) => return store_error(d, &e),
     };
     d.store_ok();
-    let attempt = status.acquisition_id.clone();
     match (reply.outcome, reply.lease) {
-        (Outcome::Found, Some(lease))
-            if attempt.is_some() && own_acquisition(&lease, &f.me) == attempt =>
-        {
+        (Outcome::Found, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
+            let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
             d.done(Next::Reclaim(Reclaim {
                 owner: lease.owner,
-                acquisition: attempt.unwrap_or_default(),
+                acquisition,
                 token: lease.fencing_token,
-                then_forget_attempt: true,
+                then_forget_acquisition: true,
             }))
         }
         // Nothing of that attempt is live (a corrupt record is reported by the next acquire).
         (Outcome::Found | Outcome::NotFound | Outcome::CorruptState, _) => {
             d.t.status.acquisition_id = None;
+            d.t.forget_acquisition = true;
             d.done(Next::PlanAgain)
         }
         (other, _) => unexpected(d, "get", other),
@@ -425,24 +461,12 @@ pub fn after_renew(
         Ok(r) => r,
         Err(e) => {
             d.store_failed(&e);
-            let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
-            let left_ms = published.map_or(0, |p| p - f.server_now_ms as i64);
-            if left_ms <= 0 {
-                // The store may have ended the lease: stop publishing it as held.
-                d.t.status.phase = Some(Phase::Unknown);
-                d.condition(
-                    HELD,
-                    Status::Unknown,
-                    Reason::Unconfirmed,
-                    "the lease could not be renewed before its published expiry",
-                );
-                d.t.wake_waiters = true;
+            let left = left_before_expiry(f, status);
+            if left.is_none() {
+                d.unconfirmed();
                 return d.done(Next::Backoff { not_after: None });
             }
-            let left = Duration::from_millis(left_ms as u64);
-            return d.done(Next::Backoff {
-                not_after: Some(left),
-            });
+            return d.done(Next::Backoff { not_after: left });
         }
     };
     d.store_ok();
@@ -456,6 +480,7 @@ pub fn after_renew(
                     lease.expires_at_ms,
                     reply.server_time_ms,
                     f.renew_interval,
+                    f.expiry_margin,
                 )
             {
                 d.t.status.expires_at = time_ms(lease.expires_at_ms);
@@ -466,7 +491,7 @@ pub fn after_renew(
                 lease.owner, lease.fencing_token
             );
             d.applied();
-            d.condition(HELD, Status::True, Reason::Acquired, &message);
+            d.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
             d.t.memory = Memory::Confirmed {
                 max_expires_ms: lease.max_expires_at_ms,
             };
@@ -489,6 +514,35 @@ pub fn after_renew(
     }
 }
 
+/// How long the published expiry leaves for a confirmation (its margin
+/// deducted); `None` when it has (about to have) passed.
+pub fn left_before_expiry(f: &Facts, status: &TargetLeaseStatus) -> Option<Duration> {
+    let published = status.expires_at.as_ref()?.0.as_millisecond();
+    let left = published - f.server_now_ms as i64 - f.expiry_margin.as_millis() as i64;
+    (left > 0).then(|| Duration::from_millis(left as u64))
+}
+
+/// Before a renewal with `ttl`: nothing published may be later than what the
+/// renewal can set (a shorter `leaseDuration`: lower `expiresAt` and the pod
+/// annotation first, so a lost reply cannot leave them later than Valkey's),
+/// and `Held` is withdrawn if the published expiry is about to pass. `None`
+/// when nothing changes.
+pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Option<Transition> {
+    if status.phase != Some(Phase::Held) {
+        return None;
+    }
+    let mut d = Draft::new(f, status);
+    let floor = f.server_now_ms + ttl.as_millis() as u64;
+    let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
+    if published.is_some_and(|p| p > floor as i64) {
+        d.t.status.expires_at = time_ms(floor);
+    }
+    if left_before_expiry(f, &d.t.status).is_none() {
+        d.unconfirmed();
+    }
+    (d.t.status != *status).then(|| d.done(Next::PlanAgain))
+}
+
 /// [`plan::Step::Release`]: stop publishing the lease (status no longer Held,
 /// pod marks removed) before the store is asked to release it.
 pub fn begin_release(
@@ -507,7 +561,7 @@ pub fn begin_release(
     // Keep holder and token: they name the lease being released.
     d.t.status.phase = Some(phase);
     d.t.status.expires_at = None;
-    d.condition(HELD, Status::False, reason, message);
+    d.condition(HELD, ConditionStatus::False, reason, message);
     d.t.memory = Memory::Forget;
     d.done(Next::PlanAgain)
 }
@@ -576,14 +630,14 @@ pub fn wait(f: &Facts, status: &TargetLeaseStatus, reason: Reason, message: &str
     d.done(next)
 }
 
-/// [`plan::Step::Idle`]: nothing due; a status written before pod UIDs were
-/// recorded adopts the pod it is tied to.
+/// [`plan::Step::Idle`]: nothing due; a status that names its pod without a
+/// UID records the UID.
 pub fn idle(f: &Facts, status: &TargetLeaseStatus, pod: Option<&PodRef>) -> Transition {
     let mut d = Draft::new(f, status);
     if let Some(p) = pod
         && status.holder_pod_uid.is_none()
+        && status.holder_pod.as_deref() == Some(p.name.as_str())
     {
-        d.t.status.holder_pod = Some(p.name.clone());
         d.t.status.holder_pod_uid = Some(p.uid.clone());
     }
     d.done(Next::Renewal)
@@ -593,7 +647,12 @@ fn store_error(mut d: Draft<'_>, err: &StoreError) -> Transition {
     if let StoreError::Invalid(message) = err {
         // Only a spec the store refuses gets here (the operator validated it first).
         d.t.status.phase = Some(Phase::Error);
-        d.condition(SPEC_VALID, Status::False, Reason::InvalidSpec, message);
+        d.condition(
+            SPEC_VALID,
+            ConditionStatus::False,
+            Reason::InvalidSpec,
+            message,
+        );
         return d.done(Next::AwaitChange);
     }
     d.store_failed(err);
@@ -610,11 +669,13 @@ fn unexpected(mut d: Draft<'_>, op: &str, outcome: Outcome) -> Transition {
     d.done(Next::Backoff { not_after: None })
 }
 
-/// A Unix-milliseconds instant as a Kubernetes time.
+/// A Unix-milliseconds instant as a Kubernetes time, rounded down to the
+/// second (what the API server stores), so status and pod annotations carry
+/// the same lower bound.
 pub fn time_ms(ms: u64) -> Option<Time> {
-    i64::try_from(ms)
+    i64::try_from(ms / 1000)
         .ok()
-        .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+        .and_then(|s| Timestamp::from_second(s).ok())
         .map(Time)
 }
 

@@ -11,6 +11,7 @@ fn facts() -> Facts {
         me: "ns/tl".into(),
         deleting: false,
         renew_interval: Duration::from_secs(30),
+        expiry_margin: Duration::from_secs(1),
     }
 }
 
@@ -90,6 +91,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         Some(&pod()),
         reply(Outcome::Acquired, Some(lease("job", 7, NOW_MS + 90_000))),
     );
@@ -109,6 +111,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         None,
         reply(Outcome::Held, Some(lease("cron", 3, NOW_MS + 10_000))),
     );
@@ -121,6 +124,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         None,
         reply(
             Outcome::Held,
@@ -133,18 +137,24 @@ fn acquire_outcomes() {
             owner: "job".into(),
             acquisition: "a0".into(),
             token: 5,
-            then_forget_attempt: false
+            then_forget_acquisition: false
         })
     );
     assert_eq!(t.status.phase, Some(Phase::Pending));
 
     for outcome in [Outcome::Expired, Outcome::IdempotencyConflict] {
-        let t = after_acquire(&f, &attempt(), None, reply(outcome, None));
+        let t = after_acquire(&f, &attempt(), "a1", None, reply(outcome, None));
         assert_eq!(t.status.acquisition_id, None);
         assert_eq!(t.next, Next::PlanAgain);
     }
 
-    let t = after_acquire(&f, &attempt(), None, reply(Outcome::CorruptState, None));
+    let t = after_acquire(
+        &f,
+        &attempt(),
+        "a1",
+        None,
+        reply(Outcome::CorruptState, None),
+    );
     assert_eq!(t.status.phase, Some(Phase::Error));
     assert_eq!(
         condition(&t.status, HELD),
@@ -155,6 +165,7 @@ fn acquire_outcomes() {
     let t = after_acquire(
         &f,
         &attempt(),
+        "a1",
         None,
         Err(StoreError::Invalid("target is 300 bytes".into())),
     );
@@ -173,7 +184,7 @@ fn store_failures_flag_the_backend_once_per_outage_and_keep_the_attempt() {
         StoreError::BackendUnavailable("x".into()),
         StoreError::OutcomeUnknown("y".into()),
     ] {
-        let t = after_acquire(&f, &attempt(), None, Err(err));
+        let t = after_acquire(&f, &attempt(), "a1", None, Err(err));
         assert_eq!(
             t.status.acquisition_id.as_deref(),
             Some("a1"),
@@ -183,7 +194,7 @@ fn store_failures_flag_the_backend_once_per_outage_and_keep_the_attempt() {
         assert_eq!(t.notes.len(), 1);
         assert_eq!(t.store_answered, Some(false));
         assert_eq!(t.next, Next::Backoff { not_after: None });
-        let again = after_acquire(&f, &t.status, None, down());
+        let again = after_acquire(&f, &t.status, "a1", None, down());
         assert!(again.notes.is_empty(), "one Event per outage");
     }
 }
@@ -233,10 +244,11 @@ fn held_is_withdrawn_when_the_store_is_silent_past_the_published_expiry() {
     assert_eq!(
         t.next,
         Next::Backoff {
-            not_after: Some(Duration::from_secs(5))
-        }
+            not_after: Some(Duration::from_secs(4))
+        },
+        "wakes one margin before the published expiry"
     );
-    let t = after_renew(&f, &held(NOW_MS), down());
+    let t = after_renew(&f, &held(NOW_MS + 1_000), down());
     assert_eq!(t.status.phase, Some(Phase::Unknown));
     assert_eq!(
         condition(&t.status, HELD),
@@ -295,31 +307,30 @@ fn a_release_unpublishes_first_and_keeps_the_finalizer_until_confirmed() {
 #[test]
 fn an_abandoned_attempt_is_reclaimed_only_when_it_is_ours() {
     let f = facts();
-    let own = reply(
-        Outcome::Found,
-        Some(ours(lease("job", 8, NOW_MS + 9_000), "a1")),
-    );
-    let t = after_abandon_read(&f, &attempt(), own);
-    assert_eq!(
-        t.next,
-        Next::Reclaim(Reclaim {
-            owner: "job".into(),
-            acquisition: "a1".into(),
-            token: 8,
-            then_forget_attempt: true
-        })
-    );
-    let older = reply(
-        Outcome::Found,
-        Some(ours(lease("job", 8, NOW_MS + 9_000), "a0")),
-    );
+    // Any live lease of this resource is unpublished here, whichever attempt made it.
+    for acquisition in ["a1", "a0"] {
+        let own = reply(
+            Outcome::Found,
+            Some(ours(lease("job", 8, NOW_MS + 9_000), acquisition)),
+        );
+        let t = after_abandon_read(&f, &attempt(), own);
+        assert_eq!(
+            t.next,
+            Next::Reclaim(Reclaim {
+                owner: "job".into(),
+                acquisition: acquisition.into(),
+                token: 8,
+                then_forget_acquisition: true
+            })
+        );
+    }
     for r in [
-        older,
         reply(Outcome::Found, Some(lease("cron", 8, NOW_MS + 9_000))),
         reply(Outcome::NotFound, None),
     ] {
         let t = after_abandon_read(&f, &attempt(), r);
         assert_eq!(t.status.acquisition_id, None);
+        assert!(t.forget_acquisition);
         assert_eq!(t.next, Next::PlanAgain);
     }
     let t = after_abandon_read(&f, &attempt(), down());
@@ -333,13 +344,13 @@ fn a_reclaim_frees_the_target_or_waits_for_a_lease_it_cannot_release() {
         owner: "job".into(),
         acquisition: "a1".into(),
         token: 8,
-        then_forget_attempt: true,
+        then_forget_acquisition: true,
     };
     let t = after_reclaim(&f, &attempt(), &r, reply(Outcome::Released, None));
     assert_eq!(t.status.acquisition_id, None);
     assert!(t.wake_waiters);
     let r = Reclaim {
-        then_forget_attempt: false,
+        then_forget_acquisition: false,
         ..r
     };
     let t = after_reclaim(&f, &attempt(), &r, reply(Outcome::Released, None));
@@ -372,17 +383,38 @@ fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
     let mut lost = held(NOW_MS);
     lost.phase = Some(Phase::Lost);
     lost.acquisition_id = None;
-    let t = start_attempt(&f, &lost, "a2".into());
+    let t = record_acquisition(&f, &lost, "a2".into());
     assert_eq!(t.status.phase, Some(Phase::Lost));
     assert_eq!(t.status.acquisition_id.as_deref(), Some("a2"));
-    let t = start_attempt(&f, &TargetLeaseStatus::default(), "a2".into());
+    let t = record_acquisition(&f, &TargetLeaseStatus::default(), "a2".into());
     assert_eq!(t.status.phase, Some(Phase::Pending));
     assert_eq!(condition(&t.status, HELD).1, "Acquiring");
 
     let mut legacy = held(NOW_MS + 60_000);
-    legacy.holder_pod_uid = None;
+    legacy.holder_pod_uid = None; // holderPod "job-pod" is named
     let t = idle(&f, &legacy, Some(&pod()));
     assert_eq!(t.status.holder_pod_uid.as_deref(), Some("u1"));
     let t = idle(&f, &held(NOW_MS + 60_000), Some(&pod()));
     assert_eq!(t.status, held(NOW_MS + 60_000));
+}
+
+#[test]
+fn a_renewal_is_preceded_by_lowering_what_it_may_shorten() {
+    let f = facts();
+    let t = before_renew(&f, &held(NOW_MS + 60_000), Duration::from_secs(6)).unwrap();
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 6_000));
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert!(before_renew(&f, &held(NOW_MS + 60_000), Duration::from_secs(90)).is_none());
+    // Too close to the published expiry for a reply to arrive in time: withdraw first.
+    let t = before_renew(&f, &held(NOW_MS + 500), Duration::from_secs(90)).unwrap();
+    assert_eq!(t.status.phase, Some(Phase::Unknown));
+}
+
+#[test]
+fn published_times_are_whole_seconds() {
+    assert_eq!(time_ms(1_796_118_559_863), time_ms(1_796_118_559_000));
+    assert_eq!(
+        time_ms(1_796_118_559_863).unwrap().0.as_millisecond(),
+        1_796_118_559_000
+    );
 }

@@ -4,159 +4,23 @@
 //! Valkey against, and so unit tests can control time. It is not durable and
 //! not shared between processes; nothing in production uses it.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::{
-    AcquireRequest, CommitRequest, Health, Holder, IDEMPOTENCY_WINDOW, Lease, LeaseStore,
+    AcquireRequest, CommitRequest, Health, IDEMPOTENCY_WINDOW, Lease, LeaseHandle, LeaseStore,
     MAX_TOKEN, Outcome, ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
-/// Where the memory store reads "now" from.
-pub trait Clock: Send + Sync {
-    /// Current time in Unix milliseconds.
-    fn now_ms(&self) -> u64;
-}
+mod clock;
 
-/// The machine's wall clock.
-#[derive(Debug, Default)]
-pub struct SystemClock;
+pub use clock::{Clock, ManualClock, SystemClock};
 
-impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
-    }
-}
+mod state;
 
-/// A clock that only moves when told to.
-#[derive(Clone, Debug)]
-pub struct ManualClock(Arc<AtomicU64>);
-
-impl ManualClock {
-    /// A clock reading `start_ms`.
-    pub fn new(start_ms: u64) -> Self {
-        Self(Arc::new(AtomicU64::new(start_ms)))
-    }
-
-    /// Moves time forward.
-    pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_millis() as u64, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Record {
-    lease_id: String,
-    owner: String,
-    token: u64,
-    acquired_ms: u64,
-    expires_ms: u64,
-    max_expires_ms: Option<u64>,
-    metadata: Option<serde_json::Map<String, serde_json::Value>>,
-}
-
-impl Record {
-    fn holder_matches(&self, h: &Holder) -> bool {
-        self.lease_id == h.lease_id && self.owner == h.owner && self.token == h.token
-    }
-
-    fn lease(&self, target: &Target) -> Lease {
-        Lease {
-            target: target.name.clone(),
-            lease_id: Some(self.lease_id.clone()),
-            owner: self.owner.clone(),
-            fencing_token: self.token,
-            acquired_at_ms: self.acquired_ms,
-            expires_at_ms: self.expires_ms,
-            max_expires_at_ms: self.max_expires_ms,
-            metadata: self.metadata.clone(),
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-enum Slot {
-    Live(Record),
-    /// Unreadable state; `holder` is set when its identity fields still parse.
-    Corrupt {
-        holder: Option<Holder>,
-    },
-}
-
-#[derive(Clone, Debug)]
-struct Cached {
-    fingerprint: String,
-    lease_id: String,
-    token: u64,
-    expires_ms: u64,
-}
-
-#[derive(Default)]
-struct State {
-    leases: HashMap<Target, Slot>,
-    counters: HashMap<Target, u64>,
-    commits: HashMap<(Target, String), (u64, String)>,
-    requests: HashMap<(&'static str, Target, String, String), Cached>,
-}
-
-impl State {
-    /// The lease slot as seen at `now`: expired records are gone, like a backend TTL.
-    fn slot(&mut self, target: &Target, now: u64) -> Option<Slot> {
-        match self.leases.get(target) {
-            Some(Slot::Live(r)) if r.expires_ms <= now => {
-                self.leases.remove(target);
-                None
-            }
-            other => other.cloned(),
-        }
-    }
-
-    fn cached(
-        &mut self,
-        op: &'static str,
-        target: &Target,
-        scope: &str,
-        request_id: &str,
-        now: u64,
-    ) -> Option<Cached> {
-        let key = (op, target.clone(), scope.to_owned(), request_id.to_owned());
-        match self.requests.get(&key) {
-            Some(c) if c.expires_ms > now => Some(c.clone()),
-            Some(_) => {
-                self.requests.remove(&key);
-                None
-            }
-            None => None,
-        }
-    }
-
-    fn remember(
-        &mut self,
-        op: &'static str,
-        target: &Target,
-        scope: &str,
-        request_id: &str,
-        cached: Cached,
-    ) {
-        self.requests.insert(
-            (op, target.clone(), scope.to_owned(), request_id.to_owned()),
-            cached,
-        );
-    }
-}
+use state::{Cached, Record, Rule, Slot, State};
 
 /// The in-memory reference implementation of [`LeaseStore`].
 pub struct MemoryStore {
@@ -181,7 +45,7 @@ impl MemoryStore {
 
     /// Replaces the target's lease with unreadable state (for the contract suite).
     /// With `identity`, the holder fields stay readable, as when only the TTL is missing.
-    pub fn put_corrupt_lease(&self, target: &Target, identity: Option<Holder>) {
+    pub fn put_corrupt_lease(&self, target: &Target, identity: Option<LeaseHandle>) {
         self.lock()
             .leases
             .insert(target.clone(), Slot::Corrupt { holder: identity });
@@ -225,7 +89,7 @@ fn bare(now: u64, outcome: Outcome, message: &str) -> Reply {
 }
 
 /// The live record when it is exactly `h`'s lease; otherwise the refusal.
-fn held_by(slot: Option<Slot>, h: &Holder) -> Result<Record, (Outcome, &'static str)> {
+fn held_by(slot: Option<Slot>, h: &LeaseHandle) -> Result<Record, (Outcome, &'static str)> {
     match slot {
         Some(Slot::Corrupt { .. }) => Err((Outcome::CorruptState, CORRUPT)),
         None => Err((Outcome::Expired, "the lease has ended")),
@@ -238,6 +102,22 @@ fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
+fn remembered(
+    fingerprint: String,
+    lease_id: &str,
+    token: u64,
+    outcome: Outcome,
+    expires_ms: u64,
+) -> Cached {
+    Cached {
+        fingerprint,
+        lease_id: lease_id.to_owned(),
+        token,
+        outcome,
+        expires_ms,
+    }
+}
+
 #[async_trait]
 impl LeaseStore for MemoryStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
@@ -248,30 +128,31 @@ impl LeaseStore for MemoryStore {
         let fp = fingerprint(&[&ms(req.ttl).to_string(), &max_life, &req.metadata_json()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
-        if let Some(c) = st.cached("acquire", t, &req.owner, &req.request_id, now) {
-            if c.fingerprint != fp {
-                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
-            }
-            return Ok(match slot {
-                Some(Slot::Live(r)) if r.lease_id == c.lease_id => reply(
-                    now,
-                    Outcome::Acquired,
-                    Some(r.lease(t)),
-                    "lease acquired (replayed request)",
-                ),
-                Some(Slot::Live(r)) => reply(
+        let rule = Rule::Revalidate {
+            live: Outcome::Acquired,
+            live_msg: "lease acquired (replayed request)",
+            superseded: |now, r, t| {
+                let shown = Some(r.lease(t).without_lease_id());
+                reply(
                     now,
                     Outcome::Held,
-                    Some(r.lease(t).without_lease_id()),
+                    shown,
                     "the lease this request acquired was superseded",
-                ),
-                Some(Slot::Corrupt { .. }) => bare(now, Outcome::CorruptState, CORRUPT),
-                None => bare(
-                    now,
-                    Outcome::Expired,
-                    "the lease this request acquired has ended",
-                ),
-            });
+                )
+            },
+            ended: "the lease this request acquired has ended",
+        };
+        if let Some(r) = st.replay(
+            "acquire",
+            t,
+            &req.owner,
+            &req.request_id,
+            &fp,
+            now,
+            &slot,
+            rule,
+        ) {
+            return Ok(r);
         }
         match slot {
             Some(Slot::Corrupt { .. }) => return Ok(bare(now, Outcome::CorruptState, CORRUPT)),
@@ -299,12 +180,8 @@ impl LeaseStore for MemoryStore {
         };
         st.counters.insert(t.clone(), rec.token);
         st.leases.insert(t.clone(), Slot::Live(rec.clone()));
-        let cached = Cached {
-            fingerprint: fp,
-            lease_id: rec.lease_id.clone(),
-            token: rec.token,
-            expires_ms: now + ms(IDEMPOTENCY_WINDOW + req.ttl),
-        };
+        let window = now + ms(IDEMPOTENCY_WINDOW + req.ttl);
+        let cached = remembered(fp, &rec.lease_id, rec.token, Outcome::Acquired, window);
         st.remember("acquire", t, &req.owner, &req.request_id, cached);
         Ok(reply(
             now,
@@ -317,25 +194,18 @@ impl LeaseStore for MemoryStore {
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let now = self.clock.now_ms();
-        let (t, h) = (&req.target, &req.holder);
+        let (t, h) = (&req.target, &req.handle);
         let fp = fingerprint(&[&h.lease_id, &h.token.to_string(), &ms(req.ttl).to_string()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
-        if let Some(c) = st.cached("renew", t, &h.owner, &req.request_id, now) {
-            if c.fingerprint != fp {
-                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
-            }
-            return Ok(match slot {
-                Some(Slot::Live(r)) if r.lease_id == c.lease_id && r.token == c.token => reply(
-                    now,
-                    Outcome::Renewed,
-                    Some(r.lease(t)),
-                    "lease renewed (replayed request)",
-                ),
-                Some(Slot::Live(_)) => bare(now, Outcome::NotOwner, "the lease was superseded"),
-                Some(Slot::Corrupt { .. }) => bare(now, Outcome::CorruptState, CORRUPT),
-                None => bare(now, Outcome::Expired, "the lease has ended"),
-            });
+        let rule = Rule::Revalidate {
+            live: Outcome::Renewed,
+            live_msg: "lease renewed (replayed request)",
+            superseded: |now, _, _| bare(now, Outcome::NotOwner, "the lease was superseded"),
+            ended: "the lease has ended",
+        };
+        if let Some(r) = st.replay("renew", t, &h.owner, &req.request_id, &fp, now, &slot, rule) {
+            return Ok(r);
         }
         let mut rec = match held_by(slot, h) {
             Ok(r) => r,
@@ -343,12 +213,8 @@ impl LeaseStore for MemoryStore {
         };
         rec.expires_ms = (now + ms(req.ttl)).min(rec.max_expires_ms.unwrap_or(u64::MAX));
         st.leases.insert(t.clone(), Slot::Live(rec.clone()));
-        let cached = Cached {
-            fingerprint: fp,
-            lease_id: rec.lease_id.clone(),
-            token: rec.token,
-            expires_ms: now + ms(IDEMPOTENCY_WINDOW),
-        };
+        let window = now + ms(IDEMPOTENCY_WINDOW);
+        let cached = remembered(fp, &rec.lease_id, rec.token, Outcome::Renewed, window);
         st.remember("renew", t, &h.owner, &req.request_id, cached);
         Ok(reply(
             now,
@@ -361,19 +227,22 @@ impl LeaseStore for MemoryStore {
     async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let now = self.clock.now_ms();
-        let (t, h) = (&req.target, &req.holder);
+        let (t, h) = (&req.target, &req.handle);
         let fp = fingerprint(&[&h.lease_id, &h.token.to_string()]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
-        if let Some(c) = st.cached("release", t, &h.owner, &req.request_id, now) {
-            if c.fingerprint != fp {
-                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
-            }
-            return Ok(bare(
-                now,
-                Outcome::Released,
-                "lease released (replayed request)",
-            ));
+        let rule = Rule::Done(|_| "lease released (replayed request)");
+        if let Some(r) = st.replay(
+            "release",
+            t,
+            &h.owner,
+            &req.request_id,
+            &fp,
+            now,
+            &slot,
+            rule,
+        ) {
+            return Ok(r);
         }
         // The exact holder may clear a corrupt record whose identity still reads.
         let released = match slot {
@@ -386,12 +255,8 @@ impl LeaseStore for MemoryStore {
             },
         };
         st.leases.remove(t);
-        let cached = Cached {
-            fingerprint: fp,
-            lease_id: h.lease_id.clone(),
-            token: h.token,
-            expires_ms: now + ms(IDEMPOTENCY_WINDOW),
-        };
+        let window = now + ms(IDEMPOTENCY_WINDOW);
+        let cached = remembered(fp, &h.lease_id, h.token, Outcome::Released, window);
         st.remember("release", t, &h.owner, &req.request_id, cached);
         Ok(reply(now, Outcome::Released, released, "lease released"))
     }
@@ -415,21 +280,53 @@ impl LeaseStore for MemoryStore {
         req.validate()?;
         let now = self.clock.now_ms();
         let t = &req.target;
+        let token = req.token.map(|n| n.to_string()).unwrap_or_default();
+        let fp = fingerprint(&[&token]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
-        st.leases.remove(t);
-        Ok(match slot {
-            Some(Slot::Live(r)) => reply(
-                now,
-                Outcome::Revoked,
-                Some(r.lease(t).without_lease_id()),
-                "lease revoked",
-            ),
-            Some(Slot::Corrupt { .. }) => {
-                bare(now, Outcome::Revoked, "corrupt lease record removed")
+        let rule = Rule::Done(|outcome| match outcome {
+            Outcome::NotFound => "target had no live lease (replayed request)",
+            _ => "lease revoked (replayed request)",
+        });
+        if let Some(r) = st.replay("revoke", t, "", &req.request_id, &fp, now, &slot, rule) {
+            return Ok(r);
+        }
+        if let Some(want) = req.token {
+            match &slot {
+                Some(Slot::Live(r)) if r.token != want => {
+                    let message = "the live lease has another fencing token";
+                    return Ok(bare(now, Outcome::NotOwner, message));
+                }
+                Some(Slot::Corrupt { holder })
+                    if holder.as_ref().map(|h| h.token) != Some(want) =>
+                {
+                    return Ok(bare(now, Outcome::CorruptState, CORRUPT));
+                }
+                _ => {}
             }
-            None => bare(now, Outcome::NotFound, "target has no live lease"),
-        })
+        }
+        st.leases.remove(t);
+        let (out, id, tok) = match slot {
+            Some(Slot::Live(r)) => {
+                let shown = Some(r.lease(t).without_lease_id());
+                let out = reply(now, Outcome::Revoked, shown, "lease revoked");
+                (out, r.lease_id, r.token)
+            }
+            Some(Slot::Corrupt { holder }) => {
+                let out = bare(now, Outcome::Revoked, "corrupt lease record removed");
+                let (id, tok) = holder.map(|h| (h.lease_id, h.token)).unwrap_or_default();
+                (out, id, tok)
+            }
+            None => (
+                bare(now, Outcome::NotFound, "target has no live lease"),
+                String::new(),
+                0,
+            ),
+        };
+        let window = now + ms(IDEMPOTENCY_WINDOW);
+        let cached = remembered(fp, &id, tok, out.outcome, window);
+        st.remember("revoke", t, "", &req.request_id, cached);
+        Ok(out)
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
@@ -439,15 +336,9 @@ impl LeaseStore for MemoryStore {
         let fp = fingerprint(&[&req.token.to_string(), &req.key, &req.value]);
         let mut st = self.lock();
         let slot = st.slot(t, now);
-        if let Some(c) = st.cached("commit", t, "", &req.request_id, now) {
-            if c.fingerprint != fp {
-                return Ok(bare(now, Outcome::IdempotencyConflict, CONFLICT));
-            }
-            return Ok(bare(
-                now,
-                Outcome::Committed,
-                "value committed (replayed request)",
-            ));
+        let rule = Rule::Done(|_| "value committed (replayed request)");
+        if let Some(r) = st.replay("commit", t, "", &req.request_id, &fp, now, &slot, rule) {
+            return Ok(r);
         }
         let rec = match slot {
             Some(Slot::Corrupt { .. }) => return Ok(bare(now, Outcome::CorruptState, CORRUPT)),
@@ -470,12 +361,8 @@ impl LeaseStore for MemoryStore {
         }
         st.commits
             .insert(commit_key, (req.token, req.value.clone()));
-        let cached = Cached {
-            fingerprint: fp,
-            lease_id: String::new(),
-            token: req.token,
-            expires_ms: now + ms(IDEMPOTENCY_WINDOW),
-        };
+        let window = now + ms(IDEMPOTENCY_WINDOW);
+        let cached = remembered(fp, "", req.token, Outcome::Committed, window);
         st.remember("commit", t, "", &req.request_id, cached);
         let shown = Some(rec.lease(t).without_lease_id());
         Ok(reply(now, Outcome::Committed, shown, "value committed"))

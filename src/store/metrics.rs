@@ -143,6 +143,10 @@ impl LeaseStore for MeteredStore {
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
         self.timed("commit", self.inner.commit(req)).await
     }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+
     async fn health(&self) -> Result<Health, StoreError> {
         let started = Instant::now();
         let result = self.inner.health().await;

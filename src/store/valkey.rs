@@ -1,53 +1,93 @@
-//! The Valkey backend: one Lua script per operation, called by hash.
+//! The Valkey backend: one Lua script per operation, called by hash, over a
+//! client of our own that sends every request at most once.
 //!
-//! This file owns argument order and error mapping; key names live in
-//! [`keys`], script sources in [`scripts`], reply shapes in [`reply`]. `fred`
-//! never leaks past this module.
+//! This file runs a call end to end (EVALSHA, the one NOSCRIPT recovery, the
+//! reply, the durability wait on the connection that wrote); argument order
+//! lives in [`calls`], key names in [`keys`], reply shapes in [`reply`], error
+//! meaning in `errors.rs`, connections in `client.rs` and below. Nothing
+//! Valkey-specific leaks past this module.
 
+mod calls;
+mod client;
+mod cluster;
 pub mod config;
+mod dial;
+mod endpoint;
 mod errors;
-pub mod events;
 pub mod keys;
-pub mod reply;
+mod link;
+pub mod notices;
+mod pool;
+mod reply;
+mod resp;
 pub mod scripts;
 pub mod tls;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use fred::error::Error as FredError;
-use fred::prelude::*;
-use fred::socket2::TcpKeepalive;
-use fred::types::config::{Options, ServerConfig, TcpConfig};
-use fred::types::{ClusterHash, CustomCommand};
+use tokio::time::Instant;
 
+use calls::Call;
+use client::{Client, Route, SendError};
 pub use config::{Durability, Secret, TlsFiles, ValkeyConfig, redact_url};
-use errors::{Effect, classify, deadline_passed, describe};
+use dial::{Dialer, Tls};
+use endpoint::Endpoint;
+use errors::{Effect, server_error, unanswered};
 pub use keys::KeySpace;
+use link::{Link, LinkError};
+use resp::{Cmd, Value};
 use scripts::{SCRIPTS, Script};
 
 use super::{
-    AcquireRequest, CommitRequest, Health, IDEMPOTENCY_WINDOW, LeaseStore, Outcome, ReleaseRequest,
-    RenewRequest, Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
+    Reply, RevokeRequest, StoreError, Target,
 };
-
-/// Redirections one command may follow (set on the connection config; per-call
-/// options did not take effect). fred 10.1 does not follow ASK; its retry loop
-/// ends cleanly only when redirections run out before write attempts, otherwise
-/// its router task dies and every later call hangs until the deadline.
-const MAX_REDIRECTIONS: u32 = 2;
 
 /// [`super::LeaseStore`] on Valkey (standalone, Sentinel or Cluster).
 pub struct ValkeyStore {
-    pool: Pool,
+    client: Client,
     keys: KeySpace,
-    options: Options,
     durability: Durability,
     timeout: Duration,
 }
 
+/// The parsed URL and how to open connections for it (credentials, TLS).
+fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
+    let endpoint = endpoint::parse(&cfg.url).map_err(|why| {
+        StoreError::Invalid(format!("bad valkey url {}: {why}", redact_url(&cfg.url)))
+    })?;
+    let tls = if endpoint.tls {
+        Some(Tls {
+            config: tls::client_config(&cfg.tls)?,
+            server_name: cfg.tls.server_name.clone(),
+        })
+    } else if cfg.tls.ca_file.is_some()
+        || cfg.tls.cert_file.is_some()
+        || cfg.tls.server_name.is_some()
+    {
+        return Err(StoreError::Invalid(format!(
+            "bad valkey url {}: TLS files or a TLS server name were given but the URL does not use TLS (rediss://)",
+            redact_url(&cfg.url)
+        )));
+    } else {
+        None
+    };
+    let dialer = Dialer {
+        tls,
+        username: cfg.username.clone().or_else(|| endpoint.username.clone()),
+        password: cfg
+            .password
+            .clone()
+            .or_else(|| endpoint.password.clone().map(Secret::new)),
+        db: endpoint.db,
+    };
+    Ok((endpoint, dialer))
+}
+
 impl ValkeyStore {
     /// Connects, then loads every script so a broken one fails here, not later.
+    /// Bounded by the connect timeout, then the operation timeout.
     pub async fn connect(cfg: &ValkeyConfig) -> Result<Self, StoreError> {
         let store = Self::connect_only(cfg).await?;
         if let Err(e) = store.load_scripts().await {
@@ -61,64 +101,31 @@ impl ValkeyStore {
     /// reports a script that cannot load as a finding, not as unreachable).
     pub async fn connect_only(cfg: &ValkeyConfig) -> Result<Self, StoreError> {
         let keys = KeySpace::new(&cfg.key_prefix)?;
-        let pool = builder(cfg)?
-            .build_pool(cfg.pool_size.max(1))
-            .map_err(|e| StoreError::Invalid(format!("valkey client: {}", e.details())))?;
-        match tokio::time::timeout(cfg.connect_timeout, pool.init()).await {
-            Ok(Ok(_task)) => {}
-            Ok(Err(e)) => {
-                let _ = pool.quit().await;
-                return Err(StoreError::BackendUnavailable(format!(
-                    "cannot connect to {}: {}",
-                    redact_url(&cfg.url),
-                    describe(&e)
-                )));
-            }
-            Err(_) => {
-                let _ = pool.quit().await;
-                return Err(StoreError::BackendUnavailable(format!(
-                    "cannot connect to {} within {}",
-                    redact_url(&cfg.url),
-                    humantime::format_duration(cfg.connect_timeout)
-                )));
-            }
-        }
-        let store = Self {
-            pool,
+        let (endpoint, dialer) = prepare(cfg)?;
+        let client = Client::connect(&endpoint, dialer, cfg.pool_size.max(1), cfg.connect_timeout)
+            .await
+            .map_err(|e| StoreError::BackendUnavailable(e.0))?;
+        Ok(Self {
+            client,
             keys,
-            options: Options {
-                timeout: Some(cfg.timeout),
-                fail_fast: true,
-                // fred 10.1 does not follow ASK (it re-sends to the old owner)
-                // and its router task dies once the command runs out of write
-                // attempts in that loop. Two redirections let MOVED through and
-                // end an ASK loop with a clean "Too many redirections" first.
-                ..Options::default()
-            },
             durability: cfg.durability,
             timeout: cfg.timeout,
-        };
-        Ok(store)
+        })
     }
 
     /// The text of `INFO <section>` from one server (any primary in a cluster).
     pub async fn info(&self, section: &str) -> Result<String, StoreError> {
-        let client = self.pool.next().with_options(&self.options);
-        tokio::time::timeout(
-            self.timeout,
-            client.custom::<String, _>(
-                CustomCommand::new_static("INFO", ClusterHash::Random, false),
-                vec![section.to_owned()],
-            ),
-        )
-        .await
-        .map_err(|_| deadline_passed(Effect::Read, self.timeout))?
-        .map_err(|e| classify(&e, Effect::Read))
+        let reply = self
+            .single(Route::Any, Cmd::new("INFO").arg(section))
+            .await?;
+        reply
+            .text()
+            .ok_or_else(|| StoreError::BackendUnavailable("unreadable INFO reply".into()))
     }
 
     /// True when connected through Valkey Cluster.
     pub fn is_clustered(&self) -> bool {
-        self.pool.next().is_clustered()
+        self.client.is_clustered()
     }
 
     /// The key layout this store writes.
@@ -126,363 +133,266 @@ impl ValkeyStore {
         &self.keys
     }
 
-    /// Loads every script on every primary (used at startup and by readiness).
+    /// Loads every script on every primary (used at startup and by readiness),
+    /// in one round trip per primary, within the operation timeout.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
-        let client = self.pool.next().with_options(&self.options);
-        for script in SCRIPTS.all() {
-            let loaded: Result<String, FredError> = if self.pool.next().is_clustered() {
-                client.script_load_cluster(script.source.as_str()).await
-            } else {
-                client.script_load(script.source.as_str()).await
-            };
-            match loaded {
-                Ok(sha) if sha == script.sha => {}
-                Ok(sha) => {
-                    return Err(StoreError::BackendUnavailable(format!(
-                        "script {} loaded with hash {sha}, expected {}",
-                        script.name, script.sha
-                    )));
-                }
-                Err(e) => {
-                    return Err(StoreError::BackendUnavailable(format!(
-                        "cannot load script {}: {}",
-                        script.name,
-                        describe(&e)
-                    )));
+        let all = SCRIPTS.all();
+        let cmds: Vec<Cmd> = all
+            .iter()
+            .map(|s| Cmd::new("SCRIPT").arg("LOAD").arg(&s.source))
+            .collect();
+        let deadline = Instant::now() + self.timeout;
+        let per_node = self
+            .client
+            .send_to_primaries(&cmds, deadline)
+            .await
+            .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
+        for (node, result) in per_node {
+            let sent = result.map_err(|e| {
+                let e = unanswered(e, Effect::Read, self.timeout);
+                StoreError::BackendUnavailable(format!("cannot load the scripts on {node}: {e}"))
+            })?;
+            for (script, reply) in all.iter().zip(&sent.replies) {
+                match reply {
+                    Value::Error(e) => {
+                        return Err(StoreError::BackendUnavailable(format!(
+                            "cannot load script {} on {node}: {}",
+                            script.name,
+                            dial::first_words(e)
+                        )));
+                    }
+                    v if v.text().as_deref() == Some(script.sha.as_str()) => {}
+                    v => {
+                        return Err(StoreError::BackendUnavailable(format!(
+                            "script {} loaded on {node} with hash {}, expected {}",
+                            script.name,
+                            v.text().unwrap_or_default(),
+                            script.sha
+                        )));
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Closes every connection.
+    /// Closes every connection (locally: nothing is sent, so nothing can hang).
     pub async fn close(&self) {
-        let _ = self.pool.quit().await;
+        self.client.close().await;
+    }
+
+    /// One read-only command, answered or failed within the timeout.
+    async fn single(&self, route: Route, cmd: Cmd) -> Result<Value, StoreError> {
+        let deadline = Instant::now() + self.timeout;
+        let sent = self
+            .client
+            .send(route, &[cmd], deadline)
+            .await
+            .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
+        match sent.replies.into_iter().next() {
+            Some(Value::Error(e)) => Err(server_error(&e, Effect::Read)),
+            Some(v) => Ok(v),
+            None => Err(StoreError::BackendUnavailable("empty reply".into())),
+        }
     }
 
     /// Runs a script by hash; on NOSCRIPT (flushed cache, restarted or failed-over
-    /// server) it is sent once in full, which also reloads it. That is the only recovery.
-    async fn run(
-        &self,
-        client: &Client,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<String>,
-        effect: Effect,
-    ) -> Result<Vec<String>, StoreError> {
-        let client = client.with_options(&self.options);
-        let first: Result<Vec<String>, FredError> = client
-            .evalsha(script.sha.as_str(), keys.clone(), args.clone())
-            .await;
-        let result = match first {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                tracing::debug!(script = script.name, "script cache miss; sending source");
-                client.eval(script.source.as_str(), keys, args).await
-            }
-            other => other,
-        };
-        result.map_err(|e| classify(&e, effect))
+    /// server) it is sent once in full, which also reloads it. That is the only
+    /// recovery, and the only re-send: NOSCRIPT means the script did not run.
+    async fn script(&self, call: &Call, deadline: Instant) -> Result<(Value, Link), SendError> {
+        let slot = call
+            .keys
+            .first()
+            .map(|(_, k)| cluster::key_slot(k.as_bytes()))
+            .unwrap_or(0);
+        let route = Route::Slot(slot);
+        let sent = self
+            .client
+            .send(route, &[eval(call, false)], deadline)
+            .await?;
+        let mut sent = sent;
+        if matches!(sent.replies.first(), Some(Value::Error(e)) if e.starts_with("NOSCRIPT")) {
+            tracing::debug!(
+                script = call.script.name,
+                "script cache miss; sending source"
+            );
+            sent = self
+                .client
+                .send(route, &[eval(call, true)], deadline)
+                .await?;
+        }
+        let value = sent.replies.into_iter().next().unwrap_or(Value::Nil);
+        Ok((value, sent.link))
     }
 
-    async fn call(
-        &self,
-        script: &Script,
-        target: &Target,
-        keys: Vec<String>,
-        args: Vec<String>,
-        effect: Effect,
-    ) -> Result<Reply, StoreError> {
-        // One client for the script and its durability wait: WAIT counts the
-        // writes of the connection it runs on.
-        let client = self.pool.next();
-        if !client.is_connected() {
-            return Err(StoreError::BackendUnavailable(
-                "not connected to valkey".into(),
-            ));
+    /// One operation end to end, within one `timeout`: script, reply, and the
+    /// durability wait on the connection that wrote.
+    async fn call(&self, call: Call, target: &Target) -> Result<Reply, StoreError> {
+        let deadline = Instant::now() + self.timeout;
+        let (value, link) = self
+            .script(&call, deadline)
+            .await
+            .map_err(|e| unanswered(e, call.effect, self.timeout))?;
+        if let Value::Error(e) = &value {
+            return Err(server_error(e, call.effect));
         }
-        let slot = keys
-            .first()
-            .map(|k| fred::util::redis_keyslot(k.as_bytes()))
-            .unwrap_or(0);
-        // fred's own per-command timeout does not cover a command queued
-        // behind a stalled server, so the deadline is enforced here too.
-        let raw =
-            match tokio::time::timeout(self.timeout, self.run(client, script, keys, args, effect))
-                .await
-            {
-                Ok(result) => result?,
-                Err(_) => return Err(deadline_passed(effect, self.timeout)),
-            };
-        let reply = reply::decode(target, &raw);
-        tracing::debug!(op = script.name, outcome = %reply.outcome, "lease script ran");
-        if effect == Effect::Write
+        let reply = match reply::decode(target, &value) {
+            Ok(r) => r,
+            // The script may have written before replying: never a refusal.
+            Err(why) if call.effect == Effect::Write => {
+                return Err(StoreError::OutcomeUnknown(format!(
+                    "the {} script ran but its reply is unreadable ({why}); \
+                     retry with the same request id",
+                    call.script.name
+                )));
+            }
+            Err(why) => Reply {
+                outcome: Outcome::CorruptState,
+                lease: None,
+                server_time_ms: 0,
+                message: format!("unreadable reply from the lease script ({why})"),
+            },
+        };
+        tracing::debug!(op = call.script.name, outcome = %reply.outcome, "lease script ran");
+        if call.effect == Effect::Write
             && matches!(
                 reply.outcome,
                 Outcome::Acquired | Outcome::Renewed | Outcome::Committed
             )
         {
-            tokio::time::timeout(self.timeout, self.wait_durable(client, slot, reply.outcome))
-                .await
-                .map_err(|_| deadline_passed(Effect::Write, self.timeout))??;
+            self.wait_durable(&link, deadline, reply.outcome).await?;
         }
         Ok(reply)
     }
 
-    /// Blocks until the configured durability holds for this connection's writes.
+    /// Blocks until the configured durability holds for the writes of `link`,
+    /// the connection the script ran on.
     ///
     /// The script already ran, so a failure here is `OutcomeUnknown`: the write
     /// may still become durable (or be lost in a failover); the caller retries
     /// with the same request id and gets the same lease, never a second token.
+    /// A wait on any other connection would count that connection's writes,
+    /// not ours, so a broken connection ends it as unknown too.
     async fn wait_durable(
         &self,
-        client: &Client,
-        slot: u16,
+        link: &Link,
+        deadline: Instant,
         outcome: Outcome,
     ) -> Result<(), StoreError> {
-        if self.durability == Durability::None {
-            return Ok(());
-        }
-        let wait_ms = (self.timeout / 2).as_millis().max(1) as i64;
-        let options = Options {
-            cluster_hash: Some(ClusterHash::Custom(slot)),
-            ..self.options.clone()
-        };
-        let client = client.with_options(&options);
         let not_durable = |what: String| {
             StoreError::OutcomeUnknown(format!(
-                "{outcome} but durability {} not satisfied: {what}; \
+                "{outcome} but durability {} not confirmed: {what}; \
                  not reported as safe, retry with the same request id",
                 self.durability
             ))
         };
-        let acked = match self.durability {
+        // The server gives up at 3/4 of what is left, so its answer beats our deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait_ms = (left * 3 / 4).as_millis() as i64;
+        let cmd = match self.durability {
             Durability::None => return Ok(()),
-            Durability::Replicas(n) => {
-                let acked: i64 = client
-                    .wait(i64::from(n), wait_ms)
-                    .await
-                    .map_err(|e| not_durable(describe(&e)))?;
-                (acked >= i64::from(n)).then_some(()).ok_or_else(|| {
+            _ if wait_ms < 1 => return Err(not_durable("no time left to wait".into())),
+            Durability::Replicas(n) => Cmd::new("WAIT").arg(n.to_string()).arg(wait_ms.to_string()),
+            Durability::Aof => Cmd::new("WAITAOF")
+                .arg("1")
+                .arg("0")
+                .arg(wait_ms.to_string()),
+        };
+        let replies = link.request(&[cmd], deadline).await.map_err(|e| {
+            not_durable(match e {
+                LinkError::NotSent(why) | LinkError::Lost(why) => {
+                    format!("the connection that wrote is gone ({why})")
+                }
+                LinkError::Late => "no answer to the wait in time".into(),
+            })
+        })?;
+        let acked = match (self.durability, replies.first()) {
+            (_, Some(Value::Error(e))) => Err(dial::first_words(e)),
+            (Durability::Replicas(n), Some(Value::Int(acked))) => {
+                (*acked >= i64::from(n)).then_some(()).ok_or_else(|| {
                     format!("{acked} of {n} replica(s) acknowledged within {wait_ms}ms")
                 })
             }
-            Durability::Aof => {
-                let counts: Vec<i64> = client
-                    .custom(
-                        CustomCommand::new_static("WAITAOF", ClusterHash::Custom(slot), true),
-                        vec![1, 0, wait_ms],
-                    )
-                    .await
-                    .map_err(|e| not_durable(describe(&e)))?;
-                (counts.first().copied().unwrap_or(0) >= 1)
+            (Durability::Aof, Some(Value::Array(counts))) => {
+                (counts.first().and_then(Value::int).unwrap_or(0) >= 1)
                     .then_some(())
                     .ok_or_else(|| format!("not fsynced to the local AOF within {wait_ms}ms"))
             }
+            _ => Err("unexpected reply to the wait".into()),
         };
         acked.map_err(not_durable)
     }
 }
 
-/// The client builder every connection of a store uses (the pool and the
-/// release-event subscriber): URL, credentials, TLS, timeouts, keepalive,
-/// redirect limits and the reconnect policy.
-fn builder(cfg: &ValkeyConfig) -> Result<Builder, StoreError> {
-    let mut config = client_config(cfg)?;
-    if let Some(user) = &cfg.username {
-        config.username = Some(user.clone());
-    }
-    if let Some(password) = &cfg.password {
-        config.password = Some(password.expose().to_owned());
-    }
-    config.fail_fast = true;
-    let mut builder = Builder::from_config(config);
-    builder
-        .with_connection_config(|c| {
-            c.connection_timeout = cfg.connect_timeout;
-            c.internal_command_timeout = cfg.connect_timeout;
-            c.max_redirections = MAX_REDIRECTIONS;
-            c.max_command_attempts = MAX_REDIRECTIONS + 3;
-            // A dead peer behind a silent network is noticed in about a minute.
-            c.tcp = TcpConfig {
-                nodelay: Some(true),
-                keepalive: Some(
-                    TcpKeepalive::new()
-                        .with_time(Duration::from_secs(30))
-                        .with_interval(Duration::from_secs(10)),
-                ),
-                ..TcpConfig::default()
-            };
-        })
-        // Reconnect forever, 100ms doubling to 5s, plus fred's default 100ms jitter.
-        .set_policy(ReconnectPolicy::new_exponential(0, 100, 5_000, 2));
-    Ok(builder)
-}
-
-/// The fred config for `cfg`: URL, TLS (our rustls settings, never fred's defaults).
-fn client_config(cfg: &ValkeyConfig) -> Result<Config, StoreError> {
-    let bad_url = |why: String| {
-        StoreError::Invalid(format!("bad valkey url {}: {why}", redact_url(&cfg.url)))
+/// `EVALSHA` (or `EVAL` with the source), `_RO` for read-only scripts.
+fn eval(call: &Call, with_source: bool) -> Cmd {
+    let s: &Script = call.script;
+    let name = match (with_source, s.read_only) {
+        (false, false) => "EVALSHA",
+        (false, true) => "EVALSHA_RO",
+        (true, false) => "EVAL",
+        (true, true) => "EVAL_RO",
     };
-    let (scheme, rest) = cfg
-        .url
-        .split_once("://")
-        .ok_or_else(|| bad_url("no scheme".into()))?;
-    let (plain, tls) = match scheme {
-        "redis" | "redis-cluster" | "redis-sentinel" => (scheme.to_owned(), false),
-        "rediss" | "rediss-cluster" | "rediss-sentinel" => {
-            (scheme.replacen("rediss", "redis", 1), true)
-        }
-        other => {
-            return Err(bad_url(format!(
-                "unsupported scheme {other:?}; use redis, rediss, redis-cluster, rediss-cluster or redis-sentinel"
-            )));
-        }
-    };
-    let mut config = Config::from_url(&format!("{plain}://{rest}"))
-        .map_err(|e| bad_url(e.details().to_string()))?;
-    if tls {
-        config.tls = Some(tls::client_config(&cfg.tls)?);
-        if let Some(name) = &cfg.tls.server_name {
-            let name: fred::bytes_utils::Str = name.as_str().into();
-            match &mut config.server {
-                ServerConfig::Centralized { server } => server.tls_server_name = Some(name),
-                ServerConfig::Clustered { hosts, .. } | ServerConfig::Sentinel { hosts, .. } => {
-                    for h in hosts {
-                        h.tls_server_name = Some(name.clone());
-                    }
-                }
-            }
-        }
-    } else if cfg.tls.ca_file.is_some()
-        || cfg.tls.cert_file.is_some()
-        || cfg.tls.server_name.is_some()
-    {
-        return Err(bad_url(
-            "TLS files or a TLS server name were given but the URL does not use TLS (rediss://)"
-                .into(),
-        ));
-    }
-    Ok(config)
-}
-
-fn window_ms(extra: Duration) -> String {
-    (IDEMPOTENCY_WINDOW + extra).as_millis().to_string()
-}
-
-fn ms(d: Duration) -> String {
-    d.as_millis().to_string()
+    let body = if with_source { &s.source } else { &s.sha };
+    Cmd::new(name)
+        .arg(body)
+        .arg(call.keys.len().to_string())
+        .args(call.keys.iter().map(|(_, k)| k))
+        .args(call.args.iter().map(|(_, a)| a))
 }
 
 #[async_trait]
 impl LeaseStore for ValkeyStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let t = &req.target;
-        let keys = vec![
-            self.keys.lease(t),
-            self.keys.fence(t),
-            self.keys.request(t, "acquire", &req.owner, &req.request_id),
-        ];
-        let args = vec![
-            req.owner.clone(),
-            ms(req.ttl),
-            req.max_lifetime.map(ms).unwrap_or_else(|| "0".into()),
-            req.lease_id.clone().unwrap_or_else(super::new_request_id),
-            req.metadata_json(),
-            req.token_floor.unwrap_or(0).to_string(),
-            window_ms(Duration::ZERO),
-        ];
-        self.call(&SCRIPTS.acquire, t, keys, args, Effect::Write)
+        self.call(calls::acquire(&self.keys, req), &req.target)
             .await
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let t = &req.target;
-        let h = &req.holder;
-        let keys = vec![
-            self.keys.lease(t),
-            self.keys.request(t, "renew", &h.owner, &req.request_id),
-        ];
-        let args = vec![
-            h.owner.clone(),
-            h.lease_id.clone(),
-            h.token.to_string(),
-            ms(req.ttl),
-            window_ms(Duration::ZERO),
-        ];
-        self.call(&SCRIPTS.renew, t, keys, args, Effect::Write)
-            .await
+        self.call(calls::renew(&self.keys, req), &req.target).await
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let t = &req.target;
-        let h = &req.holder;
-        let keys = vec![
-            self.keys.lease(t),
-            self.keys.request(t, "release", &h.owner, &req.request_id),
-        ];
-        let args = vec![
-            h.owner.clone(),
-            h.lease_id.clone(),
-            h.token.to_string(),
-            window_ms(Duration::ZERO),
-        ];
-        self.call(&SCRIPTS.release, t, keys, args, Effect::Write)
+        self.call(calls::release(&self.keys, req), &req.target)
             .await
     }
 
     async fn get(&self, target: &Target) -> Result<Reply, StoreError> {
         target.validate()?;
-        let keys = vec![self.keys.lease(target)];
-        self.call(&SCRIPTS.get, target, keys, vec![], Effect::Read)
-            .await
+        self.call(calls::get(&self.keys, target), target).await
     }
 
     async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let t = &req.target;
-        let keys = vec![self.keys.lease(t)];
-        let args = vec![req.reason.clone().unwrap_or_default()];
-        self.call(&SCRIPTS.revoke, t, keys, args, Effect::Write)
-            .await
+        self.call(calls::revoke(&self.keys, req), &req.target).await
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let t = &req.target;
-        let keys = vec![
-            self.keys.lease(t),
-            self.keys.commit(t, &req.key),
-            self.keys.request(t, "commit", "", &req.request_id),
-        ];
-        let args = vec![
-            req.token.to_string(),
-            req.key.clone(),
-            req.value.clone(),
-            window_ms(Duration::ZERO),
-        ];
-        self.call(&SCRIPTS.commit, t, keys, args, Effect::Write)
-            .await
+        self.call(calls::commit(&self.keys, req), &req.target).await
+    }
+
+    async fn close(&self) {
+        ValkeyStore::close(self).await
     }
 
     async fn health(&self) -> Result<Health, StoreError> {
-        let started = Instant::now();
-        let client = self.pool.next().with_options(&self.options);
-        let time: Vec<String> = tokio::time::timeout(
-            self.timeout,
-            client.custom(
-                CustomCommand::new_static("TIME", None, false),
-                Vec::<String>::new(),
-            ),
-        )
-        .await
-        .map_err(|_| deadline_passed(Effect::Read, self.timeout))?
-        .map_err(|e| classify(&e, Effect::Read))?;
+        let started = std::time::Instant::now();
+        let time = self.single(Route::Any, Cmd::new("TIME")).await?;
         let latency = started.elapsed();
-        let secs: u64 = time.first().and_then(|s| s.parse().ok()).unwrap_or(0);
-        let micros: u64 = time.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let parts = match time {
+            Value::Array(p) => p,
+            _ => {
+                return Err(StoreError::BackendUnavailable(
+                    "unreadable TIME reply".into(),
+                ));
+            }
+        };
+        let secs: u64 = parts.first().and_then(Value::int).unwrap_or(0) as u64;
+        let micros: u64 = parts.get(1).and_then(Value::int).unwrap_or(0) as u64;
         Ok(Health {
             server_time_ms: secs * 1000 + micros / 1000,
             latency,

@@ -4,66 +4,38 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, Config};
 use serde_json::{Value, json};
-use targetlease::crd::{Phase, TargetLease};
-use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{LeaseStore, Outcome, Target};
+use targetlease::crd::TargetLease;
 
 use crate::helm::*;
+use crate::support::chart_identity::{self, apply};
 use crate::support::kube_env::{self, ControlPlane, eventually};
-use crate::support::operator_env::{OperatorEnv, apply_example, summary};
+use crate::support::operator_env::summary;
 
-const SOON: Duration = Duration::from_secs(30);
-
-/// Server-side applies every rendered document with the admin client.
-async fn apply(client: &Client, docs: &[Value]) {
-    for doc in docs {
-        let obj: DynamicObject = serde_json::from_value(doc.clone()).expect("an object");
-        let types = obj.types.clone().expect("apiVersion and kind");
-        let (group, version) = types
-            .api_version
-            .split_once('/')
-            .unwrap_or(("", &types.api_version));
-        let gvk = GroupVersionKind::gvk(group, version, &types.kind);
-        let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
-            .await
-            .unwrap_or_else(|e| panic!("discover {gvk:?}: {e}"));
-        let api: Api<DynamicObject> = match obj.namespace() {
-            Some(ns) if caps.scope == kube::discovery::Scope::Namespaced => {
-                Api::namespaced_with(client.clone(), &ns, &ar)
-            }
-            _ => Api::all_with(client.clone(), &ar),
-        };
-        api.patch(
-            &obj.name_any(),
-            &PatchParams::apply("chart-tests").force(),
-            &Patch::Apply(&obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply {} {}: {e}", types.kind, obj.name_any()));
-    }
-}
+pub const SOON: Duration = Duration::from_secs(30);
 
 /// A chart release's identity and access in `ns`: ServiceAccount, RBAC and
 /// the admission policy (scoped to `ns` so parallel tests do not interfere).
-struct Release {
-    rendered: Rendered,
-    service_account: String,
+pub struct Release {
+    pub rendered: Rendered,
+    pub service_account: String,
 }
 
-async fn install_identity(cp: &ControlPlane, ns: &str) -> Release {
+pub async fn install_identity(cp: &ControlPlane, ns: &str) -> Release {
+    install_release_identity(cp, ns, ns).await
+}
+
+/// The same, for a release named `release` (several may share a name).
+pub async fn install_release_identity(cp: &ControlPlane, release: &str, ns: &str) -> Release {
     let watch = format!("operator.watchNamespace={ns}");
     let mut args = vec!["--set", watch.as_str()];
-    args.extend_from_slice(&VAP_APIS);
     args.extend_from_slice(&RBAC_TEMPLATES);
     args.extend_from_slice(&["--show-only", "templates/deployment.yaml"]);
-    let rendered = template(ns, ns, &args);
+    let rendered = template(release, ns, &args);
     assert!(rendered.find("ValidatingAdmissionPolicy").is_some());
     let identity: Vec<_> = rendered
         .0
@@ -87,31 +59,14 @@ async fn install_identity(cp: &ControlPlane, ns: &str) -> Release {
     }
 }
 
-/// A kubeconfig file holding a TokenRequest token of `ns/sa`.
-async fn service_account_kubeconfig(cp: &ControlPlane, ns: &str, sa: &str, dir: &Path) -> PathBuf {
-    let sas: Api<ServiceAccount> = Api::namespaced(cp.client(), ns);
-    let tr = serde_json::from_value(json!({ "spec": { "expirationSeconds": 3600 } })).unwrap();
-    let token = sas
-        .create_token_request(sa, &PostParams::default(), &tr)
-        .await
-        .expect("TokenRequest")
-        .status
-        .expect("token")
-        .token;
-    let kubeconfig = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{ "name": "test", "cluster": {
-            "server": cp.server_url(),
-            "certificate-authority": cp.dir().join("pki/ca.crt"),
-        } }],
-        "users": [{ "name": sa, "user": { "token": token } }],
-        "contexts": [{ "name": sa, "context": { "cluster": "test", "user": sa, "namespace": ns } }],
-        "current-context": sa,
-    });
-    let path = dir.join(format!("{sa}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
-    path
+/// A kubeconfig holding a TokenRequest token of `ns/sa`, straight to the API server.
+pub async fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    ns: &str,
+    sa: &str,
+    dir: &Path,
+) -> PathBuf {
+    chart_identity::service_account_kubeconfig(cp, ns, sa, &cp.server_url(), dir).await
 }
 
 async fn client_from(kubeconfig: &Path) -> Client {
@@ -181,7 +136,7 @@ fn tenant_edit_rules(with_status: bool) -> Value {
 
 /// Waits until the rendered policy is enforced in `ns` (it is loaded
 /// asynchronously): the admin (system:masters, not exempt) is refused.
-async fn wait_policy_enforced(cp: &ControlPlane, ns: &str, probe: &str) {
+pub async fn wait_policy_enforced(cp: &ControlPlane, ns: &str, probe: &str) {
     let admin = cp.client();
     eventually("the admission policy to be enforced", SOON, || {
         let admin = admin.clone();
@@ -360,182 +315,46 @@ async fn only_the_operator_service_account_may_write_status() {
     );
 }
 
-async fn candidate_pod(env: &OperatorEnv, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "labels": { "app": "web" } },
-        "spec": { "containers": [{ "name": "web", "image": "registry.example/web:1.0" }] },
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    let ready = json!({ "status": { "conditions": [{ "type": "Ready", "status": "True" }] } });
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
-        .await
-        .expect("set pod readiness");
-}
-
-async fn leader_mark(env: &OperatorEnv, name: &str) -> Option<(String, String)> {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    let pod = pods.get_opt(name).await.unwrap()?;
-    Some((
-        pod.labels()
-            .get("web-leader.targetlease.dev/leader")?
-            .clone(),
-        pod.annotations()
-            .get("web-leader.targetlease.dev/fencing-token")?
-            .clone(),
-    ))
-}
-
-/// The end-to-end flows with the operator authenticated as the chart's
-/// ServiceAccount, holding only the chart's RBAC, under the chart's policy.
+/// Two releases of the same name, each watching its own namespace: neither
+/// overwrites the other's cluster-scoped objects, each namespace is guarded
+/// by its own release's policy, and each operator writes its own status.
 #[tokio::test]
-async fn the_operator_runs_as_the_chart_service_account() {
-    let mut env = OperatorEnv::start_without_operator("chart-rbac").await;
-    let cp = env.cp;
-    let ns = env.ns.clone();
-    let release = install_identity(cp, &ns).await;
-
-    // The policy is in force before the operator writes anything.
-    env.create(
-        "policy-probe",
-        json!({ "target": "probe", "holder": { "identity": "x" } }),
-    )
-    .await;
-    wait_policy_enforced(cp, &ns, "policy-probe").await;
-    env.delete("policy-probe").await;
-    env.wait_gone("policy-probe", SOON).await;
-
-    // Run the binary as the ServiceAccount, with the chart's own settings for
-    // the floor ConfigMap and leader election (OperatorEnv sets the namespaces).
+async fn two_releases_of_one_name_guard_their_own_namespaces() {
+    let cp = kube_env::shared().await;
+    crate::support::operator_env::install_crd(&cp.client()).await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig =
-        service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
-    let chart_args: Vec<String> = release
-        .rendered
-        .args()
-        .into_iter()
-        .filter(|a| {
-            a.starts_with("--floor-configmap")
-                || a == "--leader-election"
-                || a.starts_with("--leader-election-lease")
-        })
-        .collect();
-    assert_eq!(chart_args.len(), 3, "{chart_args:?}");
-    env.run_operators_as(kubeconfig);
-    let extra: Vec<&str> = chart_args.iter().map(String::as_str).collect();
-    env.start_operator_with(&extra);
-
-    // Apply -> Held with a token, finalizer set.
-    let spec = |id: &str| json!({ "target": "orders-db", "holder": { "identity": id } });
-    env.create("job-a", spec("job-a")).await;
-    let a = env.wait_phase("job-a", Phase::Held, SOON).await;
-    assert_eq!(
-        summary(&a),
-        (Some(Phase::Held), Some("job-a".into()), Some(1))
-    );
-    assert!(
-        a.finalizers()
-            .contains(&"targetlease.dev/release".to_string())
-    );
-
-    // Two leases on one target hand off when the holder is deleted.
-    env.create("job-b", spec("job-b")).await;
-    env.wait_phase("job-b", Phase::Pending, SOON).await;
-    env.delete("job-a").await;
-    env.wait_gone("job-a", SOON).await;
-    let b = env.wait_phase("job-b", Phase::Held, SOON).await;
-    assert_eq!(summary(&b).2, Some(2));
-
-    // Deletion releases in Valkey and records the token floor in the ConfigMap.
-    env.delete("job-b").await;
-    env.wait_gone("job-b", SOON).await;
-    let store = ValkeyStore::connect(&ValkeyConfig {
-        url: env.valkey.url(),
-        ..ValkeyConfig::default()
-    })
-    .await
-    .expect("connect to the test valkey");
-    let got = store.get(&Target::new(&ns, "orders-db")).await.unwrap();
-    assert_eq!(got.outcome, Outcome::NotFound, "released in Valkey");
-    let floors = Api::<ConfigMap>::namespaced(cp.client(), &ns)
-        .list(
-            &ListParams::default().labels("targetlease.dev/token-floors=targetlease-token-floors"),
-        )
-        .await
-        .expect("the token floor ConfigMaps, written by the operator");
-    assert!(
-        floors
-            .items
-            .into_iter()
-            .any(|cm| cm.data.unwrap_or_default().values().any(|v| v == "2")),
-        "floor records token 2"
-    );
-
-    // Leader election among pods: mark one, fail over with a larger token.
-    candidate_pod(&env, "web-0").await;
-    tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
-    candidate_pod(&env, "web-1").await;
-    apply_example(&env, "leader-election.yaml").await;
-    env.wait_for("web-leader", "led by web-0", SOON, |tl| {
-        summary(tl) == (Some(Phase::Held), Some("web-0".into()), Some(1))
-    })
-    .await;
-    eventually("web-0 marked", SOON, || async {
-        (leader_mark(&env, "web-0").await == Some(("true".into(), "1".into()))).then_some(())
-    })
-    .await;
-    Api::<Pod>::namespaced(cp.client(), &ns)
-        .delete("web-0", &Default::default())
-        .await
+    let mut operators = Vec::new();
+    for ns in [
+        cp.namespace("chart-twin").await,
+        cp.namespace("chart-twin").await,
+    ] {
+        let release = install_release_identity(cp, "twin", &ns).await;
+        let probe: TargetLease = serde_json::from_value(json!({
+            "apiVersion": "targetlease.dev/v1alpha1", "kind": "TargetLease",
+            "metadata": { "name": "probe", "namespace": ns },
+            "spec": { "target": "probe", "holder": { "identity": "someone" } },
+        }))
         .unwrap();
-    env.wait_for("web-leader", "led by web-1", SOON, |tl| {
-        summary(tl) == (Some(Phase::Held), Some("web-1".into()), Some(2))
-    })
-    .await;
-    eventually("web-1 marked", SOON, || async {
-        (leader_mark(&env, "web-1").await == Some(("true".into(), "2".into()))).then_some(())
-    })
-    .await;
-
-    // Events were recorded, and the operator leads through the chart's Lease.
-    let events: Api<Event> = Api::namespaced(cp.client(), &ns);
-    eventually("an Acquired event", SOON, || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("Acquired")
-                        && e.reporting_controller.as_deref() == Some("targetlease-operator")
-                })
-                .then_some(())
-        }
-    })
-    .await;
-    let lease_name = chart_args
-        .iter()
-        .find_map(|a| a.strip_prefix("--leader-election-lease="))
-        .unwrap();
-    let lease = Api::<Lease>::namespaced(cp.client(), &ns)
-        .get(lease_name)
-        .await
-        .expect("the leader-election Lease");
-    assert!(
-        lease
-            .spec
-            .and_then(|s| s.holder_identity)
-            .is_some_and(|h| !h.is_empty()),
-        "a replica holds the Lease"
-    );
-
-    let log = env.operator_log(0);
-    assert!(
-        !log.to_lowercase().contains("forbidden"),
-        "the operator was refused something:\n{log}"
-    );
+        Api::<TargetLease>::namespaced(cp.client(), &ns)
+            .create(&PostParams::default(), &probe)
+            .await
+            .expect("create the probe TargetLease");
+        let kubeconfig =
+            service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
+        operators.push((ns, client_from(&kubeconfig).await));
+    }
+    // Both policies are in force: the second install did not replace the first.
+    for (ns, _) in &operators {
+        wait_policy_enforced(cp, ns, "probe").await;
+    }
+    for (i, (ns, own)) in operators.iter().enumerate() {
+        write_status(own, ns, "probe")
+            .await
+            .unwrap_or_else(|e| panic!("the operator of {ns} writes its own status: {e}"));
+        // The other release's operator (its ClusterRole is cluster-wide) is
+        // refused here by this namespace's policy.
+        let (_, other) = &operators[1 - i];
+        let r = write_status(other, ns, "probe").await;
+        assert!(refused_by_policy(&r), "{r:?}");
+    }
 }

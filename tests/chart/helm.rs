@@ -12,13 +12,6 @@ use crate::support::kube_env;
 
 /// The oldest Kubernetes the chart supports (Chart.yaml `kubeVersion`).
 pub const KUBE_VERSION: &str = "1.33.0";
-/// What `helm install` discovers on a cluster serving the v1 policy API.
-pub const VAP_APIS: [&str; 4] = [
-    "--api-versions",
-    "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
-    "--api-versions",
-    "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding",
-];
 pub const RBAC_TEMPLATES: [&str; 6] = [
     "--show-only",
     "templates/serviceaccount.yaml",

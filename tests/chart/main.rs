@@ -9,6 +9,7 @@
 
 #[path = "../support"]
 mod support {
+    pub mod chart_identity;
     pub mod kube_env;
     pub mod operator_env;
     pub mod resp;
@@ -17,4 +18,6 @@ mod support {
 
 mod cluster;
 mod helm;
+mod operator;
 mod render;
+mod render_ha;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use targetlease::store::{
-    AcquireRequest, CommitRequest, Holder, Lease, LeaseStore, Outcome, ReleaseRequest,
+    AcquireRequest, CommitRequest, Lease, LeaseHandle, LeaseStore, Outcome, ReleaseRequest,
     RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
@@ -32,8 +32,8 @@ async fn held(s: &dyn LeaseStore, t: &Target, owner: &str, ttl: Duration) -> Lea
     r.lease.expect("acquired reply carries the lease")
 }
 
-fn holder(l: &Lease) -> Holder {
-    l.holder().expect("the holder's copy carries the lease id")
+fn holder(l: &Lease) -> LeaseHandle {
+    l.handle().expect("the holder's copy carries the lease id")
 }
 
 pub async fn acquire_grants_a_token_and_then_reports_held(h: &impl Harness) {
@@ -174,15 +174,15 @@ pub async fn renew_extends_and_requires_the_exact_tuple(h: &impl Harness) {
     assert_eq!(renewed.lease_id, l.lease_id);
 
     for wrong in [
-        Holder {
+        LeaseHandle {
             owner: "mallory".into(),
             ..holder(&l)
         },
-        Holder {
+        LeaseHandle {
             lease_id: "forged".into(),
             ..holder(&l)
         },
-        Holder {
+        LeaseHandle {
             token: l.fencing_token + 1,
             ..holder(&l)
         },
@@ -401,7 +401,7 @@ pub async fn corrupt_records_fail_closed_and_change_nothing(h: &impl Harness) {
             .await
             .unwrap();
         assert_eq!(commit.outcome, Outcome::CorruptState, "{how:?} commit");
-        let stranger = Holder {
+        let stranger = LeaseHandle {
             owner: "mallory".into(),
             ..holder(&l)
         };
@@ -450,8 +450,8 @@ pub async fn holder_release_and_admin_revoke_clean_up_corrupt_records(h: &impl H
     assert_eq!(r.outcome, Outcome::CorruptState);
     let r = s
         .revoke(&RevokeRequest {
-            target: t.clone(),
             reason: Some("cleanup".into()),
+            ..RevokeRequest::new(t.clone())
         })
         .await
         .unwrap();
@@ -537,7 +537,7 @@ pub async fn input_bounds_are_enforced_and_nothing_is_written(h: &impl Harness) 
     let mut r = ok();
     r.token_floor = Some(i64::MAX as u64);
     assert_invalid(s.acquire(&r).await, "floor at the maximum");
-    let bad_holder = Holder {
+    let bad_holder = LeaseHandle {
         owner: "alice".into(),
         lease_id: "L".into(),
         token: 0,
@@ -632,8 +632,8 @@ pub async fn revoke_ends_the_lease_but_never_lowers_the_token(h: &impl Harness) 
     let l = held(&*s, &t, "alice", LONG).await;
     let r = s
         .revoke(&RevokeRequest {
-            target: t.clone(),
             reason: Some("maintenance".into()),
+            ..RevokeRequest::new(t.clone())
         })
         .await
         .unwrap();
@@ -646,8 +646,8 @@ pub async fn revoke_ends_the_lease_but_never_lowers_the_token(h: &impl Harness) 
     assert_eq!(renew.outcome, Outcome::Expired);
     let again = s
         .revoke(&RevokeRequest {
-            target: t.clone(),
             reason: None,
+            ..RevokeRequest::new(t.clone())
         })
         .await
         .unwrap();
@@ -742,7 +742,7 @@ pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
         s.get(&t).await.unwrap(),
         s.renew(&RenewRequest::new(
             t.clone(),
-            Holder {
+            LeaseHandle {
                 owner: "bob".into(),
                 ..holder(&l)
             },
@@ -756,8 +756,8 @@ pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
     ];
     replies.push(
         s.revoke(&RevokeRequest {
-            target: t.clone(),
             reason: None,
+            ..RevokeRequest::new(t.clone())
         })
         .await
         .unwrap(),
@@ -786,4 +786,125 @@ pub async fn health_reports_server_time(h: &impl Harness) {
     let probe = s.get(&target("health")).await.unwrap();
     assert!(health.server_time_ms > 1_600_000_000_000);
     assert!(probe.server_time_ms >= health.server_time_ms);
+}
+
+pub async fn acquire_replay_needs_the_same_lease_id_and_token(h: &impl Harness) {
+    let s = h.store();
+    let t = target("replay-token");
+    // Caller-chosen lease ids (as the operator derives them) can repeat.
+    let id = "derived-capability-replayed-0001".to_string();
+    let mut alice = AcquireRequest::new(t.clone(), "alice", LONG);
+    alice.lease_id = Some(id.clone());
+    let first = s.acquire(&alice).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Acquired);
+    let revoked = s.revoke(&RevokeRequest::new(t.clone())).await.unwrap();
+    assert_eq!(revoked.outcome, Outcome::Revoked);
+    let mut bob = AcquireRequest::new(t.clone(), "bob", LONG);
+    bob.lease_id = Some(id.clone());
+    let bobs = s.acquire(&bob).await.unwrap();
+    assert_eq!(bobs.outcome, Outcome::Acquired);
+    let bobs = bobs.lease.unwrap();
+    assert_eq!(bobs.lease_id.as_deref(), Some(id.as_str()), "same lease id");
+
+    // Alice's retry finds a live lease with her lease id but not her token.
+    let replay = s.acquire(&alice).await.unwrap();
+    assert_ne!(replay.outcome, Outcome::Acquired, "{replay:?}");
+    assert_eq!(replay.outcome, Outcome::Held, "superseded: {replay:?}");
+    let shown = replay.lease.unwrap();
+    assert_eq!(shown.owner, "bob");
+    assert_eq!(shown.lease_id, None, "never another holder's capability");
+}
+
+pub async fn revoke_replays_and_never_ends_a_later_lease(h: &impl Harness) {
+    let s = h.store();
+    let t = target("revoke-replay");
+    let alice = held(&*s, &t, "alice", LONG).await;
+    let req = RevokeRequest::new(t.clone());
+    let first = s.revoke(&req).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Revoked);
+    assert_eq!(first.lease.unwrap().fencing_token, alice.fencing_token);
+
+    // Bob acquires; a retry of the first revoke returns its result and leaves Bob alone.
+    let bob = held(&*s, &t, "bob", LONG).await;
+    let again = s.revoke(&req).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Revoked, "{again:?}");
+    assert!(again.lease.is_none(), "a replay shows no lease");
+    let now = s.get(&t).await.unwrap();
+    assert_eq!(now.outcome, Outcome::Found);
+    assert_eq!(now.lease.unwrap().fencing_token, bob.fencing_token);
+
+    // A revoke that found nothing is remembered too.
+    let empty = target("revoke-replay-empty");
+    let nothing = RevokeRequest::new(empty.clone());
+    assert_eq!(s.revoke(&nothing).await.unwrap().outcome, Outcome::NotFound);
+    let carol = held(&*s, &empty, "carol", LONG).await;
+    assert_eq!(s.revoke(&nothing).await.unwrap().outcome, Outcome::NotFound);
+    let still = s.get(&empty).await.unwrap().lease.unwrap();
+    assert_eq!(still.fencing_token, carol.fencing_token);
+
+    // The same request id with another expected token is a conflict.
+    let mut other = req.clone();
+    other.token = Some(bob.fencing_token);
+    assert_eq!(
+        s.revoke(&other).await.unwrap().outcome,
+        Outcome::IdempotencyConflict
+    );
+}
+
+pub async fn revoke_with_a_token_ends_only_that_lease(h: &impl Harness) {
+    let s = h.store();
+    let t = target("revoke-token");
+    let alice = held(&*s, &t, "alice", LONG).await;
+    let mut wrong = RevokeRequest::new(t.clone());
+    wrong.token = Some(alice.fencing_token + 1);
+    let r = s.revoke(&wrong).await.unwrap();
+    assert_eq!(r.outcome, Outcome::NotOwner);
+    assert!(r.lease.is_none());
+    // Not remembered: the same request can still apply if that token ever lives.
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::Found);
+    let mut right = RevokeRequest::new(t.clone());
+    right.token = Some(alice.fencing_token);
+    let r = s.revoke(&right).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Revoked);
+    assert_eq!(r.lease.unwrap().fencing_token, alice.fencing_token);
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::NotFound);
+    let mut gone = RevokeRequest::new(t.clone());
+    gone.token = Some(alice.fencing_token);
+    assert_eq!(s.revoke(&gone).await.unwrap().outcome, Outcome::NotFound);
+}
+
+fn nested(levels: usize) -> serde_json::Map<String, serde_json::Value> {
+    let mut v = serde_json::Value::from(1);
+    for _ in 1..levels {
+        let mut m = serde_json::Map::new();
+        m.insert("a".into(), v);
+        v = serde_json::Value::Object(m);
+    }
+    let mut top = serde_json::Map::new();
+    top.insert("a".into(), v);
+    top
+}
+
+pub async fn metadata_that_cannot_be_read_back_is_refused_up_front(h: &impl Harness) {
+    let s = h.store();
+    let t = target("deep-metadata");
+    for levels in [130, targetlease::store::MAX_METADATA_DEPTH + 1] {
+        let mut r = AcquireRequest::new(t.clone(), "alice", LONG);
+        r.metadata = Some(nested(levels));
+        assert_invalid(s.acquire(&r).await, "deeply nested metadata");
+    }
+    assert_eq!(
+        s.get(&t).await.unwrap().outcome,
+        Outcome::NotFound,
+        "nothing written"
+    );
+    // The deepest accepted document is stored and read back as itself.
+    let mut r = AcquireRequest::new(t.clone(), "alice", LONG);
+    r.metadata = Some(nested(targetlease::store::MAX_METADATA_DEPTH));
+    let got = s.acquire(&r).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Acquired);
+    assert_eq!(got.lease.unwrap().metadata, r.metadata);
+    let seen = s.get(&t).await.unwrap();
+    assert_eq!(seen.outcome, Outcome::Found);
+    assert_eq!(seen.lease.unwrap().metadata, r.metadata);
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use targetlease::store::memory::{ManualClock, MemoryStore};
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{Holder, LeaseStore, Target};
+use targetlease::store::{LeaseHandle, LeaseStore, Target};
 
 /// Ways stored state can be broken on purpose.
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +44,7 @@ pub trait Harness: Send + Sync {
     /// Lets `by` pass on the store's clock.
     async fn advance(&self, by: Duration);
     /// Breaks the target's lease record; `holder` is the identity it had.
-    async fn corrupt(&self, target: &Target, how: Corruption, holder: &Holder);
+    async fn corrupt(&self, target: &Target, how: Corruption, holder: &LeaseHandle);
     /// An opaque picture of the target's stored state, to prove nothing changed.
     async fn snapshot(&self, target: &Target) -> String;
     /// Loses the target's counter and lease (a flush or an unreplicated failover);
@@ -77,7 +77,7 @@ impl Harness for MemoryHarness {
     async fn advance(&self, by: Duration) {
         self.clock.advance(by);
     }
-    async fn corrupt(&self, target: &Target, how: Corruption, holder: &Holder) {
+    async fn corrupt(&self, target: &Target, how: Corruption, holder: &LeaseHandle) {
         let identity = match how {
             Corruption::NoExpiry | Corruption::UnknownVersion => Some(holder.clone()),
             Corruption::Garbage => None,
@@ -141,7 +141,7 @@ impl Harness for ValkeyHarness {
     async fn advance(&self, by: Duration) {
         tokio::time::sleep(by).await;
     }
-    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &Holder) {
+    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &LeaseHandle) {
         let key = self.lease_key(target);
         let mut c = self.server.conn();
         match how {
@@ -221,7 +221,7 @@ impl Harness for ValkeyClusterHarness {
     async fn advance(&self, by: Duration) {
         tokio::time::sleep(by).await;
     }
-    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &Holder) {
+    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &LeaseHandle) {
         let key = self.store.keys().lease(target);
         let mut c = self.cluster.conn_for(&key);
         match how {
@@ -304,4 +304,8 @@ all_backends!(
     conflicts_never_reveal_the_lease_id,
     tenants_are_isolated,
     health_reports_server_time,
+    acquire_replay_needs_the_same_lease_id_and_token,
+    revoke_replays_and_never_ends_a_later_lease,
+    revoke_with_a_token_ends_only_that_lease,
+    metadata_that_cannot_be_read_back_is_refused_up_front,
 );

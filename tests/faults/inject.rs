@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::history::Recorder;
 use crate::scenarios::Fault;
+use crate::support::fault_proxy::Fault as ProxyFault;
 use crate::valkey::Valkey;
 use crate::workload::Stop;
 use crate::workload::holder::Holder;
@@ -94,6 +95,35 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let v2 = v.clone();
                 blocking(move || v2.on_primary(&["CONFIG", "SET", "maxmemory", "0"])).await;
+            }
+        }
+        Fault::ProxyCut => {
+            let v = valkey();
+            let proxy = v.proxy.as_ref().expect("a proxied deployment");
+            while !stop.sleep(Duration::from_millis(300)).await {
+                rec.fault("reset after forwarding EVALSHA");
+                proxy.cut_before_reply("EVALSHA");
+            }
+        }
+        Fault::ProxyDelay | Fault::ProxyDropReplies | Fault::ProxyBlackhole => {
+            let v = valkey();
+            let proxy = v.proxy.as_ref().expect("a proxied deployment");
+            let (name, standing) = match fault {
+                Fault::ProxyDelay => (
+                    "replies delayed 900 ms",
+                    ProxyFault::Delay(Duration::from_millis(900)),
+                ),
+                Fault::ProxyDropReplies => (
+                    "replies dropped",
+                    ProxyFault::DropReplies(Duration::from_millis(1500)),
+                ),
+                _ => ("blackhole", ProxyFault::Silent),
+            };
+            while !stop.sleep(Duration::from_millis(500)).await {
+                rec.fault(name);
+                proxy.set(standing);
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                proxy.set(ProxyFault::Pass);
             }
         }
         Fault::PauseHolder => {

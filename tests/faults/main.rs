@@ -39,6 +39,8 @@ mod valkey;
 mod workload;
 
 // Shared fixtures, declared here so their `super::` paths resolve.
+#[path = "../support/fault_proxy.rs"]
+mod fault_proxy;
 #[path = "../support/kube_env.rs"]
 mod kube_env;
 #[path = "../support/operator_env.rs"]
@@ -51,7 +53,7 @@ mod resp;
 mod valkey_server;
 mod support {
     #[allow(unused_imports)]
-    pub(crate) use super::{kube_env, operator_env, postgres, resp, valkey_server};
+    pub(crate) use super::{fault_proxy, kube_env, operator_env, postgres, resp, valkey_server};
 }
 
 use std::process::ExitCode;
@@ -184,8 +186,7 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             if long { "long" } else { "quick" },
         );
         let doc = report::render(&header, &results) + include_str!("doc_footer.md");
-        std::fs::write(&path, doc)
-            .unwrap_or_else(|e| panic!("write {path}: {e}"));
+        std::fs::write(&path, doc).unwrap_or_else(|e| panic!("write {path}: {e}"));
         println!("faults: wrote {path}");
     }
     failed

@@ -26,6 +26,15 @@ pub enum Fault {
     Busy,
     /// `maxmemory` below what is used: every write is refused (OOM).
     Oom,
+    /// The proxy forwards the next EVALSHA and resets the connection before
+    /// its reply, every 300 ms.
+    ProxyCut,
+    /// The proxy holds every reply 900 ms (past the 500 ms deadline) for 1.5 s.
+    ProxyDelay,
+    /// The proxy forwards requests but drops every reply for 1.5 s.
+    ProxyDropReplies,
+    /// The proxy passes nothing, either way, for 1.5 s (blackhole).
+    ProxyBlackhole,
     /// SIGSTOP a holder process past its lease, then SIGCONT.
     PauseHolder,
     /// SIGKILL the operator during handoffs, start a new one.
@@ -161,6 +170,30 @@ pub fn all() -> Vec<Scenario> {
                 Fault::Restart,
             )
         },
+        scenario(
+            "proxy-cut-after-forward",
+            "the connection is reset after an EVALSHA is forwarded, before its reply (every 300 ms)",
+            Backend::Valkey(Setup::Proxied),
+            Fault::ProxyCut,
+        ),
+        scenario(
+            "proxy-delay",
+            "every reply held 900 ms, past the 500 ms deadline, for 1.5 s every 2 s",
+            Backend::Valkey(Setup::Proxied),
+            Fault::ProxyDelay,
+        ),
+        scenario(
+            "proxy-drop-replies",
+            "requests reach Valkey, every reply is dropped, for 1.5 s every 2 s",
+            Backend::Valkey(Setup::Proxied),
+            Fault::ProxyDropReplies,
+        ),
+        scenario(
+            "proxy-blackhole",
+            "nothing passes either way (connections accepted, never answered) for 1.5 s every 2 s",
+            Backend::Valkey(Setup::Proxied),
+            Fault::ProxyBlackhole,
+        ),
         scenario(
             "holder-pause",
             "a holder SIGSTOPped past its lease, then SIGCONT (its writes must be refused)",

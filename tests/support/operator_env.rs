@@ -271,12 +271,21 @@ pub fn summary(tl: &TargetLease) -> (Option<Phase>, Option<String>, Option<u64>)
 /// Applies every document of a YAML file from `examples/` into the env's
 /// namespace (server-side apply); returns (kind, name) of each.
 pub async fn apply_example(env: &OperatorEnv, file: &str) -> Vec<(String, String)> {
+    apply_yaml(env, &example(file), file).await
+}
+
+/// The text of a file of `examples/`.
+pub fn example(file: &str) -> String {
+    let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Applies every document of a YAML text into the env's namespace.
+pub async fn apply_yaml(env: &OperatorEnv, text: &str, file: &str) -> Vec<(String, String)> {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     use serde::Deserialize;
-    let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut applied = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
+    for doc in serde_yaml::Deserializer::from_str(text) {
         let value = Value::deserialize(doc).expect("valid YAML");
         if value.is_null() {
             continue;

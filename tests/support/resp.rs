@@ -57,10 +57,16 @@ impl Conn {
     }
 
     pub fn try_cmd(&mut self, args: &[&str]) -> std::io::Result<Resp> {
+        let bytes: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.try_cmd_bytes(&bytes)
+    }
+
+    /// Sends one command whose arguments may be any bytes (e.g. invalid UTF-8).
+    pub fn try_cmd_bytes(&mut self, args: &[&[u8]]) -> std::io::Result<Resp> {
         let mut buf = format!("*{}\r\n", args.len()).into_bytes();
         for a in args {
             buf.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            buf.extend_from_slice(a.as_bytes());
+            buf.extend_from_slice(a);
             buf.extend_from_slice(b"\r\n");
         }
         self.reader.get_mut().write_all(&buf)?;

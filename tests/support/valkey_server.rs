@@ -59,9 +59,14 @@ impl ValkeyServer {
 
     /// A fresh server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_on(free_port(), extra)
+    }
+
+    /// A fresh server on a given port (e.g. one a client is already retrying).
+    pub fn start_on(port: u16, extra: &[&str]) -> Self {
         let mut s = Self {
             child: None,
-            port: free_port(),
+            port,
             dir: tempfile::tempdir().expect("tempdir"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -111,6 +116,18 @@ impl ValkeyServer {
     /// A raw connection for test-side commands.
     pub fn conn(&self) -> Conn {
         Conn::connect(&self.addr()).expect("connect to valkey")
+    }
+
+    /// Freezes (`true`, SIGSTOP) or thaws (`false`, SIGCONT) the server process:
+    /// its connections stay open, it answers nothing meanwhile.
+    pub fn freeze(&self, frozen: bool) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let sig = if frozen { "-STOP" } else { "-CONT" };
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
     }
 
     /// Kills the server (SIGKILL): no shutdown, no save.

@@ -59,7 +59,12 @@ app.kubernetes.io/component: operator
 {{- default (printf "%s-lease-id-key" (include "targetlease.fullname" .)) .Values.leaseIdKey.existingSecret }}
 {{- end }}
 
-{{/* Whether the API server serves ValidatingAdmissionPolicy v1. */}}
-{{- define "targetlease.admissionPolicySupported" -}}
-{{- if and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicyBinding") }}true{{ end }}
+{{/*
+Name of a cluster-scoped object (ClusterRole, admission policy, their
+bindings): `<release namespace>.<fullname>`. Releases of the same name in two
+namespaces must not share one; a namespace has no dot, so the first dot
+separates the two unambiguously.
+*/}}
+{{- define "targetlease.clusterScopedName" -}}
+{{- printf "%s.%s" .Release.Namespace (include "targetlease.fullname" .) }}
 {{- end }}

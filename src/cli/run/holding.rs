@@ -1,18 +1,19 @@
 //! Holding the lease for `run`: acquire within the wait, renew until lost, release.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
 use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Signals;
-use crate::cli::output::{Envelope, Report, Status};
-use crate::store::valkey::ValkeyStore;
+use crate::cli::output::{Answer, Envelope, Report};
 use crate::store::{
-    AcquireRequest, Holder, Lease, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Reply,
+    AcquireRequest, Lease, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Reply,
     StoreError, Target,
 };
 
@@ -44,13 +45,13 @@ pub(super) enum NotAcquired {
 /// The lease as granted, with when it ends by the local monotonic clock.
 pub(super) struct Granted {
     pub(super) lease: Lease,
-    pub(super) holder: Holder,
+    pub(super) holder: LeaseHandle,
     pub(super) expires: Instant,
 }
 
 pub(super) fn granted(reply: Reply, sent: Instant) -> Option<Granted> {
     let lease = reply.lease?;
-    let holder = lease.holder()?;
+    let holder = lease.handle()?;
     // Measured from before the request left: the server decided later, so this
     // local estimate can only be early, never late.
     let remaining = lease.expires_at_ms.saturating_sub(reply.server_time_ms);
@@ -61,46 +62,90 @@ pub(super) fn granted(reply: Reply, sent: Instant) -> Option<Granted> {
     })
 }
 
+/// Opens a store (for `run`, a Valkey connection); called again after a
+/// failed connect, within the wait.
+pub(super) type Connect<'a> =
+    &'a (dyn Fn() -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> + Sync);
+
 pub(super) fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(0.8..1.2))
 }
 
-/// Acquires, retrying with backoff while the target is held or the backend
-/// is unreachable, until `wait` has passed. One request id for the whole
-/// loop: a grant whose reply was lost is returned again, and refusals are
-/// not cached.
+/// Connects and acquires, retrying with backoff while the target is held or
+/// the backend is unreachable (connect included), until `wait` has passed.
+/// One request id for the whole loop: a grant whose reply was lost is
+/// returned again, and refusals are not cached. A signal ends it at once,
+/// whatever it is doing.
 pub(super) async fn acquire_within(
-    store: &ValkeyStore,
+    connect: Connect<'_>,
     req: &AcquireRequest,
     wait: Duration,
     backstop: Duration,
     signals: &mut Signals,
-) -> Result<Granted, NotAcquired> {
+) -> Result<(Arc<dyn LeaseStore>, Granted), NotAcquired> {
     let deadline = Instant::now() + wait;
     let mut delay = POLL_MIN;
     let mut unknown_retries = 0;
+    let mut store: Option<Arc<dyn LeaseStore>> = None;
+    // Set once an attempt may have run: later definite failures of other
+    // attempts do not undo that.
+    let mut maybe_ran: Option<String> = None;
     loop {
         let sent = Instant::now();
-        let last = match bounded(backstop, store.acquire(req)).await {
-            Ok(reply) if reply.outcome == Outcome::Acquired => {
+        let acquiring = AtomicBool::new(false);
+        let attempt = async {
+            let s = match &store {
+                Some(s) => s.clone(),
+                None => connect().await?,
+            };
+            acquiring.store(true, Ordering::SeqCst);
+            let r = bounded(backstop, s.acquire(req)).await;
+            Ok::<_, StoreError>((s, r))
+        };
+        let result = tokio::select! {
+            r = attempt => r,
+            sig = signals.recv() => {
+                let in_flight = acquiring.load(Ordering::SeqCst);
+                let (status, what) = if in_flight || maybe_ran.is_some() {
+                    (Answer::OutcomeUnknown, "an acquire may have gone through")
+                } else {
+                    (Answer::BackendUnavailable, "nothing was acquired")
+                };
+                let env = Envelope::from_backend_error(
+                    status,
+                    format!(
+                        "interrupted by {sig} before the lease was acquired; {what} \
+                         (a grant whose reply was cut off expires after its ttl)"
+                    ),
+                );
+                return Err(NotAcquired::Interrupted(env, sig));
+            }
+        };
+        let last = match result {
+            Ok((s, Ok(reply))) if reply.outcome == Outcome::Acquired => {
                 let envelope_if_bad = Envelope::from_reply(reply.clone());
-                return granted(reply, sent).ok_or_else(|| {
+                return granted(reply, sent).map(|g| (s, g)).ok_or_else(|| {
                     let mut e = envelope_if_bad;
                     e.message = "acquired reply carried no lease id".into();
                     NotAcquired::Refused(e)
                 });
             }
-            Ok(reply) if reply.outcome == Outcome::Held => Envelope::from_reply(reply),
-            Ok(reply) => return Err(NotAcquired::Refused(Envelope::from_reply(reply))),
-            Err(e) => match Report::from(e) {
-                Report::Usage(msg) => return Err(NotAcquired::Usage(msg)),
-                Report::Envelope(env) => env,
-            },
+            Ok((s, Ok(reply))) if reply.outcome == Outcome::Held => {
+                store = Some(s);
+                Envelope::from_reply(reply)
+            }
+            Ok((_, Ok(reply))) => return Err(NotAcquired::Refused(Envelope::from_reply(reply))),
+            Ok((s, Err(e))) => {
+                store = Some(s);
+                envelope_or_usage(e).map_err(NotAcquired::Usage)?
+            }
+            Err(e) => envelope_or_usage(e).map_err(NotAcquired::Usage)?,
         };
+        let last = still_unknown(&mut maybe_ran, last);
         let now = Instant::now();
         // A lost reply may have granted us the lease: resolve it with the same
         // request id a couple of times even past the deadline.
-        let resolve = last.status() == Status::OutcomeUnknown && unknown_retries < 2;
+        let resolve = last.answer() == Answer::OutcomeUnknown && unknown_retries < 2;
         if now >= deadline && !resolve {
             return Err(NotAcquired::Refused(last));
         }
@@ -125,13 +170,41 @@ pub(super) async fn acquire_within(
     }
 }
 
+/// Keeps `outcome_unknown` once any attempt of one request id may have run:
+/// a later attempt that was not sent, or was refused before running
+/// (`backend_unavailable`), says nothing about the earlier one.
+fn still_unknown(maybe_ran: &mut Option<String>, last: Envelope) -> Envelope {
+    match (last.answer(), maybe_ran.as_ref()) {
+        (Answer::OutcomeUnknown, _) => {
+            *maybe_ran = Some(last.message.clone());
+            last
+        }
+        (Answer::BackendUnavailable, Some(earlier)) => Envelope::from_backend_error(
+            Answer::OutcomeUnknown,
+            format!(
+                "{}; an earlier attempt may have gone through ({earlier})",
+                last.message
+            ),
+        ),
+        _ => last,
+    }
+}
+
+/// The envelope of a failed attempt, or the usage message of a request that can never work.
+fn envelope_or_usage(e: StoreError) -> Result<Envelope, String> {
+    match Report::from(e) {
+        Report::Usage(msg) => Err(msg),
+        Report::Envelope(env) => Ok(env),
+    }
+}
+
 /// Keeps the lease alive until it is lost; then reports why and returns.
 ///
 /// A renew whose outcome is unknown, or which cannot reach the backend, is
 /// retried with the same request id until the lease's local expiry estimate
 /// passes; only then is the lease presumed lost.
 pub(super) async fn renew_until_lost(
-    store: Arc<ValkeyStore>,
+    store: Arc<dyn LeaseStore>,
     target: Target,
     granted: Granted,
     ttl: Duration,
@@ -146,6 +219,7 @@ pub(super) async fn renew_until_lost(
     loop {
         tokio::time::sleep_until(next).await;
         let req = RenewRequest::new(target.clone(), holder.clone(), ttl);
+        let mut maybe_ran: Option<String> = None;
         loop {
             let sent = Instant::now();
             let result = match tokio::time::timeout_at(expires, store.renew(&req)).await {
@@ -175,7 +249,8 @@ pub(super) async fn renew_until_lost(
                     if now >= expires {
                         tracing::warn!(target = %target.name, error = e.category(), "lease lost: renewal not confirmed before expiry");
                         let env = match Report::from(e) {
-                            Report::Envelope(mut env) => {
+                            Report::Envelope(env) => {
+                                let mut env = still_unknown(&mut maybe_ran, env);
                                 env.message = format!(
                                     "lease presumed lost: no renewal confirmed before it expired ({})",
                                     env.message
@@ -183,11 +258,14 @@ pub(super) async fn renew_until_lost(
                                 env
                             }
                             Report::Usage(msg) => {
-                                Envelope::from_backend_error(Status::BackendUnavailable, msg)
+                                Envelope::from_backend_error(Answer::BackendUnavailable, msg)
                             }
                         };
                         let _ = lost.send(env);
                         return;
+                    }
+                    if let StoreError::OutcomeUnknown(why) = &e {
+                        maybe_ran = Some(why.clone());
                     }
                     tracing::warn!(target = %target.name, error = e.category(), "renewal failed; retrying");
                     tokio::time::sleep(retry.min(expires - now)).await;
@@ -197,7 +275,11 @@ pub(super) async fn renew_until_lost(
     }
 }
 
-pub(super) fn granted_after_renew(reply: Reply, sent: Instant, holder: &Holder) -> Option<Instant> {
+pub(super) fn granted_after_renew(
+    reply: Reply,
+    sent: Instant,
+    holder: &LeaseHandle,
+) -> Option<Instant> {
     let lease = reply.lease?;
     if lease.fencing_token != holder.token {
         return None;
@@ -207,22 +289,45 @@ pub(super) fn granted_after_renew(reply: Reply, sent: Instant, holder: &Holder) 
 }
 
 /// Releases the lease, retrying an unknown outcome with the same request id.
+/// A signal stops it at once: the lease then simply expires after its ttl.
 pub(super) async fn release(
-    store: &ValkeyStore,
+    store: &dyn LeaseStore,
     target: &Target,
-    holder: &Holder,
+    holder: &LeaseHandle,
     backstop: Duration,
+    signals: &mut Signals,
 ) -> Result<Reply, StoreError> {
     let req = ReleaseRequest::new(target.clone(), holder.clone());
-    let mut result = bounded(backstop, store.release(&req)).await;
-    for _ in 0..2 {
-        match &result {
-            Err(StoreError::OutcomeUnknown(_)) | Err(StoreError::BackendUnavailable(_)) => {
-                tokio::time::sleep(POLL_MIN).await;
-                result = bounded(backstop, store.release(&req)).await;
+    let attempts = async {
+        let mut result = bounded(backstop, store.release(&req)).await;
+        let mut maybe_ran = None;
+        for _ in 0..2 {
+            match result {
+                Err(StoreError::OutcomeUnknown(why)) => maybe_ran = Some(why),
+                Err(StoreError::BackendUnavailable(_)) => {}
+                _ => break,
             }
-            _ => break,
+            tokio::time::sleep(POLL_MIN).await;
+            result = bounded(backstop, store.release(&req)).await;
         }
+        // A release that may have gone through stays unknown (see still_unknown).
+        match (result, maybe_ran) {
+            (Err(StoreError::BackendUnavailable(now)), Some(earlier)) => {
+                Err(StoreError::OutcomeUnknown(format!(
+                    "{now}; an earlier attempt may have gone through ({earlier})"
+                )))
+            }
+            (result, _) => result,
+        }
+    };
+    tokio::select! {
+        result = attempts => result,
+        sig = signals.recv() => Err(StoreError::OutcomeUnknown(format!(
+            "release interrupted by {sig}; if it did not go through, the lease expires after its ttl"
+        ))),
     }
-    result
 }
+
+#[cfg(test)]
+#[path = "holding_tests.rs"]
+mod tests;

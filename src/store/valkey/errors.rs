@@ -1,16 +1,32 @@
-//! What a client error means for the caller, decided in one place.
+//! What a failed call means for the caller, decided in one place.
 //!
-//! Messages are short and secret-free: they name the error kind and the
-//! server's first words, never arguments (keys, lease ids, passwords).
+//! Three facts decide it: whether the request can have reached the server,
+//! whether the server refused it before running it, and whether the operation
+//! writes. The client never re-sends a request that may have run (only after
+//! `NOSCRIPT`, `MOVED` or `ASK`, which the server answers instead of running
+//! the command), so when a refusal code comes back, no copy of the request
+//! has run.
+//!
+//! | what happened | read | write |
+//! |---|---|---|
+//! | nothing was sent (no connection, refused connect, queue never reached) | `backend_unavailable` | `backend_unavailable` |
+//! | refused before running (codes below, no `script:` in the message) | `backend_unavailable` | `backend_unavailable` |
+//! | redirected until the limit (every copy `MOVED`/`ASK`) | `backend_unavailable` | `backend_unavailable` |
+//! | sent, no complete reply (deadline, reset, EOF) | `backend_unavailable` | `outcome_unknown` |
+//! | failed while running (any other error) | `backend_unavailable` | `outcome_unknown` |
+//! | ran, reply unreadable | `corrupt_state` | `outcome_unknown` |
+//!
+//! Messages are short and secret-free: they name the cause and the server's
+//! first words, never arguments (keys, lease ids, passwords).
 
 use std::time::Duration;
 
-use fred::error::{Error as FredError, ErrorKind};
-
+use super::client::SendError;
+use super::dial::first_words;
 use crate::store::StoreError;
 
 /// Whether an operation can change state; decides what a lost reply means.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Effect {
     /// Reads only.
     Read,
@@ -18,61 +34,122 @@ pub(super) enum Effect {
     Write,
 }
 
-/// The operation's deadline passed without a reply.
-pub(super) fn deadline_passed(effect: Effect, timeout: Duration) -> StoreError {
-    let after = humantime::format_duration(timeout);
+/// Error codes the server answers before running a command: nothing ran.
+const REFUSED_BEFORE_RUNNING: [&str; 14] = [
+    "BUSY",
+    "LOADING",
+    "READONLY",
+    "OOM",
+    "NOPERM",
+    "WRONGPASS",
+    "NOAUTH",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "CROSSSLOT",
+    "NOREPLICAS",
+    "MISCONF",
+    "NOSCRIPT",
+];
+
+/// True when an error reply says the server did not run the command.
+pub(super) fn refused_before_running(error: &str) -> bool {
+    let code = error.split_whitespace().next().unwrap_or("");
+    // Errors raised inside a running script carry "script:" (e.g. "NOPERM …
+    // script: …" from a command the script called after it wrote).
+    REFUSED_BEFORE_RUNNING.contains(&code) && !error.contains("script:")
+}
+
+/// The server answered `error` to a request sent once.
+pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
+    let said = first_words(error);
+    if refused_before_running(error) {
+        StoreError::BackendUnavailable(format!("valkey refused the operation: {said}"))
+    } else if effect == Effect::Read {
+        StoreError::BackendUnavailable(format!("valkey failed the read: {said}"))
+    } else {
+        StoreError::OutcomeUnknown(format!(
+            "valkey failed the operation while running it (it may have written): {said}; \
+             retry with the same request id"
+        ))
+    }
+}
+
+/// A request that got no reply. `timeout` names the deadline in messages.
+pub(super) fn unanswered(e: SendError, effect: Effect, timeout: Duration) -> StoreError {
+    let why = match e {
+        SendError::NotSent(why) => {
+            return StoreError::BackendUnavailable(format!("not sent: {why}"));
+        }
+        SendError::Redirected(why) => return StoreError::BackendUnavailable(why),
+        SendError::Late => format!("no reply within {}", humantime::format_duration(timeout)),
+        SendError::Lost(why) => format!("connection lost before the reply: {why}"),
+    };
     match effect {
         Effect::Write => StoreError::OutcomeUnknown(format!(
-            "no reply from valkey within {after}; retry with the same request id"
+            "{why}; it may have run, retry with the same request id"
         )),
-        Effect::Read => {
-            StoreError::BackendUnavailable(format!("no reply from valkey within {after}"))
+        Effect::Read => StoreError::BackendUnavailable(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_definite_only_before_the_script_runs() {
+        for e in [
+            "READONLY You can't write against a read only replica.",
+            "NOREPLICAS Not enough good replicas to write.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "BUSY Valkey is busy running a script.",
+        ] {
+            assert!(matches!(
+                server_error(e, Effect::Write),
+                StoreError::BackendUnavailable(_)
+            ));
+        }
+        for e in [
+            "ERR ACL failure in script: no permissions to run the 'hset' command script: on @user_script:2.",
+            "WRONGTYPE Operation against a key holding the wrong kind of value script: on @user_script:9.",
+            "NOPERM this user has no permissions script: on @user_script:3.",
+            "ERR something new",
+        ] {
+            assert!(
+                matches!(
+                    server_error(e, Effect::Write),
+                    StoreError::OutcomeUnknown(_)
+                ),
+                "{e}"
+            );
+            assert!(matches!(
+                server_error(e, Effect::Read),
+                StoreError::BackendUnavailable(_)
+            ));
         }
     }
-}
 
-/// A short, secret-free description of a client error.
-pub(super) fn describe(e: &FredError) -> String {
-    let details: String = e.details().chars().take(200).collect();
-    format!("{:?}: {details}", e.kind())
-}
-
-/// Decides, once, what a client error means for the caller.
-///
-/// Server refusals that happen before a script runs (BUSY, LOADING, READONLY,
-/// OOM, NOPERM, auth) are definite: nothing happened. A lost reply to a write
-/// is `OutcomeUnknown`: the caller must retry with the same request id.
-pub(super) fn classify(e: &FredError, effect: Effect) -> StoreError {
-    let code = e.details().split_whitespace().next().unwrap_or("");
-    let refused = matches!(
-        code,
-        "BUSY"
-            | "LOADING"
-            | "READONLY"
-            | "OOM"
-            | "NOPERM"
-            | "WRONGPASS"
-            | "NOAUTH"
-            | "MASTERDOWN"
-            | "CLUSTERDOWN"
-            | "TRYAGAIN"
-            | "CROSSSLOT"
-    );
-    if refused {
-        return StoreError::BackendUnavailable(format!(
-            "server refused the operation: {}",
-            describe(e)
+    #[test]
+    fn a_lost_reply_is_unknown_only_for_writes() {
+        let t = Duration::from_secs(2);
+        let lost = || SendError::Late;
+        match unanswered(lost(), Effect::Write, t) {
+            StoreError::OutcomeUnknown(m) => assert!(m.contains("within 2s"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            unanswered(lost(), Effect::Read, t),
+            StoreError::BackendUnavailable(_)
         ));
-    }
-    let lost = matches!(
-        e.kind(),
-        ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled | ErrorKind::Unknown
-    );
-    match (effect, lost) {
-        (Effect::Write, true) => StoreError::OutcomeUnknown(format!(
-            "no reply from valkey ({}); retry with the same request id",
-            describe(e)
-        )),
-        _ => StoreError::BackendUnavailable(describe(e)),
+        for definite in [
+            SendError::NotSent("x".into()),
+            SendError::Redirected("y".into()),
+        ] {
+            assert!(matches!(
+                unanswered(definite, Effect::Write, t),
+                StoreError::BackendUnavailable(_)
+            ));
+        }
     }
 }

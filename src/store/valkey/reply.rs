@@ -1,35 +1,41 @@
 //! Decoding script replies into [`Reply`]: the one place that knows their shape.
 //!
-//! Shapes are documented at the top of `lua/lib.lua`.
+//! Shapes are documented at the top of `lua/lib.lua`. A reply that does not
+//! decode is an error here; what it means depends on whether the script may
+//! have written (the caller decides: `outcome_unknown` after a write,
+//! `corrupt_state` for a read).
 
-use crate::store::{Lease, Outcome, Reply, Target};
+use super::resp::Value;
+use crate::store::{Lease, Outcome, Reply, Target, metadata_from_json};
 
-/// Turns a script's flat string array into a typed reply.
-///
-/// Anything unexpected (an unknown outcome, a bad number, unparsable
-/// metadata) becomes `corrupt_state`: we never guess at what happened.
-pub fn decode(target: &Target, raw: &[String]) -> Reply {
-    match try_decode(target, raw) {
-        Some(reply) => reply,
-        None => Reply {
-            outcome: Outcome::CorruptState,
-            lease: None,
-            server_time_ms: raw.get(1).and_then(|s| s.parse().ok()).unwrap_or(0),
-            message: "unexpected reply from the lease script".into(),
-        },
-    }
-}
-
-fn try_decode(target: &Target, raw: &[String]) -> Option<Reply> {
-    let outcome = Outcome::parse(raw.first()?)?;
-    let server_time_ms = raw.get(1)?.parse().ok()?;
-    let message = raw.get(2)?.clone();
-    let lease = match raw.len() {
-        3 => None,
-        10 => Some(decode_lease(target, &raw[3..])?),
-        _ => return None,
+/// Turns a script's flat array of strings into a typed reply, or says why it cannot.
+pub fn decode(target: &Target, raw: &Value) -> Result<Reply, String> {
+    let Value::Array(items) = raw else {
+        return Err("the script did not return an array".into());
     };
-    Some(Reply {
+    let fields = items
+        .iter()
+        .map(|v| match v {
+            Value::Bulk(b) => String::from_utf8(b.clone()).map_err(|_| "a field is not UTF-8"),
+            Value::Simple(s) => Ok(s.clone()),
+            _ => Err("a field is not a string"),
+        })
+        .collect::<Result<Vec<String>, _>>()?;
+    let outcome = fields
+        .first()
+        .and_then(|o| Outcome::parse(o))
+        .ok_or("unknown outcome")?;
+    let server_time_ms = fields
+        .get(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or("unreadable server time")?;
+    let message = fields.get(2).cloned().ok_or("no message")?;
+    let lease = match fields.len() {
+        3 => None,
+        10 => Some(decode_lease(target, &fields[3..])?),
+        n => return Err(format!("{n} fields")),
+    };
+    Ok(Reply {
         outcome,
         lease,
         server_time_ms,
@@ -37,30 +43,25 @@ fn try_decode(target: &Target, raw: &[String]) -> Option<Reply> {
     })
 }
 
-fn decode_lease(target: &Target, f: &[String]) -> Option<Lease> {
-    let optional_num = |s: &String| -> Option<Option<u64>> {
-        if s.is_empty() {
-            Some(None)
-        } else {
-            s.parse().ok().map(Some)
-        }
+fn decode_lease(target: &Target, f: &[String]) -> Result<Lease, String> {
+    let num = |s: &String, what: &str| -> Result<u64, String> {
+        s.parse().map_err(|_| format!("unreadable {what}"))
     };
-    let metadata = if f[6].is_empty() {
-        None
-    } else {
-        match serde_json::from_str::<serde_json::Value>(&f[6]).ok()? {
-            serde_json::Value::Object(m) => Some(m),
-            _ => return None,
-        }
+    let metadata = match f[6].as_str() {
+        "" => None,
+        text => Some(metadata_from_json(text).ok_or("unreadable metadata")?),
     };
-    Some(Lease {
+    Ok(Lease {
         target: target.name.clone(),
         lease_id: (!f[0].is_empty()).then(|| f[0].clone()),
         owner: f[1].clone(),
-        fencing_token: f[2].parse().ok()?,
-        acquired_at_ms: f[3].parse().ok()?,
-        expires_at_ms: f[4].parse().ok()?,
-        max_expires_at_ms: optional_num(&f[5])?,
+        fencing_token: num(&f[2], "token")?,
+        acquired_at_ms: num(&f[3], "acquisition time")?,
+        expires_at_ms: num(&f[4], "expiry")?,
+        max_expires_at_ms: match f[5].as_str() {
+            "" => None,
+            s => Some(num(&s.to_owned(), "maximum expiry")?),
+        },
         metadata,
     })
 }
@@ -69,8 +70,8 @@ fn decode_lease(target: &Target, f: &[String]) -> Option<Lease> {
 mod tests {
     use super::*;
 
-    fn s(v: &[&str]) -> Vec<String> {
-        v.iter().map(|x| x.to_string()).collect()
+    fn raw(v: &[&[u8]]) -> Value {
+        Value::Array(v.iter().map(|x| Value::Bulk(x.to_vec())).collect())
     }
 
     #[test]
@@ -78,19 +79,20 @@ mod tests {
         let t = Target::new("ns", "t");
         let r = decode(
             &t,
-            &s(&[
-                "acquired",
-                "1000",
-                "ok",
-                "L",
-                "o",
-                "9007199254740993",
-                "1000",
-                "2000",
-                "",
-                "{\"a\":1}",
+            &raw(&[
+                b"acquired",
+                b"1000",
+                b"ok",
+                b"L",
+                b"o",
+                b"9007199254740993",
+                b"1000",
+                b"2000",
+                b"",
+                b"{\"a\":1}",
             ]),
-        );
+        )
+        .unwrap();
         assert_eq!(r.outcome, Outcome::Acquired);
         let lease = r.lease.unwrap();
         assert_eq!(lease.fencing_token, 9_007_199_254_740_993);
@@ -99,13 +101,21 @@ mod tests {
     }
 
     #[test]
-    fn unknown_outcomes_and_bad_metadata_fail_closed() {
+    fn anything_unexpected_is_an_error_not_a_guess() {
         let t = Target::new("ns", "t");
-        assert_eq!(
-            decode(&t, &s(&["granted", "1", "x"])).outcome,
-            Outcome::CorruptState
-        );
-        let bad = s(&["found", "1", "x", "", "o", "1", "1", "2", "", "not json"]);
-        assert_eq!(decode(&t, &bad).outcome, Outcome::CorruptState);
+        assert!(decode(&t, &raw(&[b"granted", b"1", b"x"])).is_err());
+        let lease = |meta: &[u8], owner: &[u8]| {
+            raw(&[
+                b"found", b"1", b"x", b"", owner, b"1", b"1", b"2", b"", meta,
+            ])
+        };
+        assert!(decode(&t, &lease(b"{}", b"o")).is_ok());
+        assert!(decode(&t, &lease(b"not json", b"o")).is_err());
+        assert!(decode(&t, &lease(b"[1]", b"o")).is_err());
+        assert!(decode(&t, &lease(b"{\"a\":\"\xff\"}", b"o")).is_err());
+        assert!(decode(&t, &lease(b"{}", b"\xff")).is_err());
+        let deep = format!("{}1{}", "{\"a\":".repeat(65), "}".repeat(65));
+        assert!(decode(&t, &lease(deep.as_bytes(), b"o")).is_err());
+        assert!(decode(&t, &Value::Error("ERR".into())).is_err());
     }
 }

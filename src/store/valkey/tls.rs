@@ -3,10 +3,8 @@
 //! There is deliberately no way to turn verification off. The trust roots are
 //! the `--tls-ca-file` bundle when given, the system store otherwise.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
-use fred::types::config::{HostMapping, TlsConfig, TlsConnector, TlsHostMapping};
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -15,7 +13,8 @@ use super::config::TlsFiles;
 use crate::store::StoreError;
 
 /// Builds the client TLS settings; file problems are [`StoreError::Invalid`].
-pub fn client_config(files: &TlsFiles) -> Result<TlsConfig, StoreError> {
+/// The server name override (`files.server_name`) is applied per connection.
+pub fn client_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, StoreError> {
     let roots = match &files.ca_file {
         Some(path) => {
             let mut roots = RootCertStore::empty();
@@ -82,24 +81,7 @@ pub fn client_config(files: &TlsFiles) -> Result<TlsConfig, StoreError> {
             ));
         }
     };
-    let hostnames = match &files.server_name {
-        Some(name) => TlsHostMapping::Custom(Arc::new(FixedName(name.clone()))),
-        None => TlsHostMapping::DefaultHost,
-    };
-    Ok(TlsConfig {
-        connector: TlsConnector::from(config),
-        hostnames,
-    })
-}
-
-/// Verifies every discovered cluster node against one configured name.
-#[derive(Debug)]
-struct FixedName(String);
-
-impl HostMapping for FixedName {
-    fn map(&self, _ip: &IpAddr, _default_host: &str) -> Option<String> {
-        Some(self.0.clone())
-    }
+    Ok(Arc::new(config))
 }
 
 fn invalid(msg: String) -> StoreError {

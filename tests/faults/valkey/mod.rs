@@ -1,6 +1,8 @@
 //! The Valkey deployments the matrix runs against, and the Valkey faults:
 //! a standalone server (any persistence settings, optionally under
-//! libfaketime), or a primary + replica watched by a real Sentinel.
+//! libfaketime, optionally behind the fault-injecting TCP proxy of
+//! `tests/support/fault_proxy.rs`), or a primary + replica watched by a real
+//! Sentinel.
 //! Every method blocks; callers run them on a blocking thread.
 
 pub mod node;
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use node::Node;
 
+use crate::support::fault_proxy::FaultProxy;
 use crate::support::resp::Resp;
 
 /// Which deployment.
@@ -20,8 +23,10 @@ pub enum Setup {
     Standalone(Vec<String>),
     /// One server whose clock the harness can move (libfaketime).
     Faketime,
-    /// Primary + one replica + one Sentinel (quorum 1, 1s down-after).
+    /// Primary + one replica + one Sentinel (quorum 1, 3 s down-after).
     Sentinel,
+    /// One server behind the fault-injecting TCP proxy; clients use the proxy.
+    Proxied,
 }
 
 /// A running deployment.
@@ -29,6 +34,8 @@ pub struct Valkey {
     nodes: Mutex<Vec<Node>>,
     sentinel: Option<Node>,
     clock: Option<(tempfile::TempDir, Mutex<u64>)>,
+    /// In front of the only node, for [`Setup::Proxied`].
+    pub proxy: Option<FaultProxy>,
 }
 
 /// libfaketime's multi-threaded library, or a panic that says how to get it.
@@ -78,7 +85,18 @@ impl Valkey {
                 nodes: Mutex::new(vec![Node::server(args, &[])]),
                 sentinel: None,
                 clock: None,
+                proxy: None,
             },
+            Setup::Proxied => {
+                let node = Node::server(&[], &[]);
+                let proxy = FaultProxy::start(&node.addr());
+                Self {
+                    nodes: Mutex::new(vec![node]),
+                    sentinel: None,
+                    clock: None,
+                    proxy: Some(proxy),
+                }
+            }
             Setup::Faketime => {
                 let dir = tempfile::tempdir().expect("tempdir");
                 let file = dir.path().join("faketime");
@@ -95,6 +113,7 @@ impl Valkey {
                     nodes: Mutex::new(vec![node]),
                     sentinel: None,
                     clock: Some((dir, Mutex::new(0))),
+                    proxy: None,
                 }
             }
             Setup::Sentinel => {
@@ -105,6 +124,7 @@ impl Valkey {
                     nodes: Mutex::new(vec![primary, replica]),
                     sentinel: Some(sentinel),
                     clock: None,
+                    proxy: None,
                 };
                 v.wait_replicated();
                 v
@@ -118,6 +138,9 @@ impl Valkey {
 
     /// The URL clients use.
     pub fn url(&self) -> String {
+        if let Some(p) = &self.proxy {
+            return p.url();
+        }
         match &self.sentinel {
             Some(s) => format!(
                 "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster",

@@ -42,7 +42,7 @@ fn target_args(t: &Target) -> Vec<String> {
     ]
 }
 
-fn holder_args(h: &targetlease::store::Holder) -> Vec<String> {
+fn handle_args(h: &targetlease::store::LeaseHandle) -> Vec<String> {
     vec![
         "--owner".into(),
         h.owner.clone(),
@@ -150,7 +150,13 @@ impl CliStore {
 fn thread_states(pid: u32) -> String {
     let bt = if std::env::var_os("FAULTS_GDB").is_some() {
         std::process::Command::new("gdb")
-            .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
+            .args([
+                "-p",
+                &pid.to_string(),
+                "-batch",
+                "-ex",
+                "thread apply all bt",
+            ])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
@@ -201,7 +207,7 @@ impl LeaseStore for CliStore {
 
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         let mut args = target_args(&req.target);
-        args.extend(holder_args(&req.holder));
+        args.extend(handle_args(&req.handle));
         args.extend([
             "--ttl".into(),
             ms(req.ttl),
@@ -213,7 +219,7 @@ impl LeaseStore for CliStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
         let mut args = target_args(&req.target);
-        args.extend(holder_args(&req.holder));
+        args.extend(handle_args(&req.handle));
         args.extend(["--request-id".into(), req.request_id.clone()]);
         self.run("release", args, true).await
     }

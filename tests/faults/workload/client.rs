@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use targetlease::store::{
-    AcquireRequest, CommitRequest, Holder, LeaseStore, ReleaseRequest, RenewRequest, Reply,
+    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, ReleaseRequest, RenewRequest, Reply,
     StoreError, Target, new_request_id,
 };
 
@@ -37,7 +37,7 @@ pub struct Client {
 /// A lease this client believes it holds, until `deadline` (local clock).
 struct Held {
     target: Target,
-    holder: Holder,
+    handle: LeaseHandle,
     deadline: Instant,
 }
 
@@ -138,10 +138,10 @@ impl Client {
             })
             .await
             .ok()?;
-        let holder = reply.lease.as_ref()?.holder()?;
+        let handle = reply.lease.as_ref()?.handle()?;
         (reply.outcome == targetlease::store::Outcome::Acquired).then(|| Held {
             target: target.clone(),
-            holder,
+            handle,
             deadline: started + self.ttl,
         })
     }
@@ -167,7 +167,7 @@ impl Client {
     }
 
     async fn write(&mut self, held: &Held, id: &str) {
-        let token = held.holder.token;
+        let token = held.handle.token;
         if let Some(pg) = &mut self.pg {
             match tokio::time::timeout(HANG, pg.write(&held.target.name, token, id)).await {
                 Ok(w) => self.rec.write(w),
@@ -201,14 +201,14 @@ impl Client {
 
     /// The new local deadline, or None when the lease is lost or unknown.
     async fn renew(&self, held: &Held) -> Option<Instant> {
-        let req = RenewRequest::new(held.target.clone(), held.holder.clone(), self.ttl);
+        let req = RenewRequest::new(held.target.clone(), held.handle.clone(), self.ttl);
         let started = Instant::now();
         let reply = self
             .call(
                 OpKind::Renew,
                 &held.target,
                 &req.request_id,
-                Some(held.holder.token),
+                Some(held.handle.token),
                 || self.store.renew(&req),
             )
             .await
@@ -217,13 +217,13 @@ impl Client {
     }
 
     async fn release(&self, held: &Held) {
-        let req = ReleaseRequest::new(held.target.clone(), held.holder.clone());
+        let req = ReleaseRequest::new(held.target.clone(), held.handle.clone());
         let _ = self
             .call(
                 OpKind::Release,
                 &held.target,
                 &req.request_id,
-                Some(held.holder.token),
+                Some(held.handle.token),
                 || self.store.release(&req),
             )
             .await;

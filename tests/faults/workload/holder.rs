@@ -95,10 +95,10 @@ pub async fn worker_main(cfg: HolderConfig) {
                 t0,
                 &r,
             );
-            let Some(holder) = r
+            let Some(handle) = r
                 .ok()
                 .filter(|r| r.outcome == Outcome::Acquired)
-                .and_then(|r| r.lease?.holder())
+                .and_then(|r| r.lease?.handle())
             else {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -106,11 +106,11 @@ pub async fn worker_main(cfg: HolderConfig) {
             for i in 1..=20 {
                 n += 1;
                 let w = pg
-                    .write(&target.name, holder.token, &format!("{}-{n}", cfg.name))
+                    .write(&target.name, handle.token, &format!("{}-{n}", cfg.name))
                     .await;
                 emit(Event::Write(w));
                 if i % 5 == 0 {
-                    let req = RenewRequest::new(target.clone(), holder.clone(), ttl);
+                    let req = RenewRequest::new(target.clone(), handle.clone(), ttl);
                     let t0 = now_ms();
                     let r = store.renew(&req).await;
                     op(
@@ -118,7 +118,7 @@ pub async fn worker_main(cfg: HolderConfig) {
                         OpKind::Renew,
                         &target,
                         &req.request_id,
-                        Some(holder.token),
+                        Some(handle.token),
                         t0,
                         &r,
                     );
@@ -128,7 +128,7 @@ pub async fn worker_main(cfg: HolderConfig) {
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            let req = ReleaseRequest::new(target.clone(), holder.clone());
+            let req = ReleaseRequest::new(target.clone(), handle.clone());
             let t0 = now_ms();
             let r = store.release(&req).await;
             op(
@@ -136,7 +136,7 @@ pub async fn worker_main(cfg: HolderConfig) {
                 OpKind::Release,
                 &target,
                 &req.request_id,
-                Some(holder.token),
+                Some(handle.token),
                 t0,
                 &r,
             );

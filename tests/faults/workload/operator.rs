@@ -139,6 +139,10 @@ fn operator_flags(ns: &str, replicas: usize) -> Vec<String> {
         ns.into(),
         "--leader-election-duration".into(),
         format!("{}s", LEADERSHIP.as_secs()),
+        "--leader-election-renew-deadline".into(),
+        format!("{}s", LEADERSHIP.as_secs() - 1),
+        "--leader-election-retry-period".into(),
+        "1s".into(),
     ]
 }
 

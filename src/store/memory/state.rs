@@ -1,0 +1,147 @@
+//! The memory store's state: lease slots, counters, commits, the request
+//! cache, and the one replay rule.
+
+use std::collections::HashMap;
+
+use super::{CONFLICT, CORRUPT, bare, reply};
+use crate::store::{Lease, LeaseHandle, Outcome, Reply, Target};
+
+#[derive(Clone, Debug)]
+pub(super) struct Record {
+    pub(super) lease_id: String,
+    pub(super) owner: String,
+    pub(super) token: u64,
+    pub(super) acquired_ms: u64,
+    pub(super) expires_ms: u64,
+    pub(super) max_expires_ms: Option<u64>,
+    pub(super) metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl Record {
+    pub(super) fn holder_matches(&self, h: &LeaseHandle) -> bool {
+        self.lease_id == h.lease_id && self.owner == h.owner && self.token == h.token
+    }
+
+    pub(super) fn lease(&self, target: &Target) -> Lease {
+        Lease {
+            target: target.name.clone(),
+            lease_id: Some(self.lease_id.clone()),
+            owner: self.owner.clone(),
+            fencing_token: self.token,
+            acquired_at_ms: self.acquired_ms,
+            expires_at_ms: self.expires_ms,
+            max_expires_at_ms: self.max_expires_ms,
+            metadata: self.metadata.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(super) enum Slot {
+    Live(Record),
+    /// Unreadable state; `holder` is set when its identity fields still parse.
+    Corrupt {
+        holder: Option<LeaseHandle>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Cached {
+    pub(super) fingerprint: String,
+    pub(super) lease_id: String,
+    pub(super) token: u64,
+    pub(super) outcome: Outcome,
+    pub(super) expires_ms: u64,
+}
+
+/// How a replayed request is answered: the one replay rule (`replay` in
+/// `lua/lib.lua` is the same rule for Valkey).
+pub(super) enum Rule {
+    /// The original outcome is final: it is returned again (release, revoke, commit).
+    Done(fn(Outcome) -> &'static str),
+    /// The original result is revalidated against the live lease (acquire, renew).
+    Revalidate {
+        live: Outcome,
+        live_msg: &'static str,
+        superseded: fn(u64, &Record, &Target) -> Reply,
+        ended: &'static str,
+    },
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) leases: HashMap<Target, Slot>,
+    pub(super) counters: HashMap<Target, u64>,
+    pub(super) commits: HashMap<(Target, String), (u64, String)>,
+    pub(super) requests: HashMap<(&'static str, Target, String, String), Cached>,
+}
+
+impl State {
+    /// The lease slot as seen at `now`: expired records are gone, like a backend TTL.
+    pub(super) fn slot(&mut self, target: &Target, now: u64) -> Option<Slot> {
+        match self.leases.get(target) {
+            Some(Slot::Live(r)) if r.expires_ms <= now => {
+                self.leases.remove(target);
+                None
+            }
+            other => other.cloned(),
+        }
+    }
+
+    /// The replay rule: `None` when `request_id` is new for `op`, otherwise the reply.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn replay(
+        &mut self,
+        op: &'static str,
+        target: &Target,
+        scope: &str,
+        request_id: &str,
+        fingerprint: &str,
+        now: u64,
+        slot: &Option<Slot>,
+        rule: Rule,
+    ) -> Option<Reply> {
+        let key = (op, target.clone(), scope.to_owned(), request_id.to_owned());
+        let c = match self.requests.get(&key) {
+            Some(c) if c.expires_ms > now => c.clone(),
+            Some(_) => {
+                self.requests.remove(&key);
+                return None;
+            }
+            None => return None,
+        };
+        if c.fingerprint != fingerprint {
+            return Some(bare(now, Outcome::IdempotencyConflict, CONFLICT));
+        }
+        Some(match rule {
+            Rule::Done(message) => bare(now, c.outcome, message(c.outcome)),
+            Rule::Revalidate {
+                live,
+                live_msg,
+                superseded,
+                ended,
+            } => match slot {
+                Some(Slot::Corrupt { .. }) => bare(now, Outcome::CorruptState, CORRUPT),
+                Some(Slot::Live(r)) if r.lease_id == c.lease_id && r.token == c.token => {
+                    reply(now, live, Some(r.lease(target)), live_msg)
+                }
+                Some(Slot::Live(r)) => superseded(now, r, target),
+                None => bare(now, Outcome::Expired, ended),
+            },
+        })
+    }
+
+    pub(super) fn remember(
+        &mut self,
+        op: &'static str,
+        target: &Target,
+        scope: &str,
+        request_id: &str,
+        cached: Cached,
+    ) {
+        self.requests.insert(
+            (op, target.clone(), scope.to_owned(), request_id.to_owned()),
+            cached,
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! Argument order: how each operation fills its script's KEYS and ARGV.
+//!
+//! Every key and argument carries the name its script's header gives it
+//! (`-- KEYS[1] lease …`); a test reads the headers and checks count, order
+//! and names against these call sites, so the two cannot drift.
+
+use std::time::Duration;
+
+use super::errors::Effect;
+use super::keys::KeySpace;
+use super::scripts::{SCRIPTS, Script};
+use crate::store::{
+    AcquireRequest, CommitRequest, IDEMPOTENCY_WINDOW, ReleaseRequest, RenewRequest, RevokeRequest,
+    Target,
+};
+
+/// One script invocation, ready to send.
+pub(super) struct Call {
+    /// The script.
+    pub script: &'static Script,
+    /// `KEYS`, in order, each with its header name.
+    pub keys: Vec<(&'static str, String)>,
+    /// `ARGV`, in order, each with its header name.
+    pub args: Vec<(&'static str, String)>,
+    /// Whether the script may write.
+    pub effect: Effect,
+}
+
+fn window_ms(extra: Duration) -> String {
+    (IDEMPOTENCY_WINDOW + extra).as_millis().to_string()
+}
+
+fn ms(d: Duration) -> String {
+    d.as_millis().to_string()
+}
+
+pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
+    let t = &req.target;
+    Call {
+        script: &SCRIPTS.acquire,
+        keys: vec![
+            ("lease", ks.lease(t)),
+            ("fence", ks.fence(t)),
+            (
+                "request",
+                ks.request(t, "acquire", &req.owner, &req.request_id),
+            ),
+        ],
+        args: vec![
+            ("owner", req.owner.clone()),
+            ("ttl", ms(req.ttl)),
+            (
+                "max_life",
+                req.max_lifetime.map(ms).unwrap_or_else(|| "0".into()),
+            ),
+            (
+                "lease_id",
+                req.lease_id
+                    .clone()
+                    .unwrap_or_else(crate::store::new_request_id),
+            ),
+            ("metadata", req.metadata_json()),
+            ("floor", req.token_floor.unwrap_or(0).to_string()),
+            ("window", window_ms(Duration::ZERO)),
+        ],
+        effect: Effect::Write,
+    }
+}
+
+pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
+    let (t, h) = (&req.target, &req.handle);
+    Call {
+        script: &SCRIPTS.renew,
+        keys: vec![
+            ("lease", ks.lease(t)),
+            ("request", ks.request(t, "renew", &h.owner, &req.request_id)),
+        ],
+        args: vec![
+            ("owner", h.owner.clone()),
+            ("lease_id", h.lease_id.clone()),
+            ("token", h.token.to_string()),
+            ("ttl", ms(req.ttl)),
+            ("window", window_ms(Duration::ZERO)),
+        ],
+        effect: Effect::Write,
+    }
+}
+
+pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> Call {
+    let (t, h) = (&req.target, &req.handle);
+    Call {
+        script: &SCRIPTS.release,
+        keys: vec![
+            ("lease", ks.lease(t)),
+            (
+                "request",
+                ks.request(t, "release", &h.owner, &req.request_id),
+            ),
+        ],
+        args: vec![
+            ("owner", h.owner.clone()),
+            ("lease_id", h.lease_id.clone()),
+            ("token", h.token.to_string()),
+            ("window", window_ms(Duration::ZERO)),
+        ],
+        effect: Effect::Write,
+    }
+}
+
+pub(super) fn get(ks: &KeySpace, t: &Target) -> Call {
+    Call {
+        script: &SCRIPTS.get,
+        keys: vec![("lease", ks.lease(t))],
+        args: vec![],
+        effect: Effect::Read,
+    }
+}
+
+pub(super) fn revoke(ks: &KeySpace, req: &RevokeRequest) -> Call {
+    let t = &req.target;
+    Call {
+        script: &SCRIPTS.revoke,
+        keys: vec![
+            ("lease", ks.lease(t)),
+            ("request", ks.request(t, "revoke", "", &req.request_id)),
+        ],
+        args: vec![
+            ("reason", req.reason.clone().unwrap_or_default()),
+            (
+                "token",
+                req.token.map(|n| n.to_string()).unwrap_or_default(),
+            ),
+            ("window", window_ms(Duration::ZERO)),
+        ],
+        effect: Effect::Write,
+    }
+}
+
+pub(super) fn commit(ks: &KeySpace, req: &CommitRequest) -> Call {
+    let t = &req.target;
+    Call {
+        script: &SCRIPTS.commit,
+        keys: vec![
+            ("lease", ks.lease(t)),
+            ("commit", ks.commit(t, &req.key)),
+            ("request", ks.request(t, "commit", "", &req.request_id)),
+        ],
+        args: vec![
+            ("token", req.token.to_string()),
+            ("key", req.key.clone()),
+            ("value", req.value.clone()),
+            ("window", window_ms(Duration::ZERO)),
+        ],
+        effect: Effect::Write,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::LeaseHandle;
+
+    /// `(index, name)` of every `-- KEYS[i] name` (or ARGV) line of a header.
+    fn declared(body: &str, what: &str) -> Vec<(usize, String)> {
+        body.lines()
+            .take_while(|l| l.starts_with("--"))
+            .filter_map(|l| {
+                let rest = l.trim_start_matches("--").trim().strip_prefix(what)?;
+                let (i, name) = rest.strip_prefix('[')?.split_once(']')?;
+                Some((i.parse().ok()?, name.split_whitespace().next()?.to_owned()))
+            })
+            .collect()
+    }
+
+    /// Highest `KEYS[i]`/`ARGV[i]` index used in the code (not the header).
+    fn highest_used(body: &str, what: &str) -> usize {
+        let code: String = body
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        code.match_indices(&format!("{what}["))
+            .filter_map(|(at, m)| {
+                let rest = &code[at + m.len()..];
+                rest[..rest.find(']')?].parse().ok()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn every_script_header_matches_its_call_site() {
+        let ks = KeySpace::new("tl").unwrap();
+        let t = Target::new("ns", "t");
+        let h = LeaseHandle {
+            owner: "o".into(),
+            lease_id: "lease-id-0123456789".into(),
+            token: 7,
+        };
+        let ttl = Duration::from_secs(10);
+        let calls = [
+            acquire(&ks, &AcquireRequest::new(t.clone(), "o", ttl)),
+            renew(&ks, &RenewRequest::new(t.clone(), h.clone(), ttl)),
+            release(&ks, &ReleaseRequest::new(t.clone(), h)),
+            get(&ks, &t),
+            revoke(&ks, &RevokeRequest::new(t.clone())),
+            commit(&ks, &CommitRequest::new(t.clone(), 7, "k", "v")),
+        ];
+        assert_eq!(calls.len(), SCRIPTS.all().len(), "one call site per script");
+        for call in calls {
+            let s = call.script;
+            for (what, sent) in [("KEYS", &call.keys), ("ARGV", &call.args)] {
+                let header = declared(s.body, what);
+                let expected: Vec<(usize, String)> = sent
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, _))| (i + 1, name.to_string()))
+                    .collect();
+                assert_eq!(header, expected, "{} {what}: header vs call site", s.name);
+                assert!(
+                    highest_used(s.body, what) <= sent.len(),
+                    "{} uses a {what} index the call site does not send",
+                    s.name
+                );
+            }
+        }
+    }
+}

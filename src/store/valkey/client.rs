@@ -1,0 +1,389 @@
+//! The connection side of the store: pools per server, Sentinel discovery,
+//! Cluster routing, and the one rule about re-sending.
+//!
+//! A request is re-sent only after an answer that proves it did not run:
+//! `MOVED` and `ASK` (the cluster refuses before running). A broken
+//! connection or a missing reply is reported to the caller as it is
+//! ([`SendError::Lost`]); deciding to retry, with the same request id, is the
+//! caller's business. `NOSCRIPT`, the other "did not run" answer, is handled
+//! one layer up, where the script source is known.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::cluster::{Redirect, SlotMap, redirect};
+use super::dial::{DialError, Dialer};
+use super::endpoint::{Addr, Endpoint, Topology};
+use super::link::{Link, LinkError};
+use super::pool::{Place, Pool};
+use super::resp::{Cmd, Value};
+
+/// Redirections one request may follow (`MOVED` after a resharding, `ASK`
+/// then `MOVED` around a migration).
+const MAX_REDIRECTIONS: usize = 3;
+
+/// Which server a request goes to.
+#[derive(Clone, Copy, Debug)]
+pub enum Route {
+    /// The primary serving this cluster slot (the only primary elsewhere).
+    Slot(u16),
+    /// Any primary.
+    Any,
+}
+
+/// Why a request has no reply.
+#[derive(Clone, Debug)]
+pub enum SendError {
+    /// Nothing was written: no connection could be had, or the request never
+    /// left the queue. It cannot have run.
+    NotSent(String),
+    /// It was written (or may have been) and no complete reply came: it may have run.
+    Lost(String),
+    /// It was written and no reply came before the deadline: it may have run.
+    Late,
+    /// Every copy was answered `MOVED`/`ASK` until the limit: none ran.
+    Redirected(String),
+}
+
+/// A request's replies and the connection that carried them (where a
+/// script ran, and so where its durability wait must run).
+pub struct Sent {
+    /// One reply per command.
+    pub replies: Vec<Value>,
+    /// The connection the final copy went over.
+    pub link: Link,
+}
+
+enum Kind {
+    Single(Arc<Pool>),
+    Cluster(Router),
+}
+
+struct Router {
+    seeds: Vec<Addr>,
+    map: RwLock<SlotMap>,
+    pools: Mutex<HashMap<Addr, Arc<Pool>>>,
+    stale: AtomicBool,
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// Connections to one deployment.
+pub struct Client {
+    kind: Kind,
+    dialer: Dialer,
+    pool_size: usize,
+    connect_timeout: Duration,
+}
+
+impl Client {
+    /// Opens the first connection (and, in a cluster, learns the slot map)
+    /// within `connect_timeout`.
+    pub async fn connect(
+        endpoint: &Endpoint,
+        dialer: Dialer,
+        pool_size: usize,
+        connect_timeout: Duration,
+    ) -> Result<Client, DialError> {
+        let deadline = Instant::now() + connect_timeout;
+        let single = |place| {
+            Kind::Single(Arc::new(Pool::new(
+                place,
+                dialer.clone(),
+                pool_size,
+                connect_timeout,
+            )))
+        };
+        let kind = match &endpoint.topology {
+            Topology::Standalone(addr) => single(Place::Fixed(addr.clone())),
+            Topology::Sentinel { sentinels, service } => single(Place::Sentinel {
+                sentinels: sentinels.clone(),
+                service: service.clone(),
+            }),
+            Topology::Cluster(seeds) => Kind::Cluster(Router {
+                seeds: seeds.clone(),
+                map: RwLock::new(SlotMap::default()),
+                pools: Mutex::new(HashMap::new()),
+                stale: AtomicBool::new(true),
+                refreshing: tokio::sync::Mutex::new(()),
+            }),
+        };
+        let client = Client {
+            kind,
+            dialer,
+            pool_size,
+            connect_timeout,
+        };
+        match &client.kind {
+            Kind::Single(pool) => {
+                pool.link(deadline).await?;
+            }
+            Kind::Cluster(_) => client.refresh(deadline).await?,
+        }
+        Ok(client)
+    }
+
+    /// True for a Valkey Cluster.
+    pub fn is_clustered(&self) -> bool {
+        matches!(self.kind, Kind::Cluster(_))
+    }
+
+    /// Sends `cmds` pipelined on one connection and waits for their replies
+    /// until `deadline`. A single command answered `MOVED`/`ASK` is re-sent
+    /// where the cluster says (it did not run).
+    pub async fn send(
+        &self,
+        route: Route,
+        cmds: &[Cmd],
+        deadline: Instant,
+    ) -> Result<Sent, SendError> {
+        let router = match &self.kind {
+            Kind::Single(pool) => {
+                let link = pool
+                    .link(deadline)
+                    .await
+                    .map_err(|e| SendError::NotSent(e.0))?;
+                let replies = link.request(cmds, deadline).await.map_err(from_link)?;
+                forget_if_not_primary(&link, &replies);
+                return Ok(Sent { replies, link });
+            }
+            Kind::Cluster(router) => router,
+        };
+        let mut next: Option<(Addr, bool)> = None;
+        let mut redirections = 0;
+        loop {
+            let (addr, asking) = match next.take() {
+                Some(t) => t,
+                None => (self.owner(route, deadline).await?, false),
+            };
+            let link = match self.pool(&addr).link(deadline).await {
+                Ok(l) => l,
+                Err(e) => {
+                    // The node may have failed over: learn the map again next time.
+                    router.stale.store(true, Ordering::SeqCst);
+                    return Err(SendError::NotSent(e.0));
+                }
+            };
+            let mut request = Vec::with_capacity(cmds.len() + 1);
+            if asking {
+                request.push(Cmd::new("ASKING"));
+            }
+            request.extend_from_slice(cmds);
+            let mut replies = link.request(&request, deadline).await.map_err(|e| {
+                router.stale.store(true, Ordering::SeqCst);
+                from_link(e)
+            })?;
+            if asking {
+                replies.remove(0);
+            }
+            if forget_if_not_primary(&link, &replies) {
+                router.stale.store(true, Ordering::SeqCst);
+            }
+            let moved = match (cmds.len(), replies.first()) {
+                (1, Some(Value::Error(e))) => redirect(e).map(|r| (r, e.clone())),
+                _ => None,
+            };
+            let Some((redirection, said)) = moved else {
+                return Ok(Sent { replies, link });
+            };
+            redirections += 1;
+            if redirections > MAX_REDIRECTIONS {
+                return Err(SendError::Redirected(format!(
+                    "too many redirections (last: {said}); the command never ran"
+                )));
+            }
+            next = Some(match redirection {
+                Redirect::Moved(slot, to) => {
+                    router
+                        .map
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .moved(slot, to.clone());
+                    router.stale.store(true, Ordering::SeqCst);
+                    (to, false)
+                }
+                Redirect::Ask(_, to) => (to, true),
+            });
+        }
+    }
+
+    /// Sends `cmds` to every primary (one connection each, in parallel).
+    pub async fn send_to_primaries(
+        &self,
+        cmds: &[Cmd],
+        deadline: Instant,
+    ) -> Result<Vec<(String, Result<Sent, SendError>)>, SendError> {
+        let targets: Vec<(String, Arc<Pool>)> = match &self.kind {
+            Kind::Single(pool) => vec![("the server".into(), pool.clone())],
+            Kind::Cluster(router) => {
+                if router.stale.load(Ordering::SeqCst) {
+                    let _ = self.refresh(deadline).await;
+                }
+                let primaries = router
+                    .map
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .primaries();
+                if primaries.is_empty() {
+                    return Err(SendError::NotSent("no known cluster primary".into()));
+                }
+                primaries
+                    .iter()
+                    .map(|a| (a.to_string(), self.pool(a)))
+                    .collect()
+            }
+        };
+        let calls = targets.into_iter().map(|(name, pool)| async move {
+            let sent = async {
+                let link = pool
+                    .link(deadline)
+                    .await
+                    .map_err(|e| SendError::NotSent(e.0))?;
+                let replies = link.request(cmds, deadline).await.map_err(from_link)?;
+                Ok(Sent { replies, link })
+            };
+            (name, sent.await)
+        });
+        Ok(futures::future::join_all(calls).await)
+    }
+
+    /// Closes every connection.
+    pub async fn close(&self) {
+        let pools: Vec<Arc<Pool>> = match &self.kind {
+            Kind::Single(p) => vec![p.clone()],
+            Kind::Cluster(r) => r
+                .pools
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect(),
+        };
+        for p in pools {
+            p.close().await;
+        }
+    }
+
+    fn pool(&self, addr: &Addr) -> Arc<Pool> {
+        match &self.kind {
+            Kind::Single(p) => p.clone(),
+            Kind::Cluster(r) => r
+                .pools
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(addr.clone())
+                .or_insert_with(|| {
+                    Arc::new(Pool::new(
+                        Place::Fixed(addr.clone()),
+                        self.dialer.clone(),
+                        self.pool_size,
+                        self.connect_timeout,
+                    ))
+                })
+                .clone(),
+        }
+    }
+
+    /// The cluster primary for `route`, refreshing a stale slot map first.
+    async fn owner(&self, route: Route, deadline: Instant) -> Result<Addr, SendError> {
+        let Kind::Cluster(router) = &self.kind else {
+            unreachable!("owner() is only asked in a cluster");
+        };
+        if router.stale.load(Ordering::SeqCst) {
+            // A failed refresh keeps the old map: it may still be right.
+            if let Err(e) = self.refresh(deadline).await {
+                tracing::debug!(error = %e.0, "cluster slot map refresh failed");
+            }
+        }
+        let map = router.map.read().unwrap_or_else(|p| p.into_inner());
+        let found = match route {
+            Route::Slot(slot) => map.owner(slot).cloned(),
+            Route::Any => map.primaries().into_iter().next(),
+        };
+        found.ok_or_else(|| SendError::NotSent("no cluster node serves the slot".into()))
+    }
+
+    /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.
+    async fn refresh(&self, deadline: Instant) -> Result<(), DialError> {
+        let Kind::Cluster(router) = &self.kind else {
+            return Ok(());
+        };
+        let _one_at_a_time = tokio::time::timeout_at(deadline, router.refreshing.lock())
+            .await
+            .map_err(|_| DialError("cluster topology: no turn in time".into()))?;
+        if !router.stale.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut candidates = router
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .primaries();
+        for s in &router.seeds {
+            if !candidates.contains(s) {
+                candidates.push(s.clone());
+            }
+        }
+        let mut why = Vec::new();
+        for addr in candidates {
+            let asked = async {
+                let link = self.pool(&addr).link(deadline).await.map_err(|e| e.0)?;
+                let reply = link
+                    .request(&[Cmd::new("CLUSTER").arg("SLOTS")], deadline)
+                    .await
+                    .map_err(|e| link_text(&e))?;
+                match reply.first() {
+                    Some(Value::Error(e)) => Err(format!("{addr}: {e}")),
+                    Some(v) => SlotMap::from_cluster_slots(v, &addr)
+                        .filter(|m| !m.primaries().is_empty())
+                        .ok_or_else(|| format!("{addr}: unreadable CLUSTER SLOTS reply")),
+                    None => Err(format!("{addr}: no reply")),
+                }
+            };
+            match asked.await {
+                Ok(map) => {
+                    *router.map.write().unwrap_or_else(|p| p.into_inner()) = map;
+                    router.stale.store(false, Ordering::SeqCst);
+                    return Ok(());
+                }
+                Err(e) => why.push(e),
+            }
+        }
+        Err(DialError(format!(
+            "cluster topology unknown: {}",
+            why.join("; ")
+        )))
+    }
+}
+
+/// A `READONLY` answer means this connection reaches a replica now (a
+/// failover happened): retire it, so the next call finds the primary again
+/// (Sentinel asks again, Cluster relearns its map), while the requests
+/// already on it still get their (definite) answers.
+fn forget_if_not_primary(link: &Link, replies: &[Value]) -> bool {
+    let demoted = replies
+        .iter()
+        .any(|r| matches!(r, Value::Error(e) if e.starts_with("READONLY")));
+    if demoted {
+        link.retire();
+    }
+    demoted
+}
+
+fn from_link(e: LinkError) -> SendError {
+    match e {
+        LinkError::NotSent(why) => SendError::NotSent(why),
+        LinkError::Lost(why) => SendError::Lost(why),
+        LinkError::Late => SendError::Late,
+    }
+}
+
+fn link_text(e: &LinkError) -> String {
+    match e {
+        LinkError::NotSent(w) | LinkError::Lost(w) => w.clone(),
+        LinkError::Late => "no reply in time".into(),
+    }
+}

@@ -1,0 +1,257 @@
+//! Opening one connection: TCP (keepalive), TLS, then the handshake
+//! (`AUTH` or `PING`, `SELECT`), all within one deadline; and asking
+//! Sentinels which server is the primary.
+//!
+//! Nothing here retries: a failure is reported with its cause, and the caller
+//! (the pool) decides when to try again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::config::Secret;
+use super::endpoint::Addr;
+use super::resp::{self, Cmd, Value};
+
+/// A byte stream to a server: plain TCP or TLS over TCP.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A boxed [`Io`].
+pub type Stream = Box<dyn Io>;
+
+/// TLS settings: our rustls config and an optional name to verify against.
+#[derive(Clone)]
+pub struct Tls {
+    /// Verification is always on (see `tls.rs`).
+    pub config: Arc<rustls::ClientConfig>,
+    /// Verify every server against this name instead of the host it was reached by.
+    pub server_name: Option<String>,
+}
+
+/// How to open and authenticate a connection to any server of one deployment.
+#[derive(Clone)]
+pub struct Dialer {
+    /// TLS, when the URL asks for it.
+    pub tls: Option<Tls>,
+    /// ACL user.
+    pub username: Option<String>,
+    /// ACL password (or the legacy `requirepass` password without a user).
+    pub password: Option<Secret>,
+    /// Database to select (never in a cluster).
+    pub db: Option<u32>,
+}
+
+/// Why a connection could not be opened; nothing was sent on it but the handshake.
+#[derive(Clone, Debug)]
+pub struct DialError(pub String);
+
+/// A second handle on a connection's TCP socket, to ask the kernel whether
+/// the server has already closed it. Tokio only learns that when its driver
+/// next polls; a request written into a connection the server had already
+/// closed could not have run, and must not be reported as possibly run.
+pub struct Probe(Option<socket2::Socket>);
+
+impl Probe {
+    fn of(tcp: &TcpStream) -> Probe {
+        Probe(SockRef::from(tcp).try_clone().ok())
+    }
+
+    /// Why the server side is gone (FIN or reset seen), if it is. Pending
+    /// replies are only peeked at, never consumed; the socket is non-blocking.
+    pub fn closed(&self) -> Option<String> {
+        let sock = self.0.as_ref()?;
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match sock.peek(&mut byte) {
+            Ok(0) => Some("connection closed by the server".into()),
+            Ok(_) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => None,
+            Err(e) => Some(e.to_string()),
+        }
+    }
+}
+
+/// An open, authenticated connection.
+pub struct Conn {
+    /// The byte stream (TLS or not).
+    pub stream: Stream,
+    /// Its TCP socket, to notice a close before writing.
+    pub probe: Probe,
+}
+
+impl Dialer {
+    /// Connects to `addr` and completes the handshake before `deadline`.
+    pub async fn connect(&self, addr: &Addr, deadline: Instant) -> Result<Conn, DialError> {
+        self.connect_with(addr, deadline, self.db).await
+    }
+
+    async fn connect_with(
+        &self,
+        addr: &Addr,
+        deadline: Instant,
+        db: Option<u32>,
+    ) -> Result<Conn, DialError> {
+        let fail = |why: String| DialError(format!("cannot connect to {addr}: {why}"));
+        let open = async {
+            let tcp = TcpStream::connect((addr.host.as_str(), addr.port))
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            let _ = tcp.set_nodelay(true);
+            // A dead peer behind a silent network is noticed in about a minute.
+            let keepalive = TcpKeepalive::new()
+                .with_time(Duration::from_secs(30))
+                .with_interval(Duration::from_secs(10));
+            let _ = SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
+            let probe = Probe::of(&tcp);
+            let mut stream: Stream = match &self.tls {
+                None => Box::new(tcp),
+                Some(tls) => {
+                    let name = tls.server_name.clone().unwrap_or_else(|| addr.host.clone());
+                    let name = rustls_pki_types::ServerName::try_from(name)
+                        .map_err(|e| fail(format!("bad TLS server name: {e}")))?;
+                    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+                    let s = connector
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| fail(format!("TLS handshake failed: {e}")))?;
+                    Box::new(s)
+                }
+            };
+            let mut hello = Vec::new();
+            hello.push(match &self.password {
+                Some(pw) => match &self.username {
+                    Some(user) => Cmd::new("AUTH").arg(user).arg(pw.expose()),
+                    None => Cmd::new("AUTH").arg(pw.expose()),
+                },
+                None => Cmd::new("PING"),
+            });
+            if let Some(db) = db {
+                hello.push(Cmd::new("SELECT").arg(db.to_string()));
+            }
+            let replies = exchange(&mut stream, &hello).await.map_err(fail)?;
+            for (cmd, reply) in hello.iter().zip(&replies) {
+                if let Value::Error(e) = reply {
+                    return Err(fail(format!("{} refused: {}", cmd.name(), first_words(e))));
+                }
+            }
+            Ok(Conn { stream, probe })
+        };
+        let budget = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout_at(deadline, open).await {
+            Ok(r) => r,
+            Err(_) => Err(fail(format!(
+                "no answer within {} (TCP, TLS and AUTH/PING)",
+                humantime::format_duration(Duration::from_millis(
+                    (budget.as_millis() as u64).div_ceil(10) * 10
+                ))
+            ))),
+        }
+    }
+
+    /// Asks the Sentinels in order for the primary of `service`, then connects
+    /// to it; the primary must say it is one (`ROLE`), when the ACL lets us ask.
+    pub async fn connect_primary(
+        &self,
+        sentinels: &[Addr],
+        service: &str,
+        deadline: Instant,
+    ) -> Result<(Addr, Conn), DialError> {
+        let mut why = Vec::new();
+        for s in sentinels {
+            let primary = async {
+                let mut conn = self.connect_with(s, deadline, None).await?;
+                let ask = [Cmd::new("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(service)];
+                let reply = tokio::time::timeout_at(deadline, exchange(&mut conn.stream, &ask))
+                    .await
+                    .map_err(|_| DialError(format!("sentinel {s}: no answer in time")))?
+                    .map_err(|e| DialError(format!("sentinel {s}: {e}")))?;
+                match reply.first() {
+                    Some(Value::Array(hp)) if hp.len() == 2 => {
+                        let host = hp[0].text().unwrap_or_default();
+                        let port = hp[1].int().and_then(|p| u16::try_from(p).ok());
+                        match port {
+                            Some(port) if !host.is_empty() => Ok(Addr { host, port }),
+                            _ => Err(DialError(format!("sentinel {s}: unreadable address"))),
+                        }
+                    }
+                    Some(Value::Nil) => Err(DialError(format!(
+                        "sentinel {s} does not know a primary named {service:?}"
+                    ))),
+                    Some(Value::Error(e)) => {
+                        Err(DialError(format!("sentinel {s}: {}", first_words(e))))
+                    }
+                    _ => Err(DialError(format!("sentinel {s}: unexpected reply"))),
+                }
+            };
+            match primary.await {
+                Ok(addr) => {
+                    let mut conn = self.connect(&addr, deadline).await?;
+                    let role = tokio::time::timeout_at(
+                        deadline,
+                        exchange(&mut conn.stream, &[Cmd::new("ROLE")]),
+                    )
+                    .await
+                    .map_err(|_| DialError(format!("{addr}: no answer to ROLE in time")))?
+                    .map_err(|e| DialError(format!("{addr}: {e}")))?;
+                    match role.first() {
+                        Some(Value::Array(r))
+                            if r.first().and_then(Value::text).as_deref() != Some("master") =>
+                        {
+                            return Err(DialError(format!(
+                                "sentinel {s} named {addr}, which is not a primary"
+                            )));
+                        }
+                        // Refused (e.g. the ACL does not grant ROLE): writes there
+                        // would be refused with READONLY anyway, so go on.
+                        _ => return Ok((addr, conn)),
+                    }
+                }
+                Err(e) => why.push(e.0),
+            }
+        }
+        Err(DialError(format!(
+            "no sentinel named a primary: {}",
+            why.join("; ")
+        )))
+    }
+}
+
+/// The first words of a server error, enough to name it without quoting arguments.
+pub fn first_words(e: &str) -> String {
+    e.chars().take(200).collect()
+}
+
+/// Sends `cmds` in one write and reads one reply per command (no deadline of
+/// its own: callers bound it). For handshakes and one-off questions only.
+pub async fn exchange(stream: &mut Stream, cmds: &[Cmd]) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for c in cmds {
+        c.encode(&mut out);
+    }
+    stream.write_all(&out).await.map_err(|e| e.to_string())?;
+    stream.flush().await.map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(4096);
+    let mut replies = Vec::with_capacity(cmds.len());
+    while replies.len() < cmds.len() {
+        match resp::parse(&buf).map_err(|e| e.0)? {
+            Some((v, used)) => {
+                buf.drain(..used);
+                replies.push(v);
+            }
+            None => {
+                let n = stream.read_buf(&mut buf).await.map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err("connection closed by the server".into());
+                }
+            }
+        }
+    }
+    Ok(replies)
+}

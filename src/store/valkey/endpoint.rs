@@ -1,0 +1,221 @@
+//! What a `--valkey-url` names: one server, a Sentinel-managed primary, or a
+//! Cluster, plus TLS and credentials. Parsed once, before anything connects.
+//!
+//! ```text
+//! redis[s]://[user[:password]@]host[:6379][/db]
+//! redis[s]-cluster://[user[:password]@]host:port[?node=host:port&node=…]
+//! redis[s]-sentinel://[user[:password]@]host[:26379][/db]?sentinelServiceName=NAME[&node=host:port…]
+//! ```
+
+use std::fmt;
+
+/// A `host:port`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Addr {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl Addr {
+    /// Parses `host:port` (IPv6 hosts in brackets).
+    pub fn parse(s: &str) -> Option<Addr> {
+        let (host, port) = s.rsplit_once(':')?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return None;
+        }
+        Some(Addr {
+            host: host.to_owned(),
+            port: port.parse().ok()?,
+        })
+    }
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// How the servers are arranged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// One server.
+    Standalone(Addr),
+    /// Sentinels that name the primary of `service`.
+    Sentinel {
+        /// Sentinels to ask, in order.
+        sentinels: Vec<Addr>,
+        /// The monitored primary's name.
+        service: String,
+    },
+    /// Seed nodes of a Valkey Cluster.
+    Cluster(Vec<Addr>),
+}
+
+/// Everything the URL says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Where the servers are.
+    pub topology: Topology,
+    /// `rediss…` schemes.
+    pub tls: bool,
+    /// ACL user from the URL.
+    pub username: Option<String>,
+    /// Password from the URL.
+    pub password: Option<String>,
+    /// Database to `SELECT` (standalone and Sentinel only).
+    pub db: Option<u32>,
+}
+
+/// Parses a Valkey URL; the error says why, without echoing a password.
+pub fn parse(url: &str) -> Result<Endpoint, String> {
+    let (scheme, _) = url.split_once("://").ok_or("no scheme")?;
+    let (tls, kind) = match scheme {
+        "redis" => (false, ""),
+        "rediss" => (true, ""),
+        "redis-cluster" => (false, "cluster"),
+        "rediss-cluster" => (true, "cluster"),
+        "redis-sentinel" => (false, "sentinel"),
+        "rediss-sentinel" => (true, "sentinel"),
+        other => {
+            return Err(format!(
+                "unsupported scheme {other:?}; use redis, rediss, redis-cluster, rediss-cluster or redis-sentinel"
+            ));
+        }
+    };
+    let parsed = url::Url::parse(url).map_err(|e| format!("unparsable ({e})"))?;
+    let host = parsed
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or("no host")?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let default_port = if kind == "sentinel" { 26379 } else { 6379 };
+    let port = parsed.port().unwrap_or(default_port);
+    let first = Addr { host, port };
+    let decode = |s: &str| {
+        percent_decode(s)
+            .ok_or_else(|| "credentials are not valid percent-encoded UTF-8".to_owned())
+    };
+    let username = Some(decode(parsed.username())?).filter(|u| !u.is_empty());
+    let password = match parsed.password() {
+        Some(p) => Some(decode(p)?).filter(|p| !p.is_empty()),
+        None => None,
+    };
+    let mut nodes = Vec::new();
+    let mut service = None;
+    for (k, v) in parsed.query_pairs() {
+        match k.as_ref() {
+            "node" => nodes.push(Addr::parse(&v).ok_or(format!("node {v:?} is not host:port"))?),
+            "sentinelServiceName" => service = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let db = match parsed.path().trim_matches('/') {
+        "" => None,
+        d => Some(
+            d.parse::<u32>()
+                .map_err(|_| format!("database {d:?} is not a number"))?,
+        ),
+    };
+    let topology = match kind {
+        "cluster" => Topology::Cluster(std::iter::once(first).chain(nodes).collect()),
+        "sentinel" => Topology::Sentinel {
+            sentinels: std::iter::once(first).chain(nodes).collect(),
+            service: service.ok_or("a sentinel URL needs ?sentinelServiceName=NAME")?,
+        },
+        _ => Topology::Standalone(first),
+    };
+    let db = if matches!(topology, Topology::Cluster(_)) {
+        None
+    } else {
+        db
+    };
+    Ok(Endpoint {
+        topology,
+        tls,
+        username,
+        password,
+        db,
+    })
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            out.push(u8::from_str_radix(s.get(i + 1..i + 3)?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(h: &str, p: u16) -> Addr {
+        Addr {
+            host: h.into(),
+            port: p,
+        }
+    }
+
+    #[test]
+    fn standalone_with_credentials_and_database() {
+        let e = parse("rediss://u%40x:p%3Aw@db.example:6380/2").unwrap();
+        assert_eq!(e.topology, Topology::Standalone(addr("db.example", 6380)));
+        assert!(e.tls);
+        assert_eq!(e.username.as_deref(), Some("u@x"));
+        assert_eq!(e.password.as_deref(), Some("p:w"));
+        assert_eq!(e.db, Some(2));
+        let e = parse("redis://127.0.0.1").unwrap();
+        assert_eq!(e.topology, Topology::Standalone(addr("127.0.0.1", 6379)));
+        assert_eq!(
+            (e.tls, e.db, e.username, e.password),
+            (false, None, None, None)
+        );
+        let e = parse("redis://h:80").unwrap();
+        assert_eq!(e.topology, Topology::Standalone(addr("h", 80)));
+    }
+
+    #[test]
+    fn cluster_and_sentinel() {
+        let e = parse("redis-cluster://a:7000?node=b:7001&node=[::1]:7002").unwrap();
+        assert_eq!(
+            e.topology,
+            Topology::Cluster(vec![addr("a", 7000), addr("b", 7001), addr("::1", 7002)])
+        );
+        let e = parse("redis-sentinel://s1?sentinelServiceName=mymaster&node=s2:26380").unwrap();
+        assert_eq!(
+            e.topology,
+            Topology::Sentinel {
+                sentinels: vec![addr("s1", 26379), addr("s2", 26380)],
+                service: "mymaster".into()
+            }
+        );
+        assert!(parse("redis-sentinel://s1").is_err());
+    }
+
+    #[test]
+    fn bad_urls_are_refused() {
+        assert!(parse("http://x").is_err());
+        assert!(parse("no-scheme").is_err());
+        assert!(parse("redis://h/notanumber").is_err());
+        assert!(parse("redis-cluster://a?node=b").is_err());
+    }
+}

@@ -1,0 +1,175 @@
+//! The operator binary running as the chart's ServiceAccount, with only the
+//! chart's RBAC, under the chart's admission policy.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use serde_json::json;
+use targetlease::crd::Phase;
+use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+use targetlease::store::{LeaseStore, Outcome, Target};
+
+use crate::cluster::{SOON, install_identity, service_account_kubeconfig, wait_policy_enforced};
+use crate::support::kube_env::eventually;
+use crate::support::operator_env::{OperatorEnv, apply_example, summary};
+
+async fn leader_mark(env: &OperatorEnv, name: &str) -> Option<(String, String)> {
+    match env.marks(name, "web-leader").await {
+        (Some(label), Some(token), _) => Some((label, token)),
+        _ => None,
+    }
+}
+
+/// The end-to-end flows with the operator authenticated as the chart's
+/// ServiceAccount, holding only the chart's RBAC, under the chart's policy.
+#[tokio::test]
+async fn the_operator_runs_as_the_chart_service_account() {
+    let mut env = OperatorEnv::start_without_operator("chart-rbac").await;
+    let cp = env.cp;
+    let ns = env.ns.clone();
+    let release = install_identity(cp, &ns).await;
+
+    // The policy is in force before the operator writes anything.
+    env.create(
+        "policy-probe",
+        json!({ "target": "probe", "holder": { "identity": "x" } }),
+    )
+    .await;
+    wait_policy_enforced(cp, &ns, "policy-probe").await;
+    env.delete("policy-probe").await;
+    env.wait_gone("policy-probe", SOON).await;
+
+    // Run the binary as the ServiceAccount, with the chart's own settings for
+    // the floor ConfigMap and leader election (OperatorEnv sets the namespaces).
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig =
+        service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
+    let chart_args: Vec<String> = release
+        .rendered
+        .args()
+        .into_iter()
+        .filter(|a| {
+            a.starts_with("--floor-configmap")
+                || a == "--leader-election"
+                || a.starts_with("--leader-election-lease")
+        })
+        .collect();
+    assert_eq!(chart_args.len(), 3, "{chart_args:?}");
+    env.run_operators_as(kubeconfig);
+    let extra: Vec<&str> = chart_args.iter().map(String::as_str).collect();
+    env.start_operator_with(&extra);
+
+    // Apply -> Held with a token, finalizer set.
+    let spec = |id: &str| json!({ "target": "orders-db", "holder": { "identity": id } });
+    env.create("job-a", spec("job-a")).await;
+    let a = env.wait_phase("job-a", Phase::Held, SOON).await;
+    assert_eq!(
+        summary(&a),
+        (Some(Phase::Held), Some("job-a".into()), Some(1))
+    );
+    assert!(
+        a.finalizers()
+            .contains(&"targetlease.dev/release".to_string())
+    );
+
+    // Two leases on one target hand off when the holder is deleted.
+    env.create("job-b", spec("job-b")).await;
+    env.wait_phase("job-b", Phase::Pending, SOON).await;
+    env.delete("job-a").await;
+    env.wait_gone("job-a", SOON).await;
+    let b = env.wait_phase("job-b", Phase::Held, SOON).await;
+    assert_eq!(summary(&b).2, Some(2));
+
+    // Deletion releases in Valkey and records the token floor in the ConfigMap.
+    env.delete("job-b").await;
+    env.wait_gone("job-b", SOON).await;
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        url: env.valkey.url(),
+        ..ValkeyConfig::default()
+    })
+    .await
+    .expect("connect to the test valkey");
+    let got = store.get(&Target::new(&ns, "orders-db")).await.unwrap();
+    assert_eq!(got.outcome, Outcome::NotFound, "released in Valkey");
+    let floors = Api::<ConfigMap>::namespaced(cp.client(), &ns)
+        .list(
+            &ListParams::default().labels("targetlease.dev/token-floors=targetlease-token-floors"),
+        )
+        .await
+        .expect("the token floor ConfigMaps, written by the operator");
+    assert!(
+        floors
+            .items
+            .into_iter()
+            .any(|cm| cm.data.unwrap_or_default().values().any(|v| v == "2")),
+        "floor records token 2"
+    );
+
+    // Leader election among pods: mark one, fail over with a larger token.
+    env.create_pod("web-0", &[("app", "web")], true).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
+    env.create_pod("web-1", &[("app", "web")], true).await;
+    apply_example(&env, "leader-election.yaml").await;
+    env.wait_for("web-leader", "led by web-0", SOON, |tl| {
+        summary(tl) == (Some(Phase::Held), Some("web-0".into()), Some(1))
+    })
+    .await;
+    eventually("web-0 marked", SOON, || async {
+        (leader_mark(&env, "web-0").await == Some(("true".into(), "1".into()))).then_some(())
+    })
+    .await;
+    Api::<Pod>::namespaced(cp.client(), &ns)
+        .delete("web-0", &Default::default())
+        .await
+        .unwrap();
+    env.wait_for("web-leader", "led by web-1", SOON, |tl| {
+        summary(tl) == (Some(Phase::Held), Some("web-1".into()), Some(2))
+    })
+    .await;
+    eventually("web-1 marked", SOON, || async {
+        (leader_mark(&env, "web-1").await == Some(("true".into(), "2".into()))).then_some(())
+    })
+    .await;
+
+    // Events were recorded, and the operator leads through the chart's Lease.
+    let events: Api<Event> = Api::namespaced(cp.client(), &ns);
+    eventually("an Acquired event", SOON, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("Acquired")
+                        && e.reporting_controller.as_deref() == Some("targetlease-operator")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    let lease_name = chart_args
+        .iter()
+        .find_map(|a| a.strip_prefix("--leader-election-lease="))
+        .unwrap();
+    let lease = Api::<Lease>::namespaced(cp.client(), &ns)
+        .get(lease_name)
+        .await
+        .expect("the leader-election Lease");
+    assert!(
+        lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .is_some_and(|h| !h.is_empty()),
+        "a replica holds the Lease"
+    );
+
+    let log = env.operator_log(0);
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "the operator was refused something:\n{log}"
+    );
+}

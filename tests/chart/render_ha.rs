@@ -1,0 +1,195 @@
+//! `helm template`: the rules that keep two controllers from running at once
+//! (replicas, election, rollout strategy), the status-write admission policy
+//! under plain `helm template`, and two releases side by side.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+
+use crate::helm::*;
+
+/// `helm template` with `set` must fail, saying `expect`.
+fn refused(extra: &[&str], expect: &str) {
+    let chart = chart();
+    let mut args = vec!["template", "t", &chart, "--kube-version", KUBE_VERSION];
+    args.extend_from_slice(extra);
+    let out = helm(&args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{extra:?} was accepted");
+    assert!(err.contains(expect), "{extra:?}: {err}");
+}
+
+#[test]
+fn several_replicas_need_leader_election() {
+    // The schema refuses it first ...
+    refused(
+        &["--set", "leaderElection.enabled=false"],
+        "at '/replicaCount': maximum: got 2, want 1",
+    );
+    refused(
+        &["--set", "leaderElection.enabled=false,replicaCount=3"],
+        "/replicaCount",
+    );
+    // ... and the template says why, for tools that skip the schema.
+    refused(
+        &[
+            "--set",
+            "leaderElection.enabled=false",
+            "--skip-schema-validation",
+        ],
+        "replicaCount=2 needs leaderElection.enabled=true",
+    );
+
+    let single = template(
+        "tl",
+        "tl-system",
+        &["--set", "leaderElection.enabled=false,replicaCount=1"],
+    );
+    let deploy = single.get("Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 1);
+    assert_eq!(
+        deploy["spec"]["strategy"],
+        json!({ "type": "Recreate" }),
+        "without election a rollout never runs two pods at once"
+    );
+    let elected = template("tl", "tl-system", &["--set", "replicaCount=1"]);
+    assert_eq!(
+        elected.get("Deployment")["spec"]["strategy"],
+        json!({ "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 0 } })
+    );
+}
+
+#[test]
+fn election_timings_reach_the_binary() {
+    let r = template(
+        "tl",
+        "tl-system",
+        &[
+            "--set",
+            "leaderElection.leaseDuration=30s,leaderElection.renewDeadline=20s,leaderElection.retryPeriod=4s",
+        ],
+    );
+    let args = r.args();
+    for expected in [
+        "--leader-election-duration=30s",
+        "--leader-election-renew-deadline=20s",
+        "--leader-election-retry-period=4s",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    refused(
+        &["--set", "leaderElection.renewDeadline=soon"],
+        "/leaderElection/renewDeadline",
+    );
+}
+
+#[test]
+fn the_admission_policy_renders_under_plain_helm_template_unless_turned_off() {
+    // No --api-versions: what `helm template` (and Argo CD without cluster
+    // access) renders.
+    let r = template("tl", "tl-system", &[]);
+    let policy = r.get("ValidatingAdmissionPolicy");
+    assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{ "apiGroups": ["targetlease.dev"], "apiVersions": ["*"],
+                 "operations": ["UPDATE"], "resources": ["targetleases/status"] }])
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["spec"]["validations"][0]["expression"],
+        r#"request.userInfo.username in ["system:serviceaccount:tl-system:tl-targetlease"]"#
+    );
+    let binding = r.get("ValidatingAdmissionPolicyBinding");
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert!(
+        binding["spec"]["matchResources"].is_null(),
+        "all namespaces when the operator watches all"
+    );
+
+    // Scoped to the watched namespace; extra identities allowed on request.
+    let r = template(
+        "tl",
+        "tl-system",
+        &[
+            "--set",
+            "operator.watchNamespace=apps,admissionPolicy.extraAllowedUsers[0]=break-glass",
+        ],
+    );
+    assert_eq!(
+        r.get("ValidatingAdmissionPolicyBinding")["spec"]["matchResources"],
+        json!({ "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "apps" } } })
+    );
+    assert_eq!(
+        r.get("ValidatingAdmissionPolicy")["spec"]["validations"][0]["expression"],
+        r#"request.userInfo.username in ["system:serviceaccount:tl-system:tl-targetlease","break-glass"]"#
+    );
+
+    let r = template(
+        "tl",
+        "tl-system",
+        &["--set", "admissionPolicy.enabled=false"],
+    );
+    assert!(r.find("ValidatingAdmissionPolicy").is_none());
+    assert!(r.find("ValidatingAdmissionPolicyBinding").is_none());
+}
+
+fn cluster_scoped_names(r: &Rendered) -> BTreeSet<(String, String)> {
+    r.0.iter()
+        .filter(|d| d["metadata"]["namespace"].is_null())
+        .map(|d| {
+            let s = |v: &Value| v.as_str().unwrap().to_string();
+            (s(&d["kind"]), s(&d["metadata"]["name"]))
+        })
+        .collect()
+}
+
+/// Two releases, each watching its own namespace: cluster-scoped objects
+/// never shared, each policy binding only its own namespace, each policy
+/// allowing its own operator.
+fn assert_side_by_side(first: (&str, &str), second: (&str, &str)) {
+    let render = |(release, ns): (&str, &str)| {
+        let watch = format!("operator.watchNamespace={ns}");
+        template(release, ns, &["--set", &watch])
+    };
+    let (a, b) = (render(first), render(second));
+    let (names_a, names_b) = (cluster_scoped_names(&a), cluster_scoped_names(&b));
+    assert_eq!(names_a.len(), 4, "{names_a:?}");
+    assert!(
+        names_a.is_disjoint(&names_b),
+        "{first:?} and {second:?} share {:?}",
+        names_a.intersection(&names_b).collect::<Vec<_>>()
+    );
+    for (r, (_, ns)) in [(&a, first), (&b, second)] {
+        let binding = r.get("ValidatingAdmissionPolicyBinding");
+        assert_eq!(
+            binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"],
+            json!({ "kubernetes.io/metadata.name": ns }),
+            "the policy of the release in {ns} binds only {ns}"
+        );
+        let sa = r.get("ServiceAccount")["metadata"]["name"]
+            .as_str()
+            .unwrap();
+        assert_eq!(
+            r.get("ValidatingAdmissionPolicy")["spec"]["validations"][0]["expression"],
+            format!(r#"request.userInfo.username in ["system:serviceaccount:{ns}:{sa}"]"#)
+        );
+        for binding in ["ClusterRoleBinding", "RoleBinding"] {
+            assert_eq!(
+                r.get(binding)["subjects"],
+                json!([{ "kind": "ServiceAccount", "name": sa, "namespace": ns }])
+            );
+        }
+        assert_eq!(
+            r.get("ClusterRoleBinding")["roleRef"]["name"],
+            r.get("ClusterRole")["metadata"]["name"]
+        );
+    }
+}
+
+#[test]
+fn two_releases_share_no_cluster_scoped_name_and_no_policy_scope() {
+    assert_side_by_side(("tl", "team-a"), ("tl", "team-b"));
+    assert_side_by_side(("alpha", "team-a"), ("beta", "team-b"));
+}

@@ -1,0 +1,430 @@
+//! A fault-injecting TCP proxy for RESP servers, for tests of what a client
+//! tells its caller when the network misbehaves.
+//!
+//! The proxy sits between a client and a real server (or in front of
+//! nothing, as a server that accepts and never answers). It understands just
+//! enough RESP to count commands and replies, so a fault can hit one exact
+//! command: forward it and cut the connection before its reply, or after it,
+//! or answer it with an error instead of forwarding it. Faults can be switched
+//! while clients are connected; they apply to live and new connections.
+//!
+//! ```ignore
+//! let proxy = FaultProxy::start(&server.addr());   // or FaultProxy::silent()
+//! proxy.cut_before_reply("EVALSHA");  // the next EVALSHA runs, its reply is lost (RST)
+//! proxy.cut_after_reply("EVALSHA");   // ... its reply arrives, then the connection closes
+//! proxy.refuse("EVALSHA", "READONLY …", 3); // answered with an error, not forwarded
+//! proxy.silence_from("EVALSHA");      // that connection goes silent from there on
+//! proxy.set(Fault::Delay(d));         // standing faults: Pass, Delay, DropReplies,
+//! proxy.set(Fault::Silent);           //   Silent, Reset (live and new connections)
+//! assert_eq!(proxy.forwarded("EVALSHA"), 1);
+//! ```
+//!
+//! It runs on its own thread and runtime, so sync tests (which spawn the CLI)
+//! and async tests use it alike. Dropping it closes every connection.
+
+#![allow(dead_code)] // shared by several test binaries, each using a part
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+#[path = "fault_frames.rs"]
+mod frames;
+use frames::{split_command, split_reply};
+
+/// What happens to traffic until the next [`FaultProxy::set`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward everything.
+    Pass,
+    /// Hold every reply this long before relaying it.
+    Delay(Duration),
+    /// Discard every reply for this long from now (the requests still reach
+    /// the server); then relay again. The client's reply stream is broken.
+    DropReplies(Duration),
+    /// Forward nothing either way, and answer nothing: new connections are
+    /// accepted and never answered (not even connected upstream).
+    Silent,
+    /// Reset (RST) every connection now, and every new one on accept.
+    Reset,
+}
+
+/// A one-shot trap, consumed by the first command it matches.
+#[derive(Clone, Debug)]
+enum Trap {
+    /// Forward the command, then reset before its reply is relayed.
+    CutBeforeReply(String),
+    /// Forward the command, relay its reply, then reset.
+    CutAfterReply(String),
+    /// Do not forward; answer `-<error>` (up to `times` matching commands).
+    Refuse(String, String, usize),
+    /// From this command on, the connection forwards and answers nothing.
+    Silence(String),
+}
+
+#[derive(Default)]
+struct State {
+    fault: Option<(Fault, Instant)>,
+    traps: Vec<Trap>,
+    forwarded: Vec<String>,
+    accepted: usize,
+}
+
+struct Shared {
+    upstream: Option<String>,
+    state: Mutex<State>,
+    changed: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn fault(&self) -> (Fault, Instant) {
+        self.state
+            .lock()
+            .unwrap()
+            .fault
+            .unwrap_or((Fault::Pass, Instant::now()))
+    }
+}
+
+/// A running proxy on a free loopback port; stopped (every connection closed) on drop.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FaultProxy {
+    /// A proxy to `upstream` (`host:port`), forwarding everything until told otherwise.
+    pub fn start(upstream: &str) -> Self {
+        Self::spawn(Some(upstream.to_owned()))
+    }
+
+    /// A listener that accepts connections and never answers (a silent server).
+    pub fn silent() -> Self {
+        let p = Self::spawn(None);
+        p.set(Fault::Silent);
+        p
+    }
+
+    fn spawn(upstream: Option<String>) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            upstream,
+            state: Mutex::new(State::default()),
+            changed: watch::channel(0).0,
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let sh = shared.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(listener).unwrap();
+                tokio::select! {
+                    _ = accept_loop(listener, sh) => {}
+                    _ = stopped => {}
+                }
+            });
+            // Dropping the runtime cancels every relay and closes its sockets.
+        });
+        Self {
+            addr,
+            shared,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Switches the standing fault; live connections see it at once.
+    pub fn set(&self, fault: Fault) {
+        self.shared.state.lock().unwrap().fault = Some((fault, Instant::now()));
+        self.shared.changed.send_modify(|g| *g += 1);
+    }
+
+    /// The next command named `name` (e.g. `EVALSHA`, `SCRIPT LOAD`) reaches the
+    /// server; the client's connection is reset before the reply comes back.
+    pub fn cut_before_reply(&self, name: &str) {
+        self.trap(Trap::CutBeforeReply(name.to_owned()));
+    }
+
+    /// The next command named `name` runs and its reply is relayed together
+    /// with the end of the stream (FIN): the connection closes right after it.
+    pub fn cut_after_reply(&self, name: &str) {
+        self.trap(Trap::CutAfterReply(name.to_owned()));
+    }
+
+    /// The next `times` commands named `name` are not forwarded: the proxy
+    /// answers each with `-<error>`. Use with commands sent on their own (no
+    /// other reply pending on the connection), or the replies reorder.
+    pub fn refuse(&self, name: &str, error: &str, times: usize) {
+        self.trap(Trap::Refuse(name.to_owned(), error.to_owned(), times));
+    }
+
+    /// From the next command named `name` on, that connection goes silent:
+    /// neither it nor anything after it is forwarded, nothing is answered.
+    pub fn silence_from(&self, name: &str) {
+        self.trap(Trap::Silence(name.to_owned()));
+    }
+
+    fn trap(&self, trap: Trap) {
+        self.shared.state.lock().unwrap().traps.push(trap);
+    }
+
+    /// How many commands named `name` were forwarded to the server.
+    pub fn forwarded(&self, name: &str) -> usize {
+        let st = self.shared.state.lock().unwrap();
+        st.forwarded.iter().filter(|c| named(c, name)).count()
+    }
+
+    /// How many connections were accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.shared.state.lock().unwrap().accepted
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `name` is one word (`EVALSHA`) or two (`SCRIPT LOAD`), compared case-insensitively.
+fn named(command: &str, name: &str) -> bool {
+    let words: Vec<&str> = command.split(' ').collect();
+    let want: Vec<&str> = name.split(' ').collect();
+    words.len() >= want.len()
+        && words
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.eq_ignore_ascii_case(b))
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        shared.state.lock().unwrap().accepted += 1;
+        let _ = client.set_nodelay(true);
+        tokio::spawn(relay(client, shared.clone()));
+    }
+}
+
+/// Closes with RST (linger 0: nothing is flushed, the peer sees a reset).
+fn reset(stream: TcpStream) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+}
+
+/// One client connection: commands up, replies down, faults in between.
+async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
+    let mut changed = shared.changed.subscribe();
+    let (fault, _) = shared.fault();
+    if fault == Fault::Reset {
+        return reset(client);
+    }
+    let mut server = match (&shared.upstream, fault) {
+        (Some(up), f) if f != Fault::Silent => match TcpStream::connect(up).await {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                Some(s)
+            }
+            Err(_) => return reset(client),
+        },
+        _ => None,
+    };
+    let mut up_buf: Vec<u8> = Vec::new();
+    let mut down_buf: Vec<u8> = Vec::new();
+    let (mut sent, mut replies) = (0u64, 0u64);
+    // Reset when reply number `n` arrives: before relaying it, or right after.
+    let mut cut_before: Option<u64> = None;
+    let mut cut_after: Option<u64> = None;
+    // A cut waits for the reply at most this long, then happens anyway.
+    let mut cut_by: Option<Instant> = None;
+    let mut delayed: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    // Set by a `silence_from` trap: this connection forwards and answers nothing more.
+    let mut silenced = false;
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut schunk = vec![0u8; 64 * 1024];
+    loop {
+        let next_delayed = delayed.front().map(|(t, _)| *t);
+        tokio::select! {
+            n = client.read(&mut chunk) => {
+                let n = match n { Ok(0) | Err(_) => return, Ok(n) => n };
+                up_buf.extend_from_slice(&chunk[..n]);
+                while let Some((len, command)) = split_command(&up_buf) {
+                    let bytes: Vec<u8> = up_buf.drain(..len).collect();
+                    if silenced {
+                        continue;
+                    }
+                    let action = decide(&shared, &command);
+                    match action {
+                        Up::Drop => {}
+                        Up::Silence => silenced = true,
+                        Up::Answer(err) => {
+                            if client.write_all(format!("-{err}\r\n").as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                        Up::Forward(then) => {
+                            let Some(s) = server.as_mut() else { continue };
+                            if s.write_all(&bytes).await.is_err() {
+                                return reset(client);
+                            }
+                            sent += 1;
+                            shared.state.lock().unwrap().forwarded.push(command);
+                            match then {
+                                Then::Nothing => {}
+                                Then::CutBefore => {
+                                    cut_before = Some(sent);
+                                    cut_by = Some(Instant::now() + Duration::from_secs(2));
+                                }
+                                Then::CutAfter => cut_after = Some(sent),
+                            }
+                        }
+                    }
+                }
+            }
+            n = read_opt(&mut server, &mut schunk) => {
+                let n = match n { Some(Ok(n)) if n > 0 => n, _ => return reset(client) };
+                down_buf.extend_from_slice(&schunk[..n]);
+                while let Some(len) = split_reply(&down_buf) {
+                    let bytes: Vec<u8> = down_buf.drain(..len).collect();
+                    replies += 1;
+                    if silenced {
+                        continue;
+                    }
+                    if cut_before.is_some_and(|c| replies >= c) {
+                        return reset(client);
+                    }
+                    if cut_after.is_some_and(|c| replies >= c) {
+                        // The reply and the end of the stream arrive together, so
+                        // the client sees the close before it can send anything else.
+                        let _ = client.write_all(&bytes).await;
+                        let _ = client.shutdown().await;
+                        return;
+                    }
+                    let (fault, since) = shared.fault();
+                    match fault {
+                        Fault::Silent => {}
+                        Fault::DropReplies(d) if since.elapsed() < d => {}
+                        Fault::Delay(d) => delayed.push_back((Instant::now() + d, bytes)),
+                        _ if !delayed.is_empty() => delayed.push_back((Instant::now(), bytes)),
+                        _ => {
+                            if client.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(next_delayed.unwrap_or_else(Instant::now)), if next_delayed.is_some() => {
+                if let Some((_, bytes)) = delayed.pop_front()
+                    && client.write_all(&bytes).await.is_err()
+                {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep_until(cut_by.unwrap_or_else(Instant::now)), if cut_by.is_some() => {
+                return reset(client);
+            }
+            r = changed.changed() => {
+                if r.is_err() || shared.fault().0 == Fault::Reset {
+                    return reset(client);
+                }
+            }
+        }
+    }
+}
+
+async fn read_opt(
+    server: &mut Option<TcpStream>,
+    buf: &mut [u8],
+) -> Option<std::io::Result<usize>> {
+    match server {
+        Some(s) => Some(s.read(buf).await),
+        None => std::future::pending().await,
+    }
+}
+
+enum Up {
+    Forward(Then),
+    Answer(String),
+    Drop,
+    Silence,
+}
+
+enum Then {
+    Nothing,
+    CutBefore,
+    CutAfter,
+}
+
+fn decide(shared: &Shared, command: &str) -> Up {
+    let mut st = shared.state.lock().unwrap();
+    if matches!(st.fault, Some((Fault::Silent, _))) {
+        return Up::Drop;
+    }
+    let hit = st.traps.iter().position(|t| match t {
+        Trap::CutBeforeReply(n)
+        | Trap::CutAfterReply(n)
+        | Trap::Refuse(n, _, _)
+        | Trap::Silence(n) => named(command, n),
+    });
+    let Some(i) = hit else {
+        return Up::Forward(Then::Nothing);
+    };
+    match st.traps[i].clone() {
+        Trap::CutBeforeReply(_) => {
+            st.traps.remove(i);
+            Up::Forward(Then::CutBefore)
+        }
+        Trap::CutAfterReply(_) => {
+            st.traps.remove(i);
+            Up::Forward(Then::CutAfter)
+        }
+        Trap::Silence(_) => {
+            st.traps.remove(i);
+            Up::Silence
+        }
+        Trap::Refuse(n, err, times) => {
+            if times <= 1 {
+                st.traps.remove(i);
+            } else {
+                st.traps[i] = Trap::Refuse(n, err.clone(), times - 1);
+            }
+            Up::Answer(err)
+        }
+    }
+}

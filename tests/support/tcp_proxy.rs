@@ -1,0 +1,125 @@
+//! A loopback TCP proxy a test can cut, to partition one process from a server
+//! (e.g. one operator replica from kube-apiserver) while everything else still
+//! reaches it.
+//!
+//! A cut is a black hole, not a refusal: connections stay open and new ones
+//! are accepted, but no byte is forwarded either way, so the client sees
+//! requests hang (the hard case: it must give up by itself). Restoring closes
+//! every connection that lived through the cut — bytes sent into the hole are
+//! lost, as after a partition long enough for both ends to reset — and
+//! forwards new connections again.
+//!
+//! The proxy runs on its own thread and runtime, so a test that blocks its
+//! own runtime never stalls the traffic it proxies.
+
+#![allow(dead_code)] // shared by several test binaries, each using a part
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A running proxy; stops (closing every connection) on drop.
+pub struct TcpProxy {
+    pub port: u16,
+    cut: watch::Sender<bool>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TcpProxy {
+    /// Forwards `127.0.0.1:<port>` to `upstream`.
+    pub fn start(upstream: SocketAddr) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, cut_rx) = watch::channel(false);
+        let (stop, stop_rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("proxy runtime");
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(listener).expect("proxy listener");
+                tokio::select! {
+                    _ = accept_loop(listener, upstream, cut_rx) => {},
+                    _ = stop_rx => {},
+                }
+            });
+        });
+        Self {
+            port,
+            cut,
+            stop: Some(stop),
+        }
+    }
+
+    /// From now on nothing passes, in either direction.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Closes the connections that lived through the cut; new ones pass again.
+    pub fn restore(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, upstream: SocketAddr, cut: watch::Receiver<bool>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(connection(client, upstream, cut.clone()));
+    }
+}
+
+async fn connection(client: TcpStream, upstream: SocketAddr, mut cut: watch::Receiver<bool>) {
+    // Accepted during a cut: the upstream is unreachable, so nothing to dial.
+    if *cut.borrow_and_update() {
+        let _ = cut.wait_for(|c| !*c).await;
+        return;
+    }
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    let mut broken = false;
+    loop {
+        tokio::select! {
+            n = cr.read(&mut up) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) if !broken => if sw.write_all(&up[..n]).await.is_err() { return },
+                Ok(_) => {} // into the hole
+            },
+            n = sr.read(&mut down) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) if !broken => if cw.write_all(&down[..n]).await.is_err() { return },
+                Ok(_) => {}
+            },
+            changed = cut.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                if *cut.borrow_and_update() {
+                    broken = true;
+                } else if broken {
+                    return; // dropping both halves closes both sockets
+                }
+            }
+        }
+    }
+}
