@@ -496,6 +496,9 @@ async fn the_expires_at_annotation_is_the_same_lower_bound_as_status() {
     let mut annotation = None;
     let mut annotation_writes = 0;
     let mut differs = Vec::new();
+    // Status values the annotation never reached while they were current.
+    let mut unmatched = Vec::new();
+    let mut matched = false;
     for e in timeline.entries() {
         match e.change {
             support::timeline::Change::Lease(_, Some(tl)) => {
@@ -505,6 +508,10 @@ async fn the_expires_at_annotation_is_the_same_lower_bound_as_status() {
                     .map(|t| t.0.to_string());
                 if x != status_expiry && status_expiry.is_some() {
                     status_changes += 1;
+                    if !matched {
+                        unmatched.push(format!("rv {}: {status_expiry:?}", e.rv));
+                    }
+                    matched = false;
                 }
                 status_expiry = x;
             }
@@ -517,18 +524,24 @@ async fn the_expires_at_annotation_is_the_same_lower_bound_as_status() {
             }
             _ => continue,
         }
+        matched |= status_expiry.is_some() && status_expiry == annotation;
         if let (Some(s), Some(a)) = (&status_expiry, &annotation)
             && a > s
         {
             differs.push(format!("rv {}: status {s} / annotation {a}", e.rv));
         }
     }
-    assert_eq!(
-        status_expiry, annotation,
-        "the annotation settles on the value of status"
+    // The recording ends at an arbitrary instant, possibly between the status
+    // write and the annotation write of one republish: every status value but
+    // the last must have been reached by the annotation while it was current.
+    assert!(
+        status_changes > 0 && unmatched.is_empty(),
+        "the annotation settles on each value of status ({status_changes} changes); \
+         never reached:\n{}",
+        unmatched.join("\n")
     );
     assert!(
-        differs.is_empty() && annotation_writes <= status_changes,
+        differs.is_empty() && annotation_writes <= status_changes + 1,
         "{status_changes} status expiry changes, {annotation_writes} annotation changes; \
          instants where the annotation is later than status:\n{}",
         differs.join("\n")

@@ -1,6 +1,8 @@
 //! The least-privilege ACL rule shipped in docs/valkey.md, tested as written:
 //! with it every lease operation works, and everything else is refused.
 
+#[path = "support/cluster.rs"]
+mod cluster;
 #[path = "support/resp.rs"]
 mod resp;
 #[path = "support/valkey_server.rs"]
@@ -154,5 +156,113 @@ fn everything_else_is_refused() {
         server.conn().cmd(&["EXISTS", "other"]).int(),
         0,
         "nothing was written outside the prefix"
+    );
+}
+
+/// `calls=` of one command in INFO commandstats (0 when never called).
+fn calls(server: &ValkeyServer, command: &str) -> u64 {
+    let info = server.conn().cmd(&["INFO", "commandstats"]).text();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// During a slot migration the old owner answers `ASK` for keys it no longer
+/// has, and the client asks the importing node after `ASKING`: the
+/// documented rule must allow that command, or leases on a migrating slot
+/// cannot even be read. (The same rule without `+asking` is shown to fail,
+/// so this test does exercise `ASKING`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_user_follows_ask_during_a_slot_migration() {
+    let c = cluster::Cluster::start();
+    let rule = documented_rule();
+    let without_asking: Vec<String> = rule.iter().filter(|w| *w != "+asking").cloned().collect();
+    assert_eq!(
+        without_asking.len() + 1,
+        rule.len(),
+        "the rule grants +asking"
+    );
+    for n in &c.nodes {
+        let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+        assert_eq!(n.conn().cmd(&args).text(), "OK", "the rule applies");
+        let mut args: Vec<&str> = without_asking.iter().map(String::as_str).collect();
+        assert_eq!(args[2], "targetlease");
+        args[2] = "no-asking";
+        assert_eq!(n.conn().cmd(&args).text(), "OK");
+    }
+    let config = |user: &str| ValkeyConfig {
+        url: c.url(),
+        username: Some(user.into()),
+        password: Some(Secret::new(PASSWORD)),
+        ..ValkeyConfig::default()
+    };
+    let store = ValkeyStore::connect(&config("targetlease"))
+        .await
+        .expect("connect as the documented user");
+    let no_asking = ValkeyStore::connect(&config("no-asking"))
+        .await
+        .expect("connect as the user without +asking");
+    let t = Target::new("acl", "migrating");
+    let r = store
+        .acquire(&AcquireRequest::new(
+            t.clone(),
+            "alice",
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+
+    // Migrate the target's slot halfway: its keys move, the slot stays
+    // MIGRATING on the old owner and IMPORTING on the new one.
+    let lease_key = store.keys().lease(&t);
+    let slot = c.keyslot(&lease_key);
+    let from = c.owner_of_slot(slot);
+    let to = (from + 1) % 3;
+    let s = slot.to_string();
+    let (from_id, to_id) = (c.id(from), c.id(to));
+    let ok = Resp::Simple("OK".into());
+    assert_eq!(
+        c.nodes[to]
+            .conn()
+            .cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]),
+        ok
+    );
+    assert_eq!(
+        c.nodes[from]
+            .conn()
+            .cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]),
+        ok
+    );
+    let keys = match c.nodes[from]
+        .conn()
+        .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"])
+    {
+        Resp::Array(Some(keys)) => keys.iter().map(Resp::text).collect::<Vec<_>>(),
+        other => panic!("GETKEYSINSLOT: {other:?}"),
+    };
+    assert!(keys.contains(&lease_key), "{keys:?}");
+    let port = c.nodes[to].port.to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().map(String::as_str));
+    assert_eq!(c.nodes[from].conn().cmd(&migrate), ok, "MIGRATE");
+
+    let asked_before = calls(&c.nodes[to], "asking");
+    let got = store
+        .get(&t)
+        .await
+        .expect("a lease on a migrating slot can be read");
+    assert_eq!(got.outcome, Outcome::Found, "{}", got.message);
+    assert_eq!(got.lease.unwrap().owner, "alice");
+    assert!(
+        calls(&c.nodes[to], "asking") > asked_before,
+        "the read went through ASKING on the importing node"
+    );
+    let refused = no_asking.get(&t).await;
+    assert!(
+        refused.is_err(),
+        "without +asking the same read cannot succeed: {refused:?}"
     );
 }

@@ -28,6 +28,13 @@ pub struct ConnectionArgs {
     /// File holding the ACL password (never pass the password itself as a flag).
     #[arg(long, env = "TARGETLEASE_PASSWORD_FILE")]
     pub password_file: Option<PathBuf>,
+    /// ACL user of the Sentinels (redis-sentinel:// only).
+    #[arg(long, env = "TARGETLEASE_SENTINEL_USERNAME")]
+    pub sentinel_username: Option<String>,
+    /// File holding the Sentinels' password (redis-sentinel:// only). Without
+    /// it the Sentinels get no AUTH; the data nodes' password is never sent to them.
+    #[arg(long, env = "TARGETLEASE_SENTINEL_PASSWORD_FILE")]
+    pub sentinel_password_file: Option<PathBuf>,
     /// Prefix of every key (the ACL key pattern is `<prefix>:*`).
     #[arg(long, env = "TARGETLEASE_KEY_PREFIX", default_value = "targetlease")]
     pub key_prefix: String,
@@ -64,6 +71,10 @@ impl ConnectionArgs {
             Some(path) => Some(read_secret(path)?),
             None => None,
         };
+        let sentinel_password = match &self.sentinel_password_file {
+            Some(path) => Some(read_secret(path)?),
+            None => None,
+        };
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err("--timeout and --connect-timeout must be positive".into());
         }
@@ -74,6 +85,8 @@ impl ConnectionArgs {
             url: self.valkey_url.clone(),
             username: self.username.clone(),
             password,
+            sentinel_username: self.sentinel_username.clone(),
+            sentinel_password,
             key_prefix: self.key_prefix.clone(),
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
@@ -96,4 +109,44 @@ pub fn read_secret(path: &std::path::Path) -> Result<Secret, String> {
     let value = text.strip_suffix('\n').unwrap_or(&text);
     let value = value.strip_suffix('\r').unwrap_or(value);
     Ok(Secret::new(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        conn: ConnectionArgs,
+    }
+
+    #[test]
+    fn sentinel_credentials_are_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, sentinel) = (dir.path().join("data"), dir.path().join("sentinel"));
+        std::fs::write(&data, "data-pw\n").unwrap();
+        std::fs::write(&sentinel, "sentinel-pw\n").unwrap();
+        let cli = Cli::parse_from([
+            "t",
+            "--password-file",
+            data.to_str().unwrap(),
+            "--sentinel-username",
+            "watcher",
+            "--sentinel-password-file",
+            sentinel.to_str().unwrap(),
+        ]);
+        let cfg = cli.conn.to_config().unwrap();
+        assert_eq!(cfg.password, Some(Secret::new("data-pw")));
+        assert_eq!(cfg.sentinel_username.as_deref(), Some("watcher"));
+        assert_eq!(cfg.sentinel_password, Some(Secret::new("sentinel-pw")));
+        // By default the Sentinels get no credentials at all.
+        let cfg = Cli::parse_from(["t", "--password-file", data.to_str().unwrap()])
+            .conn
+            .to_config()
+            .unwrap();
+        assert_eq!((cfg.sentinel_username, cfg.sentinel_password), (None, None));
+    }
 }

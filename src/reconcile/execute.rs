@@ -42,14 +42,27 @@ impl Pass<'_> {
             };
             let step = plan::plan(&observed);
             let t = self.take(step, &desired).await?;
-            match self.follow(t).await? {
-                Next::PlanAgain => continue,
-                next => {
-                    self.flush().await?;
-                    return Ok(self.action(&next));
-                }
+            if let Some(action) = self.settle(t).await? {
+                return Ok(action);
             }
         }
+        self.yield_pass().await
+    }
+
+    /// Takes in a transition; unless the plan continues in this pass,
+    /// publishes and says when to look again.
+    async fn settle(&mut self, t: Transition) -> Result<Option<Action>, Error> {
+        match self.follow(t).await? {
+            Next::PlanAgain => Ok(None),
+            next => {
+                self.flush().await?;
+                Ok(Some(self.action(&next)))
+            }
+        }
+    }
+
+    /// The step budget of one pass is spent: publish and continue at once.
+    async fn yield_pass(&mut self) -> Result<Action, Error> {
         self.flush().await?;
         Ok(Action::requeue(Duration::ZERO))
     }
@@ -76,25 +89,16 @@ impl Pass<'_> {
                 self.wake_waiters();
                 return Ok(Action::await_change());
             }
-            let t = self
-                .take(
-                    step,
-                    &Desired::Nobody {
-                        reason: Reason::Released,
-                        message: "the TargetLease is being deleted".into(),
-                    },
-                )
-                .await?;
-            match self.follow(t).await? {
-                Next::PlanAgain => continue,
-                next => {
-                    self.flush().await?;
-                    return Ok(self.action(&next));
-                }
+            let deleted = Desired::Nobody {
+                reason: Reason::Released,
+                message: "the TargetLease is being deleted".into(),
+            };
+            let t = self.take(step, &deleted).await?;
+            if let Some(action) = self.settle(t).await? {
+                return Ok(action);
             }
         }
-        self.flush().await?;
-        Ok(Action::requeue(Duration::ZERO))
+        self.yield_pass().await
     }
 
     /// Absorbs a transition and runs its reclaim, if any; returns what follows.

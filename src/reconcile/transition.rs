@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::plan::{self, PodRef};
+use super::plan::PodRef;
 use crate::conditions::{self, BACKEND_AVAILABLE, ConditionStatus, HELD, Reason, SPEC_VALID};
 use crate::crd::{Phase, TargetLeaseStatus};
 use crate::store::{Lease, Outcome, Reply, StoreError};
@@ -119,7 +119,7 @@ pub struct Transition {
     pub forget_acquisition: bool,
 }
 
-struct Draft<'f> {
+pub(super) struct Draft<'f> {
     f: &'f Facts,
     t: Transition,
 }
@@ -265,385 +265,31 @@ impl<'f> Draft<'f> {
     }
 }
 
-/// Records whether the spec can be acted on (every pass, before planning).
-pub fn spec_checked(
-    f: &Facts,
-    status: &TargetLeaseStatus,
-    check: &Result<(), String>,
-) -> TargetLeaseStatus {
-    // Judged on the spec of this generation, whatever status has applied so far.
-    let mut status = status.clone();
-    let (state, reason, message) = match check {
-        Ok(()) => (ConditionStatus::True, Reason::Valid, "spec is valid"),
-        Err(message) => (
-            ConditionStatus::False,
-            Reason::InvalidSpec,
-            message.as_str(),
-        ),
-    };
-    conditions::upsert(
-        &mut status.conditions,
-        SPEC_VALID,
-        state,
-        reason,
-        message,
-        f.generation,
-        &f.now,
-    );
-    status
-}
+mod acquire;
+mod hold;
 
-/// [`plan::Step::RecordAcquisition`]: record a fresh acquisition id before acquiring.
-pub fn record_acquisition(f: &Facts, status: &TargetLeaseStatus, id: String) -> Transition {
-    let mut d = Draft::new(f, status);
-    d.t.status.acquisition_id = Some(id);
-    let phase = if status.phase == Some(Phase::Lost) {
-        Phase::Lost
-    } else {
-        Phase::Pending
-    };
-    d.not_held(phase, Reason::Acquiring, "acquiring the lease");
-    d.applied();
-    d.done(Next::PlanAgain)
-}
+pub use acquire::*;
+pub use hold::*;
 
-/// The acquisition an unpublished lease of this resource was made under, if it is one.
-pub fn own_acquisition(lease: &Lease, me: &str) -> Option<String> {
-    let meta = lease.metadata.as_ref()?;
-    (meta.get(META_TARGETLEASE)?.as_str()? == me)
-        .then(|| meta.get(META_ACQUISITION)?.as_str().map(str::to_owned))
-        .flatten()
-}
-
-/// After [`plan::Step::Acquire`] under acquisition `attempt`.
-pub fn after_acquire(
-    f: &Facts,
-    status: &TargetLeaseStatus,
-    acquisition: &str,
-    pod: Option<&PodRef>,
-    reply: Result<Reply, StoreError>,
-) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    match (reply.outcome, reply.lease) {
-        (Outcome::Acquired, Some(lease)) => {
-            d.t.status.acquisition_id = Some(acquisition.to_owned());
-            d.held(&lease, pod);
-            d.applied();
-            d.note(
-                false,
-                Reason::Acquired,
-                format!(
-                    "acquired by {} with fencing token {}",
-                    lease.owner, lease.fencing_token
-                ),
-            );
-            d.t.memory = Memory::Confirmed {
-                max_expires_ms: lease.max_expires_at_ms,
-            };
-            d.done(Next::Renewal)
-        }
-        (Outcome::Held, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
-            let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
-            d.done(Next::Reclaim(Reclaim {
-                owner: lease.owner,
-                acquisition,
-                token: lease.fencing_token,
-                then_forget_acquisition: false,
-            }))
-        }
-        (Outcome::Held, lease) => {
-            let holder = lease.as_ref().map_or("someone else", |l| l.owner.as_str());
-            let message = format!("target is held by {holder}");
-            d.not_held(Phase::Pending, Reason::TargetHeld, &message);
-            d.applied();
-            let expires = lease.map_or(reply.server_time_ms, |l| l.expires_at_ms);
-            d.done(Next::Requeue(plan::retry_after_held(
-                expires,
-                reply.server_time_ms,
-            )))
-        }
-        (Outcome::Expired | Outcome::IdempotencyConflict, _) => {
-            // That attempt's lease is over (or the spec changed under it): a new
-            // attempt follows; a live lease of the old one is reclaimed by it.
-            d.t.status.acquisition_id = None;
-            d.t.forget_acquisition = true;
-            d.done(Next::PlanAgain)
-        }
-        (Outcome::CorruptState, _) => d.corrupt(&reply.message),
-        (other, _) => unexpected(d, "acquire", other),
-    }
-}
-
-/// After releasing an unpublished lease of ours ([`Next::Reclaim`]).
-pub fn after_reclaim(
-    f: &Facts,
-    status: &TargetLeaseStatus,
-    reclaim: &Reclaim,
-    reply: Result<Reply, StoreError>,
-) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    match reply.outcome {
-        Outcome::Released | Outcome::NotOwner | Outcome::Expired | Outcome::NotFound => {
-            if reply.outcome == Outcome::Released {
-                d.t.wake_waiters = true;
-            }
-            if reclaim.then_forget_acquisition {
-                d.t.status.acquisition_id = None;
-                d.t.forget_acquisition = true;
-            } else if reply.outcome != Outcome::Released {
-                // Not ours after all (e.g. the lease id key changed): wait for it.
-                d.not_held(
-                    Phase::Pending,
-                    Reason::TargetHeld,
-                    "target is held by an earlier acquisition this operator cannot release",
-                );
-                return d.done(Next::Requeue(Duration::from_secs(5)));
-            }
-            d.done(Next::PlanAgain)
-        }
-        Outcome::CorruptState => d.corrupt(&reply.message),
-        other => unexpected(d, "release", other),
-    }
-}
-
-/// After [`plan::Step::Abandon`] read the target: a live lease of this
-/// resource is unpublished (status does not hold it), whichever attempt made
-/// it: reclaim it; then forget the attempt.
-pub fn after_abandon_read(
-    f: &Facts,
+/// Runs `then` on a draft for a store reply that arrived (the store answered);
+/// a store failure is a transition of its own ([`store_error`]).
+pub(super) fn answered<'f>(
+    f: &'f Facts,
     status: &TargetLeaseStatus,
     reply: Result<Reply, StoreError>,
+    then: impl FnOnce(Draft<'f>, Reply) -> Transition,
 ) -> Transition {
     let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    match (reply.outcome, reply.lease) {
-        (Outcome::Found, Some(lease)) if own_acquisition(&lease, &f.me).is_some() => {
-            let acquisition = own_acquisition(&lease, &f.me).unwrap_or_default();
-            d.done(Next::Reclaim(Reclaim {
-                owner: lease.owner,
-                acquisition,
-                token: lease.fencing_token,
-                then_forget_acquisition: true,
-            }))
+    match reply {
+        Ok(r) => {
+            d.store_ok();
+            then(d, r)
         }
-        // Nothing of that attempt is live (a corrupt record is reported by the next acquire).
-        (Outcome::Found | Outcome::NotFound | Outcome::CorruptState, _) => {
-            d.t.status.acquisition_id = None;
-            d.t.forget_acquisition = true;
-            d.done(Next::PlanAgain)
-        }
-        (other, _) => unexpected(d, "get", other),
+        Err(e) => store_error(d, &e),
     }
 }
 
-/// After [`plan::Step::Renew`].
-pub fn after_renew(
-    f: &Facts,
-    status: &TargetLeaseStatus,
-    reply: Result<Reply, StoreError>,
-) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => {
-            d.store_failed(&e);
-            let left = left_before_expiry(f, status);
-            if left.is_none() {
-                d.unconfirmed();
-                return d.done(Next::Backoff { not_after: None });
-            }
-            return d.done(Next::Backoff { not_after: left });
-        }
-    };
-    d.store_ok();
-    match (reply.outcome, reply.lease) {
-        (Outcome::Renewed, Some(lease)) => {
-            let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
-            let was_unknown = status.phase == Some(Phase::Unknown);
-            if was_unknown
-                || plan::expiry_to_publish(
-                    published,
-                    lease.expires_at_ms,
-                    reply.server_time_ms,
-                    f.renew_interval,
-                    f.expiry_margin,
-                )
-            {
-                d.t.status.expires_at = time_ms(lease.expires_at_ms);
-            }
-            d.t.status.phase = Some(Phase::Held);
-            let message = format!(
-                "held by {} with fencing token {}",
-                lease.owner, lease.fencing_token
-            );
-            d.applied();
-            d.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
-            d.t.memory = Memory::Confirmed {
-                max_expires_ms: lease.max_expires_at_ms,
-            };
-            d.done(Next::Renewal)
-        }
-        (Outcome::CorruptState, _) => d.corrupt(&reply.message),
-        (outcome, _) => {
-            // expired / not_owner: Valkey no longer has this lease.
-            d.t.status.acquisition_id = None;
-            let message = format!(
-                "the lease ended in the store ({outcome}): {}",
-                reply.message
-            );
-            d.not_held(Phase::Lost, Reason::LeaseLost, &message);
-            d.note(true, Reason::LeaseLost, message);
-            d.t.memory = Memory::Forget;
-            d.t.wake_waiters = true;
-            d.done(Next::PlanAgain)
-        }
-    }
-}
-
-/// How long the published expiry leaves for a confirmation (its margin
-/// deducted); `None` when it has (about to have) passed.
-pub fn left_before_expiry(f: &Facts, status: &TargetLeaseStatus) -> Option<Duration> {
-    let published = status.expires_at.as_ref()?.0.as_millisecond();
-    let left = published - f.server_now_ms as i64 - f.expiry_margin.as_millis() as i64;
-    (left > 0).then(|| Duration::from_millis(left as u64))
-}
-
-/// Before a renewal with `ttl`: nothing published may be later than what the
-/// renewal can set (a shorter `leaseDuration`: lower `expiresAt` and the pod
-/// annotation first, so a lost reply cannot leave them later than Valkey's),
-/// and `Held` is withdrawn if the published expiry is about to pass. `None`
-/// when nothing changes.
-pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Option<Transition> {
-    if status.phase != Some(Phase::Held) {
-        return None;
-    }
-    let mut d = Draft::new(f, status);
-    let floor = f.server_now_ms + ttl.as_millis() as u64;
-    let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
-    if published.is_some_and(|p| p > floor as i64) {
-        d.t.status.expires_at = time_ms(floor);
-    }
-    if left_before_expiry(f, &d.t.status).is_none() {
-        d.unconfirmed();
-    }
-    (d.t.status != *status).then(|| d.done(Next::PlanAgain))
-}
-
-/// [`plan::Step::Release`]: stop publishing the lease (status no longer Held,
-/// pod marks removed) before the store is asked to release it.
-pub fn begin_release(
-    f: &Facts,
-    status: &TargetLeaseStatus,
-    reason: Reason,
-    message: &str,
-) -> Transition {
-    let mut d = Draft::new(f, status);
-    d.t.status.releasing_acquisition_id = d.t.status.acquisition_id.take();
-    let phase = if f.deleting {
-        Phase::Released
-    } else {
-        Phase::Pending
-    };
-    // Keep holder and token: they name the lease being released.
-    d.t.status.phase = Some(phase);
-    d.t.status.expires_at = None;
-    d.condition(HELD, ConditionStatus::False, reason, message);
-    d.t.memory = Memory::Forget;
-    d.done(Next::PlanAgain)
-}
-
-/// After [`plan::Step::FinishRelease`].
-pub fn after_release(
-    f: &Facts,
-    status: &TargetLeaseStatus,
-    reply: Result<Reply, StoreError>,
-) -> Transition {
-    let mut d = Draft::new(f, status);
-    let reply = match reply {
-        Ok(r) => r,
-        Err(e) => return store_error(d, &e),
-    };
-    d.store_ok();
-    let why = conditions::get(&status.conditions, HELD)
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
-    let finished = |d: &mut Draft<'_>| {
-        let s = &mut d.t.status;
-        s.releasing_acquisition_id = None;
-        if s.phase == Some(Phase::Pending) {
-            // The Held condition already says why (set when the release began).
-            s.holder = None;
-            s.holder_pod = None;
-            s.holder_pod_uid = None;
-            s.acquired_at = None;
-        }
-        d.t.wake_waiters = true;
-    };
-    match reply.outcome {
-        Outcome::Released => {
-            finished(&mut d);
-            d.note(false, Reason::Released, format!("lease released: {why}"));
-            d.done(Next::PlanAgain)
-        }
-        Outcome::NotOwner | Outcome::Expired | Outcome::NotFound => {
-            finished(&mut d);
-            d.note(
-                true,
-                Reason::LeaseLost,
-                format!(
-                    "the lease had already ended in the store ({}) when it was given back: {why}",
-                    reply.outcome
-                ),
-            );
-            d.done(Next::PlanAgain)
-        }
-        Outcome::CorruptState => d.corrupt(&reply.message),
-        other => unexpected(d, "release", other),
-    }
-}
-
-/// [`plan::Step::Wait`]: Pending (Error for an invalid spec) until something changes.
-pub fn wait(f: &Facts, status: &TargetLeaseStatus, reason: Reason, message: &str) -> Transition {
-    let mut d = Draft::new(f, status);
-    let phase = if reason == Reason::InvalidSpec {
-        Phase::Error
-    } else {
-        Phase::Pending
-    };
-    d.not_held(phase, reason, message);
-    d.applied();
-    let next = plan::recheck_after(reason).map_or(Next::AwaitChange, Next::Requeue);
-    d.done(next)
-}
-
-/// [`plan::Step::Idle`]: nothing due; a status that names its pod without a
-/// UID records the UID.
-pub fn idle(f: &Facts, status: &TargetLeaseStatus, pod: Option<&PodRef>) -> Transition {
-    let mut d = Draft::new(f, status);
-    if let Some(p) = pod
-        && status.holder_pod_uid.is_none()
-        && status.holder_pod.as_deref() == Some(p.name.as_str())
-    {
-        d.t.status.holder_pod_uid = Some(p.uid.clone());
-    }
-    d.done(Next::Renewal)
-}
-
-fn store_error(mut d: Draft<'_>, err: &StoreError) -> Transition {
+pub(super) fn store_error(mut d: Draft<'_>, err: &StoreError) -> Transition {
     if let StoreError::Invalid(message) = err {
         // Only a spec the store refuses gets here (the operator validated it first).
         d.t.status.phase = Some(Phase::Error);
@@ -659,7 +305,7 @@ fn store_error(mut d: Draft<'_>, err: &StoreError) -> Transition {
     d.done(Next::Backoff { not_after: None })
 }
 
-fn unexpected(mut d: Draft<'_>, op: &str, outcome: Outcome) -> Transition {
+pub(super) fn unexpected(mut d: Draft<'_>, op: &str, outcome: Outcome) -> Transition {
     d.note(
         true,
         Reason::BackendUnavailable,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::store::Lease;
+use crate::store::{Lease, Reply};
 
 const NOW_MS: u64 = 1_000_000;
 

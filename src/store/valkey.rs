@@ -29,13 +29,14 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use calls::Call;
-use client::{Client, Route, SendError};
+use client::{Client, Route, SendError, Use};
 pub use config::{Durability, Secret, TlsFiles, ValkeyConfig, redact_url};
 use dial::{Dialer, Tls};
 use endpoint::Endpoint;
 use errors::{Effect, server_error, unanswered};
 pub use keys::KeySpace;
 use link::{Link, LinkError};
+use pool::Held;
 use resp::{Cmd, Value};
 use scripts::{SCRIPTS, Script};
 
@@ -73,6 +74,14 @@ fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
     } else {
         None
     };
+    if (cfg.sentinel_username.is_some() || cfg.sentinel_password.is_some())
+        && !matches!(endpoint.topology, endpoint::Topology::Sentinel { .. })
+    {
+        return Err(StoreError::Invalid(format!(
+            "bad valkey url {}: Sentinel credentials were given but the URL does not use Sentinel (redis-sentinel://)",
+            redact_url(&cfg.url)
+        )));
+    }
     let dialer = Dialer {
         tls,
         username: cfg.username.clone().or_else(|| endpoint.username.clone()),
@@ -80,6 +89,8 @@ fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
             .password
             .clone()
             .or_else(|| endpoint.password.clone().map(Secret::new)),
+        sentinel_username: cfg.sentinel_username.clone(),
+        sentinel_password: cfg.sentinel_password.clone(),
         db: endpoint.db,
     };
     Ok((endpoint, dialer))
@@ -186,7 +197,7 @@ impl ValkeyStore {
         let deadline = Instant::now() + self.timeout;
         let sent = self
             .client
-            .send(route, &[cmd], deadline)
+            .send(route, Use::Shared, &[cmd], deadline)
             .await
             .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
         match sent.replies.into_iter().next() {
@@ -199,26 +210,31 @@ impl ValkeyStore {
     /// Runs a script by hash; on NOSCRIPT (flushed cache, restarted or failed-over
     /// server) it is sent once in full, which also reloads it. That is the only
     /// recovery, and the only re-send: NOSCRIPT means the script did not run.
-    async fn script(&self, call: &Call, deadline: Instant) -> Result<(Value, Link), SendError> {
+    async fn script(
+        &self,
+        call: &Call,
+        how: Use,
+        deadline: Instant,
+    ) -> Result<(Value, Held), SendError> {
         let slot = call
             .keys
             .first()
             .map(|(_, k)| cluster::key_slot(k.as_bytes()))
             .unwrap_or(0);
         let route = Route::Slot(slot);
-        let sent = self
+        let mut sent = self
             .client
-            .send(route, &[eval(call, false)], deadline)
+            .send(route, how, &[eval(call, false)], deadline)
             .await?;
-        let mut sent = sent;
         if matches!(sent.replies.first(), Some(Value::Error(e)) if e.starts_with("NOSCRIPT")) {
             tracing::debug!(
                 script = call.script.name,
                 "script cache miss; sending source"
             );
+            sent.link.give_back();
             sent = self
                 .client
-                .send(route, &[eval(call, true)], deadline)
+                .send(route, how, &[eval(call, true)], deadline)
                 .await?;
         }
         let value = sent.replies.into_iter().next().unwrap_or(Value::Nil);
@@ -226,13 +242,36 @@ impl ValkeyStore {
     }
 
     /// One operation end to end, within one `timeout`: script, reply, and the
-    /// durability wait on the connection that wrote.
+    /// durability wait on the connection that wrote. A call that may wait
+    /// takes a connection for itself: `WAIT` blocks its connection on the
+    /// server, and must neither hold up nor fail anyone else's calls.
     async fn call(&self, call: Call, target: &Target) -> Result<Reply, StoreError> {
         let deadline = Instant::now() + self.timeout;
-        let (value, link) = self
-            .script(&call, deadline)
+        let how = if call.may_wait && self.durability != Durability::None {
+            Use::Exclusive
+        } else {
+            Use::Shared
+        };
+        let (value, held) = self
+            .script(&call, how, deadline)
             .await
             .map_err(|e| unanswered(e, call.effect, self.timeout))?;
+        let result = self
+            .finish(&call, target, value, held.link(), deadline)
+            .await;
+        held.give_back();
+        result
+    }
+
+    /// What a script's reply means, after the durability wait when one is due.
+    async fn finish(
+        &self,
+        call: &Call,
+        target: &Target,
+        value: Value,
+        link: &Link,
+        deadline: Instant,
+    ) -> Result<Reply, StoreError> {
         if let Value::Error(e) = &value {
             return Err(server_error(e, call.effect));
         }
@@ -254,13 +293,13 @@ impl ValkeyStore {
             },
         };
         tracing::debug!(op = call.script.name, outcome = %reply.outcome, "lease script ran");
-        if call.effect == Effect::Write
+        if call.may_wait
             && matches!(
                 reply.outcome,
                 Outcome::Acquired | Outcome::Renewed | Outcome::Committed
             )
         {
-            self.wait_durable(&link, deadline, reply.outcome).await?;
+            self.wait_durable(link, deadline, reply.outcome).await?;
         }
         Ok(reply)
     }

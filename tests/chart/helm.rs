@@ -92,6 +92,17 @@ impl Rendered {
         first
     }
 
+    /// The operator's own ClusterRole (not the aggregated read-only one).
+    pub fn operator_cluster_role(&self) -> &Value {
+        let mut roles = self.0.iter().filter(|d| {
+            d["kind"] == "ClusterRole"
+                && d["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"].is_null()
+        });
+        let role = roles.next().expect("the operator's ClusterRole");
+        assert!(roles.next().is_none(), "one operator ClusterRole");
+        role
+    }
+
     pub fn get(&self, kind: &str) -> &Value {
         self.find(kind)
             .unwrap_or_else(|| panic!("no {kind} rendered; got {:?}", self.kinds()))

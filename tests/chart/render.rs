@@ -163,7 +163,7 @@ fn default_values_render_a_restricted_highly_available_operator() {
     assert_eq!(
         kinds,
         [
-            "ClusterRole",
+            "ClusterRole", // the operator's, and the aggregated read-only one
             "ClusterRoleBinding",
             "Deployment",
             "PodDisruptionBudget",
@@ -278,11 +278,41 @@ fn default_values_render_a_restricted_highly_available_operator() {
 }
 
 #[test]
+fn everyone_with_the_view_role_can_read_targetleases() {
+    let r = template("tl", "tl-system", &[]);
+    let view: Vec<_> = r
+        .0
+        .iter()
+        .filter(|d| {
+            d["kind"] == "ClusterRole" && d["metadata"]["name"] == "tl-system.tl-targetlease-view"
+        })
+        .collect();
+    assert_eq!(view.len(), 1);
+    let labels = &view[0]["metadata"]["labels"];
+    for role in ["view", "edit", "admin"] {
+        assert_eq!(
+            labels[format!("rbac.authorization.k8s.io/aggregate-to-{role}")],
+            "true"
+        );
+    }
+    assert_eq!(
+        view[0]["rules"],
+        json!([{ "apiGroups": ["targetlease.dev"], "resources": ["targetleases"],
+                 "verbs": ["get", "list", "watch"] }])
+    );
+    let off = template("tl", "tl-system", &["--set", "rbac.aggregateToView=false"]);
+    assert_eq!(
+        off.0.iter().filter(|d| d["kind"] == "ClusterRole").count(),
+        1
+    );
+}
+
+#[test]
 fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     let r = template("tl", "tl-system", &[]);
-    assert_eq!(r.get("ClusterRole")["rules"], expected_cluster_rules());
+    assert_eq!(r.operator_cluster_role()["rules"], expected_cluster_rules());
     assert_eq!(
-        r.get("ClusterRole")["metadata"]["name"],
+        r.operator_cluster_role()["metadata"]["name"],
         "tl-system.tl-targetlease",
         "cluster-scoped names carry the release namespace"
     );
@@ -299,7 +329,12 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
         let b = r.get(binding);
         assert_eq!(b["subjects"], subject, "{binding}");
         assert_eq!(b["roleRef"]["kind"], role);
-        assert_eq!(b["roleRef"]["name"], r.get(role)["metadata"]["name"]);
+        let role_doc = if role == "ClusterRole" {
+            r.operator_cluster_role()
+        } else {
+            r.get(role)
+        };
+        assert_eq!(b["roleRef"]["name"], role_doc["metadata"]["name"]);
     }
 
     // Renamed floor ConfigMap and Lease follow; no election, no Lease rights.

@@ -155,7 +155,7 @@ fn assert_side_by_side(first: (&str, &str), second: (&str, &str)) {
     };
     let (a, b) = (render(first), render(second));
     let (names_a, names_b) = (cluster_scoped_names(&a), cluster_scoped_names(&b));
-    assert_eq!(names_a.len(), 4, "{names_a:?}");
+    assert_eq!(names_a.len(), 5, "{names_a:?}"); // with the read-only view role
     assert!(
         names_a.is_disjoint(&names_b),
         "{first:?} and {second:?} share {:?}",
@@ -183,7 +183,7 @@ fn assert_side_by_side(first: (&str, &str), second: (&str, &str)) {
         }
         assert_eq!(
             r.get("ClusterRoleBinding")["roleRef"]["name"],
-            r.get("ClusterRole")["metadata"]["name"]
+            r.operator_cluster_role()["metadata"]["name"]
         );
     }
 }

@@ -24,6 +24,8 @@ pub(super) struct Call {
     pub args: Vec<(&'static str, String)>,
     /// Whether the script may write.
     pub effect: Effect,
+    /// Whether a success waits for the configured durability (`WAIT`/`WAITAOF`).
+    pub may_wait: bool,
 }
 
 fn window_ms(extra: Duration) -> String {
@@ -64,6 +66,7 @@ pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
             ("window", window_ms(Duration::ZERO)),
         ],
         effect: Effect::Write,
+        may_wait: true,
     }
 }
 
@@ -83,6 +86,7 @@ pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
             ("window", window_ms(Duration::ZERO)),
         ],
         effect: Effect::Write,
+        may_wait: true,
     }
 }
 
@@ -104,6 +108,7 @@ pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> Call {
             ("window", window_ms(Duration::ZERO)),
         ],
         effect: Effect::Write,
+        may_wait: false,
     }
 }
 
@@ -113,6 +118,7 @@ pub(super) fn get(ks: &KeySpace, t: &Target) -> Call {
         keys: vec![("lease", ks.lease(t))],
         args: vec![],
         effect: Effect::Read,
+        may_wait: false,
     }
 }
 
@@ -133,6 +139,7 @@ pub(super) fn revoke(ks: &KeySpace, req: &RevokeRequest) -> Call {
             ("window", window_ms(Duration::ZERO)),
         ],
         effect: Effect::Write,
+        may_wait: false,
     }
 }
 
@@ -152,6 +159,7 @@ pub(super) fn commit(ks: &KeySpace, req: &CommitRequest) -> Call {
             ("window", window_ms(Duration::ZERO)),
         ],
         effect: Effect::Write,
+        may_wait: true,
     }
 }
 

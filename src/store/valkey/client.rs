@@ -2,7 +2,8 @@
 //! Cluster routing, and the one rule about re-sending.
 //!
 //! A request is re-sent only after an answer that proves it did not run:
-//! `MOVED` and `ASK` (the cluster refuses before running). A broken
+//! `MOVED` and `ASK` (the cluster refuses before running; outside a cluster
+//! they are a definite refusal: the URL points at a cluster node). A broken
 //! connection or a missing reply is reported to the caller as it is
 //! ([`SendError::Lost`]); deciding to retry, with the same request id, is the
 //! caller's business. `NOSCRIPT`, the other "did not run" answer, is handled
@@ -16,10 +17,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::cluster::{Redirect, SlotMap, redirect};
-use super::dial::{DialError, Dialer};
+use super::dial::{DialError, Dialer, first_words};
 use super::endpoint::{Addr, Endpoint, Topology};
 use super::link::{Link, LinkError};
-use super::pool::{Place, Pool};
+use super::pool::{Held, Place, Pool};
 use super::resp::{Cmd, Value};
 
 /// Redirections one request may follow (`MOVED` after a resharding, `ASK`
@@ -49,13 +50,32 @@ pub enum SendError {
     Redirected(String),
 }
 
+/// How a request uses its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Pipelined with other callers' requests.
+    Shared,
+    /// Alone, until given back: for a script followed by a blocking
+    /// durability wait, which must run on the same connection and must not
+    /// hold up anyone else.
+    Exclusive,
+}
+
 /// A request's replies and the connection that carried them (where a
 /// script ran, and so where its durability wait must run).
 pub struct Sent {
     /// One reply per command.
     pub replies: Vec<Value>,
-    /// The connection the final copy went over.
-    pub link: Link,
+    /// The connection the final copy went over (give it back when done).
+    pub link: Held,
+}
+
+/// Takes a connection of `pool` as `how` says.
+async fn take(pool: &Arc<Pool>, how: Use, deadline: Instant) -> Result<Held, DialError> {
+    match how {
+        Use::Shared => pool.link(deadline).await.map(Held::shared),
+        Use::Exclusive => pool.exclusive(deadline).await,
+    }
 }
 
 enum Kind {
@@ -131,23 +151,38 @@ impl Client {
         matches!(self.kind, Kind::Cluster(_))
     }
 
-    /// Sends `cmds` pipelined on one connection and waits for their replies
-    /// until `deadline`. A single command answered `MOVED`/`ASK` is re-sent
-    /// where the cluster says (it did not run).
+    /// Sends `cmds` pipelined on one connection (taken as `how` says) and
+    /// waits for their replies until `deadline`. A single command answered
+    /// `MOVED`/`ASK` is re-sent where the cluster says (it did not run);
+    /// outside a cluster that answer is a definite refusal.
     pub async fn send(
         &self,
         route: Route,
+        how: Use,
         cmds: &[Cmd],
         deadline: Instant,
     ) -> Result<Sent, SendError> {
         let router = match &self.kind {
             Kind::Single(pool) => {
-                let link = pool
-                    .link(deadline)
+                let link = take(pool, how, deadline)
                     .await
                     .map_err(|e| SendError::NotSent(e.0))?;
-                let replies = link.request(cmds, deadline).await.map_err(from_link)?;
-                forget_if_not_primary(&link, &replies);
+                let replies = link
+                    .link()
+                    .request(cmds, deadline)
+                    .await
+                    .map_err(from_link)?;
+                forget_if_not_primary(link.link(), &replies);
+                if let (1, Some(Value::Error(e))) = (cmds.len(), replies.first())
+                    && matches!(e.split_whitespace().next(), Some("MOVED" | "ASK"))
+                {
+                    link.give_back();
+                    return Err(SendError::Redirected(format!(
+                        "the server is a Valkey Cluster node (it answered {}); use a \
+                         redis-cluster:// URL. The command did not run",
+                        first_words(e)
+                    )));
+                }
                 return Ok(Sent { replies, link });
             }
             Kind::Cluster(router) => router,
@@ -159,7 +194,7 @@ impl Client {
                 Some(t) => t,
                 None => (self.owner(route, deadline).await?, false),
             };
-            let link = match self.pool(&addr).link(deadline).await {
+            let link = match take(&self.pool(&addr), how, deadline).await {
                 Ok(l) => l,
                 Err(e) => {
                     // The node may have failed over: learn the map again next time.
@@ -172,23 +207,24 @@ impl Client {
                 request.push(Cmd::new("ASKING"));
             }
             request.extend_from_slice(cmds);
-            let mut replies = link.request(&request, deadline).await.map_err(|e| {
+            let mut replies = link.link().request(&request, deadline).await.map_err(|e| {
                 router.stale.store(true, Ordering::SeqCst);
                 from_link(e)
             })?;
             if asking {
                 replies.remove(0);
             }
-            if forget_if_not_primary(&link, &replies) {
+            if forget_if_not_primary(link.link(), &replies) {
                 router.stale.store(true, Ordering::SeqCst);
             }
             let moved = match (cmds.len(), replies.first()) {
-                (1, Some(Value::Error(e))) => redirect(e).map(|r| (r, e.clone())),
+                (1, Some(Value::Error(e))) => redirect(e, &addr).map(|r| (r, e.clone())),
                 _ => None,
             };
             let Some((redirection, said)) = moved else {
                 return Ok(Sent { replies, link });
             };
+            link.give_back();
             redirections += 1;
             if redirections > MAX_REDIRECTIONS {
                 return Err(SendError::Redirected(format!(
@@ -243,7 +279,10 @@ impl Client {
                     .await
                     .map_err(|e| SendError::NotSent(e.0))?;
                 let replies = link.request(cmds, deadline).await.map_err(from_link)?;
-                Ok(Sent { replies, link })
+                Ok(Sent {
+                    replies,
+                    link: Held::shared(link),
+                })
             };
             (name, sent.await)
         });

@@ -44,8 +44,9 @@ pub struct SlotMap {
 }
 
 impl SlotMap {
-    /// Reads a `CLUSTER SLOTS` reply; `asked` is the node that gave it (an
-    /// empty or `?` host means "the node you asked").
+    /// Reads a `CLUSTER SLOTS` reply; `asked` is the node that gave it. A
+    /// NULL endpoint (`cluster-preferred-endpoint-type unknown-endpoint`), an
+    /// empty one or `?` means "the host you asked, this port".
     pub fn from_cluster_slots(reply: &Value, asked: &Addr) -> Option<SlotMap> {
         let Value::Array(entries) = reply else {
             return None;
@@ -58,7 +59,10 @@ impl SlotMap {
             let Value::Array(node) = f.get(2)? else {
                 return None;
             };
-            let host = node.first()?.text()?;
+            let host = match node.first()? {
+                Value::Nil => String::new(),
+                v => v.text()?,
+            };
             let port = u16::try_from(node.get(1)?.int()?).ok()?;
             let host = if host.is_empty() || host == "?" {
                 asked.host.clone()
@@ -120,12 +124,21 @@ pub enum Redirect {
     Ask(u16, Addr),
 }
 
-/// Reads a `MOVED`/`ASK` error; `None` for any other error.
-pub fn redirect(error: &str) -> Option<Redirect> {
+/// Reads a `MOVED`/`ASK` error answered by the node at `from`; `None` for
+/// any other error. An empty endpoint (`MOVED 3999 :6380`) means the host of
+/// the node that answered, at that port.
+pub fn redirect(error: &str, from: &Addr) -> Option<Redirect> {
     let mut words = error.split_whitespace();
     let kind = words.next()?;
     let slot = words.next()?.parse().ok()?;
-    let addr = Addr::parse(words.next()?)?;
+    let to = words.next()?;
+    let addr = match to.rsplit_once(':') {
+        Some(("" | "?", port)) => Addr {
+            host: from.host.clone(),
+            port: port.parse().ok()?,
+        },
+        _ => Addr::parse(to)?,
+    };
     match kind {
         "MOVED" => Some(Redirect::Moved(slot, addr)),
         "ASK" => Some(Redirect::Ask(slot, addr)),
@@ -162,20 +175,45 @@ mod tests {
         let asked = Addr::parse("seed:7000").unwrap();
         let mut map = SlotMap::from_cluster_slots(&reply, &asked).unwrap();
         assert_eq!(map.owner(0), Some(&asked));
+        // A NULL endpoint (unknown-endpoint): the host asked, the port given.
+        let unknown = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            Value::Array(vec![
+                Value::Nil,
+                Value::Int(7003),
+                Value::Bulk(b"id".to_vec()),
+            ]),
+        ])]);
+        let m = SlotMap::from_cluster_slots(&unknown, &asked).unwrap();
+        assert_eq!(m.owner(5).unwrap().to_string(), "seed:7003");
         assert_eq!(map.owner(16383).unwrap().to_string(), "10.0.0.2:7001");
         assert_eq!(map.primaries().len(), 2);
         map.moved(100, Addr::parse("10.0.0.3:7002").unwrap());
         assert_eq!(map.owner(100).unwrap().port, 7002);
         assert_eq!(map.owner(99), Some(&asked));
         assert_eq!(map.owner(101), Some(&asked));
+        let from = Addr::parse("10.0.0.9:7000").unwrap();
         assert_eq!(
-            redirect("MOVED 3999 127.0.0.1:6381"),
+            redirect("MOVED 3999 127.0.0.1:6381", &from),
             Some(Redirect::Moved(
                 3999,
                 Addr::parse("127.0.0.1:6381").unwrap()
             ))
         );
-        assert!(matches!(redirect("ASK 1 h:1"), Some(Redirect::Ask(1, _))));
-        assert_eq!(redirect("ERR nope"), None);
+        assert_eq!(
+            redirect("MOVED 3999 :6380", &from),
+            Some(Redirect::Moved(3999, Addr::parse("10.0.0.9:6380").unwrap()))
+        );
+        assert_eq!(
+            redirect("ASK 12 [::1]:6380", &from),
+            Some(Redirect::Ask(12, Addr::parse("[::1]:6380").unwrap()))
+        );
+        assert!(matches!(
+            redirect("ASK 1 h:1", &from),
+            Some(Redirect::Ask(1, _))
+        ));
+        assert_eq!(redirect("ERR nope", &from), None);
+        assert_eq!(redirect("MOVED 1 :notaport", &from), None);
     }
 }

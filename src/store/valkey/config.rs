@@ -35,6 +35,12 @@ pub struct ValkeyConfig {
     pub username: Option<String>,
     /// ACL password, read from a file by the caller.
     pub password: Option<Secret>,
+    /// ACL user of the Sentinels (`redis-sentinel://` only).
+    pub sentinel_username: Option<String>,
+    /// Password of the Sentinels (`redis-sentinel://` only). None: the
+    /// Sentinels get no `AUTH`. The data nodes' credentials are never sent
+    /// to a Sentinel.
+    pub sentinel_password: Option<Secret>,
     /// Prefix of every key; the ACL key pattern is `<prefix>:*`.
     pub key_prefix: String,
     /// Deadline for one operation, reply included.
@@ -107,6 +113,8 @@ impl Default for ValkeyConfig {
             url: "redis://127.0.0.1:6379".into(),
             username: None,
             password: None,
+            sentinel_username: None,
+            sentinel_password: None,
             key_prefix: "targetlease".into(),
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),

@@ -1,11 +1,12 @@
 //! Opening one connection: TCP (keepalive), TLS, then the handshake
 //! (`AUTH` or `PING`, `SELECT`), all within one deadline; and asking
-//! Sentinels which server is the primary.
+//! Sentinels which server is the primary, each in turn within its share of
+//! that deadline.
 //!
 //! Nothing here retries: a failure is reported with its cause, and the caller
 //! (the pool) decides when to try again.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use socket2::{SockRef, TcpKeepalive};
@@ -15,7 +16,8 @@ use tokio::time::Instant;
 
 use super::config::Secret;
 use super::endpoint::Addr;
-use super::resp::{self, Cmd, Value};
+use super::resp::{Cmd, Decoder, Value};
+use super::tls::{describe_io, handshake_failure};
 
 /// A byte stream to a server: plain TCP or TLS over TCP.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -38,12 +40,25 @@ pub struct Tls {
 pub struct Dialer {
     /// TLS, when the URL asks for it.
     pub tls: Option<Tls>,
-    /// ACL user.
+    /// ACL user of the data nodes.
     pub username: Option<String>,
-    /// ACL password (or the legacy `requirepass` password without a user).
+    /// ACL password of the data nodes (or the legacy `requirepass` password
+    /// without a user).
     pub password: Option<Secret>,
+    /// ACL user of the Sentinels.
+    pub sentinel_username: Option<String>,
+    /// Password of the Sentinels; none: Sentinels get no `AUTH` (the data
+    /// nodes' password is never sent to them).
+    pub sentinel_password: Option<Secret>,
     /// Database to select (never in a cluster).
     pub db: Option<u32>,
+}
+
+/// Who to log in as on one connection.
+#[derive(Clone, Copy)]
+struct Login<'a> {
+    username: Option<&'a str>,
+    password: Option<&'a Secret>,
 }
 
 /// Why a connection could not be opened; nothing was sent on it but the handshake.
@@ -54,17 +69,30 @@ pub struct DialError(pub String);
 /// the server has already closed it. Tokio only learns that when its driver
 /// next polls; a request written into a connection the server had already
 /// closed could not have run, and must not be reported as possibly run.
-pub struct Probe(Option<socket2::Socket>);
+///
+/// The handle is a duplicate of the socket, which keeps the connection open
+/// after the stream is dropped: [`Probe::shut`] closes it for real.
+pub struct Probe(Mutex<Option<socket2::Socket>>);
 
 impl Probe {
     fn of(tcp: &TcpStream) -> Probe {
-        Probe(SockRef::from(tcp).try_clone().ok())
+        Probe(Mutex::new(SockRef::from(tcp).try_clone().ok()))
+    }
+
+    /// Closes the connection in both directions (the server sees it end at
+    /// once, whoever still holds the stream) and lets go of the duplicate.
+    pub fn shut(&self) {
+        let sock = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(sock) = sock {
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// Why the server side is gone (FIN or reset seen), if it is. Pending
     /// replies are only peeked at, never consumed; the socket is non-blocking.
     pub fn closed(&self) -> Option<String> {
-        let sock = self.0.as_ref()?;
+        let guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let sock = guard.as_ref()?;
         let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
         match sock.peek(&mut byte) {
             Ok(0) => Some("connection closed by the server".into()),
@@ -85,9 +113,13 @@ pub struct Conn {
 }
 
 impl Dialer {
-    /// Connects to `addr` and completes the handshake before `deadline`.
+    /// Connects to the data node `addr` and completes the handshake before `deadline`.
     pub async fn connect(&self, addr: &Addr, deadline: Instant) -> Result<Conn, DialError> {
-        self.connect_with(addr, deadline, self.db).await
+        let login = Login {
+            username: self.username.as_deref(),
+            password: self.password.as_ref(),
+        };
+        self.connect_with(addr, deadline, self.db, login).await
     }
 
     async fn connect_with(
@@ -95,6 +127,7 @@ impl Dialer {
         addr: &Addr,
         deadline: Instant,
         db: Option<u32>,
+        login: Login<'_>,
     ) -> Result<Conn, DialError> {
         let fail = |why: String| DialError(format!("cannot connect to {addr}: {why}"));
         let open = async {
@@ -112,19 +145,19 @@ impl Dialer {
                 None => Box::new(tcp),
                 Some(tls) => {
                     let name = tls.server_name.clone().unwrap_or_else(|| addr.host.clone());
-                    let name = rustls_pki_types::ServerName::try_from(name)
+                    let server_name = rustls_pki_types::ServerName::try_from(name.clone())
                         .map_err(|e| fail(format!("bad TLS server name: {e}")))?;
                     let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
                     let s = connector
-                        .connect(name, tcp)
+                        .connect(server_name, tcp)
                         .await
-                        .map_err(|e| fail(format!("TLS handshake failed: {e}")))?;
+                        .map_err(|e| fail(handshake_failure(&e, &name)))?;
                     Box::new(s)
                 }
             };
             let mut hello = Vec::new();
-            hello.push(match &self.password {
-                Some(pw) => match &self.username {
+            hello.push(match login.password {
+                Some(pw) => match login.username {
                     Some(user) => Cmd::new("AUTH").arg(user).arg(pw.expose()),
                     None => Cmd::new("AUTH").arg(pw.expose()),
                 },
@@ -153,8 +186,12 @@ impl Dialer {
         }
     }
 
-    /// Asks the Sentinels in order for the primary of `service`, then connects
-    /// to it; the primary must say it is one (`ROLE`), when the ACL lets us ask.
+    /// Asks the Sentinels in order for the primary of `service` and connects
+    /// to it; the primary must say it is one (`ROLE`), when the ACL lets us
+    /// ask. Each Sentinel in turn, with the primary it names, gets an equal
+    /// share of the time left, so one that hangs, names a server that is
+    /// gone, or names one that is no longer the primary, does not keep the
+    /// next Sentinel from being asked.
     pub async fn connect_primary(
         &self,
         sentinels: &[Addr],
@@ -162,64 +199,86 @@ impl Dialer {
         deadline: Instant,
     ) -> Result<(Addr, Conn), DialError> {
         let mut why = Vec::new();
-        for s in sentinels {
-            let primary = async {
-                let mut conn = self.connect_with(s, deadline, None).await?;
-                let ask = [Cmd::new("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(service)];
-                let reply = tokio::time::timeout_at(deadline, exchange(&mut conn.stream, &ask))
-                    .await
-                    .map_err(|_| DialError(format!("sentinel {s}: no answer in time")))?
-                    .map_err(|e| DialError(format!("sentinel {s}: {e}")))?;
-                match reply.first() {
-                    Some(Value::Array(hp)) if hp.len() == 2 => {
-                        let host = hp[0].text().unwrap_or_default();
-                        let port = hp[1].int().and_then(|p| u16::try_from(p).ok());
-                        match port {
-                            Some(port) if !host.is_empty() => Ok(Addr { host, port }),
-                            _ => Err(DialError(format!("sentinel {s}: unreadable address"))),
-                        }
-                    }
-                    Some(Value::Nil) => Err(DialError(format!(
-                        "sentinel {s} does not know a primary named {service:?}"
-                    ))),
-                    Some(Value::Error(e)) => {
-                        Err(DialError(format!("sentinel {s}: {}", first_words(e))))
-                    }
-                    _ => Err(DialError(format!("sentinel {s}: unexpected reply"))),
-                }
-            };
-            match primary.await {
-                Ok(addr) => {
-                    let mut conn = self.connect(&addr, deadline).await?;
-                    let role = tokio::time::timeout_at(
-                        deadline,
-                        exchange(&mut conn.stream, &[Cmd::new("ROLE")]),
-                    )
-                    .await
-                    .map_err(|_| DialError(format!("{addr}: no answer to ROLE in time")))?
-                    .map_err(|e| DialError(format!("{addr}: {e}")))?;
-                    match role.first() {
-                        Some(Value::Array(r))
-                            if r.first().and_then(Value::text).as_deref() != Some("master") =>
-                        {
-                            return Err(DialError(format!(
-                                "sentinel {s} named {addr}, which is not a primary"
-                            )));
-                        }
-                        // Refused (e.g. the ACL does not grant ROLE): writes there
-                        // would be refused with READONLY anyway, so go on.
-                        _ => return Ok((addr, conn)),
-                    }
-                }
+        for (i, s) in sentinels.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let share = left / u32::try_from(sentinels.len() - i).unwrap_or(u32::MAX);
+            let by = (Instant::now() + share).min(deadline);
+            match self.primary_named_by(s, service, by).await {
+                Ok(found) => return Ok(found),
                 Err(e) => why.push(e.0),
             }
         }
         Err(DialError(format!(
-            "no sentinel named a primary: {}",
+            "no sentinel named a reachable primary: {}",
             why.join("; ")
         )))
+    }
+
+    /// The primary `sentinel` names for `service`, connected and checked, by `deadline`.
+    async fn primary_named_by(
+        &self,
+        sentinel: &Addr,
+        service: &str,
+        deadline: Instant,
+    ) -> Result<(Addr, Conn), DialError> {
+        let addr = self.ask_sentinel(sentinel, service, deadline).await?;
+        let named = |why: String| DialError(format!("sentinel {sentinel} named {addr}: {why}"));
+        let mut conn = self
+            .connect(&addr, deadline)
+            .await
+            .map_err(|e| named(e.0))?;
+        let role =
+            tokio::time::timeout_at(deadline, exchange(&mut conn.stream, &[Cmd::new("ROLE")]))
+                .await
+                .map_err(|_| named("no answer to ROLE in time".into()))?
+                .map_err(named)?;
+        match role.first() {
+            Some(Value::Array(r))
+                if r.first().and_then(Value::text).as_deref() != Some("master") =>
+            {
+                Err(named("it is not a primary".into()))
+            }
+            // Refused (e.g. the ACL does not grant ROLE): writes there
+            // would be refused with READONLY anyway, so go on.
+            _ => Ok((addr, conn)),
+        }
+    }
+
+    /// What `sentinel` says the primary of `service` is, with the Sentinels' own login.
+    async fn ask_sentinel(
+        &self,
+        sentinel: &Addr,
+        service: &str,
+        deadline: Instant,
+    ) -> Result<Addr, DialError> {
+        let s = sentinel;
+        let login = Login {
+            username: self.sentinel_username.as_deref(),
+            password: self.sentinel_password.as_ref(),
+        };
+        let mut conn = self.connect_with(s, deadline, None, login).await?;
+        let ask = [Cmd::new("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(service)];
+        let reply = tokio::time::timeout_at(deadline, exchange(&mut conn.stream, &ask))
+            .await
+            .map_err(|_| DialError(format!("sentinel {s}: no answer in time")))?
+            .map_err(|e| DialError(format!("sentinel {s}: {e}")))?;
+        match reply.first() {
+            Some(Value::Array(hp)) if hp.len() == 2 => {
+                let host = hp[0].text().unwrap_or_default();
+                let port = hp[1].int().and_then(|p| u16::try_from(p).ok());
+                match port {
+                    Some(port) if !host.is_empty() => Ok(Addr { host, port }),
+                    _ => Err(DialError(format!("sentinel {s}: unreadable address"))),
+                }
+            }
+            Some(Value::Nil) => Err(DialError(format!(
+                "sentinel {s} does not know a primary named {service:?}"
+            ))),
+            Some(Value::Error(e)) => Err(DialError(format!("sentinel {s}: {}", first_words(e)))),
+            _ => Err(DialError(format!("sentinel {s}: unexpected reply"))),
+        }
     }
 }
 
@@ -231,22 +290,34 @@ pub fn first_words(e: &str) -> String {
 /// Sends `cmds` in one write and reads one reply per command (no deadline of
 /// its own: callers bound it). For handshakes and one-off questions only.
 pub async fn exchange(stream: &mut Stream, cmds: &[Cmd]) -> Result<Vec<Value>, String> {
+    exchange_keeping(stream, cmds, &mut Decoder::new()).await
+}
+
+/// [`exchange`], leaving whatever arrived after the replies in `decoder`
+/// (a subscription's first messages can share a read with its confirmation).
+pub async fn exchange_keeping(
+    stream: &mut Stream,
+    cmds: &[Cmd],
+    decoder: &mut Decoder,
+) -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
     for c in cmds {
         c.encode(&mut out);
     }
-    stream.write_all(&out).await.map_err(|e| e.to_string())?;
-    stream.flush().await.map_err(|e| e.to_string())?;
-    let mut buf = Vec::with_capacity(4096);
+    stream
+        .write_all(&out)
+        .await
+        .map_err(|e| describe_io(&e, None))?;
+    stream.flush().await.map_err(|e| describe_io(&e, None))?;
     let mut replies = Vec::with_capacity(cmds.len());
     while replies.len() < cmds.len() {
-        match resp::parse(&buf).map_err(|e| e.0)? {
-            Some((v, used)) => {
-                buf.drain(..used);
-                replies.push(v);
-            }
+        match decoder.next().map_err(|e| e.0)? {
+            Some(v) => replies.push(v),
             None => {
-                let n = stream.read_buf(&mut buf).await.map_err(|e| e.to_string())?;
+                let n = stream
+                    .read_buf(decoder.buffer())
+                    .await
+                    .map_err(|e| describe_io(&e, None))?;
                 if n == 0 {
                     return Err("connection closed by the server".into());
                 }

@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | nothing was sent (no connection, refused connect, queue never reached) | `backend_unavailable` | `backend_unavailable` |
 //! | refused before running (codes below, no `script:` in the message) | `backend_unavailable` | `backend_unavailable` |
-//! | redirected until the limit (every copy `MOVED`/`ASK`) | `backend_unavailable` | `backend_unavailable` |
+//! | redirected until the limit (every copy `MOVED`/`ASK`), or redirected outside a cluster | `backend_unavailable` | `backend_unavailable` |
 //! | sent, no complete reply (deadline, reset, EOF) | `backend_unavailable` | `outcome_unknown` |
 //! | failed while running (any other error) | `backend_unavailable` | `outcome_unknown` |
 //! | ran, reply unreadable | `corrupt_state` | `outcome_unknown` |
@@ -35,7 +35,10 @@ pub(super) enum Effect {
 }
 
 /// Error codes the server answers before running a command: nothing ran.
-const REFUSED_BEFORE_RUNNING: [&str; 14] = [
+/// (`MOVED`/`ASK` are followed in a cluster; one that gets here could not be.)
+const REFUSED_BEFORE_RUNNING: [&str; 16] = [
+    "MOVED",
+    "ASK",
     "BUSY",
     "LOADING",
     "READONLY",
@@ -104,6 +107,8 @@ mod tests {
             "NOREPLICAS Not enough good replicas to write.",
             "OOM command not allowed when used memory > 'maxmemory'.",
             "BUSY Valkey is busy running a script.",
+            "MOVED 1234 127.0.0.1:1",
+            "ASK 1234 :7001",
         ] {
             assert!(matches!(
                 server_error(e, Effect::Write),

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::dial::{Conn, Probe};
 use super::resp::{self, Cmd, Value};
+use super::tls::describe_io;
 
 /// Why a request has no reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,7 +195,7 @@ async fn serve(
 ) {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut pending: VecDeque<Pending> = VecDeque::new();
-    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut decoder = resp::Decoder::new();
     // A second view of the close signal, for use while writing.
     let mut closed_while_writing = closed.clone();
     let mut retiring = false;
@@ -202,19 +203,18 @@ async fn serve(
         tokio::select! {
             biased;
             _ = closing(&mut closed) => break 'conn "closed by the client".into(),
-            read = rd.read_buf(&mut buf) => {
+            read = rd.read_buf(decoder.buffer()) => {
                 match read {
                     Ok(0) => break 'conn "connection closed by the server".into(),
-                    Err(e) => break 'conn e.to_string(),
+                    Err(e) => break 'conn describe_io(&e, None),
                     Ok(_) => {}
                 }
                 loop {
-                    let (value, used) = match resp::parse(&buf) {
-                        Ok(Some(parsed)) => parsed,
+                    let value = match decoder.next() {
+                        Ok(Some(value)) => value,
                         Ok(None) => break,
                         Err(e) => break 'conn e.0,
                     };
-                    buf.drain(..used);
                     let Some(p) = pending.front_mut() else {
                         break 'conn "a reply nobody asked for".into();
                     };
@@ -277,12 +277,16 @@ async fn serve(
                 tokio::select! {
                     biased;
                     _ = closing(&mut closed_while_writing) => break 'conn "closed by the client".into(),
-                    w = write => if let Err(e) = w { break 'conn e.to_string() },
+                    w = write => if let Err(e) = w { break 'conn describe_io(&e, None) },
                 }
             }
         }
     };
     alive.store(false, Ordering::SeqCst);
+    // Really closed: the probe's duplicate of the socket would otherwise keep
+    // the connection (and whatever the server still has queued on it) open.
+    drop((rd, wr));
+    probe.shut();
     tracing::debug!(why = %why, "valkey connection closed");
     for p in pending {
         let _ = p.done.send(Err(LinkError::Lost(why.clone())));

@@ -19,7 +19,8 @@ use tokio::time::Instant;
 use super::config::ValkeyConfig;
 use super::dial::{Dialer, Stream};
 use super::endpoint::{Addr, Topology};
-use super::resp::{self, Cmd, Value};
+use super::resp::{Cmd, Decoder, Value};
+use super::tls::describe_io;
 use crate::store::{StoreError, Target};
 
 /// How often a quiet subscription checks that the server still answers.
@@ -57,7 +58,7 @@ struct Subscriber {
 impl Subscriber {
     /// A connection subscribed to the channel (any node of a cluster: classic
     /// pub/sub messages reach every node).
-    async fn subscribe(&self) -> Result<Stream, String> {
+    async fn subscribe(&self) -> Result<Subscribed, String> {
         let deadline = Instant::now() + self.connect_timeout;
         let mut stream = match &self.topology {
             Topology::Standalone(a) => {
@@ -77,28 +78,12 @@ impl Subscriber {
             }
             Topology::Cluster(seeds) => first_reachable(&self.dialer, seeds, deadline).await?,
         };
-        let subscribe = tokio::time::timeout_at(
-            deadline,
-            super::dial::exchange(&mut stream, &[Cmd::new("SUBSCRIBE").arg(&self.channel)]),
-        )
-        .await
-        .map_err(|_| "no answer to SUBSCRIBE in time".to_owned())??;
-        match subscribe.first() {
-            Some(Value::Array(a))
-                if a.first().and_then(Value::text).as_deref() == Some("subscribe") =>
-            {
-                Ok(stream)
-            }
-            Some(Value::Error(e)) => Err(format!(
-                "SUBSCRIBE refused: {}",
-                super::dial::first_words(e)
-            )),
-            _ => Err("unexpected reply to SUBSCRIBE".into()),
-        }
+        let decoder = subscribe_on(&mut stream, &self.channel, deadline).await?;
+        Ok(Subscribed { stream, decoder })
     }
 
     /// Forwards messages until the receiver is gone, reconnecting as needed.
-    async fn pump(self, first: Stream, tx: mpsc::Sender<Target>, prefix: String) {
+    async fn pump(self, first: Subscribed, tx: mpsc::Sender<Target>, prefix: String) {
         let mut stream = Some(first);
         let mut delay = Duration::from_millis(100);
         loop {
@@ -131,6 +116,41 @@ impl Subscriber {
     }
 }
 
+/// A subscribed connection and what was read after the confirmation.
+struct Subscribed {
+    stream: Stream,
+    /// Messages can arrive in the same read as the confirmation: they are here.
+    decoder: Decoder,
+}
+
+/// Sends `SUBSCRIBE channel` and waits for its confirmation; the decoder
+/// keeps every byte read after it.
+async fn subscribe_on(
+    stream: &mut Stream,
+    channel: &str,
+    deadline: Instant,
+) -> Result<Decoder, String> {
+    let mut decoder = Decoder::new();
+    let subscribe = tokio::time::timeout_at(
+        deadline,
+        super::dial::exchange_keeping(stream, &[Cmd::new("SUBSCRIBE").arg(channel)], &mut decoder),
+    )
+    .await
+    .map_err(|_| "no answer to SUBSCRIBE in time".to_owned())??;
+    match subscribe.first() {
+        Some(Value::Array(a))
+            if a.first().and_then(Value::text).as_deref() == Some("subscribe") =>
+        {
+            Ok(decoder)
+        }
+        Some(Value::Error(e)) => Err(format!(
+            "SUBSCRIBE refused: {}",
+            super::dial::first_words(e)
+        )),
+        _ => Err("unexpected reply to SUBSCRIBE".into()),
+    }
+}
+
 async fn first_reachable(
     dialer: &Dialer,
     seeds: &[Addr],
@@ -147,37 +167,18 @@ async fn first_reachable(
 }
 
 /// Reads messages off a subscribed connection until it breaks; returns why.
-async fn forward(mut s: Stream, tx: &mpsc::Sender<Target>, prefix: &str) -> String {
-    let mut buf = Vec::with_capacity(4096);
+async fn forward(sub: Subscribed, tx: &mpsc::Sender<Target>, prefix: &str) -> String {
+    let Subscribed {
+        stream: mut s,
+        mut decoder,
+    } = sub;
     let mut ping_at = Instant::now() + PING_EVERY;
     let mut answered_since_ping = true;
     loop {
-        tokio::select! {
-            read = s.read_buf(&mut buf) => match read {
-                Ok(0) => return "connection closed by the server".into(),
-                Err(e) => return e.to_string(),
-                Ok(_) => {}
-            },
-            _ = tokio::time::sleep_until(ping_at) => {
-                if !answered_since_ping {
-                    return "no answer to PING".into();
-                }
-                let mut ping = Vec::new();
-                Cmd::new("PING").encode(&mut ping);
-                if let Err(e) = s.write_all(&ping).await {
-                    return e.to_string();
-                }
-                answered_since_ping = false;
-                ping_at = Instant::now() + PING_EVERY / 3;
-                continue;
-            }
-        }
-        answered_since_ping = true;
-        ping_at = Instant::now() + PING_EVERY;
+        // Whatever is decoded first: messages read with the confirmation too.
         loop {
-            match resp::parse(&buf) {
-                Ok(Some((v, used))) => {
-                    buf.drain(..used);
+            match decoder.next() {
+                Ok(Some(v)) => {
                     if let Value::Array(parts) = v
                         && parts.first().and_then(Value::text).as_deref() == Some("message")
                         && let Some(target) = parts
@@ -191,6 +192,28 @@ async fn forward(mut s: Stream, tx: &mpsc::Sender<Target>, prefix: &str) -> Stri
                 }
                 Ok(None) => break,
                 Err(e) => return e.0,
+            }
+        }
+        tokio::select! {
+            read = s.read_buf(decoder.buffer()) => match read {
+                Ok(0) => return "connection closed by the server".into(),
+                Err(e) => return describe_io(&e, None),
+                Ok(_) => {
+                    answered_since_ping = true;
+                    ping_at = Instant::now() + PING_EVERY;
+                }
+            },
+            _ = tokio::time::sleep_until(ping_at) => {
+                if !answered_since_ping {
+                    return "no answer to PING".into();
+                }
+                let mut ping = Vec::new();
+                Cmd::new("PING").encode(&mut ping);
+                if let Err(e) = s.write_all(&ping).await {
+                    return describe_io(&e, None);
+                }
+                answered_since_ping = false;
+                ping_at = Instant::now() + PING_EVERY / 3;
             }
         }
     }
@@ -241,5 +264,49 @@ mod tests {
             assert_eq!(parse_base("tl", base), Some(t));
         }
         assert_eq!(parse_base("tl", "other:{a:b}"), None);
+    }
+
+    /// A message that arrives in the same read as the SUBSCRIBE confirmation
+    /// is delivered, not dropped with the rest of that read.
+    #[tokio::test]
+    async fn a_message_read_with_the_confirmation_is_kept() {
+        let (client, mut server) = tokio::io::duplex(4096);
+        let mut stream: Stream = Box::new(client);
+        let ks = KeySpace::new("tl").unwrap();
+        let t = Target::new("ns", "freed");
+        let lease = ks.lease(&t);
+        let base = lease.strip_suffix(":lease").unwrap();
+        let mut wire = Vec::new();
+        wire.extend_from_slice(b"*3\r\n$9\r\nsubscribe\r\n$9\r\ntl:events\r\n:1\r\n");
+        wire.extend_from_slice(
+            format!(
+                "*3\r\n$7\r\nmessage\r\n$9\r\ntl:events\r\n${}\r\n{base}\r\n",
+                base.len()
+            )
+            .as_bytes(),
+        );
+        // The server answers only after the request, in one write.
+        let serve = tokio::spawn(async move {
+            let mut req = [0u8; 256];
+            let _ = server.read(&mut req).await.unwrap();
+            server.write_all(&wire).await.unwrap();
+            server
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let decoder = subscribe_on(&mut stream, "tl:events", deadline)
+            .await
+            .unwrap();
+        let _server = serve.await.unwrap();
+        let (tx, mut rx) = mpsc::channel(4);
+        let sub = Subscribed { stream, decoder };
+        let got = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::select! {
+                why = forward(sub, &tx, "tl") => panic!("forward ended: {why}"),
+                t = rx.recv() => t,
+            }
+        })
+        .await
+        .expect("the message is delivered without another read");
+        assert_eq!(got, Some(t));
     }
 }

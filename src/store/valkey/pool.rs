@@ -1,14 +1,21 @@
 //! A few connections to one server, opened lazily and replaced when they break.
 //!
+//! Most calls share the pool's connections, pipelined. A call that blocks
+//! its connection on the server (a durability `WAIT` after its script) takes
+//! one for itself instead ([`Pool::exclusive`]), so it never holds up, or
+//! fails, the calls of others; such connections are kept for reuse, up to
+//! the pool size, and at most [`MAX_EXCLUSIVE`] are open at once.
+//!
 //! After a failed connect, the next attempt waits (100ms doubling to 5s, with
 //! jitter); calls in between fail at once with the last cause instead of
 //! queueing behind a server that is not there.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::dial::{DialError, Dialer};
@@ -29,6 +36,9 @@ pub enum Place {
     },
 }
 
+/// Connections taken one caller at a time, open at once to one server.
+pub const MAX_EXCLUSIVE: usize = 64;
+
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
@@ -46,6 +56,55 @@ pub struct Pool {
     slots: Vec<tokio::sync::Mutex<Option<Link>>>,
     next: AtomicUsize,
     backoff: Mutex<Backoff>,
+    /// Exclusive connections not in use.
+    idle: Mutex<Vec<Link>>,
+    /// One per exclusive connection in use.
+    exclusive: Arc<Semaphore>,
+}
+
+/// A connection for one caller: shared (pipelined with others) or taken
+/// for this caller alone until [`Held::give_back`].
+pub struct Held {
+    link: Link,
+    home: Option<(Arc<Pool>, OwnedSemaphorePermit)>,
+}
+
+impl Held {
+    /// A shared connection (nothing to give back).
+    pub fn shared(link: Link) -> Held {
+        Held { link, home: None }
+    }
+
+    /// The connection.
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Done with it: an exclusive connection goes back to its pool for the
+    /// next caller when it is still healthy. One dropped without this (its
+    /// caller went away mid-call) is closed: something may still be running on it.
+    pub fn give_back(mut self) {
+        let Some((pool, _permit)) = self.home.take() else {
+            return;
+        };
+        if self.link.is_alive() && !pool.exclusive.is_closed() {
+            let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < pool.slots.len() {
+                idle.push(self.link.clone());
+                return;
+            }
+        }
+        // Every request of its caller is answered: nothing is cut short.
+        self.link.close();
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.home.take().is_some() {
+            self.link.close();
+        }
+    }
 }
 
 impl Pool {
@@ -64,7 +123,34 @@ impl Pool {
                 retry_at: None,
                 last: None,
             }),
+            idle: Mutex::new(Vec::new()),
+            exclusive: Arc::new(Semaphore::new(MAX_EXCLUSIVE)),
         }
+    }
+
+    /// A connection for this caller alone (an idle one, or a new one within
+    /// the connect timeout and `deadline`), until [`Held::give_back`].
+    pub async fn exclusive(self: &Arc<Self>, deadline: Instant) -> Result<Held, DialError> {
+        let permit = tokio::time::timeout_at(deadline, self.exclusive.clone().acquire_owned())
+            .await
+            .map_err(|_| DialError("no connection became free in time".into()))?
+            .map_err(|_| DialError("the connection pool is closed".into()))?;
+        let reuse = loop {
+            let next = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            match next {
+                Some(link) if link.is_alive() => break Some(link),
+                Some(link) => link.close(),
+                None => break None,
+            }
+        };
+        let link = match reuse {
+            Some(link) => link,
+            None => self.open(deadline).await?,
+        };
+        Ok(Held {
+            link,
+            home: Some((self.clone(), permit)),
+        })
     }
 
     /// A live connection, opening one when needed (within the connect timeout
@@ -87,6 +173,13 @@ impl Pool {
             return Ok(link.clone());
         }
         *slot = None;
+        let link = self.open(deadline).await?;
+        *slot = Some(link.clone());
+        Ok(link)
+    }
+
+    /// Opens a connection (unless still backing off after a failure).
+    async fn open(&self, deadline: Instant) -> Result<Link, DialError> {
         self.check_backoff()?;
         let connect_by = deadline.min(Instant::now() + self.connect_timeout);
         let opened = match &self.place {
@@ -100,9 +193,7 @@ impl Pool {
         match opened {
             Ok(conn) => {
                 self.connected();
-                let link = Link::start(conn);
-                *slot = Some(link.clone());
-                Ok(link)
+                Ok(Link::start(conn))
             }
             Err(e) => {
                 self.failed(&e);
@@ -111,12 +202,18 @@ impl Pool {
         }
     }
 
-    /// Closes every connection (requests on them end as the link says).
+    /// Closes every connection (requests on them end as the link says;
+    /// exclusive ones in use are closed when given back).
     pub async fn close(&self) {
+        self.exclusive.close();
         for s in &self.slots {
             if let Some(l) = s.lock().await.take() {
                 l.close();
             }
+        }
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        for l in idle {
+            l.close();
         }
     }
 

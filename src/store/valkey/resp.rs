@@ -82,6 +82,11 @@ impl Cmd {
 
 /// Longest bulk string accepted in a reply.
 const MAX_BULK: usize = 64 * 1024 * 1024;
+/// Longest line accepted (a simple string, an error, a number or a length
+/// header): the store's replies never come close.
+const MAX_LINE: usize = 64 * 1024;
+/// Largest reply accepted as a whole (the largest bulk string plus framing).
+const MAX_REPLY: usize = MAX_BULK + 1024 * 1024;
 /// Most elements accepted in one reply array.
 const MAX_ARRAY: usize = 1 << 20;
 /// Deepest nesting accepted (the store's replies nest at most 3 deep).
@@ -91,80 +96,197 @@ const MAX_DEPTH: usize = 16;
 #[derive(Debug, PartialEq, Eq)]
 pub struct ProtocolError(pub String);
 
-/// Parses one reply from the start of `buf`: `Ok(None)` when more bytes are
-/// needed, `Ok(Some((value, consumed)))` otherwise.
-pub fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
-    parse_at(buf, 0, 0)
+/// Replies from a byte stream, decoded as the bytes arrive.
+///
+/// Decoding resumes where it stopped: a line is searched for its CRLF only
+/// in bytes not searched before, a long bulk string is looked at again only
+/// once it can be complete, and array elements already decoded are kept. So
+/// the work is linear in the bytes received, and a peer that never ends a
+/// line or a reply is refused at the bounds above rather than buffered.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    /// Start of the reply being decoded.
+    start: usize,
+    /// Next byte to decode.
+    pos: usize,
+    /// Where the search for the CRLF of the line at `pos` resumes (0: from `pos`).
+    scanned: usize,
+    /// Arrays being filled: (elements wanted, elements so far).
+    open: Vec<(usize, Vec<Value>)>,
 }
 
-fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Value, usize)>, ProtocolError> {
-    if depth > MAX_DEPTH {
-        return Err(ProtocolError("reply nested too deeply".into()));
+/// One decoding step: a frame with what it became, or a wait for more bytes.
+enum Step {
+    Value(Value),
+    OpenArray(usize),
+    More,
+}
+
+impl Decoder {
+    /// An empty decoder.
+    pub fn new() -> Self {
+        Self::default()
     }
-    let Some(&kind) = buf.get(at) else {
-        return Ok(None);
-    };
-    let Some((line, after)) = line(buf, at + 1) else {
-        return Ok(None);
-    };
-    let text = || String::from_utf8_lossy(line).into_owned();
-    Ok(Some(match kind {
-        b'+' => (Value::Simple(text()), after),
-        b'-' => (Value::Error(text()), after),
-        b':' => (Value::Int(number(line)?), after),
-        b'$' => {
-            let n = number(line)?;
-            if n < 0 {
-                return Ok(Some((Value::Nil, after)));
-            }
-            let n = usize::try_from(n).map_err(|_| bad("bulk length"))?;
-            if n > MAX_BULK {
-                return Err(bad("bulk string too long"));
-            }
-            let end = after + n;
-            if buf.len() < end + 2 {
-                return Ok(None);
-            }
-            if &buf[end..end + 2] != b"\r\n" {
-                return Err(bad("bulk string not terminated"));
-            }
-            (Value::Bulk(buf[after..end].to_vec()), end + 2)
-        }
-        b'*' => {
-            let n = number(line)?;
-            if n < 0 {
-                return Ok(Some((Value::Nil, after)));
-            }
-            let n = usize::try_from(n).map_err(|_| bad("array length"))?;
-            if n > MAX_ARRAY {
-                return Err(bad("array too long"));
-            }
-            let mut items = Vec::with_capacity(n.min(1024));
-            let mut at = after;
-            for _ in 0..n {
-                match parse_at(buf, at, depth + 1)? {
-                    Some((v, next)) => {
-                        items.push(v);
-                        at = next;
+
+    /// The buffer to read into (bytes appended at its end are decoded next).
+    pub fn buffer(&mut self) -> &mut Vec<u8> {
+        self.compact();
+        &mut self.buf
+    }
+
+    /// Appends received bytes.
+    #[cfg(test)]
+    fn feed(&mut self, bytes: &[u8]) {
+        self.compact();
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// True when no byte of an unfinished reply is buffered.
+    #[cfg(test)]
+    fn is_idle(&self) -> bool {
+        self.start == self.buf.len()
+    }
+
+    /// Bytes of complete replies taken so far (since the last compaction).
+    #[cfg(test)]
+    fn consumed(&self) -> usize {
+        self.start
+    }
+
+    /// The next complete reply, `Ok(None)` when more bytes are needed. After
+    /// an error the stream is unusable (the reply boundaries are lost).
+    pub fn next(&mut self) -> Result<Option<Value>, ProtocolError> {
+        loop {
+            let mut value = match self.step()? {
+                Step::More => {
+                    if self.buf.len() - self.start > MAX_REPLY {
+                        return Err(bad("reply too large"));
                     }
-                    None => return Ok(None),
+                    return Ok(None);
                 }
+                Step::OpenArray(n) => {
+                    self.open.push((n, Vec::with_capacity(n.min(1024))));
+                    continue;
+                }
+                Step::Value(v) => v,
+            };
+            loop {
+                let Some((want, items)) = self.open.last_mut() else {
+                    self.start = self.pos;
+                    return Ok(Some(value));
+                };
+                items.push(value);
+                if items.len() < *want {
+                    break;
+                }
+                let (_, items) = self.open.pop().unwrap_or_default();
+                value = Value::Array(items);
             }
-            (Value::Array(items), at)
         }
-        other => return Err(ProtocolError(format!("unexpected reply type byte {other}"))),
-    }))
+    }
+
+    /// Decodes the frame at `pos`, advancing past it unless more bytes are needed.
+    fn step(&mut self) -> Result<Step, ProtocolError> {
+        if self.open.len() > MAX_DEPTH {
+            return Err(ProtocolError("reply nested too deeply".into()));
+        }
+        let Some(&kind) = self.buf.get(self.pos) else {
+            return Ok(Step::More);
+        };
+        let Some(after) = self.line_end()? else {
+            return Ok(Step::More);
+        };
+        let line = &self.buf[self.pos + 1..after - 2];
+        let text = || String::from_utf8_lossy(line).into_owned();
+        let (step, next) = match kind {
+            b'+' => (Step::Value(Value::Simple(text())), after),
+            b'-' => (Step::Value(Value::Error(text())), after),
+            b':' => (Step::Value(Value::Int(number(line)?)), after),
+            b'$' => match usize::try_from(number(line)?) {
+                Err(_) => (Step::Value(Value::Nil), after),
+                Ok(n) if n > MAX_BULK => return Err(bad("bulk string too long")),
+                Ok(n) => {
+                    let end = after + n;
+                    if self.buf.len() < end + 2 {
+                        // The header is found again (it is short) once all can be here.
+                        self.scanned = 0;
+                        return Ok(Step::More);
+                    }
+                    if &self.buf[end..end + 2] != b"\r\n" {
+                        return Err(bad("bulk string not terminated"));
+                    }
+                    (
+                        Step::Value(Value::Bulk(self.buf[after..end].to_vec())),
+                        end + 2,
+                    )
+                }
+            },
+            b'*' => match usize::try_from(number(line)?) {
+                Err(_) => (Step::Value(Value::Nil), after),
+                Ok(n) if n > MAX_ARRAY => return Err(bad("array too long")),
+                Ok(0) => (Step::Value(Value::Array(Vec::new())), after),
+                Ok(n) => (Step::OpenArray(n), after),
+            },
+            other => return Err(ProtocolError(format!("unexpected reply type byte {other}"))),
+        };
+        self.pos = next;
+        self.scanned = 0;
+        Ok(step)
+    }
+
+    /// The index after the CRLF ending the line at `pos`, searching only
+    /// bytes not searched before; an error past [`MAX_LINE`].
+    fn line_end(&mut self) -> Result<Option<usize>, ProtocolError> {
+        let from = self.scanned.max(self.pos + 1);
+        let found = self
+            .buf
+            .get(from..)
+            .and_then(|rest| rest.windows(2).position(|w| w == b"\r\n"));
+        let too_long = |len: usize| len > MAX_LINE;
+        match found {
+            Some(i) if too_long(from + i - (self.pos + 1)) => Err(bad("reply line too long")),
+            Some(i) => Ok(Some(from + i + 2)),
+            None if too_long(self.buf.len().saturating_sub(self.pos + 2)) => {
+                Err(bad("reply line too long"))
+            }
+            None => {
+                // The last byte may be the CR of a CRLF still on its way.
+                self.scanned = self.buf.len().saturating_sub(1).max(self.pos + 1);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Drops bytes of replies already returned, once they are worth moving.
+    fn compact(&mut self) {
+        if self.start == 0 {
+            return;
+        }
+        if self.start == self.buf.len() {
+            self.buf.clear();
+        } else if self.start >= 64 * 1024 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+        } else {
+            return;
+        }
+        self.pos -= self.start;
+        self.scanned = self.scanned.saturating_sub(self.start);
+        self.start = 0;
+    }
+}
+
+/// Parses one reply from the start of `buf`: `Ok(None)` when more bytes are
+/// needed, `Ok(Some((value, consumed)))` otherwise.
+#[cfg(test)]
+fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+    let mut d = Decoder::new();
+    d.feed(buf);
+    Ok(d.next()?.map(|v| (v, d.consumed())))
 }
 
 fn bad(what: &str) -> ProtocolError {
     ProtocolError(format!("malformed reply: {what}"))
-}
-
-/// The line starting at `from` (without CRLF) and the index after its CRLF.
-fn line(buf: &[u8], from: usize) -> Option<(&[u8], usize)> {
-    let rest = buf.get(from..)?;
-    let end = rest.windows(2).position(|w| w == b"\r\n")?;
-    Some((&rest[..end], from + end + 2))
 }
 
 fn number(line: &[u8]) -> Result<i64, ProtocolError> {
@@ -213,5 +335,65 @@ mod tests {
         assert!(parse(format!("${}\r\n", MAX_BULK + 1).as_bytes()).is_err());
         let deep = "*1\r\n".repeat(MAX_DEPTH + 2);
         assert!(parse(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_line_without_end_is_refused_at_the_bound() {
+        let mut d = Decoder::new();
+        d.feed(b"+");
+        let chunk = vec![b'a'; 4096];
+        let mut fed = 1;
+        let refused = loop {
+            match d.next() {
+                Ok(None) => {}
+                Ok(Some(v)) => panic!("{v:?}"),
+                Err(e) => break e,
+            }
+            d.feed(&chunk);
+            fed += chunk.len();
+            assert!(fed < 4 * MAX_LINE, "still buffering after {fed} bytes");
+        };
+        assert!(refused.0.contains("line too long"), "{refused:?}");
+        assert!(fed <= MAX_LINE + 2 * chunk.len(), "{fed}");
+        // A line at the bound is fine.
+        let mut at = b"-".to_vec();
+        at.extend(vec![b'E'; MAX_LINE]);
+        at.extend_from_slice(b"\r\n");
+        assert!(matches!(parse(&at), Ok(Some((Value::Error(_), _)))));
+    }
+
+    #[test]
+    fn replies_fed_a_byte_at_a_time_and_pipelined_decode_the_same() {
+        let one = b"*3\r\n$5\r\nhello\r\n*2\r\n:1\r\n$-1\r\n+OK\r\n".to_vec();
+        let (expected, _) = parse(&one).unwrap().unwrap();
+        let mut d = Decoder::new();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            for b in &one {
+                d.feed(std::slice::from_ref(b));
+                while let Some(v) = d.next().unwrap() {
+                    got.push(v);
+                }
+            }
+        }
+        assert_eq!(got, vec![expected.clone(), expected.clone(), expected]);
+        assert!(d.is_idle());
+    }
+
+    #[test]
+    fn a_large_bulk_string_in_small_reads_is_linear() {
+        // 16 MiB in 16 KiB reads: the body is looked at once, not on every read.
+        let n = 16 << 20;
+        let mut d = Decoder::new();
+        d.feed(format!("${n}\r\n").as_bytes());
+        let chunk = vec![b'x'; 16 << 10];
+        let started = std::time::Instant::now();
+        for _ in 0..n / chunk.len() {
+            d.feed(&chunk);
+            assert_eq!(d.next(), Ok(None));
+        }
+        d.feed(b"\r\n");
+        assert!(matches!(d.next(), Ok(Some(Value::Bulk(b))) if b.len() == n));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 }

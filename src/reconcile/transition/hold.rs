@@ -1,0 +1,199 @@
+//! Transitions of holding and letting go: renewals, withdrawing Held in
+//! time, releases, waits.
+
+use std::time::Duration;
+
+use super::{Draft, Facts, Memory, Next, Transition, answered, time_ms, unexpected};
+use crate::conditions::{self, ConditionStatus, HELD, Reason};
+use crate::crd::{Phase, TargetLeaseStatus};
+use crate::reconcile::plan::{self, PodRef};
+use crate::store::{Outcome, Reply, StoreError};
+
+/// After [`plan::Step::Renew`].
+pub fn after_renew(
+    f: &Facts,
+    status: &TargetLeaseStatus,
+    reply: Result<Reply, StoreError>,
+) -> Transition {
+    let mut d = Draft::new(f, status);
+    let reply = match reply {
+        Ok(r) => r,
+        Err(e) => {
+            d.store_failed(&e);
+            let left = left_before_expiry(f, status);
+            if left.is_none() {
+                d.unconfirmed();
+                return d.done(Next::Backoff { not_after: None });
+            }
+            return d.done(Next::Backoff { not_after: left });
+        }
+    };
+    d.store_ok();
+    match (reply.outcome, reply.lease) {
+        (Outcome::Renewed, Some(lease)) => {
+            let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
+            let was_unknown = status.phase == Some(Phase::Unknown);
+            if was_unknown
+                || plan::expiry_to_publish(
+                    published,
+                    lease.expires_at_ms,
+                    reply.server_time_ms,
+                    f.renew_interval,
+                    f.expiry_margin,
+                )
+            {
+                d.t.status.expires_at = time_ms(lease.expires_at_ms);
+            }
+            d.t.status.phase = Some(Phase::Held);
+            let message = format!(
+                "held by {} with fencing token {}",
+                lease.owner, lease.fencing_token
+            );
+            d.applied();
+            d.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
+            d.t.memory = Memory::Confirmed {
+                max_expires_ms: lease.max_expires_at_ms,
+            };
+            d.done(Next::Renewal)
+        }
+        (Outcome::CorruptState, _) => d.corrupt(&reply.message),
+        (outcome, _) => {
+            // expired / not_owner: Valkey no longer has this lease.
+            d.t.status.acquisition_id = None;
+            let message = format!(
+                "the lease ended in the store ({outcome}): {}",
+                reply.message
+            );
+            d.not_held(Phase::Lost, Reason::LeaseLost, &message);
+            d.note(true, Reason::LeaseLost, message);
+            d.t.memory = Memory::Forget;
+            d.t.wake_waiters = true;
+            d.done(Next::PlanAgain)
+        }
+    }
+}
+
+/// How long the published expiry leaves for a confirmation (its margin
+/// deducted); `None` when it has (about to have) passed.
+pub fn left_before_expiry(f: &Facts, status: &TargetLeaseStatus) -> Option<Duration> {
+    let published = status.expires_at.as_ref()?.0.as_millisecond();
+    let left = published - f.server_now_ms as i64 - f.expiry_margin.as_millis() as i64;
+    (left > 0).then(|| Duration::from_millis(left as u64))
+}
+
+/// Before a renewal with `ttl`: nothing published may be later than what the
+/// renewal can set (a shorter `leaseDuration`: lower `expiresAt` and the pod
+/// annotation first, so a lost reply cannot leave them later than Valkey's),
+/// and `Held` is withdrawn if the published expiry is about to pass. `None`
+/// when nothing changes.
+pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Option<Transition> {
+    if status.phase != Some(Phase::Held) {
+        return None;
+    }
+    let mut d = Draft::new(f, status);
+    let floor = f.server_now_ms + ttl.as_millis() as u64;
+    let published = status.expires_at.as_ref().map(|t| t.0.as_millisecond());
+    if published.is_some_and(|p| p > floor as i64) {
+        d.t.status.expires_at = time_ms(floor);
+    }
+    if left_before_expiry(f, &d.t.status).is_none() {
+        d.unconfirmed();
+    }
+    (d.t.status != *status).then(|| d.done(Next::PlanAgain))
+}
+
+/// [`plan::Step::Release`]: stop publishing the lease (status no longer Held,
+/// pod marks removed) before the store is asked to release it.
+pub fn begin_release(
+    f: &Facts,
+    status: &TargetLeaseStatus,
+    reason: Reason,
+    message: &str,
+) -> Transition {
+    let mut d = Draft::new(f, status);
+    d.t.status.releasing_acquisition_id = d.t.status.acquisition_id.take();
+    let phase = if f.deleting {
+        Phase::Released
+    } else {
+        Phase::Pending
+    };
+    // Keep holder and token: they name the lease being released.
+    d.t.status.phase = Some(phase);
+    d.t.status.expires_at = None;
+    d.condition(HELD, ConditionStatus::False, reason, message);
+    d.t.memory = Memory::Forget;
+    d.done(Next::PlanAgain)
+}
+
+/// After [`plan::Step::FinishRelease`].
+pub fn after_release(
+    f: &Facts,
+    status: &TargetLeaseStatus,
+    reply: Result<Reply, StoreError>,
+) -> Transition {
+    answered(f, status, reply, |mut d, reply| {
+        let why = conditions::get(&status.conditions, HELD)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let finished = |d: &mut Draft<'_>| {
+            let s = &mut d.t.status;
+            s.releasing_acquisition_id = None;
+            if s.phase == Some(Phase::Pending) {
+                // The Held condition already says why (set when the release began).
+                s.holder = None;
+                s.holder_pod = None;
+                s.holder_pod_uid = None;
+                s.acquired_at = None;
+            }
+            d.t.wake_waiters = true;
+        };
+        match reply.outcome {
+            Outcome::Released => {
+                finished(&mut d);
+                d.note(false, Reason::Released, format!("lease released: {why}"));
+                d.done(Next::PlanAgain)
+            }
+            Outcome::NotOwner | Outcome::Expired | Outcome::NotFound => {
+                finished(&mut d);
+                d.note(
+                    true,
+                    Reason::LeaseLost,
+                    format!(
+                        "the lease had already ended in the store ({}) when it was given back: {why}",
+                        reply.outcome
+                    ),
+                );
+                d.done(Next::PlanAgain)
+            }
+            Outcome::CorruptState => d.corrupt(&reply.message),
+            other => unexpected(d, "release", other),
+        }
+    })
+}
+
+/// [`plan::Step::Wait`]: Pending (Error for an invalid spec) until something changes.
+pub fn wait(f: &Facts, status: &TargetLeaseStatus, reason: Reason, message: &str) -> Transition {
+    let mut d = Draft::new(f, status);
+    let phase = if reason == Reason::InvalidSpec {
+        Phase::Error
+    } else {
+        Phase::Pending
+    };
+    d.not_held(phase, reason, message);
+    d.applied();
+    let next = plan::recheck_after(reason).map_or(Next::AwaitChange, Next::Requeue);
+    d.done(next)
+}
+
+/// [`plan::Step::Idle`]: nothing due; a status that names its pod without a
+/// UID records the UID.
+pub fn idle(f: &Facts, status: &TargetLeaseStatus, pod: Option<&PodRef>) -> Transition {
+    let mut d = Draft::new(f, status);
+    if let Some(p) = pod
+        && status.holder_pod_uid.is_none()
+        && status.holder_pod.as_deref() == Some(p.name.as_str())
+    {
+        d.t.status.holder_pod_uid = Some(p.uid.clone());
+    }
+    d.done(Next::Renewal)
+}
