@@ -9,6 +9,7 @@
 //! cargo test --test faults                  # quick: every scenario and control once
 //! cargo test --test faults -- long          # FAULTS_RUNS x FAULTS_SECS per scenario
 //! cargo test --test faults -- holder clock  # only scenarios whose name contains a word
+//! cargo test --test faults -- recheck F.json # the current checker on a saved history
 //! ```
 //!
 //! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
@@ -80,6 +81,9 @@ fn main() -> ExitCode {
         let cfg = serde_json::from_str(&args[1]).expect("worker config");
         runtime.block_on(workload::holder::worker_main(cfg));
         return ExitCode::SUCCESS;
+    }
+    if args.first().map(String::as_str) == Some("recheck") {
+        return recheck(&args[1..]);
     }
     // libtest-style flags (`--nocapture`, …) mean nothing here.
     let words: Vec<&str> = args
@@ -190,6 +194,32 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
         println!("faults: wrote {path}");
     }
     failed
+}
+
+/// Runs the checker again on saved histories (`dump`'s files) and prints
+/// what it finds now: for working on the checker without rerunning faults.
+fn recheck(paths: &[String]) -> ExitCode {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        history: history::History,
+    }
+    let mut found = 0;
+    for path in paths {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        let saved: Saved =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"));
+        let report = check::check(&saved.history);
+        println!("{path}: {:?}", report.counts());
+        for v in report.violations.iter().take(10) {
+            println!("  {v}");
+        }
+        found += report.violations.len();
+    }
+    if found == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// Saves a failed run's history for inspection.
