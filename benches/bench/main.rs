@@ -13,6 +13,9 @@ mod stats;
 mod store;
 mod tracker;
 
+/// The integration tests' fixtures, shared rather than copied.
+#[allow(dead_code)] // the bench uses a part of the shared support
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

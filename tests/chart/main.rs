@@ -7,14 +7,9 @@
 //! `helm` comes from the tools directory (`scripts/build-controlplane.sh`); a
 //! missing binary fails the tests, it never skips them.
 
-#[path = "../support"]
-mod support {
-    pub mod chart_identity;
-    pub mod kube_env;
-    pub mod operator_env;
-    pub mod resp;
-    pub mod valkey_server;
-}
+#[allow(dead_code)] // each binary uses a part of the shared support
+#[path = "../support/mod.rs"]
+mod support;
 
 mod cluster;
 mod helm;

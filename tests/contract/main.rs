@@ -6,12 +6,11 @@
 //! `valkey::concurrent_acquires_have_exactly_one_winner`, and so on. The Valkey
 //! run needs a real `valkey-server` and fails without one.
 
-#[path = "../support/cluster.rs"]
-mod cluster;
-#[path = "../support/resp.rs"]
-mod resp;
-#[path = "../support/valkey_server.rs"]
-mod valkey_server;
+#[allow(dead_code)] // each binary uses a part of the shared support
+#[path = "../support/mod.rs"]
+mod support;
+use crate::support::cluster;
+use crate::support::valkey_server;
 
 mod cases;
 

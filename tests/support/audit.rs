@@ -3,8 +3,6 @@
 //! ConfigMaps, Events and Leases, with the user who made it). What the API
 //! server recorded, independent of what a process under test says it did.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 

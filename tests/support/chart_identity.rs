@@ -4,8 +4,6 @@
 //! proxy in front of the API server), so the API server's audit log names
 //! each process by its own user.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -3,8 +3,6 @@
 //! `cluster_state:ok` everywhere. Killed on drop (each node is a
 //! [`ValkeyServer`]).
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::time::{Duration, Instant};
 
 use super::resp::{Conn, Resp};

@@ -1,8 +1,6 @@
 //! Running the real binary with a deadline: a command that hangs fails the
 //! test (and is killed) instead of hanging the suite.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -22,8 +22,6 @@
 //! It runs on its own thread and runtime, so sync tests (which spawn the CLI)
 //! and async tests use it alike. Dropping it closes every connection.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

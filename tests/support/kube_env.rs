@@ -24,8 +24,6 @@
 //! about a second after the process exits, whether or not `Drop` ran (statics
 //! are never dropped). An owned [`ControlPlane`] is also stopped on `Drop`.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -5,8 +5,6 @@
 //! (a server that is unreachable for a moment). Connections stay open in every
 //! mode, so clients see timeouts, never resets.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 

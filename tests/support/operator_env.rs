@@ -2,8 +2,6 @@
 //! private real Valkey, the CRD installed, and the real `targetlease operator`
 //! binary running against both (watching only that namespace).
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -168,12 +166,12 @@ impl OperatorEnv {
     }
 
     /// Creates a TargetLease from a JSON spec.
-    pub async fn create(&self, name: &str, spec: Value) -> TargetLease {
+    pub async fn create(&self, name: &str, spec: impl Into<Value>) -> TargetLease {
         let obj: TargetLease = serde_json::from_value(serde_json::json!({
             "apiVersion": "targetlease.dev/v1alpha1",
             "kind": "TargetLease",
             "metadata": { "name": name, "namespace": self.ns },
-            "spec": spec,
+            "spec": spec.into(),
         }))
         .expect("a valid TargetLease document");
         self.api()
@@ -266,6 +264,15 @@ impl Drop for OperatorEnv {
 pub fn summary(tl: &TargetLease) -> (Option<Phase>, Option<String>, Option<u64>) {
     let s = tl.status.clone().unwrap_or_default();
     (s.phase, s.holder, s.fencing_token)
+}
+
+/// The condition of `type_` in the lease's status, if any.
+pub fn condition(
+    tl: &TargetLease,
+    type_: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let status = tl.status.as_ref()?;
+    status.conditions.iter().find(|c| c.type_ == type_).cloned()
 }
 
 /// Applies every document of a YAML file from `examples/` into the env's
@@ -396,6 +403,45 @@ impl OperatorEnv {
     }
 
     /// A store client on the env's Valkey.
+    /// An outside holder (not the operator) takes `target` for `ttl`; it must
+    /// be granted.
+    pub async fn hold_outside(
+        &self,
+        store: &targetlease::store::valkey::ValkeyStore,
+        target: &targetlease::store::Target,
+        owner: &str,
+        ttl: Duration,
+    ) -> targetlease::store::Reply {
+        use targetlease::store::{AcquireRequest, LeaseStore, Outcome};
+        let reply = store
+            .acquire(&AcquireRequest::new(target.clone(), owner, ttl))
+            .await
+            .expect("the outside acquire gets an answer");
+        assert_eq!(reply.outcome, Outcome::Acquired, "{reply:?}");
+        reply
+    }
+
+    /// The acquire the operator sends for TargetLease `name` in attempt
+    /// `acquisition`: its lease id derived from the attempt, its metadata
+    /// naming both. What a crash between the acquire and its status write
+    /// leaves in Valkey.
+    pub fn operator_acquire(
+        &self,
+        name: &str,
+        target: &str,
+        acquisition: &str,
+        ttl: Duration,
+    ) -> targetlease::store::AcquireRequest {
+        let target = targetlease::store::Target::new(&self.ns, target);
+        let mut req = targetlease::store::AcquireRequest::new(target, name, ttl);
+        req.lease_id = Some(self.lease_id_key().derive(acquisition));
+        let mut meta = serde_json::Map::new();
+        meta.insert("targetlease".into(), format!("{}/{name}", self.ns).into());
+        meta.insert("acquisition".into(), acquisition.into());
+        req.metadata = Some(meta);
+        req
+    }
+
     pub async fn store(&self) -> targetlease::store::valkey::ValkeyStore {
         targetlease::store::valkey::ValkeyStore::connect(
             &targetlease::store::valkey::ValkeyConfig {

@@ -2,8 +2,6 @@
 //! (to corrupt state on purpose, read counters, flush), independent of the
 //! client library under test.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;

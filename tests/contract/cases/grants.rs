@@ -1,0 +1,381 @@
+//! Granting, renewing, releasing and revoking: one winner, exact holders, tokens that only grow, limits, tenants.
+
+use super::*;
+
+pub async fn acquire_grants_a_token_and_then_reports_held(h: &impl Harness) {
+    let s = h.store();
+    let t = target("a");
+    let r = acquire(&*s, &t, "alice", LONG).await;
+    assert_eq!(r.outcome, Outcome::Acquired);
+    let l = r.lease.unwrap();
+    assert_eq!(l.owner, "alice");
+    assert_eq!(l.target, "a");
+    assert_eq!(l.fencing_token, 1);
+    assert!(l.lease_id.as_deref().is_some_and(|id| !id.is_empty()));
+    assert_eq!(l.acquired_at_ms, r.server_time_ms);
+    assert_eq!(l.expires_at_ms, r.server_time_ms + LONG.as_millis() as u64);
+
+    let again = acquire(&*s, &t, "bob", LONG).await;
+    assert_eq!(again.outcome, Outcome::Held);
+    let shown = again.lease.unwrap();
+    assert_eq!(shown.owner, "alice");
+    assert_eq!(shown.fencing_token, 1);
+
+    let got = s.get(&t).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Found);
+    assert_eq!(got.lease.unwrap(), l.clone().without_lease_id());
+}
+
+pub async fn concurrent_acquires_have_exactly_one_winner(h: &impl Harness) {
+    let t = target("contended");
+    let mut clients = Vec::new();
+    for _ in 0..100 {
+        clients.push(h.another_client().await);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(100));
+    let mut tasks = Vec::new();
+    for (i, c) in clients.into_iter().enumerate() {
+        let t = t.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            c.acquire(&AcquireRequest::new(t, format!("owner-{i}"), LONG))
+                .await
+                .expect("acquire")
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut held_count = 0;
+    for task in tasks {
+        let r = task.await.unwrap();
+        match r.outcome {
+            Outcome::Acquired => winners.push(r.lease.unwrap()),
+            Outcome::Held => held_count += 1,
+            other => panic!("unexpected outcome {other}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one winner");
+    assert_eq!(held_count, 99);
+    let winner = &winners[0];
+    assert_eq!(
+        winner.fencing_token, 1,
+        "the counter advanced by exactly one"
+    );
+
+    // The counter advanced by exactly one: the next lease gets the next token.
+    let s = h.store();
+    let rel = s
+        .release(&ReleaseRequest::new(t.clone(), holder(winner)))
+        .await
+        .unwrap();
+    assert_eq!(rel.outcome, Outcome::Released);
+    assert_eq!(held(&*s, &t, "next", LONG).await.fencing_token, 2);
+}
+
+pub async fn expiry_then_reacquire_gives_a_larger_token(h: &impl Harness) {
+    let s = h.store();
+    let t = target("expiring");
+    let first = held(&*s, &t, "alice", SHORT).await;
+    h.advance(PAST_SHORT).await;
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::NotFound);
+    let second = held(&*s, &t, "bob", LONG).await;
+    assert!(second.fencing_token > first.fencing_token);
+    assert_ne!(second.lease_id, first.lease_id);
+}
+
+pub async fn stale_owner_can_do_nothing_after_a_reacquire(h: &impl Harness) {
+    let s = h.store();
+    let t = target("stale");
+    let old = held(&*s, &t, "alice", SHORT).await;
+    h.advance(PAST_SHORT).await;
+    // The same owner name coming back gets a new lease; the old tuple stays dead.
+    let new = held(&*s, &t, "alice", LONG).await;
+    assert!(new.fencing_token > old.fencing_token);
+
+    let renew = s
+        .renew(&RenewRequest::new(t.clone(), holder(&old), LONG))
+        .await
+        .unwrap();
+    assert_eq!(renew.outcome, Outcome::NotOwner);
+    let release = s
+        .release(&ReleaseRequest::new(t.clone(), holder(&old)))
+        .await
+        .unwrap();
+    assert_eq!(release.outcome, Outcome::NotOwner);
+    let commit = s
+        .commit(&CommitRequest::new(t.clone(), old.fencing_token, "k", "v"))
+        .await
+        .unwrap();
+    assert_eq!(commit.outcome, Outcome::StaleToken);
+
+    let now = s.get(&t).await.unwrap();
+    assert_eq!(now.outcome, Outcome::Found);
+    assert_eq!(
+        now.lease.unwrap(),
+        new.clone().without_lease_id(),
+        "new lease untouched"
+    );
+    let ok = s
+        .commit(&CommitRequest::new(t.clone(), new.fencing_token, "k", "v"))
+        .await
+        .unwrap();
+    assert_eq!(ok.outcome, Outcome::Committed);
+}
+
+pub async fn renew_extends_and_requires_the_exact_tuple(h: &impl Harness) {
+    let s = h.store();
+    let t = target("renew");
+    let l = held(&*s, &t, "alice", Duration::from_secs(5)).await;
+    let r = s
+        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Renewed);
+    let renewed = r.lease.unwrap();
+    assert_eq!(
+        renewed.expires_at_ms,
+        r.server_time_ms + LONG.as_millis() as u64
+    );
+    assert_eq!(renewed.fencing_token, l.fencing_token);
+    assert_eq!(renewed.lease_id, l.lease_id);
+
+    for wrong in [
+        LeaseHandle {
+            owner: "mallory".into(),
+            ..holder(&l)
+        },
+        LeaseHandle {
+            lease_id: "forged".into(),
+            ..holder(&l)
+        },
+        LeaseHandle {
+            token: l.fencing_token + 1,
+            ..holder(&l)
+        },
+    ] {
+        let r = s
+            .renew(&RenewRequest::new(t.clone(), wrong, LONG))
+            .await
+            .unwrap();
+        assert_eq!(r.outcome, Outcome::NotOwner);
+        assert!(r.lease.is_none());
+    }
+    let other = target("renew-none");
+    let r = s
+        .renew(&RenewRequest::new(other, holder(&l), LONG))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Expired);
+}
+
+pub async fn release_frees_the_target_and_keeps_the_counter(h: &impl Harness) {
+    let s = h.store();
+    let t = target("release");
+    let l = held(&*s, &t, "alice", LONG).await;
+    let r = s
+        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Released);
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::NotFound);
+    let again = s
+        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.outcome,
+        Outcome::Expired,
+        "a new request id sees the lease gone"
+    );
+    assert_eq!(
+        held(&*s, &t, "bob", LONG).await.fencing_token,
+        l.fencing_token + 1
+    );
+}
+
+pub async fn max_lifetime_caps_every_renewal(h: &impl Harness) {
+    let s = h.store();
+    let t = target("max-lifetime");
+    let mut req = AcquireRequest::new(t.clone(), "alice", Duration::from_millis(1000));
+    req.max_lifetime = Some(Duration::from_millis(1500));
+    let r = s.acquire(&req).await.unwrap();
+    let l = r.lease.unwrap();
+    let cap = l.acquired_at_ms + 1500;
+    assert_eq!(l.max_expires_at_ms, Some(cap));
+    assert_eq!(l.expires_at_ms, l.acquired_at_ms + 1000);
+
+    let renewed = s
+        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .await
+        .unwrap();
+    assert_eq!(renewed.outcome, Outcome::Renewed);
+    assert_eq!(
+        renewed.lease.unwrap().expires_at_ms,
+        cap,
+        "renewal cannot pass the cap"
+    );
+
+    h.advance(Duration::from_millis(1800)).await;
+    let late = s
+        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .await
+        .unwrap();
+    assert_eq!(late.outcome, Outcome::Expired);
+
+    // A max lifetime shorter than the ttl bounds the first expiry too.
+    let t2 = target("max-lifetime-short");
+    let mut req = AcquireRequest::new(t2, "alice", LONG);
+    req.max_lifetime = Some(Duration::from_millis(700));
+    let l = s.acquire(&req).await.unwrap().lease.unwrap();
+    assert_eq!(l.expires_at_ms, l.acquired_at_ms + 700);
+}
+
+pub async fn revoke_ends_the_lease_but_never_lowers_the_token(h: &impl Harness) {
+    let s = h.store();
+    let t = target("revoke");
+    let l = held(&*s, &t, "alice", LONG).await;
+    let r = s
+        .revoke(&RevokeRequest {
+            reason: Some("maintenance".into()),
+            ..RevokeRequest::new(t.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Revoked);
+    assert_eq!(r.lease.as_ref().unwrap().lease_id, None);
+    let renew = s
+        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .await
+        .unwrap();
+    assert_eq!(renew.outcome, Outcome::Expired);
+    let again = s
+        .revoke(&RevokeRequest {
+            reason: None,
+            ..RevokeRequest::new(t.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, Outcome::NotFound);
+    assert_eq!(
+        held(&*s, &t, "bob", LONG).await.fencing_token,
+        l.fencing_token + 1
+    );
+}
+
+pub async fn token_floor_raises_the_next_token(h: &impl Harness) {
+    let s = h.store();
+    let t = target("floor");
+    let mut req = AcquireRequest::new(t.clone(), "alice", LONG);
+    req.token_floor = Some(1000);
+    let l = s.acquire(&req).await.unwrap().lease.unwrap();
+    assert_eq!(l.fencing_token, 1001);
+    s.release(&ReleaseRequest::new(t.clone(), holder(&l)))
+        .await
+        .unwrap();
+    // A floor below the counter changes nothing.
+    let mut req = AcquireRequest::new(t.clone(), "alice", LONG);
+    req.token_floor = Some(5);
+    assert_eq!(
+        s.acquire(&req).await.unwrap().lease.unwrap().fencing_token,
+        1002
+    );
+}
+
+pub async fn a_caller_chosen_lease_id_is_used_and_replayed(h: &impl Harness) {
+    let s = h.store();
+    let t = target("chosen-id");
+    let mut req = AcquireRequest::new(t.clone(), "alice", LONG);
+    req.lease_id = Some("derived-capability-0123456789".into());
+    let first = s.acquire(&req).await.unwrap().lease.unwrap();
+    assert_eq!(
+        first.lease_id.as_deref(),
+        Some("derived-capability-0123456789")
+    );
+    assert_eq!(s.acquire(&req).await.unwrap().lease.unwrap(), first);
+    let renewed = s
+        .renew(&RenewRequest::new(t.clone(), holder(&first), LONG))
+        .await
+        .unwrap();
+    assert_eq!(renewed.outcome, Outcome::Renewed);
+    let mut short = AcquireRequest::new(target("chosen-short"), "alice", LONG);
+    short.lease_id = Some("guessable".into());
+    assert_invalid(s.acquire(&short).await, "short lease id");
+}
+
+pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
+    let s = h.store();
+    let t = target("secret");
+    let l = held(&*s, &t, "alice", LONG).await;
+    let id = l.lease_id.clone().unwrap();
+    let mut replies = vec![
+        acquire(&*s, &t, "bob", LONG).await,
+        s.get(&t).await.unwrap(),
+        s.renew(&RenewRequest::new(
+            t.clone(),
+            LeaseHandle {
+                owner: "bob".into(),
+                ..holder(&l)
+            },
+            LONG,
+        ))
+        .await
+        .unwrap(),
+        s.commit(&CommitRequest::new(t.clone(), l.fencing_token, "k", "v"))
+            .await
+            .unwrap(),
+    ];
+    replies.push(
+        s.revoke(&RevokeRequest {
+            reason: None,
+            ..RevokeRequest::new(t.clone())
+        })
+        .await
+        .unwrap(),
+    );
+    for r in replies {
+        let text = format!("{r:?}");
+        assert!(!text.contains(&id), "{} leaked the lease id", r.outcome);
+    }
+}
+
+pub async fn tenants_are_isolated(h: &impl Harness) {
+    let s = h.store();
+    let a = Target::new("a:b", "c");
+    let b = Target::new("a", "b:c");
+    let la = held(&*s, &a, "alice", LONG).await;
+    let lb = held(&*s, &b, "bob", LONG).await;
+    assert_eq!(la.fencing_token, 1);
+    assert_eq!(lb.fencing_token, 1, "separate counters: no key collision");
+    let names: HashSet<_> = [la.lease_id, lb.lease_id].into_iter().collect();
+    assert_eq!(names.len(), 2);
+}
+
+pub async fn health_reports_server_time(h: &impl Harness) {
+    let s = h.store();
+    let health = s.health().await.unwrap();
+    let probe = s.get(&target("health")).await.unwrap();
+    assert!(health.server_time_ms > 1_600_000_000_000);
+    assert!(probe.server_time_ms >= health.server_time_ms);
+}
+
+pub async fn revoke_with_a_token_ends_only_that_lease(h: &impl Harness) {
+    let s = h.store();
+    let t = target("revoke-token");
+    let alice = held(&*s, &t, "alice", LONG).await;
+    let mut wrong = RevokeRequest::new(t.clone());
+    wrong.token = Some(alice.fencing_token + 1);
+    let r = s.revoke(&wrong).await.unwrap();
+    assert_eq!(r.outcome, Outcome::NotOwner);
+    assert!(r.lease.is_none());
+    // Not remembered: the same request can still apply if that token ever lives.
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::Found);
+    let mut right = RevokeRequest::new(t.clone());
+    right.token = Some(alice.fencing_token);
+    let r = s.revoke(&right).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Revoked);
+    assert_eq!(r.lease.unwrap().fencing_token, alice.fencing_token);
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::NotFound);
+    let mut gone = RevokeRequest::new(t.clone());
+    gone.token = Some(alice.fencing_token);
+    assert_eq!(s.revoke(&gone).await.unwrap().outcome, Outcome::NotFound);
+}

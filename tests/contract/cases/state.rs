@@ -1,0 +1,293 @@
+//! Stored state: corrupt records fail closed, inputs are bounded before anything is written, fenced commits.
+
+use super::*;
+
+pub async fn corrupt_records_fail_closed_and_change_nothing(h: &impl Harness) {
+    let s = h.store();
+    for (i, how) in [
+        Corruption::NoExpiry,
+        Corruption::UnknownVersion,
+        Corruption::Garbage,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let t = target(&format!("corrupt-{i}"));
+        let l = held(&*s, &t, "alice", LONG).await;
+        h.corrupt(&t, how, &holder(&l)).await;
+        let before = h.snapshot(&t).await;
+
+        let acquire = acquire(&*s, &t, "bob", LONG).await;
+        assert_eq!(acquire.outcome, Outcome::CorruptState, "{how:?} acquire");
+        let renew = s
+            .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+            .await
+            .unwrap();
+        assert_eq!(renew.outcome, Outcome::CorruptState, "{how:?} renew");
+        assert_eq!(
+            s.get(&t).await.unwrap().outcome,
+            Outcome::CorruptState,
+            "{how:?} get"
+        );
+        let commit = s
+            .commit(&CommitRequest::new(t.clone(), l.fencing_token, "k", "v"))
+            .await
+            .unwrap();
+        assert_eq!(commit.outcome, Outcome::CorruptState, "{how:?} commit");
+        let stranger = LeaseHandle {
+            owner: "mallory".into(),
+            ..holder(&l)
+        };
+        let release = s
+            .release(&ReleaseRequest::new(t.clone(), stranger))
+            .await
+            .unwrap();
+        assert_eq!(
+            release.outcome,
+            Outcome::CorruptState,
+            "{how:?} foreign release"
+        );
+
+        assert_eq!(
+            h.snapshot(&t).await,
+            before,
+            "{how:?}: nothing was repaired or overwritten"
+        );
+    }
+}
+
+pub async fn holder_release_and_admin_revoke_clean_up_corrupt_records(h: &impl Harness) {
+    let s = h.store();
+    // The exact holder may clear a record whose identity is still readable.
+    let t = target("cleanup-holder");
+    let l = held(&*s, &t, "alice", LONG).await;
+    h.corrupt(&t, Corruption::NoExpiry, &holder(&l)).await;
+    let r = s
+        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Released);
+    assert_eq!(
+        held(&*s, &t, "bob", LONG).await.fencing_token,
+        l.fencing_token + 1
+    );
+
+    // An unreadable record only goes through revoke; the counter survives it.
+    let t = target("cleanup-admin");
+    let l = held(&*s, &t, "alice", LONG).await;
+    h.corrupt(&t, Corruption::Garbage, &holder(&l)).await;
+    let r = s
+        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::CorruptState);
+    let r = s
+        .revoke(&RevokeRequest {
+            reason: Some("cleanup".into()),
+            ..RevokeRequest::new(t.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Revoked);
+    assert_eq!(
+        held(&*s, &t, "bob", LONG).await.fencing_token,
+        l.fencing_token + 1
+    );
+}
+
+pub(super) fn assert_invalid(r: Result<Reply, StoreError>, what: &str) {
+    match r {
+        Err(StoreError::Invalid(msg)) => assert!(!msg.is_empty()),
+        other => panic!("{what}: expected an invalid-request error, got {other:?}"),
+    }
+}
+
+pub async fn input_bounds_are_enforced_and_nothing_is_written(h: &impl Harness) {
+    let s = h.store();
+    let t = target("bounds");
+    let ok = || AcquireRequest::new(t.clone(), "alice", LONG);
+
+    let mut r = ok();
+    r.target.name = String::new();
+    assert_invalid(s.acquire(&r).await, "empty target");
+    let mut r = ok();
+    r.target.name = "x".repeat(257);
+    assert_invalid(s.acquire(&r).await, "long target");
+    let mut r = ok();
+    r.owner = String::new();
+    assert_invalid(s.acquire(&r).await, "empty owner");
+    let mut r = ok();
+    r.owner = "o".repeat(257);
+    assert_invalid(s.acquire(&r).await, "long owner");
+    let mut r = ok();
+    r.ttl = Duration::ZERO;
+    assert_invalid(s.acquire(&r).await, "zero ttl");
+    let mut r = ok();
+    r.ttl = Duration::from_secs(400 * 24 * 3600);
+    assert_invalid(s.acquire(&r).await, "huge ttl");
+    let mut r = ok();
+    let mut meta = serde_json::Map::new();
+    meta.insert("blob".into(), "x".repeat(5000).into());
+    r.metadata = Some(meta);
+    assert_invalid(s.acquire(&r).await, "metadata over 4 KiB");
+    let mut r = ok();
+    r.token_floor = Some(i64::MAX as u64);
+    assert_invalid(s.acquire(&r).await, "floor at the maximum");
+    let bad_holder = LeaseHandle {
+        owner: "alice".into(),
+        lease_id: "L".into(),
+        token: 0,
+    };
+    assert_invalid(
+        s.renew(&RenewRequest::new(t.clone(), bad_holder, LONG))
+            .await,
+        "token zero",
+    );
+    assert_invalid(
+        s.commit(&CommitRequest::new(t.clone(), 1, "", "v")).await,
+        "empty commit key",
+    );
+
+    // 256 bytes exactly is fine, and none of the refusals wrote anything.
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::NotFound);
+    let mut r = ok();
+    r.owner = "o".repeat(256);
+    let l = s.acquire(&r).await.unwrap().lease.unwrap();
+    assert_eq!(l.fencing_token, 1, "refused requests allocated no token");
+}
+
+fn nested(levels: usize) -> serde_json::Map<String, serde_json::Value> {
+    let mut v = serde_json::Value::from(1);
+    for _ in 1..levels {
+        let mut m = serde_json::Map::new();
+        m.insert("a".into(), v);
+        v = serde_json::Value::Object(m);
+    }
+    let mut top = serde_json::Map::new();
+    top.insert("a".into(), v);
+    top
+}
+
+pub async fn metadata_that_cannot_be_read_back_is_refused_up_front(h: &impl Harness) {
+    let s = h.store();
+    let t = target("deep-metadata");
+    for levels in [130, targetlease::store::MAX_METADATA_DEPTH + 1] {
+        let mut r = AcquireRequest::new(t.clone(), "alice", LONG);
+        r.metadata = Some(nested(levels));
+        assert_invalid(s.acquire(&r).await, "deeply nested metadata");
+    }
+    assert_eq!(
+        s.get(&t).await.unwrap().outcome,
+        Outcome::NotFound,
+        "nothing written"
+    );
+    // The deepest accepted document is stored and read back as itself.
+    let mut r = AcquireRequest::new(t.clone(), "alice", LONG);
+    r.metadata = Some(nested(targetlease::store::MAX_METADATA_DEPTH));
+    let got = s.acquire(&r).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Acquired);
+    assert_eq!(got.lease.unwrap().metadata, r.metadata);
+    let seen = s.get(&t).await.unwrap();
+    assert_eq!(seen.outcome, Outcome::Found);
+    assert_eq!(seen.lease.unwrap().metadata, r.metadata);
+}
+
+pub async fn fenced_commit_accepts_only_the_live_token(h: &impl Harness) {
+    let s = h.store();
+    let t = target("commit");
+    let none = s
+        .commit(&CommitRequest::new(t.clone(), 1, "k", "v"))
+        .await
+        .unwrap();
+    assert_eq!(none.outcome, Outcome::Expired, "no live lease");
+
+    let first = held(&*s, &t, "alice", SHORT).await;
+    let c = s
+        .commit(&CommitRequest::new(
+            t.clone(),
+            first.fencing_token,
+            "k",
+            "from-first",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(c.outcome, Outcome::Committed);
+    let wrong = s
+        .commit(&CommitRequest::new(
+            t.clone(),
+            first.fencing_token + 5,
+            "k",
+            "x",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(wrong.outcome, Outcome::StaleToken);
+
+    h.advance(PAST_SHORT).await;
+    let expired = s
+        .commit(&CommitRequest::new(
+            t.clone(),
+            first.fencing_token,
+            "k",
+            "late",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(expired.outcome, Outcome::Expired);
+
+    let second = held(&*s, &t, "bob", LONG).await;
+    let c = s
+        .commit(&CommitRequest::new(
+            t.clone(),
+            second.fencing_token,
+            "k",
+            "from-second",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(c.outcome, Outcome::Committed);
+    let stale = s
+        .commit(&CommitRequest::new(
+            t.clone(),
+            first.fencing_token,
+            "k",
+            "stale",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(stale.outcome, Outcome::StaleToken);
+}
+
+pub async fn commit_refuses_a_lower_token_even_after_counter_loss(h: &impl Harness) {
+    let s = h.store();
+    let t = target("counter-loss");
+    let first = held(&*s, &t, "alice", LONG).await;
+    s.release(&ReleaseRequest::new(t.clone(), holder(&first)))
+        .await
+        .unwrap();
+    let second = held(&*s, &t, "alice", LONG).await;
+    assert_eq!(second.fencing_token, 2);
+    let c = CommitRequest::new(t.clone(), second.fencing_token, "k", "v2");
+    assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
+
+    h.lose_counter(&t).await;
+    let reissued = held(&*s, &t, "bob", LONG).await;
+    assert_eq!(reissued.fencing_token, 1, "the store lost its counter");
+    let c = CommitRequest::new(t.clone(), reissued.fencing_token, "k", "regressed");
+    assert_eq!(
+        s.commit(&c).await.unwrap().outcome,
+        Outcome::StaleToken,
+        "the commit record still refuses a lower token"
+    );
+    s.release(&ReleaseRequest::new(t.clone(), holder(&reissued)))
+        .await
+        .unwrap();
+
+    // A caller-kept floor restores monotonicity.
+    let mut req = AcquireRequest::new(t.clone(), "bob", LONG);
+    req.token_floor = Some(second.fencing_token);
+    let floored = s.acquire(&req).await.unwrap().lease.unwrap();
+    assert_eq!(floored.fencing_token, 3);
+    let c = CommitRequest::new(t.clone(), floored.fencing_token, "k", "v3");
+    assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
+}

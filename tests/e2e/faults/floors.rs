@@ -1,0 +1,157 @@
+//! Token floors, maxLifetime rotation, invalid selectors, and the two writes of a new lease.
+
+use super::*;
+
+/// Defect 11: floors are sharded, legacy floors migrate, covered entries are pruned.
+#[tokio::test]
+async fn token_floors_are_sharded_migrated_and_pruned() {
+    let mut env = OperatorEnv::start_without_operator("floors").await;
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    // Floors an earlier version kept in one ConfigMap.
+    let mut data = serde_json::Map::new();
+    data.insert(targetlease::floor::floor_key(&env.ns, "old"), "41".into());
+    let legacy: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": "targetlease-token-floors" },
+        "data": data,
+    }))
+    .unwrap();
+    cms.create(&Default::default(), &legacy).await.unwrap();
+    env.start_operator();
+    env.create("old", lease_for("old").identity("old")).await;
+    let tl = env.wait_phase("old", Phase::Held, SOON).await;
+    assert_eq!(summary(&tl).2, Some(42), "above the migrated floor");
+    eventually("the legacy ConfigMap migrated away", SOON, || async {
+        cms.get_opt("targetlease-token-floors")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // Two targets in the same bucket: deleting one prunes the other's entry
+    // once a live TargetLease's status covers it.
+    let bucket = |t: &str| targetlease::floor::floor_key(&env.ns, t)[2..4].to_string();
+    let mut i = 0;
+    let partner = loop {
+        let t = format!("p-{i}");
+        if u8::from_str_radix(&bucket(&t), 16).unwrap() % 64
+            == u8::from_str_radix(&bucket("old"), 16).unwrap() % 64
+        {
+            break t;
+        }
+        i += 1;
+    };
+    env.delete("old").await;
+    env.wait_gone("old", SOON).await;
+    let entry = targetlease::floor::floor_key(&env.ns, "old");
+    let floors = || async {
+        cms.list(&ListParams::default().labels("targetlease.dev/token-floors"))
+            .await
+            .unwrap()
+            .items
+    };
+    assert!(
+        floors()
+            .await
+            .iter()
+            .any(|cm| cm.data.as_ref().unwrap().get(&entry).map(String::as_str) == Some("42"))
+    );
+    env.create("old-again", lease_for("old").identity("again"))
+        .await;
+    let again = env.wait_phase("old-again", Phase::Held, SOON).await;
+    assert_eq!(summary(&again).2, Some(43));
+    env.create(
+        "p",
+        json!({ "target": partner, "holder": { "identity": "p" } }),
+    )
+    .await;
+    env.wait_phase("p", Phase::Held, SOON).await;
+    env.delete("p").await;
+    env.wait_gone("p", SOON).await;
+    let now = floors().await;
+    assert!(
+        now.iter()
+            .all(|cm| !cm.data.as_ref().unwrap().contains_key(&entry)),
+        "covered by old-again's status, the entry was pruned"
+    );
+    assert!(
+        now.iter()
+            .all(|cm| cm.name_any().starts_with("targetlease-token-floors-"))
+    );
+}
+
+/// Defect 12: maxLifetime rotates the lease with its own reason, and status
+/// never shows Held past Valkey's expiry; an invalid selector is SpecValid=False.
+#[tokio::test]
+async fn max_lifetime_rotates_and_invalid_selectors_are_reported() {
+    let env = OperatorEnv::start("rotate").await;
+    let history = History::record(&env);
+    env.create(
+        "rot",
+        lease_for("t")
+            .identity("rot")
+            .durations("3s", "1s")
+            .max_lifetime("5s"),
+    )
+    .await;
+    env.wait_for("rot", "rotated twice", Duration::from_secs(30), |tl| {
+        summary(tl).2 >= Some(3) && summary(tl).0 == Some(Phase::Held)
+    })
+    .await;
+    let reasons: Vec<_> = history.of("rot").iter().filter_map(reason).collect();
+    assert!(
+        reasons.iter().any(|r| r == "MaxLifetimeReached"),
+        "{reasons:?}"
+    );
+    assert!(!reasons.iter().any(|r| r == "LeaseLost"), "{reasons:?}");
+
+    env.create(
+        "bad",
+        json!({ "target": "b", "candidates": { "podSelector": {
+            "matchExpressions": [{ "key": "app", "operator": "Bogus" }] } } }),
+    )
+    .await;
+    let bad = env.wait_phase("bad", Phase::Error, SOON).await;
+    let valid = condition(&bad, "SpecValid").unwrap();
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+}
+
+/// A new lease costs two writes before it is Held (the finalizer and the Held
+/// status): its first attempt id derives from the resource's UID, so a crash
+/// between the acquire and the status write still replays the same lease.
+#[tokio::test]
+async fn a_new_lease_is_held_after_two_writes_and_its_first_acquire_replays() {
+    let mut env = OperatorEnv::start_without_operator("two-writes").await;
+    let history = History::record(&env);
+    let created = env.create("job", lease_for("t").identity("job")).await;
+    // What a crashed operator left behind: the first acquire went through,
+    // its status write did not.
+    let attempt = format!("first-{}", created.uid().unwrap());
+    let mut req = env.operator_acquire("job", "t", &attempt, Duration::from_secs(90));
+    req.request_id = attempt.clone();
+    let store = env.store().await;
+    assert_eq!(
+        store.acquire(&req).await.unwrap().outcome,
+        Outcome::Acquired
+    );
+
+    env.start_operator();
+    let held = env.wait_phase("job", Phase::Held, SOON).await;
+    assert_eq!(summary(&held).2, Some(1), "the same lease, replayed");
+    assert_eq!(held.status.unwrap().acquisition_id, Some(attempt));
+    env.create("fresh", lease_for("u").identity("fresh")).await;
+    env.wait_phase("fresh", Phase::Held, SOON).await;
+    let versions: Vec<_> = history
+        .of("fresh")
+        .iter()
+        .map(|tl| tl.resource_version())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // Created, finalizer, Held.
+    assert_eq!(versions.len(), 3, "{versions:?}");
+}

@@ -1,0 +1,41 @@
+//! The operator's published promises under the conditions production brings:
+//! spec edits, restarts with many pods, stale marks, overlapping elections,
+//! stranded waiters, outages during deletes, crashes between a store call and
+//! a status write, recreated pods and max lifetimes. Each test reproduces a
+//! defect found in review (issue 10) on a real kube-apiserver and a real Valkey.
+
+mod floors;
+mod publish;
+mod restarts;
+
+pub(crate) use crate::support;
+pub(crate) use crate::support::spec::lease_for;
+
+pub(crate) use std::time::Duration;
+
+pub(crate) use futures::StreamExt;
+pub(crate) use k8s_openapi::api::core::v1::ConfigMap;
+pub(crate) use kube::ResourceExt;
+pub(crate) use kube::api::{ListParams, Patch, PatchParams};
+pub(crate) use serde_json::json;
+pub(crate) use support::kube_env::eventually;
+pub(crate) use support::operator_env::{History, OperatorEnv, condition, summary};
+pub(crate) use targetlease::crd::{Phase, TargetLease};
+pub(crate) use targetlease::store::{LeaseStore, Outcome, Target};
+
+pub(crate) const SOON: Duration = Duration::from_secs(20);
+
+pub(crate) fn ms(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<u64> {
+    t.as_ref().map(|t| t.0.as_millisecond() as u64)
+}
+
+pub(crate) fn reason(tl: &TargetLease) -> Option<String> {
+    condition(tl, "Held").map(|c| c.reason)
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}

@@ -1,0 +1,202 @@
+//! Restarts, outages and deletes: re-adoption among many pods, a delete during an outage, reclaiming our own unpublished acquisitions, recreated pods, stranded waiters.
+
+use super::*;
+
+/// Defect 2: a restarted operator must not plan from a pod cache that has not
+/// synced: with many unrelated pods, pod-tied leases and elections are
+/// re-adopted with no new token and no mark flap.
+#[tokio::test]
+async fn a_restart_among_many_pods_keeps_every_lease_and_leader() {
+    let mut env = OperatorEnv::start("many-pods").await;
+    let pods = env.pods();
+    futures::stream::iter(0..1500)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+                    "metadata": { "name": format!("noise-{i}"), "labels": { "app": "noise" } },
+                    "spec": { "containers": [{ "name": "c", "image": "registry.example/noise:1" }] },
+                }))
+                .unwrap();
+                pods.create(&Default::default(), &pod).await.expect("noise pod");
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create_pod("web-0", &[("app", "web")], true).await;
+    env.create_pod("web-1", &[("app", "web")], true).await;
+    env.create("tied", lease_for("tied").identity("worker").pod("worker"))
+        .await;
+    env.create("elect", lease_for("elect").elect("web")).await;
+    let tied = env.wait_phase("tied", Phase::Held, SOON).await;
+    let elect = env.wait_phase("elect", Phase::Held, SOON).await;
+    let leader = summary(&elect).1.unwrap();
+    eventually("leader marked", SOON, || async {
+        env.marks(&leader, "elect").await.0.map(|_| ())
+    })
+    .await;
+
+    let history = History::record(&env);
+    let mut flaps = Vec::new();
+    env.kill_operator(0);
+    env.start_operator();
+    // Watch the leader's label for a while: it must never go away.
+    for _ in 0..40 {
+        if env.marks(&leader, "elect").await.0.is_none() {
+            flaps.push("leader label removed");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(flaps.is_empty(), "{flaps:?}\n{}", env.operator_log(1));
+    for (name, before) in [("tied", &tied), ("elect", &elect)] {
+        let after = env.api().get(name).await.unwrap();
+        assert_eq!(summary(&after), summary(before), "{name} re-adopted as is");
+        for version in history.of(name) {
+            assert_eq!(
+                summary(&version),
+                summary(before),
+                "{name} never left Held:\n{}",
+                env.operator_log(1)
+            );
+        }
+    }
+}
+
+/// Defect 6: the head of a queue leaves it (its pod goes NotReady); the next
+/// waiter takes the target once the outside holder's lease expires.
+#[tokio::test]
+async fn a_waiter_is_not_stranded_when_the_head_of_the_queue_leaves() {
+    let env = OperatorEnv::start("stranded").await;
+    let store = env.store().await;
+    env.hold_outside(
+        &store,
+        &Target::new(&env.ns, "q"),
+        "cron",
+        Duration::from_secs(15),
+    )
+    .await;
+    env.create_pod("q1-pod", &[("app", "q1")], true).await;
+    env.create("q1", lease_for("q").identity("q1").pod("q1-pod"))
+        .await;
+    env.wait_reason("q1", "TargetHeld", SOON).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    env.create("q2", lease_for("q").identity("q2")).await;
+    env.wait_reason("q2", "Queued", SOON).await;
+    env.set_ready("q1-pod", false).await;
+    env.wait_reason("q1", "PodNotReady", SOON).await;
+    // The outside lease ends within 15s of its acquisition; q2 is next.
+    let held = env
+        .wait_phase("q2", Phase::Held, Duration::from_secs(25))
+        .await;
+    assert_eq!(summary(&held).2, Some(2));
+}
+
+/// Defect 7: deleting a TargetLease while Valkey is down keeps the finalizer
+/// until the release is confirmed, never shows Held past the published
+/// expiry, and raises the token floor first: a token is never reused.
+#[tokio::test]
+async fn a_delete_during_an_outage_keeps_the_finalizer_and_the_floor() {
+    let mut env = OperatorEnv::start("outage-delete").await;
+    env.create("job", lease_for("t").identity("job").durations("6s", "1s"))
+        .await;
+    let held = env.wait_phase("job", Phase::Held, SOON).await;
+    assert_eq!(summary(&held).2, Some(1));
+    env.valkey.kill();
+    env.delete("job").await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let stuck = env
+        .api()
+        .get_opt("job")
+        .await
+        .unwrap()
+        .expect("kept by its finalizer");
+    let st = stuck.status.clone().unwrap();
+    assert_ne!(st.phase, Some(Phase::Held), "{st:?}");
+    let held_cond = st.conditions.iter().find(|c| c.type_ == "Held").unwrap();
+    assert_ne!(held_cond.status, "True");
+    let floors = env.client.clone();
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(floors, &env.ns);
+    let list = cms
+        .list(&ListParams::default().labels("targetlease.dev/token-floors"))
+        .await
+        .unwrap();
+    assert!(
+        list.items.iter().any(|cm| cm
+            .data
+            .clone()
+            .unwrap_or_default()
+            .values()
+            .any(|v| v == "1")),
+        "the floor holds token 1 before the release"
+    );
+
+    env.valkey.restart(); // empty: no persistence
+    env.wait_gone("job", Duration::from_secs(40)).await;
+    env.create("next", lease_for("t").identity("next")).await;
+    let next = env.wait_phase("next", Phase::Held, SOON).await;
+    assert_eq!(summary(&next).2, Some(2), "never token 1 again");
+}
+
+/// Defect 8: a lease the operator acquired for this resource but never
+/// published (a crash before the status write) does not block the target.
+#[tokio::test]
+async fn an_unpublished_acquisition_of_our_own_is_reclaimed_at_once() {
+    let env = OperatorEnv::start("orphan").await;
+    let store = env.store().await;
+    let req = env.operator_acquire(
+        "job",
+        "t",
+        "attempt-before-the-crash",
+        Duration::from_secs(90),
+    );
+    assert_eq!(
+        store.acquire(&req).await.unwrap().outcome,
+        Outcome::Acquired
+    );
+
+    env.create("job", lease_for("t").identity("job")).await;
+    let tl = env
+        .wait_phase("job", Phase::Held, Duration::from_secs(10))
+        .await;
+    assert_eq!(summary(&tl).2, Some(2));
+
+    // Someone else's lease is left alone.
+    env.hold_outside(
+        &store,
+        &Target::new(&env.ns, "u"),
+        "cron",
+        Duration::from_secs(90),
+    )
+    .await;
+    env.create("waits", lease_for("u").identity("waits")).await;
+    env.wait_reason("waits", "TargetHeld", SOON).await;
+    let still = store.get(&Target::new(&env.ns, "u")).await.unwrap();
+    assert_eq!(still.lease.unwrap().owner, "cron");
+}
+
+/// Defect 10: a pod recreated under the same name is a new holder.
+#[tokio::test]
+async fn a_recreated_pod_gets_a_new_lease() {
+    let mut env = OperatorEnv::start("recreated").await;
+    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create("tied", lease_for("t").identity("worker").pod("worker"))
+        .await;
+    let held = env.wait_phase("tied", Phase::Held, SOON).await;
+    assert_eq!(summary(&held).2, Some(1));
+    let uid = held.status.unwrap().holder_pod_uid.expect("holderPodUID");
+    // The operator is down while the pod is replaced (a StatefulSet would do this).
+    env.kill_operator(0);
+    env.delete_pod("worker").await;
+    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.start_operator();
+    let again = env
+        .wait_for("tied", "held for the new pod", SOON, |tl| {
+            tl.status.as_ref().is_some_and(|s| {
+                s.phase == Some(Phase::Held) && s.holder_pod_uid.as_deref() != Some(uid.as_str())
+            })
+        })
+        .await;
+    assert_eq!(summary(&again).2, Some(2), "a larger token for the new pod");
+}

@@ -1,0 +1,164 @@
+//! Invalid specs refused by the API server, and what kubectl shows.
+
+use super::*;
+
+#[tokio::test]
+async fn invalid_specs_are_refused_by_the_api_server() {
+    let env = OperatorEnv::start("invalid").await;
+    let api = env.api();
+    let cases = [
+        (
+            json!({ "target": "t" }),
+            "exactly one of spec.holder or spec.candidates",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "candidates": {"podSelector": {}} }),
+            "exactly one of spec.holder or spec.candidates",
+        ),
+        (
+            json!({ "target": "", "holder": {"identity": "a"} }),
+            "spec.target",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "0s" }),
+            "between 1s and 24h",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "25h" }),
+            "between 1s and 24h",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "1.5s" }),
+            "spec.leaseDuration",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "10s" }),
+            "renewInterval must be at most half",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "maxLifetime": "5s" }),
+            "maxLifetime must be at least",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "6s" }),
+            "renewInterval must be at most half",
+        ),
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {}} }),
+            "podSelector must not be empty",
+        ),
+        (
+            json!({ "target": "a\u{1}b", "holder": {"identity": "a"} }),
+            "spec.target",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a\u{85}b"} }),
+            "spec.holder.identity",
+        ),
+        (
+            // 129 characters, 258 bytes: the store counts bytes, so admission does too.
+            json!({ "target": "é".repeat(129), "holder": {"identity": "a"} }),
+            "at most 256 bytes",
+        ),
+    ];
+    for (i, (spec, expected)) in cases.into_iter().enumerate() {
+        let obj = json!({
+            "apiVersion": "targetlease.dev/v1alpha1",
+            "kind": "TargetLease",
+            "metadata": { "name": format!("bad-{i}") },
+            "spec": spec,
+        });
+        // Created as JSON: an apply patch is read as YAML, which folds U+0085 into a space.
+        let obj: targetlease::crd::TargetLease = serde_json::from_value(obj).unwrap();
+        let err = api
+            .create(&Default::default(), &obj)
+            .await
+            .expect_err(&format!("case {i} must be refused"));
+        let text = err.to_string();
+        assert!(text.contains(expected), "case {i}: {text}");
+    }
+
+    // The name prefixes the pod mark keys, so it is bounded.
+    let long = "n".repeat(238);
+    let obj = json!({
+        "apiVersion": "targetlease.dev/v1alpha1",
+        "kind": "TargetLease",
+        "metadata": { "name": long },
+        "spec": { "target": "t", "holder": {"identity": "a"} },
+    });
+    let err = api
+        .patch(&long, &PatchParams::apply("tests"), &Patch::Apply(&obj))
+        .await
+        .expect_err("a 238-character name must be refused");
+    assert!(err.to_string().contains("at most 237 characters"), "{err}");
+
+    // The target is immutable.
+    env.create("ok", lease_for("t").identity("a")).await;
+    let change = json!({ "spec": { "target": "other" } });
+    let err = api
+        .patch("ok", &PatchParams::default(), &Patch::Merge(&change))
+        .await
+        .expect_err("changing the target must be refused");
+    assert!(
+        err.to_string().contains("spec.target is immutable"),
+        "{err}"
+    );
+}
+
+fn kubectl(env: &OperatorEnv, args: &[&str]) -> String {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(env.cp.kubeconfig_path())
+        .args(args)
+        .output()
+        .expect("kubectl is on the machine");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn kubectl_shows_the_columns_explains_every_field_and_lists_events() {
+    let env = OperatorEnv::start("kubectl").await;
+    env.create("job", lease_for("reports").identity("nightly"))
+        .await;
+    env.wait_phase("job", Phase::Held, SOON).await;
+
+    let table = kubectl(&env, &["get", "tl", "-n", &env.ns]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "TARGET", "HOLDER", "TOKEN", "PHASE", "AGE"]
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[..5], ["job", "reports", "nightly", "1", "Held"]);
+
+    let explain = kubectl(&env, &["explain", "targetlease.spec"]);
+    for field in [
+        "target",
+        "holder",
+        "candidates",
+        "leaseDuration",
+        "renewInterval",
+        "maxLifetime",
+    ] {
+        assert!(
+            explain.contains(field),
+            "kubectl explain lacks {field}:\n{explain}"
+        );
+    }
+    assert!(explain.contains("Immutable"), "{explain}");
+    let status = kubectl(&env, &["explain", "targetlease.status.fencingToken"]);
+    assert!(status.contains("strictly greater"), "{status}");
+
+    let events = kubectl(&env, &["get", "events", "-n", &env.ns, "-o", "wide"]);
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains("Acquired") && l.contains("targetlease/job")),
+        "no Acquired event:\n{events}"
+    );
+}

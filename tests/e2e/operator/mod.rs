@@ -1,0 +1,19 @@
+//! The operator end to end: the real `targetlease operator` binary against a
+//! real kube-apiserver + etcd and a real valkey-server.
+
+mod admission;
+mod leases;
+mod pods;
+
+pub(crate) use crate::support;
+pub(crate) use crate::support::spec::lease_for;
+
+pub(crate) use std::time::Duration;
+
+pub(crate) use kube::api::{Patch, PatchParams};
+pub(crate) use serde_json::json;
+pub(crate) use support::operator_env::{OperatorEnv, apply_example, condition, summary};
+pub(crate) use targetlease::crd::Phase;
+pub(crate) use targetlease::store::{LeaseStore, Outcome, ReleaseRequest, Target};
+
+pub(crate) const SOON: Duration = Duration::from_secs(20);

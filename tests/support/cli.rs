@@ -1,0 +1,235 @@
+//! The real `targetlease` binary, invoked the way a test reads: a builder
+//! per `lease` command and the parsed JSON line it prints.
+//!
+//! ```ignore
+//! let j = lease(&url, "acquire").target("db").owner("alice").ttl("10s").ok("acquired", 0);
+//! lease(&url, "renew").target("db").holder(&j.json).ttl("60s").ok("renewed", 0);
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt::Display;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_targetlease");
+
+/// A `targetlease` command with no `TARGETLEASE_*` or `RUST_LOG` leaking in
+/// from the test's environment.
+pub fn targetlease<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
+    let mut cmd = Command::new(BIN);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("TARGETLEASE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env_remove("RUST_LOG");
+    cmd.args(args);
+    cmd
+}
+
+/// `targetlease lease <op> … --valkey-url <url>`, one flag at a time.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    args: Vec<String>,
+}
+
+/// Starts `targetlease lease <op>` against `url`.
+pub fn lease(url: &str, op: &str) -> Lease {
+    Lease {
+        args: vec!["lease".into(), op.into(), "--valkey-url".into(), url.into()],
+    }
+}
+
+/// `targetlease lease <args…>` against `url`, the arguments as given
+/// (the operation first).
+pub fn lease_with(url: &str, args: &[&str]) -> Lease {
+    let (op, rest) = args.split_first().expect("an operation");
+    lease(url, op).with(rest)
+}
+
+impl Lease {
+    /// More arguments, as given.
+    pub fn with(mut self, more: &[&str]) -> Self {
+        self.args.extend(more.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// `--<name> <value>`.
+    pub fn flag(mut self, name: &str, value: impl Display) -> Self {
+        self.args.push(format!("--{name}"));
+        self.args.push(value.to_string());
+        self
+    }
+
+    /// `--<name>` alone.
+    pub fn switch(mut self, name: &str) -> Self {
+        self.args.push(format!("--{name}"));
+        self
+    }
+
+    pub fn target(self, t: impl Display) -> Self {
+        self.flag("target", t)
+    }
+
+    pub fn owner(self, o: impl Display) -> Self {
+        self.flag("owner", o)
+    }
+
+    pub fn ttl(self, t: impl Display) -> Self {
+        self.flag("ttl", t)
+    }
+
+    pub fn token(self, t: impl Display) -> Self {
+        self.flag("token", t)
+    }
+
+    pub fn lease_id(self, id: impl Display) -> Self {
+        self.flag("lease-id", id)
+    }
+
+    pub fn request_id(self, id: impl Display) -> Self {
+        self.flag("request-id", id)
+    }
+
+    /// `--owner`, `--lease-id` and `--token` of the lease a command printed
+    /// (its whole JSON line, or its `lease` object).
+    pub fn holder(self, printed: &Value) -> Self {
+        let l = printed.get("lease").unwrap_or(printed);
+        let field = |k: &str| {
+            l.get(k)
+                .unwrap_or_else(|| panic!("no {k} in the printed lease {l}"))
+                .clone()
+        };
+        let owner = field("owner");
+        let id = field("lease_id");
+        self.owner(owner.as_str().expect("owner"))
+            .lease_id(id.as_str().expect("lease_id"))
+            .token(field("fencing_token"))
+    }
+
+    /// `--timeout 1s --connect-timeout 1s`.
+    pub fn short_deadlines(self) -> Self {
+        self.flag("timeout", "1s").flag("connect-timeout", "1s")
+    }
+
+    /// The arguments after `targetlease`.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    /// The command, not yet run.
+    pub fn command(&self) -> Command {
+        targetlease(&self.args)
+    }
+
+    /// Runs it.
+    pub fn output(&self) -> Output {
+        self.command().output().expect("run targetlease")
+    }
+
+    /// Runs it and parses the one JSON line it must print.
+    pub fn res(&self) -> Res {
+        Res::parse(self.output())
+    }
+
+    /// Runs it and checks its outcome and exit code.
+    pub fn ok(&self, outcome: &str, code: i32) -> Res {
+        let r = self.res();
+        assert_eq!(
+            r.json["outcome"], outcome,
+            "{:?}: {} (stderr {})",
+            self.args, r.stdout, r.stderr
+        );
+        assert_eq!(r.code, code, "{:?}: {}", self.args, r.stdout);
+        r
+    }
+}
+
+/// What a `lease` command printed: exit code, its JSON line, both streams.
+#[derive(Debug)]
+pub struct Res {
+    pub code: i32,
+    pub json: Value,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Res {
+    /// Parses the output of a `lease` command: exactly one JSON line with
+    /// the four envelope fields.
+    pub fn parse(out: Output) -> Res {
+        let stdout = String::from_utf8(out.stdout).expect("utf-8 stdout");
+        let stderr = String::from_utf8(out.stderr).expect("utf-8 stderr");
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "expected exactly one JSON line on stdout, got {stdout:?} (stderr {stderr:?})"
+        );
+        let json: Value = serde_json::from_str(lines[0]).expect("stdout is JSON");
+        let obj = json.as_object().expect("a JSON object");
+        let keys: BTreeSet<&str> = obj.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            BTreeSet::from(["outcome", "lease", "server_time_ms", "message"]),
+            "{stdout}"
+        );
+        assert!(json["message"].is_string(), "{stdout}");
+        assert!(json["server_time_ms"].is_u64(), "{stdout}");
+        Res {
+            code: out.status.code().expect("exit code"),
+            json,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// The printed lease's fencing token.
+    pub fn token(&self) -> u64 {
+        self.json["lease"]["fencing_token"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no token in {}", self.stdout))
+    }
+}
+
+/// `targetlease run --target T --owner O --ttl TTL [more…] -- CMD…`, with
+/// the server's URL in the environment.
+#[derive(Clone, Debug)]
+pub struct Run {
+    url: String,
+    args: Vec<String>,
+}
+
+/// Starts `targetlease run` for `owner` on `target` with a lease of `ttl`.
+pub fn run(url: &str, target: &str, owner: &str, ttl: &str) -> Run {
+    let args = ["run", "--target", target, "--owner", owner, "--ttl", ttl];
+    Run {
+        url: url.to_owned(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+impl Run {
+    /// More `run` flags, as given.
+    pub fn with(mut self, more: &[&str]) -> Self {
+        self.args.extend(more.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// The command for running `cmd` under the lease.
+    pub fn exec(&self, cmd: &[&str]) -> Command {
+        let mut all = self.args.clone();
+        all.push("--".into());
+        all.extend(cmd.iter().map(|a| a.to_string()));
+        let mut command = targetlease(&all);
+        command.env("TARGETLEASE_VALKEY_URL", &self.url);
+        command
+    }
+
+    /// The command for running a shell script under the lease.
+    pub fn sh(&self, script: &str) -> Command {
+        self.exec(&["sh", "-c", script])
+    }
+}

@@ -1,0 +1,20 @@
+//! What the test binaries share: real servers (Valkey, a Kubernetes control
+//! plane), fault-injecting proxies, and builders for the objects and commands
+//! tests are written in. Each binary declares `mod support;` once.
+
+pub mod audit;
+pub mod chart_identity;
+pub mod cli;
+pub mod cluster;
+pub mod deadline;
+pub mod fault_proxy;
+pub mod kube_env;
+pub mod link_proxy;
+pub mod operator_env;
+pub mod resp;
+pub mod sentinel;
+pub mod spec;
+pub mod tcp_proxy;
+pub mod timeline;
+pub mod tls;
+pub mod valkey_server;

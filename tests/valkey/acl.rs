@@ -1,0 +1,255 @@
+//! The least-privilege ACL rule shipped in docs/valkey.md, tested as written:
+//! with it every lease operation works, and everything else is refused.
+
+use crate::support::cluster;
+use crate::support::resp;
+use crate::support::valkey_server;
+
+use std::time::Duration;
+
+use resp::{Conn, Resp};
+use targetlease::store::valkey::{Secret, ValkeyConfig, ValkeyStore};
+use targetlease::store::{
+    AcquireRequest, CommitRequest, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
+    RevokeRequest, Target,
+};
+use valkey_server::ValkeyServer;
+
+const PASSWORD: &str = "acl-test-Pw-5521";
+
+/// The `ACL SETUSER` line of docs/valkey.md, with the password filled in.
+fn documented_rule() -> Vec<String> {
+    let doc = include_str!("../../docs/valkey.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER targetlease "))
+        .expect("docs/valkey.md has an `ACL SETUSER targetlease …` line");
+    assert!(line.contains(">CHANGE-ME"), "{line}");
+    line.replace(">CHANGE-ME", &format!(">{PASSWORD}"))
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn server_with_user() -> ValkeyServer {
+    // DEBUG enabled, so that refusing it is the ACL's doing.
+    let server = ValkeyServer::start_with(&["--enable-debug-command", "yes"]);
+    let rule = documented_rule();
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert_eq!(server.conn().cmd(&args).text(), "OK", "the rule applies");
+    server
+}
+
+fn as_user(server: &ValkeyServer) -> Conn {
+    let mut c = server.conn();
+    assert_eq!(
+        c.cmd(&["AUTH", "targetlease", PASSWORD]).text(),
+        "OK",
+        "login as the documented user"
+    );
+    c
+}
+
+#[tokio::test]
+async fn every_lease_operation_works_with_the_documented_user() {
+    let server = server_with_user();
+    let cfg = ValkeyConfig {
+        url: server.url(),
+        username: Some("targetlease".into()),
+        password: Some(Secret::new(PASSWORD)),
+        ..ValkeyConfig::default()
+    };
+    let store = ValkeyStore::connect(&cfg)
+        .await
+        .expect("connect and load scripts as the ACL user");
+    let t = Target::new("acl", "t");
+    let ttl = Duration::from_secs(30);
+    let r = store
+        .acquire(&AcquireRequest::new(t.clone(), "alice", ttl))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    let holder = r.lease.unwrap().handle().unwrap();
+    let r = store
+        .renew(&RenewRequest::new(t.clone(), holder.clone(), ttl))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Renewed);
+    assert_eq!(store.get(&t).await.unwrap().outcome, Outcome::Found);
+    let r = store
+        .commit(&CommitRequest::new(t.clone(), holder.token, "k", "v"))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Committed);
+    let r = store
+        .release(&ReleaseRequest::new(t.clone(), holder))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Released);
+    store
+        .acquire(&AcquireRequest::new(t.clone(), "bob", ttl))
+        .await
+        .unwrap();
+    let r = store
+        .revoke(&RevokeRequest {
+            reason: Some("test".into()),
+            ..RevokeRequest::new(t.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Revoked);
+    store.health().await.expect("health as the ACL user");
+
+    // NOSCRIPT recovery (EVAL) works for the user too.
+    server.conn().cmd(&["SCRIPT", "FLUSH"]);
+    assert_eq!(store.get(&t).await.unwrap().outcome, Outcome::NotFound);
+
+    // The scripts' wake-up notice is allowed on the events channel.
+    let mut c = as_user(&server);
+    assert!(matches!(
+        c.cmd(&["PUBLISH", "targetlease:events", "x"]),
+        Resp::Int(_)
+    ));
+}
+
+#[test]
+fn everything_else_is_refused() {
+    let server = server_with_user();
+    let mut c = as_user(&server);
+    let refused: &[&[&str]] = &[
+        &["FLUSHDB"],
+        &["FLUSHALL"],
+        &["CONFIG", "GET", "maxmemory-policy"],
+        &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
+        &["KEYS", "*"],
+        &["SCAN", "0"],
+        &["DEBUG", "SLEEP", "0"],
+        &["SHUTDOWN", "NOSAVE"],
+        &["ACL", "LIST"],
+        &["SET", "other", "1"],
+        &["GET", "other"],
+        &["DEL", "other:targetlease:x"],
+        &["PUBLISH", "other-channel", "x"],
+        // A script naming a key outside the prefix.
+        &[
+            "EVAL",
+            "return redis.call('SET', KEYS[1], '1')",
+            "1",
+            "other",
+        ],
+    ];
+    for cmd in refused {
+        match c.cmd(cmd) {
+            Resp::Error(e) if e.starts_with("NOPERM") => {}
+            other => panic!("{cmd:?} must be refused with NOPERM, got {other:?}"),
+        }
+    }
+    // A script reaching for an undeclared key outside the prefix.
+    match c.cmd(&["EVAL", "return redis.call('SET', 'other', '1')", "0"]) {
+        Resp::Error(e) if e.contains("NOPERM") || e.contains("permission") => {}
+        other => panic!("an undeclared write outside the prefix must be refused, got {other:?}"),
+    }
+    assert_eq!(
+        server.conn().cmd(&["EXISTS", "other"]).int(),
+        0,
+        "nothing was written outside the prefix"
+    );
+}
+
+/// During a slot migration the old owner answers `ASK` for keys it no longer
+/// has, and the client asks the importing node after `ASKING`: the
+/// documented rule must allow that command, or leases on a migrating slot
+/// cannot even be read. (The same rule without `+asking` is shown to fail,
+/// so this test does exercise `ASKING`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_user_follows_ask_during_a_slot_migration() {
+    let c = cluster::Cluster::start();
+    let rule = documented_rule();
+    let without_asking: Vec<String> = rule.iter().filter(|w| *w != "+asking").cloned().collect();
+    assert_eq!(
+        without_asking.len() + 1,
+        rule.len(),
+        "the rule grants +asking"
+    );
+    for n in &c.nodes {
+        let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+        assert_eq!(n.conn().cmd(&args).text(), "OK", "the rule applies");
+        let mut args: Vec<&str> = without_asking.iter().map(String::as_str).collect();
+        assert_eq!(args[2], "targetlease");
+        args[2] = "no-asking";
+        assert_eq!(n.conn().cmd(&args).text(), "OK");
+    }
+    let config = |user: &str| ValkeyConfig {
+        url: c.url(),
+        username: Some(user.into()),
+        password: Some(Secret::new(PASSWORD)),
+        ..ValkeyConfig::default()
+    };
+    let store = ValkeyStore::connect(&config("targetlease"))
+        .await
+        .expect("connect as the documented user");
+    let no_asking = ValkeyStore::connect(&config("no-asking"))
+        .await
+        .expect("connect as the user without +asking");
+    let t = Target::new("acl", "migrating");
+    let r = store
+        .acquire(&AcquireRequest::new(
+            t.clone(),
+            "alice",
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+
+    // Migrate the target's slot halfway: its keys move, the slot stays
+    // MIGRATING on the old owner and IMPORTING on the new one.
+    let lease_key = store.keys().lease(&t);
+    let slot = c.keyslot(&lease_key);
+    let from = c.owner_of_slot(slot);
+    let to = (from + 1) % 3;
+    let s = slot.to_string();
+    let (from_id, to_id) = (c.id(from), c.id(to));
+    let ok = Resp::Simple("OK".into());
+    assert_eq!(
+        c.nodes[to]
+            .conn()
+            .cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]),
+        ok
+    );
+    assert_eq!(
+        c.nodes[from]
+            .conn()
+            .cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]),
+        ok
+    );
+    let keys = match c.nodes[from]
+        .conn()
+        .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"])
+    {
+        Resp::Array(Some(keys)) => keys.iter().map(Resp::text).collect::<Vec<_>>(),
+        other => panic!("GETKEYSINSLOT: {other:?}"),
+    };
+    assert!(keys.contains(&lease_key), "{keys:?}");
+    let port = c.nodes[to].port.to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().map(String::as_str));
+    assert_eq!(c.nodes[from].conn().cmd(&migrate), ok, "MIGRATE");
+
+    let asked_before = c.nodes[to].calls("asking");
+    let got = store
+        .get(&t)
+        .await
+        .expect("a lease on a migrating slot can be read");
+    assert_eq!(got.outcome, Outcome::Found, "{}", got.message);
+    assert_eq!(got.lease.unwrap().owner, "alice");
+    assert!(
+        c.nodes[to].calls("asking") > asked_before,
+        "the read went through ASKING on the importing node"
+    );
+    let refused = no_asking.get(&t).await;
+    assert!(
+        refused.is_err(),
+        "without +asking the same read cannot succeed: {refused:?}"
+    );
+}

@@ -1,0 +1,122 @@
+//! Valkey Cluster through a fault-injecting proxy: the node serving a
+//! target announces the proxy's port, so every call to it crosses the proxy.
+//! A copy that may have run is never reported as a definite refusal, and
+//! redirections that never ran are.
+
+use crate::support::cluster;
+use crate::support::fault_proxy;
+
+use std::time::{Duration, Instant};
+
+use fault_proxy::FaultProxy;
+use targetlease::store::valkey::{KeySpace, ValkeyConfig, ValkeyStore};
+use targetlease::store::{AcquireRequest, LeaseStore, StoreError, Target};
+
+const TTL: Duration = Duration::from_secs(60);
+const TIMEOUT: Duration = Duration::from_millis(1000);
+
+fn config(url: String) -> ValkeyConfig {
+    ValkeyConfig {
+        url,
+        timeout: TIMEOUT,
+        connect_timeout: Duration::from_millis(1000),
+        ..ValkeyConfig::default()
+    }
+}
+
+fn target(name: &str) -> Target {
+    Target::new("faults", name)
+}
+
+/// A 3-primary cluster whose node serving `key` is reached only through a proxy
+/// (it announces the proxy's port), plus that proxy and the node's index.
+fn cluster_with_proxied_owner(
+    key_of: impl Fn(&cluster::Cluster) -> String,
+) -> (cluster::Cluster, FaultProxy, usize) {
+    let c = cluster::Cluster::start();
+    let key = key_of(&c);
+    let owner = c.owner_of_slot(c.keyslot(&key));
+    let proxy = FaultProxy::start(&c.nodes[owner].addr());
+    let port = proxy.port().to_string();
+    c.nodes[owner]
+        .conn()
+        .cmd(&["CONFIG", "SET", "cluster-announce-port", &port]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in &c.nodes {
+        loop {
+            let slots = format!("{:?}", n.conn().cmd(&["CLUSTER", "SLOTS"]));
+            if slots.contains(&format!("Int({port})")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the announced port never spread");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    (c, proxy, owner)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
+    let t = target("cluster-cut");
+    let keys = KeySpace::new("targetlease").unwrap();
+    let lease_key = keys.lease(&t);
+    let lk = lease_key.clone();
+    let (c, proxy, owner) =
+        tokio::task::spawn_blocking(move || cluster_with_proxied_owner(|_| lk.clone()))
+            .await
+            .unwrap();
+    let slot = c.keyslot(&lease_key);
+    let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
+        .await
+        .expect("connect to the cluster through the proxy");
+    let before = c.nodes[owner].calls("evalsha");
+
+    // The first copy runs; any later copy is redirected until the client gives up.
+    proxy.cut_before_reply("EVALSHA");
+    proxy.refuse(
+        "EVALSHA",
+        &format!("MOVED {slot} 127.0.0.1:{}", proxy.port()),
+        100,
+    );
+    let got = store
+        .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
+        .await;
+    assert!(
+        matches!(got, Err(StoreError::OutcomeUnknown(_))),
+        "a copy may have run: outcome_unknown, got {got:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(c.nodes[owner].calls("evalsha"), before + 1, "ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
+    let t = target("cluster-moved-loop");
+    let keys = KeySpace::new("targetlease").unwrap();
+    let lease_key = keys.lease(&t);
+    let lk = lease_key.clone();
+    let (c, proxy, owner) =
+        tokio::task::spawn_blocking(move || cluster_with_proxied_owner(|_| lk.clone()))
+            .await
+            .unwrap();
+    let slot = c.keyslot(&lease_key);
+    let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
+        .await
+        .expect("connect to the cluster through the proxy");
+    let before = c.nodes[owner].calls("evalsha");
+    proxy.refuse(
+        "EVALSHA",
+        &format!("MOVED {slot} 127.0.0.1:{}", proxy.port()),
+        100,
+    );
+    let started = Instant::now();
+    let got = store
+        .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
+        .await;
+    assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
+    assert!(
+        matches!(got, Err(StoreError::BackendUnavailable(_))),
+        "nothing ran: a definite refusal, got {got:?}"
+    );
+    assert_eq!(c.nodes[owner].calls("evalsha"), before, "never ran");
+}

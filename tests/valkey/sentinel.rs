@@ -1,0 +1,165 @@
+//! `redis-sentinel://` URLs: the store finds the primary through a real Sentinel.
+
+use crate::support::valkey_server;
+
+use std::time::Duration;
+
+use targetlease::store::valkey::{Secret, ValkeyConfig, ValkeyStore};
+use targetlease::store::{AcquireRequest, LeaseStore, Outcome, StoreError, Target};
+use valkey_server::ValkeyServer;
+
+use crate::support::sentinel::Sentinel;
+
+#[tokio::test]
+async fn leases_work_through_sentinel() {
+    let primary = ValkeyServer::start();
+    let sentinel = Sentinel::start(&primary);
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        url: format!(
+            "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster",
+            sentinel.port
+        ),
+        ..ValkeyConfig::default()
+    })
+    .await
+    .expect("connect through sentinel");
+    let t = Target::new("sentinel", "t");
+    let r = store
+        .acquire(&AcquireRequest::new(
+            t.clone(),
+            "a",
+            Duration::from_secs(30),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    // It landed on the primary the sentinel named.
+    let fence = store.keys().fence(&t);
+    assert_eq!(primary.conn().cmd(&["GET", &fence]).text(), "1");
+}
+
+/// Sentinels and data nodes have their own credentials: a Sentinel with a
+/// password of its own in front of a primary with another. Each password
+/// goes only where it belongs; without the Sentinel's, the connect is
+/// refused with a clear cause, and neither password shows in the message.
+#[tokio::test]
+async fn sentinels_and_the_primary_each_get_their_own_password() {
+    let primary = ValkeyServer::start_with(&["--requirepass", "data-pw-1"]);
+    let sentinel = Sentinel::watching(
+        primary.port,
+        "sentinel auth-pass mymaster data-pw-1\nrequirepass sentinel-pw-2\n",
+    );
+    let config = |sentinel_password: Option<&str>| ValkeyConfig {
+        url: format!(
+            "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster",
+            sentinel.port
+        ),
+        password: Some(Secret::new("data-pw-1")),
+        sentinel_password: sentinel_password.map(Secret::new),
+        ..ValkeyConfig::default()
+    };
+    let store = ValkeyStore::connect(&config(Some("sentinel-pw-2")))
+        .await
+        .expect("each password where it belongs");
+    let r = store
+        .acquire(&AcquireRequest::new(
+            Target::new("sentinel", "auth"),
+            "a",
+            Duration::from_secs(30),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    match ValkeyStore::connect(&config(None)).await {
+        Err(StoreError::BackendUnavailable(msg)) => {
+            assert!(msg.contains("sentinel") && msg.contains("NOAUTH"), "{msg}");
+            assert!(
+                !msg.contains("data-pw-1") && !msg.contains("sentinel-pw-2"),
+                "{msg}"
+            );
+        }
+        other => panic!("the Sentinel wants its password: {:?}", other.err()),
+    }
+}
+
+/// Sentinel credentials with a URL that does not use Sentinel are a mistake
+/// in the configuration, refused before anything connects.
+#[tokio::test]
+async fn sentinel_credentials_need_a_sentinel_url() {
+    let r = ValkeyStore::connect(&ValkeyConfig {
+        url: "redis://127.0.0.1:1".into(),
+        sentinel_password: Some(Secret::new("x")),
+        ..ValkeyConfig::default()
+    })
+    .await;
+    match r {
+        Err(StoreError::Invalid(msg)) => assert!(msg.contains("redis-sentinel://"), "{msg}"),
+        other => panic!("expected invalid, got {:?}", other.err()),
+    }
+}
+
+/// A stand-in Sentinel that names `named` as the primary of anything.
+fn fake_sentinel(named: u16) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let Ok(mut sock) = sock else { return };
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 4096];
+                // One command per read: the client waits for each answer.
+                while let Ok(n) = sock.read(&mut buf) {
+                    let got = String::from_utf8_lossy(&buf[..n]).to_uppercase();
+                    let answer = if n == 0 {
+                        return;
+                    } else if got.contains("SENTINEL") {
+                        let port = named.to_string();
+                        format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+                    } else if got.contains("PING") {
+                        "+PONG\r\n".into()
+                    } else {
+                        "-ERR unexpected\r\n".into()
+                    };
+                    if sock.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A Sentinel that names a server which says it is not a primary (`ROLE`:
+/// a replica, e.g. a stale view after a failover) does not end the connect:
+/// the next Sentinel is asked, and the lease lands on the real primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_naming_a_replica_does_not_hide_the_next_one() {
+    let primary = ValkeyServer::start();
+    let replica =
+        ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let stale = fake_sentinel(replica.port);
+    let good = Sentinel::start(&primary);
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        url: format!(
+            "redis-sentinel://127.0.0.1:{stale}?sentinelServiceName=mymaster&node=127.0.0.1:{}",
+            good.port
+        ),
+        ..ValkeyConfig::default()
+    })
+    .await
+    .expect("the second Sentinel names the primary");
+    let t = Target::new("sentinel", "after-a-replica");
+    let r = store
+        .acquire(&AcquireRequest::new(
+            t.clone(),
+            "a",
+            Duration::from_secs(30),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    let fence = store.keys().fence(&t);
+    assert_eq!(primary.conn().cmd(&["GET", &fence]).text(), "1");
+}
