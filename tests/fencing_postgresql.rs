@@ -3,17 +3,13 @@
 //! transaction writes nothing, tokens are exact up to 2^63-1, and concurrent
 //! writers of one resource are serialized by the fence row.
 
-#[path = "support/postgres.rs"]
-mod postgres;
-#[path = "support/resp.rs"]
-mod resp;
-#[path = "support/valkey_server.rs"]
-mod valkey_server;
+#[allow(dead_code)] // each binary uses a part of the shared support
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use postgres::{Postgres, STALE_TOKEN_SQLSTATE, fencing_recipe};
+use support::postgres::{Postgres, STALE_TOKEN_SQLSTATE, fencing_recipe};
 use tokio_postgres::Client;
 
 const LEDGER: &str = "CREATE TABLE ledger (

@@ -39,23 +39,9 @@ mod sink;
 mod valkey;
 mod workload;
 
-// Shared fixtures, declared here so their `super::` paths resolve.
-#[path = "../support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "../support/kube_env.rs"]
-mod kube_env;
-#[path = "../support/operator_env.rs"]
-mod operator_env;
-#[path = "../support/postgres.rs"]
-mod postgres;
-#[path = "../support/resp.rs"]
-mod resp;
-#[path = "../support/valkey_server.rs"]
-mod valkey_server;
-mod support {
-    #[allow(unused_imports)]
-    pub(crate) use super::{fault_proxy, kube_env, operator_env, postgres, resp, valkey_server};
-}
+#[allow(dead_code)] // each binary uses a part of the shared support
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::process::ExitCode;
 use std::sync::Arc;
