@@ -27,6 +27,9 @@ pub enum Control {
     LyingStore,
     /// (d) A second writer that marks a waiting TargetLease Held.
     RoguePublisher,
+    /// (d) A store that grants every third acquire of a held target anyway
+    /// (the holder's token, a lease of the caller's own).
+    DoubleGrant,
 }
 
 /// Wraps a store with the broken behaviour of `control`, when it is a store control.
@@ -38,9 +41,9 @@ pub fn wrap(control: Option<Control>, inner: Arc<dyn LeaseStore>) -> Arc<dyn Lea
             first: Mutex::new(HashMap::new()),
             calls: AtomicU64::new(0),
         }),
-        Some(Control::LyingStore) => Arc::new(Broken {
+        Some(kind @ (Control::LyingStore | Control::DoubleGrant)) => Arc::new(Broken {
             inner,
-            kind: Control::LyingStore,
+            kind,
             first: Mutex::new(HashMap::new()),
             calls: AtomicU64::new(0),
         }),
@@ -56,10 +59,34 @@ struct Broken {
     calls: AtomicU64,
 }
 
+impl Broken {
+    /// Every third `held` reply becomes `acquired`: the caller gets a lease of
+    /// its own (owner, request id, a lease id) with the holder's token,
+    /// starting now, while the holder still holds it.
+    fn double_grant(&self, req: &AcquireRequest, mut reply: Reply) -> Reply {
+        if self.calls.fetch_add(1, Ordering::SeqCst) % 3 != 2 {
+            return reply;
+        }
+        if let Some(lease) = &mut reply.lease {
+            let now = reply.server_time_ms;
+            lease.owner = req.owner.clone();
+            lease.lease_id = Some(format!("double-{}", req.request_id));
+            lease.acquired_at_ms = now;
+            lease.expires_at_ms = now + req.ttl.as_millis() as u64;
+            lease.metadata = req.metadata.clone();
+            reply.outcome = Outcome::Acquired;
+        }
+        reply
+    }
+}
+
 #[async_trait]
 impl LeaseStore for Broken {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
         let mut reply = self.inner.acquire(req).await?;
+        if self.kind == Control::DoubleGrant && reply.outcome == Outcome::Held {
+            return Ok(self.double_grant(req, reply));
+        }
         if reply.outcome != Outcome::Acquired {
             return Ok(reply);
         }

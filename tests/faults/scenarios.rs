@@ -281,6 +281,14 @@ pub fn all() -> Vec<Scenario> {
             (Property::Honesty, Scope::Lease),
         ),
         control(
+            "control-double-grant",
+            "a store that grants a held target to a second client",
+            standalone(),
+            Fault::None,
+            Control::DoubleGrant,
+            (Property::Exclusion, Scope::Lease),
+        ),
+        control(
             "control-rogue-publisher",
             "a second writer marks a waiting TargetLease Held",
             Backend::Operator { replicas: 1 },
