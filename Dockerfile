@@ -6,7 +6,11 @@
 # Build stage: the full Rust image (it has the C compiler `ring` needs).
 # The Lua scripts are compiled into the binary (include_str!); lua/ is copied
 # into the runtime image only so the exact scripts can be read from the image.
-FROM docker.io/library/rust:1.95-bookworm AS build
+# The release workflow (.github/workflows/release.yml) passes both bases
+# pinned by digest (image@sha256:…), resolved at the start of each release.
+ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
+FROM ${RUST_IMAGE} AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
@@ -18,7 +22,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 
 # Runtime: distroless with glibc and CA certificates, no shell, no package
 # manager, runs as UID/GID 65532 (matches the Helm chart's securityContext).
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM ${RUNTIME_IMAGE}
 LABEL org.opencontainers.image.title="targetlease" \
       org.opencontainers.image.description="Leases with fencing tokens for Kubernetes workloads, stored in Valkey" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -24,7 +24,7 @@ local owner, ttl, max_life = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local fp = fingerprint(ARGV[2], ARGV[3], ARGV[5])
 
-local state, r, why = read_lease(KEYS[1], now)
+local state, r, why, present = read_lease(KEYS[1], now)
 local replayed = replay(KEYS[3], fp, now, state, r, why, {
   live = 'acquired', live_msg = 'lease acquired (replayed request)',
   superseded = function(t, held)
@@ -37,19 +37,22 @@ if replayed then return replayed end
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'live' then return reply_lease('held', now, 'target is held', r, false) end
 
-local kind = redis.call('TYPE', KEYS[2]).ok
-local counter = '0'
-if kind ~= 'none' then
-  if kind ~= 'string' then return reply('corrupt_state', now, 'fence counter holds a ' .. kind) end
-  counter = redis.call('GET', KEYS[2])
+-- The counter: one GET (a wrong type is an error reply, caught), one SET of
+-- the next decimal, computed exactly as a string (Lua numbers are doubles).
+local counter = redis.pcall('GET', KEYS[2])
+if type(counter) == 'table' then
+  return reply('corrupt_state', now, 'fence counter holds a ' .. type_of(KEYS[2]))
+end
+if counter then
   if not is_uint(counter) then return reply('corrupt_state', now, 'fence counter is not a number') end
   if redis.call('PTTL', KEYS[2]) ~= -1 then return reply('corrupt_state', now, 'fence counter has an expiry') end
+else
+  counter = '0'
 end
 if dec_lt(counter, ARGV[6]) then counter = ARGV[6] end
 if counter == MAX_TOKEN then return reply('corrupt_state', now, 'fence counter exhausted') end
-redis.call('SET', KEYS[2], counter)
-redis.call('INCR', KEYS[2])
-local token = redis.call('GET', KEYS[2])
+local token = dec_incr(counter)
+redis.call('SET', KEYS[2], token)
 
 local expires = now + ttl
 local max_expires = ''
@@ -61,7 +64,7 @@ local rec = {
   lease_id = ARGV[4], owner = owner, token = token, acquired_ms = str(now),
   expires_ms = str(expires), max_expires_ms = max_expires, meta = ARGV[5],
 }
-redis.call('DEL', KEYS[1])
+if present then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'v', '1', 'lease_id', rec.lease_id, 'owner', owner, 'token', token,
   'acquired_ms', rec.acquired_ms, 'expires_ms', rec.expires_ms,
   'max_expires_ms', max_expires, 'meta', rec.meta)

@@ -30,10 +30,17 @@ if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'none' then return reply('expired', now, 'target has no live lease') end
 if r.token ~= token then return reply('stale_token', now, "token is not the current lease's") end
 
-local kind = redis.call('TYPE', KEYS[2]).ok
-if kind ~= 'none' then
-  if kind ~= 'hash' then return reply('corrupt_state', now, 'commit record holds a ' .. kind) end
-  local last = redis.call('HGET', KEYS[2], 'token')
+-- The last commit's token: one HGET (a wrong type is an error reply,
+-- caught); TYPE only when it is missing, to tell a first commit from a
+-- record without a token.
+local last = redis.pcall('HGET', KEYS[2], 'token')
+if type(last) == 'table' then
+  return reply('corrupt_state', now, 'commit record holds a ' .. type_of(KEYS[2]))
+end
+if not last and type_of(KEYS[2]) ~= 'none' then
+  return reply('corrupt_state', now, 'commit record is unparsable')
+end
+if last then
   if not is_uint(last) then return reply('corrupt_state', now, 'commit record is unparsable') end
   if dec_lt(token, last) then
     return reply('stale_token', now, 'a higher token was already committed for this key')

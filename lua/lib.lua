@@ -13,7 +13,14 @@
 --
 -- Lease record (hash, with a TTL equal to its stored expiry):
 --   v=1, lease_id, owner, token, acquired_ms, expires_ms, max_expires_ms, meta
--- Request cache (hash, TTL = idempotency window): fp, lease_id, token[, outcome]
+-- Request cache (string, TTL = idempotency window), one GET / one SET PX:
+--   "c1:<fp>:<token>:<outcome>:<lease_id>"   (lease_id last: it may hold ':')
+-- Entries written before this format (hash: fp, lease_id, token[, outcome])
+-- are still read, so an upgrade in the middle of a retry replays it.
+--
+-- Only the helpers a script names (and what they name) are sent with it
+-- (src/store/valkey/scripts.rs): each helper starts at a line
+-- "local function NAME" or "local NAME =", with its comment just above.
 
 local MAX_TOKEN = '9223372036854775807'
 -- Deepest metadata nesting (objects and arrays) accepted: the same limit as
@@ -100,11 +107,23 @@ local function is_metadata(s)
   return ok and type(v) == 'table' and finite_numbers(v)
 end
 
-local function hash_of(key)
-  local flat = redis.call('HGETALL', key)
+local function hash_of(flat)
   local h = {}
   for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
   return h
+end
+
+-- The type of a key that answered a read with an error (WRONGTYPE).
+local function type_of(key)
+  return redis.call('TYPE', key).ok
+end
+
+-- The next canonical decimal after `s`, exact at any size.
+local function dec_incr(s)
+  local i = #s
+  while i > 0 and string.byte(s, i) == 57 do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #s) end
+  return string.sub(s, 1, i - 1) .. string.char(string.byte(s, i) + 1) .. string.rep('0', #s - i)
 end
 
 local function reply(outcome, now, message)
@@ -118,12 +137,15 @@ end
 
 -- Reads the lease record at `key` as of `now`.
 -- Returns 'none' | 'live', record | 'corrupt', identity-or-nil, why.
--- An expired record still present (same millisecond) counts as 'none'.
+-- An expired record still present (same millisecond) counts as 'none', with
+-- `present` true (the caller deletes it before writing a new one).
+-- One HGETALL (a wrong type is an error reply, caught) and, for a record,
+-- one PTTL.
 local function read_lease(key, now)
-  local kind = redis.call('TYPE', key).ok
-  if kind == 'none' then return 'none' end
-  if kind ~= 'hash' then return 'corrupt', nil, 'lease key holds a ' .. kind end
-  local r = hash_of(key)
+  local flat = redis.pcall('HGETALL', key)
+  if flat.err then return 'corrupt', nil, 'lease key holds a ' .. type_of(key) end
+  if #flat == 0 then return 'none' end
+  local r = hash_of(flat)
   local ident = nil
   if r.lease_id and r.owner and is_uint(r.token) then ident = r end
   if r.v ~= '1' then return 'corrupt', ident, 'lease record has an unknown version' end
@@ -135,7 +157,7 @@ local function read_lease(key, now)
   end
   r.meta = r.meta or ''
   if not is_metadata(r.meta) then return 'corrupt', ident, 'lease record has unreadable metadata' end
-  if tonumber(r.expires_ms) <= now then return 'none' end
+  if tonumber(r.expires_ms) <= now then return 'none', nil, nil, true end
   r.max_expires_ms = r.max_expires_ms or ''
   return 'live', r
 end
@@ -144,10 +166,10 @@ local function holder_matches(r, owner, lease_id, token)
   return r.owner == owner and r.lease_id == lease_id and r.token == token
 end
 
+-- One SET with the window as TTL (the key held no entry: replay() said so).
 local function remember(key, fp, lease_id, token, window_ms, outcome)
-  redis.call('DEL', key)
-  redis.call('HSET', key, 'fp', fp, 'lease_id', lease_id, 'token', token, 'outcome', outcome or '')
-  redis.call('PEXPIRE', key, window_ms)
+  redis.call('SET', key, 'c1:' .. fp .. ':' .. token .. ':' .. (outcome or '') .. ':' .. lease_id,
+    'PX', window_ms)
 end
 
 -- Tells subscribers of "<prefix>:events" that a target may be free, with the
@@ -171,6 +193,20 @@ local function fingerprint(...)
   return redis.sha1hex(table.concat({ ... }, '\0'))
 end
 
+-- The request cache entry at `key`: nil when there is none; else a table
+-- with fp, lease_id, token, outcome (fp nil when unreadable).
+local function cached(key)
+  local v = redis.pcall('GET', key)
+  if not v then return nil end
+  if type(v) == 'string' then
+    local fp, token, outcome, lease_id = string.match(v, '^c1:(%x+):(%d*):([%a_]*):(.*)$')
+    return { fp = fp, token = token, outcome = outcome, lease_id = lease_id }
+  end
+  -- An entry written as a hash before the packed format.
+  if type_of(key) == 'hash' then return hash_of(redis.call('HGETALL', key)) end
+  return {}
+end
+
 -- The one replay rule, shared by every mutating script (MemoryStore::replay
 -- in src/store/memory.rs is the same rule). Returns nil when the request id
 -- is new; otherwise the reply to return, without any other write than touch:
@@ -180,10 +216,8 @@ end
 --   rule.live with the lease; a corrupt record -> corrupt_state; another live
 --   lease -> rule.superseded(now, r); no live lease -> expired.
 local function replay(key, fp, now, state, r, why, rule)
-  local kind = redis.call('TYPE', key).ok
-  if kind == 'none' then return nil end
-  local c = {}
-  if kind == 'hash' then c = hash_of(key) end
+  local c = cached(key)
+  if not c then return nil end
   if not c.fp then return reply('corrupt_state', now, 'request cache entry is unreadable') end
   if c.fp ~= fp then
     return reply('idempotency_conflict', now, 'request id was used with different inputs')

@@ -5,6 +5,8 @@
 # leader failover. Starts its own servers on free loopback ports and stops them.
 #
 #   scripts/bench.sh                       # everything (~10 minutes on 2 cores)
+#   scripts/bench.sh store                 # the store part only (< 3 minutes);
+#                                          # writes target/bench/store.json
 #   BENCH_ONLY=store scripts/bench.sh      # one part (store | operator)
 #   BENCH_STEADY_SECS=300 scripts/bench.sh # the 5-minute steady-state window
 #
@@ -23,12 +25,52 @@ for tool in redis-benchmark redis-cli kubectl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is missing (apt redis-tools, kubectl)" >&2; exit 1; }
 done
 
+case "${1:-}" in
+  "") ;;
+  store | operator) export BENCH_ONLY="$1" ;;
+  *) echo "usage: $0 [store|operator]" >&2; exit 2 ;;
+esac
+if [ "${BENCH_ONLY:-}" = store ]; then
+  # The store part alone does not regenerate the whole doc.
+  export BENCH_OUT="${BENCH_OUT:-target/bench/store.md}"
+fi
+
+# Build first, in the foreground: Ctrl-C stops cargo like any command.
+cargo bench --bench targetlease --no-run
+
 # A private temp dir for the control plane, Valkey and operator files, so
 # nothing that tidies /tmp/targetlease-cp-* elsewhere can stop ours mid-run.
 TMPDIR="$(mktemp -d /tmp/tl-bench.XXXXXX)"
 export TMPDIR
-trap 'rm -rf "$TMPDIR"' EXIT
+BENCH_PID=""
+
+# On any exit (done, failed, Ctrl-C, a timeout's SIGTERM): stop the bench and
+# everything in its process group (valkey-servers, operators), then each
+# control plane it started (their own sessions), and only then remove the
+# temp dir: the control planes' pid files live in it.
+cleanup() {
+  trap - EXIT INT TERM HUP
+  # Even after a clean exit: nothing the bench left behind survives it.
+  if [ -n "$BENCH_PID" ] && kill -0 -- "-$BENCH_PID" 2>/dev/null; then
+    kill -TERM -- "-$BENCH_PID" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 -- "-$BENCH_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$BENCH_PID" 2>/dev/null || true
+  fi
+  local cp
+  for cp in "$TMPDIR"/targetlease-cp-*; do
+    [ -d "$cp" ] && scripts/controlplane.sh stop "$cp" || true
+  done
+  rm -rf "$TMPDIR"
+}
+trap cleanup EXIT
+trap 'echo "bench: interrupted; stopping everything it started" >&2; exit 130' INT TERM HUP
 
 # `cargo bench` passes --bench; the harness also accepts TARGETLEASE_BENCH=1.
-TARGETLEASE_BENCH=1 cargo bench --bench targetlease >/dev/null
+# Its own process group (setsid: a background job of a script is not a group
+# leader, so $! is the new group's id), so cleanup can stop all of it.
+TARGETLEASE_BENCH=1 setsid cargo bench --bench targetlease >/dev/null &
+BENCH_PID=$!
+rc=0
+wait "$BENCH_PID" || rc=$?
+[ "$rc" = 0 ] || { echo "bench: failed ($rc)" >&2; exit "$rc"; }
 echo "bench: done in $(($(date +%s) - BENCH_STARTED_EPOCH)) s; wrote ${BENCH_OUT:-docs/benchmarks.md}" >&2

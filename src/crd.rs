@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use crate::config_error::ConfigError;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, ValidationRule,
 };
@@ -272,42 +273,44 @@ pub fn definition() -> CustomResourceDefinition {
 
 impl TargetLeaseSpec {
     /// The lease duration as a `Duration`.
-    pub fn lease_duration(&self) -> Result<Duration, String> {
-        parse_duration(&self.lease_duration).map_err(|e| format!("spec.leaseDuration: {e}"))
+    pub fn lease_duration(&self) -> Result<Duration, ConfigError> {
+        parse_duration(&self.lease_duration).map_err(|e| e.in_setting("spec.leaseDuration"))
     }
 
     /// The renew interval, defaulting to a third of the lease duration.
-    pub fn renew_interval(&self) -> Result<Duration, String> {
+    pub fn renew_interval(&self) -> Result<Duration, ConfigError> {
         match &self.renew_interval {
-            Some(s) => parse_duration(s).map_err(|e| format!("spec.renewInterval: {e}")),
+            Some(s) => parse_duration(s).map_err(|e| e.in_setting("spec.renewInterval")),
             None => Ok(self.lease_duration()? / 3),
         }
     }
 
     /// The maximum lifetime, when set.
-    pub fn max_lifetime(&self) -> Result<Option<Duration>, String> {
+    pub fn max_lifetime(&self) -> Result<Option<Duration>, ConfigError> {
         self.max_lifetime
             .as_deref()
-            .map(|s| parse_duration(s).map_err(|e| format!("spec.maxLifetime: {e}")))
+            .map(|s| parse_duration(s).map_err(|e| e.in_setting("spec.maxLifetime")))
             .transpose()
     }
 }
 
 /// Parses the Go-style durations the schema admits (`90s`, `1m30s`, `500ms`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     if rest.is_empty() {
-        return Err("empty duration".into());
+        return Err(ConfigError::new("empty duration"));
     }
     while !rest.is_empty() {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
-            return Err(format!("{s:?} is not a duration like 90s or 1m30s"));
+            return Err(ConfigError::new(format!(
+                "{s:?} is not a duration like 90s or 1m30s"
+            )));
         }
         let n: u64 = rest[..digits]
             .parse()
-            .map_err(|_| format!("{s:?} is too large"))?;
+            .map_err(|_| ConfigError::new(format!("{s:?} is too large")))?;
         rest = &rest[digits..];
         let (unit, len) = if rest.starts_with("ms") {
             (Duration::from_millis(1), 2)
@@ -318,16 +321,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         } else if rest.starts_with('h') {
             (Duration::from_secs(3600), 1)
         } else {
-            return Err(format!("{s:?} is not a duration like 90s or 1m30s"));
+            return Err(ConfigError::new(format!(
+                "{s:?} is not a duration like 90s or 1m30s"
+            )));
         };
         rest = &rest[len..];
         let part = u32::try_from(n)
             .ok()
             .and_then(|n| unit.checked_mul(n))
-            .ok_or_else(|| format!("{s:?} is too large"))?;
+            .ok_or_else(|| ConfigError::new(format!("{s:?} is too large")))?;
         total = total
             .checked_add(part)
-            .ok_or_else(|| format!("{s:?} is too large"))?;
+            .ok_or_else(|| ConfigError::new(format!("{s:?} is too large")))?;
     }
     Ok(total)
 }

@@ -17,6 +17,7 @@
 pub mod record;
 pub mod write_gate;
 
+use crate::config_error::ConfigError;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -53,23 +54,23 @@ impl Timings {
     /// `retry_period < renew_deadline < lease_duration`, all non-zero: the gap
     /// between the last two is the margin for clock-rate differences between
     /// replicas; several retries fit in the renew deadline.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.retry_period.is_zero() {
-            return Err("the retry period must be more than zero".into());
+            return Err(ConfigError::new("the retry period must be more than zero"));
         }
         if self.retry_period >= self.renew_deadline {
-            return Err(format!(
+            return Err(ConfigError::new(format!(
                 "the retry period ({}) must be shorter than the renew deadline ({})",
                 humantime::format_duration(self.retry_period),
                 humantime::format_duration(self.renew_deadline)
-            ));
+            )));
         }
         if self.renew_deadline >= self.lease_duration {
-            return Err(format!(
+            return Err(ConfigError::new(format!(
                 "the renew deadline ({}) must be shorter than the lease duration ({})",
                 humantime::format_duration(self.renew_deadline),
                 humantime::format_duration(self.lease_duration)
-            ));
+            )));
         }
         Ok(())
     }
@@ -302,15 +303,23 @@ mod tests {
             t(15, 15, 2)
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("renew deadline")
         );
         assert!(
             t(15, 10, 10)
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("retry period")
         );
-        assert!(t(15, 10, 0).validate().unwrap_err().contains("zero"));
+        assert!(
+            t(15, 10, 0)
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("zero")
+        );
         assert_eq!(t(6, 4, 1).validate(), Ok(()));
     }
 }

@@ -4,6 +4,7 @@
 //! `lease_id = HMAC-SHA256(key, acquisition_id)`. The acquisition id is public
 //! (it sits in status); the key is a secret shared by the operator's replicas.
 
+use crate::config_error::ConfigError;
 use ring::hmac;
 
 /// The secret key lease ids are derived with.
@@ -18,9 +19,11 @@ impl std::fmt::Debug for LeaseIdKey {
 
 impl LeaseIdKey {
     /// A key from secret bytes (at least 16).
-    pub fn new(secret: &[u8]) -> Result<Self, String> {
+    pub fn new(secret: &[u8]) -> Result<Self, ConfigError> {
         if secret.len() < 16 {
-            return Err("the lease id key must be at least 16 bytes".into());
+            return Err(ConfigError::new(
+                "the lease id key must be at least 16 bytes",
+            ));
         }
         Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, secret)))
     }

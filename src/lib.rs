@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod cli;
 pub mod conditions;
+pub mod config_error;
 pub mod crd;
 pub mod election;
 pub mod floor;

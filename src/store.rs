@@ -209,6 +209,44 @@ pub struct Reply {
     pub message: String,
 }
 
+/// A value stored by a fenced commit, as read back.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Committed {
+    /// The value's name under its target.
+    pub key: String,
+    /// The value.
+    pub value: String,
+    /// The fencing token it was committed with.
+    pub fencing_token: u64,
+    /// The store's clock when it was committed, in Unix milliseconds.
+    pub committed_at_ms: u64,
+}
+
+/// What a read of a committed value found: `found` with the value,
+/// `not_found`, or `corrupt_state`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadReply {
+    /// `Found`, `NotFound` or `CorruptState`.
+    pub outcome: Outcome,
+    /// The value when found.
+    pub committed: Option<Committed>,
+    /// The store's clock when it read, in Unix milliseconds.
+    pub server_time_ms: u64,
+    /// One human sentence.
+    pub message: String,
+}
+
+/// One lease record found by [`LeaseStore::list`], read through the same
+/// atomic get as [`LeaseStore::get`]: `found` (never with its lease id),
+/// `expired` (the record was there, its lease is not live) or `corrupt_state`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The target of the record.
+    pub target: Target,
+    /// What a get of that target answered (`not_found` becomes `expired`).
+    pub reply: Reply,
+}
+
 /// What a health probe learned about the backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
@@ -258,6 +296,17 @@ pub trait LeaseStore: Send + Sync {
     async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError>;
     /// Stores a value only if the token is the live lease's and not lower than the last commit.
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError>;
+    /// Reads back the value last committed under `key` of the target, with
+    /// its token (no lease needed; never writes).
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError>;
+    /// The lease records of `namespace` (every namespace when `None`) whose
+    /// target names start with `target_prefix`, sorted by namespace and
+    /// target, each read like [`LeaseStore::get`]. Never writes.
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<Listed>, StoreError>;
     /// Probes the backend.
     async fn health(&self) -> Result<Health, StoreError>;
     /// Closes connections (sends nothing that could change state). Default: nothing to close.

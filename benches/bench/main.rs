@@ -9,8 +9,10 @@
 mod operator;
 mod report;
 mod report_analysis;
+mod report_store;
 mod stats;
 mod store;
+mod store_script;
 mod tracker;
 
 /// The integration tests' fixtures, shared rather than copied.
@@ -55,6 +57,15 @@ fn main() {
         })
     });
     let store_secs = started.elapsed().as_secs_f64();
+    if let Some(s) = &store {
+        let dir = std::env::var("CARGO_TARGET_DIR")
+            .unwrap_or_else(|_| format!("{}/target", env!("CARGO_MANIFEST_DIR")));
+        let path = format!("{dir}/bench/store.json");
+        let _ = std::fs::create_dir_all(format!("{dir}/bench"));
+        let text = serde_json::to_string_pretty(&s.json()).expect("store.json");
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {path}: {e}"));
+        eprintln!("bench: wrote {path}");
+    }
 
     let operator = (only.is_empty() || only == "operator").then(|| {
         let rt = tokio::runtime::Builder::new_multi_thread()

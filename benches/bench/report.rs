@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::operator;
-use crate::stats::{Figure, p50_p99_ms};
+use crate::stats::p50_p99_ms;
 use crate::store;
 
 pub struct Run<'a> {
@@ -16,13 +16,13 @@ pub struct Run<'a> {
 }
 
 /// A row of the targets table.
-struct Target {
-    what: String,
-    target: String,
-    measured: String,
-    baseline: String,
-    met: bool,
-    why: String,
+pub struct Target {
+    pub what: String,
+    pub target: String,
+    pub measured: String,
+    pub baseline: String,
+    pub met: bool,
+    pub why: String,
 }
 
 fn sh(cmd: &str) -> String {
@@ -117,123 +117,13 @@ pub fn render(run: &Run) -> String {
     }
     let _ = writeln!(w);
     if let Some(s) = run.store {
-        store_section(w, s);
+        crate::report_store::section(w, s);
     }
     if let Some(o) = run.operator {
         operator_section(w, o);
     }
     let _ = writeln!(w, "{}", crate::report_analysis::text(run));
     out
-}
-
-fn store_section(w: &mut String, s: &store::Results) {
-    let _ = writeln!(
-        w,
-        "## 1. Store: our client vs redis-benchmark on the same server\n"
-    );
-    let _ = writeln!(
-        w,
-        "Closed loop on both sides: N clients, each waits for its reply before sending the next \
-         request. redis-benchmark runs `-c N -P 1` (no pipelining, one connection per client, \
-         `-r 100000000` so `SET NX` and the minimal script hit fresh keys); ours runs N tokio tasks \
-         on one thread sharing a fred pool of {} connections (fred writes requests of several \
-         tasks to a connection back to back, so with N > pool size the server sees them \
-         pipelined, which redis-benchmark's `-P 1` never does; the pool-size table below shows \
-         what that is worth). Both load generators are single-threaded and share the 2 cores \
-         with valkey-server. The minimal acquire script is \
-         `EXISTS lease; INCR fence; SET lease owner PX ttl`, loaded with `SCRIPT LOAD` and run \
-         by EVALSHA. Ratio = our ops/s ÷ the minimal script's ops/s at the same concurrency.\n",
-        s.pool_size
-    );
-    let _ = writeln!(
-        w,
-        "| concurrency | operation | ops | ops/s | p50 | p99 | server time per call (commands) | ratio vs minimal script |"
-    );
-    let _ = writeln!(
-        w,
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
-    );
-    let mut cs: Vec<usize> = s.baseline.iter().map(|(_, c, _)| *c).collect();
-    cs.dedup();
-    for c in cs {
-        let base = s.baseline("EVALSHA minimal acquire", c);
-        for (name, cc, f) in &s.baseline {
-            if *cc == c {
-                let _ = writeln!(
-                    w,
-                    "| {c} | redis-benchmark `{name}` | {} | {:.0} | {:.0} µs | {:.0} µs | {} | {} |",
-                    f.ops,
-                    f.ops_per_sec,
-                    f.p50_us,
-                    f.p99_us,
-                    server(f),
-                    ratio(Some(f), base)
-                );
-            }
-        }
-        for (name, cc, f) in &s.ours {
-            if *cc == c {
-                let _ = writeln!(
-                    w,
-                    "| {c} | ours: **{name}** | {} | {:.0} | {:.0} µs | {:.0} µs | {} | {} |",
-                    f.ops,
-                    f.ops_per_sec,
-                    f.p50_us,
-                    f.p99_us,
-                    server(f),
-                    ratio(Some(f), base)
-                );
-            }
-        }
-    }
-    if s.failures > 0 {
-        let _ = writeln!(
-            w,
-            "\n**{} operations returned an unexpected outcome** (see the harness output).",
-            s.failures
-        );
-    }
-    if !s.pool_sweep.is_empty() {
-        let top = s.baseline.iter().map(|(_, c, _)| *c).max().unwrap_or(64);
-        let base = s.baseline("EVALSHA minimal acquire", top);
-        let _ = writeln!(
-            w,
-            "\nPool size at concurrency {top} (same server, same run):\n"
-        );
-        let _ = writeln!(
-            w,
-            "| pool size | operation | ops/s | p50 | p99 | ratio vs minimal script |"
-        );
-        let _ = writeln!(w, "| ---: | --- | ---: | ---: | ---: | ---: |");
-        for (pool, op, f) in &s.pool_sweep {
-            let _ = writeln!(
-                w,
-                "| {pool} | {op} | {:.0} | {:.0} µs | {:.0} µs | {} |",
-                f.ops_per_sec,
-                f.p50_us,
-                f.p99_us,
-                ratio(Some(f), base)
-            );
-        }
-    }
-    let _ = writeln!(w);
-}
-
-fn server(f: &Figure) -> String {
-    match (f.server_us, f.server_cmds) {
-        (Some(u), Some(n)) => format!("{u:.1} µs ({n:.0})"),
-        (Some(u), None) => format!("{u:.1} µs"),
-        _ => "–".into(),
-    }
-}
-
-fn ratio(a: Option<&Figure>, b: Option<&Figure>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b.ops_per_sec > 0.0 => {
-            format!("{:.2}×", a.ops_per_sec / b.ops_per_sec)
-        }
-        _ => "–".into(),
-    }
 }
 
 fn operator_section(w: &mut String, o: &operator::Results) {
@@ -431,44 +321,7 @@ fn operator_section(w: &mut String, o: &operator::Results) {
 fn targets(run: &Run) -> Vec<Target> {
     let mut t = Vec::new();
     if let Some(s) = run.store {
-        let top = s.baseline.iter().map(|(_, c, _)| *c).max().unwrap_or(64);
-        let base = s.baseline("EVALSHA minimal acquire", top);
-        for (op, want) in [("acquire", 0.8), ("renew", 0.9)] {
-            if let (Some(a), Some(b)) = (s.ours(op, top), base) {
-                let r = a.ops_per_sec / b.ops_per_sec;
-                t.push(Target {
-                    what: format!("{op} throughput at concurrency {top}"),
-                    target: format!("≥ {want}× minimal script"),
-                    measured: format!("{:.0} ops/s = **{r:.2}×**", a.ops_per_sec),
-                    baseline: format!("minimal script {:.0} ops/s", b.ops_per_sec),
-                    met: r >= want,
-                    why: if r >= want {
-                        String::new()
-                    } else {
-                        crate::report_analysis::store_miss(s, op, top)
-                    },
-                });
-            }
-        }
-        if let Some(ping) = s.baseline("PING", 1) {
-            for op in ["acquire", "renew", "release", "commit"] {
-                if let Some(a) = s.ours(op, 1) {
-                    let r = a.p50_us / ping.p50_us;
-                    t.push(Target {
-                        what: format!("{op} p50, one client"),
-                        target: "≤ 1.5× PING p50".into(),
-                        measured: format!("{:.0} µs = **{r:.2}×**", a.p50_us),
-                        baseline: format!("PING p50 {:.0} µs", ping.p50_us),
-                        met: r <= 1.5,
-                        why: if r <= 1.5 {
-                            String::new()
-                        } else {
-                            crate::report_analysis::latency_miss(s, op)
-                        },
-                    });
-                }
-            }
-        }
+        t.extend(crate::report_store::targets(s));
     }
     if let Some(o) = run.operator {
         for s in &o.scales {

@@ -1,4 +1,4 @@
-//! Item 1: store throughput and latency through our Rust client against a
+//! The store part: throughput and latency through our Rust client against a
 //! real valkey-server, and `redis-benchmark` against the same server in the
 //! same run (PING, SET NX PX, EVALSHA of a minimal acquire script).
 //!
@@ -7,7 +7,6 @@
 //! fred pool). Both load generators are single-threaded.
 
 use std::future::Future;
-use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,15 +19,10 @@ use targetlease::store::{
 };
 
 use crate::stats::Figure;
+use crate::store_script::{self, MINIMAL_ACQUIRE, cli, measured, server_time};
 use crate::support::valkey_server::ValkeyServer;
 
-/// The minimal acquire script redis-benchmark runs: EXISTS, INCR, SET PX.
-pub const MINIMAL_ACQUIRE: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end \
-local t = redis.call('INCR', KEYS[2]) \
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) \
-return t";
-
-const TTL: Duration = Duration::from_secs(120);
+const TTL: Duration = Duration::from_millis(store_script::TTL_MS);
 const NAMESPACE: &str = "bench";
 
 /// What to run.
@@ -44,15 +38,25 @@ pub struct Params {
     pub pool_sweep: Vec<usize>,
 }
 
+/// The name of the minimal acquire script's row in `baseline`.
+pub const MINIMAL: &str = "EVALSHA minimal acquire";
+/// Our operations, in report order.
+pub const OPS: [&str; 4] = ["acquire", "renew", "release", "commit"];
+
 /// One row: (operation, concurrency, figure).
 pub type Row = (String, usize, Figure);
 
-/// Everything item 1 measured.
+/// Everything the store part measured.
 pub struct Results {
     pub server_version: String,
     pub pool_size: usize,
     pub ours: Vec<Row>,
+    /// PING, SET NX PX and the minimal acquire script under redis-benchmark.
     pub baseline: Vec<Row>,
+    /// Our own scripts under redis-benchmark (operation names as in `ours`).
+    pub script: Vec<Row>,
+    /// (operation, concurrency, share of redis-benchmark calls that did the work).
+    pub script_work: Vec<(String, usize, f64)>,
     /// (pool size, operation, figure) at the highest concurrency.
     pub pool_sweep: Vec<(usize, String, Figure)>,
     pub failures: usize,
@@ -64,6 +68,12 @@ impl Results {
     }
     pub fn baseline(&self, op: &str, c: usize) -> Option<&Figure> {
         find(&self.baseline, op, c)
+    }
+    pub fn script(&self, op: &str, c: usize) -> Option<&Figure> {
+        find(&self.script, op, c)
+    }
+    pub fn minimal(&self, c: usize) -> Option<&Figure> {
+        self.baseline(MINIMAL, c)
     }
 }
 
@@ -238,81 +248,6 @@ async fn ours_at(
     out
 }
 
-/// Runs redis-benchmark against the server; parses its CSV line.
-fn redis_benchmark(server: &ValkeyServer, c: usize, n: usize, command: &[&str]) -> Figure {
-    let out = Command::new("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
-        .args(["-c", &c.to_string(), "-n", &n.to_string()])
-        .args(["-P", "1", "-r", "100000000", "--csv"])
-        .args(command)
-        .output()
-        .expect("run redis-benchmark (apt redis-tools)");
-    assert!(
-        out.status.success(),
-        "redis-benchmark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-    let line = text
-        .lines()
-        .rfind(|l| !l.starts_with("\"test\"") && !l.trim().is_empty())
-        .unwrap_or_else(|| panic!("no CSV line from redis-benchmark: {text}"));
-    let cols: Vec<f64> = line
-        .split("\",\"")
-        .skip(1)
-        .map(|s| s.trim_matches('"').parse().unwrap_or(f64::NAN))
-        .collect();
-    Figure {
-        ops: n,
-        ops_per_sec: cols[0],
-        p50_us: cols[3] * 1e3,
-        p99_us: cols[5] * 1e3,
-        server_us: None,
-        server_cmds: None,
-    }
-}
-
-fn cli(server: &ValkeyServer, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
-        .args(args)
-        .output()
-        .expect("run redis-cli (apt redis-tools)");
-    assert!(out.status.success(), "redis-cli {args:?} failed");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// Server time per top-level call since the last `CONFIG RESETSTAT`: EVALSHA
-/// when scripts ran (commands inside a script are counted inside it), else the
-/// most called command.
-fn server_time(server: &ValkeyServer) -> (Option<f64>, Option<f64>) {
-    let stats = cli(server, &["INFO", "commandstats"]);
-    let mut rows: Vec<(String, f64, f64)> = stats
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |k: &str| {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(k))
-                    .and_then(|v| v.parse::<f64>().ok())
-            };
-            Some((name.to_string(), field("calls=")?, field("usec_per_call=")?))
-        })
-        .filter(|(name, _, _)| name != "config" && name != "info")
-        .collect();
-    if let Some(script) = rows.iter().find(|(n, _, _)| n == "evalsha") {
-        let inner: f64 = rows
-            .iter()
-            .filter(|(n, _, _)| n != "evalsha")
-            .map(|r| r.1)
-            .sum();
-        return (Some(script.2), Some(inner / script.1.max(1.0)));
-    }
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    (rows.first().map(|r| r.2), Some(1.0))
-}
-
 /// Runs `cell` with fresh server statistics and attaches the server time per call.
 async fn with_server_time<F: Future<Output = Figure>>(server: &ValkeyServer, cell: F) -> Figure {
     cli(server, &["CONFIG", "RESETSTAT"]);
@@ -321,7 +256,7 @@ async fn with_server_time<F: Future<Output = Figure>>(server: &ValkeyServer, cel
     fig
 }
 
-/// Item 1, start to end, on a fresh server.
+/// The store part, start to end, on a fresh server.
 pub fn run(p: &Params) -> Results {
     let server = ValkeyServer::start();
     let server_version = cli(&server, &["INFO", "server"])
@@ -338,11 +273,14 @@ pub fn run(p: &Params) -> Results {
     let failures = AtomicUsize::new(0);
     let mut ours = Vec::new();
     let mut baseline = Vec::new();
+    let mut script = Vec::new();
+    let mut script_work = Vec::new();
     let mut pool_sweep = Vec::new();
+    store_script::prepare(&server);
     rt.block_on(async {
         let store = connect(&server, p.pool_size).await;
         // Warm up both sides (connections, script cache, allocator).
-        redis_benchmark(&server, 16, 5_000, &["PING"]);
+        store_script::redis_benchmark(&server, 16, 5_000, 1, &["PING"]);
         ours_at(&server, &store, "warm", 16, 2_000, &failures, &[]).await;
         for &c in &p.concurrencies {
             let n = if c == 1 { p.ops_single } else { p.ops };
@@ -362,12 +300,17 @@ pub fn run(p: &Params) -> Results {
                     "SET NX PX",
                     &["SET", "sl:__rand_int__", "v", "NX", "PX", "120000"][..],
                 ),
-                ("EVALSHA minimal acquire", &acquire_cmd[..]),
+                (MINIMAL, &acquire_cmd[..]),
             ] {
-                cli(&server, &["CONFIG", "RESETSTAT"]);
-                let mut fig = redis_benchmark(&server, c, n, cmd);
-                (fig.server_us, fig.server_cmds) = server_time(&server);
+                let fig = measured(&server, c, n, 100_000_000, cmd);
                 baseline.push((name.to_string(), c, fig));
+            }
+            for op in OPS {
+                // release consumes its leases: half the calls, on 4× as many leases.
+                let calls = if op == "release" { n / 2 } else { n };
+                let (fig, work) = store_script::ours_by_redis_benchmark(&server, op, c, calls);
+                script.push((op.to_string(), c, fig));
+                script_work.push((op.to_string(), c, work));
             }
             for (op, fig) in ours_at(&server, &store, "main", c, n, &failures, &[]).await {
                 ours.push((op, c, fig));
@@ -398,7 +341,55 @@ pub fn run(p: &Params) -> Results {
         pool_size: p.pool_size,
         ours,
         baseline,
+        script,
+        script_work,
         pool_sweep,
         failures: failures.into_inner(),
+    }
+}
+
+impl Results {
+    /// `target/bench/store.json`: per operation and concurrency, our client,
+    /// redis-benchmark on our script, the minimal script and PING.
+    pub fn json(&self) -> serde_json::Value {
+        let mut ops = serde_json::Map::new();
+        for op in OPS {
+            let mut per_c = serde_json::Map::new();
+            for (o, c, ours) in &self.ours {
+                if o != op {
+                    continue;
+                }
+                let script = self.script(op, *c);
+                let minimal = self.minimal(*c);
+                let work = self
+                    .script_work
+                    .iter()
+                    .find(|(o, cc, _)| o == op && cc == c)
+                    .map(|w| w.2);
+                per_c.insert(
+                    c.to_string(),
+                    serde_json::json!({
+                        "ours_ops_per_sec": ours.ops_per_sec,
+                        "script_ops_per_sec": script.map(|f| f.ops_per_sec),
+                        "minimal_ops_per_sec": minimal.map(|f| f.ops_per_sec),
+                        "server_us_per_call": script.and_then(|f| f.server_us),
+                        "minimal_server_us_per_call": minimal.and_then(|f| f.server_us),
+                        "p50_us": ours.p50_us,
+                        "ping_p50_us": self.baseline("PING", *c).map(|f| f.p50_us),
+                        "ours_server_us_per_call": ours.server_us,
+                        "server_commands_per_call": script.and_then(|f| f.server_cmds),
+                        "script_p50_us": script.map(|f| f.p50_us),
+                        "script_calls_doing_the_work": work,
+                    }),
+                );
+            }
+            ops.insert(op.to_string(), serde_json::Value::Object(per_c));
+        }
+        serde_json::json!({
+            "valkey_version": self.server_version,
+            "pool_size": self.pool_size,
+            "failures": self.failures,
+            "ops": ops,
+        })
     }
 }

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::config_error::ConfigError;
 use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig};
 
 /// How to reach Valkey.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Connection")]
 pub struct ConnectionArgs {
     /// Valkey URL: redis://, rediss:// (TLS), redis-cluster://, rediss-cluster://
     /// (extra seeds as ?node=host:port&node=…) or redis-sentinel://.
@@ -66,7 +68,7 @@ pub struct ConnectionArgs {
 
 impl ConnectionArgs {
     /// The typed config; reads the password file.
-    pub fn to_config(&self) -> Result<ValkeyConfig, String> {
+    pub fn to_config(&self) -> Result<ValkeyConfig, ConfigError> {
         let password = match &self.password_file {
             Some(path) => Some(read_secret(path)?),
             None => None,
@@ -76,10 +78,12 @@ impl ConnectionArgs {
             None => None,
         };
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err("--timeout and --connect-timeout must be positive".into());
+            return Err(ConfigError::new(
+                "--timeout and --connect-timeout must be positive",
+            ));
         }
         if self.pool_size == 0 || self.pool_size > 128 {
-            return Err("--pool-size must be between 1 and 128".into());
+            return Err(ConfigError::of("--pool-size", "must be between 1 and 128"));
         }
         Ok(ValkeyConfig {
             url: self.valkey_url.clone(),
@@ -103,9 +107,14 @@ impl ConnectionArgs {
 }
 
 /// Reads a secret file; one trailing newline is not part of the secret.
-pub fn read_secret(path: &std::path::Path) -> Result<Secret, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read password file {}: {}", path.display(), e.kind()))?;
+pub fn read_secret(path: &std::path::Path) -> Result<Secret, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new(format!(
+            "cannot read password file {}: {}",
+            path.display(),
+            e.kind()
+        ))
+    })?;
     let value = text.strip_suffix('\n').unwrap_or(&text);
     let value = value.strip_suffix('\r').unwrap_or(value);
     Ok(Secret::new(value))

@@ -10,11 +10,11 @@ use clap::{Args, Subcommand};
 
 use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
-use super::output::{self, Report};
+use super::output::{self, Envelope, Format, Report};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
-    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, MAX_METADATA_BYTES, ReleaseRequest,
-    RenewRequest, Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, MAX_METADATA_BYTES, MAX_TOKEN,
+    ReleaseRequest, RenewRequest, RevokeRequest, StoreError, Target,
 };
 
 /// Acquire, renew, release, inspect, revoke or fence-write a lease.
@@ -29,17 +29,65 @@ pub struct LeaseArgs {
 #[derive(Subcommand, Debug)]
 pub enum LeaseCommand {
     /// Take the lease if the target is free; prints the lease id and fencing token.
+    #[command(
+        after_help = "Examples:\n  targetlease lease acquire --target db-migration --ttl 60s\n  targetlease lease acquire --target db --owner job-7 --request-id job-7-try-1 --metadata '{\"run\":7}'"
+    )]
     Acquire(AcquireArgs),
     /// Extend the lease you hold (exact lease id, owner and token).
+    #[command(
+        after_help = "Example:\n  targetlease lease renew --target db --owner job-7 --lease-id \"$ID\" --token 42 --ttl 60s"
+    )]
     Renew(RenewArgs),
     /// Give back the lease you hold (exact lease id, owner and token).
     Release(ReleaseArgs),
+    /// List the lease records of a namespace (or all), each read like get:
+    /// found, expired or corrupt_state; never a lease id. One JSON line each.
+    #[command(
+        after_help = "Examples:\n  targetlease lease list --namespace team-a --target-prefix db-\n  targetlease lease list --all-namespaces -o text"
+    )]
+    List(ListArgs),
     /// Show the live lease of a target, without its lease id.
+    #[command(
+        after_help = "Examples:\n  targetlease lease get --target db\n  targetlease lease get --target db --namespace team-a -o text"
+    )]
     Get(GetArgs),
     /// End whatever lease a target has, without an owner check (administrative).
     Revoke(RevokeArgs),
+    /// Read back the value last committed under KEY, with its fencing token (no lease needed).
+    #[command(
+        after_help = "Example:\n  targetlease lease read --target db --key schema-version -o text"
+    )]
+    Read(ReadArgs),
     /// Store KEY=VALUE under the target, only with the live lease's fencing token.
+    #[command(
+        after_help = "Example:\n  targetlease lease commit --target db --token 42 --key schema-version --value 17"
+    )]
     Commit(CommitArgs),
+}
+
+/// The owner named when `--owner` is not given: this host's name and this
+/// process's id (`host:pid`; in a pod the host name is the pod name).
+pub fn default_owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// The lease duration when `--ttl` is not given.
+pub const DEFAULT_TTL: &str = "30s";
+
+/// Parses a fencing token: a whole number from 1 to 2^63-1. Out-of-range
+/// and negative values get the range in the message.
+pub fn parse_token(text: &str) -> Result<u64, String> {
+    let range = format!("token must be between 1 and {MAX_TOKEN}");
+    match text.parse::<i128>() {
+        Ok(n) if n >= 1 && n <= i128::from(MAX_TOKEN) => Ok(n as u64),
+        Ok(_) => Err(range),
+        Err(_) => Err(format!("{range} (a whole number)")),
+    }
 }
 
 /// Which target, in which tenant.
@@ -66,10 +114,11 @@ pub struct AcquireArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// Who wants the lease (1 to 256 bytes; an identity, not a secret).
-    #[arg(long, env = "TARGETLEASE_OWNER")]
+    /// Default: this host's name and this process's id, `host:pid`.
+    #[arg(long, env = "TARGETLEASE_OWNER", default_value_t = default_owner(), hide_default_value = true)]
     owner: String,
     /// How long the lease lives unless renewed, e.g. 10s.
-    #[arg(long, env = "TARGETLEASE_TTL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Hard limit on the lease's life; renewals cannot extend past it.
     #[arg(long, env = "TARGETLEASE_MAX_LIFETIME", value_parser = humantime::parse_duration)]
@@ -96,7 +145,7 @@ pub struct HolderArgs {
     #[arg(long, env = "TARGETLEASE_LEASE_ID", hide_env_values = true)]
     lease_id: String,
     /// The fencing token printed by acquire.
-    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN", value_parser = parse_token, allow_negative_numbers = true)]
     token: u64,
 }
 
@@ -118,7 +167,7 @@ pub struct RenewArgs {
     #[command(flatten)]
     holder: HolderArgs,
     /// New remaining life, counted from the server's now, e.g. 10s.
-    #[arg(long, env = "TARGETLEASE_TTL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// Idempotency key: a retry with the same id returns the original result (default: fresh).
     #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
@@ -150,6 +199,9 @@ pub struct ReleaseArgs {
 pub struct GetArgs {
     #[command(flatten)]
     target: TargetArgs,
+    /// json (the one-line envelope) or text (a line for people).
+    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
+    output: Format,
     #[command(flatten)]
     conn: ConnectionArgs,
     #[command(flatten)]
@@ -165,7 +217,7 @@ pub struct RevokeArgs {
     #[arg(long, env = "TARGETLEASE_REVOKE_REASON")]
     reason: Option<String>,
     /// Only end the lease with this fencing token (refused as not_owner otherwise).
-    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN", value_parser = parse_token, allow_negative_numbers = true)]
     token: Option<u64>,
     /// Idempotency key: a retry with the same id returns the original result,
     /// and never ends a lease acquired after the first attempt (default: fresh).
@@ -183,7 +235,7 @@ pub struct CommitArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// The fencing token of the live lease.
-    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN")]
+    #[arg(long, env = "TARGETLEASE_FENCING_TOKEN", value_parser = parse_token, allow_negative_numbers = true)]
     token: u64,
     /// Name of the value, scoped to the target (1 to 256 bytes).
     #[arg(long, env = "TARGETLEASE_COMMIT_KEY")]
@@ -200,6 +252,46 @@ pub struct CommitArgs {
     log: LogArgs,
 }
 
+/// Flags of `lease list`.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// The tenant (Kubernetes namespace) to list.
+    #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// List every namespace (cluster-wide: every primary of a Valkey Cluster is scanned).
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Only targets whose names start with this.
+    #[arg(long, default_value = "")]
+    pub target_prefix: String,
+    /// json (one object per lease record and line) or text (a table).
+    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
+    pub output: Format,
+    /// How to reach Valkey.
+    #[command(flatten)]
+    pub conn: ConnectionArgs,
+    /// Diagnostics.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// Flags of `lease read`.
+#[derive(Args, Debug)]
+pub struct ReadArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Name of the value, as given to commit.
+    #[arg(long, env = "TARGETLEASE_COMMIT_KEY")]
+    key: String,
+    /// json (the one-line envelope, with a `committed` object) or text.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
+    output: Format,
+    #[command(flatten)]
+    conn: ConnectionArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
 /// One validated store call, ready to send.
 enum Op {
     Acquire(AcquireRequest),
@@ -208,18 +300,21 @@ enum Op {
     Get(Target),
     Revoke(RevokeRequest),
     Commit(CommitRequest),
+    Read(Target, String),
 }
 
 impl Op {
-    async fn send(&self, store: &dyn LeaseStore) -> Result<Reply, StoreError> {
-        match self {
+    async fn send(&self, store: &dyn LeaseStore) -> Result<Envelope, StoreError> {
+        let reply = match self {
             Op::Acquire(r) => store.acquire(r).await,
             Op::Renew(r) => store.renew(r).await,
             Op::Release(r) => store.release(r).await,
             Op::Get(t) => store.get(t).await,
             Op::Revoke(r) => store.revoke(r).await,
             Op::Commit(r) => store.commit(r).await,
-        }
+            Op::Read(t, key) => return store.read(t, key).await.map(Envelope::from_read),
+        };
+        reply.map(Envelope::from_reply)
     }
 
     fn validate(&self) -> Result<(), StoreError> {
@@ -230,11 +325,15 @@ impl Op {
             Op::Get(t) => t.validate(),
             Op::Revoke(r) => r.validate(),
             Op::Commit(r) => r.validate(),
+            Op::Read(t, key) => {
+                t.validate()?;
+                crate::store::check_name("key", key)
+            }
         }
     }
 
     fn is_write(&self) -> bool {
-        !matches!(self, Op::Get(_))
+        !matches!(self, Op::Get(_) | Op::Read(..))
     }
 
     fn request_id(&self) -> Option<&str> {
@@ -244,7 +343,7 @@ impl Op {
             Op::Release(r) => Some(&r.request_id),
             Op::Commit(r) => Some(&r.request_id),
             Op::Revoke(r) => Some(&r.request_id),
-            Op::Get(_) => None,
+            Op::Get(_) | Op::Read(..) => None,
         }
     }
 }
@@ -307,6 +406,8 @@ fn build(cmd: &LeaseCommand) -> Result<Op, String> {
             req.request_id = request_id(&a.request_id);
             Op::Commit(req)
         }
+        LeaseCommand::Read(a) => Op::Read(a.target.target(), a.key.clone()),
+        LeaseCommand::List(_) => unreachable!("lease list is not one store call"),
     };
     op.validate().map_err(|e| match e {
         StoreError::Invalid(msg) => msg,
@@ -324,6 +425,8 @@ impl LeaseCommand {
             LeaseCommand::Get(a) => &a.conn,
             LeaseCommand::Revoke(a) => &a.conn,
             LeaseCommand::Commit(a) => &a.conn,
+            LeaseCommand::Read(a) => &a.conn,
+            LeaseCommand::List(a) => &a.conn,
         }
     }
 
@@ -335,6 +438,8 @@ impl LeaseCommand {
             LeaseCommand::Get(a) => &a.log,
             LeaseCommand::Revoke(a) => &a.log,
             LeaseCommand::Commit(a) => &a.log,
+            LeaseCommand::Read(a) => &a.log,
+            LeaseCommand::List(a) => &a.log,
         }
     }
 }
@@ -343,6 +448,9 @@ impl LeaseCommand {
 pub async fn main(args: LeaseArgs) -> ExitCode {
     let cmd = args.command;
     logging::init(cmd.log());
+    if let LeaseCommand::List(a) = &cmd {
+        return super::list::main(a).await;
+    }
     // (no client required) everything that can be refused locally is refused here.
     let op = match build(&cmd) {
         Ok(op) => op,
@@ -376,7 +484,12 @@ pub async fn main(args: LeaseArgs) -> ExitCode {
         )),
         (other, _) => other,
     };
-    output::emit(Report::from(result))
+    let format = match &cmd {
+        LeaseCommand::Get(a) => a.output,
+        LeaseCommand::Read(a) => a.output,
+        _ => Format::Json,
+    };
+    output::emit_as(Report::from(result), format)
 }
 
 #[cfg(test)]

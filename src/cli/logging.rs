@@ -29,6 +29,7 @@ pub enum LogFormat {
 
 /// Logging flags, shared by every command that logs.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Logging")]
 pub struct LogArgs {
     /// Format of the diagnostics written to stderr (`RUST_LOG` picks what is logged; default warn).
     #[arg(long, env = "TARGETLEASE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

@@ -8,6 +8,7 @@ pub mod check;
 pub mod connection;
 pub mod crd;
 pub mod lease;
+pub mod list;
 pub mod logging;
 pub mod operator;
 pub mod output;
@@ -20,7 +21,12 @@ use clap::{Parser, Subcommand};
 
 /// Leases with fencing tokens for Kubernetes workloads, stored in Valkey.
 #[derive(Parser, Debug)]
-#[command(name = "targetlease", version, about)]
+#[command(
+    name = "targetlease",
+    version,
+    about,
+    after_help = "Examples:\n  targetlease lease acquire --target db --ttl 60s\n  targetlease run --target nightly-report --wait 5m -- ./report.sh\n  targetlease lease get --target db -o text\n\nExit codes: 0 success, 1 refused, 2 bad arguments, 3 backend trouble."
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -43,6 +49,11 @@ pub enum Command {
     /// Wait until a TargetLease is Held for this pod (or identity) and print its
     /// fencing token; `--follow --file F` keeps F up to date (a sidecar).
     Token(token::TokenArgs),
+    /// Print a shell completion script: `targetlease completion bash > /etc/bash_completion.d/targetlease`.
+    Completion {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Parses arguments, runs the command and returns its exit code.
@@ -54,5 +65,10 @@ pub async fn main() -> ExitCode {
         Command::Operator(args) => operator::main(args).await,
         Command::Check(args) => check::main(args).await,
         Command::Token(args) => token::main(args).await,
+        Command::Completion { shell } => {
+            let mut cli = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cli, "targetlease", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
     }
 }

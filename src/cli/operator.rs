@@ -1,6 +1,8 @@
 //! `targetlease operator`: run the controller, the admin server and (with
 //! several replicas) leader election.
 
+pub mod lease_id_secret;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +12,6 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::connection::{ConnectionArgs, read_secret};
@@ -20,7 +21,7 @@ use crate::election::Timings;
 use crate::election::write_gate::WriteGateLayer;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
-use crate::metrics::OperatorMetrics;
+use crate::metrics::{self, OperatorMetrics};
 use crate::operator::{self, Election, OperatorConfig};
 use crate::store::metrics::{MeteredStore, StoreMetrics};
 use crate::store::valkey::{ValkeyConfig, ValkeyStore, notices};
@@ -39,6 +40,15 @@ pub struct OperatorArgs {
     /// share it so a new leader can renew the leases the old one acquired.
     #[arg(long, env = "TARGETLEASE_LEASE_ID_KEY_FILE")]
     pub lease_id_key_file: Option<PathBuf>,
+    /// Instead of a file: the Secret (in the floor namespace) holding that key.
+    /// The operator creates it with a random key if it does not exist; replicas
+    /// starting at once agree on one key.
+    #[arg(
+        long,
+        env = "TARGETLEASE_LEASE_ID_KEY_SECRET",
+        conflicts_with = "lease_id_key_file"
+    )]
+    pub lease_id_key_secret: Option<String>,
     /// Namespace of the ConfigMap that keeps the last token of deleted leases.
     #[arg(
         long,
@@ -62,8 +72,9 @@ pub struct OperatorArgs {
     /// This replica's name, for Events and leader election (the pod name in a cluster).
     #[arg(long, env = "POD_NAME", default_value = "targetlease-operator")]
     pub instance: String,
-    /// Address of the admin server (/livez, /readyz, /metrics).
-    #[arg(long, env = "TARGETLEASE_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address of the admin server (/livez, /readyz, /metrics). `[::]:PORT`
+    /// listens on IPv6 and IPv4 (IPv4 only where the node has no IPv6).
+    #[arg(long, env = "TARGETLEASE_ADMIN_ADDR", default_value = "[::]:8080")]
     pub admin_addr: SocketAddr,
     /// Elect one active replica on a coordination.k8s.io Lease (for several replicas).
     #[arg(long, env = "TARGETLEASE_LEADER_ELECTION", default_value_t = false)]
@@ -92,7 +103,7 @@ pub struct OperatorArgs {
     pub leader_election_retry_period: Duration,
 }
 
-fn usage(message: &str) -> ExitCode {
+fn usage(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("targetlease operator: {message}");
     ExitCode::from(2)
 }
@@ -119,19 +130,14 @@ async fn connect(
 /// Runs the operator until SIGTERM or Ctrl-C.
 pub async fn main(args: OperatorArgs) -> ExitCode {
     logging::init(&args.log);
-    let lease_ids = match &args.lease_id_key_file {
+    let key_file = match &args.lease_id_key_file {
         Some(path) => {
             match read_secret(path).and_then(|s| LeaseIdKey::new(s.expose().as_bytes())) {
-                Ok(k) => k,
+                Ok(k) => Some(k),
                 Err(e) => return usage(&e),
             }
         }
-        None => {
-            tracing::warn!(
-                "no --lease-id-key-file: leases cannot be re-adopted after a restart or by another replica"
-            );
-            LeaseIdKey::random()
-        }
+        None => None,
     };
     let config = match args.connection.to_config() {
         Ok(c) => c,
@@ -145,7 +151,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     if args.leader_election
         && let Err(e) = timings.validate()
     {
-        return usage(&format!(
+        return usage(format!(
             "--leader-election-duration, --leader-election-renew-deadline, --leader-election-retry-period: {e}"
         ));
     }
@@ -154,7 +160,8 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     } else {
         Leadership::always()
     };
-    let (client, election_client) = match clients(&leadership).await {
+    let metrics = OperatorMetrics::default();
+    let (client, election_client) = match clients(&leadership, &metrics).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("targetlease operator: kubernetes client: {e}");
@@ -168,26 +175,55 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         let _ = shutdown_tx.send(true);
     });
 
+    let lease_ids = match (key_file, &args.lease_id_key_secret) {
+        (Some(k), _) => k,
+        (None, Some(name)) => {
+            // The ungated client: every replica reads (or creates) the key
+            // before it may lead.
+            let ns = &args.floor_namespace;
+            match lease_id_secret::load_or_create_retrying(
+                &election_client,
+                ns,
+                name,
+                &mut shutdown,
+            )
+            .await
+            {
+                Ok(Some((k, origin))) => {
+                    tracing::info!(secret = %format!("{ns}/{name}"), ?origin, "lease-id key");
+                    k
+                }
+                Ok(None) => return ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("targetlease operator: lease-id key: {e}");
+                    return ExitCode::from(3);
+                }
+            }
+        }
+        (None, None) => {
+            tracing::warn!(
+                "no --lease-id-key-file or --lease-id-key-secret: leases cannot be re-adopted after a restart or by another replica"
+            );
+            LeaseIdKey::random()
+        }
+    };
+
     let Some(valkey) = connect(&config, &mut shutdown).await else {
         return ExitCode::SUCCESS;
     };
     let store_metrics = StoreMetrics::default();
     let store: Arc<dyn LeaseStore> =
         Arc::new(MeteredStore::new(Arc::new(valkey), store_metrics.clone()));
-    let metrics = OperatorMetrics::default();
-    let mut registry = Registry::default();
-    let ours = registry.sub_registry_with_prefix("targetlease");
-    store_metrics.register(ours);
-    metrics.register(ours);
+    let registry = metrics::registry(&metrics, &store_metrics);
     let runtime = Arc::new(RuntimeStatus::default());
 
-    let admin_state = Arc::new(AdminState {
+    let admin_state = Arc::new(AdminState::new(
         registry,
-        metrics: metrics.clone(),
-        store: store.clone(),
-        runtime: runtime.clone(),
-        leadership: leadership.clone(),
-    });
+        metrics.clone(),
+        store.clone(),
+        runtime.clone(),
+        leadership.clone(),
+    ));
     let admin_shutdown = {
         let mut rx = shutdown.clone();
         async move {
@@ -244,12 +280,18 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
 }
 
 /// The Kubernetes clients: one whose writes need the gate open (everything
-/// the controller does), and one without it for the election Lease.
-async fn clients(gate: &Leadership) -> Result<(kube::Client, kube::Client), kube::Error> {
+/// the controller does, each write counted by kind once it passed the gate),
+/// and one without it for the election Lease and the lease-id key Secret.
+async fn clients(
+    gate: &Leadership,
+    metrics: &OperatorMetrics,
+) -> Result<(kube::Client, kube::Client), kube::Error> {
     let config = kube::Config::infer()
         .await
         .map_err(kube::Error::InferConfig)?;
+    // The last layer added is the outermost: the gate decides first.
     let gated = kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&metrics.api_writes.layer())
         .with_layer(&WriteGateLayer::new(gate.clone()))
         .build();
     Ok((gated, kube::Client::try_from(config)?))

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::store::{Lease, Outcome, Reply, StoreError};
+use crate::store::{Committed, Lease, Outcome, ReadReply, Reply, StoreError};
 
 /// Exit code of a command that did what was asked.
 pub const EXIT_OK: u8 = 0;
@@ -65,6 +65,9 @@ pub struct Envelope {
     pub server_time_ms: u64,
     /// One human sentence; never contains secrets.
     pub message: String,
+    /// `lease read` only: the value read back (absent from every other command).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed: Option<Box<Committed>>,
     #[serde(skip)]
     answer: Answer,
 }
@@ -81,7 +84,20 @@ impl Envelope {
             lease,
             server_time_ms: reply.server_time_ms,
             message: reply.message,
+            committed: None,
             answer: Answer::Store(reply.outcome),
+        }
+    }
+
+    /// The envelope of a read of a committed value (`lease` is always null).
+    pub fn from_read(read: ReadReply) -> Self {
+        Self {
+            outcome: read.outcome.as_str(),
+            lease: None,
+            server_time_ms: read.server_time_ms,
+            message: read.message,
+            committed: read.committed.map(Box::new),
+            answer: Answer::Store(read.outcome),
         }
     }
 
@@ -92,6 +108,7 @@ impl Envelope {
             lease: None,
             server_time_ms: 0,
             message,
+            committed: None,
             answer,
         }
     }
@@ -135,6 +152,15 @@ impl From<Result<Reply, StoreError>> for Report {
     }
 }
 
+impl From<Result<Envelope, StoreError>> for Report {
+    fn from(result: Result<Envelope, StoreError>) -> Self {
+        match result {
+            Ok(envelope) => Report::Envelope(envelope),
+            Err(e) => Report::from(e),
+        }
+    }
+}
+
 impl From<StoreError> for Report {
     fn from(e: StoreError) -> Self {
         match e {
@@ -150,17 +176,83 @@ impl From<StoreError> for Report {
     }
 }
 
+/// How a command prints its result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// One JSON object per line (the contract scripts rely on).
+    #[default]
+    Json,
+    /// A line for people; the exit code is the same.
+    Text,
+}
+
+impl Envelope {
+    /// One line for people: the outcome, the lease (never its id) and the message.
+    pub fn to_text(&self) -> String {
+        if let Some(c) = &self.committed {
+            return format!(
+                "{}: {} = {} (token {}, committed {})",
+                self.outcome,
+                c.key,
+                c.value,
+                c.fencing_token,
+                at(c.committed_at_ms)
+            );
+        }
+        let Some(l) = &self.lease else {
+            return format!("{}: {}", self.outcome, self.message);
+        };
+        let mut line = format!(
+            "{}: {} held by {} with token {}",
+            self.outcome, l.target, l.owner, l.fencing_token
+        );
+        if self.server_time_ms > 0 {
+            let left = l.expires_at_ms.saturating_sub(self.server_time_ms);
+            line.push_str(&format!(", expires in {}", human_ms(left)));
+        }
+        line.push_str(&format!(" ({})", at(l.expires_at_ms)));
+        line
+    }
+}
+
+/// `1.2s`, `45s`, `3m20s`: a remaining time for people.
+fn human_ms(ms: u64) -> String {
+    if ms < 10_000 {
+        return format!("{:.1}s", ms as f64 / 1000.0);
+    }
+    let secs = ms / 1000;
+    match (secs / 3600, secs % 3600 / 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
+/// An instant in milliseconds since the epoch as RFC 3339 UTC.
+fn at(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
 /// Prints a usage error to stderr; the caller exits 2.
-pub fn usage_error(message: &str) -> ExitCode {
+pub fn usage_error(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::from(EXIT_USAGE)
 }
 
 /// Prints the report (envelope to stdout, usage errors to stderr) and returns the exit code.
 pub fn emit(report: Report) -> ExitCode {
+    emit_as(report, Format::Json)
+}
+
+/// [`emit`], in the chosen format.
+pub fn emit_as(report: Report, format: Format) -> ExitCode {
     match report {
         Report::Envelope(env) => {
-            println!("{}", env.to_json());
+            match format {
+                Format::Json => println!("{}", env.to_json()),
+                Format::Text => println!("{}", env.to_text()),
+            }
             ExitCode::from(env.exit_code())
         }
         Report::Usage(msg) => usage_error(&msg),
@@ -198,6 +290,32 @@ mod tests {
         }
         assert_eq!(Answer::BackendUnavailable.exit_code(), 3);
         assert_eq!(Answer::OutcomeUnknown.exit_code(), 3);
+    }
+
+    #[test]
+    fn text_shows_holder_token_and_time_left_but_never_the_lease_id() {
+        let reply = Reply {
+            outcome: Outcome::Found,
+            lease: Some(Lease {
+                target: "db".into(),
+                lease_id: Some("secret-capability".into()),
+                owner: "alice".into(),
+                fencing_token: 9_007_199_254_740_993,
+                acquired_at_ms: 1_000,
+                expires_at_ms: 96_000,
+                max_expires_at_ms: None,
+                metadata: None,
+            }),
+            server_time_ms: 1_000,
+            message: "found".into(),
+        };
+        let text = Envelope::from_reply(reply).to_text();
+        assert_eq!(
+            text,
+            "found: db held by alice with token 9007199254740993, expires in 1m35s (1970-01-01T00:01:36Z)"
+        );
+        let free = Envelope::from_backend_error(Answer::BackendUnavailable, "down".into());
+        assert_eq!(free.to_text(), "backend_unavailable: down");
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod holding;
 use holding::{NotAcquired, acquire_within, release, renew_until_lost};
 
 use super::connection::ConnectionArgs;
-use super::lease::{TargetArgs, parse_metadata};
+use super::lease::{DEFAULT_TTL, TargetArgs, default_owner, parse_metadata};
 use super::logging::{self, LogArgs};
 use super::output::{self, Answer, EXIT_REFUSED, Envelope, Report};
 use crate::store::valkey::ValkeyStore;
@@ -36,10 +36,11 @@ pub struct RunArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// Who holds the lease while CMD runs (1 to 256 bytes).
-    #[arg(long, env = "TARGETLEASE_OWNER")]
+    /// Default: this host's name and this process's id, `host:pid`.
+    #[arg(long, env = "TARGETLEASE_OWNER", default_value_t = default_owner(), hide_default_value = true)]
     owner: String,
     /// Lease duration; renewed every third of it while CMD runs, e.g. 10s.
-    #[arg(long, env = "TARGETLEASE_TTL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
     ttl: Duration,
     /// How long to wait for a held target to become free (0s: try once).
     #[arg(long, env = "TARGETLEASE_WAIT", default_value = "0s", value_parser = humantime::parse_duration)]
@@ -174,7 +175,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
     };
     let mut signals = match Signals::install() {
         Ok(s) => s,
-        Err(e) => return output::usage_error(&format!("cannot handle signals: {}", e.kind())),
+        Err(e) => return output::usage_error(format!("cannot handle signals: {}", e.kind())),
     };
     let backstop = config.timeout + Duration::from_secs(1);
 

@@ -56,7 +56,7 @@ impl<'a> Pass<'a> {
             m.reread = false;
         });
         let working = tl.status.clone().unwrap_or_default();
-        let spec = spec::validate(&tl);
+        let spec = spec::validate(&tl).map_err(|e| e.to_string());
         Ok(Some(Self {
             ctx,
             api,
@@ -274,6 +274,9 @@ impl<'a> Pass<'a> {
     async fn event(&self, note: Note) {
         if self.ctx.leadership.check().is_err() {
             return;
+        }
+        if note.reason == crate::conditions::Reason::LeaseLost {
+            self.ctx.metrics.lease_lost();
         }
         let ev = Event {
             type_: if note.warning {

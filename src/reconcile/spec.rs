@@ -6,6 +6,7 @@
 //! so that an invalid spec becomes `SpecValid=False` instead of a loop of
 //! store errors.
 
+use crate::config_error::ConfigError;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -49,11 +50,12 @@ pub struct ValidSpec {
 }
 
 /// Checks the spec; the error is one sentence for the `SpecValid` condition.
-pub fn validate(tl: &TargetLease) -> Result<ValidSpec, String> {
+pub fn validate(tl: &TargetLease) -> Result<ValidSpec, ConfigError> {
     let spec = &tl.spec;
     if tl.name_any().chars().count() > MAX_NAME_CHARS {
-        return Err(format!(
-            "metadata.name must be at most {MAX_NAME_CHARS} characters"
+        return Err(ConfigError::of(
+            "metadata.name",
+            format!("must be at most {MAX_NAME_CHARS} characters"),
         ));
     }
     store::check_name("spec.target", &spec.target).map_err(invalid)?;
@@ -61,18 +63,21 @@ pub fn validate(tl: &TargetLease) -> Result<ValidSpec, String> {
     let renew = spec.renew_interval()?;
     let max_lifetime = spec.max_lifetime()?;
     if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(24 * 3600) {
-        return Err("spec.leaseDuration must be between 1s and 24h".into());
+        return Err(ConfigError::new(
+            "spec.leaseDuration must be between 1s and 24h",
+        ));
     }
     if renew < Duration::from_millis(100) || renew * 2 > ttl {
-        return Err(
-            "spec.renewInterval must be at least 100ms and at most half of spec.leaseDuration"
-                .into(),
-        );
+        return Err(ConfigError::new(
+            "spec.renewInterval must be at least 100ms and at most half of spec.leaseDuration",
+        ));
     }
     if let Some(max) = max_lifetime
         && (max < ttl || max > Duration::from_secs(8760 * 3600))
     {
-        return Err("spec.maxLifetime must be between spec.leaseDuration and 8760h".into());
+        return Err(ConfigError::new(
+            "spec.maxLifetime must be between spec.leaseDuration and 8760h",
+        ));
     }
     let holders = match (&spec.holder, &spec.candidates) {
         (Some(h), None) => {
@@ -84,13 +89,19 @@ pub fn validate(tl: &TargetLease) -> Result<ValidSpec, String> {
         }
         (None, Some(c)) => {
             let selector = Selector::try_from(c.pod_selector.clone())
-                .map_err(|e| format!("spec.candidates.podSelector: {e}"))?;
+                .map_err(|e| ConfigError::of("spec.candidates.podSelector", e))?;
             if selector.selects_all() {
-                return Err("spec.candidates.podSelector must not be empty".into());
+                return Err(ConfigError::new(
+                    "spec.candidates.podSelector must not be empty",
+                ));
             }
             Holders::Elected(selector)
         }
-        _ => return Err("exactly one of spec.holder or spec.candidates must be set".into()),
+        _ => {
+            return Err(ConfigError::new(
+                "exactly one of spec.holder or spec.candidates must be set",
+            ));
+        }
     };
     Ok(ValidSpec {
         timing: Timing {
@@ -102,10 +113,10 @@ pub fn validate(tl: &TargetLease) -> Result<ValidSpec, String> {
     })
 }
 
-fn invalid(e: store::StoreError) -> String {
+fn invalid(e: store::StoreError) -> ConfigError {
     match e {
-        store::StoreError::Invalid(m) => m,
-        other => other.to_string(),
+        store::StoreError::Invalid(m) => ConfigError::new(m),
+        other => ConfigError::new(other.to_string()),
     }
 }
 
@@ -168,7 +179,7 @@ mod tests {
         ];
         for (spec, expected) in cases {
             let err = validate(&tl(spec.clone())).expect_err(&spec.to_string());
-            assert!(err.contains(expected), "{spec}: {err}");
+            assert!(err.to_string().contains(expected), "{spec}: {err}");
         }
     }
 }

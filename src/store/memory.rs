@@ -11,7 +11,8 @@ use async_trait::async_trait;
 
 use super::{
     AcquireRequest, CommitRequest, Health, IDEMPOTENCY_WINDOW, Lease, LeaseHandle, LeaseStore,
-    MAX_TOKEN, Outcome, ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
+    MAX_TOKEN, Outcome, ReadReply, ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError,
+    Target,
 };
 
 mod clock;
@@ -353,19 +354,75 @@ impl LeaseStore for MemoryStore {
             Some(Slot::Live(r)) => r,
         };
         let commit_key = (t.clone(), req.key.clone());
-        if let Some((committed, _)) = st.commits.get(&commit_key)
+        if let Some((committed, _, _)) = st.commits.get(&commit_key)
             && *committed > req.token
         {
             let message = "a higher token was already committed for this key";
             return Ok(bare(now, Outcome::StaleToken, message));
         }
         st.commits
-            .insert(commit_key, (req.token, req.value.clone()));
+            .insert(commit_key, (req.token, req.value.clone(), now));
         let window = now + ms(IDEMPOTENCY_WINDOW);
         let cached = remembered(fp, "", req.token, Outcome::Committed, window);
         st.remember("commit", t, "", &req.request_id, cached);
         let shown = Some(rec.lease(t).without_lease_id());
         Ok(reply(now, Outcome::Committed, shown, "value committed"))
+    }
+
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {
+        target.validate()?;
+        super::check_name("key", key)?;
+        let now = self.clock.now_ms();
+        let st = self.lock();
+        let found = st.commits.get(&(target.clone(), key.to_owned()));
+        Ok(match found {
+            Some((token, value, at)) => ReadReply {
+                outcome: Outcome::Found,
+                committed: Some(super::Committed {
+                    key: key.to_owned(),
+                    value: value.clone(),
+                    fencing_token: *token,
+                    committed_at_ms: *at,
+                }),
+                server_time_ms: now,
+                message: "value committed".into(),
+            },
+            None => ReadReply {
+                outcome: Outcome::NotFound,
+                committed: None,
+                server_time_ms: now,
+                message: "nothing committed under this key".into(),
+            },
+        })
+    }
+
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<super::Listed>, StoreError> {
+        let wanted: Vec<Target> = {
+            let st = self.lock();
+            st.leases
+                .keys()
+                .filter(|t| namespace.is_none_or(|n| t.namespace == n))
+                .filter(|t| t.name.starts_with(target_prefix))
+                .cloned()
+                .collect()
+        };
+        let mut listed = Vec::new();
+        for target in wanted {
+            let mut reply = self.get(&target).await?;
+            if reply.outcome == Outcome::NotFound {
+                reply.outcome = Outcome::Expired;
+                reply.message = "the lease has ended".into();
+            }
+            listed.push(super::Listed { target, reply });
+        }
+        listed.sort_by(|a, b| {
+            (&a.target.namespace, &a.target.name).cmp(&(&b.target.namespace, &b.target.name))
+        });
+        Ok(listed)
     }
 
     async fn health(&self) -> Result<Health, StoreError> {

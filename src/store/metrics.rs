@@ -16,8 +16,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::{
-    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
-    Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReadReply, ReleaseRequest,
+    RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
 /// Labels of the per-call counter.
@@ -136,6 +136,16 @@ impl LeaseStore for MeteredStore {
     }
     async fn get(&self, target: &Target) -> Result<Reply, StoreError> {
         self.timed("get", self.inner.get(target)).await
+    }
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {
+        self.inner.read(target, key).await
+    }
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<super::Listed>, StoreError> {
+        self.inner.list(namespace, target_prefix).await
     }
     async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError> {
         self.timed("revoke", self.inner.revoke(req)).await

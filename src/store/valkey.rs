@@ -41,8 +41,8 @@ use resp::{Cmd, Value};
 use scripts::{SCRIPTS, Script};
 
 use super::{
-    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
-    Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReadReply, ReleaseRequest,
+    RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
 /// [`super::LeaseStore`] on Valkey (standalone, Sentinel or Cluster).
@@ -412,6 +412,64 @@ impl LeaseStore for ValkeyStore {
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         self.call(calls::commit(&self.keys, req), &req.target).await
+    }
+
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {
+        target.validate()?;
+        crate::store::check_name("key", key)?;
+        let call = calls::read(&self.keys, target, key);
+        let deadline = Instant::now() + self.timeout;
+        let (value, held) = self
+            .script(&call, Use::Shared, deadline)
+            .await
+            .map_err(|e| unanswered(e, call.effect, self.timeout))?;
+        held.give_back();
+        if let Value::Error(e) = &value {
+            return Err(server_error(e, call.effect));
+        }
+        Ok(
+            reply::decode_read(key, &value).unwrap_or_else(|why| ReadReply {
+                outcome: Outcome::CorruptState,
+                committed: None,
+                server_time_ms: 0,
+                message: format!("unreadable reply from the read script ({why})"),
+            }),
+        )
+    }
+
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<crate::store::Listed>, StoreError> {
+        if let Some(ns) = namespace {
+            crate::store::check_name("namespace", ns)?;
+        }
+        let pattern = self.keys.lease_pattern(namespace, target_prefix);
+        let deadline = Instant::now() + self.timeout;
+        let keys = self
+            .client
+            .scan_primaries(&pattern, deadline)
+            .await
+            .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
+        let mut targets: Vec<Target> = keys
+            .iter()
+            .filter_map(|k| self.keys.target_of_lease_key(k))
+            .filter(|t| namespace.is_none_or(|n| t.namespace == n))
+            .filter(|t| t.name.starts_with(target_prefix))
+            .collect();
+        targets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        targets.dedup();
+        let mut listed = Vec::with_capacity(targets.len());
+        for target in targets {
+            let mut reply = self.get(&target).await?;
+            if reply.outcome == Outcome::NotFound {
+                reply.outcome = Outcome::Expired;
+                reply.message = "the lease has ended".into();
+            }
+            listed.push(crate::store::Listed { target, reply });
+        }
+        Ok(listed)
     }
 
     async fn close(&self) {

@@ -148,3 +148,19 @@ pub fn template(release: &str, namespace: &str, extra: &[&str]) -> Rendered {
     args.extend_from_slice(extra);
     Rendered::parse(&helm_ok(&args))
 }
+
+/// `helm template` with `extra` must fail, saying `expect` on stderr.
+pub fn refused(extra: &[&str], expect: &str) {
+    let chart = chart();
+    let mut args = vec!["template", "t", &chart, "--kube-version", KUBE_VERSION];
+    args.extend_from_slice(extra);
+    let out = helm(&args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{extra:?} was accepted");
+    assert!(err.contains(expect), "{extra:?}: {err}");
+}
+
+/// `helm template` with `extra` renders.
+pub fn accepted(extra: &[&str]) -> Rendered {
+    template("t", "default", extra)
+}

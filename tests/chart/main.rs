@@ -11,8 +11,15 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod argocd;
 mod cluster;
+mod gitops;
 mod helm;
+mod lease_id_key;
+mod observability;
 mod operator;
+mod release;
 mod render;
 mod render_ha;
+mod render_values;
+mod schema;

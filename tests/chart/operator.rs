@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams};
 use serde_json::json;
 use targetlease::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{LeaseStore, Outcome, Target};
+use targetlease::store::{LeaseStore, Outcome, RevokeRequest, Target};
 
 use crate::cluster::{SOON, install_identity, service_account_kubeconfig, wait_policy_enforced};
 use crate::support::kube_env::eventually;
@@ -167,9 +167,87 @@ async fn the_operator_runs_as_the_chart_service_account() {
         "a replica holds the Lease"
     );
 
+    // A lease that ends in Valkey without being given back (here: revoked)
+    // is lost, and counted once (the counter starts at zero); the operator
+    // then acquires the target again, with the next token.
+    let lost = || async {
+        sample(
+            &scrape(env.admin_port(0)).await,
+            "targetlease_leases_lost_total",
+        )
+    };
+    assert_eq!(lost().await, 0.0);
+    env.create(
+        "job-c",
+        json!({ "target": "payments", "holder": { "identity": "job-c" },
+                "leaseDuration": "4s", "renewInterval": "1s" }),
+    )
+    .await;
+    env.wait_phase("job-c", Phase::Held, SOON).await;
+    let revoked = store
+        .revoke(&RevokeRequest::new(Target::new(&ns, "payments")))
+        .await
+        .unwrap();
+    assert_eq!(revoked.outcome, Outcome::Revoked);
+    env.wait_for("job-c", "held again with token 2", SOON, |tl| {
+        summary(tl) == (Some(Phase::Held), Some("job-c".into()), Some(2))
+    })
+    .await;
+    eventually("the lost lease counted", SOON, || async {
+        (lost().await == 1.0).then_some(())
+    })
+    .await;
+
+    // Every kind of write the flows above made was counted once it reached
+    // the API server (the client counts them, so none can be missed).
+    let metrics = scrape(env.admin_port(0)).await;
+    for kind in ["status", "finalizer", "pod_mark", "floor", "event"] {
+        let line = format!("targetlease_api_writes_total{{kind=\"{kind}\"}} ");
+        let n: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("no {line} in\n{metrics}"))
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(n >= 1.0, "{line}{n}");
+    }
+    for line in ["targetlease_backend_up 1", "targetlease_leader 1"] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    assert!(metrics.contains("targetlease_leases_lost_total "));
+    assert!(metrics.contains("targetlease_build_info{version="));
+    assert!(metrics.contains("targetlease_process_resident_memory_bytes "));
+
     let log = env.operator_log(0);
     assert!(
         !log.to_lowercase().contains("forbidden"),
         "the operator was refused something:\n{log}"
     );
+}
+
+/// The value of the sample named exactly `name` (no labels).
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `GET /metrics` on the admin port.
+async fn scrape(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the admin port");
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    reply
 }

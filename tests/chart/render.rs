@@ -3,8 +3,6 @@
 
 use std::process::Command;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use crate::helm::*;
@@ -21,7 +19,7 @@ fn helm_lint_passes_with_default_and_non_default_values() {
         KUBE_VERSION,
         &chart,
         "--set",
-        "replicaCount=3,valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls",
+        "replicaCount=3,valkey.url=rediss://valkey:6380,valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls",
         "--set",
         "metrics.serviceMonitor.enabled=true,valkey.auth.existingSecret=valkey-auth",
     ]);
@@ -41,37 +39,6 @@ fn the_chart_ships_the_generated_crd() {
     );
 }
 
-#[test]
-fn the_values_schema_refuses_mistakes() {
-    let chart = chart();
-    let refused = |set: &str, expect: &str| {
-        let out = helm(&[
-            "template",
-            "t",
-            &chart,
-            "--kube-version",
-            KUBE_VERSION,
-            "--set",
-            set,
-        ]);
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(!out.status.success(), "{set} was accepted");
-        assert!(err.contains(expect), "{set}: {err}");
-    };
-    refused("valkey.url=redis://user:secret@valkey:6379", "/valkey/url");
-    refused("replicas=3", "replicas");
-    refused("replicaCount=0", "/replicaCount");
-    refused("valkey.durability=sometimes", "/valkey/durability");
-    refused(
-        "valkey.tls.enabled=true",
-        "valkey.tls.enabled needs valkey.tls.existingSecret",
-    );
-    refused(
-        "valkey.tls.enabled=true,valkey.tls.existingSecret=s,valkey.tls.certKey=tls.crt",
-        "go together",
-    );
-}
-
 // ---------------------------------------------------------- rendering ---
 
 fn expected_cluster_rules() -> Value {
@@ -85,7 +52,13 @@ fn expected_cluster_rules() -> Value {
     ])
 }
 
-fn expected_role_rules(floor: &str, election_lease: Option<&str>) -> Value {
+/// The Role's rules; `key_secret`: the lease-id key Secret the operator
+/// creates (none with `leaseIdKey.existingSecret`).
+pub fn expected_role_rules(
+    floor: &str,
+    election_lease: Option<&str>,
+    key_secret: Option<&str>,
+) -> Value {
     let buckets: Vec<String> = (0..64).map(|i| format!("{floor}-{i:02x}")).collect();
     let mut rules = vec![
         json!({ "apiGroups": [""], "resources": ["configmaps"],
@@ -95,6 +68,11 @@ fn expected_role_rules(floor: &str, election_lease: Option<&str>) -> Value {
         json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [floor],
                 "verbs": ["get", "delete"] }),
     ];
+    if let Some(secret) = key_secret {
+        rules.push(json!({ "apiGroups": [""], "resources": ["secrets"], "verbs": ["create"] }));
+        rules.push(json!({ "apiGroups": [""], "resources": ["secrets"],
+                           "resourceNames": [secret], "verbs": ["get"] }));
+    }
     if let Some(lease) = election_lease {
         rules.push(
             json!({ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
@@ -109,7 +87,7 @@ fn expected_role_rules(floor: &str, election_lease: Option<&str>) -> Value {
 }
 
 /// Pod Security Standard "restricted", checked field by field.
-fn assert_restricted(r: &Rendered) {
+pub fn assert_restricted(r: &Rendered) {
     let pod = &r.get("Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(
@@ -169,13 +147,13 @@ fn default_values_render_a_restricted_highly_available_operator() {
             "PodDisruptionBudget",
             "Role",
             "RoleBinding",
-            "Secret",
             "Service",
             "ServiceAccount",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding"
         ],
-        "no ServiceMonitor by default; the policy without any --api-versions"
+        "no ServiceMonitor by default; the policy without any --api-versions; \
+         no Secret (the operator creates the lease-id key)"
     );
     for doc in &r.0 {
         let cluster_scoped = doc["kind"].as_str().unwrap().starts_with("Cluster")
@@ -230,10 +208,10 @@ fn default_values_render_a_restricted_highly_available_operator() {
     for expected in [
         "operator",
         "--valkey-url=redis://valkey:6379",
-        "--lease-id-key-file=/etc/targetlease/lease-id/key",
+        "--lease-id-key-secret=tl-targetlease-lease-id-key",
         "--floor-namespace=tl-system",
         "--floor-configmap=targetlease-token-floors",
-        "--admin-addr=0.0.0.0:8080",
+        "--admin-addr=[::]:8080",
         "--leader-election",
         "--leader-election-namespace=tl-system",
         "--leader-election-lease=targetlease-operator",
@@ -248,21 +226,11 @@ fn default_values_render_a_restricted_highly_available_operator() {
     assert!(!args.iter().any(|a| a.starts_with("--tls-")));
     assert!(!args.iter().any(|a| a.starts_with("--watch-namespace")));
 
-    // The lease-id key: generated, kept on uninstall, mounted as a file.
-    let secret: Secret = serde_json::from_value(r.get("Secret").clone()).unwrap();
-    assert_eq!(secret.name_any(), "tl-targetlease-lease-id-key");
-    assert_eq!(
-        secret
-            .annotations()
-            .get("helm.sh/resource-policy")
-            .map(String::as_str),
-        Some("keep")
-    );
-    assert_eq!(secret.data.unwrap()["key"].0.len(), 64);
-    assert_eq!(
-        r.volume("lease-id-key")["secret"]["secretName"],
-        "tl-targetlease-lease-id-key"
-    );
+    assert_eq!(deploy["spec"]["revisionHistoryLimit"], 5);
+    // The lease-id key comes from the API (tests/chart/gitops.rs), not a file.
+    assert!(!args.iter().any(|a| a.starts_with("--lease-id-key-file")));
+    let volumes = pod["spec"]["volumes"].as_array().unwrap();
+    assert!(!volumes.iter().any(|v| v["name"] == "lease-id-key"));
 
     let pdb = r.get("PodDisruptionBudget");
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
@@ -318,7 +286,11 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules("targetlease-token-floors", Some("targetlease-operator"))
+        expected_role_rules(
+            "targetlease-token-floors",
+            Some("targetlease-operator"),
+            Some("tl-targetlease-lease-id-key")
+        )
     );
     let subject =
         json!([{ "kind": "ServiceAccount", "name": "tl-targetlease", "namespace": "tl-system" }]);
@@ -348,7 +320,7 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules("floors", Some("le"))
+        expected_role_rules("floors", Some("le"), Some("tl-targetlease-lease-id-key"))
     );
     let r = template(
         "tl",
@@ -357,7 +329,11 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules("targetlease-token-floors", None)
+        expected_role_rules(
+            "targetlease-token-floors",
+            None,
+            Some("tl-targetlease-lease-id-key")
+        )
     );
     assert!(!r.args().iter().any(|a| a.starts_with("--leader-election")));
 }
@@ -396,9 +372,15 @@ fn non_default_values_render_tls_an_existing_password_and_a_service_monitor() {
         "ghcr.io/targetlease/targetlease@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
     );
     assert!(r.find("ValidatingAdmissionPolicy").is_none(), "turned off");
-    assert!(
-        r.find("Secret").is_none(),
-        "an existing lease-id key is used, not generated"
+    assert!(r.find("Secret").is_none(), "an existing lease-id key");
+    assert_eq!(
+        r.get("Role")["rules"],
+        expected_role_rules(
+            "targetlease-token-floors",
+            Some("targetlease-operator"),
+            None
+        ),
+        "with an existing key Secret the operator gets no access to Secrets"
     );
     assert_restricted(&r);
     assert_no_secret_in_env(&r);

@@ -307,4 +307,6 @@ all_backends!(
     revoke_replays_and_never_ends_a_later_lease,
     revoke_with_a_token_ends_only_that_lease,
     metadata_that_cannot_be_read_back_is_refused_up_front,
+    committed_values_read_back_with_their_token_without_a_lease,
+    list_reads_every_record_like_get_and_never_shows_a_lease_id,
 );

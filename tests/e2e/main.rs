@@ -8,5 +8,6 @@ mod support;
 mod attack;
 mod controlplane;
 mod faults;
+mod fencing;
 mod ha;
 mod operator;

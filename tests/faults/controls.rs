@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use targetlease::store::{
-    AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReleaseRequest, RenewRequest,
-    Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, Health, LeaseStore, Listed, Outcome, ReadReply, ReleaseRequest,
+    RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
 /// Which broken component a control scenario plugs in.
@@ -129,6 +129,18 @@ impl LeaseStore for Broken {
 
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
         self.inner.commit(req).await
+    }
+
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {
+        self.inner.read(target, key).await
+    }
+
+    async fn list(
+        &self,
+        namespace: Option<&str>,
+        target_prefix: &str,
+    ) -> Result<Vec<Listed>, StoreError> {
+        self.inner.list(namespace, target_prefix).await
     }
 
     async fn health(&self) -> Result<Health, StoreError> {

@@ -11,6 +11,7 @@ pub mod fault_proxy;
 pub mod kube_env;
 pub mod link_proxy;
 pub mod operator_env;
+pub mod operator_store;
 pub mod postgres;
 pub mod resp;
 pub mod sentinel;

@@ -116,6 +116,40 @@ async fn an_unreadable_request_cache_entry_fails_closed() {
     assert_eq!(server.conn().cmd(&["EXISTS", &s.keys().lease(&t)]).int(), 0);
 }
 
+/// A request cache entry written as a hash (before the packed string format)
+/// still replays: an upgrade in the middle of a retry does not turn the
+/// retry into corrupt_state or a second token.
+#[tokio::test]
+async fn a_request_cache_entry_in_the_hash_format_still_replays() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "legacy-cache");
+    let req = acquire(&t, "a");
+    let first = s.acquire(&req).await.unwrap().lease.unwrap();
+    let key = s.keys().request(&t, "acquire", "a", &req.request_id);
+    let mut c = server.conn();
+    let packed = c.cmd(&["GET", &key]).text();
+    let fields: Vec<&str> = packed.splitn(5, ':').collect();
+    assert_eq!(fields[0], "c1", "{packed}");
+    let (fp, token, lease_id) = (fields[1], fields[2], fields[4]);
+    assert_eq!(token, first.fencing_token.to_string());
+    c.cmd(&["DEL", &key]);
+    c.cmd(&[
+        "HSET", &key, "fp", fp, "lease_id", lease_id, "token", token, "outcome", "",
+    ]);
+    c.cmd(&["PEXPIRE", &key, "60000"]);
+    let again = s.acquire(&req).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Acquired, "{}", again.message);
+    let lease = again.lease.unwrap();
+    assert_eq!(lease.fencing_token, first.fencing_token);
+    assert_eq!(lease.lease_id, first.lease_id);
+    // The same entry with other inputs is still a conflict, not a new lease.
+    let mut other = req.clone();
+    other.ttl = Duration::from_secs(31);
+    let r = s.acquire(&other).await.unwrap();
+    assert_eq!(r.outcome, Outcome::IdempotencyConflict);
+}
+
 #[tokio::test]
 async fn the_lease_record_carries_its_expiry_as_a_backend_ttl() {
     let server = ValkeyServer::start();
@@ -277,4 +311,42 @@ async fn many_calls_share_one_connection_and_each_gets_its_own_reply() {
         clients.contains("connected_clients:2"),
         "one pooled connection (plus this one): {clients}"
     );
+}
+
+#[tokio::test]
+async fn unreadable_commit_records_read_as_corrupt_and_stay_untouched() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "read");
+    let key = s.keys().commit(&t, "k");
+    let cases: [&[&str]; 4] = [
+        &["SET", &key, "a string"],
+        &[
+            "HSET",
+            &key,
+            "token",
+            "seven",
+            "value",
+            "v",
+            "committed_ms",
+            "1",
+        ],
+        &["HSET", &key, "token", "7", "committed_ms", "1"],
+        // A value that is not UTF-8 (byte 0xFF).
+        &[
+            "EVAL",
+            "redis.call('HSET', KEYS[1], 'token', '7', 'value', string.char(255), 'committed_ms', '1')",
+            "1",
+            &key,
+        ],
+    ];
+    for cmd in cases {
+        server.conn().cmd(&["DEL", &key]);
+        server.conn().cmd(cmd);
+        let before = server.conn().cmd(&["DUMP", &key]);
+        let r = s.read(&t, "k").await.expect("an answer");
+        assert_eq!(r.outcome, Outcome::CorruptState, "{cmd:?}: {r:?}");
+        assert!(r.committed.is_none());
+        assert_eq!(server.conn().cmd(&["DUMP", &key]), before, "{cmd:?}");
+    }
 }

@@ -89,6 +89,8 @@ async fn a_full_server_still_answers_get_release_and_revoke() {
     );
     let got = store.get(&t).await.expect("get on a full server");
     assert_eq!(got.outcome, Outcome::Found);
+    let read = store.read(&t, "k").await.expect("read on a full server");
+    assert_eq!(read.outcome, Outcome::NotFound);
     let released = store
         .release(&ReleaseRequest::new(t.clone(), alice))
         .await
@@ -121,6 +123,11 @@ async fn unmet_min_replicas_still_answers_get_and_refuses_writes_definitely() {
     );
     let got = store.get(&t).await.expect("get with too few replicas");
     assert_eq!(got.outcome, Outcome::Found);
+    let read = store
+        .read(&t, "k")
+        .await
+        .expect("read with too few replicas");
+    assert_eq!(read.outcome, Outcome::NotFound);
     // Freeing writes, and Valkey refuses every write before it runs: definite.
     assert_refused(
         store.release(&ReleaseRequest::new(t.clone(), alice)).await,

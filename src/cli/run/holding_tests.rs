@@ -63,6 +63,16 @@ impl LeaseStore for Flaky {
         self.gate()?;
         self.inner.get(t).await
     }
+    async fn read(&self, t: &Target, key: &str) -> Result<crate::store::ReadReply, StoreError> {
+        self.inner.read(t, key).await
+    }
+    async fn list(
+        &self,
+        ns: Option<&str>,
+        prefix: &str,
+    ) -> Result<Vec<crate::store::Listed>, StoreError> {
+        self.inner.list(ns, prefix).await
+    }
     async fn revoke(&self, r: &RevokeRequest) -> Result<Reply, StoreError> {
         self.inner.revoke(r).await
     }

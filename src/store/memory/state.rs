@@ -72,7 +72,8 @@ pub(super) enum Rule {
 pub(super) struct State {
     pub(super) leases: HashMap<Target, Slot>,
     pub(super) counters: HashMap<Target, u64>,
-    pub(super) commits: HashMap<(Target, String), (u64, String)>,
+    /// (token, value, committed at ms) per (target, key).
+    pub(super) commits: HashMap<(Target, String), (u64, String, u64)>,
     pub(super) requests: HashMap<(&'static str, Target, String, String), Cached>,
 }
 

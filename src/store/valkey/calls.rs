@@ -122,6 +122,16 @@ pub(super) fn get(ks: &KeySpace, t: &Target) -> Call {
     }
 }
 
+pub(super) fn read(ks: &KeySpace, t: &Target, key: &str) -> Call {
+    Call {
+        script: &SCRIPTS.read,
+        keys: vec![("commit", ks.commit(t, key))],
+        args: vec![],
+        effect: Effect::Read,
+        may_wait: false,
+    }
+}
+
 pub(super) fn revoke(ks: &KeySpace, req: &RevokeRequest) -> Call {
     let t = &req.target;
     Call {
@@ -213,6 +223,7 @@ mod tests {
             get(&ks, &t),
             revoke(&ks, &RevokeRequest::new(t.clone())),
             commit(&ks, &CommitRequest::new(t.clone(), 7, "k", "v")),
+            read(&ks, &t, "k"),
         ];
         assert_eq!(calls.len(), SCRIPTS.all().len(), "one call site per script");
         for call in calls {

@@ -289,6 +289,75 @@ impl Client {
         Ok(futures::future::join_all(calls).await)
     }
 
+    /// Every key matching `pattern` on every primary (`SCAN … MATCH`, cursor
+    /// by cursor, whatever the key's type), within the deadline. A key may appear twice
+    /// (SCAN's guarantee); callers dedupe.
+    pub async fn scan_primaries(
+        &self,
+        pattern: &str,
+        deadline: Instant,
+    ) -> Result<Vec<String>, SendError> {
+        let pools: Vec<Arc<Pool>> = match &self.kind {
+            Kind::Single(pool) => vec![pool.clone()],
+            Kind::Cluster(router) => {
+                if router.stale.load(Ordering::SeqCst) {
+                    let _ = self.refresh(deadline).await;
+                }
+                let primaries = router
+                    .map
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .primaries();
+                if primaries.is_empty() {
+                    return Err(SendError::NotSent("no known cluster primary".into()));
+                }
+                primaries.iter().map(|a| self.pool(a)).collect()
+            }
+        };
+        let scans = pools.into_iter().map(|pool| async move {
+            let link = pool
+                .link(deadline)
+                .await
+                .map_err(|e| SendError::NotSent(e.0))?;
+            let mut keys = Vec::new();
+            let mut cursor = "0".to_owned();
+            loop {
+                let cmd = Cmd::new("SCAN")
+                    .arg(&cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg("1000");
+                let mut replies = link
+                    .request(std::slice::from_ref(&cmd), deadline)
+                    .await
+                    .map_err(from_link)?;
+                let page = match replies.pop() {
+                    Some(Value::Array(page)) if page.len() == 2 => page,
+                    other => {
+                        return Err(SendError::NotSent(format!(
+                            "unexpected SCAN reply {other:?}"
+                        )));
+                    }
+                };
+                cursor = page[0].text().unwrap_or_default();
+                if let Value::Array(found) = &page[1] {
+                    keys.extend(found.iter().filter_map(Value::text));
+                }
+                if cursor == "0" || cursor.is_empty() {
+                    break;
+                }
+            }
+            Held::shared(link).give_back();
+            Ok::<_, SendError>(keys)
+        });
+        let mut all = Vec::new();
+        for keys in futures::future::join_all(scans).await {
+            all.extend(keys?);
+        }
+        Ok(all)
+    }
+
     /// Closes every connection.
     pub async fn close(&self) {
         let pools: Vec<Arc<Pool>> = match &self.kind {

@@ -3,7 +3,7 @@
 //! ```text
 //! <prefix>:{<ns>:<target>}:lease                 lease record (hash, TTL = lease expiry)
 //! <prefix>:{<ns>:<target>}:fence                 fencing counter (string, no TTL, never deleted)
-//! <prefix>:{<ns>:<target>}:req:<op>:<scope>:<id> request cache (hash, TTL = idempotency window)
+//! <prefix>:{<ns>:<target>}:req:<op>:<scope>:<id> request cache (string, TTL = idempotency window)
 //! <prefix>:{<ns>:<target>}:commit:<key>          fenced commit (hash, no TTL)
 //! ```
 //!
@@ -78,6 +78,61 @@ impl KeySpace {
 }
 
 /// Percent-escapes the characters that carry meaning in a key.
+impl KeySpace {
+    /// A SCAN pattern for the lease records of `namespace` (every namespace
+    /// when `None`) whose target names start with `target_prefix`.
+    pub fn lease_pattern(&self, namespace: Option<&str>, target_prefix: &str) -> String {
+        let ns = namespace.map_or_else(|| "*".to_owned(), |n| glob_escape(&escape(n)));
+        format!(
+            "{}:{{{ns}:{}*}}:lease",
+            glob_escape(&self.prefix),
+            glob_escape(&escape(target_prefix))
+        )
+    }
+
+    /// The target a lease record's key belongs to (`None` for any other key).
+    pub fn target_of_lease_key(&self, key: &str) -> Option<Target> {
+        let inner = key
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(":{")?
+            .strip_suffix("}:lease")?;
+        let (ns, name) = inner.split_once(':')?;
+        Some(Target::new(&unescape(ns)?, &unescape(name)?))
+    }
+}
+
+/// `s` with SCAN's glob characters escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The inverse of [`escape`]; `None` for text `escape` cannot produce.
+fn unescape(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at + 1..at + 3)?;
+        out.push(match code {
+            "25" => '%',
+            "3A" => ':',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
 fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -98,6 +153,24 @@ mod tests {
 
     fn ks() -> KeySpace {
         KeySpace::new("tl").unwrap()
+    }
+
+    #[test]
+    fn lease_keys_name_their_target_back_and_patterns_escape_globs() {
+        for t in [
+            Target::new("ns", "db"),
+            Target::new("a:b%", "{c}:d"),
+            Target::new("x", "*?[]\\"),
+        ] {
+            assert_eq!(ks().target_of_lease_key(&ks().lease(&t)), Some(t));
+        }
+        assert_eq!(ks().target_of_lease_key("tl:{ns:db}:fence"), None);
+        assert_eq!(ks().target_of_lease_key("tl:{ns:d%ZZb}:lease"), None);
+        assert_eq!(ks().lease_pattern(None, ""), "tl:{*:*}:lease");
+        assert_eq!(
+            ks().lease_pattern(Some("team:a"), "job*"),
+            "tl:{team%3Aa:job\\**}:lease"
+        );
     }
 
     #[test]

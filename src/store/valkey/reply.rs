@@ -6,10 +6,10 @@
 //! `corrupt_state` for a read).
 
 use super::resp::Value;
-use crate::store::{Lease, Outcome, Reply, Target, metadata_from_json};
+use crate::store::{Committed, Lease, Outcome, ReadReply, Reply, Target, metadata_from_json};
 
-/// Turns a script's flat array of strings into a typed reply, or says why it cannot.
-pub fn decode(target: &Target, raw: &Value) -> Result<Reply, String> {
+/// A script's flat array of strings, with its outcome, server time and message.
+fn fields_of(raw: &Value) -> Result<(Vec<String>, Outcome, u64, String), String> {
     let Value::Array(items) = raw else {
         return Err("the script did not return an array".into());
     };
@@ -30,6 +30,33 @@ pub fn decode(target: &Target, raw: &Value) -> Result<Reply, String> {
         .and_then(|s| s.parse().ok())
         .ok_or("unreadable server time")?;
     let message = fields.get(2).cloned().ok_or("no message")?;
+    Ok((fields, outcome, server_time_ms, message))
+}
+
+/// Turns the read script's reply into a [`ReadReply`], or says why it cannot.
+pub fn decode_read(key: &str, raw: &Value) -> Result<ReadReply, String> {
+    let (fields, outcome, server_time_ms, message) = fields_of(raw)?;
+    let committed = match fields.len() {
+        3 => None,
+        6 => Some(Committed {
+            key: key.to_owned(),
+            fencing_token: fields[3].parse().map_err(|_| "unreadable token")?,
+            value: fields[4].clone(),
+            committed_at_ms: fields[5].parse().map_err(|_| "unreadable commit time")?,
+        }),
+        n => return Err(format!("{n} fields")),
+    };
+    Ok(ReadReply {
+        outcome,
+        committed,
+        server_time_ms,
+        message,
+    })
+}
+
+/// Turns a script's flat array of strings into a typed reply, or says why it cannot.
+pub fn decode(target: &Target, raw: &Value) -> Result<Reply, String> {
+    let (fields, outcome, server_time_ms, message) = fields_of(raw)?;
     let lease = match fields.len() {
         3 => None,
         10 => Some(decode_lease(target, &fields[3..])?),

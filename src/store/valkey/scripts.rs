@@ -1,6 +1,8 @@
 //! The Lua scripts, compiled into the binary and called by hash.
 //!
-//! Each script is `lua/lib.lua` followed by `lua/<op>.lua`, behind a `#!lua`
+//! Each script is the part of `lua/lib.lua` it uses (the helpers it names,
+//! directly or through another helper: every helper is a closure created on
+//! each call, so unused ones cost time) followed by `lua/<op>.lua`, behind a `#!lua`
 //! shebang: with the shebang the server refuses a writing script up front
 //! under OOM, on a read-only replica or with too few replicas, instead of
 //! failing half way. Flags relax that where it matters: `get` is
@@ -33,7 +35,7 @@ impl Script {
         };
         let source = format!(
             "{shebang}\n{}\n{}",
-            include_str!("../../../lua/lib.lua"),
+            library_for(include_str!("../../../lua/lib.lua"), body),
             body
         );
         let sha = sha1_smol::Sha1::from(source.as_bytes())
@@ -47,6 +49,76 @@ impl Script {
             body,
         }
     }
+}
+
+/// The name a lib.lua helper defines on its first line, if it starts one:
+/// `local function NAME(` or `local NAME =`.
+fn defines(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("local ")?;
+    let rest = rest.strip_prefix("function ").unwrap_or(rest);
+    let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
+    (end > 0).then(|| &rest[..end])
+}
+
+/// Whether `text` uses the identifier `name` (not as part of a longer one).
+fn names(text: &str, name: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(name)
+        .any(|(at, _)| !text[..at].ends_with(ident) && !text[at + name.len()..].starts_with(ident))
+}
+
+/// The helpers of `lib` that `body` needs, transitively, in lib order. A
+/// helper is its defining line, what follows up to the next helper, and the
+/// comment lines just above it; the lib's opening comment is kept.
+fn library_for(lib: &str, body: &str) -> String {
+    let lines: Vec<&str> = lib.lines().collect();
+    let starts: Vec<usize> = (0..lines.len())
+        .filter(|&i| defines(lines[i]).is_some())
+        .map(|i| {
+            let mut s = i;
+            while s > 0 && lines[s - 1].starts_with("--") {
+                s -= 1;
+            }
+            s
+        })
+        .collect();
+    let Some(&first) = starts.first() else {
+        return lib.to_owned();
+    };
+    let blocks: Vec<(&str, String)> = starts
+        .iter()
+        .enumerate()
+        .map(|(k, &s)| {
+            let end = starts.get(k + 1).copied().unwrap_or(lines.len());
+            let text = lines[s..end].join("\n");
+            let name = lines[s..end].iter().find_map(|l| defines(l)).unwrap_or("");
+            (name, text)
+        })
+        .collect();
+    let mut needed = vec![false; blocks.len()];
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for k in 0..blocks.len() {
+            if needed[k] {
+                continue;
+            }
+            let used = names(body, blocks[k].0)
+                || (0..blocks.len()).any(|j| needed[j] && names(&blocks[j].1, blocks[k].0));
+            if used {
+                needed[k] = true;
+                changed = true;
+            }
+        }
+    }
+    let mut out = lines[..first].join("\n");
+    for (k, (_, text)) in blocks.iter().enumerate() {
+        if needed[k] {
+            out.push('\n');
+            out.push_str(text);
+        }
+    }
+    out
 }
 
 /// Every script the store runs.
@@ -64,11 +136,13 @@ pub struct Scripts {
     pub revoke: Script,
     /// `lua/commit.lua`.
     pub commit: Script,
+    /// `lua/read.lua`.
+    pub read: Script,
 }
 
 impl Scripts {
     /// All scripts, for preloading.
-    pub fn all(&self) -> [&Script; 6] {
+    pub fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
             &self.renew,
@@ -76,6 +150,7 @@ impl Scripts {
             &self.get,
             &self.revoke,
             &self.commit,
+            &self.read,
         ]
     }
 }
@@ -96,6 +171,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("../../../lua/revoke.lua"),
     ),
     commit: Script::new("commit", "", include_str!("../../../lua/commit.lua")),
+    read: Script::new("read", "no-writes", include_str!("../../../lua/read.lua")),
 });
 
 #[cfg(test)]
@@ -115,9 +191,36 @@ mod tests {
     }
 
     #[test]
+    fn each_script_carries_only_the_helpers_it_uses() {
+        let s = &*SCRIPTS;
+        assert!(s.acquire.source.contains("local function dec_incr("));
+        assert!(s.acquire.source.contains("local function replay("));
+        assert!(!s.get.source.contains("local function replay("));
+        assert!(!s.get.source.contains("local function dec_incr("));
+        // What read_lease needs comes along with it.
+        assert!(s.get.source.contains("local function is_metadata("));
+        assert!(s.get.source.contains("local META_DEPTH = "));
+        // Every helper a script's text names is defined in it.
+        for script in s.all() {
+            let lib = include_str!("../../../lua/lib.lua");
+            for name in lib.lines().filter_map(defines) {
+                let defined = script.source.lines().any(|l| defines(l) == Some(name));
+                let used = script
+                    .source
+                    .lines()
+                    .filter(|l| defines(l) != Some(name) && !l.trim_start().starts_with("--"))
+                    .any(|l| names(l, name));
+                assert!(!used || defined, "{} uses {name} without it", script.name);
+            }
+        }
+    }
+
+    #[test]
     fn flags_match_what_each_operation_does() {
         let s = &*SCRIPTS;
-        assert!(s.get.source.starts_with("#!lua flags=no-writes\n") && s.get.read_only);
+        for read in [&s.get, &s.read] {
+            assert!(read.source.starts_with("#!lua flags=no-writes\n") && read.read_only);
+        }
         for free in [&s.release, &s.revoke] {
             assert!(
                 free.source.starts_with("#!lua flags=allow-oom\n"),

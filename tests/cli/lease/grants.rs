@@ -308,3 +308,84 @@ fn corrupt_state_exits_3() {
         Resp::Bulk(Some("garbage".into()))
     );
 }
+
+#[test]
+fn owner_and_ttl_default_to_host_and_pid_and_30s() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let j = lease(&u, "acquire").target("db").ok("acquired", 0).json;
+    let l = &j["lease"];
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let owner = l["owner"].as_str().unwrap();
+    let pid = owner
+        .strip_prefix(&format!("{}:", host.trim()))
+        .unwrap_or_else(|| panic!("owner {owner:?} is not host:pid"));
+    assert!(pid.parse::<u32>().is_ok(), "{owner}");
+    assert_eq!(
+        l["expires_at_ms"].as_u64().unwrap() - l["acquired_at_ms"].as_u64().unwrap(),
+        30_000
+    );
+    // Renew keeps the documented default too.
+    let r = lease(&u, "renew").target("db").holder(&j).ok("renewed", 0);
+    assert_eq!(
+        r.json["lease"]["expires_at_ms"].as_u64().unwrap(),
+        r.json["server_time_ms"].as_u64().unwrap() + 30_000
+    );
+}
+
+#[test]
+fn get_prints_a_line_for_people_with_output_text() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let j = acquire(&u, "db", "alice", "90s");
+    let out = lease(&u, "get")
+        .target("db")
+        .flag("output", "text")
+        .output();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("found: db held by alice with token 1, expires in 1m")
+            && text.ends_with("Z)\n")
+            && text.lines().count() == 1,
+        "{text:?}"
+    );
+    let id = j["lease"]["lease_id"].as_str().unwrap();
+    assert!(!text.contains(id), "the lease id is never shown");
+    let out = lease_with(&u, &["get", "--target", "other", "-o", "text"]).output();
+    assert_eq!(out.status.code(), Some(1), "a refusal keeps its exit code");
+    assert!(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .starts_with("not_found: ")
+    );
+}
+
+#[test]
+fn completions_help_headings_and_examples() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = targetlease(&["completion", shell]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            script.contains("acquire") && script.contains("valkey-url"),
+            "{shell}"
+        );
+    }
+    let out = targetlease(&["lease", "acquire", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for part in [
+        "Connection:",
+        "Logging:",
+        "Examples:",
+        "host:pid",
+        "[default: 30s]",
+    ] {
+        assert!(
+            help.contains(part),
+            "acquire --help lacks {part:?}:\n{help}"
+        );
+    }
+}

@@ -72,7 +72,10 @@ fn bad_arguments_exit_2_and_write_nothing() {
                 .flag("metadata", &big_meta),
             "at most 4096",
         ),
-        (lease(&u, "acquire").target("t").owner("o"), "--ttl"),
+        (
+            lease(&u, "renew").target("t").lease_id("l").token("1"),
+            "--owner",
+        ),
         (lease(&u, "acquire").owner("o").ttl("1s"), "--target"),
         (
             lease(&u, "acquire")
@@ -98,7 +101,7 @@ fn bad_arguments_exit_2_and_write_nothing() {
                 .lease_id("l")
                 .token("-1")
                 .ttl("1s"),
-            "--token",
+            "token must be between 1 and 9223372036854775807",
         ),
         (
             lease(&u, "release")
@@ -106,7 +109,7 @@ fn bad_arguments_exit_2_and_write_nothing() {
                 .owner("o")
                 .lease_id("l")
                 .token("1.5"),
-            "--token",
+            "token must be between 1 and 9223372036854775807 (a whole number)",
         ),
         (
             lease(&u, "release")

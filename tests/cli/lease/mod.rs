@@ -5,6 +5,8 @@
 mod faults;
 mod grants;
 mod input;
+mod list;
+mod read;
 
 pub use std::collections::BTreeSet;
 pub use std::time::{Duration, Instant};

@@ -203,9 +203,9 @@ fn bad_arguments_exit_2_and_backend_trouble_exits_3_without_running_anything() {
         ),
         (
             vec![
-                "run", "--target", "db", "--ttl", "1s", "--", touch[0], touch[1],
+                "run", "--target", "db", "--owner", "", "--", touch[0], touch[1],
             ],
-            "--owner",
+            "owner",
         ),
         (
             vec![

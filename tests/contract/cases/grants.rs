@@ -379,3 +379,55 @@ pub async fn revoke_with_a_token_ends_only_that_lease(h: &impl Harness) {
     gone.token = Some(alice.fencing_token);
     assert_eq!(s.revoke(&gone).await.unwrap().outcome, Outcome::NotFound);
 }
+
+pub async fn list_reads_every_record_like_get_and_never_shows_a_lease_id(h: &impl Harness) {
+    let s = h.store();
+    let t = |ns: &str, name: &str| Target::new(ns, name);
+    let one = held(&*s, &t("list-a", "job-1"), "alice", LONG).await;
+    let two = held(&*s, &t("list-a", "job-2"), "bob", LONG).await;
+    held(&*s, &t("list-a", "other"), "carol", LONG).await;
+    held(&*s, &t("list-b", "job-3"), "dave", LONG).await;
+    held(&*s, &t("list-a", "job-x"), "erin", SHORT).await;
+    h.corrupt(&t("list-a", "job-2"), Corruption::Garbage, &holder(&two))
+        .await;
+    h.advance(PAST_SHORT).await;
+
+    let listed = s.list(Some("list-a"), "job-").await.unwrap();
+    let names: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|l| (l.target.name.as_str(), l.reply.outcome.as_str()))
+        .collect();
+    let expected_head = [("job-1", "found"), ("job-2", "corrupt_state")];
+    assert_eq!(&names[..2], &expected_head, "{names:?}");
+    // An expired record is gone or listed as expired, never as live.
+    assert!(
+        names[2..].is_empty() || names[2..] == [("job-x", "expired")],
+        "{names:?}"
+    );
+    let first = listed[0]
+        .reply
+        .lease
+        .as_ref()
+        .expect("found shows the lease");
+    assert_eq!(
+        (first.owner.as_str(), first.fencing_token),
+        ("alice", one.fencing_token)
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|l| l.reply.lease.as_ref().is_none_or(|l| l.lease_id.is_none())),
+        "no lease id is ever listed"
+    );
+
+    let everywhere = s.list(None, "job-").await.unwrap();
+    let found: Vec<(&str, &str)> = everywhere
+        .iter()
+        .filter(|l| l.reply.outcome == Outcome::Found)
+        .map(|l| (l.target.namespace.as_str(), l.target.name.as_str()))
+        .collect();
+    assert_eq!(found, [("list-a", "job-1"), ("list-b", "job-3")]);
+    let whole_namespace = s.list(Some("list-a"), "").await.unwrap();
+    assert!(whole_namespace.iter().any(|l| l.target.name == "other"));
+    assert!(s.list(Some("list-c"), "").await.unwrap().is_empty());
+}

@@ -291,3 +291,68 @@ pub async fn commit_refuses_a_lower_token_even_after_counter_loss(h: &impl Harne
     let c = CommitRequest::new(t.clone(), floored.fencing_token, "k", "v3");
     assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
 }
+
+pub async fn committed_values_read_back_with_their_token_without_a_lease(h: &impl Harness) {
+    let s = h.store();
+    let t = target("read-back");
+    let nothing = s.read(&t, "k").await.unwrap();
+    assert_eq!(nothing.outcome, Outcome::NotFound, "{nothing:?}");
+    assert!(nothing.committed.is_none() && nothing.server_time_ms > 0);
+
+    let first = held(&*s, &t, "alice", LONG).await;
+    let c = CommitRequest::new(t.clone(), first.fencing_token, "k", "v1");
+    assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
+    let read = s.read(&t, "k").await.unwrap();
+    assert_eq!(read.outcome, Outcome::Found, "{read:?}");
+    let got = read.committed.expect("found carries the value");
+    assert_eq!(
+        (got.key.as_str(), got.value.as_str(), got.fencing_token),
+        ("k", "v1", first.fencing_token)
+    );
+    assert!(got.committed_at_ms >= first.acquired_at_ms);
+    assert!(got.committed_at_ms <= read.server_time_ms);
+
+    // No lease is needed to read; a later holder's commit replaces the value.
+    s.release(&ReleaseRequest::new(t.clone(), holder(&first)))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.read(&t, "k").await.unwrap().committed.unwrap().value,
+        "v1"
+    );
+    let second = held(&*s, &t, "bob", LONG).await;
+    for (key, value) in [("k", "v2"), ("other", "o2")] {
+        let c = CommitRequest::new(t.clone(), second.fencing_token, key, value);
+        assert_eq!(s.commit(&c).await.unwrap().outcome, Outcome::Committed);
+    }
+    let k = s.read(&t, "k").await.unwrap().committed.unwrap();
+    assert_eq!(
+        (k.value.as_str(), k.fencing_token),
+        ("v2", second.fencing_token)
+    );
+    let other = s.read(&t, "other").await.unwrap().committed.unwrap();
+    assert_eq!(other.value, "o2");
+    assert_eq!(
+        s.read(&target("read-back-elsewhere"), "k")
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::NotFound,
+        "values belong to their target"
+    );
+
+    // Committed values survive the loss of the counter, as they would downstream.
+    h.lose_counter(&t).await;
+    let k = s.read(&t, "k").await.unwrap().committed.unwrap();
+    assert_eq!(
+        (k.value.as_str(), k.fencing_token),
+        ("v2", second.fencing_token)
+    );
+
+    for bad in [String::new(), "x".repeat(257), "a\nb".into()] {
+        assert!(
+            matches!(s.read(&t, &bad).await, Err(StoreError::Invalid(_))),
+            "key {bad:?} is refused before anything is sent"
+        );
+    }
+}

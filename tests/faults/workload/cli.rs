@@ -12,8 +12,8 @@ use targetlease::store::valkey::Durability;
 
 use crate::history::Recorder;
 use targetlease::store::{
-    AcquireRequest, CommitRequest, Health, Lease, LeaseStore, Outcome, ReleaseRequest,
-    RenewRequest, Reply, RevokeRequest, StoreError, Target,
+    AcquireRequest, CommitRequest, Health, Lease, LeaseStore, Listed, Outcome, ReadReply,
+    ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
 /// A CLI process still running this long after its start is a hang (its
@@ -245,6 +245,20 @@ impl LeaseStore for CliStore {
             req.request_id.clone(),
         ]);
         self.run("commit", args, true).await
+    }
+
+    async fn read(&self, _target: &Target, _key: &str) -> Result<ReadReply, StoreError> {
+        Err(StoreError::Invalid(
+            "the workload never reads commits back".into(),
+        ))
+    }
+
+    async fn list(
+        &self,
+        _namespace: Option<&str>,
+        _target_prefix: &str,
+    ) -> Result<Vec<Listed>, StoreError> {
+        Err(StoreError::Invalid("the workload never lists".into()))
     }
 
     async fn health(&self) -> Result<Health, StoreError> {

@@ -1,0 +1,207 @@
+//! The operator process under test, and the metrics read from it and from
+//! the API server.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::kube_env::ControlPlane;
+use crate::support::operator_env::http_get;
+use crate::support::valkey_server::{ValkeyServer, free_port};
+
+/// One operator process with its admin port.
+pub(super) struct Operator {
+    child: Child,
+    admin_port: u16,
+}
+
+impl Operator {
+    pub(super) fn start(
+        cp: &ControlPlane,
+        valkey: &ValkeyServer,
+        ns: &str,
+        dir: &Path,
+        n: usize,
+    ) -> Self {
+        let admin_port = free_port();
+        let log = std::fs::File::create(dir.join(format!("operator-{ns}-{n}.log"))).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .arg("operator")
+            .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])
+            .args(["--valkey-url", &valkey.url()])
+            .arg("--lease-id-key-file")
+            .arg(dir.join("lease-id-key"))
+            .args(["--floor-namespace", ns, "--watch-namespace", ns])
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            .env("POD_NAME", format!("bench-operator-{n}"))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start targetlease operator");
+        Operator { child, admin_port }
+    }
+
+    pub(super) async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if matches!(http_get(self.admin_port, "/readyz"), Some((200, _))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// (VmHWM, VmRSS) in kB.
+    pub(super) fn rss(&self) -> (u64, u64) {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmHWM:"), field("VmRSS:"))
+    }
+
+    pub(super) fn metrics(&self) -> Metrics {
+        Metrics::parse(
+            &http_get(self.admin_port, "/metrics")
+                .map(|(_, b)| b)
+                .unwrap_or_default(),
+        )
+    }
+
+    pub(super) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub(super) fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Prometheus text, as (name, labels) -> value.
+pub(super) struct Metrics(Vec<(String, String, f64)>);
+
+impl Metrics {
+    pub(super) fn parse(text: &str) -> Metrics {
+        Metrics(
+            text.lines()
+                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                .filter_map(|l| {
+                    let (series, value) = l.rsplit_once(' ')?;
+                    let value: f64 = value.parse().ok()?;
+                    let (name, labels) = match series.split_once('{') {
+                        Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                        None => (series, ""),
+                    };
+                    Some((name.to_string(), labels.to_string(), value))
+                })
+                .collect(),
+        )
+    }
+
+    /// Sum of a metric over series whose labels contain every `k="v"` given.
+    pub(super) fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.split(',').any(|p| p == format!("{k}=\"{v}\"")))
+            })
+            .map(|(_, _, v)| v)
+            .sum()
+    }
+}
+
+/// The apiserver's own request counters.
+pub(super) fn apiserver_metrics(cp: &ControlPlane) -> Metrics {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(["get", "--raw", "/metrics"])
+        .output()
+        .expect("kubectl get --raw /metrics");
+    Metrics::parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+pub(super) const WRITE_VERBS: [&str; 5] = ["APPLY", "PATCH", "UPDATE", "POST", "DELETE"];
+
+/// TargetLease writes by the operator (status subresource, or all but creates).
+pub(super) fn tl_writes(m: &Metrics, status_only: bool) -> f64 {
+    let mut total = 0.0;
+    for verb in WRITE_VERBS {
+        if verb == "POST" || verb == "DELETE" {
+            continue; // the bench's creates and deletes
+        }
+        if status_only {
+            total += m.sum(
+                "apiserver_request_total",
+                &[
+                    ("resource", "targetleases"),
+                    ("subresource", "status"),
+                    ("verb", verb),
+                ],
+            );
+        } else {
+            total += m.sum(
+                "apiserver_request_total",
+                &[("resource", "targetleases"), ("verb", verb)],
+            );
+        }
+    }
+    total
+}
+
+pub(super) fn store_call_means(m: &Metrics) -> Vec<(String, f64, f64)> {
+    let mut ops: Vec<String> =
+        m.0.iter()
+            .filter(|(n, _, _)| n == "targetlease_store_call_duration_seconds_count")
+            .filter_map(|(_, l, _)| {
+                l.split(',')
+                    .find_map(|p| p.strip_prefix("operation=\""))
+                    .map(|v| v.trim_end_matches('"').to_string())
+            })
+            .collect();
+    ops.sort();
+    ops.dedup();
+    ops.into_iter()
+        .map(|op| {
+            let count = m.sum(
+                "targetlease_store_call_duration_seconds_count",
+                &[("operation", &op)],
+            );
+            let sum = m.sum(
+                "targetlease_store_call_duration_seconds_sum",
+                &[("operation", &op)],
+            );
+            (op, if count > 0.0 { sum / count * 1e3 } else { 0.0 }, count)
+        })
+        .collect()
+}
+
+pub(super) fn renews(m: &Metrics) -> f64 {
+    m.sum("targetlease_store_calls_total", &[("operation", "renew")])
+}

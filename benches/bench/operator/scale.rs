@@ -1,0 +1,67 @@
+//! Scale: N TargetLeases created at once, each scale in its own namespace with its own operator; time to Held, API writes per lease, memory.
+
+use std::time::{Duration, Instant};
+
+use kube::api::Api;
+use targetlease::crd::TargetLease;
+
+use super::objects::{create_all, holder_lease};
+use super::process::{Operator, apiserver_metrics, store_call_means, tl_writes};
+use super::{Bench, Results, Scale};
+use crate::tracker::Tracker;
+
+pub(super) async fn scale(b: &Bench<'_>, results: &mut Results) -> (String, Operator, Tracker) {
+    let mut last: Option<(String, Operator, Tracker)> = None;
+    for (k, &n) in b.p.scales.iter().enumerate() {
+        if let Some((_, mut op, _)) = last.take() {
+            op.stop(); // one operator at a time: the previous namespace goes quiet
+        }
+        let ns = b.cp.namespace(&format!("scale-{n}")).await;
+        eprintln!("bench: {n} TargetLeases in {ns}");
+        let tracker = Tracker::start(&b.client, &ns);
+        let op = Operator::start(&b.cp, &b.valkey, &ns, b.dir.path(), k);
+        assert!(
+            op.wait_ready(Duration::from_secs(60)).await,
+            "operator not ready"
+        );
+        let api: Api<TargetLease> = Api::namespaced(b.client.clone(), &ns);
+        let objs: Vec<_> = (0..n)
+            .map(|i| holder_lease(&format!("lease-{i:05}"), &ns, &format!("worker-{i}")))
+            .collect();
+        let before = apiserver_metrics(&b.cp);
+        let first = Instant::now();
+        let last_create = create_all(&api, objs, b.p.create_parallelism).await;
+        let timeout = Duration::from_secs(120 + n as u64 / 20);
+        let all_held = tracker
+            .wait(timeout, |t| t.held_count() >= n)
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "only {} of {n} Held after {timeout:?}",
+                    tracker.held_count()
+                )
+            });
+        let after = apiserver_metrics(&b.cp);
+        let (hwm, rss) = op.rss();
+        let m = op.metrics();
+        let reconciles = m.sum("targetlease_reconcile_duration_seconds_count", &[]);
+        results.scales.push(Scale {
+            leases: n,
+            create_secs: (last_create - first).as_secs_f64(),
+            last_create_to_all_held_secs: all_held
+                .saturating_duration_since(last_create)
+                .as_secs_f64(),
+            first_create_to_all_held_secs: (all_held - first).as_secs_f64(),
+            rss_hwm_kb: hwm,
+            rss_kb: rss,
+            writes_per_lease_to_held: (tl_writes(&after, false) - tl_writes(&before, false))
+                / n as f64,
+            store_calls: store_call_means(&m),
+            reconcile_mean_ms: m.sum("targetlease_reconcile_duration_seconds_sum", &[]) * 1e3
+                / reconciles.max(1.0),
+            reconciles,
+        });
+        last = Some((ns, op, tracker));
+    }
+    last.expect("at least one scale")
+}

@@ -1,0 +1,86 @@
+//! The release pipeline (`.github/workflows/release.yml`): checked by
+//! actionlint (built from its Go module by `scripts/build-controlplane.sh`),
+//! and holding what a release must do: a multi-arch image from bases pinned
+//! by digest, with OCI labels, an SBOM, provenance and a signature, and the
+//! chart pushed as a signed OCI artifact.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn actionlint() -> PathBuf {
+    let bin = crate::support::kube_env::tools_dir().join("actionlint");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `scripts/build-controlplane.sh actionlint` (or scripts/setup.sh)",
+        bin.display()
+    );
+    bin
+}
+
+fn lint(file: &Path) -> std::process::Output {
+    Command::new(actionlint())
+        .arg("-no-color")
+        .arg(file)
+        .current_dir(repo())
+        .output()
+        .expect("run actionlint")
+}
+
+#[test]
+fn the_release_workflow_passes_actionlint_and_a_broken_copy_does_not() {
+    let workflow = repo().join(".github/workflows/release.yml");
+    let out = lint(&workflow);
+    assert!(
+        out.status.success(),
+        "actionlint: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The check can fail: an undefined step output and an unknown runner key.
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("release.yml");
+    let text = std::fs::read_to_string(&workflow).unwrap();
+    let text = text
+        .replace("steps.build.outputs.digest", "steps.nowhere.outputs.digest")
+        .replace("runs-on: ubuntu-24.04", "runs_on: ubuntu-24.04");
+    std::fs::write(&broken, text).unwrap();
+    let out = lint(&broken);
+    assert!(
+        !out.status.success(),
+        "actionlint accepted a broken workflow"
+    );
+}
+
+#[test]
+fn a_release_builds_signs_and_describes_every_artifact() {
+    let workflow = std::fs::read_to_string(repo().join(".github/workflows/release.yml")).unwrap();
+    for needed in [
+        "platforms: linux/amd64,linux/arm64",
+        "sbom: true",
+        "provenance: mode=max",
+        "RUST_IMAGE=${{ steps.bases.outputs.rust }}",
+        "RUNTIME_IMAGE=${{ steps.bases.outputs.runtime }}",
+        "imagetools inspect",
+        "docker/metadata-action",
+        "org.opencontainers.image.base.name",
+        "cosign sign --yes \"${IMAGE}@${DIGEST}\"",
+        "helm push dist/targetlease-*.tgz \"$CHARTS\"",
+        "CHARTS: oci://",
+        "id-token: write",
+    ] {
+        assert!(workflow.contains(needed), "release.yml lacks {needed:?}");
+    }
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    for needed in [
+        "FROM ${RUST_IMAGE} AS build",
+        "FROM ${RUNTIME_IMAGE}",
+        "org.opencontainers.image.licenses=\"Apache-2.0\"",
+        "USER 65532:65532",
+    ] {
+        assert!(dockerfile.contains(needed), "Dockerfile lacks {needed:?}");
+    }
+}

@@ -1,0 +1,150 @@
+//! `lease list`: every record of a namespace (or all), each read like get;
+//! expired and corrupt records show as such, lease ids never; every primary
+//! of a Cluster is scanned.
+
+use super::*;
+use crate::support::cluster::Cluster;
+
+/// The JSON lines `lease list` printed (exit 0).
+fn listed(url: &str, more: &[&str]) -> Vec<Value> {
+    let out = lease(url, "list").with(more).output();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+fn names(entries: &[Value]) -> Vec<(String, String, String)> {
+    entries
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap().to_owned();
+            (s("namespace"), s("target"), s("outcome"))
+        })
+        .collect()
+}
+
+#[test]
+fn list_shows_live_expired_and_corrupt_records_without_lease_ids() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let live = acquire(&u, "db-1", "alice", "60s");
+    lease(&u, "acquire")
+        .target("db-2")
+        .owner("bob")
+        .flag("namespace", "team-b")
+        .ok("acquired", 0);
+    acquire(&u, "cache", "carol", "60s");
+    // A record whose lease has ended but whose key is still there, and a corrupt one.
+    s.conn().cmd(&[
+        "HSET",
+        "targetlease:{default:db-3}:lease",
+        "v",
+        "1",
+        "lease_id",
+        "0123456789abcdef",
+        "owner",
+        "dave",
+        "token",
+        "1",
+        "acquired_ms",
+        "1",
+        "expires_ms",
+        "2",
+    ]);
+    s.conn()
+        .cmd(&["PEXPIRE", "targetlease:{default:db-3}:lease", "600000"]);
+    s.conn()
+        .cmd(&["SET", "targetlease:{default:db-4}:lease", "garbage"]);
+
+    let entries = listed(&u, &["--target-prefix", "db-"]);
+    let row = |ns: &str, t: &str, o: &str| (ns.to_owned(), t.to_owned(), o.to_owned());
+    assert_eq!(
+        names(&entries),
+        [
+            row("default", "db-1", "found"),
+            row("default", "db-3", "expired"),
+            row("default", "db-4", "corrupt_state"),
+        ]
+    );
+    let first = &entries[0]["lease"];
+    assert_eq!(first["fencing_token"], live["lease"]["fencing_token"]);
+    assert_eq!(
+        lease_keys(first),
+        set(&PUBLIC_FIELDS),
+        "no lease id: {first}"
+    );
+    for e in &entries[1..] {
+        assert!(e["lease"].is_null(), "{e}");
+    }
+    let id = live["lease"]["lease_id"].as_str().unwrap();
+    let all = listed(&u, &["--all-namespaces"]);
+    assert_eq!(all.len(), 5, "{all:?}");
+    assert!(names(&all).contains(&row("team-b", "db-2", "found")));
+    assert!(!serde_json::to_string(&all).unwrap().contains(id));
+
+    let out = lease(&u, "list").with(&["-A", "-o", "text"]).output();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        "NAMESPACE\tTARGET\tSTATE\tOWNER\tTOKEN\tEXPIRES IN"
+    );
+    assert_eq!(lines.len(), 6, "{text}");
+    assert!(
+        lines[1].starts_with("default\tcache\tfound\tcarol\t"),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("default\tdb-4\tcorrupt_state\t-\t-\t-"))
+    );
+    assert!(listed(&u, &["--namespace", "nobody"]).is_empty());
+}
+
+#[test]
+fn list_scans_every_primary_of_a_cluster() {
+    let c = Cluster::start();
+    let u = c.url();
+    let names_wanted: Vec<String> = (0..24).map(|i| format!("t{i}")).collect();
+    for n in &names_wanted {
+        acquire(&u, n, "alice", "60s");
+    }
+    let mut nodes_holding = std::collections::HashSet::new();
+    for n in &names_wanted {
+        let key = format!("targetlease:{{default:{n}}}:lease");
+        nodes_holding.insert(format!("{:?}", c.conn_for(&key).cmd(&["CLUSTER", "MYID"])));
+    }
+    assert!(
+        nodes_holding.len() >= 2,
+        "the targets spread over the primaries"
+    );
+    let entries = listed(&u, &[]);
+    let mut got: Vec<String> = names(&entries).into_iter().map(|(_, t, _)| t).collect();
+    let mut wanted = names_wanted.clone();
+    got.sort();
+    wanted.sort();
+    assert_eq!(got, wanted);
+    assert!(entries.iter().all(|e| e["outcome"] == "found"));
+}
+
+#[test]
+fn list_against_a_silent_server_ends_within_its_deadline() {
+    let silent = fault_proxy::FaultProxy::silent();
+    let (out, took) = deadline::output_within(
+        lease(&silent.url(), "list").short_deadlines().command(),
+        Duration::from_secs(8),
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let r = Res::parse(out);
+    assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
+    assert!(took < Duration::from_secs(8));
+}
