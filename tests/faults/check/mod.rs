@@ -1,0 +1,177 @@
+//! The checker: pure functions from a recorded [`History`] to the violations
+//! of the four properties of issue 12, per target or resource.
+//!
+//! - (a) [`tokens`]: tokens strictly increase in issue order and no token is
+//!   issued twice (client leases, operator status, pod marks).
+//! - (b) [`downstream`]: a downstream never accepted a lower token after a
+//!   higher one, and no acknowledged write is missing at the end.
+//! - (c) [`honesty`]: an operation reported as a refusal or
+//!   `backend_unavailable` had no effect.
+//! - (d) [`exclusion`]: no two claims (client leases, Held TargetLeases,
+//!   marked pods of one election) overlap in server time.
+
+#![allow(dead_code)] // each test binary uses a part
+
+pub mod downstream;
+pub mod exclusion;
+#[cfg(test)]
+pub mod fixtures;
+pub mod honesty;
+pub mod tokens;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::history::History;
+
+/// One of the four checked properties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Property {
+    /// (a) tokens strictly increase in issue order; none is issued twice.
+    Tokens,
+    /// (b) no lower token accepted after a higher one; no acknowledged write lost.
+    Downstream,
+    /// (c) a refusal or `backend_unavailable` had no effect.
+    Honesty,
+    /// (d) no two live claims on one target at once.
+    Exclusion,
+}
+
+impl Property {
+    pub const ALL: [Property; 4] = [
+        Property::Tokens,
+        Property::Downstream,
+        Property::Honesty,
+        Property::Exclusion,
+    ];
+
+    /// The letter the issue and the docs use.
+    pub fn letter(self) -> char {
+        match self {
+            Property::Tokens => 'a',
+            Property::Downstream => 'b',
+            Property::Honesty => 'c',
+            Property::Exclusion => 'd',
+        }
+    }
+}
+
+/// Which part of the history a violation is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Scope {
+    /// Leases held by library and CLI clients.
+    Lease,
+    /// What the operator published: TargetLease status and pod marks.
+    Published,
+    /// The PostgreSQL downstream (the fencing recipe).
+    Postgres,
+    /// Valkey's fenced commit.
+    Commit,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 4] = [
+        Scope::Lease,
+        Scope::Published,
+        Scope::Postgres,
+        Scope::Commit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Lease => "client leases",
+            Scope::Published => "operator status/marks",
+            Scope::Postgres => "PostgreSQL",
+            Scope::Commit => "lease commit",
+        }
+    }
+}
+
+/// One violation, with enough context to find it in the history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub property: Property,
+    pub scope: Scope,
+    /// The target (or downstream resource) it is about.
+    pub target: String,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(property: Property, scope: Scope, target: &str, detail: impl Into<String>) -> Self {
+        Self {
+            property,
+            scope,
+            target: target.to_string(),
+            detail: detail.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "({}) {} {}: {}",
+            self.property.letter(),
+            self.scope.name(),
+            self.target,
+            self.detail
+        )
+    }
+}
+
+/// Everything the checker found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// Number of violations of `p` in `s`.
+    pub fn count(&self, p: Property, s: Scope) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| v.property == p && v.scope == s)
+            .count()
+    }
+
+    /// Number of violations of `p`, any scope.
+    pub fn count_property(&self, p: Property) -> usize {
+        self.violations.iter().filter(|v| v.property == p).count()
+    }
+
+    /// Counts per (property, scope), only the non-zero ones.
+    pub fn counts(&self) -> BTreeMap<(Property, Scope), usize> {
+        let mut m = BTreeMap::new();
+        for v in &self.violations {
+            *m.entry((v.property, v.scope)).or_default() += 1;
+        }
+        m
+    }
+}
+
+/// Checks every property over the whole history.
+pub fn check(h: &History) -> Report {
+    let mut violations = tokens::check(h);
+    violations.extend(downstream::check(h));
+    violations.extend(honesty::check(h));
+    violations.extend(exclusion::check(h));
+    Report { violations }
+}
+
+/// Groups items by a string key, keeping arrival order inside each group.
+pub(crate) fn group_by<'a, T>(
+    items: impl IntoIterator<Item = &'a T>,
+    key: impl Fn(&T) -> &str,
+) -> BTreeMap<String, Vec<&'a T>>
+where
+    T: 'a,
+{
+    let mut m: BTreeMap<String, Vec<&T>> = BTreeMap::new();
+    for it in items {
+        m.entry(key(it).to_string()).or_default().push(it);
+    }
+    m
+}

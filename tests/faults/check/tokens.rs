@@ -1,0 +1,300 @@
+//! (a) Tokens strictly increase in issue order, and no token is issued twice.
+//!
+//! A *grant* is a token handed to someone: an acknowledged acquire (client
+//! leases) or a Held TargetLease status (the operator). Per target:
+//! - two grants with the same token must be the same issue (request id or
+//!   acquisition id), and one issue never gets two tokens;
+//! - a grant surely issued before another (its acquisition time, plus the
+//!   publication's one-second resolution, is earlier) has a lower token;
+//! - tokens the operator publishes, in etcd revision order, and tokens on
+//!   an election's pod marks, strictly increase as new ones appear.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::{Property, Scope, Violation, group_by};
+use crate::history::History;
+
+/// A token handed to someone.
+#[derive(Clone, Debug)]
+struct Grant<'a> {
+    scope: Scope,
+    target: &'a str,
+    token: u64,
+    issue: &'a str,
+    acquired_at_ms: u64,
+    /// Width of the acquisition-time uncertainty (status times are whole seconds).
+    resolution_ms: u64,
+}
+
+fn grants(h: &History) -> Vec<Grant<'_>> {
+    let clients = h.ops.iter().filter_map(|o| {
+        let lease = o.lease.as_ref()?;
+        o.answer.is("acquired").then_some(Grant {
+            scope: Scope::Lease,
+            target: &o.target,
+            token: lease.token,
+            issue: &lease.issue,
+            acquired_at_ms: lease.acquired_at_ms,
+            resolution_ms: 1,
+        })
+    });
+    let published = h.publications.iter().filter_map(|p| {
+        (p.phase == "Held").then_some(())?;
+        Some(Grant {
+            scope: Scope::Published,
+            target: &p.target,
+            token: p.token?,
+            issue: p.acquisition_id.as_deref()?,
+            acquired_at_ms: p.acquired_at_ms?,
+            resolution_ms: 1000,
+        })
+    });
+    clients.chain(published).collect()
+}
+
+pub fn check(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let all = grants(h);
+    for (target, gs) in group_by(&all, |g| g.target) {
+        unique(&target, &gs, &mut out);
+        ordered(&target, &gs, &mut out);
+    }
+    published_order(h, &mut out);
+    mark_order(h, &mut out);
+    out
+}
+
+fn unique(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
+    let mut by_token: HashMap<u64, &Grant> = HashMap::new();
+    let mut by_issue: HashMap<&str, &Grant> = HashMap::new();
+    let mut reported = HashSet::new();
+    for g in gs {
+        if let Some(first) = by_token.get(&g.token)
+            && first.issue != g.issue
+            && reported.insert((g.token, g.issue))
+        {
+            out.push(Violation::new(
+                Property::Tokens,
+                g.scope,
+                target,
+                format!(
+                    "token {} issued twice: to {} and to {}",
+                    g.token, first.issue, g.issue
+                ),
+            ));
+        }
+        by_token.entry(g.token).or_insert(g);
+        if let Some(first) = by_issue.get(g.issue)
+            && first.token != g.token
+            && reported.insert((g.token, g.issue))
+        {
+            out.push(Violation::new(
+                Property::Tokens,
+                g.scope,
+                target,
+                format!(
+                    "one issue {} got two tokens: {} and {}",
+                    g.issue, first.token, g.token
+                ),
+            ));
+        }
+        by_issue.entry(g.issue).or_insert(g);
+    }
+}
+
+/// Every grant surely issued after another must carry a larger token.
+fn ordered(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
+    let mut distinct: BTreeMap<(&str, u64), &Grant> = BTreeMap::new();
+    for g in gs {
+        distinct.entry((g.issue, g.token)).or_insert(g);
+    }
+    let mut sorted: Vec<&Grant> = distinct.into_values().collect();
+    sorted.sort_by_key(|g| (g.acquired_at_ms, g.token));
+    // Sweep: the highest token among grants that surely ended before `g` began.
+    let mut by_end: Vec<&Grant> = sorted.clone();
+    by_end.sort_by_key(|g| g.acquired_at_ms + g.resolution_ms);
+    let mut j = 0;
+    let mut best: Option<&Grant> = None;
+    for g in &sorted {
+        while j < by_end.len()
+            && by_end[j].acquired_at_ms + by_end[j].resolution_ms <= g.acquired_at_ms
+        {
+            if best.is_none_or(|b| by_end[j].token > b.token) {
+                best = Some(by_end[j]);
+            }
+            j += 1;
+        }
+        if let Some(b) = best
+            && b.token >= g.token
+            && b.issue != g.issue
+        {
+            out.push(Violation::new(
+                Property::Tokens,
+                g.scope,
+                target,
+                format!(
+                    "token {} ({}) acquired at {} after token {} ({}) acquired at {}",
+                    g.token, g.issue, g.acquired_at_ms, b.token, b.issue, b.acquired_at_ms
+                ),
+            ));
+        }
+    }
+}
+
+/// Tokens appearing in a target's TargetLease statuses, by revision, only grow.
+fn published_order(h: &History, out: &mut Vec<Violation>) {
+    for (target, pubs) in group_by(&h.publications, |p| p.target.as_str()) {
+        let mut pubs = pubs;
+        pubs.sort_by_key(|p| p.rv);
+        let mut seen = HashSet::new();
+        let mut last: Option<(u64, &str, u64)> = None;
+        for p in pubs {
+            let Some(token) = p.token else { continue };
+            if !seen.insert((p.name.as_str(), token)) {
+                continue;
+            }
+            if let Some((prev, name, rv)) = last
+                && token <= prev
+            {
+                out.push(Violation::new(
+                    Property::Tokens,
+                    Scope::Published,
+                    &target,
+                    format!(
+                        "{} published token {token} at revision {} after {name} published {prev} at revision {rv}",
+                        p.name, p.rv
+                    ),
+                ));
+            }
+            if last.is_none_or(|(prev, _, _)| token > prev) {
+                last = Some((token, &p.name, p.rv));
+            }
+        }
+    }
+}
+
+/// Tokens on an election's pod marks, by revision, only grow as new ones appear.
+fn mark_order(h: &History, out: &mut Vec<Violation>) {
+    let mut pods: Vec<_> = h.pods.iter().collect();
+    pods.sort_by_key(|p| p.rv);
+    let mut seen: HashSet<(&str, u64)> = HashSet::new();
+    let mut highest: HashMap<&str, (u64, &str, u64)> = HashMap::new();
+    for p in pods {
+        for m in &p.marks {
+            let Some(token) = m.token else { continue };
+            if !seen.insert((m.lease.as_str(), token)) {
+                continue;
+            }
+            if let Some((prev, pod, rv)) = highest.get(m.lease.as_str())
+                && token <= *prev
+            {
+                out.push(Violation::new(
+                    Property::Tokens,
+                    Scope::Published,
+                    &m.lease,
+                    format!(
+                        "pod {} marked with token {token} at revision {} after pod {pod} carried {prev} at revision {rv}",
+                        p.pod, p.rv
+                    ),
+                ));
+            }
+            let e = highest.entry(&m.lease).or_insert((token, &p.pod, p.rv));
+            if token > e.0 {
+                *e = (token, &p.pod, p.rv);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::*;
+
+    fn found(h: &History) -> Vec<String> {
+        check(h).iter().map(|v| v.to_string()).collect()
+    }
+
+    #[test]
+    fn a_clean_history_has_no_violation() {
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 200)
+            .acquired("a", "t", "r1", 1, 100, 200) // a replay: same issue, same token
+            .acquired("b", "t", "r2", 2, 300, 400)
+            .acquired("b", "u", "r3", 1, 300, 400) // another target
+            .publish("x", "op", 1, Some(5), Some(("q1", 1000, 5000)))
+            .publish("x", "op", 3, Some(5), None)
+            .publish("y", "op", 4, Some(6), Some(("q2", 6000, 9000)))
+            .publish("x", "op", 9, Some(5), None) // an old token still shown, not new
+            .pod("p1", 2, &[("x", 5, 5000)])
+            .pod("p2", 5, &[("x", 6, 9000)])
+            .build();
+        assert_eq!(found(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_reissued_token_is_caught() {
+        // Control: a store that forgot its counter hands token 1 out again.
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 200)
+            .acquired("b", "t", "r2", 1, 300, 400)
+            .build();
+        let v = found(&h);
+        assert!(
+            v.iter().any(|s| s.contains("token 1 issued twice")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|s| s.contains("acquired at 300 after token 1")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_lower_token_issued_later_is_caught_but_same_second_statuses_are_not_ordered() {
+        let h = H::new()
+            .acquired("a", "t", "r1", 7, 100, 200)
+            .acquired("b", "t", "r2", 3, 300, 400)
+            .build();
+        assert_eq!(found(&h).len(), 1);
+        // Status times are whole seconds: 1000 vs 1000 says nothing about order.
+        let h = H::new()
+            .publish("x", "op", 1, Some(6), Some(("q1", 1000, 5000)))
+            .publish("y", "op", 2, Some(7), Some(("q2", 1000, 5000)))
+            .build();
+        assert_eq!(found(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn one_request_with_two_tokens_is_caught() {
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 200)
+            .acquired("a", "t", "r1", 2, 100, 200)
+            .build();
+        assert!(found(&h)[0].contains("got two tokens"));
+    }
+
+    #[test]
+    fn a_published_token_going_down_is_caught() {
+        let h = H::new()
+            .publish("x", "op", 1, Some(5), Some(("q1", 1000, 5000)))
+            .publish("y", "op", 4, Some(4), Some(("q2", 9000, 12000)))
+            .build();
+        let v = found(&h);
+        assert!(
+            v.iter()
+                .any(|s| s.contains("published token 4 at revision 4")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn pod_marks_going_down_are_caught() {
+        let h = H::new()
+            .pod("p1", 2, &[("x", 5, 5000)])
+            .pod("p2", 5, &[("x", 4, 9000)])
+            .build();
+        assert!(found(&h)[0].contains("pod p2 marked with token 4"));
+    }
+}

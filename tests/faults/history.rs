@@ -1,0 +1,284 @@
+//! The recorded history of one fault-matrix run: every store operation with
+//! its invoke/complete times and outcome, every downstream write with the
+//! token it carried and whether it was accepted, every lease seen by an
+//! observer, every TargetLease status and pod mark seen by a watch, every
+//! fault injected, and the downstream state read at the end.
+//!
+//! Plain data: the checker (`check/`) is a pure function of it. Local times
+//! are wall-clock Unix milliseconds (worker processes report in the same
+//! clock); lease times are Valkey server milliseconds, as the store reports.
+
+#![allow(dead_code)] // each test binary uses a part
+
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+/// Wall-clock Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A store operation a client can invoke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OpKind {
+    Acquire,
+    Renew,
+    Release,
+}
+
+/// How a store operation (or a downstream write) ended, as its caller was told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    /// A store outcome by name (`acquired`, `held`, …) or, for downstream
+    /// writes, `accepted` / `refused`.
+    Said(String),
+    /// `backend_unavailable`: reported as "nothing happened".
+    Unavailable,
+    /// `outcome_unknown`: may or may not have happened.
+    Unknown,
+}
+
+impl Answer {
+    /// True for an answer that promises the operation had no effect.
+    pub fn promises_no_effect(&self) -> bool {
+        match self {
+            Answer::Unavailable => true,
+            Answer::Said(s) => !matches!(
+                s.as_str(),
+                "acquired" | "renewed" | "released" | "committed" | "accepted"
+            ),
+            Answer::Unknown => false,
+        }
+    }
+
+    /// True for a success.
+    pub fn is(&self, what: &str) -> bool {
+        matches!(self, Answer::Said(s) if s == what)
+    }
+}
+
+/// A lease as a reply (or an observer) showed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    pub owner: String,
+    pub token: u64,
+    /// Who asked for it: the acquire's request id (clients put it in the
+    /// metadata as `req`; the operator's acquisition id), else the lease id.
+    pub issue: String,
+    pub acquired_at_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// One store operation attempt (a retry with the same request id is another record).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OpRecord {
+    pub client: String,
+    pub kind: OpKind,
+    pub target: String,
+    pub request_id: String,
+    pub invoke_ms: u64,
+    pub complete_ms: u64,
+    pub answer: Answer,
+    /// The lease the reply carried (for acquire: the granted or current one).
+    pub lease: Option<LeaseView>,
+    /// For renew/release: the token of the lease named in the request.
+    pub token: Option<u64>,
+    /// The store's clock when it decided (0 when no server answered).
+    pub server_ms: u64,
+}
+
+/// Where a fenced write went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Sink {
+    /// The PostgreSQL recipe (`examples/fencing/postgresql.sql`).
+    Postgres,
+    /// Valkey's fenced commit (`lease commit`).
+    Commit,
+}
+
+/// One downstream write attempt.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WriteRecord {
+    pub client: String,
+    pub sink: Sink,
+    pub resource: String,
+    pub token: u64,
+    /// Unique per attempt; it is the value written.
+    pub write_id: String,
+    pub invoke_ms: u64,
+    pub complete_ms: u64,
+    /// `accepted` / `refused` (as `Said`), `Unavailable` or `Unknown`.
+    pub answer: Answer,
+    /// Valkey's clock for commits that got a reply (0 otherwise).
+    pub server_ms: u64,
+}
+
+/// A live lease seen by someone other than its holder (`get`, a `held` reply).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sighting {
+    pub target: String,
+    pub at_ms: u64,
+    pub lease: LeaseView,
+}
+
+/// One version of a TargetLease, as a watch delivered it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Publication {
+    pub name: String,
+    pub target: String,
+    /// etcd revision of this version (shared by every object in the cluster).
+    pub rv: u64,
+    pub seen_ms: u64,
+    /// `Held`, `Pending`, … or `Deleted` for the deletion event.
+    pub phase: String,
+    pub token: Option<u64>,
+    pub acquisition_id: Option<String>,
+    pub acquired_at_ms: Option<u64>,
+    pub expires_at_ms: Option<u64>,
+}
+
+/// The marks one TargetLease put on a pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    pub lease: String,
+    pub token: Option<u64>,
+    pub expires_at_ms: Option<u64>,
+}
+
+/// One version of a pod, as a watch delivered it: the leader marks it carries.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PodVersion {
+    pub pod: String,
+    pub rv: u64,
+    pub seen_ms: u64,
+    pub marks: Vec<Mark>,
+}
+
+/// A fault the harness injected.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FaultRecord {
+    pub name: String,
+    pub at_ms: u64,
+}
+
+/// One row of the PostgreSQL data table at the end, in commit order per resource.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Row {
+    pub resource: String,
+    pub seq: i64,
+    pub token: u64,
+    pub write_id: String,
+}
+
+/// A fenced-commit key's value in Valkey at the end.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CommitState {
+    pub resource: String,
+    pub token: u64,
+    pub write_id: String,
+}
+
+/// Everything recorded, in arrival order.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct History {
+    pub ops: Vec<OpRecord>,
+    pub writes: Vec<WriteRecord>,
+    pub sightings: Vec<Sighting>,
+    pub publications: Vec<Publication>,
+    pub pods: Vec<PodVersion>,
+    pub faults: Vec<FaultRecord>,
+    /// PostgreSQL rows at the end (None: not read, e.g. no PostgreSQL in the run).
+    pub rows: Option<Vec<Row>>,
+    /// Fenced-commit values at the end, one per resource that has one.
+    pub commits: Option<Vec<CommitState>>,
+    /// How often the recording watches had to relist (expired revisions).
+    #[serde(default)]
+    pub relists: u64,
+    /// Calls that never answered (far past their deadline).
+    #[serde(default)]
+    pub hangs: Vec<String>,
+}
+
+/// One line a worker process prints: an event to append to the history.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Event {
+    Op(OpRecord),
+    Write(WriteRecord),
+    Sighting(Sighting),
+    Fault(FaultRecord),
+}
+
+/// A shared, append-only recorder handed to every workload task.
+#[derive(Clone, Default)]
+pub struct Recorder(Arc<Mutex<History>>);
+
+impl Recorder {
+    fn with<R>(&self, f: impl FnOnce(&mut History) -> R) -> R {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn op(&self, r: OpRecord) {
+        self.with(|h| h.ops.push(r));
+    }
+
+    pub fn write(&self, r: WriteRecord) {
+        self.with(|h| h.writes.push(r));
+    }
+
+    pub fn sighting(&self, s: Sighting) {
+        self.with(|h| h.sightings.push(s));
+    }
+
+    pub fn publication(&self, p: Publication) {
+        self.with(|h| h.publications.push(p));
+    }
+
+    pub fn pod(&self, p: PodVersion) {
+        self.with(|h| h.pods.push(p));
+    }
+
+    pub fn fault(&self, name: &str) {
+        let at_ms = now_ms();
+        self.with(|h| {
+            h.faults.push(FaultRecord {
+                name: name.to_string(),
+                at_ms,
+            })
+        });
+    }
+
+    /// Appends an event a worker process reported.
+    pub fn event(&self, e: Event) {
+        match e {
+            Event::Op(r) => self.op(r),
+            Event::Write(r) => self.write(r),
+            Event::Sighting(s) => self.sighting(s),
+            Event::Fault(f) => self.with(|h| h.faults.push(f)),
+        }
+    }
+
+    pub fn set_rows(&self, rows: Vec<Row>) {
+        self.with(|h| h.rows = Some(rows));
+    }
+
+    pub fn hang(&self, what: String) {
+        self.with(|h| h.hangs.push(what));
+    }
+
+    pub fn set_relists(&self, n: u64) {
+        self.with(|h| h.relists = n);
+    }
+
+    pub fn set_commits(&self, commits: Vec<CommitState>) {
+        self.with(|h| h.commits = Some(commits));
+    }
+
+    /// A copy of everything recorded so far.
+    pub fn snapshot(&self) -> History {
+        self.with(|h| h.clone())
+    }
+}

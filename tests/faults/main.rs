@@ -1,0 +1,221 @@
+//! The fault matrix (issue 12): a workload with a recorded history, a real
+//! PostgreSQL downstream fenced by the recipe in `examples/fencing/`, real
+//! faults, and a checker that can fail.
+//!
+//! A test target without libtest (`harness = false`), so it runs scenarios
+//! one after another and prints one table:
+//!
+//! ```text
+//! cargo test --test faults                  # quick: every scenario and control once
+//! cargo test --test faults -- long          # FAULTS_RUNS x FAULTS_SECS per scenario
+//! cargo test --test faults -- holder clock  # only scenarios whose name contains a word
+//! cargo test --test faults -- recheck F.json # the current checker on a saved history
+//! ```
+//!
+//! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
+//! `FAULTS_SECS` (300), `FAULTS_REPORT` (write docs/faults.md to this path),
+//! `FAULTS_REPORT_NOTE` (a line for its header), `FAULTS_DUMP` (save every
+//! run's history, not only failed ones), `FAULTS_GDB` (a hung CLI's
+//! backtrace in the failure message), `FAULTS_KEEP` (keep Valkey's
+//! directories and logs). The binary re-executes
+//! itself as `worker-holder` for the paused-holder process.
+//!
+//! Exit status 1 when any run fails: a violation of a property the scenario
+//! promises, a control that was not caught, a fault that never fired or a
+//! workload that did nothing.
+
+// cargo builds this target with cfg(test) but without libtest: the
+// checker's unit tests run in `tests/faults_checker.rs`, not here.
+#[allow(unused_imports)]
+mod check;
+mod control_plane;
+mod controls;
+mod history;
+mod inject;
+mod report;
+mod run;
+mod scenarios;
+mod sink;
+mod valkey;
+mod workload;
+
+#[allow(dead_code)] // each binary uses a part of the shared support
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use report::Figures;
+use scenarios::Scenario;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if args.first().map(String::as_str) == Some("worker-holder") {
+        let cfg = serde_json::from_str(&args[1]).expect("worker config");
+        runtime.block_on(workload::holder::worker_main(cfg));
+        return ExitCode::SUCCESS;
+    }
+    if args.first().map(String::as_str) == Some("recheck") {
+        return recheck(&args[1..]);
+    }
+    // libtest-style flags (`--nocapture`, …) mean nothing here.
+    let words: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let long = words.contains(&"long");
+    let filters: Vec<&str> = words.into_iter().filter(|w| *w != "long").collect();
+    let (runs, secs) = if long {
+        (env_u64("FAULTS_RUNS", 10), env_u64("FAULTS_SECS", 300))
+    } else {
+        (1, env_u64("FAULTS_QUICK_SECS", 8))
+    };
+    let chosen: Vec<Scenario> = scenarios::all()
+        .into_iter()
+        .filter(|s| filters.is_empty() || filters.iter().any(|f| s.name.contains(f)))
+        .collect();
+    if chosen.is_empty() {
+        println!("faults: no scenario matches {filters:?}");
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "faults: {} mode, {} scenario(s), {runs} run(s) x {secs}s each",
+        if long { "long" } else { "quick" },
+        chosen.len()
+    );
+    let started = Instant::now();
+    let failed = runtime.block_on(run_all(&chosen, runs, secs, long));
+    println!(
+        "faults: {} in {:.0}s",
+        if failed == 0 {
+            "ok".to_string()
+        } else {
+            format!("{failed} run(s) FAILED")
+        },
+        started.elapsed().as_secs_f64()
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs every chosen scenario; returns the number of failed runs.
+async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize {
+    let pg = Arc::new(
+        tokio::task::spawn_blocking(support::postgres::Postgres::start)
+            .await
+            .unwrap(),
+    );
+    let mut failed = 0;
+    let mut results: Vec<(Scenario, Vec<Figures>, usize)> = Vec::new();
+    let mut seq = 0;
+    for s in chosen {
+        let mut figures = Vec::new();
+        let mut caught = 0;
+        for r in 0..runs {
+            seq += 1;
+            let result = run::run(s, secs, pg.clone(), seq).await;
+            let (fig, failures) = report::judge(s, &result);
+            if s.expect
+                .is_some_and(|(p, sc)| result.report.count(p, sc) > 0)
+            {
+                caught += 1;
+            }
+            println!(
+                "  {:<36} run {:>2}: {:>5.1}s {:>6} ops {:>6} writes {:>5} published {:>3} relists {:>3} faults  violations {:?}  {}",
+                s.name,
+                r + 1,
+                fig.elapsed.as_secs_f64(),
+                fig.ops,
+                fig.writes,
+                fig.published,
+                fig.relists,
+                fig.faults,
+                fig.violations,
+                if failures.is_empty() { "ok" } else { "FAILED" }
+            );
+            if !failures.is_empty() {
+                failed += 1;
+                for f in failures.iter().take(10) {
+                    println!("      {f}");
+                }
+                dump(s, r, &result);
+            } else if std::env::var_os("FAULTS_DUMP").is_some() {
+                dump(s, r, &result);
+            }
+            if failures.is_empty() && !result.report.violations.is_empty() && s.expect.is_none() {
+                for v in result.report.violations.iter().take(3) {
+                    println!("      measured: {v}");
+                }
+            }
+            figures.push(fig);
+        }
+        results.push((s.clone(), figures, caught));
+    }
+    if let Ok(path) = std::env::var("FAULTS_REPORT") {
+        let note = std::env::var("FAULTS_REPORT_NOTE").unwrap_or_default();
+        let header = format!(
+            "{}\n\nParameters of these figures: {} mode, {runs} run(s) x {secs} s per scenario. {note}\n",
+            include_str!("doc_header.md").trim_end(),
+            if long { "long" } else { "quick" },
+        );
+        let doc = report::render(&header, &results) + include_str!("doc_footer.md");
+        std::fs::write(&path, doc).unwrap_or_else(|e| panic!("write {path}: {e}"));
+        println!("faults: wrote {path}");
+    }
+    failed
+}
+
+/// Runs the checker again on saved histories (`dump`'s files) and prints
+/// what it finds now: for working on the checker without rerunning faults.
+fn recheck(paths: &[String]) -> ExitCode {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        history: history::History,
+    }
+    let mut found = 0;
+    for path in paths {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        let saved: Saved =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"));
+        let report = check::check(&saved.history);
+        println!("{path}: {:?}", report.counts());
+        for v in report.violations.iter().take(10) {
+            println!("  {v}");
+        }
+        found += report.violations.len();
+    }
+    if found == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Saves a failed run's history for inspection.
+fn dump(s: &Scenario, run: u64, result: &run::RunResult) {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("faults");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(format!("{}-{}.json", s.name, run + 1));
+    let text =
+        serde_json::json!({ "history": result.history, "violations": result.report.violations });
+    if std::fs::write(&path, text.to_string()).is_ok() {
+        println!("      history: {}", path.display());
+    }
+}

@@ -1,0 +1,193 @@
+//! Judging runs (which violations fail, which are only measured, whether a
+//! control was caught, whether the fault and the workload actually did
+//! something) and rendering the figures as `docs/faults.md`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::check::{Property, Scope};
+use crate::history::{Answer, OpKind, Sink};
+use crate::run::RunResult;
+use crate::scenarios::{Fault, Scenario};
+
+/// The figures of one run.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    pub elapsed: Duration,
+    pub ops: usize,
+    pub writes: usize,
+    pub faults: usize,
+    pub refused_stale: usize,
+    /// Operations and writes answered `outcome_unknown` / `backend_unavailable`.
+    pub unknown: usize,
+    pub unavailable: usize,
+    /// Calls that outlived their deadline by far (each fails the run).
+    pub hangs: usize,
+    /// TargetLease and pod versions the watches recorded, and their relists.
+    pub published: usize,
+    pub relists: u64,
+    pub violations: BTreeMap<(Property, Scope), usize>,
+}
+
+fn answers(h: &crate::history::History, a: &Answer) -> usize {
+    h.ops.iter().filter(|o| &o.answer == a).count()
+        + h.writes.iter().filter(|w| &w.answer == a).count()
+}
+
+/// Judges one run: the figures and every reason it fails (none: it passes).
+pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
+    let h = &r.history;
+    let fig = Figures {
+        elapsed: r.elapsed,
+        ops: h.ops.len(),
+        writes: h.writes.len(),
+        faults: h.faults.len(),
+        refused_stale: h
+            .writes
+            .iter()
+            .filter(|w| w.sink == Sink::Postgres && w.answer.is("refused"))
+            .count(),
+        unknown: answers(h, &Answer::Unknown),
+        unavailable: answers(h, &Answer::Unavailable),
+        hangs: h.hangs.len(),
+        published: h.publications.len() + h.pods.len(),
+        relists: h.relists,
+        violations: r.report.counts(),
+    };
+    let mut failures = Vec::new();
+    if let Some(expect) = s.expect {
+        if r.report.count(expect.0, expect.1) == 0 {
+            failures.push(format!(
+                "control not caught: expected a ({}) violation in {}",
+                expect.0.letter(),
+                expect.1.name()
+            ));
+        }
+    } else {
+        for v in &r.report.violations {
+            if !s.measured.contains(&(v.property, v.scope)) {
+                failures.push(format!("violation: {v}"));
+            }
+        }
+    }
+    let acquired = h
+        .ops
+        .iter()
+        .any(|o| o.kind == OpKind::Acquire && o.answer.is("acquired"));
+    let accepted = h.writes.iter().any(|w| w.answer.is("accepted"));
+    if !acquired || !(accepted || s.expect.is_some()) {
+        failures.push("the workload did nothing (no lease acquired or no write accepted)".into());
+    }
+    if s.fault != Fault::None && fig.faults == 0 {
+        failures.push("the fault was never injected".into());
+    }
+    for hang in &h.hangs {
+        failures.push(format!("hang: {hang}"));
+    }
+    if s.fault == Fault::EtcdCompaction && h.relists == 0 {
+        failures.push("no watch had to relist: the compaction did not bite".into());
+    }
+    if s.fault == Fault::PauseHolder && s.control.is_none() {
+        let stale = h.writes.iter().any(|w| {
+            w.client == "paused"
+                && w.sink == Sink::Postgres
+                && w.answer == Answer::Said("refused".into())
+        });
+        if !stale {
+            failures.push("the paused holder never had a stale write refused".into());
+        }
+    }
+    (fig, failures)
+}
+
+/// Sums the figures of several runs.
+pub fn total(runs: &[Figures]) -> Figures {
+    let mut t = Figures::default();
+    for f in runs {
+        t.elapsed += f.elapsed;
+        t.ops += f.ops;
+        t.writes += f.writes;
+        t.faults += f.faults;
+        t.refused_stale += f.refused_stale;
+        t.unknown += f.unknown;
+        t.unavailable += f.unavailable;
+        t.hangs += f.hangs;
+        t.published += f.published;
+        t.relists += f.relists;
+        for (k, v) in &f.violations {
+            *t.violations.entry(*k).or_default() += v;
+        }
+    }
+    t
+}
+
+/// The violations column of one property: per scope, `n` (failed on) or
+/// `n measured`.
+fn cell(s: &Scenario, f: &Figures, p: Property) -> String {
+    let mut parts = Vec::new();
+    for scope in Scope::ALL {
+        let n = f.violations.get(&(p, scope)).copied().unwrap_or(0);
+        if s.measured.contains(&(p, scope)) {
+            parts.push(format!("{n} measured ({})", scope.name()));
+        } else if n > 0 {
+            parts.push(format!("**{n}** ({})", scope.name()));
+        }
+    }
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        parts.join("<br>")
+    }
+}
+
+/// docs/faults.md for these results: (scenario, per-run figures, caught controls).
+pub fn render(header: &str, results: &[(Scenario, Vec<Figures>, usize)]) -> String {
+    let mut out = String::new();
+    out.push_str(header);
+    out.push_str(
+        "\n| scenario | fault | runs | duration | operations | writes | unknown / unavailable | hangs | faults injected | stale writes refused | watch relists | (a) tokens | (b) downstream | (c) honesty | (d) exclusion |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (s, runs, _) in results.iter().filter(|(s, _, _)| s.control.is_none()) {
+        let t = total(runs);
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {:.0} s | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s.name,
+            s.about,
+            runs.len(),
+            t.elapsed.as_secs_f64(),
+            t.ops,
+            t.writes,
+            t.unknown,
+            t.unavailable,
+            t.hangs,
+            t.faults,
+            t.refused_stale,
+            t.relists,
+            cell(s, &t, Property::Tokens),
+            cell(s, &t, Property::Downstream),
+            cell(s, &t, Property::Honesty),
+            cell(s, &t, Property::Exclusion),
+        );
+    }
+    out.push_str(
+        "\n## Positive controls\n\nEach plugs a deliberately broken component into the same harness; \
+         a run in which the checker does not report the expected property fails.\n\n\
+         | control | broken component | expected | runs | caught |\n|---|---|---|---|---|\n",
+    );
+    for (s, runs, caught) in results.iter().filter(|(s, _, _)| s.control.is_some()) {
+        let (p, scope) = s.expect.expect("a control names its property");
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | ({}) in {} | {} | {caught} |",
+            s.name,
+            s.about,
+            p.letter(),
+            scope.name(),
+            runs.len()
+        );
+    }
+    out
+}

@@ -1,0 +1,241 @@
+//! One run of one scenario: start the deployment and the downstream, run the
+//! workload while the fault is injected, stop, read the final downstream
+//! state, check the history.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use targetlease::store::valkey::{Durability, ValkeyConfig, ValkeyStore};
+use targetlease::store::{LeaseStore, Target};
+
+use crate::check::{self, Report};
+use crate::controls::{self, Control};
+use crate::history::{CommitState, History, Recorder};
+use crate::inject::{self, Targets};
+use crate::scenarios::{Backend, Fault, Scenario};
+use crate::sink::{Guard, PgSink};
+use crate::support::postgres::Postgres;
+use crate::support::resp::Resp;
+use crate::valkey::Valkey;
+use crate::workload::Stop;
+use crate::workload::cli::CliStore;
+use crate::workload::client::{COMMIT_KEY, Client};
+use crate::workload::holder::{Holder, HolderConfig};
+use crate::workload::observer;
+
+/// Lease time-to-live of every workload client.
+pub const TTL: Duration = Duration::from_millis(2000);
+/// Per-operation deadline of library clients (the CLI uses the same).
+const TIMEOUT: Duration = Duration::from_millis(500);
+/// After the last fault ends (its injection finishes), the workload goes on
+/// this long, so recovery is part of the history.
+pub const SETTLE: Duration = Duration::from_secs(3);
+/// Library clients and CLI clients per run.
+const LIB_CLIENTS: usize = 3;
+const CLI_CLIENTS: usize = 1;
+pub const NAMESPACE: &str = "faults";
+pub const TARGETS: [&str; 2] = ["t0", "t1"];
+
+/// What one run produced.
+pub struct RunResult {
+    pub history: History,
+    pub report: Report,
+    pub elapsed: Duration,
+}
+
+async fn connect(url: &str, durability: Durability) -> ValkeyStore {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match ValkeyStore::connect(&ValkeyConfig {
+            url: url.to_string(),
+            timeout: TIMEOUT,
+            connect_timeout: TIMEOUT,
+            durability,
+            ..ValkeyConfig::default()
+        })
+        .await
+        {
+            Ok(s) => return s,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("  connecting to valkey: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("cannot connect to valkey at {url}: {e}"),
+        }
+    }
+}
+
+fn guard(control: Option<Control>) -> Guard {
+    match control {
+        Some(Control::Unguarded) => Guard::Unguarded,
+        Some(Control::LoseAckedWrites) => Guard::AckBeforeCommit,
+        _ => Guard::Recipe,
+    }
+}
+
+/// Runs one raw command against the current primary; None while unreachable.
+pub type Primary = Arc<dyn Fn(&[&str]) -> Option<Resp> + Send + Sync>;
+
+/// Reads each target's fenced-commit value from the primary (retrying while
+/// it is unreachable: a fault may have just ended).
+async fn final_commits(primary: Primary, store: &ValkeyStore) -> Vec<CommitState> {
+    let keys: Vec<(String, String)> = TARGETS
+        .iter()
+        .map(|t| {
+            let key = store.keys().commit(&Target::new(NAMESPACE, *t), COMMIT_KEY);
+            (t.to_string(), key)
+        })
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        for (target, key) in keys {
+            let reply = loop {
+                if let Some(r) = primary(&["HMGET", &key, "token", "value"]) {
+                    break r;
+                }
+                assert!(Instant::now() < deadline, "valkey never came back");
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            let Resp::Array(Some(fields)) = reply else {
+                panic!("HMGET {key}: {reply:?}");
+            };
+            if let [Resp::Bulk(Some(token)), Resp::Bulk(Some(value))] = fields.as_slice() {
+                out.push(CommitState {
+                    resource: target,
+                    token: token.parse().expect("a numeric commit token"),
+                    write_id: value.clone(),
+                });
+            }
+        }
+        out
+    })
+    .await
+    .expect("read final commits")
+}
+
+/// The lease clients (library and CLI) and the observer, on `url`.
+pub async fn clients(
+    url: &str,
+    s: &Scenario,
+    sink: &PgSink,
+    rec: &Recorder,
+    stop: &Stop,
+) -> Vec<JoinHandle<()>> {
+    let targets: Vec<Target> = TARGETS.iter().map(|t| Target::new(NAMESPACE, *t)).collect();
+    let mut tasks = Vec::new();
+    for i in 0..LIB_CLIENTS + CLI_CLIENTS {
+        let (name, store): (String, Arc<dyn LeaseStore>) = if i < LIB_CLIENTS {
+            let lib: Arc<dyn LeaseStore> = Arc::new(connect(url, s.durability).await);
+            (format!("lib{i}"), controls::wrap(s.control, lib))
+        } else {
+            let cli = CliStore {
+                url: url.to_string(),
+                timeout: TIMEOUT,
+                durability: s.durability,
+                rec: rec.clone(),
+            };
+            (format!("cli{}", i - LIB_CLIENTS), Arc::new(cli))
+        };
+        let client = Client {
+            pg: Some(sink.writer(&name).await),
+            name,
+            store,
+            targets: targets.clone(),
+            ttl: TTL,
+            rec: rec.clone(),
+            stop: stop.clone(),
+        };
+        tasks.push(tokio::spawn(client.run()));
+    }
+    let observer_store: Arc<dyn LeaseStore> = Arc::new(connect(url, Durability::None).await);
+    tasks.push(tokio::spawn(observer::run(
+        observer_store,
+        targets,
+        rec.clone(),
+        stop.clone(),
+    )));
+    tasks
+}
+
+/// Waits for the workload to stop, reads the final downstream state and checks.
+pub async fn finish(
+    tasks: Vec<JoinHandle<()>>,
+    sink: &PgSink,
+    url: &str,
+    primary: Primary,
+    rec: &Recorder,
+    started: Instant,
+) -> RunResult {
+    for t in tasks {
+        // Tasks finish their current step (every call is cut off as a hang
+        // after 30 s); one that is still stuck is a harness failure.
+        tokio::time::timeout(Duration::from_secs(180), t)
+            .await
+            .expect("a workload task did not stop within 180s")
+            .expect("a workload task panicked");
+    }
+    rec.set_rows(sink.rows().await);
+    let reader = connect(url, Durability::None).await;
+    rec.set_commits(final_commits(primary, &reader).await);
+    let history = rec.snapshot();
+    let report = check::check(&history);
+    RunResult {
+        history,
+        report,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// Runs `s` for `secs` seconds; `seq` names the run's database.
+pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunResult {
+    let started = Instant::now();
+    let sink = PgSink::create(pg, &format!("run_{seq}"), guard(s.control)).await;
+    let Backend::Valkey(setup) = &s.backend else {
+        return crate::workload::operator::run(s, secs, sink, started).await;
+    };
+    let setup = setup.clone();
+    let valkey = Arc::new(
+        tokio::task::spawn_blocking(move || Valkey::start(&setup))
+            .await
+            .expect("start valkey"),
+    );
+    let url = valkey.url();
+    let rec = Recorder::default();
+    let stop = Stop::default();
+    let tasks = clients(&url, s, &sink, &rec, &stop).await;
+    let holder = (s.fault == Fault::PauseHolder).then(|| {
+        let cfg = HolderConfig {
+            name: "paused".into(),
+            valkey_url: url.clone(),
+            pg: sink.conn_string(),
+            namespace: NAMESPACE.into(),
+            targets: TARGETS.iter().map(|t| t.to_string()).collect(),
+            ttl_ms: TTL.as_millis() as u64,
+        };
+        Holder::spawn(&cfg, rec.clone())
+    });
+    let faults = Stop::default();
+    let fault = tokio::spawn(inject::run(
+        s.fault,
+        Targets {
+            valkey: Some(valkey.clone()),
+            holder,
+            ttl: TTL,
+        },
+        rec.clone(),
+        faults.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    faults.set();
+    let back = fault.await.expect("fault task");
+    tokio::time::sleep(SETTLE).await;
+    stop.set();
+    if let Some(h) = back.holder {
+        h.stop().await;
+    }
+    let primary: Primary = Arc::new(move |args: &[&str]| valkey.on_primary(args));
+    finish(tasks, &sink, &url, primary, &rec, started).await
+}

@@ -1,0 +1,249 @@
+//! The Valkey deployments the matrix runs against, and the Valkey faults:
+//! a standalone server (any persistence settings, optionally under
+//! libfaketime, optionally behind the fault-injecting TCP proxy of
+//! `tests/support/fault_proxy.rs`), or a primary + replica watched by a real
+//! Sentinel.
+//! Every method blocks; callers run them on a blocking thread.
+
+pub mod node;
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use node::Node;
+
+use crate::support::fault_proxy::FaultProxy;
+use crate::support::resp::Resp;
+
+/// Which deployment.
+#[derive(Clone, Debug)]
+pub enum Setup {
+    /// One server with these extra arguments.
+    Standalone(Vec<String>),
+    /// One server whose clock the harness can move (libfaketime).
+    Faketime,
+    /// Primary + one replica + one Sentinel (quorum 1, 3 s down-after).
+    Sentinel,
+    /// One server behind the fault-injecting TCP proxy; clients use the proxy.
+    Proxied,
+}
+
+/// A running deployment.
+pub struct Valkey {
+    nodes: Mutex<Vec<Node>>,
+    sentinel: Option<Node>,
+    clock: Option<(tempfile::TempDir, Mutex<u64>)>,
+    /// In front of the only node, for [`Setup::Proxied`].
+    pub proxy: Option<FaultProxy>,
+}
+
+/// libfaketime's multi-threaded library, or a panic that says how to get it.
+fn faketime_lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("FAKETIME_LIB").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "FAKETIME_LIB={} does not exist", p.display());
+        return p;
+    }
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|p| p.is_file());
+    found.unwrap_or_else(|| {
+        panic!(
+            "libfaketime not found: the clock-jump scenario needs it. Run `scripts/setup.sh` \
+             (apt-get install faketime) or set FAKETIME_LIB"
+        )
+    })
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn info_field(n: &Node, section: &str, field: &str) -> String {
+    let text = match n.try_cmd(&["INFO", section]) {
+        Some(Resp::Bulk(Some(t))) => t,
+        _ => return String::new(),
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+impl Valkey {
+    pub fn start(setup: &Setup) -> Self {
+        match setup {
+            Setup::Standalone(args) => Self {
+                nodes: Mutex::new(vec![Node::server(args, &[])]),
+                sentinel: None,
+                clock: None,
+                proxy: None,
+            },
+            Setup::Proxied => {
+                let node = Node::server(&[], &[]);
+                let proxy = FaultProxy::start(&node.addr());
+                Self {
+                    nodes: Mutex::new(vec![node]),
+                    sentinel: None,
+                    clock: None,
+                    proxy: Some(proxy),
+                }
+            }
+            Setup::Faketime => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let file = dir.path().join("faketime");
+                std::fs::write(&file, "+0\n").expect("faketime file");
+                let env = [
+                    ("LD_PRELOAD", faketime_lib().display().to_string()),
+                    ("FAKETIME_TIMESTAMP_FILE", file.display().to_string()),
+                    ("FAKETIME_NO_CACHE", "1".into()),
+                    ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+                ]
+                .map(|(k, v)| (k.to_string(), v));
+                let node = Node::server(&[], &env);
+                Self {
+                    nodes: Mutex::new(vec![node]),
+                    sentinel: None,
+                    clock: Some((dir, Mutex::new(0))),
+                    proxy: None,
+                }
+            }
+            Setup::Sentinel => {
+                let primary = Node::server(&[], &[]);
+                let replica = Node::server(&replica_of(primary.port), &[]);
+                let sentinel = Node::sentinel(primary.port);
+                let v = Self {
+                    nodes: Mutex::new(vec![primary, replica]),
+                    sentinel: Some(sentinel),
+                    clock: None,
+                    proxy: None,
+                };
+                v.wait_replicated();
+                v
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Node>> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The URL clients use.
+    pub fn url(&self) -> String {
+        if let Some(p) = &self.proxy {
+            return p.url();
+        }
+        match &self.sentinel {
+            Some(s) => format!(
+                "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster",
+                s.port
+            ),
+            None => format!("redis://127.0.0.1:{}", self.lock()[0].port),
+        }
+    }
+
+    /// The port Sentinel names as primary (the only node when standalone).
+    fn primary_port(&self) -> Option<u16> {
+        let Some(s) = &self.sentinel else {
+            return Some(self.lock()[0].port);
+        };
+        match s.try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])? {
+            Resp::Array(Some(v)) if v.len() == 2 => match &v[1] {
+                Resp::Bulk(Some(p)) => p.parse().ok(),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// One command on the current primary; None when it does not answer.
+    pub fn on_primary(&self, args: &[&str]) -> Option<Resp> {
+        let port = self.primary_port()?;
+        let nodes = self.lock();
+        nodes.iter().find(|n| n.port == port)?.try_cmd(args)
+    }
+
+    /// Waits until Sentinel knows a replica whose link to the primary is up.
+    fn wait_replicated(&self) {
+        wait_until("the replica to sync", Duration::from_secs(30), || {
+            let Some(port) = self.primary_port() else {
+                return false;
+            };
+            let nodes = self.lock();
+            let synced = nodes
+                .iter()
+                .filter(|n| n.port != port)
+                .all(|n| info_field(n, "replication", "master_link_status") == "up");
+            let known = self.sentinel.as_ref().is_some_and(|s| {
+                matches!(s.try_cmd(&["SENTINEL", "REPLICAS", "mymaster"]),
+                    Some(Resp::Array(Some(v))) if !v.is_empty())
+            });
+            synced && known
+        });
+    }
+
+    /// Sentinel's configuration epoch: one more for every promotion it made.
+    pub fn epoch(&self) -> u64 {
+        let Some(Resp::Array(Some(fields))) = self
+            .sentinel
+            .as_ref()
+            .and_then(|s| s.try_cmd(&["SENTINEL", "MASTER", "mymaster"]))
+        else {
+            return 0;
+        };
+        fields
+            .chunks(2)
+            .find(|kv| kv[0] == Resp::Bulk(Some("config-epoch".into())))
+            .and_then(|kv| match &kv[1] {
+                Resp::Bulk(Some(v)) => v.parse().ok(),
+                _ => None,
+            })
+            .unwrap_or(0)
+    }
+
+    /// SIGKILL the primary, wait for Sentinel to promote the replica, bring
+    /// the old primary back as a replica of the new one.
+    pub fn failover(&self) {
+        let old = self.primary_port().expect("sentinel names a primary");
+        let idx = self.lock().iter().position(|n| n.port == old).unwrap();
+        self.lock()[idx].kill();
+        wait_until(
+            "Sentinel to promote the replica",
+            Duration::from_secs(30),
+            || self.primary_port().is_some_and(|p| p != old),
+        );
+        let new = self.primary_port().unwrap();
+        {
+            let mut nodes = self.lock();
+            nodes[idx].set_args(&replica_of(new));
+            nodes[idx].restart();
+        }
+        self.wait_replicated();
+    }
+
+    /// SIGKILL the (only) server and start it again from its own files.
+    pub fn restart(&self) {
+        self.lock()[0].restart();
+    }
+
+    /// Moves the server's clock forward by `by` (libfaketime).
+    pub fn jump_clock(&self, by: Duration) {
+        let (dir, offset) = self.clock.as_ref().expect("a faketime deployment");
+        let mut offset = offset.lock().unwrap_or_else(|p| p.into_inner());
+        *offset += by.as_secs();
+        std::fs::write(dir.path().join("faketime"), format!("+{}\n", *offset))
+            .expect("write the faketime file");
+    }
+}
+
+fn replica_of(port: u16) -> Vec<String> {
+    vec!["--replicaof".into(), "127.0.0.1".into(), port.to_string()]
+}

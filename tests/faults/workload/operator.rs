@@ -1,0 +1,286 @@
+//! The operator workload: the real `targetlease operator` (one replica, or
+//! two with leader election) on the test kube-apiserver, running
+//! - three TargetLeases queued on one target, the Held one deleted and
+//!   recreated every cycle (handoffs, each with a larger token), and
+//! - an election among three pods whose leader is made NotReady every cycle
+//!   (and Ready again the next), so leadership moves;
+//!
+//! while watches record every status and pod-mark version, the lease
+//! clients run against the operator's Valkey, and the control plane or the
+//! operator is hit by the scenario's fault.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use targetlease::crd::{Phase, TargetLease};
+use tokio::task::JoinHandle;
+
+use super::Stop;
+use super::watch::{self, Holders};
+use crate::control_plane;
+use crate::controls::Control;
+use crate::history::Recorder;
+use crate::run::{self, Primary, RunResult};
+use crate::scenarios::{Backend, Fault, Scenario};
+use crate::sink::PgSink;
+use crate::support::operator_env::{OperatorEnv, http_get};
+
+const HANDOFF: [&str; 3] = ["h0", "h1", "h2"];
+const HANDOFF_TARGET: &str = "op-h";
+const ELECTION: &str = "el";
+const ELECTION_TARGET: &str = "op-el";
+const PODS: [&str; 3] = ["el-0", "el-1", "el-2"];
+/// Leadership lease of the operator replicas (the pause outlasts it).
+const LEADERSHIP: Duration = Duration::from_secs(4);
+
+fn handoff_spec(name: &str) -> serde_json::Value {
+    json!({ "target": HANDOFF_TARGET, "holder": { "identity": name },
+            "leaseDuration": "3s", "renewInterval": "1s" })
+}
+
+fn lease(ns: &str, name: &str, spec: serde_json::Value) -> TargetLease {
+    serde_json::from_value(json!({
+        "apiVersion": "targetlease.dev/v1alpha1", "kind": "TargetLease",
+        "metadata": { "name": name, "namespace": ns }, "spec": spec,
+    }))
+    .expect("a valid TargetLease")
+}
+
+async fn set_ready(pods: &Api<Pod>, name: &str, ready: bool) {
+    let status = json!({ "status": { "conditions": [
+        { "type": "Ready", "status": if ready { "True" } else { "False" } }] } });
+    let _ = pods
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await;
+}
+
+fn phase(tl: &TargetLease) -> Option<Phase> {
+    tl.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Handoffs and readiness flips, every 1.5 s; API errors (an apiserver
+/// restart) are ignored and the step is tried again next cycle.
+async fn drive(ns: String, tls: Api<TargetLease>, pods: Api<Pod>, stop: Stop) {
+    let mut deleted: Vec<String> = Vec::new();
+    let mut unready: Vec<String> = Vec::new();
+    while !stop.sleep(Duration::from_millis(1500)).await {
+        let mut still = Vec::new();
+        for name in deleted.drain(..) {
+            let tl = lease(&ns, &name, handoff_spec(&name));
+            if tls.create(&PostParams::default(), &tl).await.is_err() {
+                still.push(name); // not gone yet
+            }
+        }
+        deleted = still;
+        if let Ok(list) = tls.list(&ListParams::default()).await {
+            for tl in list.items {
+                let name = tl.metadata.name.clone().unwrap_or_default();
+                if HANDOFF.contains(&name.as_str())
+                    && phase(&tl) == Some(Phase::Held)
+                    && tls.delete(&name, &DeleteParams::default()).await.is_ok()
+                {
+                    deleted.push(name.clone());
+                }
+                if name == ELECTION
+                    && let Some(pod) = tl.status.and_then(|s| s.holder_pod)
+                {
+                    for p in unready.drain(..) {
+                        set_ready(&pods, &p, true).await;
+                    }
+                    set_ready(&pods, &pod, false).await;
+                    unready.push(pod);
+                }
+            }
+        }
+    }
+}
+
+/// Control (d): a second writer marks a waiting TargetLease Held, as a
+/// broken operator would, while another is Held.
+async fn rogue(tls: Api<TargetLease>, stop: Stop) {
+    let mut n = 0;
+    while !stop.sleep(Duration::from_secs(2)).await {
+        let Ok(list) = tls.list(&ListParams::default()).await else {
+            continue;
+        };
+        let held = list.items.iter().any(|t| phase(t) == Some(Phase::Held));
+        let Some(victim) = list.items.iter().find(|t| {
+            HANDOFF.contains(&t.metadata.name.as_deref().unwrap_or_default())
+                && phase(t) == Some(Phase::Pending)
+        }) else {
+            continue;
+        };
+        if !held {
+            continue;
+        }
+        n += 1;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let later = now + k8s_openapi::jiff::SignedDuration::from_secs(30);
+        let status = json!({ "status": {
+            "phase": "Held", "fencingToken": 1_000_000 + n, "acquisitionId": format!("rogue-{n}"),
+            "acquiredAt": now.to_string(), "expiresAt": later.to_string() } });
+        let name = victim.metadata.name.clone().unwrap_or_default();
+        let _ = tls
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await;
+    }
+}
+
+fn operator_flags(ns: &str, replicas: usize) -> Vec<String> {
+    if replicas < 2 {
+        return Vec::new();
+    }
+    vec![
+        "--leader-election".into(),
+        "--leader-election-namespace".into(),
+        ns.into(),
+        "--leader-election-duration".into(),
+        format!("{}s", LEADERSHIP.as_secs()),
+        "--leader-election-renew-deadline".into(),
+        format!("{}s", LEADERSHIP.as_secs() - 1),
+        "--leader-election-retry-period".into(),
+        "1s".into(),
+    ]
+}
+
+/// The operator replica that reports itself leader in its metrics.
+fn leader(env: &OperatorEnv, live: &[usize]) -> Option<usize> {
+    live.iter().copied().find(|i| {
+        http_get(env.admin_port(*i), "/metrics")
+            .is_some_and(|(_, m)| m.lines().any(|l| l == "targetlease_leader 1"))
+    })
+}
+
+async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    tokio::task::spawn_blocking(f).await.expect("fault step")
+}
+
+/// Injects an operator or control-plane fault until `stop`.
+/// `live` are the indexes of the running operator processes.
+async fn inject(
+    fault: Fault,
+    mut env: OperatorEnv,
+    mut live: Vec<usize>,
+    flags: Vec<String>,
+    rec: Recorder,
+    stop: Stop,
+) -> OperatorEnv {
+    let dir = env.cp.dir().to_path_buf();
+    let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
+    loop {
+        if stop.sleep(Duration::from_secs(2)).await {
+            break;
+        }
+        match fault {
+            Fault::None => {}
+            Fault::OperatorKill => {
+                rec.fault("operator SIGKILL");
+                env.kill_operator(live[0]);
+                live[0] = env.start_operator_with(&flags_ref);
+            }
+            Fault::OperatorPause => {
+                let Some(i) = leader(&env, &live) else {
+                    continue;
+                };
+                rec.fault("leading operator SIGSTOP");
+                env.pause_operator(i, true);
+                tokio::time::sleep(LEADERSHIP + Duration::from_secs(2)).await;
+                env.pause_operator(i, false);
+            }
+            Fault::ApiserverRestart => {
+                rec.fault("kube-apiserver restart");
+                let d = dir.clone();
+                blocking(move || control_plane::restart_apiserver(&d)).await;
+            }
+            Fault::EtcdCompaction => {
+                rec.fault("etcd compaction past every watch, kube-apiserver restart");
+                let d = dir.clone();
+                blocking(move || control_plane::restart_apiserver_past_compaction(&d)).await;
+            }
+            other => panic!("fault {other:?} needs a Valkey backend"),
+        }
+    }
+    env
+}
+
+pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> RunResult {
+    let Backend::Operator { replicas } = s.backend else {
+        unreachable!("an operator scenario")
+    };
+    let mut env = OperatorEnv::start_without_operator("faults").await;
+    let flags = operator_flags(&env.ns, replicas);
+    let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
+    for _ in 0..replicas {
+        env.start_operator_with(&flags_ref);
+    }
+    let (tls, pods) = (env.api(), env.pods());
+    for p in PODS {
+        env.create_pod(p, &[("app", "el")], true).await;
+    }
+    for name in HANDOFF {
+        env.create(name, handoff_spec(name)).await;
+    }
+    env.create(
+        ELECTION,
+        json!({ "target": ELECTION_TARGET,
+                "candidates": { "podSelector": { "matchLabels": { "app": "el" } } },
+                "leaseDuration": "3s", "renewInterval": "1s" }),
+    )
+    .await;
+
+    let rec = Recorder::default();
+    let stop = Stop::default();
+    let holders = Holders::new(sink.writer("holders").await, rec.clone());
+    let url = env.valkey.url();
+    let mut tasks: Vec<JoinHandle<()>> = run::clients(&url, s, &sink, &rec, &stop).await;
+    let (r, h, st) = (rec.clone(), holders.clone(), stop.clone());
+    let lease_watch = tokio::spawn(watch::leases(tls.clone(), r, h, st));
+    let (r, st) = (rec.clone(), stop.clone());
+    let pod_watch = tokio::spawn(watch::pods(
+        pods.clone(),
+        r,
+        holders,
+        ELECTION_TARGET.into(),
+        st,
+    ));
+    tasks.push(tokio::spawn(drive(
+        env.ns.clone(),
+        tls.clone(),
+        pods,
+        stop.clone(),
+    )));
+    if s.control == Some(Control::RoguePublisher) {
+        tasks.push(tokio::spawn(rogue(tls, stop.clone())));
+    }
+    let live = (0..replicas).collect();
+    let faults = Stop::default();
+    let fault = tokio::spawn(inject(
+        s.fault,
+        env,
+        live,
+        flags,
+        rec.clone(),
+        faults.clone(),
+    ));
+
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    faults.set();
+    let env = fault.await.expect("fault task");
+    tokio::time::sleep(run::SETTLE).await;
+    stop.set();
+    let relists = lease_watch.await.unwrap_or(0) + pod_watch.await.unwrap_or(0);
+    rec.set_relists(relists);
+    let valkey_addr = env.valkey.addr();
+    let primary: Primary = Arc::new(move |args: &[&str]| {
+        crate::support::resp::Conn::connect(&valkey_addr)
+            .ok()?
+            .try_cmd(args)
+            .ok()
+    });
+    let result = run::finish(tasks, &sink, &url, primary, &rec, started).await;
+    drop(env);
+    result
+}

@@ -1,0 +1,262 @@
+//! Starts a real PostgreSQL cluster (Debian's `postgresql` package) on a free
+//! loopback port for one test process: `initdb` + `pg_ctl` in a temporary
+//! directory, trust authentication on 127.0.0.1 only, user `postgres`.
+//!
+//! The binaries come from `$POSTGRES_BIN_DIR` or the newest
+//! `/usr/lib/postgresql/<version>/bin` (`scripts/setup.sh` installs the
+//! package and exports the variable). A missing binary is a test failure with
+//! a clear message, never a skip. PostgreSQL refuses to run as root, so as
+//! root the cluster runs as the `postgres` user the package creates.
+//!
+//! Nothing outlives the test process: a watchdog stops the cluster (immediate
+//! mode) at most a second after this process exits, whether or not `Drop` ran.
+
+#![allow(dead_code)] // shared by several test binaries, each using a part
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use tokio_postgres::{Client, NoTls};
+
+use super::valkey_server::free_port;
+
+/// A running cluster, stopped on drop.
+pub struct Postgres {
+    pub port: u16,
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    run_as: Option<&'static str>,
+}
+
+/// The directory holding `initdb`, `pg_ctl` and `postgres`, or a panic that says how to get it.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("POSTGRES_BIN_DIR").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        assert!(
+            dir.join("pg_ctl").is_file(),
+            "POSTGRES_BIN_DIR={} holds no pg_ctl",
+            dir.display()
+        );
+        return dir;
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("pg_ctl").is_file().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).unwrap_or_else(|| {
+        panic!(
+            "PostgreSQL not found: these tests need a real server. Run `scripts/setup.sh` \
+             (apt-get install postgresql) and set POSTGRES_BIN_DIR to its bin directory"
+        )
+    })
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl Postgres {
+    /// A fresh, empty cluster. Panics with the server log when it does not start.
+    pub fn start() -> Self {
+        let run_as = is_root().then_some("postgres");
+        let dir = tempfile::Builder::new()
+            .prefix("targetlease-pg-")
+            .tempdir()
+            .expect("tempdir");
+        if let Some(user) = run_as {
+            let ok = Command::new("chown")
+                .arg(user)
+                .arg(dir.path())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "cannot give {} to user {user}", dir.path().display());
+        }
+        let pg = Self {
+            port: free_port(),
+            bin: bin_dir(),
+            dir,
+            run_as,
+        };
+        pg.run(
+            "initdb",
+            &[
+                "-D",
+                &pg.data(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        );
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            pg.port,
+            pg.dir.path().display()
+        );
+        let log = pg.dir.path().join("server.log");
+        let started = pg.try_run(
+            "pg_ctl",
+            &[
+                "start",
+                "-w",
+                "-t",
+                "60",
+                "-D",
+                &pg.data(),
+                "-l",
+                &log.display().to_string(),
+                "-o",
+                &options,
+            ],
+        );
+        if let Err(e) = started {
+            panic!(
+                "PostgreSQL did not start: {e}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        pg.start_watchdog();
+        pg
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let exe = self.bin.join(program);
+        match self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        }
+    }
+
+    fn try_run(&self, program: &str, args: &[&str]) -> Result<(), String> {
+        let out = self
+            .command(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {program}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{program} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        self.try_run(program, args)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    // The watchdog outlives this process by design (it is in its own session).
+    #[allow(clippy::zombie_processes)]
+    fn start_watchdog(&self) {
+        let stop = format!(
+            "{} -D {} stop -m immediate",
+            self.bin.join("pg_ctl").display(),
+            self.data()
+        );
+        let stop = match self.run_as {
+            Some(user) => format!("runuser -u {user} -- {stop}"),
+            None => stop,
+        };
+        let script = format!(
+            "while kill -0 {} 2>/dev/null && [ -d {} ]; do sleep 1; done; {stop} >/dev/null 2>&1",
+            std::process::id(),
+            self.data()
+        );
+        Command::new("setsid")
+            .args(["bash", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the PostgreSQL watchdog");
+    }
+
+    /// libpq connection string for database `db`.
+    pub fn conn_string(&self, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={db} connect_timeout=5",
+            self.port
+        )
+    }
+
+    /// A connected client on database `db`; its connection task runs on the caller's runtime.
+    pub async fn client(&self, db: &str) -> Client {
+        self.try_client(db)
+            .await
+            .unwrap_or_else(|e| panic!("connect to PostgreSQL database {db}: {e}"))
+    }
+
+    /// A connected client, or the connection error.
+    pub async fn try_client(&self, db: &str) -> Result<Client, tokio_postgres::Error> {
+        let (client, conn) = tokio_postgres::connect(&self.conn_string(db), NoTls).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(client)
+    }
+
+    /// Creates an empty database and returns its name.
+    pub async fn create_database(&self, name: &str) -> String {
+        let admin = self.client("postgres").await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap_or_else(|e| panic!("create database {name}: {e}"));
+        name.to_string()
+    }
+
+    /// The server log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Where the cluster keeps its files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self.try_run("pg_ctl", &["stop", "-m", "immediate", "-D", &self.data()]);
+    }
+}
+
+/// The fencing recipe users copy (`examples/fencing/postgresql.sql`).
+pub fn fencing_recipe() -> String {
+    let path = format!(
+        "{}/examples/fencing/postgresql.sql",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// SQLSTATE the recipe raises for a token lower than the resource's floor.
+pub const STALE_TOKEN_SQLSTATE: &str = "TLF01";
