@@ -10,6 +10,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 use crate::support::cluster;
+use crate::support::resp;
 use crate::support::valkey_server;
 
 mod cases;
@@ -94,39 +95,85 @@ impl Harness for MemoryHarness {
     }
 }
 
-/// A real `valkey-server`, private to one test.
-pub struct ValkeyHarness {
-    server: valkey_server::ValkeyServer,
+/// Where a Valkey harness keeps its keys: one server, or a Cluster.
+pub trait Deployment: Send + Sync + Sized + 'static {
+    /// Starts a private deployment (blocking).
+    fn start() -> Self;
+    /// The URL the store connects with.
+    fn url(&self) -> String;
+    /// A raw connection to the node holding `key`.
+    fn conn_for(&self, key: &str) -> resp::Conn;
+}
+
+impl Deployment for valkey_server::ValkeyServer {
+    fn start() -> Self {
+        valkey_server::ValkeyServer::start()
+    }
+    fn url(&self) -> String {
+        valkey_server::ValkeyServer::url(self)
+    }
+    fn conn_for(&self, _key: &str) -> resp::Conn {
+        self.conn()
+    }
+}
+
+impl Deployment for cluster::Cluster {
+    fn start() -> Self {
+        cluster::Cluster::start()
+    }
+    fn url(&self) -> String {
+        cluster::Cluster::url(self)
+    }
+    fn conn_for(&self, key: &str) -> resp::Conn {
+        cluster::Cluster::conn_for(self, key)
+    }
+}
+
+/// A real Valkey deployment (`valkey-server`, or a 3-primary Cluster),
+/// private to one test, through our own client.
+pub struct ValkeyHarness<D> {
+    deployment: D,
     store: Arc<ValkeyStore>,
     config: ValkeyConfig,
 }
 
-impl ValkeyHarness {
+/// The standalone backend.
+pub type StandaloneHarness = ValkeyHarness<valkey_server::ValkeyServer>;
+/// The Cluster backend.
+pub type ClusterHarness = ValkeyHarness<cluster::Cluster>;
+
+impl<D: Deployment> ValkeyHarness<D> {
     pub async fn new() -> Self {
-        let server = valkey_server::ValkeyServer::start();
+        let deployment = tokio::task::spawn_blocking(D::start)
+            .await
+            .expect("start the test deployment");
         let config = ValkeyConfig {
-            url: server.url(),
+            url: deployment.url(),
             ..ValkeyConfig::default()
         };
         let store = Arc::new(
             ValkeyStore::connect(&config)
                 .await
-                .expect("connect to the test valkey-server"),
+                .expect("connect to the test deployment"),
         );
         Self {
-            server,
+            deployment,
             store,
             config,
         }
     }
 
-    fn lease_key(&self, t: &Target) -> String {
-        self.store.keys().lease(t)
+    /// The lease record and the counter of `target`, and a connection to their node.
+    fn keys_of(&self, target: &Target) -> ([String; 2], resp::Conn) {
+        let keys = self.store.keys();
+        let both = [keys.lease(target), keys.fence(target)];
+        let conn = self.deployment.conn_for(&both[0]);
+        (both, conn)
     }
 }
 
 #[async_trait]
-impl Harness for ValkeyHarness {
+impl<D: Deployment> Harness for ValkeyHarness<D> {
     fn store(&self) -> Arc<dyn LeaseStore> {
         self.store.clone()
     }
@@ -141,8 +188,7 @@ impl Harness for ValkeyHarness {
         tokio::time::sleep(by).await;
     }
     async fn corrupt(&self, target: &Target, how: Corruption, _holder: &LeaseHandle) {
-        let key = self.lease_key(target);
-        let mut c = self.server.conn();
+        let ([key, _], mut c) = self.keys_of(target);
         match how {
             Corruption::NoExpiry => assert_eq!(c.cmd(&["PERSIST", &key]).int(), 1),
             Corruption::UnknownVersion => {
@@ -155,100 +201,16 @@ impl Harness for ValkeyHarness {
         }
     }
     async fn lose_counter(&self, target: &Target) {
-        let mut c = self.server.conn();
-        c.cmd(&[
-            "DEL",
-            &self.lease_key(target),
-            &self.store.keys().fence(target),
-        ]);
+        let ([lease, fence], mut c) = self.keys_of(target);
+        c.cmd(&["DEL", &lease, &fence]);
     }
     async fn snapshot(&self, target: &Target) -> String {
-        let mut c = self.server.conn();
-        let keys = [self.lease_key(target), self.store.keys().fence(target)];
+        let (keys, mut c) = self.keys_of(target);
         let mut out = String::new();
         for k in keys {
             let dump = c.cmd(&["DUMP", &k]);
             let ttl = c.cmd(&["PTTL", &k]).int();
             // A live TTL shrinks by itself; only "none" (-1) vs "some" matters here.
-            out.push_str(&format!("{k}={dump:?} ttl_set={}\n", ttl >= 0));
-        }
-        out
-    }
-}
-
-/// A real 3-primary Valkey Cluster, private to one test, through fred's cluster mode.
-pub struct ValkeyClusterHarness {
-    cluster: cluster::Cluster,
-    store: Arc<ValkeyStore>,
-    config: ValkeyConfig,
-}
-
-impl ValkeyClusterHarness {
-    pub async fn new() -> Self {
-        let cluster = tokio::task::spawn_blocking(cluster::Cluster::start)
-            .await
-            .expect("start the test cluster");
-        let config = ValkeyConfig {
-            url: cluster.url(),
-            ..ValkeyConfig::default()
-        };
-        let store = Arc::new(
-            ValkeyStore::connect(&config)
-                .await
-                .expect("connect to the test cluster"),
-        );
-        Self {
-            cluster,
-            store,
-            config,
-        }
-    }
-}
-
-#[async_trait]
-impl Harness for ValkeyClusterHarness {
-    fn store(&self) -> Arc<dyn LeaseStore> {
-        self.store.clone()
-    }
-    async fn another_client(&self) -> Arc<dyn LeaseStore> {
-        Arc::new(
-            ValkeyStore::connect(&self.config)
-                .await
-                .expect("second connection"),
-        )
-    }
-    async fn advance(&self, by: Duration) {
-        tokio::time::sleep(by).await;
-    }
-    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &LeaseHandle) {
-        let key = self.store.keys().lease(target);
-        let mut c = self.cluster.conn_for(&key);
-        match how {
-            Corruption::NoExpiry => assert_eq!(c.cmd(&["PERSIST", &key]).int(), 1),
-            Corruption::UnknownVersion => {
-                c.cmd(&["HSET", &key, "v", "99"]);
-            }
-            Corruption::Garbage => {
-                c.cmd(&["DEL", &key]);
-                c.cmd(&["SET", &key, "\u{1}not a lease"]);
-            }
-        }
-    }
-    async fn lose_counter(&self, target: &Target) {
-        let keys = self.store.keys();
-        let (lease, fence) = (keys.lease(target), keys.fence(target));
-        self.cluster.conn_for(&lease).cmd(&["DEL", &lease, &fence]);
-    }
-    async fn snapshot(&self, target: &Target) -> String {
-        let keys = [
-            self.store.keys().lease(target),
-            self.store.keys().fence(target),
-        ];
-        let mut c = self.cluster.conn_for(&keys[0]);
-        let mut out = String::new();
-        for k in keys {
-            let dump = c.cmd(&["DUMP", &k]);
-            let ttl = c.cmd(&["PTTL", &k]).int();
             out.push_str(&format!("{k}={dump:?} ttl_set={}\n", ttl >= 0));
         }
         out
@@ -273,8 +235,8 @@ macro_rules! contract {
 macro_rules! all_backends {
     ($($case:ident),* $(,)?) => {
         contract!(memory, crate::MemoryHarness, [$($case),*]);
-        contract!(valkey, crate::ValkeyHarness, [$($case),*]);
-        contract!(valkey_cluster, crate::ValkeyClusterHarness, [$($case),*]);
+        contract!(valkey, crate::StandaloneHarness, [$($case),*]);
+        contract!(valkey_cluster, crate::ClusterHarness, [$($case),*]);
     };
 }
 
