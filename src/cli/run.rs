@@ -153,12 +153,24 @@ fn describe_exit(status: &std::io::Result<std::process::ExitStatus>) -> (u8, Str
 /// Runs `targetlease run` and returns CMD's exit code (or the contract's code
 /// when CMD never started).
 pub async fn main(args: RunArgs) -> ExitCode {
-    logging::init(&args.log);
+    let RunArgs {
+        target: target_args,
+        owner,
+        ttl,
+        wait,
+        max_lifetime,
+        metadata,
+        kill_grace,
+        conn,
+        log,
+        command,
+    } = args;
+    logging::init(&log);
     // (no client required) refuse bad arguments before connecting.
-    let target = args.target.target();
-    let mut req = AcquireRequest::new(target.clone(), &args.owner, args.ttl);
-    req.max_lifetime = args.max_lifetime;
-    req.metadata = match parse_metadata(args.metadata.as_deref()) {
+    let target = target_args.target();
+    let mut req = AcquireRequest::new(target.clone(), &owner, ttl);
+    req.max_lifetime = max_lifetime;
+    req.metadata = match parse_metadata(metadata.as_deref()) {
         Ok(m) => m,
         Err(msg) => return output::usage_error(&msg),
     };
@@ -169,7 +181,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
         };
         return output::usage_error(&msg);
     }
-    let config = match args.conn.to_config() {
+    let config = match conn.to_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
     };
@@ -187,24 +199,24 @@ pub async fn main(args: RunArgs) -> ExitCode {
             Ok(store)
         })
     };
-    let (store, granted) =
-        match acquire_within(&connect, &req, args.wait, backstop, &mut signals).await {
-            Ok(g) => g,
-            Err(NotAcquired::Refused(env)) => {
-                let code = env.exit_code().max(EXIT_REFUSED);
-                return finish(env, code, false);
-            }
-            Err(NotAcquired::Usage(msg)) => return output::usage_error(&msg),
-            Err(NotAcquired::Interrupted(env, sig)) => {
-                return finish(env, 128 + sig as i32 as u8, false);
-            }
-        };
+    let (store, granted) = match acquire_within(&connect, &req, wait, backstop, &mut signals).await
+    {
+        Ok(g) => g,
+        Err(NotAcquired::Refused(env)) => {
+            let code = env.exit_code().max(EXIT_REFUSED);
+            return finish(env, code, false);
+        }
+        Err(NotAcquired::Usage(msg)) => return output::usage_error(&msg),
+        Err(NotAcquired::Interrupted(env, sig)) => {
+            return finish(env, 128 + sig as i32 as u8, false);
+        }
+    };
     let holder = granted.holder.clone();
     let acquired = granted.lease.clone();
     tracing::info!(target = %target.name, token = holder.token, "lease acquired");
 
-    let mut cmd = tokio::process::Command::new(&args.command[0]);
-    cmd.args(&args.command[1..])
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
         .env("TARGETLEASE_FENCING_TOKEN", holder.token.to_string())
         .env("TARGETLEASE_LEASE_ID", &holder.lease_id)
         .env("TARGETLEASE_TARGET", &target.name)
@@ -222,7 +234,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
             let mut env = envelope_of(released);
             env.message = format!(
                 "cannot start {:?}: {}; {}",
-                args.command[0],
+                command[0],
                 e.kind(),
                 env.message
             );
@@ -235,7 +247,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
         store.clone(),
         target.clone(),
         granted,
-        args.ttl,
+        ttl,
         lost_tx,
     ));
     let mut lost: Option<Envelope> = None;
@@ -250,11 +262,11 @@ pub async fn main(args: RunArgs) -> ExitCode {
                 ));
                 tracing::warn!(
                     target = %target.name,
-                    grace = %humantime::format_duration(args.kill_grace),
+                    grace = %humantime::format_duration(kill_grace),
                     "lease lost; sending SIGTERM to the command"
                 );
                 send_signal(&child, Signal::SIGTERM);
-                kill_at = Some(Instant::now() + args.kill_grace);
+                kill_at = Some(Instant::now() + kill_grace);
                 lost = Some(env);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
