@@ -246,14 +246,11 @@ impl Client {
         }
     }
 
-    /// Sends `cmds` to every primary (one connection each, in parallel).
-    pub async fn send_to_primaries(
-        &self,
-        cmds: &[Cmd],
-        deadline: Instant,
-    ) -> Result<Vec<(String, Result<Sent, SendError>)>, SendError> {
-        let targets: Vec<(String, Arc<Pool>)> = match &self.kind {
-            Kind::Single(pool) => vec![("the server".into(), pool.clone())],
+    /// Every primary with its name: the server, or each Cluster primary
+    /// (refreshing a stale slot map first).
+    async fn primaries(&self, deadline: Instant) -> Result<Vec<(String, Arc<Pool>)>, SendError> {
+        match &self.kind {
+            Kind::Single(pool) => Ok(vec![("the server".into(), pool.clone())]),
             Kind::Cluster(router) => {
                 if router.stale.load(Ordering::SeqCst) {
                     let _ = self.refresh(deadline).await;
@@ -266,12 +263,21 @@ impl Client {
                 if primaries.is_empty() {
                     return Err(SendError::NotSent("no known cluster primary".into()));
                 }
-                primaries
+                Ok(primaries
                     .iter()
                     .map(|a| (a.to_string(), self.pool(a)))
-                    .collect()
+                    .collect())
             }
-        };
+        }
+    }
+
+    /// Sends `cmds` to every primary (one connection each, in parallel).
+    pub async fn send_to_primaries(
+        &self,
+        cmds: &[Cmd],
+        deadline: Instant,
+    ) -> Result<Vec<(String, Result<Sent, SendError>)>, SendError> {
+        let targets = self.primaries(deadline).await?;
         let calls = targets.into_iter().map(|(name, pool)| async move {
             let sent = async {
                 let link = pool
@@ -297,24 +303,8 @@ impl Client {
         pattern: &str,
         deadline: Instant,
     ) -> Result<Vec<String>, SendError> {
-        let pools: Vec<Arc<Pool>> = match &self.kind {
-            Kind::Single(pool) => vec![pool.clone()],
-            Kind::Cluster(router) => {
-                if router.stale.load(Ordering::SeqCst) {
-                    let _ = self.refresh(deadline).await;
-                }
-                let primaries = router
-                    .map
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .primaries();
-                if primaries.is_empty() {
-                    return Err(SendError::NotSent("no known cluster primary".into()));
-                }
-                primaries.iter().map(|a| self.pool(a)).collect()
-            }
-        };
-        let scans = pools.into_iter().map(|pool| async move {
+        let pools = self.primaries(deadline).await?;
+        let scans = pools.into_iter().map(|(_, pool)| async move {
             let link = pool
                 .link(deadline)
                 .await
