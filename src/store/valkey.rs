@@ -16,6 +16,7 @@ mod endpoint;
 mod errors;
 pub mod keys;
 mod link;
+mod listing;
 pub mod notices;
 mod pool;
 mod reply;
@@ -442,46 +443,7 @@ impl LeaseStore for ValkeyStore {
         namespace: Option<&str>,
         target_prefix: &str,
     ) -> Result<Vec<crate::store::Listed>, StoreError> {
-        if let Some(ns) = namespace {
-            crate::store::check_name("namespace", ns)?;
-        }
-        let pattern = self.keys.lease_pattern(namespace, target_prefix);
-        let deadline = Instant::now() + self.timeout;
-        let keys = self
-            .client
-            .scan_primaries(&pattern, deadline)
-            .await
-            .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
-        let mut targets: Vec<Target> = keys
-            .iter()
-            .filter_map(|k| self.keys.target_of_lease_key(k))
-            .filter(|t| namespace.is_none_or(|n| t.namespace == n))
-            .filter(|t| t.name.starts_with(target_prefix))
-            .collect();
-        targets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        targets.dedup();
-        let mut listed = Vec::with_capacity(targets.len());
-        for target in targets {
-            // No request can write a record under an invalid name: it is
-            // not understood, so not read (get would refuse the name).
-            if let Err(StoreError::Invalid(why)) = target.validate() {
-                let reply = Reply {
-                    outcome: Outcome::CorruptState,
-                    lease: None,
-                    server_time_ms: 0,
-                    message: format!("the record's key names no valid target ({why})"),
-                };
-                listed.push(crate::store::Listed { target, reply });
-                continue;
-            }
-            let mut reply = self.get(&target).await?;
-            if reply.outcome == Outcome::NotFound {
-                reply.outcome = Outcome::Expired;
-                reply.message = "the lease has ended".into();
-            }
-            listed.push(crate::store::Listed { target, reply });
-        }
-        Ok(listed)
+        listing::list(self, namespace, target_prefix).await
     }
 
     async fn close(&self) {

@@ -1,0 +1,57 @@
+//! `list`: every lease record under a SCAN pattern, on every primary, each
+//! read through the get script.
+
+use tokio::time::Instant;
+
+use super::ValkeyStore;
+use super::errors::{Effect, unanswered};
+use crate::store::{LeaseStore, Listed, Outcome, Reply, StoreError, Target};
+
+/// The lease records of `namespace` (all when `None`) whose targets start
+/// with `target_prefix`, sorted, each read like `get`.
+pub(super) async fn list(
+    store: &ValkeyStore,
+    namespace: Option<&str>,
+    target_prefix: &str,
+) -> Result<Vec<Listed>, StoreError> {
+    if let Some(ns) = namespace {
+        crate::store::check_name("namespace", ns)?;
+    }
+    let pattern = store.keys.lease_pattern(namespace, target_prefix);
+    let deadline = Instant::now() + store.timeout;
+    let keys = store
+        .client
+        .scan_primaries(&pattern, deadline)
+        .await
+        .map_err(|e| unanswered(e, Effect::Read, store.timeout))?;
+    let mut targets: Vec<Target> = keys
+        .iter()
+        .filter_map(|k| store.keys.target_of_lease_key(k))
+        .filter(|t| namespace.is_none_or(|n| t.namespace == n))
+        .filter(|t| t.name.starts_with(target_prefix))
+        .collect();
+    targets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    targets.dedup();
+    let mut listed = Vec::with_capacity(targets.len());
+    for target in targets {
+        // No request can write a record under an invalid name: it is
+        // not understood, so not read (get would refuse the name).
+        if let Err(StoreError::Invalid(why)) = target.validate() {
+            let reply = Reply {
+                outcome: Outcome::CorruptState,
+                lease: None,
+                server_time_ms: 0,
+                message: format!("the record's key names no valid target ({why})"),
+            };
+            listed.push(crate::store::Listed { target, reply });
+            continue;
+        }
+        let mut reply = store.get(&target).await?;
+        if reply.outcome == Outcome::NotFound {
+            reply.outcome = Outcome::Expired;
+            reply.message = "the lease has ended".into();
+        }
+        listed.push(crate::store::Listed { target, reply });
+    }
+    Ok(listed)
+}
