@@ -238,7 +238,7 @@ pub fn all() -> Vec<Scenario> {
         ),
         scenario(
             "apiserver-restart",
-            "kube-apiserver restarted every 2 s",
+            "kube-apiserver restarted again 2 s after it answers (a restart takes several seconds: about 2 per 30 s)",
             Backend::Operator { replicas: 1 },
             Fault::ApiserverRestart,
         ),
