@@ -10,20 +10,16 @@ use valkey_server::ValkeyServer;
 
 use crate::support::sentinel::Sentinel;
 
-#[tokio::test]
-async fn leases_work_through_sentinel() {
-    let primary = ValkeyServer::start();
-    let sentinel = Sentinel::start(&primary);
+/// Connects with `url`, acquires `name`, and checks the lease landed on
+/// `primary` (its counter there is 1).
+async fn acquire_lands_on(url: String, primary: &ValkeyServer, name: &str) {
     let store = ValkeyStore::connect(&ValkeyConfig {
-        url: format!(
-            "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster",
-            sentinel.port
-        ),
+        url,
         ..ValkeyConfig::default()
     })
     .await
-    .expect("connect through sentinel");
-    let t = Target::new("sentinel", "t");
+    .expect("connect through the Sentinels");
+    let t = Target::new("sentinel", name);
     let r = store
         .acquire(&AcquireRequest::new(
             t.clone(),
@@ -33,9 +29,20 @@ async fn leases_work_through_sentinel() {
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Acquired);
-    // It landed on the primary the sentinel named.
     let fence = store.keys().fence(&t);
     assert_eq!(primary.conn().cmd(&["GET", &fence]).text(), "1");
+}
+
+#[tokio::test]
+async fn leases_work_through_sentinel() {
+    let primary = ValkeyServer::start();
+    let sentinel = Sentinel::start(&primary);
+    let url = format!(
+        "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster",
+        sentinel.port
+    );
+    // It lands on the primary the sentinel named.
+    acquire_lands_on(url, &primary, "t").await;
 }
 
 /// Sentinels and data nodes have their own credentials: a Sentinel with a
@@ -141,25 +148,9 @@ async fn a_sentinel_naming_a_replica_does_not_hide_the_next_one() {
         ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
     let stale = fake_sentinel(replica.port);
     let good = Sentinel::start(&primary);
-    let store = ValkeyStore::connect(&ValkeyConfig {
-        url: format!(
-            "redis-sentinel://127.0.0.1:{stale}?sentinelServiceName=mymaster&node=127.0.0.1:{}",
-            good.port
-        ),
-        ..ValkeyConfig::default()
-    })
-    .await
-    .expect("the second Sentinel names the primary");
-    let t = Target::new("sentinel", "after-a-replica");
-    let r = store
-        .acquire(&AcquireRequest::new(
-            t.clone(),
-            "a",
-            Duration::from_secs(30),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(r.outcome, Outcome::Acquired);
-    let fence = store.keys().fence(&t);
-    assert_eq!(primary.conn().cmd(&["GET", &fence]).text(), "1");
+    let url = format!(
+        "redis-sentinel://127.0.0.1:{stale}?sentinelServiceName=mymaster&node=127.0.0.1:{}",
+        good.port
+    );
+    acquire_lands_on(url, &primary, "after-a-replica").await;
 }
