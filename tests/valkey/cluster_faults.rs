@@ -55,11 +55,18 @@ fn cluster_with_proxied_owner(
     (c, proxy, owner)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
-    let t = target("cluster-cut");
-    let keys = KeySpace::new("targetlease").unwrap();
-    let lease_key = keys.lease(&t);
+/// A cluster whose node owning `t`'s slot is reached through a fault proxy,
+/// and a store connected through it.
+struct Proxied {
+    c: cluster::Cluster,
+    proxy: FaultProxy,
+    owner: usize,
+    slot: u16,
+    store: ValkeyStore,
+}
+
+async fn proxied(t: &Target) -> Proxied {
+    let lease_key = KeySpace::new("targetlease").unwrap().lease(t);
     let lk = lease_key.clone();
     let (c, proxy, owner) =
         tokio::task::spawn_blocking(move || cluster_with_proxied_owner(|_| lk.clone()))
@@ -69,6 +76,25 @@ async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
     let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
         .await
         .expect("connect to the cluster through the proxy");
+    Proxied {
+        c,
+        proxy,
+        owner,
+        slot,
+        store,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
+    let t = target("cluster-cut");
+    let Proxied {
+        c,
+        proxy,
+        owner,
+        slot,
+        store,
+    } = proxied(&t).await;
     let before = c.nodes[owner].calls("evalsha");
 
     // The first copy runs; any later copy is redirected until the client gives up.
@@ -92,17 +118,13 @@ async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
     let t = target("cluster-moved-loop");
-    let keys = KeySpace::new("targetlease").unwrap();
-    let lease_key = keys.lease(&t);
-    let lk = lease_key.clone();
-    let (c, proxy, owner) =
-        tokio::task::spawn_blocking(move || cluster_with_proxied_owner(|_| lk.clone()))
-            .await
-            .unwrap();
-    let slot = c.keyslot(&lease_key);
-    let store = ValkeyStore::connect(&config(format!("redis-cluster://{}", proxy.addr())))
-        .await
-        .expect("connect to the cluster through the proxy");
+    let Proxied {
+        c,
+        proxy,
+        owner,
+        slot,
+        store,
+    } = proxied(&t).await;
     let before = c.nodes[owner].calls("evalsha");
     proxy.refuse(
         "EVALSHA",
