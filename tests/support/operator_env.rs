@@ -165,6 +165,19 @@ impl OperatorEnv {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// Merge-patches the spec of TargetLease `name` (a spec edit, as kubectl
+    /// would send it).
+    pub async fn patch_spec(&self, name: &str, spec: Value) -> TargetLease {
+        self.api()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": spec })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("patch the spec of TargetLease {name}: {e}"))
+    }
+
     /// Creates a TargetLease from a JSON spec.
     pub async fn create(&self, name: &str, spec: impl Into<Value>) -> TargetLease {
         let obj: TargetLease = serde_json::from_value(serde_json::json!({

@@ -33,14 +33,8 @@ async fn a_shorter_duration_whose_renewal_reply_is_lost_never_leaves_a_later_exp
 
     proxy.set_mode(DROP_REPLIES);
     let before = proxy.forwarded();
-    env.api()
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "leaseDuration": "6s", "renewInterval": "2s" } })),
-        )
-        .await
-        .unwrap();
+    env.patch_spec("w", json!({ "leaseDuration": "6s", "renewInterval": "2s" }))
+        .await;
     eventually("the renewal with the new duration sent", SOON, || async {
         (proxy.forwarded() > before).then_some(())
     })
@@ -170,14 +164,11 @@ async fn a_shorter_duration_never_leaves_the_pod_annotation_later_than_status() 
         env.marks("web-0", "web").await.0.map(|_| ())
     })
     .await;
-    env.api()
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "leaseDuration": "6s", "renewInterval": "2s" } })),
-        )
-        .await
-        .unwrap();
+    env.patch_spec(
+        "web",
+        json!({ "leaseDuration": "6s", "renewInterval": "2s" }),
+    )
+    .await;
     env.wait_for("web", "observedGeneration 2", SOON, |tl| {
         tl.status.as_ref().and_then(|s| s.observed_generation) == Some(2)
     })

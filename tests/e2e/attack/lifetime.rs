@@ -18,14 +18,7 @@ async fn max_lifetime_added_to_a_held_lease_is_enforced() {
     let held = env.wait_phase("m", Phase::Held, SOON).await;
     assert_eq!(summary(&held).2, Some(1));
     let acquired = ms(&held.status.clone().unwrap().acquired_at).unwrap();
-    env.api()
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "maxLifetime": "6s" } })),
-        )
-        .await
-        .unwrap();
+    env.patch_spec("m", json!({ "maxLifetime": "6s" })).await;
     let applied = env
         .wait_for("m", "observedGeneration 2", SOON, |tl| {
             tl.status.as_ref().and_then(|s| s.observed_generation) == Some(2)

@@ -298,14 +298,11 @@ async fn a_holder_no_longer_tied_to_a_pod_stops_marking_it() {
         env.marks("w", "job").await.0.map(|_| ())
     })
     .await;
-    env.api()
-        .patch(
-            "job",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "holder": { "identity": "w", "podName": null } } })),
-        )
-        .await
-        .unwrap();
+    env.patch_spec(
+        "job",
+        json!({ "holder": { "identity": "w", "podName": null } }),
+    )
+    .await;
     env.wait_for("job", "observedGeneration 2", SOON, |tl| {
         tl.status.as_ref().and_then(|s| s.observed_generation) == Some(2)
     })

@@ -14,14 +14,11 @@ async fn a_shorter_lease_duration_is_published_before_the_pass_ends() {
     env.wait_phase("web", Phase::Held, SOON).await;
     let store = env.store().await;
     let target = Target::new(&env.ns, "t");
-    env.api()
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "leaseDuration": "6s", "renewInterval": "2s" } })),
-        )
-        .await
-        .unwrap();
+    env.patch_spec(
+        "web",
+        json!({ "leaseDuration": "6s", "renewInterval": "2s" }),
+    )
+    .await;
     let applied = env
         .wait_for("web", "observedGeneration 2", SOON, |tl| {
             tl.status.as_ref().and_then(|s| s.observed_generation) == Some(2)
