@@ -247,6 +247,18 @@ pub struct Listed {
     pub reply: Reply,
 }
 
+impl Listed {
+    /// A listed record from what a get of its target answered: a record
+    /// that was there but whose lease is not live is `expired`.
+    pub fn from_get(target: Target, mut reply: Reply) -> Self {
+        if reply.outcome == Outcome::NotFound {
+            reply.outcome = Outcome::Expired;
+            reply.message = "the lease has ended".into();
+        }
+        Self { target, reply }
+    }
+}
+
 /// What a health probe learned about the backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::lease::ListArgs;
-use super::output::{self, EXIT_OK, Format, Report, for_people};
+use super::output::{self, EXIT_OK, Format, Report, for_people, human_ms};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{Lease, LeaseStore, Listed, StoreError};
 
@@ -46,10 +46,7 @@ fn table(listed: &[Listed]) -> String {
             Some(lease) => (
                 for_people(&lease.owner),
                 lease.fencing_token.to_string(),
-                format!(
-                    "{:.1}s",
-                    lease.expires_at_ms.saturating_sub(l.reply.server_time_ms) as f64 / 1000.0
-                ),
+                human_ms(lease.expires_at_ms.saturating_sub(l.reply.server_time_ms)),
             ),
             None => ("-".into(), "-".to_owned(), "-".to_owned()),
         };

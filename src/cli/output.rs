@@ -239,7 +239,7 @@ impl Envelope {
 }
 
 /// `1.2s`, `45s`, `3m20s`: a remaining time for people.
-fn human_ms(ms: u64) -> String {
+pub fn human_ms(ms: u64) -> String {
     if ms < 10_000 {
         return format!("{:.1}s", ms as f64 / 1000.0);
     }

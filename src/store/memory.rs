@@ -412,12 +412,8 @@ impl LeaseStore for MemoryStore {
         };
         let mut listed = Vec::new();
         for target in wanted {
-            let mut reply = self.get(&target).await?;
-            if reply.outcome == Outcome::NotFound {
-                reply.outcome = Outcome::Expired;
-                reply.message = "the lease has ended".into();
-            }
-            listed.push(super::Listed { target, reply });
+            let reply = self.get(&target).await?;
+            listed.push(super::Listed::from_get(target, reply));
         }
         listed.sort_by(|a, b| {
             (&a.target.namespace, &a.target.name).cmp(&(&b.target.namespace, &b.target.name))

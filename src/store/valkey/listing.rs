@@ -1,11 +1,15 @@
 //! `list`: every lease record under a SCAN pattern, on every primary, each
 //! read through the get script.
 
+use futures::{StreamExt, TryStreamExt};
 use tokio::time::Instant;
 
 use super::ValkeyStore;
 use super::errors::{Effect, unanswered};
 use crate::store::{LeaseStore, Listed, Outcome, Reply, StoreError, Target};
+
+/// Gets in flight at once while listing.
+const IN_FLIGHT: usize = 32;
 
 /// The lease records of `namespace` (all when `None`) whose targets start
 /// with `target_prefix`, sorted, each read like `get`.
@@ -32,26 +36,25 @@ pub(super) async fn list(
         .collect();
     targets.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     targets.dedup();
-    let mut listed = Vec::with_capacity(targets.len());
-    for target in targets {
-        // No request can write a record under an invalid name: it is
-        // not understood, so not read (get would refuse the name).
-        if let Err(StoreError::Invalid(why)) = target.validate() {
-            let reply = Reply {
-                outcome: Outcome::CorruptState,
-                lease: None,
-                server_time_ms: 0,
-                message: format!("the record's key names no valid target ({why})"),
-            };
-            listed.push(crate::store::Listed { target, reply });
-            continue;
-        }
-        let mut reply = store.get(&target).await?;
-        if reply.outcome == Outcome::NotFound {
-            reply.outcome = Outcome::Expired;
-            reply.message = "the lease has ended".into();
-        }
-        listed.push(crate::store::Listed { target, reply });
-    }
-    Ok(listed)
+    // Reads go out together (pipelined on the store's connections, a
+    // bounded number in flight), answers kept in order.
+    futures::stream::iter(targets)
+        .map(|target| async move {
+            // No request can write a record under an invalid name: it is
+            // not understood, so not read (get would refuse the name).
+            if let Err(StoreError::Invalid(why)) = target.validate() {
+                let reply = Reply {
+                    outcome: Outcome::CorruptState,
+                    lease: None,
+                    server_time_ms: 0,
+                    message: format!("the record's key names no valid target ({why})"),
+                };
+                return Ok(Listed { target, reply });
+            }
+            let reply = store.get(&target).await?;
+            Ok(Listed::from_get(target, reply))
+        })
+        .buffered(IN_FLIGHT)
+        .try_collect()
+        .await
 }
