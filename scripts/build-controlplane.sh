@@ -5,6 +5,7 @@
 #   helm                                           (tests/controlplane/helm)
 #   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
 #   actionlint (checks .github/workflows)          (tests/controlplane/actionlint)
+#   promtool (the chart's alerting-rule tests)     (tests/controlplane/promtool)
 # into ${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}.
 #
 # Incremental: each group is rebuilt only when the hash of its inputs (go.mod,
@@ -13,8 +14,8 @@
 # and module cache (`go env GOMODCACHE`), so a rebuild on a warm machine is
 # mostly linking.
 #
-# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|kubectl|all]   (default: all)
-#        `all` is kube, helm, luahealth and actionlint; kubectl is built only when asked
+# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|promtool|kubectl|all]   (default: all)
+#        `all` is kube, helm, luahealth, actionlint and promtool; kubectl is built only when asked
 #        (scripts/setup.sh asks when the machine has no kubectl).
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
@@ -66,16 +67,17 @@ inputs_hash() { # DIR LDFLAGS -> hash of the module's inputs (excluding nested m
   local dir="$1"
   {
     go version
-    echo "${BUILD_FLAGS[*]} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
+    echo "${BUILD_FLAGS[*]}${TAGS:+ -tags=$TAGS} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
     cd "$dir"
     # Files of this module only: stop at nested go.mod directories.
-    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
+    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune -o -path ./promtool -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
       | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -d' ' -f1
 }
 
-build_group() { # NAME DIR LDFLAGS PKG... (binaries named after the last path element, or OUT=name)
+build_group() { # NAME DIR LDFLAGS PKG... (binaries named after the last path element, or OUT=name; TAGS=build tags)
   local name="$1" dir="$2" ldflags="$3"; shift 3
+  local flags=("${BUILD_FLAGS[@]}" -tags="${TAGS:-}")
   local stamp="$BIN/.stamp-$name" want have="" missing=0 p
   want="$(inputs_hash "$dir" "$ldflags")"
   [ -f "$stamp" ] && have="$(cat "$stamp")"
@@ -87,14 +89,15 @@ build_group() { # NAME DIR LDFLAGS PKG... (binaries named after the last path el
   echo "build-controlplane: building $name ($*) into $BIN ..."
   local start=$SECONDS tmp
   tmp="$(mktemp -d "$BIN/.build-$name.XXXXXX")"
-  # Download first so a network failure is reported as such.
-  (cd "$dir" && go mod download)
+  # Download first (only the modules these packages need) so a network
+  # failure is reported as such.
+  (cd "$dir" && go list -deps "${flags[@]:1}" "${@%%=*}" >/dev/null)
   if [[ "$*" == *=* ]]; then # named outputs: one package per build
     for p in "$@"; do
-      (cd "$dir" && go build "${BUILD_FLAGS[@]}" -ldflags="$ldflags" -o "$tmp/$(out_name "$p")" "${p%%=*}")
+      (cd "$dir" && go build "${flags[@]}" -ldflags="$ldflags" -o "$tmp/$(out_name "$p")" "${p%%=*}")
     done
   else
-    (cd "$dir" && go build "${BUILD_FLAGS[@]}" -ldflags="$ldflags" -o "$tmp/" "$@")
+    (cd "$dir" && go build "${flags[@]}" -ldflags="$ldflags" -o "$tmp/" "$@")
   fi
   for p in "$@"; do mv -f "$tmp/$(out_name "$p")" "$BIN/"; done
   rmdir "$tmp"
@@ -111,7 +114,9 @@ case "$WHAT" in
   helm|all) build_group helm "$SRC/helm" "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm ;;&
   luahealth|all) build_group luahealth "$SRC/luahealth" "-s -w" .=lua-health ;;&
   actionlint|all) build_group actionlint "$SRC/actionlint" "-s -w" github.com/rhysd/actionlint/cmd/actionlint ;;&
+  # Prometheus' service-discovery plugins (and their cloud SDKs) left out.
+  promtool|all) TAGS=remove_all_sd build_group promtool "$SRC/promtool" "-s -w" github.com/prometheus/prometheus/cmd/promtool ;;&
   kubectl) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
-  kube|helm|luahealth|actionlint|kubectl|all) ;;
-  *) echo "usage: $0 [kube|helm|luahealth|actionlint|kubectl|all]" >&2; exit 2 ;;
+  kube|helm|luahealth|actionlint|promtool|kubectl|all) ;;
+  *) echo "usage: $0 [kube|helm|luahealth|actionlint|promtool|kubectl|all]" >&2; exit 2 ;;
 esac

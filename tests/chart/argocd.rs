@@ -12,13 +12,7 @@ use crate::helm::repo;
 use crate::support::kube_env;
 
 fn lua_health() -> PathBuf {
-    let bin = kube_env::tools_dir().join("lua-health");
-    assert!(
-        bin.is_file(),
-        "missing {}: build it with `scripts/build-controlplane.sh luahealth`. These tests never skip.",
-        bin.display()
-    );
-    bin
+    kube_env::tool("lua-health", "luahealth")
 }
 
 fn script() -> PathBuf {

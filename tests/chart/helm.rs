@@ -30,14 +30,7 @@ pub fn chart() -> String {
 }
 
 pub fn helm_bin() -> PathBuf {
-    let bin = kube_env::tools_dir().join("helm");
-    assert!(
-        bin.is_file(),
-        "missing {}: build it with `scripts/build-controlplane.sh` (or point TARGETLEASE_TOOLS_DIR \
-         at a directory holding helm). The chart tests never skip.",
-        bin.display()
-    );
-    bin
+    kube_env::tool("helm", "helm")
 }
 
 /// Runs helm with private cache/config/data directories.

@@ -11,6 +11,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod alert_rules;
 mod argocd;
 mod cluster;
 mod gitops;

@@ -12,13 +12,7 @@ fn repo() -> &'static Path {
 }
 
 fn actionlint() -> PathBuf {
-    let bin = crate::support::kube_env::tools_dir().join("actionlint");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run `scripts/build-controlplane.sh actionlint` (or scripts/setup.sh)",
-        bin.display()
-    );
-    bin
+    crate::support::kube_env::tool("actionlint", "actionlint")
 }
 
 fn lint(file: &Path) -> std::process::Output {

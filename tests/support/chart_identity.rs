@@ -20,12 +20,7 @@ use super::kube_env::{self, ControlPlane};
 pub fn helm_template(release: &str, namespace: &str, args: &[&str]) -> Vec<Value> {
     static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
     let home = HOME.get_or_init(|| tempfile::tempdir().expect("helm home"));
-    let bin = kube_env::tools_dir().join("helm");
-    assert!(
-        bin.is_file(),
-        "missing {}: build it with `scripts/build-controlplane.sh`; these tests never skip",
-        bin.display()
-    );
+    let bin = kube_env::tool("helm", "helm");
     let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/targetlease");
     let out = Command::new(bin)
         .args(["template", release])

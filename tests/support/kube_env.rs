@@ -47,6 +47,19 @@ pub fn tools_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/targetlease/bin")
 }
 
+/// A binary that `scripts/build-controlplane.sh GROUP` builds into the tools
+/// directory. A missing one fails the test that needs it: tests never skip.
+pub fn tool(name: &str, group: &str) -> PathBuf {
+    let bin = tools_dir().join(name);
+    assert!(
+        bin.is_file(),
+        "missing {}: build it with `scripts/build-controlplane.sh {group}` (or scripts/setup.sh), \
+         or point TARGETLEASE_TOOLS_DIR at a directory holding it. The tests never skip.",
+        bin.display()
+    );
+    bin
+}
+
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
