@@ -7,8 +7,11 @@
 #                                      (default 8) seconds each; scripts/test.sh runs
 #                                      this as the `faults` test target
 #   scripts/faults.sh long [WORD…]     FAULTS_RUNS (default 10) x FAULTS_SECS (default
-#                                      300) per scenario; rewrites docs/faults.md
-#                                      (FAULTS_REPORT=path to write elsewhere)
+#                                      300) per scenario; appends each run to
+#                                      docs/faults/runs/<scenario>.jsonl (FAULTS_PARTS=dir
+#                                      elsewhere) and rewrites docs/faults.md from every
+#                                      run recorded there (FAULTS_REPORT=path elsewhere).
+#                                      The full run is ~22 h: split it by WORD across days.
 #
 # WORDs keep only the scenarios whose name contains one of them. Exits non-zero
 # on any violation of a property the scenario promises, any control that is

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
-//! `FAULTS_SECS` (300), `FAULTS_REPORT` (write docs/faults.md to this path),
+//! `FAULTS_SECS` (300), `FAULTS_PARTS` (where long mode records each run,
+//! default `docs/faults/runs`), `FAULTS_REPORT` (write docs/faults.md to this path),
 //! `FAULTS_REPORT_NOTE` (a line for its header), `FAULTS_DUMP` (save every
 //! run's history, not only failed ones), `FAULTS_GDB` (a hung CLI's
 //! backtrace in the failure message), `FAULTS_KEEP` (keep Valkey's
@@ -32,6 +33,7 @@ mod control_plane;
 mod controls;
 mod history;
 mod inject;
+mod parts;
 mod report;
 mod run;
 mod scenarios;
@@ -47,8 +49,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use report::Figures;
+use report::Row;
 use scenarios::Scenario;
+
+/// The full long mode: runs and seconds per scenario.
+const FULL_RUNS: u64 = 10;
+const FULL_SECS: u64 = 300;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -80,7 +86,10 @@ fn main() -> ExitCode {
     let long = words.contains(&"long");
     let filters: Vec<&str> = words.into_iter().filter(|w| *w != "long").collect();
     let (runs, secs) = if long {
-        (env_u64("FAULTS_RUNS", 10), env_u64("FAULTS_SECS", 300))
+        (
+            env_u64("FAULTS_RUNS", FULL_RUNS),
+            env_u64("FAULTS_SECS", FULL_SECS),
+        )
     } else {
         (1, env_u64("FAULTS_QUICK_SECS", 8))
     };
@@ -123,19 +132,34 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             .unwrap(),
     );
     let mut failed = 0;
-    let mut results: Vec<(Scenario, Vec<Figures>, usize)> = Vec::new();
+    let mut results: Vec<Row> = Vec::new();
+    // Long mode records every run, so the full run can be split across days.
+    let parts_dir = long.then(|| {
+        std::env::var_os("FAULTS_PARTS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/faults/runs")
+            })
+    });
     let mut seq = 0;
     for s in chosen {
         let mut figures = Vec::new();
         let mut caught = 0;
+        let mut failed_runs = 0;
         for r in 0..runs {
             seq += 1;
             let result = run::run(s, secs, pg.clone(), seq).await;
             let (fig, failures) = report::judge(s, &result);
-            if s.expect
-                .is_some_and(|(p, sc)| result.report.count(p, sc) > 0)
-            {
-                caught += 1;
+            let was_caught = s
+                .expect
+                .is_some_and(|(p, sc)| result.report.count(p, sc) > 0);
+            caught += usize::from(was_caught);
+            if let Some(dir) = &parts_dir {
+                parts::append(
+                    dir,
+                    s,
+                    &parts::Record::new(secs, &fig, was_caught, &failures),
+                );
             }
             println!(
                 "  {:<36} run {:>2}: {:>5.1}s {:>6} ops {:>6} writes {:>5} published {:>3} relists {:>3} faults  violations {:?}  {}",
@@ -152,6 +176,7 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             );
             if !failures.is_empty() {
                 failed += 1;
+                failed_runs += 1;
                 for f in failures.iter().take(10) {
                     println!("      {f}");
                 }
@@ -166,16 +191,37 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             }
             figures.push(fig);
         }
-        results.push((s.clone(), figures, caught));
+        results.push(Row {
+            scenario: s.clone(),
+            secs,
+            runs: figures,
+            caught,
+            failed: failed_runs,
+            commits: String::new(),
+        });
     }
     if let Ok(path) = std::env::var("FAULTS_REPORT") {
         let note = std::env::var("FAULTS_REPORT_NOTE").unwrap_or_default();
+        // Long mode: every run recorded so far, not only this invocation's.
+        let (rows, parameters) = match &parts_dir {
+            Some(dir) => (
+                parts::rows(dir, &scenarios::all()),
+                format!(
+                    "every run recorded by `scripts/faults.sh long` in \
+                     [`docs/faults/runs/`](faults/runs/) (per scenario, the runs of its longest \
+                     recorded length; the full long mode is {FULL_RUNS} runs x {FULL_SECS} s)"
+                ),
+            ),
+            None => (
+                results,
+                format!("quick mode, {runs} run x {secs} s per scenario"),
+            ),
+        };
         let header = format!(
-            "{}\n\nParameters of these figures: {} mode, {runs} run(s) x {secs} s per scenario. {note}\n",
+            "{}\n\nParameters of these figures: {parameters}. {note}\n",
             include_str!("doc_header.md").trim_end(),
-            if long { "long" } else { "quick" },
         );
-        let doc = report::render(&header, &results) + include_str!("doc_footer.md");
+        let doc = report::render(&header, &rows) + include_str!("doc_footer.md");
         std::fs::write(&path, doc).unwrap_or_else(|e| panic!("write {path}: {e}"));
         println!("faults: wrote {path}");
     }

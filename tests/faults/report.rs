@@ -35,6 +35,39 @@ fn answers(h: &crate::history::History, a: &Answer) -> usize {
         + h.writes.iter().filter(|w| &w.answer == a).count()
 }
 
+/// One scenario's line in docs/faults.md.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub scenario: Scenario,
+    /// The run length asked for; 0 when nothing is recorded.
+    pub secs: u64,
+    pub runs: Vec<Figures>,
+    /// Runs in which a control's expected violation was reported.
+    pub caught: usize,
+    /// Runs that failed (a promised property violated, a control not
+    /// caught, a fault that never fired, a hang, an idle workload).
+    pub failed: usize,
+    /// The commits the runs were built from (empty when not recorded).
+    pub commits: String,
+}
+
+impl Row {
+    /// `10 x 300 s`, with the failed runs and the commits when known.
+    fn runs_cell(&self) -> String {
+        if self.runs.is_empty() {
+            return "none recorded yet".into();
+        }
+        let mut cell = format!("{} x {} s", self.runs.len(), self.secs);
+        if self.failed > 0 {
+            cell += &format!(" (**{} failed**)", self.failed);
+        }
+        if !self.commits.is_empty() {
+            cell += &format!("<br>at {}", self.commits);
+        }
+        cell
+    }
+}
+
 /// Judges one run: the figures and every reason it fails (none: it passes).
 pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     let h = &r.history;
@@ -141,22 +174,33 @@ fn cell(s: &Scenario, f: &Figures, p: Property) -> String {
     }
 }
 
-/// docs/faults.md for these results: (scenario, per-run figures, caught controls).
-pub fn render(header: &str, results: &[(Scenario, Vec<Figures>, usize)]) -> String {
+/// docs/faults.md for these rows.
+pub fn render(header: &str, rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(header);
     out.push_str(
         "\n| scenario | fault | runs | duration | operations | writes | unknown / unavailable | hangs | faults injected | stale writes refused | watch relists | (a) tokens | (b) downstream | (c) honesty | (d) exclusion |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for (s, runs, _) in results.iter().filter(|(s, _, _)| s.control.is_none()) {
-        let t = total(runs);
+    for row in rows.iter().filter(|r| r.scenario.control.is_none()) {
+        let (s, t) = (&row.scenario, total(&row.runs));
+        if row.runs.is_empty() {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} |{}",
+                s.name,
+                s.about,
+                row.runs_cell(),
+                " – |".repeat(12)
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
             "| `{}` | {} | {} | {:.0} s | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.name,
             s.about,
-            runs.len(),
+            row.runs_cell(),
             t.elapsed.as_secs_f64(),
             t.ops,
             t.writes,
@@ -177,16 +221,18 @@ pub fn render(header: &str, results: &[(Scenario, Vec<Figures>, usize)]) -> Stri
          a run in which the checker does not report the expected property fails.\n\n\
          | control | broken component | expected | runs | caught |\n|---|---|---|---|---|\n",
     );
-    for (s, runs, caught) in results.iter().filter(|(s, _, _)| s.control.is_some()) {
+    for row in rows.iter().filter(|r| r.scenario.control.is_some()) {
+        let s = &row.scenario;
         let (p, scope) = s.expect.expect("a control names its property");
         let _ = writeln!(
             out,
-            "| `{}` | {} | ({}) in {} | {} | {caught} |",
+            "| `{}` | {} | ({}) in {} | {} | {} |",
             s.name,
             s.about,
             p.letter(),
             scope.name(),
-            runs.len()
+            row.runs_cell(),
+            row.caught
         );
     }
     out

@@ -21,12 +21,12 @@ pub mod tokens;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::history::History;
 
 /// One of the four checked properties.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Property {
     /// (a) tokens strictly increase in issue order; none is issued twice.
     Tokens,
@@ -58,7 +58,7 @@ impl Property {
 }
 
 /// Which part of the history a violation is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Scope {
     /// Leases held by library and CLI clients.
     Lease,

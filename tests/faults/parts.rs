@@ -1,0 +1,160 @@
+//! The long mode's record, kept per scenario so that the full long run
+//! (10 runs x 300 s for every scenario, about 22 hours) can be split across
+//! days and machines: every finished long-mode run appends one JSON line to
+//! `<dir>/<scenario>.jsonl` (default `docs/faults/runs/`), and docs/faults.md
+//! is rendered from every line recorded so far, whatever run produced it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::check::{Property, Scope};
+use crate::report::{Figures, Row};
+use crate::scenarios::Scenario;
+
+/// One finished run of one scenario.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    /// The commit the harness and the product were built from.
+    pub commit: String,
+    /// When the run finished (RFC 3339, UTC).
+    pub finished: String,
+    /// The run length asked for (`FAULTS_SECS`).
+    pub secs: u64,
+    pub elapsed_ms: u64,
+    pub ops: usize,
+    pub writes: usize,
+    pub faults: usize,
+    pub refused_stale: usize,
+    pub unknown: usize,
+    pub unavailable: usize,
+    pub hangs: usize,
+    pub published: usize,
+    pub relists: u64,
+    pub violations: Vec<(Property, Scope, usize)>,
+    /// For a control: whether the checker reported the expected property.
+    pub caught: bool,
+    /// Why the run failed (empty: it passed).
+    pub failures: Vec<String>,
+}
+
+impl Record {
+    pub fn new(secs: u64, fig: &Figures, caught: bool, failures: &[String]) -> Record {
+        Record {
+            commit: commit(),
+            finished: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            secs,
+            elapsed_ms: fig.elapsed.as_millis() as u64,
+            ops: fig.ops,
+            writes: fig.writes,
+            faults: fig.faults,
+            refused_stale: fig.refused_stale,
+            unknown: fig.unknown,
+            unavailable: fig.unavailable,
+            hangs: fig.hangs,
+            published: fig.published,
+            relists: fig.relists,
+            violations: fig
+                .violations
+                .iter()
+                .map(|(&(p, s), &n)| (p, s, n))
+                .collect(),
+            caught,
+            failures: failures.to_vec(),
+        }
+    }
+
+    pub fn figures(&self) -> Figures {
+        Figures {
+            elapsed: Duration::from_millis(self.elapsed_ms),
+            ops: self.ops,
+            writes: self.writes,
+            faults: self.faults,
+            refused_stale: self.refused_stale,
+            unknown: self.unknown,
+            unavailable: self.unavailable,
+            hangs: self.hangs,
+            published: self.published,
+            relists: self.relists,
+            violations: self
+                .violations
+                .iter()
+                .map(|&(p, s, n)| ((p, s), n))
+                .collect(),
+        }
+    }
+}
+
+/// `git describe` of the working tree (`-dirty` when it has changes).
+fn commit() -> String {
+    Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn file(dir: &Path, s: &Scenario) -> PathBuf {
+    dir.join(format!("{}.jsonl", s.name))
+}
+
+/// Appends one run to the scenario's record.
+pub fn append(dir: &Path, s: &Scenario, r: &Record) {
+    use std::io::Write as _;
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    let path = file(dir, s);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    writeln!(f, "{}", serde_json::to_string(r).unwrap())
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Every run recorded for the scenario, oldest first.
+pub fn load(dir: &Path, s: &Scenario) -> Vec<Record> {
+    let path = file(dir, s);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{}: bad line {l:?}: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// What one scenario's rows show: the longest run length recorded, and only
+/// the runs of that length (a 30 s trial run never dilutes 300 s runs).
+pub fn longest(records: &[Record]) -> Vec<&Record> {
+    let secs = records.iter().map(|r| r.secs).max().unwrap_or(0);
+    records.iter().filter(|r| r.secs == secs).collect()
+}
+
+/// One row per scenario, from everything recorded in `dir`.
+pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
+    all.iter()
+        .map(|s| {
+            let recorded = load(dir, s);
+            let runs = longest(&recorded);
+            let mut commits: Vec<&str> = runs.iter().map(|r| r.commit.as_str()).collect();
+            commits.dedup();
+            Row {
+                scenario: s.clone(),
+                secs: runs.first().map_or(0, |r| r.secs),
+                runs: runs.iter().map(|r| r.figures()).collect(),
+                caught: runs.iter().filter(|r| r.caught).count(),
+                failed: runs.iter().filter(|r| !r.failures.is_empty()).count(),
+                commits: commits.join(", "),
+            }
+        })
+        .collect()
+}
