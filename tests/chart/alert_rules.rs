@@ -71,6 +71,13 @@ fn the_rendered_alerting_rules_pass_promtool_and_their_unit_tests() {
     assert!(text(&out).contains("SUCCESS"), "{}", text(&out));
 }
 
+/// The unit tests must fail on `spec`, naming `alert`.
+fn assert_caught(spec: &Value, alert: &str, broken: &str) {
+    let out = unit_tests(spec);
+    assert!(!out.status.success(), "{broken} passed: {}", text(&out));
+    assert!(text(&out).contains(alert), "{broken}: {}", text(&out));
+}
+
 #[test]
 fn the_unit_tests_fail_on_a_rule_without_its_release_selector_or_its_delay() {
     // Another release's series in the same namespace now count as ours.
@@ -78,17 +85,7 @@ fn the_unit_tests_fail_on_a_rule_without_its_release_selector_or_its_delay() {
         "--set-string",
         r#"metrics.prometheusRule.selector=namespace="tl-system""#,
     ]);
-    let out = unit_tests(&spec);
-    assert!(
-        !out.status.success(),
-        "a selector without the job passed: {}",
-        text(&out)
-    );
-    assert!(
-        text(&out).contains("TargetLeaseLeasesLost"),
-        "{}",
-        text(&out)
-    );
+    assert_caught(&spec, "TargetLeaseLeasesLost", "a selector without the job");
 
     // Without `for`, a 2-minute outage alerts at once.
     let mut spec = rule_spec(&[]);
@@ -96,17 +93,7 @@ fn the_unit_tests_fail_on_a_rule_without_its_release_selector_or_its_delay() {
         .as_object_mut()
         .unwrap()
         .remove("for");
-    let out = unit_tests(&spec);
-    assert!(
-        !out.status.success(),
-        "a rule without `for` passed: {}",
-        text(&out)
-    );
-    assert!(
-        text(&out).contains("TargetLeaseBackendDown"),
-        "{}",
-        text(&out)
-    );
+    assert_caught(&spec, "TargetLeaseBackendDown", "a rule without `for`");
 
     // A summed leader gauge that forgot `absent`: a release with no replica
     // left must still alert.
@@ -114,9 +101,7 @@ fn the_unit_tests_fail_on_a_rule_without_its_release_selector_or_its_delay() {
     let rule = rule_mut(&mut spec, "TargetLeaseNoLeader");
     let expr = rule["expr"].as_str().unwrap().to_string();
     rule["expr"] = Value::from(expr.split(" or ").next().unwrap());
-    let out = unit_tests(&spec);
-    assert!(!out.status.success(), "no `absent` passed: {}", text(&out));
-    assert!(text(&out).contains("TargetLeaseNoLeader"), "{}", text(&out));
+    assert_caught(&spec, "TargetLeaseNoLeader", "a rule without `absent`");
 }
 
 #[test]

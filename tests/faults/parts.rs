@@ -6,11 +6,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Property, Scope};
 use crate::report::{Figures, Row};
 use crate::scenarios::Scenario;
 
@@ -23,17 +22,8 @@ pub struct Record {
     pub finished: String,
     /// The run length asked for (`FAULTS_SECS`).
     pub secs: u64,
-    pub elapsed_ms: u64,
-    pub ops: usize,
-    pub writes: usize,
-    pub faults: usize,
-    pub refused_stale: usize,
-    pub unknown: usize,
-    pub unavailable: usize,
-    pub hangs: usize,
-    pub published: usize,
-    pub relists: u64,
-    pub violations: Vec<(Property, Scope, usize)>,
+    #[serde(flatten)]
+    pub figures: Figures,
     /// For a control: whether the checker reported the expected property.
     pub caught: bool,
     /// Why the run failed (empty: it passed).
@@ -41,48 +31,14 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn new(secs: u64, fig: &Figures, caught: bool, failures: &[String]) -> Record {
+    pub fn new(secs: u64, figures: &Figures, caught: bool, failures: &[String]) -> Record {
         Record {
             commit: commit(),
             finished: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             secs,
-            elapsed_ms: fig.elapsed.as_millis() as u64,
-            ops: fig.ops,
-            writes: fig.writes,
-            faults: fig.faults,
-            refused_stale: fig.refused_stale,
-            unknown: fig.unknown,
-            unavailable: fig.unavailable,
-            hangs: fig.hangs,
-            published: fig.published,
-            relists: fig.relists,
-            violations: fig
-                .violations
-                .iter()
-                .map(|(&(p, s), &n)| (p, s, n))
-                .collect(),
+            figures: figures.clone(),
             caught,
             failures: failures.to_vec(),
-        }
-    }
-
-    pub fn figures(&self) -> Figures {
-        Figures {
-            elapsed: Duration::from_millis(self.elapsed_ms),
-            ops: self.ops,
-            writes: self.writes,
-            faults: self.faults,
-            refused_stale: self.refused_stale,
-            unknown: self.unknown,
-            unavailable: self.unavailable,
-            hangs: self.hangs,
-            published: self.published,
-            relists: self.relists,
-            violations: self
-                .violations
-                .iter()
-                .map(|&(p, s, n)| ((p, s), n))
-                .collect(),
         }
     }
 }
@@ -150,7 +106,7 @@ pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
             Row {
                 scenario: s.clone(),
                 secs: runs.first().map_or(0, |r| r.secs),
-                runs: runs.iter().map(|r| r.figures()).collect(),
+                runs: runs.iter().map(|r| r.figures.clone()).collect(),
                 caught: runs.iter().filter(|r| r.caught).count(),
                 failed: runs.iter().filter(|r| !r.failures.is_empty()).count(),
                 commits: commits.join(", "),

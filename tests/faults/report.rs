@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::check::{Property, Scope};
 use crate::history::{Answer, OpKind, Sink};
 use crate::run::RunResult;
 use crate::scenarios::{Fault, Scenario};
 
-/// The figures of one run.
-#[derive(Clone, Debug, Default)]
+/// The figures of one run (recorded per run in long mode: parts.rs).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Figures {
     pub elapsed: Duration,
     pub ops: usize,
@@ -27,7 +29,31 @@ pub struct Figures {
     /// TargetLease and pod versions the watches recorded, and their relists.
     pub published: usize,
     pub relists: u64,
+    #[serde(with = "violation_list")]
     pub violations: BTreeMap<(Property, Scope), usize>,
+}
+
+/// The violation counts as a list of `[property, scope, count]` (JSON keys
+/// are strings, not pairs).
+mod violation_list {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::check::{Property, Scope};
+
+    type Counts = BTreeMap<(Property, Scope), usize>;
+
+    pub fn serialize<S: Serializer>(counts: &Counts, s: S) -> Result<S::Ok, S::Error> {
+        let list: Vec<(Property, Scope, usize)> =
+            counts.iter().map(|(&(p, sc), &n)| (p, sc, n)).collect();
+        list.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Counts, D::Error> {
+        let list = Vec::<(Property, Scope, usize)>::deserialize(d)?;
+        Ok(list.into_iter().map(|(p, sc, n)| ((p, sc), n)).collect())
+    }
 }
 
 fn answers(h: &crate::history::History, a: &Answer) -> usize {
