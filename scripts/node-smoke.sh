@@ -9,9 +9,8 @@
 #   scripts/node-smoke.sh DIR      check the node already running in DIR
 #
 # The container serves its downward-API files over HTTP, so the host reads
-# them from the pod's address on the node's private bridge (no `kubectl exec`:
-# the kubelet listens on 127.0.0.1 only, where the API server cannot reach
-# it through the node's address).
+# them from the pod's address on the node's private bridge; `kubectl exec`
+# reads the file too (API server -> kubelet on 127.0.0.1 -> containerd).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
@@ -113,7 +112,10 @@ ip="$(k -n "$NS" get pod web -o jsonpath='{.status.podIP}')"
 [ -n "$ip" ] || fail "pod web has no IP"
 token() { curl -sS --max-time 2 "http://$ip:8080/token"; }
 [ "$(token)" = 41 ] || fail "downward-API file /etc/podinfo/token reads '$(token || true)', want 41"
-log "downward-API file in the container: token=41 (pod $ip)"
+in_pod="$(k -n "$NS" exec web -- cat /etc/podinfo/token)" \
+  || fail "kubectl exec into pod web failed"
+[ "$in_pod" = 41 ] || fail "kubectl exec: /etc/podinfo/token reads '$in_pod', want 41"
+log "downward-API file in the container: token=41 (over HTTP from $ip and by kubectl exec)"
 
 # An annotation change reaches the file on the kubelet's next sync of the pod.
 k -n "$NS" annotate pod web --overwrite targetlease.dev/token=42 >/dev/null

@@ -39,7 +39,7 @@
 #                             `scripts/controlplane.sh start D` instead of
 #                             starting one in DIR/controlplane; `stop` leaves it
 #   NODE_RUNTIME=runc|crun    the OCI runtime (default runc)
-#   NODE_NAME=NAME            the Node's name (default targetlease-node)
+#   NODE_NAME=NAME            the Node's name (default localhost: see where it is set)
 #   NODE_TIMEOUT=SECS         readiness timeout per step (default 180)
 #
 # Never `rm -rf DIR` while the node runs: containers' root filesystems, pod
@@ -51,7 +51,11 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
 TIMEOUT="${NODE_TIMEOUT:-180}"
 RUNTIME="${NODE_RUNTIME:-runc}"
-NODE_NAME="${NODE_NAME:-targetlease-node}"
+# "localhost": the API server reaches a kubelet at its node's Hostname
+# address first, and this one resolves to 127.0.0.1, where the kubelet
+# listens, so `kubectl logs/exec/port-forward` work without the kubelet
+# listening anywhere else.
+NODE_NAME="${NODE_NAME:-localhost}"
 PAUSE_IMAGE=localhost/targetlease/pause:local
 BUSYBOX_IMAGE=localhost/targetlease/busybox:local
 # What node.sh starts itself, clients before servers (the stop order).
@@ -407,7 +411,9 @@ start_kubelet() { # DIR
 }
 
 node_ready() { # DIR
-  [ "$(kctl "$1" get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+  local name
+  name="$(cat "$1/node.name" 2>/dev/null || echo "$NODE_NAME")"
+  [ "$(kctl "$1" get node "$name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
 
 start_watchdog() { # DIR PID
@@ -509,6 +515,7 @@ cmd_start() {
   trap "rc=\$?; if [ \$rc -ne 0 ]; then cmd_stop $(printf %q "$dir") >/dev/null 2>&1 || true; fi" EXIT
   if [ -n "${NODE_WATCH_PID:-}" ]; then start_watchdog "$dir" "$NODE_WATCH_PID"; fi
   runtime_bin > "$dir/runtime.bin"
+  echo "$NODE_NAME" > "$dir/node.name"
 
   if [ -n "${NODE_CONTROLPLANE_DIR:-}" ]; then
     cp="$(cd "$NODE_CONTROLPLANE_DIR" && pwd)"
