@@ -3,7 +3,8 @@
 # pod (busybox httpd, non-root, read-only root filesystem, no capabilities)
 # becomes Ready through an HTTP readiness probe the kubelet sends over the
 # pod network, a downward-API file appears inside the container and follows
-# an annotation change, and a Service's EndpointSlice lists the pod as ready.
+# an annotation change, a Service's EndpointSlice lists the pod as ready, and
+# a readiness failure inside the container takes it out again.
 #
 #   scripts/node-smoke.sh          start a node in a temporary DIR, check, stop it
 #   scripts/node-smoke.sh DIR      check the node already running in DIR
@@ -133,6 +134,19 @@ until [ "$(k -n "$NS" get endpointslices -l kubernetes.io/service-name=web \
   sleep 0.5
 done
 log "Service web's EndpointSlice lists $ip as ready"
+
+# A readiness failure inside the container: the pod turns unready and leaves
+# the Service's ready endpoints.
+k -n "$NS" exec web -- rm /tmp/www/healthz || fail "kubectl exec rm failed"
+k -n "$NS" wait --for=condition=Ready=false pod/web --timeout=30s >/dev/null \
+  || fail "pod web stayed Ready after its readiness endpoint went away"
+t=$SECONDS
+until [ -z "$(k -n "$NS" get endpointslices -l kubernetes.io/service-name=web \
+  -o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}{.addresses[0]}{end}')" ]; do
+  [ $((SECONDS - t)) -lt 30 ] || fail "Service web's EndpointSlice still lists $ip as ready"
+  sleep 0.5
+done
+log "readiness failure in the container: pod unready, gone from the ready endpoints"
 
 k delete namespace "$NS" --wait=false >/dev/null
 log "1 passed, 0 failed ($((SECONDS - T0))s)"

@@ -480,6 +480,20 @@ unmount_under() { # DIR
   done
 }
 
+# What the kubelet and containerd's CNI library write to fixed host paths,
+# when the pods were not torn down one by one: the CNI result cache and the
+# kubelet's /var/log/containers links, for this DIR's pods only.
+forget_host_state() { # DIR
+  local dir="$1" f
+  for f in /var/lib/cni/results/*; do
+    [ -f "$f" ] && grep -qF "\"netns\":\"$dir/" "$f" 2>/dev/null && rm -f "$f"
+  done
+  for f in /var/log/containers/*.log; do
+    [ -L "$f" ] && case "$(readlink "$f")" in "$dir"/*) rm -f "$f" ;; esac
+  done
+  return 0
+}
+
 remove_cgroups() { # DIR
   local cg h
   cg="$(cgroup_name "$1")"
@@ -509,6 +523,8 @@ cmd_start() {
   fi
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
+  # Unix socket paths hold 107 bytes; the longest is containerd's ttrpc one.
+  [ "${#dir}" -le 70 ] || { rmdir "$dir" 2>/dev/null || true; die "DIR path too long for containerd's sockets (${#dir} > 70 characters): $dir"; }
   touch "$dir/.created-by-node"
   # Whatever fails from here on, stop what was started (DIR expanded now: a
   # failing command under `set -e` leaves cmd_start's locals behind).
@@ -555,6 +571,7 @@ cmd_stop() {
   stop_containers "$dir"
   unmount_under "$dir"
   ip link del "$(bridge_name "$dir")" 2>/dev/null || true
+  forget_host_state "$dir"
   remove_cgroups "$dir"
   if [ -f "$dir/.owns-controlplane" ]; then
     "$REPO/scripts/controlplane.sh" stop "$dir/controlplane" || true
