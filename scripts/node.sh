@@ -495,8 +495,15 @@ forget_host_state() { # DIR
 }
 
 remove_cgroups() { # DIR
-  local cg h
+  local cg h pid
   cg="$(cgroup_name "$1")"
+  # Whatever still runs in this node's cgroups (containers whose runtime state
+  # went with DIR) is this node's: kill it, or the groups cannot go.
+  if [ -d "/sys/fs/cgroup/pids/$cg" ]; then
+    for pid in $(find "/sys/fs/cgroup/pids/$cg" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+      kill -KILL "$pid" 2>/dev/null || true
+    done
+  fi
   for h in /sys/fs/cgroup/*/; do
     [ -d "$h$cg" ] || continue
     for _ in 1 2 3 4 5; do
