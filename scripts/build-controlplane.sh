@@ -6,6 +6,11 @@
 #   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
 #   actionlint (checks .github/workflows)          (tests/controlplane/actionlint)
 #   promtool (the chart's alerting-rule tests)     (tests/controlplane/promtool)
+#   kubelet, kube-scheduler, only when asked       (tests/controlplane/kubelet)
+#   containerd, containerd-shim-runc-v2, ctr and the
+#   CNI plugins bridge, host-local, loopback (as
+#   cni-bridge, cni-host-local, cni-loopback),
+#   only when asked                                (tests/controlplane/containerd)
 # into ${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}.
 #
 # Incremental: each group is rebuilt only when the hash of its inputs (go.mod,
@@ -14,9 +19,11 @@
 # and module cache (`go env GOMODCACHE`), so a rebuild on a warm machine is
 # mostly linking.
 #
-# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|promtool|kubectl|all]   (default: all)
+# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|all]
+#        (default: all)
 #        `all` is kube, helm, luahealth, actionlint and promtool; kubectl is built only when asked
-#        (scripts/setup.sh asks when the machine has no kubectl).
+#        (scripts/setup.sh asks when the machine has no kubectl); so is `node` (kubelet and
+#        containerd: what scripts/node.sh runs).
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
 
@@ -59,6 +66,11 @@ kube_ldflags() {
   done
   echo "-s -w"
 }
+containerd_ldflags() {
+  local v
+  v="$(mod_version "$SRC/containerd" github.com/containerd/containerd/v2)"
+  echo "-X github.com/containerd/containerd/v2/version.Version=$v -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2 -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(mod_version "$SRC/containerd" github.com/containernetworking/plugins) -s -w"
+}
 helm_ldflags() {
   echo "-X helm.sh/helm/v3/internal/version.version=$(mod_version "$SRC/helm" helm.sh/helm/v3) -s -w"
 }
@@ -70,7 +82,7 @@ inputs_hash() { # DIR LDFLAGS -> hash of the module's inputs (excluding nested m
     echo "${BUILD_FLAGS[*]}${TAGS:+ -tags=$TAGS} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
     cd "$dir"
     # Files of this module only: stop at nested go.mod directories.
-    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune -o -path ./promtool -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
+    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune -o -path ./promtool -prune -o -path ./kubelet -prune -o -path ./containerd -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
       | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -d' ' -f1
 }
@@ -117,6 +129,18 @@ case "$WHAT" in
   # Prometheus' service-discovery plugins (and their cloud SDKs) left out.
   promtool|all) TAGS=remove_all_sd build_group promtool "$SRC/promtool" "-s -w" github.com/prometheus/prometheus/cmd/promtool ;;&
   kubectl) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
-  kube|helm|luahealth|actionlint|promtool|kubectl|all) ;;
-  *) echo "usage: $0 [kube|helm|luahealth|actionlint|promtool|kubectl|all]" >&2; exit 2 ;;
+  # The node (scripts/node.sh). The kubelet and the scheduler are upstream's
+  # main packages, from a module with the API server's Kubernetes release and
+  # replace block.
+  kubelet|node) build_group kubelet "$SRC/kubelet" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler ;;&
+  # no_btrfs: the btrfs snapshotter needs cgo and libbtrfs headers; overlayfs is used.
+  containerd|node) TAGS=no_btrfs build_group containerd "$SRC/containerd" "$(containerd_ldflags)" \
+    github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr \
+    github.com/containernetworking/plugins/plugins/main/bridge=cni-bridge \
+    github.com/containernetworking/plugins/plugins/ipam/host-local=cni-host-local \
+    github.com/containernetworking/plugins/plugins/main/loopback=cni-loopback ;;&
+  kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|all) ;;
+  *) echo "usage: $0 [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|all]" >&2; exit 2 ;;
 esac

@@ -263,6 +263,8 @@ start_apiserver() { # DIR
       --tls-cert-file="$dir/pki/apiserver.crt" \
       --tls-private-key-file="$dir/pki/apiserver.key" \
       --client-ca-file="$dir/pki/ca.crt" \
+      --kubelet-client-certificate="$dir/pki/admin.crt" \
+      --kubelet-client-key="$dir/pki/admin.key" \
       --authorization-mode=RBAC \
       --service-account-issuer="https://127.0.0.1:$port/" \
       --service-account-key-file="$dir/pki/sa.pub" \
