@@ -24,6 +24,13 @@
 #                                (default 1): one JSON line per write to the
 #                                resources the operator touches, with the user,
 #                                so tests can prove who wrote what and when
+#   CONTROLPLANE_APISERVER_SANS=L  more subjectAltName entries for the API
+#                                server's certificate, e.g. IP:10.88.3.1 (the
+#                                address scripts/node.sh forwards to it for pods)
+#   CONTROLPLANE_SERVICE_ACCOUNTS=1  keep the ServiceAccount admission plugin on,
+#                                so pods get their token volume (scripts/node.sh;
+#                                the host-only tests create pods with no
+#                                ServiceAccount to mount, so it is off by default)
 #
 # `start` on a DIR that does not exist creates it and `stop` then removes the
 # whole DIR; on a pre-existing DIR, `stop` removes only what `start` created.
@@ -127,11 +134,11 @@ gen_certs() { # DIR/pki
     # kube-apiserver serving certificate
     openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr \
       -subj "/CN=kube-apiserver" 2>/dev/null
-    cat > apiserver.ext <<'EXT'
+    cat > apiserver.ext <<EXT
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local${CONTROLPLANE_APISERVER_SANS:+,$CONTROLPLANE_APISERVER_SANS}
 EXT
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
       -days 3650 -sha256 -extfile apiserver.ext -out apiserver.crt 2>/dev/null
@@ -247,6 +254,8 @@ start_apiserver() { # DIR
   local dir="$1" attempt port rc etcd_port
   local audit=()
   etcd_port="$(cat "$dir/etcd.port")"
+  local admission=(--disable-admission-plugins=ServiceAccount)
+  [ "${CONTROLPLANE_SERVICE_ACCOUNTS:-0}" = 1 ] && admission=()
   if [ "${CONTROLPLANE_AUDIT:-1}" = 1 ]; then
     write_audit_policy "$dir"
     audit=(--audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log"
@@ -269,7 +278,7 @@ start_apiserver() { # DIR
       --service-account-issuer="https://127.0.0.1:$port/" \
       --service-account-key-file="$dir/pki/sa.pub" \
       --service-account-signing-key-file="$dir/pki/sa.key" \
-      --disable-admission-plugins=ServiceAccount \
+      "${admission[@]}" \
       --service-cluster-ip-range=10.0.0.0/24 \
       --allow-privileged=true \
       --endpoint-reconciler-type=none \

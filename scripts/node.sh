@@ -59,7 +59,7 @@ NODE_NAME="${NODE_NAME:-localhost}"
 PAUSE_IMAGE=localhost/targetlease/pause:local
 BUSYBOX_IMAGE=localhost/targetlease/busybox:local
 # What node.sh starts itself, clients before servers (the stop order).
-COMPONENTS=(kubelet kube-scheduler kube-controller-manager containerd)
+COMPONENTS=(kubelet socat kube-scheduler kube-controller-manager containerd)
 
 log() { echo "node: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -171,8 +171,7 @@ pick_subnet() {
 setup_network() { # DIR
   local dir="$1" br net
   br="$(bridge_name "$dir")"
-  net="$(pick_subnet)"
-  echo "$net" > "$dir/subnet"
+  net="$(cat "$dir/subnet")"
   # Made here rather than by the bridge plugin so the kubelet's node IP (the
   # bridge's address) exists before the first pod.
   ip link add "$br" type bridge
@@ -321,13 +320,37 @@ start_kube_controller_manager() { # DIR
   # this one, what a node's workloads need.
   spawn "$dir" kube-controller-manager \
     --kubeconfig="$dir/kubeconfig" \
-    --controllers=endpointslice-controller,endpoints-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,job-controller,disruption-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller,ttl-after-finished-controller,serviceaccount-controller \
+    --controllers=endpointslice-controller,endpoints-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,job-controller,disruption-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller,ttl-after-finished-controller,serviceaccount-controller,root-ca-certificate-publisher-controller \
+    --root-ca-file="$(dirname "$(readlink -f "$dir/kubeconfig")")/pki/ca.crt" \
     --leader-elect=false \
     --secure-port=0 \
     --use-service-account-credentials=false
   sleep 1
   is_ours "$(cat "$dir/kube-controller-manager.pid")" kube-controller-manager \
     || { tail_logs "$dir"; die "kube-controller-manager exited during startup (see $dir/kube-controller-manager.log)"; }
+}
+
+# Pods reach the API server at the bridge address, port 6443: socat forwards
+# it to the API server on 127.0.0.1 (there is no kube-proxy, so the
+# `kubernetes` Service's ClusterIP leads nowhere). The serving certificate
+# names the bridge address when node.sh started the control plane. Pods are
+# told with KUBERNETES_SERVICE_HOST/PORT (explicit env wins over the
+# kubelet's service variables).
+start_apiserver_forwarder() { # DIR
+  local dir="$1" addr port
+  command -v socat >/dev/null || die "socat not found (apt-get install socat)"
+  addr="$(cat "$dir/subnet").1"
+  port="$(cat "$(readlink -f "$dir/kubeconfig" | xargs dirname)/kube-apiserver.port")"
+  : > "$dir/socat.log"
+  setsid socat "TCP-LISTEN:6443,bind=$addr,reuseaddr,fork" "TCP:127.0.0.1:$port" </dev/null >>"$dir/socat.log" 2>&1 &
+  echo $! > "$dir/socat.pid"
+  echo "$addr:6443" > "$dir/apiserver.bridge"
+  for _ in $(seq 1 50); do
+    curl -sk --max-time 1 "https://$addr:6443/readyz" >/dev/null 2>&1 && return 0
+    is_ours "$(cat "$dir/socat.pid")" socat || break
+    sleep 0.1
+  done
+  tail -n 20 "$dir/socat.log" >&2; die "socat forwarder on $addr:6443 did not start"
 }
 
 start_kube_scheduler() { # DIR
@@ -540,12 +563,16 @@ cmd_start() {
   runtime_bin > "$dir/runtime.bin"
   echo "$NODE_NAME" > "$dir/node.name"
 
+  # The subnet first: the API server's certificate names the bridge address.
+  pick_subnet > "$dir/subnet"
   if [ -n "${NODE_CONTROLPLANE_DIR:-}" ]; then
     cp="$(cd "$NODE_CONTROLPLANE_DIR" && pwd)"
     "$REPO/scripts/controlplane.sh" status "$cp" || die "no running control plane in $cp"
   else
     cp="$dir/controlplane"
-    CONTROLPLANE_WATCH_PID="${NODE_WATCH_PID:-}" "$REPO/scripts/controlplane.sh" start "$cp"
+    CONTROLPLANE_WATCH_PID="${NODE_WATCH_PID:-}" \
+      CONTROLPLANE_APISERVER_SANS="IP:$(cat "$dir/subnet").1" CONTROLPLANE_SERVICE_ACCOUNTS=1 \
+      "$REPO/scripts/controlplane.sh" start "$cp"
     touch "$dir/.owns-controlplane"
   fi
   ln -s "$cp/kubeconfig" "$dir/kubeconfig"
@@ -558,6 +585,7 @@ cmd_start() {
   import_images "$dir"
   start_kube_controller_manager "$dir"
   start_kube_scheduler "$dir"
+  start_apiserver_forwarder "$dir"
   start_kubelet "$dir"
   trap - EXIT
   log "ready in $((SECONDS - t0))s: node $NODE_NAME ($RUNTIME, pods on $(bridge_name "$dir") $(cat "$dir/subnet").0/24); kubeconfig: $dir/kubeconfig"
