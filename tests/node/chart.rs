@@ -30,11 +30,22 @@ fn chart_runs_two_ready_replicas_under_restricted_pod_security_and_serves_metric
         )),
     );
     let err = refused.expect_err("a privileged pod must be refused in the restricted namespace");
-    assert!(err.contains("violates PodSecurity"), "refused for another reason: {err}");
+    assert!(
+        err.contains("violates PodSecurity"),
+        "refused for another reason: {err}"
+    );
 
     let deploy = node.json(&["-n", OPERATOR_NS, "get", "deployment", RELEASE]);
-    assert_eq!(deploy["spec"]["replicas"], 2, "the chart ships two replicas");
-    assert_eq!(deploy["status"]["readyReplicas"], 2, "{}", node.describe(OPERATOR_NS));
+    assert_eq!(
+        deploy["spec"]["replicas"], 2,
+        "the chart ships two replicas"
+    );
+    assert_eq!(
+        deploy["status"]["readyReplicas"],
+        2,
+        "{}",
+        node.describe(OPERATOR_NS)
+    );
 
     let pods = node.pods(OPERATOR_NS, SELECTOR);
     assert_eq!(pods.len(), 2, "{}", node.describe(OPERATOR_NS));
@@ -52,7 +63,8 @@ fn chart_runs_two_ready_replicas_under_restricted_pod_security_and_serves_metric
     // One of them leads (the coordination.k8s.io Lease names it).
     let leader = operator_leader(node);
     assert!(
-        pods.iter().any(|p| leader.starts_with(&format!("{}_", name(p)))),
+        pods.iter()
+            .any(|p| leader.starts_with(&format!("{}_", name(p)))),
         "the operator Lease names {leader}, not one of the pods"
     );
 
@@ -122,7 +134,10 @@ fn killing_the_operator_leader_pod_hands_over_without_moving_a_lease() {
     let expiry = || {
         let got = node.cli(&["lease", "get", "--target", "db", "--namespace", &ns]);
         let got: Value = serde_json::from_slice(&got.stdout).expect("lease get prints JSON");
-        assert_eq!(got["lease"]["fencing_token"], token, "Valkey's lease: {got}");
+        assert_eq!(
+            got["lease"]["fencing_token"], token,
+            "Valkey's lease: {got}"
+        );
         got["lease"]["expires_at_ms"].as_u64().unwrap_or_default()
     };
     let before = expiry();
@@ -137,7 +152,10 @@ fn killing_the_operator_leader_pod_hands_over_without_moving_a_lease() {
     assert!(!seen.is_empty(), "the watch saw nothing");
     for (_, tl) in &seen {
         assert_eq!(tl["status"]["phase"], "Held", "the lease flapped: {tl:#}");
-        assert_eq!(tl["status"]["fencingToken"], token, "the token moved: {tl:#}");
+        assert_eq!(
+            tl["status"]["fencingToken"], token,
+            "the token moved: {tl:#}"
+        );
         assert_eq!(tl["status"]["holder"], "batch", "the holder moved: {tl:#}");
     }
     // The killed container restarts; both replicas are Ready again.
@@ -156,13 +174,24 @@ fn killing_the_operator_leader_pod_hands_over_without_moving_a_lease() {
 /// holderIdentity of the operator's coordination.k8s.io Lease (`POD_uuid`).
 fn operator_leader(node: &crate::fixture::Node) -> String {
     let lease = node.json(&["-n", OPERATOR_NS, "get", "lease", "targetlease-operator"]);
-    lease["spec"]["holderIdentity"].as_str().unwrap_or("").to_string()
+    lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// SIGKILLs the `targetlease operator` process of POD (found by the pod's
 /// UID in its cgroup path): no SIGTERM, so no handover.
 fn kill_operator_process(node: &crate::fixture::Node, pod: &str) -> u32 {
-    let uid = node.kubectl(&["-n", OPERATOR_NS, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}"]);
+    let uid = node.kubectl(&[
+        "-n",
+        OPERATOR_NS,
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
     let mark = format!("pod{uid}");
     let mut found = HashSet::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
@@ -179,7 +208,11 @@ fn kill_operator_process(node: &crate::fixture::Node, pod: &str) -> u32 {
             found.insert(pid);
         }
     }
-    assert_eq!(found.len(), 1, "want one operator process in pod {pod}, found {found:?}");
+    assert_eq!(
+        found.len(),
+        1,
+        "want one operator process in pod {pod}, found {found:?}"
+    );
     let pid = *found.iter().next().expect("one pid");
     let status = Command::new("kill")
         .args(["-KILL", &pid.to_string()])

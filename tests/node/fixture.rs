@@ -66,7 +66,9 @@ fn tail(bytes: &[u8], lines: usize) -> String {
 }
 
 fn run(what: &str, cmd: &mut Command) -> Result<Output, String> {
-    let out = cmd.output().map_err(|e| format!("{what}: cannot run: {e}"))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{what}: cannot run: {e}"))?;
     if out.status.success() {
         Ok(out)
     } else {
@@ -216,7 +218,8 @@ impl Node {
     }
 
     pub fn kubectl(&self, args: &[&str]) -> String {
-        self.try_kubectl(args, None).unwrap_or_else(|e| panic!("{e}"))
+        self.try_kubectl(args, None)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     pub fn json(&self, args: &[&str]) -> Value {
@@ -372,7 +375,10 @@ pub fn eventually<T>(
             return v;
         }
         if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}\n{}", context());
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                context()
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -399,7 +405,10 @@ pub fn is_ready(pod: &Value) -> bool {
 }
 
 pub fn name(object: &Value) -> String {
-    object["metadata"]["name"].as_str().unwrap_or("").to_string()
+    object["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Nearest-rank percentile of sorted samples.

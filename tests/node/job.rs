@@ -25,7 +25,15 @@ fn job_receives_its_token_and_its_fenced_write_outranks_a_stale_holder() {
     // An earlier holder of the same target: it writes under its lease, then
     // its lease expires while it still believes it holds it.
     let stale = node.cli(&[
-        "lease", "acquire", "--target", TARGET, "--namespace", &ns, "--ttl", "2s", "--owner",
+        "lease",
+        "acquire",
+        "--target",
+        TARGET,
+        "--namespace",
+        &ns,
+        "--ttl",
+        "2s",
+        "--owner",
         "stale-report",
     ]);
     let stale: Value = serde_json::from_slice(&stale.stdout).expect("acquire prints JSON");
@@ -42,15 +50,25 @@ fn job_receives_its_token_and_its_fenced_write_outranks_a_stale_holder() {
         Duration::from_secs(180),
         || {
             let job = node.json(&["-n", &ns, "get", "job", "nightly-report"]);
-            assert_eq!(job["status"]["failed"].as_u64().unwrap_or(0), 0, "{}", node.describe(&ns));
+            assert_eq!(
+                job["status"]["failed"].as_u64().unwrap_or(0),
+                0,
+                "{}",
+                node.describe(&ns)
+            );
             (job["status"]["succeeded"] == 1).then_some(())
         },
         || node.describe(&ns),
     );
 
     let tl = node.json(&["-n", &ns, "get", "targetlease", "orders-db-report"]);
-    let token = tl["status"]["fencingToken"].as_u64().expect("a Held lease has a token");
-    assert!(token > stale_token, "the Job's token {token} must outrank {stale_token}");
+    let token = tl["status"]["fencingToken"]
+        .as_u64()
+        .expect("a Held lease has a token");
+    assert!(
+        token > stale_token,
+        "the Job's token {token} must outrank {stale_token}"
+    );
     let logs = node.kubectl(&["-n", &ns, "logs", "job/nightly-report", "-c", "report"]);
     let written: Value = serde_json::from_str(logs.trim()).expect("commit prints JSON");
     assert_eq!(written["outcome"], "committed", "{written}");
@@ -60,7 +78,16 @@ fn job_receives_its_token_and_its_fenced_write_outranks_a_stale_holder() {
     // Job's value stays.
     let late = commit(node, &ns, stale_token, "from-the-stale-holder-again");
     assert_eq!(late["outcome"], "stale_token", "{late}");
-    let read = node.cli(&["lease", "read", "--target", TARGET, "--namespace", &ns, "--key", "report"]);
+    let read = node.cli(&[
+        "lease",
+        "read",
+        "--target",
+        TARGET,
+        "--namespace",
+        &ns,
+        "--key",
+        "report",
+    ]);
     let read: Value = serde_json::from_slice(&read.stdout).expect("read prints JSON");
     assert_eq!(read["committed"]["value"], "written-by-the-job", "{read}");
     assert_eq!(read["committed"]["fencing_token"], token, "{read}");
@@ -83,7 +110,10 @@ fn commit(node: &Node, ns: &str, token: u64, value: &str) -> Value {
         value,
     ]);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("commit printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr))
+        panic!(
+            "commit printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
     })
 }
 

@@ -31,9 +31,12 @@ fn leader_election_example_moves_leadership_on_readiness_and_the_token_file_foll
         let pods = node.pods(&ns, "app=web");
         (pods.len() == 3 && pods.iter().all(is_ready)).then_some(pods)
     };
-    eventually("3 web pods Ready", Duration::from_secs(120), &all_ready, || {
-        node.describe(&ns)
-    });
+    eventually(
+        "3 web pods Ready",
+        Duration::from_secs(120),
+        &all_ready,
+        || node.describe(&ns),
+    );
     let watch = node.watch(&ns, "targetlease", "web-leader");
 
     let mut delays = Vec::new();
@@ -44,24 +47,25 @@ fn leader_election_example_moves_leadership_on_readiness_and_the_token_file_foll
         eventually(
             "the leader's token file",
             Duration::from_secs(60),
-            || (http_get(&format!("{leader_ip}:8080"), "/token")? == token.to_string()).then_some(()),
+            || {
+                (http_get(&format!("{leader_ip}:8080"), "/token")? == token.to_string())
+                    .then_some(())
+            },
             || node.describe(&ns),
         );
 
         // A readiness failure inside the leader's container.
         node.kubectl(&["-n", &ns, "exec", &leader, "--", "rm", "/tmp/www/healthz"]);
         let failed_at = Instant::now();
-        let (changed_at, next, next_token) = next_holder(node, &ns, &watch, failed_at, &leader, token);
+        let (changed_at, next, next_token) =
+            next_holder(node, &ns, &watch, failed_at, &leader, token);
         let next_ip = pod_ip(node, &ns, &next);
-        let file_at = eventually(
-            "the new leader's token file to receive the new token",
-            Duration::from_secs(120),
-            || {
-                (http_get(&format!("{next_ip}:8080"), "/token")? == next_token.to_string())
-                    .then(Instant::now)
-            },
-            || node.describe(&ns),
-        );
+        let file_at = file_changed(&format!("{next_ip}:8080"), next_token).unwrap_or_else(|| {
+            panic!(
+                "{next}'s token file never read {next_token}\n{}",
+                node.describe(&ns)
+            )
+        });
         let delay = file_at.saturating_duration_since(changed_at);
         let handoff = changed_at.duration_since(failed_at);
         eprintln!(
@@ -75,15 +79,31 @@ fn leader_election_example_moves_leadership_on_readiness_and_the_token_file_foll
 
         // The old leader recovers and stands by; the next round needs three
         // Ready candidates.
-        node.kubectl(&["-n", &ns, "exec", &leader, "--", "sh", "-c", "echo ok > /tmp/www/healthz"]);
-        eventually("3 web pods Ready", Duration::from_secs(60), &all_ready, || {
-            node.describe(&ns)
-        });
+        node.kubectl(&[
+            "-n",
+            &ns,
+            "exec",
+            &leader,
+            "--",
+            "sh",
+            "-c",
+            "echo ok > /tmp/www/healthz",
+        ]);
+        eventually(
+            "3 web pods Ready",
+            Duration::from_secs(60),
+            &all_ready,
+            || node.describe(&ns),
+        );
         let old_ip = pod_ip(node, &ns, &leader);
         eventually(
             "the old leader's token file to be empty",
             Duration::from_secs(60),
-            || http_get(&format!("{old_ip}:8080"), "/token")?.is_empty().then_some(()),
+            || {
+                http_get(&format!("{old_ip}:8080"), "/token")?
+                    .is_empty()
+                    .then_some(())
+            },
             || node.describe(&ns),
         );
     }
@@ -226,6 +246,27 @@ fn next_holder(
     )
 }
 
+/// When the file served at ADDR first reads TOKEN, polling every 20 ms
+/// (`eventually`'s 100 ms would blur the figure); `None` after two minutes.
+fn file_changed(addr: &str, token: u64) -> Option<Instant> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if http_get(addr, "/token") == Some(token.to_string()) {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
 fn pod_ip(node: &Node, ns: &str, pod: &str) -> String {
-    node.kubectl(&["-n", ns, "get", "pod", pod, "-o", "jsonpath={.status.podIP}"])
+    node.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "pod",
+        pod,
+        "-o",
+        "jsonpath={.status.podIP}",
+    ])
 }
