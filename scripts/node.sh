@@ -16,7 +16,8 @@
 # Everything is kept to DIR and to this machine: containerd's root and state,
 # the runtime's state, the kubelet's root, pod logs, CNI config and IP
 # allocations live under DIR; the API server, etcd, containerd's streaming
-# server and the kubelet listen on 127.0.0.1 only; pods sit on a bridge of
+# server and the kubelet listen on 127.0.0.1 only (a socat forwards the
+# bridge address's port 6443 to the API server, for pods); pods sit on a bridge of
 # their own (tl<hash of DIR>) with a private /24, no default route and no
 # masquerading, so they reach the host's bridge address and each other and
 # nothing else. Cgroups go under /<cgroup>/targetlease-<hash of DIR>.
