@@ -39,6 +39,14 @@ k() {
 "$REPO/scripts/node.sh" status "$DIR" || fail "node in $DIR is not Ready"
 log "node Ready"
 
+# The ServiceAccount admission plugin is on (pods get their token volume):
+# a bare pod is refused until the namespace's default ServiceAccount exists.
+k create namespace "$NS" >/dev/null
+t=$SECONDS
+until k -n "$NS" get serviceaccount default >/dev/null 2>&1; do
+  [ $((SECONDS - t)) -lt 30 ] || fail "no ServiceAccount default in $NS after 30s"
+  sleep 0.2
+done
 k apply -f - >/dev/null <<'EOF'
 apiVersion: v1
 kind: Namespace
