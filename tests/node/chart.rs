@@ -57,7 +57,20 @@ fn chart_runs_two_ready_replicas_under_restricted_pod_security_and_serves_metric
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
         assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
         assert_eq!(pod["spec"]["securityContext"]["runAsUser"], 65532);
-        assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0);
+    }
+    // Ready without a restart: checked on the pods as the install left them
+    // (the kill test restarts a container, and may run first).
+    assert_eq!(node.operator_pods_at_install.len(), 2);
+    for pod in &node.operator_pods_at_install {
+        assert!(
+            is_ready(pod),
+            "pod {} was not Ready after install",
+            name(pod)
+        );
+        assert_eq!(
+            pod["status"]["containerStatuses"][0]["restartCount"], 0,
+            "{pod:#}"
+        );
     }
 
     // One of them leads (the coordination.k8s.io Lease names it).

@@ -39,6 +39,9 @@ pub struct Node {
     /// The node's address on its private bridge; pods reach the host there.
     pub bridge: String,
     pub valkey_port: u16,
+    /// The operator's pods as `helm install --wait` left them (the kill test
+    /// may restart one before the chart test looks).
+    pub operator_pods_at_install: Vec<Value>,
     kubectl: PathBuf,
     helm: PathBuf,
 }
@@ -116,15 +119,18 @@ impl Node {
         );
 
         let valkey_port = start_valkey(&dir, &bridge, &pid)?;
-        let node = Node {
+        let mut node = Node {
             dir,
             bridge,
             valkey_port,
+            operator_pods_at_install: Vec::new(),
             kubectl: tool("kubectl", "kube"),
             helm: tool("helm", "kube"),
         };
         let t = Instant::now();
         node.install_chart()?;
+        node.operator_pods_at_install =
+            node.pods(OPERATOR_NS, "app.kubernetes.io/instance=targetlease");
         eprintln!(
             "node: chart installed, both replicas Ready, in {:.1}s",
             t.elapsed().as_secs_f64()
