@@ -20,7 +20,9 @@ cd "$REPO"
 BENCH_STARTED_EPOCH="$(date +%s)"
 export BENCH_STARTED_EPOCH
 
-eval "$(scripts/setup.sh)"
+# Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
+setup_env="$(scripts/setup.sh)"
+eval "$setup_env"
 for tool in redis-benchmark redis-cli kubectl; do
   command -v "$tool" >/dev/null || { echo "bench: $tool is missing (apt redis-tools, kubectl)" >&2; exit 1; }
 done

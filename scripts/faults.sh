@@ -20,7 +20,9 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
-eval "$(scripts/setup.sh)"
+# Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
+setup_env="$(scripts/setup.sh)"
+eval "$setup_env"
 mode="${1:-quick}"
 [ $# -gt 0 ] && shift
 case "$mode" in

@@ -28,7 +28,9 @@ fi
 
 stop
 mkdir -p "$PG"
-eval "$(scripts/setup.sh)"
+# Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
+setup_env="$(scripts/setup.sh)"
+eval "$setup_env"
 echo "building targetlease…" >&2
 cargo build --quiet
 TL="$REPO/target/debug/targetlease"
