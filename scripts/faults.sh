@@ -12,6 +12,7 @@
 #                                      elsewhere) and rewrites docs/faults.md from every
 #                                      run recorded there (FAULTS_REPORT=path elsewhere).
 #                                      The full run is ~22 h: split it by WORD across days.
+#                                      FAULTS_RUNS=0 only re-renders docs/faults.md.
 #
 # WORDs keep only the scenarios whose name contains one of them. Exits non-zero
 # on any violation of a property the scenario promises, any control that is

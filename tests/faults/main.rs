@@ -49,6 +49,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::FutureExt as _;
+
 use report::Row;
 use scenarios::Scenario;
 
@@ -141,6 +143,10 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/faults/runs")
             })
     });
+    if parts_dir.is_some() {
+        // What the records will name: the tree this binary was built from.
+        println!("faults: recording runs of {}", parts::commit());
+    }
     let mut seq = 0;
     for s in chosen {
         let mut figures = Vec::new();
@@ -148,7 +154,36 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
         let mut failed_runs = 0;
         for r in 0..runs {
             seq += 1;
-            let result = run::run(s, secs, pg.clone(), seq).await;
+            // A run that panics (a workload task that never stops, a server
+            // that does not start) is recorded as failed before the panic
+            // goes on: otherwise the record would only ever hold the runs
+            // that finished.
+            let result = match std::panic::AssertUnwindSafe(run::run(s, secs, pg.clone(), seq))
+                .catch_unwind()
+                .await
+            {
+                Ok(result) => result,
+                Err(panic) => {
+                    if let Some(dir) = &parts_dir {
+                        let why = panic
+                            .downcast_ref::<String>()
+                            .map(String::as_str)
+                            .or_else(|| panic.downcast_ref::<&str>().copied())
+                            .unwrap_or("(no message)");
+                        parts::append(
+                            dir,
+                            s,
+                            &parts::Record::new(
+                                secs,
+                                &report::Figures::default(),
+                                false,
+                                &[format!("the harness panicked: {why}")],
+                            ),
+                        );
+                    }
+                    std::panic::resume_unwind(panic);
+                }
+            };
             let (fig, failures) = report::judge(s, &result);
             let was_caught = s
                 .expect
@@ -198,6 +233,8 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             caught,
             failed: failed_runs,
             commits: String::new(),
+            other_runs: 0,
+            other_failed: 0,
         });
     }
     if let Ok(path) = std::env::var("FAULTS_REPORT") {
@@ -221,7 +258,18 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             "{}\n\nParameters of these figures: {parameters}. {note}\n",
             include_str!("doc_header.md").trim_end(),
         );
-        let doc = report::render(&header, &rows) + include_str!("doc_footer.md");
+        let mut doc = report::render(&header, &rows);
+        if let Some(dir) = &parts_dir {
+            let orphans = parts::orphans(dir, &scenarios::all());
+            if !orphans.is_empty() {
+                doc += "\n**Recorded runs of scenarios that no longer exist** (renamed or \
+                        removed: move or delete their file):\n\n";
+                for (file, runs, failed) in orphans {
+                    doc += &format!("- `{file}`: {runs} run(s), {failed} failed\n");
+                }
+            }
+        }
+        let doc = doc + include_str!("doc_footer.md");
         std::fs::write(&path, doc).unwrap_or_else(|e| panic!("write {path}: {e}"));
         println!("faults: wrote {path}");
     }

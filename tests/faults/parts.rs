@@ -33,7 +33,7 @@ pub struct Record {
 impl Record {
     pub fn new(secs: u64, figures: &Figures, caught: bool, failures: &[String]) -> Record {
         Record {
-            commit: commit(),
+            commit: commit().to_string(),
             finished: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             secs,
             figures: figures.clone(),
@@ -43,16 +43,24 @@ impl Record {
     }
 }
 
-/// `git describe` of the working tree (`-dirty` when it has changes).
-fn commit() -> String {
-    Command::new("git")
-        .args(["describe", "--always", "--dirty", "--abbrev=12"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+/// `git describe` of the working tree (`-dirty` when it has changes), taken
+/// once, at the first call: main calls this before the first run, right
+/// after cargo built the harness and the product from that tree. Asking git
+/// again after each run would name whatever the tree holds hours later (a
+/// commit, a checkout, an edit made while the long run goes on), not what
+/// this binary was built from.
+pub fn commit() -> &'static str {
+    static COMMIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    COMMIT.get_or_init(|| {
+        Command::new("git")
+            .args(["describe", "--always", "--dirty", "--abbrev=12"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|| "unknown".into())
+    })
 }
 
 fn file(dir: &Path, s: &Scenario) -> PathBuf {
@@ -101,16 +109,51 @@ pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
         .map(|s| {
             let recorded = load(dir, s);
             let runs = longest(&recorded);
-            let mut commits: Vec<&str> = runs.iter().map(|r| r.commit.as_str()).collect();
-            commits.dedup();
+            let mut commits: Vec<&str> = Vec::new();
+            for r in &runs {
+                if !commits.contains(&r.commit.as_str()) {
+                    commits.push(&r.commit);
+                }
+            }
+            let secs = runs.first().map_or(0, |r| r.secs);
+            let others: Vec<&Record> = recorded.iter().filter(|r| r.secs != secs).collect();
             Row {
                 scenario: s.clone(),
-                secs: runs.first().map_or(0, |r| r.secs),
+                secs,
                 runs: runs.iter().map(|r| r.figures.clone()).collect(),
                 caught: runs.iter().filter(|r| r.caught).count(),
                 failed: runs.iter().filter(|r| !r.failures.is_empty()).count(),
                 commits: commits.join(", "),
+                other_runs: others.len(),
+                other_failed: others.iter().filter(|r| !r.failures.is_empty()).count(),
             }
         })
         .collect()
+}
+
+/// Record files in `dir` that belong to no scenario (renamed or removed):
+/// `(file name, runs, failed runs)`, for the page to list rather than drop.
+pub fn orphans(dir: &Path, all: &[Scenario]) -> Vec<(String, usize, usize)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".jsonl") else {
+            continue;
+        };
+        if all.iter().any(|s| s.name == stem) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let failed = lines
+            .iter()
+            .filter(|l| serde_json::from_str::<Record>(l).map_or(true, |r| !r.failures.is_empty()))
+            .count();
+        found.push((name, lines.len(), failed));
+    }
+    found.sort();
+    found
 }

@@ -75,6 +75,10 @@ pub struct Row {
     pub failed: usize,
     /// The commits the runs were built from (empty when not recorded).
     pub commits: String,
+    /// Recorded runs of other lengths, not in the figures: how many, and
+    /// how many of them failed (a failure is never hidden).
+    pub other_runs: usize,
+    pub other_failed: usize,
 }
 
 impl Row {
@@ -86,6 +90,15 @@ impl Row {
         let mut cell = format!("{} x {} s", self.runs.len(), self.secs);
         if self.failed > 0 {
             cell += &format!(" (**{} failed**)", self.failed);
+        }
+        if self.other_runs > 0 {
+            cell += &format!(
+                "<br>not in the figures: {} run(s) of other lengths",
+                self.other_runs
+            );
+            if self.other_failed > 0 {
+                cell += &format!(" (**{} failed**)", self.other_failed);
+            }
         }
         if !self.commits.is_empty() {
             cell += &format!("<br>at {}", self.commits);
