@@ -21,9 +21,9 @@
 #
 # Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|all]
 #        (default: all)
-#        `all` is kube, helm, luahealth, actionlint and promtool; kubectl is built only when asked
-#        (scripts/setup.sh asks when the machine has no kubectl); so is `node` (kubelet and
-#        containerd: what scripts/node.sh runs).
+#        `all` is kube, helm, luahealth, actionlint, promtool, kubelet and containerd
+#        (`node` is the last two: what scripts/node.sh runs); kubectl is built only
+#        when asked (scripts/setup.sh asks when the machine has no kubectl).
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
 
@@ -132,9 +132,9 @@ case "$WHAT" in
   # The node (scripts/node.sh). The kubelet and the scheduler are upstream's
   # main packages, from a module with the API server's Kubernetes release and
   # replace block.
-  kubelet|node) build_group kubelet "$SRC/kubelet" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler ;;&
+  kubelet|node|all) build_group kubelet "$SRC/kubelet" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler ;;&
   # no_btrfs: the btrfs snapshotter needs cgo and libbtrfs headers; overlayfs is used.
-  containerd|node) TAGS=no_btrfs build_group containerd "$SRC/containerd" "$(containerd_ldflags)" \
+  containerd|node|all) TAGS=no_btrfs build_group containerd "$SRC/containerd" "$(containerd_ldflags)" \
     github.com/containerd/containerd/v2/cmd/containerd \
     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
     github.com/containerd/containerd/v2/cmd/ctr \

