@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use targetlease::crd::TargetLease;
 use tokio::sync::Mutex;
 
@@ -143,9 +144,13 @@ fn expired(e: &watcher::Error) -> bool {
     text.contains("too old resource version") || text.contains("Expired")
 }
 
-/// Records every TargetLease version until `stop`; returns how often the
-/// watch had to relist because its revision had expired.
-pub async fn leases(api: Api<TargetLease>, rec: Recorder, holders: Holders, stop: Stop) -> u64 {
+/// Hands every object version the watch on `api` delivers to `seen` (with
+/// `true` for a deletion) until `stop`; returns how often the watch had to
+/// relist because its revision had expired.
+async fn each_version<K>(api: Api<K>, stop: Stop, mut seen: impl FnMut(&K, bool)) -> u64
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let mut relists: u64 = 0;
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -156,19 +161,27 @@ pub async fn leases(api: Api<TargetLease>, rec: Recorder, holders: Holders, stop
             continue;
         };
         match ev {
-            Ok(watcher::Event::Apply(tl) | watcher::Event::InitApply(tl)) => {
-                let p = publication(&tl, false);
-                if let (true, Some(token)) = (p.phase == "Held", p.token) {
-                    holders.act(&p.name, &p.target, token);
-                }
-                rec.publication(p);
-            }
-            Ok(watcher::Event::Delete(tl)) => rec.publication(publication(&tl, true)),
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => seen(&o, false),
+            Ok(watcher::Event::Delete(o)) => seen(&o, true),
             Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
             Err(e) => relists += u64::from(expired(&e)),
         }
     }
     relists
+}
+
+/// Records every TargetLease version until `stop`; returns how often the
+/// watch had to relist because its revision had expired.
+pub async fn leases(api: Api<TargetLease>, rec: Recorder, holders: Holders, stop: Stop) -> u64 {
+    each_version(api, stop, |tl, deleted| {
+        // A deletion's phase is "Deleted": nobody acts on it.
+        let p = publication(tl, deleted);
+        if let (true, Some(token)) = (p.phase == "Held", p.token) {
+            holders.act(&p.name, &p.target, token);
+        }
+        rec.publication(p);
+    })
+    .await
 }
 
 /// Records every pod version until `stop`; `resource` names the election's
@@ -180,29 +193,15 @@ pub async fn pods(
     resource: String,
     stop: Stop,
 ) -> u64 {
-    let mut relists: u64 = 0;
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    while !stop.is_set() {
-        let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(200), events.next()).await
-        else {
-            continue;
-        };
-        match ev {
-            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                let v = pod_version(&p, false);
-                for m in &v.marks {
-                    if let Some(token) = m.token {
-                        holders.act(&v.pod, &resource, token);
-                    }
-                }
-                rec.pod(v);
+    each_version(api, stop, |p, deleted| {
+        // A deleted pod carries no marks: nobody acts on it.
+        let v = pod_version(p, deleted);
+        for m in &v.marks {
+            if let Some(token) = m.token {
+                holders.act(&v.pod, &resource, token);
             }
-            Ok(watcher::Event::Delete(p)) => rec.pod(pod_version(&p, true)),
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-            Err(e) => relists += u64::from(expired(&e)),
         }
-    }
-    relists
+        rec.pod(v);
+    })
+    .await
 }
