@@ -104,6 +104,9 @@ pub struct Holders {
     rec: Recorder,
     seen: Arc<std::sync::Mutex<HashSet<(String, u64)>>>,
     seq: Arc<AtomicU64>,
+    /// The writes still in flight: awaited (`settle`) before the final read
+    /// of the downstream, or an acknowledged write could land after it.
+    writes: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Holders {
@@ -113,6 +116,22 @@ impl Holders {
             rec,
             seen: Default::default(),
             seq: Default::default(),
+            writes: Default::default(),
+        }
+    }
+
+    /// Waits for every write started so far (each ends within its delay
+    /// plus one downstream call).
+    pub async fn settle(&self) {
+        loop {
+            let pending: Vec<_> =
+                std::mem::take(&mut *self.writes.lock().unwrap_or_else(|p| p.into_inner()));
+            if pending.is_empty() {
+                return;
+            }
+            for w in pending {
+                w.await.expect("holder write task");
+            }
         }
     }
 
@@ -127,7 +146,7 @@ impl Holders {
         }
         let me = self.clone();
         let (who, resource) = (who.to_string(), resource.to_string());
-        tokio::spawn(async move {
+        let write = tokio::spawn(async move {
             for delay in [0, 2500] {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
                 let id = format!("{who}-{token}-{}", me.seq.fetch_add(1, Ordering::SeqCst));
@@ -135,6 +154,10 @@ impl Holders {
                 me.rec.write(w);
             }
         });
+        self.writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(write);
     }
 }
 
