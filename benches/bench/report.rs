@@ -269,7 +269,6 @@ fn operator_section(w: &mut String, o: &operator::Results) {
         );
     }
     let _ = writeln!(w, "\n## 3. Handoff and leader failover\n");
-    let (h50, h99) = p50_p99_ms(&o.handoff);
     let _ = writeln!(
         w,
         "Handoff: two TargetLeases on one target (`-a` Held, `-b` Pending); the bench deletes `-a` \
@@ -279,8 +278,6 @@ fn operator_section(w: &mut String, o: &operator::Results) {
         o.handoff.len() + o.handoff_failures,
         o.handoff_background
     );
-    let (f50, f99) = p50_p99_ms(&o.failover_status);
-    let (m50, m99) = p50_p99_ms(&o.failover_marked);
     let _ = writeln!(
         w,
         "Leader failover: a TargetLease with `candidates.podSelector` over two Ready pods (no \
@@ -291,31 +288,28 @@ fn operator_section(w: &mut String, o: &operator::Results) {
     );
     let _ = writeln!(w, "| figure | p50 | p99 | max | failures |");
     let _ = writeln!(w, "| --- | ---: | ---: | ---: | ---: |");
-    let max = |v: &[Duration]| v.iter().max().map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0);
-    let _ = writeln!(
-        w,
-        "| handoff: delete holder → next `Held` | {} | {} | {} | {} |",
-        ms(h50),
-        ms(h99),
-        ms(max(&o.handoff)),
-        o.handoff_failures
+    let mut row = |figure: &str, v: &[Duration], failures: usize| {
+        let (p50, p99) = p50_p99_ms(v);
+        let max = v.iter().max().map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0);
+        let (p50, p99, max) = (ms(p50), ms(p99), ms(max));
+        let _ = writeln!(w, "| {figure} | {p50} | {p99} | {max} | {failures} |");
+    };
+    row(
+        "handoff: delete holder → next `Held`",
+        &o.handoff,
+        o.handoff_failures,
     );
-    let _ = writeln!(
-        w,
-        "| failover: delete leader pod → new holder in status | {} | {} | {} | {} |",
-        ms(f50),
-        ms(f99),
-        ms(max(&o.failover_status)),
-        o.failover_failures
+    row(
+        "failover: delete leader pod → new holder in status",
+        &o.failover_status,
+        o.failover_failures,
     );
-    let _ = writeln!(
-        w,
-        "| failover: delete leader pod → new pod labelled leader | {} | {} | {} | {} |\n",
-        ms(m50),
-        ms(m99),
-        ms(max(&o.failover_marked)),
-        o.failover_failures
+    row(
+        "failover: delete leader pod → new pod labelled leader",
+        &o.failover_marked,
+        o.failover_failures,
     );
+    let _ = writeln!(w);
 }
 
 fn targets(run: &Run) -> Vec<Target> {

@@ -18,11 +18,12 @@
 //!   about 88% of the n calls release a live lease and the rest find it gone
 //!   (`expired`); the measured share is reported.
 
+use std::ffi::OsStr;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use targetlease::store::valkey::KeySpace;
-use targetlease::store::valkey::scripts::SCRIPTS;
+use targetlease::store::valkey::scripts::{SCRIPTS, Script};
 use targetlease::store::{IDEMPOTENCY_WINDOW, Target};
 
 use crate::stats::Figure;
@@ -65,13 +66,37 @@ fn rid() -> String {
     format!("{R}{R}{R}")
 }
 
+/// `EVALSHA <sha> <number of keys> <keys…> <args…>`: one call of our `script`.
+fn evalsha(script: &Script, keys: &[String], args: &[&str]) -> Vec<String> {
+    let mut cmd = vec!["EVALSHA".into(), script.sha.clone(), keys.len().to_string()];
+    cmd.extend_from_slice(keys);
+    cmd.extend(args.iter().map(|a| a.to_string()));
+    cmd
+}
+
+/// The acquire our client sends for `t` (the baselines' owner and lease id),
+/// under request id `rid`.
+fn acquire_call(ks: &KeySpace, t: &Target, rid: &str) -> Vec<String> {
+    let keys = [
+        ks.lease(t),
+        ks.fence(t),
+        ks.request(t, "acquire", OWNER, rid),
+    ];
+    let ttl = TTL_MS.to_string();
+    evalsha(
+        &SCRIPTS.acquire,
+        &keys,
+        &[OWNER, &ttl, "0", LEASE_ID, "", "0", &window()],
+    )
+}
+
 /// Runs redis-benchmark against the server; parses its CSV line.
-pub fn redis_benchmark(
+pub fn redis_benchmark<S: AsRef<OsStr>>(
     server: &ValkeyServer,
     c: usize,
     n: usize,
     keyspace: usize,
-    command: &[&str],
+    command: &[S],
 ) -> Figure {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
@@ -147,12 +172,12 @@ pub fn server_time(server: &ValkeyServer) -> (Option<f64>, Option<f64>) {
 }
 
 /// redis-benchmark with fresh server statistics, server time attached.
-pub fn measured(
+pub fn measured<S: AsRef<OsStr>>(
     server: &ValkeyServer,
     c: usize,
     n: usize,
     keyspace: usize,
-    command: &[&str],
+    command: &[S],
 ) -> Figure {
     cli(server, &["CONFIG", "RESETSTAT"]);
     let mut fig = redis_benchmark(server, c, n, keyspace, command);
@@ -193,23 +218,7 @@ fn hold(server: &ValkeyServer, stem: &str, count: usize) {
         server,
         (0..count).map(|i| {
             let t = Target::new(NS, format!("{stem}{i:012}"));
-            let mut cmd = vec!["EVALSHA".to_string(), SCRIPTS.acquire.sha.clone()];
-            cmd.push("3".into());
-            cmd.extend([ks.lease(&t), ks.fence(&t)]);
-            cmd.push(ks.request(&t, "acquire", OWNER, &format!("setup-{i}")));
-            cmd.extend(
-                [
-                    OWNER,
-                    &TTL_MS.to_string(),
-                    "0",
-                    LEASE_ID,
-                    "",
-                    "0",
-                    &window(),
-                ]
-                .map(String::from),
-            );
-            cmd
+            acquire_call(&ks, &t, &format!("setup-{i}"))
         }),
     );
 }
@@ -252,52 +261,22 @@ pub fn ours_by_redis_benchmark(
     match op {
         "acquire" => {
             let t = Target::new(NS, format!("ra{c}-{R}"));
-            let cmd = [
-                "EVALSHA",
-                &SCRIPTS.acquire.sha,
-                "3",
-                &ks.lease(&t),
-                &ks.fence(&t),
-                &ks.request(&t, "acquire", OWNER, &rid()),
-                OWNER,
-                &ttl,
-                "0",
-                LEASE_ID,
-                "",
-                "0",
-                &w,
-            ];
+            let cmd = acquire_call(&ks, &t, &rid());
             (measured(server, c, n, 100_000_000, &cmd), 1.0)
         }
         "renew" => {
-            let cmd = [
-                "EVALSHA",
-                &SCRIPTS.renew.sha,
-                "2",
-                &ks.lease(&live),
-                &ks.request(&live, "renew", OWNER, &rid()),
-                OWNER,
-                LEASE_ID,
-                "1",
-                &ttl,
-                &w,
-            ];
+            let keys = [ks.lease(&live), ks.request(&live, "renew", OWNER, &rid())];
+            let cmd = evalsha(&SCRIPTS.renew, &keys, &[OWNER, LEASE_ID, "1", &ttl, &w]);
             (measured(server, c, n, RENEW_LEASES, &cmd), 1.0)
         }
         "commit" => {
             let value = format!("v{R}");
-            let cmd = [
-                "EVALSHA",
-                &SCRIPTS.commit.sha,
-                "3",
-                &ks.lease(&live),
-                &ks.commit(&live, "offset"),
-                &ks.request(&live, "commit", "", &rid()),
-                "1",
-                "offset",
-                &value,
-                &w,
+            let keys = [
+                ks.lease(&live),
+                ks.commit(&live, "offset"),
+                ks.request(&live, "commit", "", &rid()),
             ];
+            let cmd = evalsha(&SCRIPTS.commit, &keys, &["1", "offset", &value, &w]);
             (measured(server, c, n, RENEW_LEASES, &cmd), 1.0)
         }
         "release" => {
@@ -305,17 +284,8 @@ pub fn ours_by_redis_benchmark(
             let leases = 4 * n;
             hold(server, &stem, leases);
             let t = Target::new(NS, format!("{stem}{R}"));
-            let cmd = [
-                "EVALSHA",
-                &SCRIPTS.release.sha,
-                "2",
-                &ks.lease(&t),
-                &ks.request(&t, "release", OWNER, &rid()),
-                OWNER,
-                LEASE_ID,
-                "1",
-                &w,
-            ];
+            let keys = [ks.lease(&t), ks.request(&t, "release", OWNER, &rid())];
+            let cmd = evalsha(&SCRIPTS.release, &keys, &[OWNER, LEASE_ID, "1", &w]);
             let fig = measured(server, c, n, leases, &cmd);
             let released = leases - still_held(server, &stem, leases);
             (fig, released as f64 / n as f64)

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use targetlease::crd::{Phase, TargetLease};
 use tokio::sync::watch;
 
@@ -37,6 +38,68 @@ struct State {
     leaders: HashMap<String, bool>,
 }
 
+impl State {
+    fn lease_seen(&mut self, tl: TargetLease, deleted: bool) {
+        let old = if deleted {
+            self.leases.remove(&tl.name_any())
+        } else {
+            let st = tl.status.clone().unwrap_or_default();
+            let seen = Seen {
+                phase: st.phase,
+                holder: st.holder,
+                token: st.fencing_token,
+                resource_version: tl.resource_version(),
+            };
+            self.held += seen.held() as usize;
+            self.leases.insert(tl.name_any(), seen)
+        };
+        self.held -= old.as_ref().is_some_and(Seen::held) as usize;
+        self.changes += 1;
+    }
+
+    fn pod_seen(&mut self, p: Pod, deleted: bool) {
+        if deleted {
+            self.leaders.remove(&p.name_any());
+        } else {
+            // Any election's leader label (`<name>.targetlease.dev/leader`).
+            let leader = p
+                .labels()
+                .iter()
+                .any(|(k, v)| k.ends_with(".targetlease.dev/leader") && v == "true");
+            self.leaders.insert(p.name_any(), leader);
+        }
+    }
+}
+
+/// Applies every object version the watch on `api` delivers to the shared
+/// state (with `true` for a deletion), then wakes the waiters.
+fn follow<K>(
+    api: Api<K>,
+    state: Arc<Mutex<State>>,
+    bump: Arc<watch::Sender<u64>>,
+    apply: fn(&mut State, K, bool),
+) where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            let (object, deleted) = match ev {
+                Err(_) => {
+                    // The watcher retries at once; don't spin while the apiserver is away.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Ok(Event::Apply(o) | Event::InitApply(o)) => (o, false),
+                Ok(Event::Delete(o)) => (o, true),
+                Ok(Event::Init | Event::InitDone) => continue,
+            };
+            apply(&mut state.lock().unwrap(), object, deleted);
+            bump.send_modify(|n| *n += 1);
+        }
+    });
+}
+
 /// Watches TargetLeases and pods of one namespace.
 #[derive(Clone)]
 pub struct Tracker {
@@ -51,74 +114,8 @@ impl Tracker {
         let tx = Arc::new(tx);
         let leases: Api<TargetLease> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        {
-            let (state, tx) = (state.clone(), tx.clone());
-            tokio::spawn(async move {
-                let mut events = watcher::watcher(leases, watcher::Config::default()).boxed();
-                while let Some(ev) = events.next().await {
-                    if ev.is_err() {
-                        // The watcher retries at once; don't spin while the apiserver is away.
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                    let mut s = state.lock().unwrap();
-                    match ev {
-                        Ok(Event::Apply(tl)) | Ok(Event::InitApply(tl)) => {
-                            let st = tl.status.clone().unwrap_or_default();
-                            let seen = Seen {
-                                phase: st.phase,
-                                holder: st.holder,
-                                token: st.fencing_token,
-                                resource_version: tl.resource_version(),
-                            };
-                            let now_held = seen.held();
-                            let old = s.leases.insert(tl.name_any(), seen);
-                            let was_held = old.as_ref().is_some_and(Seen::held);
-                            s.held = s.held + now_held as usize - was_held as usize;
-                            s.changes += 1;
-                        }
-                        Ok(Event::Delete(tl)) => {
-                            if let Some(old) = s.leases.remove(&tl.name_any()) {
-                                s.held -= old.held() as usize;
-                            }
-                            s.changes += 1;
-                        }
-                        _ => continue,
-                    }
-                    drop(s);
-                    tx.send_modify(|n| *n += 1);
-                }
-            });
-        }
-        {
-            let (state, tx) = (state.clone(), tx.clone());
-            tokio::spawn(async move {
-                let mut events = watcher::watcher(pods, watcher::Config::default()).boxed();
-                while let Some(ev) = events.next().await {
-                    if ev.is_err() {
-                        // The watcher retries at once; don't spin while the apiserver is away.
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                    let mut s = state.lock().unwrap();
-                    match ev {
-                        Ok(Event::Apply(p)) | Ok(Event::InitApply(p)) => {
-                            // Any election's leader label (`<name>.targetlease.dev/leader`).
-                            let leader = p.labels().iter().any(|(k, v)| {
-                                k.ends_with(".targetlease.dev/leader") && v == "true"
-                            });
-                            s.leaders.insert(p.name_any(), leader);
-                        }
-                        Ok(Event::Delete(p)) => {
-                            s.leaders.remove(&p.name_any());
-                        }
-                        _ => continue,
-                    }
-                    drop(s);
-                    tx.send_modify(|n| *n += 1);
-                }
-            });
-        }
+        follow(leases, state.clone(), tx.clone(), State::lease_seen);
+        follow(pods, state.clone(), tx, State::pod_seen);
         Tracker { state, bump: rx }
     }
 

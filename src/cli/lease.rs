@@ -91,27 +91,57 @@ impl TargetArgs {
 #[derive(Args, Debug)]
 pub struct AcquireArgs {
     #[command(flatten)]
+    acquire: AcquireFlags,
+    /// Idempotency key: a retry with the same id returns the original result (default: fresh).
+    #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
+    request_id: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+/// What an acquire asks for, the same for `lease acquire` and `run`.
+#[derive(Args, Debug)]
+pub struct AcquireFlags {
+    #[command(flatten)]
     target: TargetArgs,
     /// Who wants the lease (1 to 256 bytes; an identity, not a secret).
     /// Default: this host's name and this process's id, `host:pid`.
     #[arg(long, env = "TARGETLEASE_OWNER", default_value_t = default_owner(), hide_default_value = true)]
     owner: String,
-    /// How long the lease lives unless renewed, e.g. 10s.
+    /// How long the lease lives unless renewed, e.g. 10s (`run` renews it
+    /// every third of it while CMD runs).
     #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
     ttl: Duration,
-    /// Hard limit on the lease's life; renewals cannot extend past it.
+    /// Hard limit on the lease's life; renewals cannot extend past it (`run`
+    /// stops CMD when it is reached).
     #[arg(long, env = "TARGETLEASE_MAX_LIFETIME", value_parser = humantime::parse_duration)]
     max_lifetime: Option<Duration>,
-    /// Idempotency key: a retry with the same id returns the original result (default: fresh).
-    #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
-    request_id: Option<String>,
     /// A JSON object (at most 4 KiB) stored with the lease and shown by get.
     #[arg(long, env = "TARGETLEASE_METADATA", hide_env_values = true)]
     metadata: Option<String>,
+}
+
+impl AcquireFlags {
+    /// The checked acquire request, with a fresh request id (no client
+    /// required); the message of a usage error otherwise.
+    pub fn request(&self) -> Result<AcquireRequest, String> {
+        let mut req = AcquireRequest::new(self.target.target(), &self.owner, self.ttl);
+        req.max_lifetime = self.max_lifetime;
+        req.metadata = parse_metadata(self.metadata.as_deref())?;
+        req.validate().map_err(usage_message)?;
+        Ok(req)
+    }
+}
+
+/// How a `lease` or `run` invocation reaches Valkey, and its diagnostics.
+#[derive(Args, Debug)]
+pub struct ClientArgs {
+    /// How to reach Valkey.
     #[command(flatten)]
-    conn: ConnectionArgs,
+    pub conn: ConnectionArgs,
+    /// Diagnostics on stderr.
     #[command(flatten)]
-    log: LogArgs,
+    pub log: LogArgs,
 }
 
 /// The exact identity of the held lease.
@@ -152,9 +182,7 @@ pub struct RenewArgs {
     #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
     request_id: Option<String>,
     #[command(flatten)]
-    conn: ConnectionArgs,
-    #[command(flatten)]
-    log: LogArgs,
+    client: ClientArgs,
 }
 
 /// Flags of `lease release`.
@@ -168,9 +196,7 @@ pub struct ReleaseArgs {
     #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
     request_id: Option<String>,
     #[command(flatten)]
-    conn: ConnectionArgs,
-    #[command(flatten)]
-    log: LogArgs,
+    client: ClientArgs,
 }
 
 /// Flags of `lease get`.
@@ -182,9 +208,7 @@ pub struct GetArgs {
     #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
     output: Format,
     #[command(flatten)]
-    conn: ConnectionArgs,
-    #[command(flatten)]
-    log: LogArgs,
+    client: ClientArgs,
 }
 
 /// Flags of `lease revoke`.
@@ -203,9 +227,7 @@ pub struct RevokeArgs {
     #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
     request_id: Option<String>,
     #[command(flatten)]
-    conn: ConnectionArgs,
-    #[command(flatten)]
-    log: LogArgs,
+    client: ClientArgs,
 }
 
 /// Flags of `lease commit`.
@@ -226,9 +248,7 @@ pub struct CommitArgs {
     #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
     request_id: Option<String>,
     #[command(flatten)]
-    conn: ConnectionArgs,
-    #[command(flatten)]
-    log: LogArgs,
+    client: ClientArgs,
 }
 
 /// Flags of `lease list`.
@@ -246,12 +266,9 @@ pub struct ListArgs {
     /// json (one object per lease record and line) or text (a table).
     #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
     pub output: Format,
-    /// How to reach Valkey.
+    /// How to reach Valkey, and diagnostics.
     #[command(flatten)]
-    pub conn: ConnectionArgs,
-    /// Diagnostics.
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub client: ClientArgs,
 }
 
 /// Flags of `lease read`.
@@ -266,9 +283,7 @@ pub struct ReadArgs {
     #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
     output: Format,
     #[command(flatten)]
-    conn: ConnectionArgs,
-    #[command(flatten)]
-    log: LogArgs,
+    client: ClientArgs,
 }
 
 /// One validated store call, ready to send.
@@ -334,10 +349,8 @@ fn request_id(given: &Option<String>) -> String {
 fn build(cmd: &LeaseCommand) -> Result<Op, String> {
     let op = match cmd {
         LeaseCommand::Acquire(a) => {
-            let mut req = AcquireRequest::new(a.target.target(), &a.owner, a.ttl);
-            req.max_lifetime = a.max_lifetime;
+            let mut req = a.acquire.request()?;
             req.request_id = request_id(&a.request_id);
-            req.metadata = parse_metadata(a.metadata.as_deref())?;
             Op::Acquire(req)
         }
         LeaseCommand::Renew(a) => {
@@ -366,37 +379,29 @@ fn build(cmd: &LeaseCommand) -> Result<Op, String> {
         LeaseCommand::Read(a) => Op::Read(a.target.target(), a.key.clone()),
         LeaseCommand::List(_) => unreachable!("lease list is not one store call"),
     };
-    op.validate().map_err(|e| match e {
-        StoreError::Invalid(msg) => msg,
-        other => other.to_string(),
-    })?;
+    op.validate().map_err(usage_message)?;
     Ok(op)
 }
 
-impl LeaseCommand {
-    fn conn(&self) -> &ConnectionArgs {
-        match self {
-            LeaseCommand::Acquire(a) => &a.conn,
-            LeaseCommand::Renew(a) => &a.conn,
-            LeaseCommand::Release(a) => &a.conn,
-            LeaseCommand::Get(a) => &a.conn,
-            LeaseCommand::Revoke(a) => &a.conn,
-            LeaseCommand::Commit(a) => &a.conn,
-            LeaseCommand::Read(a) => &a.conn,
-            LeaseCommand::List(a) => &a.conn,
-        }
+/// What a request refused before sending says: the message alone when it is invalid.
+fn usage_message(e: StoreError) -> String {
+    match e {
+        StoreError::Invalid(msg) => msg,
+        other => other.to_string(),
     }
+}
 
-    fn log(&self) -> &LogArgs {
+impl LeaseCommand {
+    fn client(&self) -> &ClientArgs {
         match self {
-            LeaseCommand::Acquire(a) => &a.log,
-            LeaseCommand::Renew(a) => &a.log,
-            LeaseCommand::Release(a) => &a.log,
-            LeaseCommand::Get(a) => &a.log,
-            LeaseCommand::Revoke(a) => &a.log,
-            LeaseCommand::Commit(a) => &a.log,
-            LeaseCommand::Read(a) => &a.log,
-            LeaseCommand::List(a) => &a.log,
+            LeaseCommand::Acquire(a) => &a.client,
+            LeaseCommand::Renew(a) => &a.client,
+            LeaseCommand::Release(a) => &a.client,
+            LeaseCommand::Get(a) => &a.client,
+            LeaseCommand::Revoke(a) => &a.client,
+            LeaseCommand::Commit(a) => &a.client,
+            LeaseCommand::Read(a) => &a.client,
+            LeaseCommand::List(a) => &a.client,
         }
     }
 }
@@ -404,7 +409,7 @@ impl LeaseCommand {
 /// Runs one `lease` subcommand and returns the contract exit code.
 pub async fn main(args: LeaseArgs) -> ExitCode {
     let cmd = args.command;
-    logging::init(cmd.log());
+    logging::init(&cmd.client().log);
     if let LeaseCommand::List(a) = &cmd {
         return super::list::main(a).await;
     }
@@ -413,7 +418,7 @@ pub async fn main(args: LeaseArgs) -> ExitCode {
         Ok(op) => op,
         Err(msg) => return output::usage_error(&msg),
     };
-    let config = match cmd.conn().to_config() {
+    let config = match cmd.client().conn.to_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
     };

@@ -62,7 +62,7 @@ fn table(listed: &[Listed]) -> String {
 
 /// Runs `lease list`; exit 0 with the entries (possibly none), 3 on backend trouble.
 pub async fn main(args: &ListArgs) -> ExitCode {
-    let config = match args.conn.to_config() {
+    let config = match args.client.conn.to_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
     };

@@ -132,6 +132,36 @@ impl Envelope {
             )
         })
     }
+
+    /// One line for people: the outcome, the lease (never its id) and the message.
+    pub fn to_text(&self) -> String {
+        if let Some(c) = &self.committed {
+            return format!(
+                "{}: {} = {} (token {}, committed {})",
+                self.outcome,
+                for_people(&c.key),
+                for_people(&c.value),
+                c.fencing_token,
+                at(c.committed_at_ms)
+            );
+        }
+        let Some(l) = &self.lease else {
+            return format!("{}: {}", self.outcome, for_people(&self.message));
+        };
+        let mut line = format!(
+            "{}: {} held by {} with token {}",
+            self.outcome,
+            for_people(&l.target),
+            for_people(&l.owner),
+            l.fencing_token
+        );
+        if self.server_time_ms > 0 {
+            let left = l.expires_at_ms.saturating_sub(self.server_time_ms);
+            line.push_str(&format!(", expires in {}", human_ms(left)));
+        }
+        line.push_str(&format!(" ({})", at(l.expires_at_ms)));
+        line
+    }
 }
 
 /// A command's result: an envelope to print, or arguments that can never work.
@@ -204,38 +234,6 @@ pub fn for_people(s: &str) -> std::borrow::Cow<'_, str> {
         })
         .collect::<String>()
         .into()
-}
-
-impl Envelope {
-    /// One line for people: the outcome, the lease (never its id) and the message.
-    pub fn to_text(&self) -> String {
-        if let Some(c) = &self.committed {
-            return format!(
-                "{}: {} = {} (token {}, committed {})",
-                self.outcome,
-                for_people(&c.key),
-                for_people(&c.value),
-                c.fencing_token,
-                at(c.committed_at_ms)
-            );
-        }
-        let Some(l) = &self.lease else {
-            return format!("{}: {}", self.outcome, for_people(&self.message));
-        };
-        let mut line = format!(
-            "{}: {} held by {} with token {}",
-            self.outcome,
-            for_people(&l.target),
-            for_people(&l.owner),
-            l.fencing_token
-        );
-        if self.server_time_ms > 0 {
-            let left = l.expires_at_ms.saturating_sub(self.server_time_ms);
-            line.push_str(&format!(", expires in {}", human_ms(left)));
-        }
-        line.push_str(&format!(" ({})", at(l.expires_at_ms)));
-        line
-    }
 }
 
 /// `1.2s`, `45s`, `3m20s`: a remaining time for people.

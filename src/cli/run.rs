@@ -23,41 +23,25 @@ mod holding;
 
 use holding::{NotAcquired, acquire_within, release, renew_until_lost};
 
-use super::connection::ConnectionArgs;
-use super::lease::{DEFAULT_TTL, TargetArgs, default_owner, parse_metadata};
-use super::logging::{self, LogArgs};
+use super::lease::{AcquireFlags, ClientArgs};
+use super::logging;
 use super::output::{self, Answer, EXIT_REFUSED, Envelope, Report};
 use crate::store::valkey::ValkeyStore;
-use crate::store::{AcquireRequest, Lease, LeaseStore, Outcome, Reply, StoreError};
+use crate::store::{Lease, LeaseStore, Outcome, Reply, StoreError};
 
 /// Flags of `run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
-    target: TargetArgs,
-    /// Who holds the lease while CMD runs (1 to 256 bytes).
-    /// Default: this host's name and this process's id, `host:pid`.
-    #[arg(long, env = "TARGETLEASE_OWNER", default_value_t = default_owner(), hide_default_value = true)]
-    owner: String,
-    /// Lease duration; renewed every third of it while CMD runs, e.g. 10s.
-    #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
-    ttl: Duration,
+    acquire: AcquireFlags,
     /// How long to wait for a held target to become free (0s: try once).
     #[arg(long, env = "TARGETLEASE_WAIT", default_value = "0s", value_parser = humantime::parse_duration)]
     wait: Duration,
-    /// Hard limit on the lease's life; CMD is stopped when it is reached.
-    #[arg(long, env = "TARGETLEASE_MAX_LIFETIME", value_parser = humantime::parse_duration)]
-    max_lifetime: Option<Duration>,
-    /// A JSON object (at most 4 KiB) stored with the lease.
-    #[arg(long, env = "TARGETLEASE_METADATA", hide_env_values = true)]
-    metadata: Option<String>,
     /// After the lease is lost, how long CMD gets between SIGTERM and SIGKILL.
     #[arg(long, env = "TARGETLEASE_KILL_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     kill_grace: Duration,
     #[command(flatten)]
-    conn: ConnectionArgs,
-    #[command(flatten)]
-    log: LogArgs,
+    client: ClientArgs,
     /// The command to run and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -118,7 +102,7 @@ impl Signals {
     }
 }
 
-/// Calls the store with a backstop deadline in case a reply never comes.
+/// Sends `sig` to CMD; a child that is already gone is not an error.
 fn send_signal(child: &tokio::process::Child, sig: Signal) {
     let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
         return;
@@ -154,33 +138,19 @@ fn describe_exit(status: &std::io::Result<std::process::ExitStatus>) -> (u8, Str
 /// when CMD never started).
 pub async fn main(args: RunArgs) -> ExitCode {
     let RunArgs {
-        target: target_args,
-        owner,
-        ttl,
+        acquire,
         wait,
-        max_lifetime,
-        metadata,
         kill_grace,
-        conn,
-        log,
+        client: ClientArgs { conn, log },
         command,
     } = args;
     logging::init(&log);
     // (no client required) refuse bad arguments before connecting.
-    let target = target_args.target();
-    let mut req = AcquireRequest::new(target.clone(), &owner, ttl);
-    req.max_lifetime = max_lifetime;
-    req.metadata = match parse_metadata(metadata.as_deref()) {
-        Ok(m) => m,
+    let req = match acquire.request() {
+        Ok(req) => req,
         Err(msg) => return output::usage_error(&msg),
     };
-    if let Err(e) = req.validate() {
-        let msg = match e {
-            StoreError::Invalid(msg) => msg,
-            other => other.to_string(),
-        };
-        return output::usage_error(&msg);
-    }
+    let (target, ttl) = (req.target.clone(), req.ttl);
     let config = match conn.to_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),

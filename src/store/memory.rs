@@ -21,7 +21,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 
 mod state;
 
-use state::{Cached, Record, Rule, Slot, State};
+use state::{Call, Record, Rule, Slot, State};
 
 /// The in-memory reference implementation of [`LeaseStore`].
 pub struct MemoryStore {
@@ -60,15 +60,30 @@ impl MemoryStore {
         st.requests.clear();
     }
 
+    /// A write arriving now; `inputs` are what a replay must repeat exactly.
+    fn call<'a>(
+        &self,
+        op: &'static str,
+        target: &'a Target,
+        scope: &'a str,
+        request_id: &'a str,
+        inputs: &[&str],
+    ) -> Call<'a> {
+        Call {
+            op,
+            target,
+            scope,
+            request_id,
+            fingerprint: inputs.join("\u{0}"),
+            now: self.clock.now_ms(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
-}
-
-fn fingerprint(parts: &[&str]) -> String {
-    parts.join("\u{0}")
 }
 
 const CORRUPT: &str = "lease record is corrupt";
@@ -103,30 +118,15 @@ fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
-fn remembered(
-    fingerprint: String,
-    lease_id: &str,
-    token: u64,
-    outcome: Outcome,
-    expires_ms: u64,
-) -> Cached {
-    Cached {
-        fingerprint,
-        lease_id: lease_id.to_owned(),
-        token,
-        outcome,
-        expires_ms,
-    }
-}
-
 #[async_trait]
 impl LeaseStore for MemoryStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let now = self.clock.now_ms();
         let t = &req.target;
         let max_life = req.max_lifetime.map(ms).unwrap_or(0).to_string();
-        let fp = fingerprint(&[&ms(req.ttl).to_string(), &max_life, &req.metadata_json()]);
+        let inputs: &[&str] = &[&ms(req.ttl).to_string(), &max_life, &req.metadata_json()];
+        let call = self.call("acquire", t, &req.owner, &req.request_id, inputs);
+        let now = call.now;
         let mut st = self.lock();
         let slot = st.slot(t, now);
         let rule = Rule::Revalidate {
@@ -143,16 +143,7 @@ impl LeaseStore for MemoryStore {
             },
             ended: "the lease this request acquired has ended",
         };
-        if let Some(r) = st.replay(
-            "acquire",
-            t,
-            &req.owner,
-            &req.request_id,
-            &fp,
-            now,
-            &slot,
-            rule,
-        ) {
+        if let Some(r) = st.replay(&call, &slot, rule) {
             return Ok(r);
         }
         match slot {
@@ -181,9 +172,8 @@ impl LeaseStore for MemoryStore {
         };
         st.counters.insert(t.clone(), rec.token);
         st.leases.insert(t.clone(), Slot::Live(rec.clone()));
-        let window = now + ms(IDEMPOTENCY_WINDOW + req.ttl);
-        let cached = remembered(fp, &rec.lease_id, rec.token, Outcome::Acquired, window);
-        st.remember("acquire", t, &req.owner, &req.request_id, cached);
+        let window = IDEMPOTENCY_WINDOW + req.ttl;
+        st.remember(call, &rec.lease_id, rec.token, Outcome::Acquired, window);
         Ok(reply(
             now,
             Outcome::Acquired,
@@ -194,9 +184,10 @@ impl LeaseStore for MemoryStore {
 
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let now = self.clock.now_ms();
         let (t, h) = (&req.target, &req.handle);
-        let fp = fingerprint(&[&h.lease_id, &h.token.to_string(), &ms(req.ttl).to_string()]);
+        let inputs: &[&str] = &[&h.lease_id, &h.token.to_string(), &ms(req.ttl).to_string()];
+        let call = self.call("renew", t, &h.owner, &req.request_id, inputs);
+        let now = call.now;
         let mut st = self.lock();
         let slot = st.slot(t, now);
         let rule = Rule::Revalidate {
@@ -205,7 +196,7 @@ impl LeaseStore for MemoryStore {
             superseded: |now, _, _| bare(now, Outcome::NotOwner, "the lease was superseded"),
             ended: "the lease has ended",
         };
-        if let Some(r) = st.replay("renew", t, &h.owner, &req.request_id, &fp, now, &slot, rule) {
+        if let Some(r) = st.replay(&call, &slot, rule) {
             return Ok(r);
         }
         let mut rec = match held_by(slot, h) {
@@ -214,9 +205,13 @@ impl LeaseStore for MemoryStore {
         };
         rec.expires_ms = (now + ms(req.ttl)).min(rec.max_expires_ms.unwrap_or(u64::MAX));
         st.leases.insert(t.clone(), Slot::Live(rec.clone()));
-        let window = now + ms(IDEMPOTENCY_WINDOW);
-        let cached = remembered(fp, &rec.lease_id, rec.token, Outcome::Renewed, window);
-        st.remember("renew", t, &h.owner, &req.request_id, cached);
+        st.remember(
+            call,
+            &rec.lease_id,
+            rec.token,
+            Outcome::Renewed,
+            IDEMPOTENCY_WINDOW,
+        );
         Ok(reply(
             now,
             Outcome::Renewed,
@@ -227,22 +222,14 @@ impl LeaseStore for MemoryStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let now = self.clock.now_ms();
         let (t, h) = (&req.target, &req.handle);
-        let fp = fingerprint(&[&h.lease_id, &h.token.to_string()]);
+        let inputs: &[&str] = &[&h.lease_id, &h.token.to_string()];
+        let call = self.call("release", t, &h.owner, &req.request_id, inputs);
+        let now = call.now;
         let mut st = self.lock();
         let slot = st.slot(t, now);
         let rule = Rule::Done(|_| "lease released (replayed request)");
-        if let Some(r) = st.replay(
-            "release",
-            t,
-            &h.owner,
-            &req.request_id,
-            &fp,
-            now,
-            &slot,
-            rule,
-        ) {
+        if let Some(r) = st.replay(&call, &slot, rule) {
             return Ok(r);
         }
         // The exact holder may clear a corrupt record whose identity still reads.
@@ -256,9 +243,13 @@ impl LeaseStore for MemoryStore {
             },
         };
         st.leases.remove(t);
-        let window = now + ms(IDEMPOTENCY_WINDOW);
-        let cached = remembered(fp, &h.lease_id, h.token, Outcome::Released, window);
-        st.remember("release", t, &h.owner, &req.request_id, cached);
+        st.remember(
+            call,
+            &h.lease_id,
+            h.token,
+            Outcome::Released,
+            IDEMPOTENCY_WINDOW,
+        );
         Ok(reply(now, Outcome::Released, released, "lease released"))
     }
 
@@ -279,17 +270,17 @@ impl LeaseStore for MemoryStore {
 
     async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let now = self.clock.now_ms();
         let t = &req.target;
         let token = req.token.map(|n| n.to_string()).unwrap_or_default();
-        let fp = fingerprint(&[&token]);
+        let call = self.call("revoke", t, "", &req.request_id, &[&token]);
+        let now = call.now;
         let mut st = self.lock();
         let slot = st.slot(t, now);
         let rule = Rule::Done(|outcome| match outcome {
             Outcome::NotFound => "target had no live lease (replayed request)",
             _ => "lease revoked (replayed request)",
         });
-        if let Some(r) = st.replay("revoke", t, "", &req.request_id, &fp, now, &slot, rule) {
+        if let Some(r) = st.replay(&call, &slot, rule) {
             return Ok(r);
         }
         if let Some(want) = req.token {
@@ -324,21 +315,20 @@ impl LeaseStore for MemoryStore {
                 0,
             ),
         };
-        let window = now + ms(IDEMPOTENCY_WINDOW);
-        let cached = remembered(fp, &id, tok, out.outcome, window);
-        st.remember("revoke", t, "", &req.request_id, cached);
+        st.remember(call, &id, tok, out.outcome, IDEMPOTENCY_WINDOW);
         Ok(out)
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        let now = self.clock.now_ms();
         let t = &req.target;
-        let fp = fingerprint(&[&req.token.to_string(), &req.key, &req.value]);
+        let inputs: &[&str] = &[&req.token.to_string(), &req.key, &req.value];
+        let call = self.call("commit", t, "", &req.request_id, inputs);
+        let now = call.now;
         let mut st = self.lock();
         let slot = st.slot(t, now);
         let rule = Rule::Done(|_| "value committed (replayed request)");
-        if let Some(r) = st.replay("commit", t, "", &req.request_id, &fp, now, &slot, rule) {
+        if let Some(r) = st.replay(&call, &slot, rule) {
             return Ok(r);
         }
         let rec = match slot {
@@ -362,9 +352,7 @@ impl LeaseStore for MemoryStore {
         }
         st.commits
             .insert(commit_key, (req.token, req.value.clone(), now));
-        let window = now + ms(IDEMPOTENCY_WINDOW);
-        let cached = remembered(fp, "", req.token, Outcome::Committed, window);
-        st.remember("commit", t, "", &req.request_id, cached);
+        st.remember(call, "", req.token, Outcome::Committed, IDEMPOTENCY_WINDOW);
         let shown = Some(rec.lease(t).without_lease_id());
         Ok(reply(now, Outcome::Committed, shown, "value committed"))
     }

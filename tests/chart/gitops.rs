@@ -3,7 +3,7 @@
 //! is made once in the cluster by the operator (tests/chart/lease_id_key.rs).
 
 use crate::helm::*;
-use crate::render::expected_role_rules;
+use crate::render::{DEFAULT_ELECTION_LEASE, DEFAULT_FLOORS, expected_role_rules};
 
 #[test]
 fn helm_template_renders_identical_manifests_every_time() {
@@ -100,10 +100,6 @@ fn an_existing_secret_is_mounted_and_grants_no_secret_access() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules(
-            "targetlease-token-floors",
-            Some("targetlease-operator"),
-            None
-        )
+        expected_role_rules(DEFAULT_FLOORS, Some(DEFAULT_ELECTION_LEASE), None)
     );
 }

@@ -17,13 +17,6 @@ use crate::cluster::{SOON, install_identity, service_account_kubeconfig, wait_po
 use crate::support::kube_env::eventually;
 use crate::support::operator_env::{OperatorEnv, apply_example, summary};
 
-async fn leader_mark(env: &OperatorEnv, name: &str) -> Option<(String, String)> {
-    match env.marks(name, "web-leader").await {
-        (Some(label), Some(token), _) => Some((label, token)),
-        _ => None,
-    }
-}
-
 /// The end-to-end flows with the operator authenticated as the chart's
 /// ServiceAccount, holding only the chart's RBAC, under the chart's policy.
 #[tokio::test]
@@ -114,26 +107,12 @@ async fn the_operator_runs_as_the_chart_service_account() {
     tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
     env.create_pod("web-1", &[("app", "web")], true).await;
     apply_example(&env, "leader-election.yaml").await;
-    env.wait_for("web-leader", "led by web-0", SOON, |tl| {
-        summary(tl) == (Some(Phase::Held), Some("web-0".into()), Some(1))
-    })
-    .await;
-    eventually("web-0 marked", SOON, || async {
-        (leader_mark(&env, "web-0").await == Some(("true".into(), "1".into()))).then_some(())
-    })
-    .await;
+    env.wait_led_by("web-leader", "web-0", 1, SOON).await;
     Api::<Pod>::namespaced(cp.client(), &ns)
         .delete("web-0", &Default::default())
         .await
         .unwrap();
-    env.wait_for("web-leader", "led by web-1", SOON, |tl| {
-        summary(tl) == (Some(Phase::Held), Some("web-1".into()), Some(2))
-    })
-    .await;
-    eventually("web-1 marked", SOON, || async {
-        (leader_mark(&env, "web-1").await == Some(("true".into(), "2".into()))).then_some(())
-    })
-    .await;
+    env.wait_led_by("web-leader", "web-1", 2, SOON).await;
 
     // Events were recorded, and the operator leads through the chart's Lease.
     let events: Api<Event> = Api::namespaced(cp.client(), &ns);

@@ -52,6 +52,11 @@ fn expected_cluster_rules() -> Value {
     ])
 }
 
+/// The chart's default floor ConfigMap (`operator.floorConfigMap`).
+pub const DEFAULT_FLOORS: &str = "targetlease-token-floors";
+/// The chart's default leader-election Lease (`leaderElection.leaseName`).
+pub const DEFAULT_ELECTION_LEASE: &str = "targetlease-operator";
+
 /// The Role's rules; `key_secret`: the lease-id key Secret the operator
 /// creates (none with `leaseIdKey.existingSecret`).
 pub fn expected_role_rules(
@@ -287,8 +292,8 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     assert_eq!(
         r.get("Role")["rules"],
         expected_role_rules(
-            "targetlease-token-floors",
-            Some("targetlease-operator"),
+            DEFAULT_FLOORS,
+            Some(DEFAULT_ELECTION_LEASE),
             Some("tl-targetlease-lease-id-key")
         )
     );
@@ -329,11 +334,7 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules(
-            "targetlease-token-floors",
-            None,
-            Some("tl-targetlease-lease-id-key")
-        )
+        expected_role_rules(DEFAULT_FLOORS, None, Some("tl-targetlease-lease-id-key"))
     );
     assert!(!r.args().iter().any(|a| a.starts_with("--leader-election")));
 }
@@ -375,11 +376,7 @@ fn non_default_values_render_tls_an_existing_password_and_a_service_monitor() {
     assert!(r.find("Secret").is_none(), "an existing lease-id key");
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules(
-            "targetlease-token-floors",
-            Some("targetlease-operator"),
-            None
-        ),
+        expected_role_rules(DEFAULT_FLOORS, Some(DEFAULT_ELECTION_LEASE), None),
         "with an existing key Secret the operator gets no access to Secrets"
     );
     assert_restricted(&r);

@@ -8,17 +8,6 @@ use serde_json::{Value, json};
 
 use crate::helm::*;
 
-/// `helm template` with `set` must fail, saying `expect`.
-fn refused(extra: &[&str], expect: &str) {
-    let chart = chart();
-    let mut args = vec!["template", "t", &chart, "--kube-version", KUBE_VERSION];
-    args.extend_from_slice(extra);
-    let out = helm(&args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{extra:?} was accepted");
-    assert!(err.contains(expect), "{extra:?}: {err}");
-}
-
 #[test]
 fn several_replicas_need_leader_election() {
     // The schema refuses it first ...

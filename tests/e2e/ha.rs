@@ -54,6 +54,18 @@ fn start_operator(env: &mut OperatorEnv, flags: &[String]) -> usize {
     env.start_operator_with(&flags)
 }
 
+/// After a change of leader: a new TargetLease `after` gets Held, and `job`
+/// still holds target `t` with `token`.
+async fn assert_new_leader_serves_and_job_kept(env: &OperatorEnv, token: Option<u64>) {
+    env.create("after", spec("u")).await;
+    env.wait_phase("after", Phase::Held, SOON).await;
+    let still = env.api().get("job").await.unwrap();
+    assert_eq!(
+        summary(&still),
+        (Some(Phase::Held), Some("t".into()), token)
+    );
+}
+
 #[tokio::test]
 async fn admin_endpoints_report_liveness_readiness_and_metrics() {
     let mut env = OperatorEnv::start("admin").await;
@@ -142,13 +154,7 @@ async fn a_killed_leader_is_replaced_without_token_changes() {
         killed.elapsed()
     );
     // The new leader reconciles: a new lease is served, the old one keeps its token.
-    env.create("after", spec("u")).await;
-    env.wait_phase("after", Phase::Held, SOON).await;
-    let still = env.api().get("job").await.unwrap();
-    assert_eq!(
-        summary(&still),
-        (Some(Phase::Held), Some("t".into()), token)
-    );
+    assert_new_leader_serves_and_job_kept(&env, token).await;
 }
 
 #[tokio::test]
@@ -178,11 +184,5 @@ async fn sigterm_hands_leadership_over_at_once() {
     .await;
     assert!(stopped.elapsed() < Duration::from_secs(10));
     // The workload's lease was not released: same holder, same token.
-    env.create("after", spec("u")).await;
-    env.wait_phase("after", Phase::Held, SOON).await;
-    let still = env.api().get("job").await.unwrap();
-    assert_eq!(
-        summary(&still),
-        (Some(Phase::Held), Some("t".into()), token)
-    );
+    assert_new_leader_serves_and_job_kept(&env, token).await;
 }

@@ -42,13 +42,6 @@ pub fn lease(url: &str, op: &str) -> Lease {
     }
 }
 
-/// `targetlease lease <args…>` against `url`, the arguments as given
-/// (the operation first).
-pub fn lease_with(url: &str, args: &[&str]) -> Lease {
-    let (op, rest) = args.split_first().expect("an operation");
-    lease(url, op).with(rest)
-}
-
 impl Lease {
     /// More arguments, as given.
     pub fn with(mut self, more: &[&str]) -> Self {
@@ -216,6 +209,16 @@ impl Run {
     pub fn with(mut self, more: &[&str]) -> Self {
         self.args.extend(more.iter().map(|a| a.to_string()));
         self
+    }
+
+    /// `--wait <wait>`.
+    pub fn wait(self, wait: &str) -> Self {
+        self.with(&["--wait", wait])
+    }
+
+    /// `--timeout 1s --connect-timeout 1s`.
+    pub fn short_deadlines(self) -> Self {
+        self.with(&["--timeout", "1s", "--connect-timeout", "1s"])
     }
 
     /// The command for running `cmd` under the lease.

@@ -12,6 +12,7 @@ pub mod kube_env;
 pub mod link_proxy;
 pub mod operator_env;
 pub mod operator_store;
+pub mod pods;
 pub mod postgres;
 pub mod resp;
 pub mod sentinel;

@@ -349,72 +349,7 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// Pods stand in for workloads: there is no kubelet, so readiness is set
-/// through the status subresource.
 impl OperatorEnv {
-    pub fn pods(&self) -> Api<k8s_openapi::api::core::v1::Pod> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// Creates a pod with these labels and readiness.
-    pub async fn create_pod(&self, name: &str, labels: &[(&str, &str)], ready: bool) {
-        let labels: std::collections::BTreeMap<_, _> = labels.iter().cloned().collect();
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": { "name": name, "labels": labels },
-            "spec": { "containers": [{ "name": "app", "image": "registry.example/app:1.0" }] },
-        }))
-        .unwrap();
-        self.pods()
-            .create(&Default::default(), &pod)
-            .await
-            .unwrap_or_else(|e| panic!("create pod {name}: {e}"));
-        self.set_ready(name, ready).await;
-    }
-
-    /// Sets the pod's Ready condition.
-    pub async fn set_ready(&self, name: &str, ready: bool) {
-        let status = serde_json::json!({
-            "status": { "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] }
-        });
-        self.pods()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap_or_else(|e| panic!("set readiness of pod {name}: {e}"));
-    }
-
-    /// Deletes a pod at once (no kubelet would finish a graceful deletion).
-    pub async fn delete_pod(&self, name: &str) {
-        self.pods()
-            .delete(name, &DeleteParams::default().grace_period(0))
-            .await
-            .unwrap_or_else(|e| panic!("delete pod {name}: {e}"));
-    }
-
-    /// The marks TargetLease `tl` put on pod `pod`: (leader label, token, expires-at).
-    pub async fn marks(
-        &self,
-        pod: &str,
-        tl: &str,
-    ) -> (Option<String>, Option<String>, Option<String>) {
-        use kube::ResourceExt;
-        match self.pods().get_opt(pod).await.expect("read pod") {
-            None => (None, None, None),
-            Some(p) => (
-                p.labels()
-                    .get(&format!("{tl}.targetlease.dev/leader"))
-                    .cloned(),
-                p.annotations()
-                    .get(&format!("{tl}.targetlease.dev/fencing-token"))
-                    .cloned(),
-                p.annotations()
-                    .get(&format!("{tl}.targetlease.dev/expires-at"))
-                    .cloned(),
-            ),
-        }
-    }
-
     /// A store client on the env's Valkey.
     pub async fn store(&self) -> targetlease::store::valkey::ValkeyStore {
         targetlease::store::valkey::ValkeyStore::connect(

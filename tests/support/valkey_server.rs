@@ -49,6 +49,26 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
+/// Waits until the server on loopback `port` answers PING (a NOAUTH refusal
+/// counts: it wants a password); panics after `within`.
+pub fn wait_until_answering(port: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(mut c) = Conn::connect(&format!("127.0.0.1:{port}"))
+            && let Ok(r) = c.try_cmd(&["PING"])
+            && (r == Resp::Simple("PONG".into())
+                || matches!(&r, Resp::Error(e) if e.starts_with("NOAUTH")))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "valkey-server did not answer on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 impl ValkeyServer {
     /// A fresh, empty, non-persistent server.
     pub fn start() -> Self {
@@ -85,22 +105,7 @@ impl ValkeyServer {
             .stderr(Stdio::null());
         let child = cmd.spawn().expect("cannot start valkey-server");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = Conn::connect(&self.addr())
-                && let Ok(r) = c.try_cmd(&["PING"])
-                && (r == Resp::Simple("PONG".into())
-                    || matches!(&r, Resp::Error(e) if e.starts_with("NOAUTH")))
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "valkey-server did not answer on port {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_answering(self.port, Duration::from_secs(10));
     }
 
     pub fn addr(&self) -> String {
@@ -118,10 +123,19 @@ impl ValkeyServer {
 
     /// `calls=` of one command in INFO commandstats (0 when never called).
     pub fn calls(&self, command: &str) -> u64 {
+        self.command_stat(command, "calls")
+    }
+
+    /// One counter (`calls`, `rejected_calls`, …) of a command in INFO
+    /// commandstats (0 when never called).
+    pub fn command_stat(&self, command: &str, field: &str) -> u64 {
         let info = self.conn().cmd(&["INFO", "commandstats"]).text();
         info.lines()
             .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-            .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+            .and_then(|rest| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
+            })
             .map(|n| n.parse().unwrap())
             .unwrap_or(0)
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use fault_proxy::FaultProxy;
 use targetlease::store::valkey::{KeySpace, ValkeyConfig, ValkeyStore};
-use targetlease::store::{AcquireRequest, LeaseStore, StoreError, Target};
+use targetlease::store::{AcquireRequest, LeaseStore, Reply, StoreError, Target};
 
 const TTL: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_millis(1000);
@@ -85,60 +85,56 @@ async fn proxied(t: &Target) -> Proxied {
     }
 }
 
+impl Proxied {
+    /// EVALSHA calls the node owning the target's slot has run.
+    fn evalsha_calls(&self) -> u64 {
+        self.c.nodes[self.owner].calls("evalsha")
+    }
+
+    /// The next 100 EVALSHA through the proxy are answered with a MOVED
+    /// back to the proxy itself, without reaching the node.
+    fn redirect_evalsha_to_itself(&self) {
+        let moved = format!("MOVED {} 127.0.0.1:{}", self.slot, self.proxy.port());
+        self.proxy.refuse("EVALSHA", &moved, 100);
+    }
+
+    async fn acquire(&self, t: &Target) -> Result<Reply, StoreError> {
+        self.store
+            .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
+            .await
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
     let t = target("cluster-cut");
-    let Proxied {
-        c,
-        proxy,
-        owner,
-        slot,
-        store,
-    } = proxied(&t).await;
-    let before = c.nodes[owner].calls("evalsha");
+    let p = proxied(&t).await;
+    let before = p.evalsha_calls();
 
     // The first copy runs; any later copy is redirected until the client gives up.
-    proxy.cut_before_reply("EVALSHA");
-    proxy.refuse(
-        "EVALSHA",
-        &format!("MOVED {slot} 127.0.0.1:{}", proxy.port()),
-        100,
-    );
-    let got = store
-        .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
-        .await;
+    p.proxy.cut_before_reply("EVALSHA");
+    p.redirect_evalsha_to_itself();
+    let got = p.acquire(&t).await;
     assert!(
         matches!(got, Err(StoreError::OutcomeUnknown(_))),
         "a copy may have run: outcome_unknown, got {got:?}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(c.nodes[owner].calls("evalsha"), before + 1, "ran once");
+    assert_eq!(p.evalsha_calls(), before + 1, "ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
     let t = target("cluster-moved-loop");
-    let Proxied {
-        c,
-        proxy,
-        owner,
-        slot,
-        store,
-    } = proxied(&t).await;
-    let before = c.nodes[owner].calls("evalsha");
-    proxy.refuse(
-        "EVALSHA",
-        &format!("MOVED {slot} 127.0.0.1:{}", proxy.port()),
-        100,
-    );
+    let p = proxied(&t).await;
+    let before = p.evalsha_calls();
+    p.redirect_evalsha_to_itself();
     let started = Instant::now();
-    let got = store
-        .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
-        .await;
+    let got = p.acquire(&t).await;
     assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
     assert!(
         matches!(got, Err(StoreError::BackendUnavailable(_))),
         "nothing ran: a definite refusal, got {got:?}"
     );
-    assert_eq!(c.nodes[owner].calls("evalsha"), before, "never ran");
+    assert_eq!(p.evalsha_calls(), before, "never ran");
 }

@@ -9,6 +9,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::{assert_refused, fill_memory};
 use resp::Resp;
 use targetlease::store::valkey::{Secret, ValkeyConfig, ValkeyStore};
 use targetlease::store::{AcquireRequest, LeaseStore, Outcome, Reply, StoreError, Target};
@@ -44,16 +45,6 @@ fn send_only(addr: &str, args: &[&str]) -> TcpStream {
     }
     s.write_all(&buf).unwrap();
     s
-}
-
-/// The error is a definite refusal: `backend_unavailable` naming `code`.
-fn assert_refused(result: Result<Reply, StoreError>, code: &str) {
-    match result {
-        Err(StoreError::BackendUnavailable(msg)) => {
-            assert!(msg.contains(code), "expected {code} in {msg:?}")
-        }
-        other => panic!("expected backend_unavailable ({code}), got {other:?}"),
-    }
 }
 
 async fn retry_until_connected(
@@ -320,13 +311,7 @@ async fn replica_is_a_definite_refusal() {
 async fn out_of_memory_is_a_definite_refusal() {
     let server = ValkeyServer::start();
     let store = connect(&server).await;
-    let mut c = server.conn();
-    c.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
-    c.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
-    assert!(
-        matches!(c.cmd(&["SET", "x", "y"]), Resp::Error(e) if e.starts_with("OOM")),
-        "the server is out of memory"
-    );
+    fill_memory(&server);
     assert_refused(
         store
             .acquire(&AcquireRequest::new(target("oom"), "a", TTL))

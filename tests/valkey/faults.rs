@@ -48,6 +48,15 @@ fn target(name: &str) -> Target {
     Target::new("faults", name)
 }
 
+/// A fresh server, a fault proxy in front of it, and a store connected
+/// through the proxy.
+async fn behind_proxy() -> (ValkeyServer, FaultProxy, ValkeyStore) {
+    let server = ValkeyServer::start();
+    let proxy = FaultProxy::start(&server.addr());
+    let store = through(&proxy).await;
+    (server, proxy, store)
+}
+
 /// Runs `f`, failing the test (instead of hanging it) if it takes longer than `limit`.
 async fn within<T>(limit: Duration, what: &str, f: impl Future<Output = T>) -> (T, Duration) {
     let started = Instant::now();
@@ -70,10 +79,8 @@ fn assert_unknown(result: &Result<Reply, StoreError>, what: &str) {
 
 #[tokio::test]
 async fn a_lost_revoke_reply_is_unknown_and_the_revoke_ran_once() {
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
+    let (server, proxy, store) = behind_proxy().await;
     let admin = direct(&server).await;
-    let store = through(&proxy).await;
     let t = target("revoke");
     let a = admin
         .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
@@ -96,10 +103,8 @@ async fn a_lost_revoke_reply_is_unknown_and_the_revoke_ran_once() {
 
 #[tokio::test]
 async fn a_refusal_of_a_resent_copy_is_never_reported_when_the_first_copy_ran() {
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
+    let (server, proxy, store) = behind_proxy().await;
     let admin = direct(&server).await;
-    let store = through(&proxy).await;
     let t = target("readonly-after-cut");
     let req = AcquireRequest::new(t.clone(), "alice", TTL);
 
@@ -177,9 +182,7 @@ async fn connecting_to_a_silent_server_ends_within_the_connect_timeout() {
 
 #[tokio::test]
 async fn a_server_that_goes_silent_is_bounded_per_call_and_recovers() {
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
-    let store = through(&proxy).await;
+    let (_server, proxy, store) = behind_proxy().await;
     let t = target("silent-later");
     proxy.set(Fault::Silent);
     let (got, _) = within(TIMEOUT + SLACK, "get", store.get(&t)).await;
@@ -218,9 +221,7 @@ async fn a_server_that_goes_silent_is_bounded_per_call_and_recovers() {
 
 #[tokio::test]
 async fn dropped_replies_never_shift_later_replies_onto_other_calls() {
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
-    let store = through(&proxy).await;
+    let (_server, proxy, store) = behind_proxy().await;
     let t = target("dropped");
     let req = AcquireRequest::new(t.clone(), "alice", TTL);
     proxy.set(Fault::DropReplies(Duration::from_millis(1500)));
@@ -241,9 +242,7 @@ async fn dropped_replies_never_shift_later_replies_onto_other_calls() {
 
 #[tokio::test]
 async fn late_replies_are_unknown_within_the_deadline_and_the_retry_resolves_them() {
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
-    let store = through(&proxy).await;
+    let (_server, proxy, store) = behind_proxy().await;
     let t = target("late");
     let req = AcquireRequest::new(t.clone(), "alice", TTL);
     proxy.set(Fault::Delay(TIMEOUT + Duration::from_millis(500)));
@@ -258,9 +257,7 @@ async fn late_replies_are_unknown_within_the_deadline_and_the_retry_resolves_the
 
 #[tokio::test]
 async fn reset_connections_fail_definitely_until_the_network_heals() {
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
-    let store = through(&proxy).await;
+    let (server, proxy, store) = behind_proxy().await;
     let t = target("reset");
     proxy.set(Fault::Reset);
     tokio::time::sleep(Duration::from_millis(200)).await;

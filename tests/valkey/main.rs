@@ -18,3 +18,29 @@ mod read_and_free;
 mod redaction;
 mod sentinel;
 mod tls;
+
+use support::resp::Resp;
+use support::valkey_server::ValkeyServer;
+use targetlease::store::{Reply, StoreError};
+
+/// The error is a definite refusal: `backend_unavailable` naming `code`.
+fn assert_refused(result: Result<Reply, StoreError>, code: &str) {
+    match result {
+        Err(StoreError::BackendUnavailable(msg)) => {
+            assert!(msg.contains(code), "expected {code} in {msg:?}")
+        }
+        other => panic!("expected backend_unavailable ({code}), got {other:?}"),
+    }
+}
+
+/// Makes `server` refuse every write that needs memory (`noeviction`, a
+/// 1-byte limit) and checks that it does.
+fn fill_memory(server: &ValkeyServer) {
+    let mut c = server.conn();
+    c.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    c.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    assert!(
+        matches!(c.cmd(&["SET", "x", "y"]), Resp::Error(e) if e.starts_with("OOM")),
+        "the server is out of memory"
+    );
+}

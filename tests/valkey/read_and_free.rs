@@ -3,16 +3,14 @@
 //! where Valkey allows any write, freed: `get` is read-only, `release` and
 //! `revoke` run under OOM. What cannot run is refused definitely.
 
-use crate::support::resp;
 use crate::support::valkey_server;
 
 use std::time::Duration;
 
-use resp::Resp;
+use crate::{assert_refused, fill_memory};
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireRequest, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, Reply, RevokeRequest,
-    StoreError, Target,
+    AcquireRequest, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, RevokeRequest, Target,
 };
 use valkey_server::ValkeyServer;
 
@@ -30,29 +28,6 @@ async fn connect(server: &ValkeyServer) -> ValkeyStore {
 
 fn target(name: &str) -> Target {
     Target::new("failures", name)
-}
-
-/// One counter (`calls`, `rejected_calls`, …) of a command in INFO commandstats.
-fn stat(server: &ValkeyServer, command: &str, field: &str) -> u64 {
-    let info = server.conn().cmd(&["INFO", "commandstats"]).text();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
-        .and_then(|rest| {
-            rest.split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
-        })
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
-}
-
-/// The error is a definite refusal: `backend_unavailable` naming `code`.
-fn assert_refused(result: Result<Reply, StoreError>, code: &str) {
-    match result {
-        Err(StoreError::BackendUnavailable(msg)) => {
-            assert!(msg.contains(code), "expected {code} in {msg:?}")
-        }
-        other => panic!("expected backend_unavailable ({code}), got {other:?}"),
-    }
 }
 
 /// Alice's lease on `name` and a second target Bob holds, for the
@@ -80,13 +55,7 @@ async fn a_full_server_still_answers_get_release_and_revoke() {
     let server = ValkeyServer::start();
     let store = connect(&server).await;
     let (t, alice, other) = two_leases(&store, "full").await;
-    let mut c = server.conn();
-    c.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
-    c.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
-    assert!(
-        matches!(c.cmd(&["SET", "x", "y"]), Resp::Error(e) if e.starts_with("OOM")),
-        "the server is out of memory"
-    );
+    fill_memory(&server);
     let got = store.get(&t).await.expect("get on a full server");
     assert_eq!(got.outcome, Outcome::Found);
     let read = store.read(&t, "k").await.expect("read on a full server");
@@ -119,7 +88,7 @@ async fn unmet_min_replicas_still_answers_get_and_refuses_writes_definitely() {
         .cmd(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
     let (ran, rejected) = (
         server.calls("evalsha"),
-        stat(&server, "evalsha", "rejected_calls"),
+        server.command_stat("evalsha", "rejected_calls"),
     );
     let got = store.get(&t).await.expect("get with too few replicas");
     assert_eq!(got.outcome, Outcome::Found);
@@ -145,7 +114,7 @@ async fn unmet_min_replicas_still_answers_get_and_refuses_writes_definitely() {
     );
     assert_eq!(server.calls("evalsha"), ran, "none ran");
     assert_eq!(
-        stat(&server, "evalsha", "rejected_calls"),
+        server.command_stat("evalsha", "rejected_calls"),
         rejected + 3,
         "each sent once, and refused"
     );

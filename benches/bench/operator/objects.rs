@@ -11,14 +11,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use targetlease::crd::TargetLease;
 
+/// TargetLease `name` on a target of the same name.
 pub(super) fn holder_lease(name: &str, ns: &str, identity: &str) -> TargetLease {
-    serde_json::from_value(json!({
-        "apiVersion": "targetlease.dev/v1alpha1",
-        "kind": "TargetLease",
-        "metadata": { "name": name, "namespace": ns },
-        "spec": { "target": name, "holder": { "identity": identity } },
-    }))
-    .expect("a valid TargetLease")
+    contended(name, ns, name, identity)
 }
 
 /// Creates `names` (target, object name) with `par` requests in flight; returns
@@ -104,6 +99,7 @@ pub(super) async fn candidate_pod(pods: &Api<Pod>, name: &str, app: &str) {
         .expect("set pod Ready");
 }
 
+/// TargetLease `name` on `target`, which other TargetLeases may want too.
 pub(super) fn contended(name: &str, ns: &str, target: &str, identity: &str) -> TargetLease {
     serde_json::from_value(json!({
         "apiVersion": "targetlease.dev/v1alpha1",

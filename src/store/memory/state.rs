@@ -2,6 +2,7 @@
 //! cache, and the one replay rule.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use super::{CONFLICT, CORRUPT, bare, reply};
 use crate::store::{Lease, LeaseHandle, Outcome, Reply, Target};
@@ -89,20 +90,10 @@ impl State {
         }
     }
 
-    /// The replay rule: `None` when `request_id` is new for `op`, otherwise the reply.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn replay(
-        &mut self,
-        op: &'static str,
-        target: &Target,
-        scope: &str,
-        request_id: &str,
-        fingerprint: &str,
-        now: u64,
-        slot: &Option<Slot>,
-        rule: Rule,
-    ) -> Option<Reply> {
-        let key = (op, target.clone(), scope.to_owned(), request_id.to_owned());
+    /// The replay rule: `None` when the call's request id is new for its
+    /// operation, otherwise the reply.
+    pub(super) fn replay(&mut self, call: &Call, slot: &Option<Slot>, rule: Rule) -> Option<Reply> {
+        let (key, now) = (call.key(), call.now);
         let c = match self.requests.get(&key) {
             Some(c) if c.expires_ms > now => c.clone(),
             Some(_) => {
@@ -111,7 +102,7 @@ impl State {
             }
             None => return None,
         };
-        if c.fingerprint != fingerprint {
+        if c.fingerprint != call.fingerprint {
             return Some(bare(now, Outcome::IdempotencyConflict, CONFLICT));
         }
         Some(match rule {
@@ -124,25 +115,55 @@ impl State {
             } => match slot {
                 Some(Slot::Corrupt { .. }) => bare(now, Outcome::CorruptState, CORRUPT),
                 Some(Slot::Live(r)) if r.lease_id == c.lease_id && r.token == c.token => {
-                    reply(now, live, Some(r.lease(target)), live_msg)
+                    reply(now, live, Some(r.lease(call.target)), live_msg)
                 }
-                Some(Slot::Live(r)) => superseded(now, r, target),
+                Some(Slot::Live(r)) => superseded(now, r, call.target),
                 None => bare(now, Outcome::Expired, ended),
             },
         })
     }
 
+    /// Caches the call's result for `window` from now, for its replays.
     pub(super) fn remember(
         &mut self,
-        op: &'static str,
-        target: &Target,
-        scope: &str,
-        request_id: &str,
-        cached: Cached,
+        call: Call,
+        lease_id: &str,
+        token: u64,
+        outcome: Outcome,
+        window: Duration,
     ) {
-        self.requests.insert(
-            (op, target.clone(), scope.to_owned(), request_id.to_owned()),
-            cached,
-        );
+        let cached = Cached {
+            expires_ms: call.now + window.as_millis() as u64,
+            lease_id: lease_id.to_owned(),
+            token,
+            outcome,
+            fingerprint: call.fingerprint.clone(),
+        };
+        self.requests.insert(call.key(), cached);
+    }
+}
+
+/// One write as the request cache sees it.
+pub(super) struct Call<'a> {
+    /// `acquire`, `renew`, `release`, `revoke` or `commit`.
+    pub(super) op: &'static str,
+    pub(super) target: &'a Target,
+    /// The owner (acquire, renew, release) or empty (revoke, commit).
+    pub(super) scope: &'a str,
+    pub(super) request_id: &'a str,
+    /// The inputs a replay must repeat exactly.
+    pub(super) fingerprint: String,
+    /// The store's clock when the call came in.
+    pub(super) now: u64,
+}
+
+impl Call<'_> {
+    fn key(&self) -> (&'static str, Target, String, String) {
+        (
+            self.op,
+            self.target.clone(),
+            self.scope.to_owned(),
+            self.request_id.to_owned(),
+        )
     }
 }

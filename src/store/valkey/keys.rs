@@ -94,14 +94,21 @@ impl KeySpace {
     /// also one [`KeySpace::lease`] cannot have built, such as a raw `:` or
     /// `{` in the target: no lease operation reads or writes that key).
     pub fn target_of_lease_key(&self, key: &str) -> Option<Target> {
-        let inner = key
-            .strip_prefix(&self.prefix)?
-            .strip_prefix(":{")?
-            .strip_suffix("}:lease")?;
-        let (ns, name) = inner.split_once(':')?;
-        let target = Target::new(&unescape(ns)?, &unescape(name)?);
+        let target = parse_base(&self.prefix, key.strip_suffix(":lease")?)?;
         (self.lease(&target) == key).then_some(target)
     }
+}
+
+/// Reads a key base `<prefix>:{<ns>:<target>}` (what the release and revoke
+/// scripts publish) back into its target; `None` for text [`escape`] cannot
+/// produce.
+pub fn parse_base(prefix: &str, base: &str) -> Option<Target> {
+    let tag = base
+        .strip_prefix(prefix)?
+        .strip_prefix(":{")?
+        .strip_suffix('}')?;
+    let (ns, name) = tag.split_once(':')?;
+    Some(Target::new(unescape(ns)?, unescape(name)?))
 }
 
 /// `s` with SCAN's glob characters escaped.

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::config::ValkeyConfig;
 use super::dial::{Dialer, Stream};
 use super::endpoint::{Addr, Topology};
+use super::keys::parse_base;
 use super::resp::{Cmd, Decoder, Value};
 use super::tls::describe_io;
 use crate::store::{StoreError, Target};
@@ -217,33 +218,6 @@ async fn forward(sub: Subscribed, tx: &mpsc::Sender<Target>, prefix: &str) -> St
             }
         }
     }
-}
-
-/// Reads `<prefix>:{<ns>:<target>}` back into a target (see `keys.rs` for the escaping).
-pub fn parse_base(prefix: &str, base: &str) -> Option<Target> {
-    let tag = base
-        .strip_prefix(prefix)?
-        .strip_prefix(":{")?
-        .strip_suffix('}')?;
-    let (ns, name) = tag.split_once(':')?;
-    Some(Target::new(unescape(ns)?, unescape(name)?))
-}
-
-fn unescape(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

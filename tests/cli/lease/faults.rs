@@ -5,14 +5,9 @@ use super::*;
 #[test]
 fn an_unreachable_server_is_backend_unavailable_within_the_deadline() {
     let url = format!("redis://127.0.0.1:{}", free_port());
-    for args in [
-        vec!["get", "--target", "db"],
-        vec!["acquire", "--target", "db", "--owner", "o", "--ttl", "1s"],
-    ] {
+    for command in [get_db(&url), acquire_db(&url, "1s")] {
         let started = Instant::now();
-        let mut all = args.clone();
-        all.extend_from_slice(&["--timeout", "1s", "--connect-timeout", "1s"]);
-        let r = lease_with(&url, &all).res();
+        let r = command.short_deadlines().res();
         assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
         assert_eq!(r.code, 3);
         assert!(r.json["lease"].is_null());
@@ -56,12 +51,21 @@ fn a_server_that_stops_answering_gives_outcome_unknown_then_the_same_request_id_
     assert_eq!(fence.text(), "1");
 }
 
-/// `lease <args> --valkey-url <url> --timeout 1s --connect-timeout 1s`, which
-/// must end within `limit`.
-fn lease_within(url: &str, args: &[&str], limit: Duration) -> (Res, Duration) {
-    let command = lease_with(url, args).short_deadlines().command();
+/// `command --timeout 1s --connect-timeout 1s`, which must end within `limit`.
+fn within(command: &Lease, limit: Duration) -> (Res, Duration) {
+    let command = command.clone().short_deadlines().command();
     let (out, took) = deadline::output_within(command, limit);
     (Res::parse(out), took)
+}
+
+/// `lease get` of target `db`.
+fn get_db(url: &str) -> Lease {
+    lease(url, "get").target("db")
+}
+
+/// `lease acquire` of target `db` by `o` for `ttl`.
+fn acquire_db(url: &str, ttl: &str) -> Lease {
+    lease(url, "acquire").target("db").owner("o").ttl(ttl)
 }
 
 /// No Rust `Debug` output, no client-library chatter: a category and a cause.
@@ -80,12 +84,14 @@ fn assert_plain(r: &Res) {
 #[test]
 fn a_silent_server_is_reported_within_the_connect_timeout() {
     let silent = fault_proxy::FaultProxy::silent();
-    for args in [
-        vec!["get", "--target", "db"],
-        vec!["acquire", "--target", "db", "--owner", "o", "--ttl", "10s"],
-        vec!["revoke", "--target", "db"],
+    let url = silent.url();
+    for command in [
+        get_db(&url),
+        acquire_db(&url, "10s"),
+        lease(&url, "revoke").target("db"),
     ] {
-        let (r, took) = lease_within(&silent.url(), &args, Duration::from_secs(3));
+        let args = command.args();
+        let (r, took) = within(&command, Duration::from_secs(3));
         assert_eq!(
             r.json["outcome"], "backend_unavailable",
             "{args:?}: {}",
@@ -102,27 +108,13 @@ fn a_server_that_stops_answering_mid_call_is_bounded_by_the_timeout() {
     let s = ValkeyServer::start();
     let proxy = fault_proxy::FaultProxy::start(&s.addr());
     proxy.silence_from("EVALSHA_RO");
-    let (r, took) = lease_within(
-        &proxy.url(),
-        &["get", "--target", "db"],
-        Duration::from_secs(4),
-    );
+    let (r, took) = within(&get_db(&proxy.url()), Duration::from_secs(4));
     assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
     assert_plain(&r);
     eprintln!("get with no reply: {took:?}");
     proxy.silence_from("EVALSHA");
-    let args = [
-        "acquire",
-        "--target",
-        "db",
-        "--owner",
-        "o",
-        "--ttl",
-        "10s",
-        "--request-id",
-        "req-silent",
-    ];
-    let (r, took) = lease_within(&proxy.url(), &args, Duration::from_secs(4));
+    let acquire = acquire_db(&proxy.url(), "10s").request_id("req-silent");
+    let (r, took) = within(&acquire, Duration::from_secs(4));
     assert_eq!(r.json["outcome"], "outcome_unknown", "{}", r.stdout);
     assert!(r.json["message"].as_str().unwrap().contains("req-silent"));
     assert_plain(&r);
@@ -132,7 +124,7 @@ fn a_server_that_stops_answering_mid_call_is_bounded_by_the_timeout() {
 #[test]
 fn errors_name_a_plain_category_and_cause() {
     let url = format!("redis://127.0.0.1:{}", free_port());
-    let (r, _) = lease_within(&url, &["get", "--target", "db"], Duration::from_secs(3));
+    let (r, _) = within(&get_db(&url), Duration::from_secs(3));
     assert_eq!(r.json["outcome"], "backend_unavailable");
     assert_plain(&r);
     let msg = r.json["message"].as_str().unwrap();
@@ -146,11 +138,10 @@ fn a_lost_reply_is_outcome_unknown_and_never_sent_twice() {
     let u = s.url();
     acquire(&u, "db", "alice", "30s");
     proxy.cut_before_reply("EVALSHA");
-    let (r, _) = lease_within(
-        &proxy.url(),
-        &["revoke", "--target", "db", "--request-id", "rv-1"],
-        Duration::from_secs(4),
-    );
+    let revoke = lease(&proxy.url(), "revoke")
+        .target("db")
+        .request_id("rv-1");
+    let (r, _) = within(&revoke, Duration::from_secs(4));
     assert_eq!(r.json["outcome"], "outcome_unknown", "{}", r.stdout);
     assert!(r.json["message"].as_str().unwrap().contains("rv-1"));
     assert_eq!(proxy.forwarded("EVALSHA"), 1, "sent once");

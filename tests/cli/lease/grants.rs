@@ -189,29 +189,14 @@ fn commit_is_fenced_by_the_live_token() {
     let u = s.url();
     let j = acquire(&u, "db", "alice", "10s");
     let (_, _, token) = holder_args(&j);
-    let ok = lease(&u, "commit")
-        .target("db")
-        .token(&token)
-        .flag("key", "k")
-        .flag("value", "v1")
-        .ok("committed", 0);
+    let ok = commit(&u, &token, "v1").ok("committed", 0);
     assert!(ok.json["lease"].is_null() || ok.json["lease"].get("lease_id").is_none());
-    lease(&u, "commit")
-        .target("db")
-        .token("7")
-        .flag("key", "k")
-        .flag("value", "v2")
-        .ok("stale_token", 1);
+    commit(&u, "7", "v2").ok("stale_token", 1);
     lease(&u, "release")
         .target("db")
         .holder(&j)
         .ok("released", 0);
-    lease(&u, "commit")
-        .target("db")
-        .token(&token)
-        .flag("key", "k")
-        .flag("value", "v3")
-        .ok("expired", 1);
+    commit(&u, &token, "v3").ok("expired", 1);
     let stored = s
         .conn()
         .cmd(&["HGET", "targetlease:{default:db}:commit:k", "value"]);
@@ -222,24 +207,18 @@ fn commit_is_fenced_by_the_live_token() {
 fn request_id_replays_and_conflicts() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let args = |ttl: &'static str| {
-        vec![
-            "acquire",
-            "--target",
-            "db",
-            "--owner",
-            "alice",
-            "--ttl",
-            ttl,
-            "--request-id",
-            "req-1",
-        ]
+    let acquire = |ttl: &str| {
+        lease(&u, "acquire")
+            .target("db")
+            .owner("alice")
+            .ttl(ttl)
+            .request_id("req-1")
     };
-    let first = lease_with(&u, &args("10s")).ok("acquired", 0).json;
-    let again = lease_with(&u, &args("10s")).ok("acquired", 0).json;
+    let first = acquire("10s").ok("acquired", 0).json;
+    let again = acquire("10s").ok("acquired", 0).json;
     assert_eq!(first["lease"]["lease_id"], again["lease"]["lease_id"]);
     assert_eq!(again["lease"]["fencing_token"], 1);
-    let conflict = lease_with(&u, &args("20s")).ok("idempotency_conflict", 1);
+    let conflict = acquire("20s").ok("idempotency_conflict", 1);
     assert!(conflict.json["lease"].is_null());
     let fence = s.conn().cmd(&["GET", "targetlease:{default:db}:fence"]);
     assert_eq!(fence.text(), "1");
@@ -267,18 +246,8 @@ fn tokens_beyond_2_pow_53_are_printed_exactly() {
     let (_, _, token) = holder_args(&r.json);
     assert_eq!(token, expected.to_string());
     // The exact token is accepted back; one off is not.
-    lease(&u, "commit")
-        .target("db")
-        .token(&token)
-        .flag("key", "k")
-        .flag("value", "v")
-        .ok("committed", 0);
-    lease(&u, "commit")
-        .target("db")
-        .token((expected - 1).to_string())
-        .flag("key", "k")
-        .flag("value", "v")
-        .ok("stale_token", 1);
+    commit(&u, &token, "v").ok("committed", 0);
+    commit(&u, expected - 1, "v").ok("stale_token", 1);
     lease(&u, "renew")
         .target("db")
         .holder(&r.json)
@@ -352,13 +321,9 @@ fn get_prints_a_line_for_people_with_output_text() {
     );
     let id = j["lease"]["lease_id"].as_str().unwrap();
     assert!(!text.contains(id), "the lease id is never shown");
-    let out = lease_with(&u, &["get", "--target", "other", "-o", "text"]).output();
-    assert_eq!(out.status.code(), Some(1), "a refusal keeps its exit code");
-    assert!(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .starts_with("not_found: ")
-    );
+    let (code, text) = as_text(lease(&u, "get").target("other"));
+    assert_eq!(code, Some(1), "a refusal keeps its exit code");
+    assert!(text.starts_with("not_found: "), "{text:?}");
 }
 
 #[test]

@@ -160,14 +160,19 @@ fn bad_arguments_exit_2_and_write_nothing() {
 #[test]
 fn env_fallbacks_replace_every_flag() {
     let s = ValkeyServer::start();
-    let out = targetlease(&["lease", "acquire"])
-        .env("TARGETLEASE_VALKEY_URL", s.url())
-        .env("TARGETLEASE_TARGET", "db")
+    // `lease <op>` with the server, target, namespace and key prefix from the environment.
+    let from_env = |op: &str| {
+        let mut cmd = targetlease(&["lease", op]);
+        cmd.env("TARGETLEASE_VALKEY_URL", s.url())
+            .env("TARGETLEASE_TARGET", "db")
+            .env("TARGETLEASE_NAMESPACE", "team-a")
+            .env("TARGETLEASE_KEY_PREFIX", "tl-env");
+        cmd
+    };
+    let out = from_env("acquire")
         .env("TARGETLEASE_OWNER", "env-owner")
         .env("TARGETLEASE_TTL", "10s")
-        .env("TARGETLEASE_NAMESPACE", "team-a")
         .env("TARGETLEASE_METADATA", r#"{"from":"env"}"#)
-        .env("TARGETLEASE_KEY_PREFIX", "tl-env")
         .output()
         .unwrap();
     let r = Res::parse(out);
@@ -181,13 +186,9 @@ fn env_fallbacks_replace_every_flag() {
     let (_, id, token) = holder_args(&r.json);
 
     // The holder's identity comes from the same variables `run` exports.
-    let out = targetlease(&["lease", "renew"])
-        .env("TARGETLEASE_VALKEY_URL", s.url())
-        .env("TARGETLEASE_TARGET", "db")
+    let out = from_env("renew")
         .env("TARGETLEASE_OWNER", "env-owner")
         .env("TARGETLEASE_TTL", "20s")
-        .env("TARGETLEASE_NAMESPACE", "team-a")
-        .env("TARGETLEASE_KEY_PREFIX", "tl-env")
         .env("TARGETLEASE_LEASE_ID", &id)
         .env("TARGETLEASE_FENCING_TOKEN", &token)
         .output()
@@ -195,19 +196,13 @@ fn env_fallbacks_replace_every_flag() {
     assert_eq!(Res::parse(out).json["outcome"], "renewed");
 
     // Another namespace (the default) does not see it; flags beat env.
-    let out = targetlease(&["lease", "get", "--namespace", "default"])
-        .env("TARGETLEASE_VALKEY_URL", s.url())
-        .env("TARGETLEASE_TARGET", "db")
-        .env("TARGETLEASE_NAMESPACE", "team-a")
-        .env("TARGETLEASE_KEY_PREFIX", "tl-env")
+    let out = from_env("get")
+        .args(["--namespace", "default"])
         .output()
         .unwrap();
     assert_eq!(Res::parse(out).json["outcome"], "not_found");
-    let out = targetlease(&["lease", "commit", "--key", "k", "--value", "v"])
-        .env("TARGETLEASE_VALKEY_URL", s.url())
-        .env("TARGETLEASE_TARGET", "db")
-        .env("TARGETLEASE_NAMESPACE", "team-a")
-        .env("TARGETLEASE_KEY_PREFIX", "tl-env")
+    let out = from_env("commit")
+        .args(["--key", "k", "--value", "v"])
         .env("TARGETLEASE_FENCING_TOKEN", &token)
         .env("TARGETLEASE_TIMEOUT", "3s")
         .output()
@@ -226,13 +221,12 @@ fn passwords_and_metadata_never_reach_logs_even_at_trace() {
     let meta_text = "metadata-canary-7731";
     let meta = format!(r#"{{"note":"{meta_text}"}}"#);
 
-    let traced = |args: &[&str]| -> (i32, String, String) {
-        let out = targetlease(args)
+    let traced = |mut cmd: Command| -> (i32, String, String) {
+        let out = cmd
             .env(
                 "RUST_LOG",
                 "trace,fred=trace,fred::protocol=trace,redis_protocol=trace",
             )
-            .env("TARGETLEASE_VALKEY_URL", s.url())
             .env("TARGETLEASE_PASSWORD_FILE", &pw)
             .output()
             .unwrap();
@@ -242,71 +236,35 @@ fn passwords_and_metadata_never_reach_logs_even_at_trace() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    let u = s.url();
     let mut outputs = Vec::new();
-    let (code, stdout, stderr) = traced(&[
-        "lease",
-        "acquire",
-        "--target",
-        "db",
-        "--owner",
-        "alice",
-        "--ttl",
-        "10s",
-        "--metadata",
-        &meta,
-    ]);
+    let acquire = lease(&u, "acquire")
+        .target("db")
+        .owner("alice")
+        .ttl("10s")
+        .flag("metadata", &meta);
+    let (code, stdout, stderr) = traced(acquire.command());
     assert_eq!(code, 0, "{stdout} {stderr}");
     let j: Value = serde_json::from_str(stdout.trim()).unwrap();
-    let (owner, id, token) = holder_args(&j);
+    let (_, _, token) = holder_args(&j);
     assert!(stdout.contains(meta_text), "acquire shows its own metadata");
     outputs.push((stdout, stderr));
-    for args in [
-        vec!["lease", "get", "--target", "db"],
-        vec![
-            "lease",
-            "renew",
-            "--target",
-            "db",
-            "--owner",
-            &owner,
-            "--lease-id",
-            &id,
-            "--token",
-            &token,
-            "--ttl",
-            "10s",
-        ],
-        vec![
-            "lease", "commit", "--target", "db", "--token", &token, "--key", "k", "--value", "v",
-        ],
-        vec![
-            "lease",
-            "release",
-            "--target",
-            "db",
-            "--owner",
-            &owner,
-            "--lease-id",
-            &id,
-            "--token",
-            &token,
-        ],
-        vec![
-            "run",
-            "--target",
-            "db2",
-            "--owner",
-            "alice",
-            "--ttl",
-            "1s",
-            "--metadata",
-            &meta,
-            "--",
-            "true",
-        ],
+    for cmd in [
+        lease(&u, "get").target("db").command(),
+        lease(&u, "renew")
+            .target("db")
+            .holder(&j)
+            .ttl("10s")
+            .command(),
+        commit(&u, &token, "v").command(),
+        lease(&u, "release").target("db").holder(&j).command(),
+        run(&u, "db2", "alice", "1s")
+            .with(&["--metadata", &meta])
+            .exec(&["true"]),
     ] {
-        let (code, stdout, stderr) = traced(&args);
-        assert_eq!(code, 0, "{args:?}: {stdout} {stderr}");
+        let args = format!("{cmd:?}");
+        let (code, stdout, stderr) = traced(cmd);
+        assert_eq!(code, 0, "{args}: {stdout} {stderr}");
         outputs.push((stdout, stderr));
     }
     // Trace logging is really on (so the check below means something).

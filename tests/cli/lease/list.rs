@@ -21,6 +21,11 @@ fn listed(url: &str, more: &[&str]) -> Vec<Value> {
         .collect()
 }
 
+/// (namespace, target, outcome), as [`names`] reads them.
+fn row(ns: &str, t: &str, o: &str) -> (String, String, String) {
+    (ns.to_owned(), t.to_owned(), o.to_owned())
+}
+
 fn names(entries: &[Value]) -> Vec<(String, String, String)> {
     entries
         .iter()
@@ -65,7 +70,6 @@ fn list_shows_live_expired_and_corrupt_records_without_lease_ids() {
         .cmd(&["SET", "targetlease:{default:db-4}:lease", "garbage"]);
 
     let entries = listed(&u, &["--target-prefix", "db-"]);
-    let row = |ns: &str, t: &str, o: &str| (ns.to_owned(), t.to_owned(), o.to_owned());
     assert_eq!(
         names(&entries),
         [
@@ -90,8 +94,7 @@ fn list_shows_live_expired_and_corrupt_records_without_lease_ids() {
     assert!(names(&all).contains(&row("team-b", "db-2", "found")));
     assert!(!serde_json::to_string(&all).unwrap().contains(id));
 
-    let out = lease(&u, "list").with(&["-A", "-o", "text"]).output();
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (_, text) = as_text(lease(&u, "list").switch("all-namespaces"));
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0],
@@ -169,7 +172,6 @@ fn list_shows_records_under_invalid_names_as_corrupt_and_lists_the_rest() {
         s.conn().cmd(&["HSET", k, "v", "1"]);
     }
     let entries = listed(&u, &[]);
-    let row = |ns: &str, t: &str, o: &str| (ns.to_owned(), t.to_owned(), o.to_owned());
     assert_eq!(
         names(&entries),
         [
@@ -196,9 +198,8 @@ fn list_as_text_cannot_be_forged_by_a_name_with_a_line_break() {
         "targetlease:{default:x\ndefault\tforged\tfound\tmallory\t7\t99.0s}:lease",
         "garbage",
     ]);
-    let out = lease(&u, "list").with(&["-o", "text"]).output();
-    assert_eq!(out.status.code(), Some(0));
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (code, text) = as_text(lease(&u, "list"));
+    assert_eq!(code, Some(0));
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "a header and one row: {text}");
     assert!(

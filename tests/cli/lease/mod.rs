@@ -9,11 +9,13 @@ mod list;
 mod read;
 
 pub use std::collections::BTreeSet;
+pub use std::fmt::Display;
+pub use std::process::Command;
 pub use std::time::{Duration, Instant};
 
 pub use serde_json::Value;
 
-pub use crate::support::cli::{Lease, Res, lease, lease_with, targetlease};
+pub use crate::support::cli::{Lease, Res, lease, run, targetlease};
 pub use crate::support::deadline;
 pub use crate::support::fault_proxy;
 pub use crate::support::resp::Resp;
@@ -66,6 +68,21 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
+}
+
+/// `lease commit` of `value` under key `k` of target `db`, fenced by `token`.
+pub fn commit(url: &str, token: impl Display, value: &str) -> Lease {
+    lease(url, "commit")
+        .target("db")
+        .token(token)
+        .flag("key", "k")
+        .flag("value", value)
+}
+
+/// Runs `command` with `-o text`: its exit code and what it printed.
+pub fn as_text(command: Lease) -> (Option<i32>, String) {
+    let out = command.with(&["-o", "text"]).output();
+    (out.status.code(), String::from_utf8(out.stdout).unwrap())
 }
 
 pub fn holder_args(j: &Value) -> (String, String, String) {

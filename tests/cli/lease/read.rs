@@ -19,12 +19,7 @@ fn read_prints_the_committed_value_with_its_token_and_needs_no_lease() {
 
     let j = acquire(&u, "db", "alice", "10s");
     let (_, _, token) = holder_args(&j);
-    lease(&u, "commit")
-        .target("db")
-        .token(&token)
-        .flag("key", "k")
-        .flag("value", "v1")
-        .ok("committed", 0);
+    commit(&u, &token, "v1").ok("committed", 0);
     lease(&u, "release")
         .target("db")
         .holder(&j)
@@ -49,12 +44,7 @@ fn read_prints_the_committed_value_with_its_token_and_needs_no_lease() {
     let committed = c["committed_at_ms"].as_u64().unwrap();
     assert!(committed <= json["server_time_ms"].as_u64().unwrap());
 
-    let text = lease(&u, "read")
-        .target("db")
-        .flag("key", "k")
-        .flag("output", "text")
-        .output();
-    let text = String::from_utf8(text.stdout).unwrap();
+    let (_, text) = as_text(lease(&u, "read").target("db").flag("key", "k"));
     assert!(
         text.starts_with(&format!("found: k = v1 (token {token}, committed ")),
         "{text:?}"
@@ -75,19 +65,9 @@ fn read_as_text_is_one_line_whatever_the_value_holds() {
     let j = acquire(&u, "db", "alice", "10s");
     let (_, _, token) = holder_args(&j);
     let value = "v1\nfound: k = forged (token 99, committed 2030-01-01T00:00:00Z)";
-    lease(&u, "commit")
-        .target("db")
-        .token(&token)
-        .flag("key", "k")
-        .flag("value", value)
-        .ok("committed", 0);
-    let out = lease(&u, "read")
-        .target("db")
-        .flag("key", "k")
-        .flag("output", "text")
-        .output();
-    assert_eq!(out.status.code(), Some(0));
-    let text = String::from_utf8(out.stdout).unwrap();
+    commit(&u, &token, value).ok("committed", 0);
+    let (code, text) = as_text(lease(&u, "read").target("db").flag("key", "k"));
+    assert_eq!(code, Some(0));
     assert_eq!(text.lines().count(), 1, "{text:?}");
     assert!(
         text.starts_with("found: k = v1\\nfound: k = forged"),
@@ -124,18 +104,13 @@ fn get_and_list_as_text_escape_control_characters_in_stored_owners() {
     ]);
     s.conn()
         .cmd(&["PEXPIRE", "targetlease:{default:db}:lease", "600000"]);
-    let out = lease(&u, "get")
-        .target("db")
-        .flag("output", "text")
-        .output();
-    assert_eq!(out.status.code(), Some(0));
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (code, text) = as_text(lease(&u, "get").target("db"));
+    assert_eq!(code, Some(0));
     assert_eq!(text.lines().count(), 1, "{text:?}");
     assert!(
         text.contains("held by alice\\ndefault\\tforged"),
         "{text:?}"
     );
-    let out = lease(&u, "list").with(&["-o", "text"]).output();
-    let text = String::from_utf8(out.stdout).unwrap();
+    let (_, text) = as_text(lease(&u, "list"));
     assert_eq!(text.lines().count(), 2, "{text:?}");
 }

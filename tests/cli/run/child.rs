@@ -6,11 +6,10 @@ use super::*;
 fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "env");
+    let file = Scratch::new("env");
     let script = format!(
         "echo \"$TARGETLEASE_FENCING_TOKEN|$TARGETLEASE_LEASE_ID|$TARGETLEASE_TARGET|$TARGETLEASE_NAMESPACE|$TARGETLEASE_OWNER\" > {}; echo child-stdout; exit 7",
-        file.display()
+        file.path().display()
     );
     let out = run(&u, "db", "alice", "10s")
         .with(&["--namespace", "team-a"])
@@ -20,7 +19,7 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
     assert_exit(&out, 7);
     // stdout is the child's alone.
     assert_eq!(String::from_utf8_lossy(&out.stdout), "child-stdout\n");
-    let text = std::fs::read_to_string(&file).unwrap();
+    let text = file.read();
     let parts: Vec<&str> = text.trim_end().split('|').collect();
     assert_eq!(parts[0], "1");
     assert_eq!(parts[1].len(), 36, "lease id: {text}");
@@ -33,8 +32,10 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
         j["lease"].get("lease_id").is_none(),
         "stderr must not carry the lease id"
     );
-    let got = lease_json(&u, &["get", "--target", "db", "--namespace", "team-a"]);
-    assert_eq!(got.1["outcome"], "not_found");
+    lease(&u, "get")
+        .target("db")
+        .flag("namespace", "team-a")
+        .ok("not_found", 1);
 
     // Success, and a second run gets a larger token.
     let out = run(&u, "db", "alice", "10s")
@@ -72,21 +73,16 @@ fn a_missing_command_exits_127_and_releases() {
 fn a_child_ignoring_sigterm_is_killed_after_the_grace_period() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let dir = tempfile::tempdir().unwrap();
-    let started = tmp_file(&dir, "started");
-    let script = format!(
-        "trap '' TERM; echo up > {}; while :; do sleep 0.1; done",
-        started.display()
-    );
-    let mut child = spawn(
+    let started = Scratch::new("started");
+    let child = spawn(
         run(&u, "db", "alice", "1s")
             .with(&["--kill-grace", "700ms"])
-            .sh(&script),
+            .sh(&looping("", &started)),
     );
-    wait_for_file(&started, Duration::from_secs(10));
+    started.wait(Duration::from_secs(10));
     let revoked_at = Instant::now();
     revoke(&u, "db");
-    let out = wait_child(&mut child, Duration::from_secs(10));
+    let out = wait_within(child, Duration::from_secs(10));
     let took = revoked_at.elapsed();
     assert_exit(&out, 128 + 9);
     assert!(took >= Duration::from_millis(700), "killed after {took:?}");
@@ -97,24 +93,15 @@ fn a_child_ignoring_sigterm_is_killed_after_the_grace_period() {
 fn sigterm_to_run_is_forwarded_to_the_child_and_the_lease_released() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let dir = tempfile::tempdir().unwrap();
-    let started = tmp_file(&dir, "started");
-    let got = tmp_file(&dir, "got");
-    let script = format!(
-        "trap 'echo term > {}; exit 5' TERM; echo up > {}; while :; do sleep 0.1; done",
-        got.display(),
-        started.display()
-    );
-    let mut child = spawn(run(&u, "db", "alice", "10s").sh(&script));
-    wait_for_file(&started, Duration::from_secs(10));
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let out = wait_child(&mut child, Duration::from_secs(10));
+    let started = Scratch::new("started");
+    let got = Scratch::new("got");
+    let on_term = format!("echo term > {}; exit 5", got.path().display());
+    let child = spawn(run(&u, "db", "alice", "10s").sh(&looping(&on_term, &started)));
+    started.wait(Duration::from_secs(10));
+    sigterm(&child);
+    let out = wait_within(child, Duration::from_secs(10));
     assert_exit(&out, 5);
-    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "term");
+    assert_eq!(got.read().trim(), "term");
     assert_eq!(summary(&out)["outcome"], "released");
     assert_eq!(get(&u, "db")["outcome"], "not_found");
 }
@@ -122,51 +109,43 @@ fn sigterm_to_run_is_forwarded_to_the_child_and_the_lease_released() {
 #[test]
 fn sigterm_before_the_command_starts_ends_run_at_once() {
     let silent = fault_proxy::FaultProxy::silent();
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "ran");
-    let mut extra = vec!["--wait", "60s"];
-    extra.extend_from_slice(&QUICK);
+    let ran = Scratch::new("ran");
     let child = spawn(
         run(&silent.url(), "db", "a", "10s")
-            .with(&extra)
-            .exec(&["touch", file.to_str().unwrap()]),
+            .wait("60s")
+            .short_deadlines()
+            .exec(&ran.touch()),
     );
     std::thread::sleep(Duration::from_millis(1500));
     let sent = Instant::now();
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let out = deadline::wait_within(child, Duration::from_secs(2));
+    sigterm(&child);
+    let out = wait_within(child, Duration::from_secs(2));
     eprintln!("run exited {:?} after SIGTERM", sent.elapsed());
     assert!(sent.elapsed() < Duration::from_secs(2));
     assert_exit(&out, 128 + 15);
     assert_eq!(summary(&out)["lease_lost"], false);
-    assert!(!file.exists(), "the command ran after SIGTERM");
+    assert!(!ran.exists(), "the command ran after SIGTERM");
 }
 
 #[test]
 fn sigterm_during_the_final_release_ends_run_at_once() {
     let s = ValkeyServer::start();
     let proxy = fault_proxy::FaultProxy::start(&s.addr());
-    let dir = tempfile::tempdir().unwrap();
-    let started = tmp_file(&dir, "started");
-    let script = format!("echo up > {}; sleep 1", started.display());
-    let mut extra = vec!["--wait", "0s"];
-    extra.extend_from_slice(&QUICK);
-    let child = spawn(run(&proxy.url(), "db", "a", "10s").with(&extra).sh(&script));
-    wait_for_file(&started, Duration::from_secs(10));
+    let started = Scratch::new("started");
+    let script = format!("echo up > {}; sleep 1", started.path().display());
+    let child = spawn(
+        run(&proxy.url(), "db", "a", "10s")
+            .wait("0s")
+            .short_deadlines()
+            .sh(&script),
+    );
+    started.wait(Duration::from_secs(10));
     // The release will get no answer; run would retry it for several seconds.
     proxy.silence_from("EVALSHA");
     std::thread::sleep(Duration::from_millis(1500));
     let sent = Instant::now();
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let out = deadline::wait_within(child, Duration::from_secs(2));
+    sigterm(&child);
+    let out = wait_within(child, Duration::from_secs(2));
     assert!(
         sent.elapsed() < Duration::from_secs(2),
         "{:?}",
@@ -181,54 +160,31 @@ fn sigterm_during_the_final_release_ends_run_at_once() {
 fn bad_arguments_exit_2_and_backend_trouble_exits_3_without_running_anything() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "ran");
-    let touch = ["touch", file.to_str().unwrap()];
-    for (args, needle) in [
+    let ran = Scratch::new("ran");
+    let touch = ran.touch();
+    for (mut cmd, needle) in [
         (
-            vec!["run", "--target", "db", "--owner", "a", "--ttl", "1s"],
+            tl(
+                &u,
+                &["run", "--target", "db", "--owner", "a", "--ttl", "1s"],
+            ),
             "<CMD>",
         ),
+        (run(&u, "db", "a", "0s").exec(&touch), "ttl"),
+        (run(&u, "", "a", "1s").exec(&touch), "target"),
+        (run(&u, "db", "", "1s").exec(&touch), "owner"),
         (
-            vec![
-                "run", "--target", "db", "--owner", "a", "--ttl", "0s", "--", touch[0], touch[1],
-            ],
-            "ttl",
-        ),
-        (
-            vec![
-                "run", "--target", "", "--owner", "a", "--ttl", "1s", "--", touch[0], touch[1],
-            ],
-            "target",
-        ),
-        (
-            vec![
-                "run", "--target", "db", "--owner", "", "--", touch[0], touch[1],
-            ],
-            "owner",
-        ),
-        (
-            vec![
-                "run",
-                "--target",
-                "db",
-                "--owner",
-                "a",
-                "--ttl",
-                "1s",
-                "--metadata",
-                "7",
-                "--",
-                touch[0],
-                touch[1],
-            ],
+            run(&u, "db", "a", "1s")
+                .with(&["--metadata", "7"])
+                .exec(&touch),
             "JSON object",
         ),
     ] {
-        let out = tl(&u, &args).output().unwrap();
+        let args = format!("{cmd:?}");
+        let out = cmd.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(2), "{args}: {stderr}");
+        assert!(stderr.contains(needle), "{args}: {stderr}");
         assert!(out.stdout.is_empty());
     }
     assert_eq!(s.conn().cmd(&["DBSIZE"]).int(), 0);
@@ -241,5 +197,5 @@ fn bad_arguments_exit_2_and_backend_trouble_exits_3_without_running_anything() {
         .unwrap();
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(summary(&out)["outcome"], "backend_unavailable");
-    assert!(!file.exists(), "the command ran without the lease");
+    assert!(!ran.exists(), "the command ran without the lease");
 }

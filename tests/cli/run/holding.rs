@@ -6,12 +6,12 @@ use super::*;
 fn the_lease_is_renewed_while_the_child_outlives_its_ttl() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let mut child = spawn(run(&u, "db", "alice", "600ms").exec(&["sleep", "2"]));
+    let child = spawn(run(&u, "db", "alice", "600ms").exec(&["sleep", "2"]));
     std::thread::sleep(Duration::from_millis(1500));
     let j = get(&u, "db");
     assert_eq!(j["outcome"], "found", "lease not renewed: {j}");
     assert_eq!(j["lease"]["owner"], "alice");
-    let out = wait_child(&mut child, Duration::from_secs(10));
+    let out = wait_within(child, Duration::from_secs(10));
     assert_exit(&out, 0);
     assert_eq!(summary(&out)["lease_lost"], false);
     assert_eq!(get(&u, "db")["outcome"], "not_found");
@@ -21,12 +21,12 @@ fn the_lease_is_renewed_while_the_child_outlives_its_ttl() {
 fn a_revoked_lease_terminates_the_child_and_run_fails() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let mut child = spawn(run(&u, "db", "alice", "1s").exec(&["sleep", "30"]));
+    let child = spawn(run(&u, "db", "alice", "1s").exec(&["sleep", "30"]));
     std::thread::sleep(Duration::from_millis(700));
     assert_eq!(get(&u, "db")["outcome"], "found");
     let revoked_at = Instant::now();
     revoke(&u, "db");
-    let out = wait_child(&mut child, Duration::from_secs(10));
+    let out = wait_within(child, Duration::from_secs(10));
     assert!(
         revoked_at.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -44,16 +44,11 @@ fn a_revoked_lease_terminates_the_child_and_run_fails() {
 fn a_child_that_exits_0_after_losing_the_lease_still_fails() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let dir = tempfile::tempdir().unwrap();
-    let started = tmp_file(&dir, "started");
-    let script = format!(
-        "trap 'exit 0' TERM; echo up > {}; while :; do sleep 0.1; done",
-        started.display()
-    );
-    let mut child = spawn(run(&u, "db", "alice", "1s").sh(&script));
-    wait_for_file(&started, Duration::from_secs(10));
+    let started = Scratch::new("started");
+    let child = spawn(run(&u, "db", "alice", "1s").sh(&looping("exit 0", &started)));
+    started.wait(Duration::from_secs(10));
     revoke(&u, "db");
-    let out = wait_child(&mut child, Duration::from_secs(10));
+    let out = wait_within(child, Duration::from_secs(10));
     assert_exit(&out, 1);
     assert_eq!(summary(&out)["lease_lost"], true);
 }
@@ -62,7 +57,7 @@ fn a_child_that_exits_0_after_losing_the_lease_still_fails() {
 fn losing_the_backend_past_the_lease_expiry_terminates_the_child() {
     let mut s = ValkeyServer::start();
     let u = s.url();
-    let mut child = spawn(
+    let child = spawn(
         run(&u, "db", "alice", "1s")
             .with(&["--timeout", "300ms"])
             .exec(&["sleep", "30"]),
@@ -71,7 +66,7 @@ fn losing_the_backend_past_the_lease_expiry_terminates_the_child() {
     assert_eq!(get(&u, "db")["outcome"], "found");
     let killed_at = Instant::now();
     s.kill();
-    let out = wait_child(&mut child, Duration::from_secs(15));
+    let out = wait_within(child, Duration::from_secs(15));
     // Renewals keep failing until the local expiry estimate (at most the 1s ttl) passes.
     let took = killed_at.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
@@ -102,8 +97,7 @@ fn a_lease_that_ended_unnoticed_before_the_child_exited_still_fails_the_run() {
 fn a_grant_that_may_have_happened_is_never_reported_as_nothing_happened() {
     let s = ValkeyServer::start();
     let proxy = fault_proxy::FaultProxy::start(&s.addr());
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "ran");
+    let ran = Scratch::new("ran");
     // The first acquire runs and its reply is lost; every retry is refused
     // before running, as by a replica after a failover.
     proxy.cut_before_reply("EVALSHA");
@@ -112,15 +106,14 @@ fn a_grant_that_may_have_happened_is_never_reported_as_nothing_happened() {
         "READONLY You can't write against a read only replica.",
         100,
     );
-    let mut extra = vec!["--wait", "1s"];
-    extra.extend_from_slice(&QUICK);
     let cmd = run(&proxy.url(), "db", "a", "30s")
-        .with(&extra)
-        .exec(&["touch", file.to_str().unwrap()]);
+        .wait("1s")
+        .short_deadlines()
+        .exec(&ran.touch());
     let (out, _) = deadline::output_within(cmd, Duration::from_secs(8));
     let j = ended(&out, 3);
     assert_eq!(j["outcome"], "outcome_unknown", "{j}");
-    assert!(!file.exists());
+    assert!(!ran.exists());
     // It did acquire: the lease exists (and expires after its ttl).
     assert_eq!(get(&s.url(), "db")["outcome"], "found");
 }

@@ -14,10 +14,11 @@ pub(crate) use std::path::{Path, PathBuf};
 pub(crate) use std::process::{Child, Command, Output, Stdio};
 pub(crate) use std::time::{Duration, Instant};
 
+pub(crate) use deadline::wait_within;
 pub(crate) use serde_json::Value;
 pub(crate) use valkey_server::{ValkeyServer, free_port};
 
-pub(crate) use crate::support::cli::{BIN, run};
+pub(crate) use crate::support::cli::{BIN, lease, run};
 
 /// `targetlease <args>` with the server's URL in the environment.
 pub(crate) fn tl(url: &str, args: &[&str]) -> Command {
@@ -26,22 +27,9 @@ pub(crate) fn tl(url: &str, args: &[&str]) -> Command {
     cmd
 }
 
-pub(crate) fn lease_json(url: &str, args: &[&str]) -> (i32, Value) {
-    let mut all = vec!["lease"];
-    all.extend_from_slice(args);
-    let out = tl(url, &all).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
-        panic!(
-            "not JSON: {stdout} / {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap(), json)
-}
-
+/// `lease get` of `target`: its JSON line.
 pub(crate) fn get(url: &str, target: &str) -> Value {
-    lease_json(url, &["get", "--target", target]).1
+    lease(url, "get").target(target).res().json
 }
 
 /// Asserts `run` exited with `code`, showing its stderr otherwise.
@@ -84,48 +72,71 @@ pub(crate) fn summary(out: &Output) -> Value {
     j
 }
 
-pub(crate) fn wait_for_file(path: &Path, within: Duration) -> String {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.ends_with('\n')
-        {
-            return text;
+/// A file CMD may write, in a temporary directory of its own.
+pub(crate) struct Scratch {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Scratch {
+    pub(crate) fn new(name: &str) -> Scratch {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        Scratch { _dir: dir, path }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `touch <file>`: a CMD that only shows whether it ran.
+    pub(crate) fn touch(&self) -> [&str; 2] {
+        ["touch", self.path.to_str().unwrap()]
+    }
+
+    pub(crate) fn exists(&self) -> bool {
+        self.path.exists()
+    }
+
+    /// The file's text once a whole line is there.
+    pub(crate) fn wait(&self, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&self.path)
+                && text.ends_with('\n')
+            {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not appear within {within:?}",
+                self.path.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear within {within:?}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    pub(crate) fn read(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap()
     }
 }
 
-pub(crate) fn wait_child(child: &mut Child, within: Duration) -> Output {
-    let deadline = Instant::now() + within;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("targetlease run did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut out = Output {
-        status: child.wait().unwrap(),
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-    };
-    use std::io::Read;
-    if let Some(mut s) = child.stdout.take() {
-        s.read_to_end(&mut out.stdout).unwrap();
-    }
-    if let Some(mut s) = child.stderr.take() {
-        s.read_to_end(&mut out.stderr).unwrap();
-    }
-    out
+/// A CMD that runs `on_term` on SIGTERM, writes `up` to `started` and then
+/// loops until it is killed.
+pub(crate) fn looping(on_term: &str, started: &Scratch) -> String {
+    format!(
+        "trap '{on_term}' TERM; echo up > {}; while :; do sleep 0.1; done",
+        started.path().display()
+    )
+}
+
+/// SIGTERM to a running `targetlease run`.
+pub(crate) fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
 }
 
 pub(crate) fn spawn(mut cmd: Command) -> Child {
@@ -135,24 +146,9 @@ pub(crate) fn spawn(mut cmd: Command) -> Child {
         .unwrap()
 }
 
-pub(crate) fn tmp_file(dir: &tempfile::TempDir, name: &str) -> PathBuf {
-    dir.path().join(name)
-}
-
-pub(crate) fn hold(url: &str, target: &str, owner: &str) -> Value {
-    let (code, j) = lease_json(
-        url,
-        &[
-            "acquire", "--target", target, "--owner", owner, "--ttl", "60s",
-        ],
-    );
-    assert_eq!(code, 0, "{j}");
-    j
-}
-
 pub(crate) fn revoke(url: &str, target: &str) {
-    let (code, j) = lease_json(url, &["revoke", "--target", target, "--reason", "test"]);
-    assert_eq!(code, 0, "{j}");
+    lease(url, "revoke")
+        .target(target)
+        .flag("reason", "test")
+        .ok("revoked", 0);
 }
-
-pub(crate) const QUICK: [&str; 4] = ["--timeout", "1s", "--connect-timeout", "1s"];

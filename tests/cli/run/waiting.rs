@@ -2,16 +2,26 @@
 
 use super::*;
 
-#[test]
-fn a_held_target_without_wait_exits_1_and_runs_nothing() {
+/// A server on which bob holds `db` for 60s: the server, its URL, bob's lease.
+fn bob_holds_db() -> (ValkeyServer, String, Value) {
     let s = ValkeyServer::start();
     let u = s.url();
-    hold(&u, "db", "bob");
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "ran");
+    let held = lease(&u, "acquire")
+        .target("db")
+        .owner("bob")
+        .ttl("60s")
+        .ok("acquired", 0)
+        .json;
+    (s, u, held)
+}
+
+#[test]
+fn a_held_target_without_wait_exits_1_and_runs_nothing() {
+    let (_s, u, _) = bob_holds_db();
+    let ran = Scratch::new("ran");
     let started = Instant::now();
     let out = run(&u, "db", "alice", "10s")
-        .exec(&["touch", file.to_str().unwrap()])
+        .exec(&ran.touch())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -20,20 +30,17 @@ fn a_held_target_without_wait_exits_1_and_runs_nothing() {
     let j = summary(&out);
     assert_eq!(j["outcome"], "held");
     assert_eq!(j["lease"]["owner"], "bob");
-    assert!(!file.exists(), "the command ran without the lease");
+    assert!(!ran.exists(), "the command ran without the lease");
 }
 
 #[test]
 fn waits_for_a_held_target_and_gives_up_after_wait() {
-    let s = ValkeyServer::start();
-    let u = s.url();
-    hold(&u, "db", "bob");
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "ran");
+    let (_s, u, _) = bob_holds_db();
+    let ran = Scratch::new("ran");
     let started = Instant::now();
     let out = run(&u, "db", "alice", "10s")
-        .with(&["--wait", "1500ms"])
-        .exec(&["touch", file.to_str().unwrap()])
+        .wait("1500ms")
+        .exec(&ran.touch())
         .output()
         .unwrap();
     let took = started.elapsed();
@@ -44,65 +51,47 @@ fn waits_for_a_held_target_and_gives_up_after_wait() {
     );
     assert!(took < Duration::from_secs(6), "gave up after {took:?}");
     assert_eq!(summary(&out)["outcome"], "held");
-    assert!(!file.exists());
+    assert!(!ran.exists());
     assert_eq!(get(&u, "db")["lease"]["owner"], "bob");
 }
 
 #[test]
 fn waits_for_a_held_target_and_runs_once_it_is_released() {
-    let s = ValkeyServer::start();
-    let u = s.url();
-    let held = hold(&u, "db", "bob");
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "token");
-    let script = format!("echo $TARGETLEASE_FENCING_TOKEN > {}", file.display());
-    let started = Instant::now();
-    let mut child = spawn(
-        run(&u, "db", "alice", "10s")
-            .with(&["--wait", "20s"])
-            .sh(&script),
+    let (_s, u, held) = bob_holds_db();
+    let file = Scratch::new("token");
+    let script = format!(
+        "echo $TARGETLEASE_FENCING_TOKEN > {}",
+        file.path().display()
     );
+    let started = Instant::now();
+    let child = spawn(run(&u, "db", "alice", "10s").wait("20s").sh(&script));
     std::thread::sleep(Duration::from_millis(1200));
     assert!(!file.exists(), "ran while the target was held");
-    let l = &held["lease"];
-    let (code, rel) = lease_json(
-        &u,
-        &[
-            "release",
-            "--target",
-            "db",
-            "--owner",
-            "bob",
-            "--lease-id",
-            l["lease_id"].as_str().unwrap(),
-            "--token",
-            &l["fencing_token"].to_string(),
-        ],
-    );
-    assert_eq!(code, 0, "{rel}");
-    let out = wait_child(&mut child, Duration::from_secs(10));
+    lease(&u, "release")
+        .target("db")
+        .holder(&held)
+        .ok("released", 0);
+    let out = wait_within(child, Duration::from_secs(10));
     assert_exit(&out, 0);
     assert!(started.elapsed() >= Duration::from_millis(1200));
-    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), "2");
+    assert_eq!(file.read().trim(), "2");
     assert_eq!(get(&u, "db")["outcome"], "not_found");
 }
 
 #[test]
 fn wait_against_a_silent_server_gives_up_within_its_budget() {
     let silent = fault_proxy::FaultProxy::silent();
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "ran");
-    let mut extra = vec!["--wait", "2s"];
-    extra.extend_from_slice(&QUICK);
+    let ran = Scratch::new("ran");
     let cmd = run(&silent.url(), "db", "a", "10s")
-        .with(&extra)
-        .exec(&["touch", file.to_str().unwrap()]);
+        .wait("2s")
+        .short_deadlines()
+        .exec(&ran.touch());
     // The wait, plus one connect attempt that started just before it ended.
     let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
     let j = ended(&out, 3);
     assert_eq!(j["outcome"], "backend_unavailable", "{j}");
     assert!(!j["message"].as_str().unwrap().contains("Os {"), "{j}");
-    assert!(!file.exists(), "the command ran without the lease");
+    assert!(!ran.exists(), "the command ran without the lease");
     eprintln!("run --wait 2s against a silent server: {took:?}");
 }
 
@@ -110,14 +99,12 @@ fn wait_against_a_silent_server_gives_up_within_its_budget() {
 fn wait_retries_a_server_that_is_not_up_yet() {
     let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");
-    let dir = tempfile::tempdir().unwrap();
-    let file = tmp_file(&dir, "ran");
+    let ran = Scratch::new("ran");
     // Refused connections are retried until the wait ends, not given up at once.
-    let mut extra = vec!["--wait", "2s"];
-    extra.extend_from_slice(&QUICK);
     let cmd = run(&url, "db", "a", "10s")
-        .with(&extra)
-        .exec(&["touch", file.to_str().unwrap()]);
+        .wait("2s")
+        .short_deadlines()
+        .exec(&ran.touch());
     let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(summary(&out)["outcome"], "backend_unavailable");
@@ -127,16 +114,15 @@ fn wait_retries_a_server_that_is_not_up_yet() {
     );
 
     // A server that comes up during the wait is used.
-    let mut extra = vec!["--wait", "20s"];
-    extra.extend_from_slice(&QUICK);
     let child = spawn(
         run(&url, "db", "a", "10s")
-            .with(&extra)
-            .exec(&["touch", file.to_str().unwrap()]),
+            .wait("20s")
+            .short_deadlines()
+            .exec(&ran.touch()),
     );
     std::thread::sleep(Duration::from_millis(1500));
     let _server = ValkeyServer::start_on(port, &[]);
-    let out = deadline::wait_within(child, Duration::from_secs(20));
+    let out = wait_within(child, Duration::from_secs(20));
     assert_exit(&out, 0);
-    assert!(file.exists());
+    assert!(ran.exists());
 }

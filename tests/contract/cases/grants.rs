@@ -64,10 +64,7 @@ pub async fn concurrent_acquires_have_exactly_one_winner(h: &impl Harness) {
 
     // The counter advanced by exactly one: the next lease gets the next token.
     let s = h.store();
-    let rel = s
-        .release(&ReleaseRequest::new(t.clone(), holder(winner)))
-        .await
-        .unwrap();
+    let rel = release(&*s, &t, winner).await;
     assert_eq!(rel.outcome, Outcome::Released);
     assert_eq!(held(&*s, &t, "next", LONG).await.fencing_token, 2);
 }
@@ -97,16 +94,12 @@ pub async fn stale_owner_can_do_nothing_after_a_reacquire(h: &impl Harness) {
         .await
         .unwrap();
     assert_eq!(renew.outcome, Outcome::NotOwner);
-    let release = s
-        .release(&ReleaseRequest::new(t.clone(), holder(&old)))
-        .await
-        .unwrap();
+    let release = release(&*s, &t, &old).await;
     assert_eq!(release.outcome, Outcome::NotOwner);
-    let commit = s
-        .commit(&CommitRequest::new(t.clone(), old.fencing_token, "k", "v"))
-        .await
-        .unwrap();
-    assert_eq!(commit.outcome, Outcome::StaleToken);
+    assert_eq!(
+        commit_k(&*s, &t, old.fencing_token, "v").await,
+        Outcome::StaleToken
+    );
 
     let now = s.get(&t).await.unwrap();
     assert_eq!(now.outcome, Outcome::Found);
@@ -115,11 +108,10 @@ pub async fn stale_owner_can_do_nothing_after_a_reacquire(h: &impl Harness) {
         new.clone().without_lease_id(),
         "new lease untouched"
     );
-    let ok = s
-        .commit(&CommitRequest::new(t.clone(), new.fencing_token, "k", "v"))
-        .await
-        .unwrap();
-    assert_eq!(ok.outcome, Outcome::Committed);
+    assert_eq!(
+        commit_k(&*s, &t, new.fencing_token, "v").await,
+        Outcome::Committed
+    );
 }
 
 pub async fn renew_extends_and_requires_the_exact_tuple(h: &impl Harness) {
@@ -172,25 +164,16 @@ pub async fn release_frees_the_target_and_keeps_the_counter(h: &impl Harness) {
     let s = h.store();
     let t = target("release");
     let l = held(&*s, &t, "alice", LONG).await;
-    let r = s
-        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
-        .await
-        .unwrap();
+    let r = release(&*s, &t, &l).await;
     assert_eq!(r.outcome, Outcome::Released);
     assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::NotFound);
-    let again = s
-        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
-        .await
-        .unwrap();
+    let again = release(&*s, &t, &l).await;
     assert_eq!(
         again.outcome,
         Outcome::Expired,
         "a new request id sees the lease gone"
     );
-    assert_eq!(
-        held(&*s, &t, "bob", LONG).await.fencing_token,
-        l.fencing_token + 1
-    );
+    assert_next_token_follows(&*s, &t, &l).await;
 }
 
 pub async fn max_lifetime_caps_every_renewal(h: &impl Harness) {
@@ -256,10 +239,7 @@ pub async fn revoke_ends_the_lease_but_never_lowers_the_token(h: &impl Harness) 
         .await
         .unwrap();
     assert_eq!(again.outcome, Outcome::NotFound);
-    assert_eq!(
-        held(&*s, &t, "bob", LONG).await.fencing_token,
-        l.fencing_token + 1
-    );
+    assert_next_token_follows(&*s, &t, &l).await;
 }
 
 pub async fn token_floor_raises_the_next_token(h: &impl Harness) {
@@ -269,9 +249,7 @@ pub async fn token_floor_raises_the_next_token(h: &impl Harness) {
     req.token_floor = Some(1000);
     let l = s.acquire(&req).await.unwrap().lease.unwrap();
     assert_eq!(l.fencing_token, 1001);
-    s.release(&ReleaseRequest::new(t.clone(), holder(&l)))
-        .await
-        .unwrap();
+    release(&*s, &t, &l).await;
     // A floor below the counter changes nothing.
     let mut req = AcquireRequest::new(t.clone(), "alice", LONG);
     req.token_floor = Some(5);

@@ -46,3 +46,28 @@ pub(crate) async fn held(s: &dyn LeaseStore, t: &Target, owner: &str, ttl: Durat
 pub(crate) fn holder(l: &Lease) -> LeaseHandle {
     l.handle().expect("the holder's copy carries the lease id")
 }
+
+/// Gives `l` back (a fresh request id): the reply.
+pub(crate) async fn release(s: &dyn LeaseStore, t: &Target, l: &Lease) -> Reply {
+    s.release(&ReleaseRequest::new(t.clone(), holder(l)))
+        .await
+        .expect("release")
+}
+
+/// Asserts that the next lease on the free target `t` gets the token right
+/// after `l`'s: nothing since `l` allocated one.
+pub(crate) async fn assert_next_token_follows(s: &dyn LeaseStore, t: &Target, l: &Lease) {
+    assert_eq!(
+        held(s, t, "bob", LONG).await.fencing_token,
+        l.fencing_token + 1,
+        "a token was allocated after {l:?}"
+    );
+}
+
+/// Commits `value` under key `k` of `t`, fenced by `token`: the outcome.
+pub(crate) async fn commit_k(s: &dyn LeaseStore, t: &Target, token: u64, value: &str) -> Outcome {
+    s.commit(&CommitRequest::new(t.clone(), token, "k", value))
+        .await
+        .expect("commit")
+        .outcome
+}

@@ -23,13 +23,8 @@ pub async fn acquire_replay_returns_the_original_lease(h: &impl Harness) {
     assert_eq!(third.lease, renewed.lease);
 
     // No second token was allocated by the replays.
-    s.release(&ReleaseRequest::new(t.clone(), holder(&l)))
-        .await
-        .unwrap();
-    assert_eq!(
-        held(&*s, &t, "bob", LONG).await.fencing_token,
-        l.fencing_token + 1
-    );
+    release(&*s, &t, &l).await;
+    assert_next_token_follows(&*s, &t, &l).await;
 }
 
 pub async fn acquire_replay_after_expiry_or_supersession_reports_no_active_lease(h: &impl Harness) {
@@ -62,9 +57,7 @@ pub async fn refusals_are_not_cached(h: &impl Harness) {
     let alice = held(&*s, &t, "alice", LONG).await;
     let req = AcquireRequest::new(t.clone(), "bob", LONG);
     assert_eq!(s.acquire(&req).await.unwrap().outcome, Outcome::Held);
-    s.release(&ReleaseRequest::new(t.clone(), holder(&alice)))
-        .await
-        .unwrap();
+    release(&*s, &t, &alice).await;
     let retry = s.acquire(&req).await.unwrap();
     assert_eq!(
         retry.outcome,
@@ -88,13 +81,8 @@ pub async fn interrupted_acquire_is_resolved_by_its_request_id(h: &impl Harness)
     assert_eq!(retried.outcome, Outcome::Acquired);
     assert_eq!(retried.lease, lost.lease);
     let l = retried.lease.unwrap();
-    s.release(&ReleaseRequest::new(t.clone(), holder(&l)))
-        .await
-        .unwrap();
-    assert_eq!(
-        held(&*s, &t, "bob", LONG).await.fencing_token,
-        l.fencing_token + 1
-    );
+    release(&*s, &t, &l).await;
+    assert_next_token_follows(&*s, &t, &l).await;
 }
 
 pub async fn reused_request_id_with_other_inputs_is_a_conflict(h: &impl Harness) {

@@ -29,11 +29,11 @@ pub async fn corrupt_records_fail_closed_and_change_nothing(h: &impl Harness) {
             Outcome::CorruptState,
             "{how:?} get"
         );
-        let commit = s
-            .commit(&CommitRequest::new(t.clone(), l.fencing_token, "k", "v"))
-            .await
-            .unwrap();
-        assert_eq!(commit.outcome, Outcome::CorruptState, "{how:?} commit");
+        assert_eq!(
+            commit_k(&*s, &t, l.fencing_token, "v").await,
+            Outcome::CorruptState,
+            "{how:?} commit"
+        );
         let stranger = LeaseHandle {
             owner: "mallory".into(),
             ..holder(&l)
@@ -62,24 +62,15 @@ pub async fn holder_release_and_admin_revoke_clean_up_corrupt_records(h: &impl H
     let t = target("cleanup-holder");
     let l = held(&*s, &t, "alice", LONG).await;
     h.corrupt(&t, Corruption::NoExpiry, &holder(&l)).await;
-    let r = s
-        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
-        .await
-        .unwrap();
+    let r = release(&*s, &t, &l).await;
     assert_eq!(r.outcome, Outcome::Released);
-    assert_eq!(
-        held(&*s, &t, "bob", LONG).await.fencing_token,
-        l.fencing_token + 1
-    );
+    assert_next_token_follows(&*s, &t, &l).await;
 
     // An unreadable record only goes through revoke; the counter survives it.
     let t = target("cleanup-admin");
     let l = held(&*s, &t, "alice", LONG).await;
     h.corrupt(&t, Corruption::Garbage, &holder(&l)).await;
-    let r = s
-        .release(&ReleaseRequest::new(t.clone(), holder(&l)))
-        .await
-        .unwrap();
+    let r = release(&*s, &t, &l).await;
     assert_eq!(r.outcome, Outcome::CorruptState);
     let r = s
         .revoke(&RevokeRequest {
@@ -89,10 +80,7 @@ pub async fn holder_release_and_admin_revoke_clean_up_corrupt_records(h: &impl H
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Revoked);
-    assert_eq!(
-        held(&*s, &t, "bob", LONG).await.fencing_token,
-        l.fencing_token + 1
-    );
+    assert_next_token_follows(&*s, &t, &l).await;
 }
 
 pub(super) fn assert_invalid(r: Result<Reply, StoreError>, what: &str) {
@@ -195,76 +183,44 @@ pub async fn metadata_that_cannot_be_read_back_is_refused_up_front(h: &impl Harn
 pub async fn fenced_commit_accepts_only_the_live_token(h: &impl Harness) {
     let s = h.store();
     let t = target("commit");
-    let none = s
-        .commit(&CommitRequest::new(t.clone(), 1, "k", "v"))
-        .await
-        .unwrap();
-    assert_eq!(none.outcome, Outcome::Expired, "no live lease");
+    assert_eq!(
+        commit_k(&*s, &t, 1, "v").await,
+        Outcome::Expired,
+        "no live lease"
+    );
 
     let first = held(&*s, &t, "alice", SHORT).await;
-    let c = s
-        .commit(&CommitRequest::new(
-            t.clone(),
-            first.fencing_token,
-            "k",
-            "from-first",
-        ))
-        .await
-        .unwrap();
-    assert_eq!(c.outcome, Outcome::Committed);
-    let wrong = s
-        .commit(&CommitRequest::new(
-            t.clone(),
-            first.fencing_token + 5,
-            "k",
-            "x",
-        ))
-        .await
-        .unwrap();
-    assert_eq!(wrong.outcome, Outcome::StaleToken);
+    assert_eq!(
+        commit_k(&*s, &t, first.fencing_token, "from-first").await,
+        Outcome::Committed
+    );
+    assert_eq!(
+        commit_k(&*s, &t, first.fencing_token + 5, "x").await,
+        Outcome::StaleToken
+    );
 
     h.advance(PAST_SHORT).await;
-    let expired = s
-        .commit(&CommitRequest::new(
-            t.clone(),
-            first.fencing_token,
-            "k",
-            "late",
-        ))
-        .await
-        .unwrap();
-    assert_eq!(expired.outcome, Outcome::Expired);
+    assert_eq!(
+        commit_k(&*s, &t, first.fencing_token, "late").await,
+        Outcome::Expired
+    );
 
     let second = held(&*s, &t, "bob", LONG).await;
-    let c = s
-        .commit(&CommitRequest::new(
-            t.clone(),
-            second.fencing_token,
-            "k",
-            "from-second",
-        ))
-        .await
-        .unwrap();
-    assert_eq!(c.outcome, Outcome::Committed);
-    let stale = s
-        .commit(&CommitRequest::new(
-            t.clone(),
-            first.fencing_token,
-            "k",
-            "stale",
-        ))
-        .await
-        .unwrap();
-    assert_eq!(stale.outcome, Outcome::StaleToken);
+    assert_eq!(
+        commit_k(&*s, &t, second.fencing_token, "from-second").await,
+        Outcome::Committed
+    );
+    assert_eq!(
+        commit_k(&*s, &t, first.fencing_token, "stale").await,
+        Outcome::StaleToken
+    );
 }
 
 pub async fn commit_refuses_a_lower_token_even_after_counter_loss(h: &impl Harness) {
     let s = h.store();
     let t = target("counter-loss");
     let first = held(&*s, &t, "alice", LONG).await;
-    s.release(&ReleaseRequest::new(t.clone(), holder(&first)))
-        .await
-        .unwrap();
+    release(&*s, &t, &first).await;
     let second = held(&*s, &t, "alice", LONG).await;
     assert_eq!(second.fencing_token, 2);
     let c = CommitRequest::new(t.clone(), second.fencing_token, "k", "v2");
@@ -279,9 +235,7 @@ pub async fn commit_refuses_a_lower_token_even_after_counter_loss(h: &impl Harne
         Outcome::StaleToken,
         "the commit record still refuses a lower token"
     );
-    s.release(&ReleaseRequest::new(t.clone(), holder(&reissued)))
-        .await
-        .unwrap();
+    release(&*s, &t, &reissued).await;
 
     // A caller-kept floor restores monotonicity.
     let mut req = AcquireRequest::new(t.clone(), "bob", LONG);
@@ -313,9 +267,7 @@ pub async fn committed_values_read_back_with_their_token_without_a_lease(h: &imp
     assert!(got.committed_at_ms <= read.server_time_ms);
 
     // No lease is needed to read; a later holder's commit replaces the value.
-    s.release(&ReleaseRequest::new(t.clone(), holder(&first)))
-        .await
-        .unwrap();
+    release(&*s, &t, &first).await;
     assert_eq!(
         s.read(&t, "k").await.unwrap().committed.unwrap().value,
         "v1"

@@ -17,19 +17,9 @@ use super::*;
 async fn a_shorter_duration_whose_renewal_reply_is_lost_never_leaves_a_later_expiry_published() {
     let env = OperatorEnv::start_without_operator("lostreply").await;
     let proxy = TcpProxy::start(env.valkey.addr()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let op = Op::start(&env, &proxy.url(), dir.path(), "op");
-    env.create_pod("w", &[("app", "w")], true).await;
-    env.create(
-        "w",
-        lease_for("t").identity("w").pod("w").durations("60s", "5s"),
-    )
-    .await;
-    env.wait_phase("w", Phase::Held, SOON).await;
-    eventually("w marked", SOON, || async {
-        env.marks("w", "w").await.0.map(|_| ())
-    })
-    .await;
+    let op = Op::start(&env, &proxy.url(), "op");
+    held_for_pod_w(&env, "w", "60s", "5s").await;
+    wait_w_marked(&env, "w").await;
 
     proxy.set_mode(DROP_REPLIES);
     let before = proxy.forwarded();
@@ -80,15 +70,8 @@ async fn a_shorter_duration_whose_renewal_reply_is_lost_never_leaves_a_later_exp
 async fn held_is_withdrawn_when_the_published_expiry_passes_during_a_partition() {
     let env = OperatorEnv::start_without_operator("partition").await;
     let proxy = TcpProxy::start(env.valkey.addr()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let op = Op::start(&env, &proxy.url(), dir.path(), "op");
-    env.create_pod("w", &[("app", "w")], true).await;
-    env.create(
-        "w",
-        lease_for("t").identity("w").pod("w").durations("10s", "2s"),
-    )
-    .await;
-    let held = env.wait_phase("w", Phase::Held, SOON).await;
+    let op = Op::start(&env, &proxy.url(), "op");
+    let held = held_for_pod_w(&env, "w", "10s", "2s").await;
     let first = ms(&held.status.unwrap().expires_at).unwrap();
     // Wait for a renewal that republishes expiresAt, then cut the link at once.
     let republished = loop {
@@ -192,13 +175,7 @@ async fn a_shorter_duration_never_leaves_the_pod_annotation_later_than_status() 
 #[tokio::test]
 async fn the_expires_at_annotation_is_the_same_lower_bound_as_status() {
     let env = OperatorEnv::start("precision").await;
-    env.create_pod("w", &[("app", "w")], true).await;
-    env.create(
-        "w",
-        lease_for("t").identity("w").pod("w").durations("4s", "1s"),
-    )
-    .await;
-    env.wait_phase("w", Phase::Held, SOON).await;
+    held_for_pod_w(&env, "w", "4s", "1s").await;
     let timeline = Timeline::record(&env.client, &env.ns);
     tokio::time::sleep(Duration::from_secs(10)).await;
     let mut status_expiry = None;

@@ -18,7 +18,7 @@ mod wakeups;
 pub(crate) use crate::support;
 pub(crate) use crate::support::spec::lease_for;
 
-pub(crate) use std::path::{Path, PathBuf};
+pub(crate) use std::path::PathBuf;
 pub(crate) use std::process::{Child, Command, Stdio};
 pub(crate) use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -83,11 +83,13 @@ pub(crate) fn tail(log: &str, n: usize) -> String {
 pub(crate) struct Op {
     child: Child,
     log: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl Op {
-    fn start(env: &OperatorEnv, valkey_url: &str, dir: &Path, tag: &str) -> Op {
-        let log = dir.join(format!("{tag}.log"));
+    fn start(env: &OperatorEnv, valkey_url: &str, tag: &str) -> Op {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join(format!("{tag}.log"));
         let admin_port = support::valkey_server::free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
             .arg("operator")
@@ -104,7 +106,11 @@ impl Op {
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("start targetlease operator");
-        Op { child, log }
+        Op {
+            child,
+            log,
+            _dir: dir,
+        }
     }
 
     fn log(&self) -> String {
@@ -117,6 +123,31 @@ impl Drop for Op {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Ready pod `w` and TargetLease `name` holding target `t` for it (identity
+/// `w`) with these lease and renew durations: the TargetLease once Held.
+pub(crate) async fn held_for_pod_w(
+    env: &OperatorEnv,
+    name: &str,
+    lease: &str,
+    renew: &str,
+) -> TargetLease {
+    env.create_pod("w", &[("app", "w")], true).await;
+    let spec = lease_for("t")
+        .identity("w")
+        .pod("w")
+        .durations(lease, renew);
+    env.create(name, spec).await;
+    env.wait_phase(name, Phase::Held, SOON).await
+}
+
+/// Waits until pod `w` carries TargetLease `name`'s leader mark.
+pub(crate) async fn wait_w_marked(env: &OperatorEnv, name: &str) {
+    eventually("w marked", SOON, || async {
+        env.marks("w", name).await.0.map(|_| ())
+    })
+    .await;
 }
 
 /// Acquires `target` for an outside holder as soon as Valkey lets it go.

@@ -162,8 +162,7 @@ async fn marks_and_tokens_hold_at_every_revision_through_churn_and_crashes() {
 async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalizer_goes() {
     let env = OperatorEnv::start_without_operator("cleanupown").await;
     let proxy = TcpProxy::start(env.valkey.addr()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let op = Op::start(&env, &proxy.url(), dir.path(), "op");
+    let op = Op::start(&env, &proxy.url(), "op");
     eventually("operator connected", SOON, || async {
         op.log().contains("operator starting").then_some(())
     })
@@ -287,17 +286,8 @@ async fn a_holder_newly_tied_to_a_pod_gets_a_new_token() {
 #[tokio::test]
 async fn a_holder_no_longer_tied_to_a_pod_stops_marking_it() {
     let env = OperatorEnv::start("untie").await;
-    env.create_pod("w", &[("app", "w")], true).await;
-    env.create(
-        "job",
-        lease_for("t").identity("w").pod("w").durations("6s", "2s"),
-    )
-    .await;
-    env.wait_phase("job", Phase::Held, SOON).await;
-    eventually("w marked", SOON, || async {
-        env.marks("w", "job").await.0.map(|_| ())
-    })
-    .await;
+    held_for_pod_w(&env, "job", "6s", "2s").await;
+    wait_w_marked(&env, "job").await;
     env.patch_spec(
         "job",
         json!({ "holder": { "identity": "w", "podName": null } }),

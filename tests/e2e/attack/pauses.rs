@@ -13,13 +13,7 @@ use super::*;
 #[tokio::test]
 async fn a_resumed_operator_publishes_nothing_stale() {
     let env = OperatorEnv::start("paused").await;
-    env.create_pod("w", &[("app", "w")], true).await;
-    env.create(
-        "w",
-        lease_for("t").identity("w").pod("w").durations("3s", "1s"),
-    )
-    .await;
-    env.wait_phase("w", Phase::Held, SOON).await;
+    held_for_pod_w(&env, "w", "3s", "1s").await;
     let timeline = Timeline::record(&env.client, &env.ns);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     env.pause_operator(0, true);

@@ -15,9 +15,8 @@ use super::*;
 async fn release_notifications_resume_after_the_subscriber_could_not_connect() {
     let env = OperatorEnv::start_without_operator("resub").await;
     let proxy = TcpProxy::start(env.valkey.addr()).await;
-    let dir = tempfile::tempdir().unwrap();
     proxy.refuse_after(1);
-    let op = Op::start(&env, &proxy.url(), dir.path(), "op");
+    let op = Op::start(&env, &proxy.url(), "op");
     eventually(
         "the subscriber gave up",
         Duration::from_secs(30),

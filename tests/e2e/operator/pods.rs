@@ -46,14 +46,7 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
         .delete("web-0", &Default::default())
         .await
         .unwrap();
-    env.wait_for("web-leader", "led by web-1", SOON, |tl| {
-        summary(tl) == (Some(Phase::Held), Some("web-1".into()), Some(2))
-    })
-    .await;
-    support::kube_env::eventually("web-1 marked", SOON, || async {
-        (leader_marks(&env, "web-1").await == (Some("true".into()), Some("2".into()))).then_some(())
-    })
-    .await;
+    env.wait_led_by("web-leader", "web-1", 2, SOON).await;
 
     // The leader stops being Ready: its marks go first, then the lease moves.
     env.set_ready("web-1", false).await;

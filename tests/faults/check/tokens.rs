@@ -64,41 +64,31 @@ pub fn check(h: &History) -> Vec<Violation> {
     out
 }
 
+/// One token per issue and one issue per token; each (token, issue) is
+/// reported once.
 fn unique(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
     let mut by_token: HashMap<u64, &Grant> = HashMap::new();
     let mut by_issue: HashMap<&str, &Grant> = HashMap::new();
     let mut reported = HashSet::new();
     for g in gs {
-        if let Some(first) = by_token.get(&g.token)
-            && first.issue != g.issue
-            && reported.insert((g.token, g.issue))
-        {
-            out.push(Violation::new(
-                Property::Tokens,
-                g.scope,
-                target,
-                format!(
-                    "token {} issued twice: to {} and to {}",
-                    g.token, first.issue, g.issue
-                ),
-            ));
+        let with_token = *by_token.entry(g.token).or_insert(g);
+        let of_issue = *by_issue.entry(g.issue).or_insert(g);
+        let detail = if with_token.issue != g.issue {
+            format!(
+                "token {} issued twice: to {} and to {}",
+                g.token, with_token.issue, g.issue
+            )
+        } else if of_issue.token != g.token {
+            format!(
+                "one issue {} got two tokens: {} and {}",
+                g.issue, of_issue.token, g.token
+            )
+        } else {
+            continue;
+        };
+        if reported.insert((g.token, g.issue)) {
+            out.push(Violation::new(Property::Tokens, g.scope, target, detail));
         }
-        by_token.entry(g.token).or_insert(g);
-        if let Some(first) = by_issue.get(g.issue)
-            && first.token != g.token
-            && reported.insert((g.token, g.issue))
-        {
-            out.push(Violation::new(
-                Property::Tokens,
-                g.scope,
-                target,
-                format!(
-                    "one issue {} got two tokens: {} and {}",
-                    g.issue, first.token, g.token
-                ),
-            ));
-        }
-        by_issue.entry(g.issue).or_insert(g);
     }
 }
 

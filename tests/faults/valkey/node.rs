@@ -3,10 +3,10 @@
 //! environment variables (LD_PRELOAD) and can run as a Sentinel.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::resp::{Conn, Resp};
-use crate::support::valkey_server::{free_port, server_binary};
+use crate::support::valkey_server::{free_port, server_binary, wait_until_answering};
 
 /// A server or sentinel, killed on drop.
 pub struct Node {
@@ -86,21 +86,7 @@ impl Node {
 
     fn spawn(&mut self) {
         self.child = Some(self.command().spawn().expect("start valkey-server"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut c) = Conn::connect(&self.addr())
-                && let Ok(r) = c.try_cmd(&["PING"])
-                && r == Resp::Simple("PONG".into())
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "valkey-server did not answer on port {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_answering(self.port, Duration::from_secs(20));
     }
 
     pub fn addr(&self) -> String {

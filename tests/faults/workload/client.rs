@@ -12,8 +12,8 @@ use targetlease::store::{
     StoreError, Target, new_request_id,
 };
 
-use super::{HANG, Stop, answer_of};
-use crate::history::{OpKind, OpRecord, Recorder, Sink, WriteRecord, now_ms};
+use super::{HANG, Stop, answer_of, op_record};
+use crate::history::{OpKind, Recorder, Sink, WriteRecord, now_ms};
 use crate::sink::PgWriter;
 
 /// How many times an `outcome_unknown` is retried with the same request id.
@@ -108,19 +108,9 @@ impl Client {
         Fut: std::future::Future<Output = Result<Reply, StoreError>>,
     {
         self.retrying(send, |invoke_ms, result| {
-            let (answer, lease, server_ms) = answer_of(result);
-            self.rec.op(OpRecord {
-                client: self.name.clone(),
-                kind,
-                target: target.name.clone(),
-                request_id: request_id.to_string(),
-                invoke_ms,
-                complete_ms: now_ms(),
-                answer,
-                lease,
-                token,
-                server_ms,
-            });
+            self.rec.op(op_record(
+                &self.name, kind, target, request_id, token, invoke_ms, result,
+            ));
         })
         .await
     }

@@ -18,8 +18,8 @@ use targetlease::store::{
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::answer_of;
-use crate::history::{Event, OpKind, OpRecord, Recorder, now_ms};
+use super::op_record;
+use crate::history::{Event, OpKind, Recorder, now_ms};
 
 /// What the worker needs, passed as one JSON argument.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -45,19 +45,9 @@ fn op(
     invoke_ms: u64,
     result: &Result<targetlease::store::Reply, targetlease::store::StoreError>,
 ) {
-    let (answer, lease, server_ms) = answer_of(result);
-    emit(Event::Op(OpRecord {
-        client: cfg.name.clone(),
-        kind,
-        target: target.name.clone(),
-        request_id: request_id.to_string(),
-        invoke_ms,
-        complete_ms: now_ms(),
-        answer,
-        lease,
-        token,
-        server_ms,
-    }));
+    emit(Event::Op(op_record(
+        &cfg.name, kind, target, request_id, token, invoke_ms, result,
+    )));
 }
 
 /// The worker process: acquire, then write every 100ms and renew every

@@ -13,9 +13,9 @@ pub mod watch;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use targetlease::store::{Lease, Reply, StoreError};
+use targetlease::store::{Lease, Reply, StoreError, Target};
 
-use crate::history::{Answer, LeaseView};
+use crate::history::{Answer, LeaseView, OpKind, OpRecord, now_ms};
 
 /// A call without an answer this long (its deadline is 500 ms; the CLI is cut off sooner) is a hang:
 /// recorded, and the run fails.
@@ -67,6 +67,32 @@ pub fn view_of(l: &Lease) -> LeaseView {
             .unwrap_or_default(),
         acquired_at_ms: l.acquired_at_ms,
         expires_at_ms: l.expires_at_ms,
+    }
+}
+
+/// The record of one attempt at `kind` by `client`, invoked at `invoke_ms`
+/// and completed now with `result`.
+pub fn op_record(
+    client: &str,
+    kind: OpKind,
+    target: &Target,
+    request_id: &str,
+    token: Option<u64>,
+    invoke_ms: u64,
+    result: &Result<Reply, StoreError>,
+) -> OpRecord {
+    let (answer, lease, server_ms) = answer_of(result);
+    OpRecord {
+        client: client.to_string(),
+        kind,
+        target: target.name.clone(),
+        request_id: request_id.to_string(),
+        invoke_ms,
+        complete_ms: now_ms(),
+        answer,
+        lease,
+        token,
+        server_ms,
     }
 }
 

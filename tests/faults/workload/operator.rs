@@ -242,7 +242,7 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     let pod_watch = tokio::spawn(watch::pods(
         pods.clone(),
         r,
-        holders,
+        holders.clone(),
         ELECTION_TARGET.into(),
         st,
     ));
@@ -273,6 +273,7 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     stop.set();
     let relists = lease_watch.await.unwrap_or(0) + pod_watch.await.unwrap_or(0);
     rec.set_relists(relists);
+    holders.settle().await;
     let valkey_addr = env.valkey.addr();
     let primary: Primary = Arc::new(move |args: &[&str]| {
         crate::support::resp::Conn::connect(&valkey_addr)

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use targetlease::crd::TargetLease;
 use tokio::sync::Mutex;
 
@@ -103,6 +104,9 @@ pub struct Holders {
     rec: Recorder,
     seen: Arc<std::sync::Mutex<HashSet<(String, u64)>>>,
     seq: Arc<AtomicU64>,
+    /// The writes still in flight: awaited (`settle`) before the final read
+    /// of the downstream, or an acknowledged write could land after it.
+    writes: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Holders {
@@ -112,6 +116,22 @@ impl Holders {
             rec,
             seen: Default::default(),
             seq: Default::default(),
+            writes: Default::default(),
+        }
+    }
+
+    /// Waits for every write started so far (each ends within its delay
+    /// plus one downstream call).
+    pub async fn settle(&self) {
+        loop {
+            let pending: Vec<_> =
+                std::mem::take(&mut *self.writes.lock().unwrap_or_else(|p| p.into_inner()));
+            if pending.is_empty() {
+                return;
+            }
+            for w in pending {
+                w.await.expect("holder write task");
+            }
         }
     }
 
@@ -126,7 +146,7 @@ impl Holders {
         }
         let me = self.clone();
         let (who, resource) = (who.to_string(), resource.to_string());
-        tokio::spawn(async move {
+        let write = tokio::spawn(async move {
             for delay in [0, 2500] {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
                 let id = format!("{who}-{token}-{}", me.seq.fetch_add(1, Ordering::SeqCst));
@@ -134,6 +154,10 @@ impl Holders {
                 me.rec.write(w);
             }
         });
+        self.writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(write);
     }
 }
 
@@ -143,9 +167,13 @@ fn expired(e: &watcher::Error) -> bool {
     text.contains("too old resource version") || text.contains("Expired")
 }
 
-/// Records every TargetLease version until `stop`; returns how often the
-/// watch had to relist because its revision had expired.
-pub async fn leases(api: Api<TargetLease>, rec: Recorder, holders: Holders, stop: Stop) -> u64 {
+/// Hands every object version the watch on `api` delivers to `seen` (with
+/// `true` for a deletion) until `stop`; returns how often the watch had to
+/// relist because its revision had expired.
+async fn each_version<K>(api: Api<K>, stop: Stop, mut seen: impl FnMut(&K, bool)) -> u64
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let mut relists: u64 = 0;
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -156,19 +184,27 @@ pub async fn leases(api: Api<TargetLease>, rec: Recorder, holders: Holders, stop
             continue;
         };
         match ev {
-            Ok(watcher::Event::Apply(tl) | watcher::Event::InitApply(tl)) => {
-                let p = publication(&tl, false);
-                if let (true, Some(token)) = (p.phase == "Held", p.token) {
-                    holders.act(&p.name, &p.target, token);
-                }
-                rec.publication(p);
-            }
-            Ok(watcher::Event::Delete(tl)) => rec.publication(publication(&tl, true)),
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => seen(&o, false),
+            Ok(watcher::Event::Delete(o)) => seen(&o, true),
             Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
             Err(e) => relists += u64::from(expired(&e)),
         }
     }
     relists
+}
+
+/// Records every TargetLease version until `stop`; returns how often the
+/// watch had to relist because its revision had expired.
+pub async fn leases(api: Api<TargetLease>, rec: Recorder, holders: Holders, stop: Stop) -> u64 {
+    each_version(api, stop, |tl, deleted| {
+        // A deletion's phase is "Deleted": nobody acts on it.
+        let p = publication(tl, deleted);
+        if let (true, Some(token)) = (p.phase == "Held", p.token) {
+            holders.act(&p.name, &p.target, token);
+        }
+        rec.publication(p);
+    })
+    .await
 }
 
 /// Records every pod version until `stop`; `resource` names the election's
@@ -180,29 +216,15 @@ pub async fn pods(
     resource: String,
     stop: Stop,
 ) -> u64 {
-    let mut relists: u64 = 0;
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    while !stop.is_set() {
-        let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(200), events.next()).await
-        else {
-            continue;
-        };
-        match ev {
-            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                let v = pod_version(&p, false);
-                for m in &v.marks {
-                    if let Some(token) = m.token {
-                        holders.act(&v.pod, &resource, token);
-                    }
-                }
-                rec.pod(v);
+    each_version(api, stop, |p, deleted| {
+        // A deleted pod carries no marks: nobody acts on it.
+        let v = pod_version(p, deleted);
+        for m in &v.marks {
+            if let Some(token) = m.token {
+                holders.act(&v.pod, &resource, token);
             }
-            Ok(watcher::Event::Delete(p)) => rec.pod(pod_version(&p, true)),
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-            Err(e) => relists += u64::from(expired(&e)),
         }
-    }
-    relists
+        rec.pod(v);
+    })
+    .await
 }
