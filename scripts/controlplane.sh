@@ -43,79 +43,11 @@ TIMEOUT="${CONTROLPLANE_TIMEOUT:-120}"
 log() { echo "controlplane: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-tail_logs() { # DIR
-  local f
-  for f in "$1"/etcd.log "$1"/kube-apiserver.log "$1"/kube-controller-manager.log; do
-    [ -e "$f" ] || continue
-    [ -s "$f" ] || { echo "----- $f is empty -----" >&2; continue; }
-    echo "----- last 40 lines of $f -----" >&2
-    tail -n 40 "$f" >&2
-  done
-}
+# tail_logs_of, free_port, is_ours, stop_pid, kill_component, spawn, wait_until
+# shellcheck source=lib/process.sh
+source "$(dirname "$SELF")/lib/process.sh"
 
-# A port nobody listens on right now. Races are handled by retrying the start.
-free_port() {
-  if command -v python3 >/dev/null 2>&1; then
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()' && return 0
-  fi
-  local p
-  for _ in $(seq 1 100); do
-    p=$((20000 + RANDOM % 40000))
-    if ! ss -Hltn "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-
-# Is PID alive and running the binary NAME? (protects against pid reuse)
-is_ours() { # PID NAME
-  local pid="$1" name="$2" exe state
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
-  # An exited-but-unreaped process (zombie) counts as gone.
-  state="$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)"
-  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ] || return 1
-  exe="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)"
-  case "$exe" in *"$name"*) return 0 ;; *) return 1 ;; esac
-}
-
-# SIGTERM, then SIGKILL after 10 s, if PID is still NAME.
-stop_pid() { # PID NAME
-  local pid="$1" name="$2"
-  if [ "$pid" != "$$" ] && is_ours "$pid" "$name"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do is_ours "$pid" "$name" || break; sleep 0.1; done
-    if is_ours "$pid" "$name"; then
-      log "$name (pid $pid) ignored SIGTERM for 10s; sending SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do is_ours "$pid" "$name" || break; sleep 0.1; done
-    fi
-  fi
-}
-
-kill_component() { # DIR NAME
-  local pidf="$1/$2.pid"
-  [ -f "$pidf" ] || return 0
-  stop_pid "$(cat "$pidf")" "$2"
-  rm -f "$pidf"
-}
-
-# Start NAME in the background, detached from our stdio, in its own session.
-spawn() { # DIR NAME ARGS...
-  local dir="$1" name="$2"; shift 2
-  setsid "$BIN/$name" "$@" </dev/null >>"$dir/$name.log" 2>&1 &
-  echo $! > "$dir/$name.pid"
-}
-
-wait_until() { # DIR NAME SECS CMD... ; fails early if the process died
-  local dir="$1" name="$2" secs="$3"; shift 3
-  local pid deadline=$((SECONDS + secs))
-  pid="$(cat "$dir/$name.pid")"
-  while :; do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    if ! is_ours "$pid" "$name"; then return 2; fi
-    if [ "$SECONDS" -ge "$deadline" ]; then return 1; fi
-    sleep 0.25
-  done
-}
+tail_logs() { tail_logs_of "$1" etcd kube-apiserver kube-controller-manager; }
 
 port_clash() { # LOGFILE
   grep -qiE 'address already in use|bind: address' "$1" 2>/dev/null
