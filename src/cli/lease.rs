@@ -407,8 +407,7 @@ impl LeaseCommand {
 }
 
 /// Runs one `lease` subcommand and returns the contract exit code.
-pub async fn main(args: LeaseArgs) -> ExitCode {
-    let cmd = args.command;
+pub async fn main(LeaseArgs { command: cmd }: LeaseArgs) -> ExitCode {
     logging::init(&cmd.client().log);
     if let LeaseCommand::List(a) = &cmd {
         return super::list::main(a).await;
