@@ -20,19 +20,22 @@ impl Cluster {
     pub fn start() -> Self {
         let nodes: Vec<ValkeyServer> = (0..3)
             .map(|_| {
-                let bus = free_port().to_string();
-                ValkeyServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-port",
-                    &bus,
-                    "--cluster-node-timeout",
-                    "5000",
-                    "--enable-debug-command",
-                    "yes",
-                ])
+                ValkeyServer::start_on_free_ports(|| {
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-port",
+                        &free_port().to_string(),
+                        "--cluster-node-timeout",
+                        "5000",
+                        "--enable-debug-command",
+                        "yes",
+                    ]
+                    .map(String::from)
+                    .to_vec()
+                })
             })
             .collect();
         for (node, (from, to)) in nodes.iter().zip(RANGES) {

@@ -49,16 +49,24 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
+/// Whether the server on loopback `port` answers PING (a NOAUTH refusal
+/// counts: it wants a password).
+fn answers(port: u16) -> bool {
+    Conn::connect(&format!("127.0.0.1:{port}"))
+        .ok()
+        .and_then(|mut c| c.try_cmd(&["PING"]).ok())
+        .is_some_and(|r| {
+            r == Resp::Simple("PONG".into())
+                || matches!(&r, Resp::Error(e) if e.starts_with("NOAUTH"))
+        })
+}
+
 /// Waits until the server on loopback `port` answers PING (a NOAUTH refusal
 /// counts: it wants a password); panics after `within`.
 pub fn wait_until_answering(port: u16, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
-        if let Ok(mut c) = Conn::connect(&format!("127.0.0.1:{port}"))
-            && let Ok(r) = c.try_cmd(&["PING"])
-            && (r == Resp::Simple("PONG".into())
-                || matches!(&r, Resp::Error(e) if e.starts_with("NOAUTH")))
-        {
+        if answers(port) {
             return;
         }
         assert!(
@@ -77,22 +85,52 @@ impl ValkeyServer {
 
     /// A fresh server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
-        Self::start_on(free_port(), extra)
+        Self::start_on_free_ports(|| extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// A fresh server on a free port, with the extra arguments `extra` gives
+    /// (called again for each attempt, so it can pick more free ports, e.g. a
+    /// cluster bus port). A port found free can be taken by anything before
+    /// the server binds it (the tests run in parallel): a server that exits at
+    /// start is tried again on new ports.
+    pub fn start_on_free_ports(extra: impl Fn() -> Vec<String>) -> Self {
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let mut s = Self::new(free_port(), extra());
+            match s.try_spawn() {
+                Ok(()) => return s,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("valkey-server did not start on free ports: {failures:#?}");
     }
 
     /// A fresh server on a given port (e.g. one a client is already retrying).
     pub fn start_on(port: u16, extra: &[&str]) -> Self {
-        let mut s = Self {
-            child: None,
-            port,
-            dir: tempfile::tempdir().expect("tempdir"),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
+        let mut s = Self::new(port, extra.iter().map(|s| s.to_string()).collect());
         s.spawn();
         s
     }
 
+    fn new(port: u16, extra: Vec<String>) -> Self {
+        Self {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            extra,
+        }
+    }
+
     fn spawn(&mut self) {
+        if let Err(e) = self.try_spawn() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts the server and waits until it answers; an error (with the end
+    /// of its log) when it exits first or does not answer within 10 s.
+    fn try_spawn(&mut self) -> Result<(), String> {
+        let log = self.dir.path().join("valkey-server.log");
         let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
             .arg(self.port.to_string())
@@ -101,11 +139,33 @@ impl ValkeyServer {
             .arg(self.dir.path())
             .args(&self.extra)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("valkey-server log"))
             .stderr(Stdio::null());
-        let child = cmd.spawn().expect("cannot start valkey-server");
-        self.child = Some(child);
-        wait_until_answering(self.port, Duration::from_secs(10));
+        let child = self
+            .child
+            .insert(cmd.spawn().expect("cannot start valkey-server"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let failed = |why: String| {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            Err(format!(
+                "valkey-server on port {} {why}; its log ends: {tail:?}",
+                self.port
+            ))
+        };
+        loop {
+            if answers(self.port) {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return failed(format!("exited at start ({status})"));
+            }
+            if Instant::now() >= deadline {
+                return failed("did not answer within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn addr(&self) -> String {
