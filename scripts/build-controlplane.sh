@@ -5,6 +5,7 @@
 #   helm                                           (tests/controlplane/helm)
 #   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
 #   actionlint (checks .github/workflows)          (tests/controlplane/actionlint)
+#   etcd-lock, only when asked (the bench's peer)  (tests/controlplane/etcdlock)
 # into ${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}.
 #
 # Incremental: each group is rebuilt only when the hash of its inputs (go.mod,
@@ -13,9 +14,10 @@
 # and module cache (`go env GOMODCACHE`), so a rebuild on a warm machine is
 # mostly linking.
 #
-# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|kubectl|all]   (default: all)
+# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|kubectl|etcdlock|all]   (default: all)
 #        `all` is kube, helm, luahealth and actionlint; kubectl is built only when asked
-#        (scripts/setup.sh asks when the machine has no kubectl).
+#        (scripts/setup.sh asks when the machine has no kubectl), etcdlock only by
+#        scripts/bench.sh (the tests do not use it).
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
 
@@ -69,7 +71,7 @@ inputs_hash() { # DIR LDFLAGS -> hash of the module's inputs (excluding nested m
     echo "${BUILD_FLAGS[*]} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
     cd "$dir"
     # Files of this module only: stop at nested go.mod directories.
-    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
+    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune -o -path ./etcdlock -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
       | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -d' ' -f1
 }
@@ -112,6 +114,7 @@ case "$WHAT" in
   luahealth|all) build_group luahealth "$SRC/luahealth" "-s -w" .=lua-health ;;&
   actionlint|all) build_group actionlint "$SRC/actionlint" "-s -w" github.com/rhysd/actionlint/cmd/actionlint ;;&
   kubectl) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
-  kube|helm|luahealth|actionlint|kubectl|all) ;;
-  *) echo "usage: $0 [kube|helm|luahealth|actionlint|kubectl|all]" >&2; exit 2 ;;
+  etcdlock) build_group etcdlock "$SRC/etcdlock" "-s -w" .=etcd-lock ;;&
+  kube|helm|luahealth|actionlint|kubectl|etcdlock|all) ;;
+  *) echo "usage: $0 [kube|helm|luahealth|actionlint|kubectl|etcdlock|all]" >&2; exit 2 ;;
 esac
