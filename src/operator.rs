@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use crate::admin::RuntimeStatus;
+use crate::cache::{WatchedLease, lease_event};
 use crate::crd::TargetLease;
 use crate::election::{Elector, Timings};
 use crate::floor::FloorStore;
@@ -104,10 +105,10 @@ pub async fn control(
     let lease_stream = reflector::reflector(
         lease_writer,
         watcher(
-            api::<TargetLease>(&client, &cfg.watch_namespace),
+            api::<WatchedLease>(&client, &cfg.watch_namespace),
             watcher::Config::default(),
         )
-        .modify(|tl: &mut TargetLease| tl.managed_fields_mut().clear()),
+        .map_ok(lease_event),
     )
     .default_backoff()
     .touched_objects();

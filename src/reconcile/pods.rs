@@ -1,13 +1,11 @@
 //! Pods: who qualifies to hold a lease (from the informer cache; no client required).
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::core::SelectorExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use super::plan::{Desired, PodRef};
 use super::spec::{Holders, ValidSpec};
@@ -23,7 +21,7 @@ use crate::crd::TargetLease;
 pub struct CachedPod {
     /// Name, namespace, UID, resourceVersion, labels, our annotations,
     /// creation and deletion times.
-    #[serde(deserialize_with = "kept_metadata")]
+    #[serde(deserialize_with = "crate::cache::without_managed_fields")]
     pub metadata: ObjectMeta,
     /// The pod's conditions (only Ready is kept).
     #[serde(default)]
@@ -48,41 +46,15 @@ pub struct CachedCondition {
     pub status: String,
 }
 
-/// The metadata a cached pod keeps. Every other field, `managedFields` above
-/// all, is skipped without being decoded.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct KeptMetadata {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    resource_version: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    annotations: Option<BTreeMap<String, String>>,
-    creation_timestamp: Option<Time>,
-    deletion_timestamp: Option<Time>,
-}
-
-fn kept_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let m = KeptMetadata::deserialize(d)?;
-    Ok(ObjectMeta {
-        name: m.name,
-        namespace: m.namespace,
-        uid: m.uid,
-        resource_version: m.resource_version,
-        labels: m.labels,
-        annotations: m.annotations,
-        creation_timestamp: m.creation_timestamp,
-        deletion_timestamp: m.deletion_timestamp,
-        ..ObjectMeta::default()
-    })
-}
-
 impl CachedPod {
-    /// Drops what the planner never reads: other tools' annotations, every
-    /// condition but Ready.
+    /// Drops what the planner never reads: owner references, finalizers,
+    /// other tools' annotations, every condition but Ready.
     pub fn slim(&mut self) {
-        if let Some(annotations) = self.metadata.annotations.as_mut() {
+        let meta = &mut self.metadata;
+        meta.owner_references = None;
+        meta.generate_name = None;
+        meta.finalizers = None;
+        if let Some(annotations) = meta.annotations.as_mut() {
             annotations.retain(|k, _| k.contains("targetlease.dev/"));
         }
         if let Some(conditions) = self.status.as_mut().and_then(|s| s.conditions.as_mut()) {
