@@ -328,6 +328,21 @@ fn targets(run: &Run) -> Vec<Target> {
         t.extend(crate::report_peer::targets(o));
         for s in &o.scales {
             if s.leases == 1_000 {
+                let ok = s.writes_per_lease_to_held <= 2.0;
+                t.push(Target {
+                    what: "API writes per new lease before `Held` (1,000 leases)".into(),
+                    target: "≤ 2, keeping the crash replay".into(),
+                    measured: format!("**{:.2}**", s.writes_per_lease_to_held),
+                    baseline: "the finalizer and the `Held` status".into(),
+                    met: ok,
+                    why: if ok {
+                        String::new()
+                    } else {
+                        "writes beyond the finalizer and `Held`: conflicts retried, or a status \
+                         written twice (see the apiserver's counts)"
+                            .into()
+                    },
+                });
                 let ok = s.last_create_to_all_held_secs <= 10.0;
                 t.push(Target {
                     what: "1,000 TargetLeases: last create → all Held".into(),

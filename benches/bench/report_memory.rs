@@ -27,9 +27,11 @@ pub fn section(w: &mut String, o: &Results) {
     let _ = writeln!(
         w,
         "VmHWM (peak resident set) and VmRSS of the operator process, from `/proc/PID/status`. \
-         Its caches keep only what the operator reads: TargetLeases without `managedFields`; \
-         pods reduced to name, namespace, UID, resourceVersion, labels, our own annotations, \
-         creation and deletion times and the Ready condition.\n"
+         Its watch caches decode only what the operator reads (src/cache.rs, \
+         src/reconcile/pods.rs): TargetLeases without `managedFields`, skipped while decoding; \
+         pods as name, namespace, UID, resourceVersion, labels, our own annotations, creation \
+         and deletion times and the Ready condition (no spec, no container statuses, no \
+         managed fields).\n"
     );
     let _ = writeln!(w, "| operator | VmHWM | VmRSS |");
     let _ = writeln!(w, "| --- | ---: | ---: |");

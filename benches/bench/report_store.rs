@@ -145,7 +145,7 @@ pub fn section(w: &mut String, s: &store::Results) {
     let _ = writeln!(w);
 }
 
-/// The issue-13 store targets, each against its same-run baseline.
+/// The store targets, each against its same-run baseline.
 pub fn targets(s: &store::Results) -> Vec<Target> {
     let mut t = Vec::new();
     let top = top(s);
