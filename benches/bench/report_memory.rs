@@ -44,11 +44,18 @@ pub fn section(w: &mut String, o: &Results) {
         );
         let _ = writeln!(
             w,
-            "| **watching every namespace, started with {} unrelated pods** | **{:.1} MB** | {:.1} MB |",
+            "| **watching every namespace, started with {} unrelated pods** (glibc malloc) | **{:.1} MB** | {:.1} MB |",
             p.pods,
             mb(p.hwm_kb),
             mb(p.rss_kb)
         );
+        for (name, hwm) in &p.allocators {
+            let _ = writeln!(
+                w,
+                "| the same, {name} | {} | – |",
+                hwm.map_or("not installed".into(), |kb| format!("{:.1} MB", mb(kb)))
+            );
+        }
     }
     for s in &o.scales {
         let _ = writeln!(
@@ -81,6 +88,27 @@ pub fn section(w: &mut String, o: &Results) {
             p.pods,
             mb(p.hwm_kb.saturating_sub(p.idle_hwm_kb)),
             p.hwm_kb.saturating_sub(p.idle_hwm_kb) as f64 / p.pods as f64
+        );
+        let best = p
+            .allocators
+            .iter()
+            .filter_map(|(name, hwm)| hwm.map(|kb| (name, kb)))
+            .min_by_key(|(_, kb)| *kb);
+        let _ = writeln!(
+            w,
+            "\n**Allocator**: the same start under other allocators (same binary, same pods) \
+             is in the table. {}",
+            match best {
+                Some((name, kb)) if kb < p.hwm_kb => format!(
+                    "{name} peaks {:.1} MB lower than glibc's default; the binary keeps the \
+                     system allocator unless that gap is worth a dependency.",
+                    mb(p.hwm_kb - kb)
+                ),
+                Some(_) => "None peaks lower than glibc's default, so the binary keeps the \
+                     system allocator."
+                    .into(),
+                None => "No other allocator was installed.".into(),
+            }
         );
     }
     if let Some(h) = &o.heap {

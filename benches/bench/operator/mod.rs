@@ -74,6 +74,8 @@ pub struct UnrelatedPods {
     pub idle_rss_kb: u64,
     pub hwm_kb: u64,
     pub rss_kb: u64,
+    /// VmHWM kB of the same start under other allocators (None: not installed).
+    pub allocators: Vec<(String, Option<u64>)>,
 }
 
 /// One concurrency of the peer: etcd's lock and ours, acquire+release cycles.

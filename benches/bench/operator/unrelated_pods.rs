@@ -4,6 +4,7 @@
 //! through the API server, and their status (Ready, a container status) is
 //! set through the status subresource, as a kubelet would.
 
+use std::ffi::OsStr;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,6 +21,14 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// The pods' label naming one of `COMPONENTS` groups.
 const COMPONENT: &str = "app.kubernetes.io/component";
 const COMPONENTS: usize = 50;
+/// Other allocators tried on the same start: (name, environment).
+const ALLOCATORS: [(&str, &str); 2] = [
+    ("glibc malloc, MALLOC_ARENA_MAX=2", "MALLOC_ARENA_MAX=2"),
+    (
+        "jemalloc 5 (LD_PRELOAD, Debian libjemalloc2)",
+        "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    ),
+];
 
 pub(super) async fn unrelated_pods(b: &Bench<'_>, n: usize, results: &mut Results) {
     let ns = b.cp.namespace("unrelated-pods").await;
@@ -38,12 +47,26 @@ pub(super) async fn unrelated_pods(b: &Bench<'_>, n: usize, results: &mut Result
         panic!("creating the unrelated pods: {e}");
     }
     let with_pods = operator_memory(b, &ns, 1).await;
+    // The same start under other allocators, measured rather than guessed.
+    let mut allocators = Vec::new();
+    for (k, (name, env)) in ALLOCATORS.iter().enumerate() {
+        if let Some(lib) = env.strip_prefix("LD_PRELOAD=")
+            && !std::path::Path::new(lib).exists()
+        {
+            allocators.push((name.to_string(), None));
+            continue;
+        }
+        let wrapper = [OsStr::new("env"), OsStr::new(env)];
+        let mem = operator_memory_under(b, &ns, 2 + k, &wrapper).await;
+        allocators.push((name.to_string(), Some(mem.0)));
+    }
     results.unrelated_pods = Some(UnrelatedPods {
         pods: n,
         idle_hwm_kb: idle.0,
         idle_rss_kb: idle.1,
         hwm_kb: with_pods.0,
         rss_kb: with_pods.1,
+        allocators,
     });
     eprintln!(
         "bench: operator VmHWM {} kB with {n} unrelated pods, {} kB without",
@@ -62,7 +85,17 @@ pub(super) async fn unrelated_pods(b: &Bench<'_>, n: usize, results: &mut Result
 /// (VmHWM, VmRSS) in kB of an operator watching every namespace, once it is
 /// ready (every cache listed) and has had `SETTLE` to handle the events.
 async fn operator_memory(b: &Bench<'_>, ns: &str, k: usize) -> (u64, u64) {
-    let mut op = Operator::start_watching(&b.cp, &b.valkey, ns, None, b.dir.path(), 100 + k, &[]);
+    operator_memory_under(b, ns, k, &[]).await
+}
+
+async fn operator_memory_under(
+    b: &Bench<'_>,
+    ns: &str,
+    k: usize,
+    wrapper: &[&OsStr],
+) -> (u64, u64) {
+    let mut op =
+        Operator::start_watching(&b.cp, &b.valkey, ns, None, b.dir.path(), 100 + k, wrapper);
     assert!(
         op.wait_ready(Duration::from_secs(120)).await,
         "operator watching all namespaces not ready"
