@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Regenerates docs/benchmarks.md from scratch: store throughput and latency
-# against redis-benchmark on the same valkey-server, the operator at scale on a
-# real kube-apiserver + etcd, API write cost, restart re-adoption, handoff and
-# leader failover. Starts its own servers on free loopback ports and stops them.
+# against redis-benchmark on the same valkey-server, etcd's own lock as a peer,
+# the operator at scale on a real kube-apiserver + etcd, memory (with 10,000
+# unrelated pods), API write cost, restart re-adoption, handoff and leader
+# failover. Starts its own servers on free loopback ports and stops them.
 #
-#   scripts/bench.sh                       # everything (~10 minutes on 2 cores)
+#   scripts/bench.sh                       # everything (~20 minutes on 2 cores)
 #   scripts/bench.sh store                 # the store part only (< 3 minutes);
 #                                          # writes target/bench/store.json
 #   BENCH_ONLY=store scripts/bench.sh      # one part (store | operator)
-#   BENCH_STEADY_SECS=300 scripts/bench.sh # the 5-minute steady-state window
+#   BENCH_STEPS=peer,pods scripts/bench.sh operator  # some operator steps only:
+#                                          # peer pods scale steady restart
+#                                          # handoff failover (the last four need scale)
 #
 # Knobs (environment): BENCH_STORE_OPS, BENCH_STORE_OPS_SINGLE, BENCH_POOL,
-# BENCH_POOL_SWEEP, BENCH_CONCURRENCY, BENCH_SCALES, BENCH_STEADY_SECS,
-# BENCH_HANDOFF_TRIALS, BENCH_FAILOVER_TRIALS, BENCH_CREATE_PARALLELISM,
+# BENCH_POOL_SWEEP, BENCH_CONCURRENCY, BENCH_PEER_CONCURRENCY, BENCH_PEER_CYCLES,
+# BENCH_PEER_CYCLES_SINGLE, BENCH_UNRELATED_PODS, BENCH_SCALES,
+# BENCH_STEADY_SECS (default 300, the 5-minute window), BENCH_HANDOFF_TRIALS,
+# BENCH_FAILOVER_TRIALS, BENCH_CREATE_PARALLELISM, BENCH_STEPS,
 # BENCH_OUT (default docs/benchmarks.md).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,21 +25,37 @@ cd "$REPO"
 BENCH_STARTED_EPOCH="$(date +%s)"
 export BENCH_STARTED_EPOCH
 
-# Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
-setup_env="$(scripts/setup.sh)"
-eval "$setup_env"
-for tool in redis-benchmark redis-cli kubectl; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool is missing (apt redis-tools, kubectl)" >&2; exit 1; }
-done
-
 case "${1:-}" in
   "") ;;
   store | operator) export BENCH_ONLY="$1" ;;
   *) echo "usage: $0 [store|operator]" >&2; exit 2 ;;
 esac
+
+# Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
+setup_env="$(scripts/setup.sh)"
+eval "$setup_env"
+# heaptrack profiles the operator's heap (the bench alone needs it).
+if ! command -v heaptrack >/dev/null && [ "${BENCH_ONLY:-}" != store ]; then
+  echo "bench: apt-get install heaptrack" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends heaptrack >&2
+fi
+tools=(redis-benchmark redis-cli kubectl)
+[ "${BENCH_ONLY:-}" = store ] || tools+=(heaptrack heaptrack_print)
+for tool in "${tools[@]}"; do
+  command -v "$tool" >/dev/null || { echo "bench: $tool is missing (apt redis-tools, apt heaptrack, kubectl)" >&2; exit 1; }
+done
+
 if [ "${BENCH_ONLY:-}" = store ]; then
   # The store part alone does not regenerate the whole doc.
   export BENCH_OUT="${BENCH_OUT:-target/bench/store.md}"
+else
+  # The etcd-lock peer (not built by setup.sh: only the bench runs it).
+  scripts/build-controlplane.sh etcdlock >&2
+fi
+if [ -n "${BENCH_STEPS:-}" ]; then
+  # Some steps only: not a whole doc either.
+  export BENCH_OUT="${BENCH_OUT:-target/bench/steps.md}"
 fi
 
 # Build first, in the foreground: Ctrl-C stops cargo like any command.

@@ -6,11 +6,12 @@
 #   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
 #   actionlint (checks .github/workflows)          (tests/controlplane/actionlint)
 #   promtool (the chart's alerting-rule tests)     (tests/controlplane/promtool)
-#   kubelet, kube-scheduler, only when asked       (tests/controlplane/kubelet)
+#   kubelet, kube-scheduler                        (tests/controlplane/kubelet)
 #   containerd, containerd-shim-runc-v2, ctr and the
 #   CNI plugins bridge, host-local, loopback (as
 #   cni-bridge, cni-host-local, cni-loopback),
-#   only when asked                                (tests/controlplane/containerd)
+#                                                  (tests/controlplane/containerd)
+#   etcd-lock, only when asked (the bench's peer)  (tests/controlplane/etcdlock)
 # into ${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}.
 #
 # Incremental: each group is rebuilt only when the hash of its inputs (go.mod,
@@ -19,11 +20,12 @@
 # and module cache (`go env GOMODCACHE`), so a rebuild on a warm machine is
 # mostly linking.
 #
-# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|all]
+# Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|etcdlock|all]
 #        (default: all)
 #        `all` is kube, helm, luahealth, actionlint, promtool, kubelet and containerd
 #        (`node` is the last two: what scripts/node.sh runs); kubectl is built only
-#        when asked (scripts/setup.sh asks when the machine has no kubectl).
+#        when asked (scripts/setup.sh asks when the machine has no kubectl), etcdlock
+#        only by scripts/bench.sh (the tests do not use it).
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
 
@@ -82,7 +84,7 @@ inputs_hash() { # DIR LDFLAGS -> hash of the module's inputs (excluding nested m
     echo "${BUILD_FLAGS[*]}${TAGS:+ -tags=$TAGS} -ldflags=$2 CGO_ENABLED=$CGO_ENABLED"
     cd "$dir"
     # Files of this module only: stop at nested go.mod directories.
-    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune -o -path ./promtool -prune -o -path ./kubelet -prune -o -path ./containerd -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
+    find . \( -path ./helm -prune -o -path ./luahealth -prune -o -path ./kubectl -prune -o -path ./actionlint -prune -o -path ./promtool -prune -o -path ./kubelet -prune -o -path ./containerd -prune -o -path ./etcdlock -prune \) -o -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -print \
       | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -d' ' -f1
 }
@@ -141,6 +143,7 @@ case "$WHAT" in
     github.com/containernetworking/plugins/plugins/main/bridge=cni-bridge \
     github.com/containernetworking/plugins/plugins/ipam/host-local=cni-host-local \
     github.com/containernetworking/plugins/plugins/main/loopback=cni-loopback ;;&
-  kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|all) ;;
-  *) echo "usage: $0 [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|all]" >&2; exit 2 ;;
+  etcdlock) build_group etcdlock "$SRC/etcdlock" "-s -w" .=etcd-lock ;;&
+  kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|etcdlock|all) ;;
+  *) echo "usage: $0 [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|etcdlock|all]" >&2; exit 2 ;;
 esac

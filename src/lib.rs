@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod cache;
 pub mod cli;
 pub mod conditions;
 pub mod config_error;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -18,12 +18,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use crate::admin::RuntimeStatus;
+use crate::cache::{WatchedLease, lease_event};
 use crate::crd::TargetLease;
 use crate::election::{Elector, Timings};
 use crate::floor::FloorStore;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
+use crate::reconcile::pods::CachedPod;
 use crate::reconcile::{self, Context, pods, queue};
 use crate::store::{LeaseStore, Target};
 
@@ -76,14 +78,14 @@ pub async fn control(
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = cfg.client.clone();
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let (pod_reader, pod_writer) = reflector::store::<CachedPod>();
     let pod_stream = reflector::reflector(
         pod_writer,
         watcher(
-            api::<Pod>(&client, &cfg.watch_namespace),
+            api::<CachedPod>(&client, &cfg.watch_namespace),
             watcher::Config::default(),
         )
-        .modify(slim_pod),
+        .modify(CachedPod::slim),
     )
     .default_backoff()
     .touched_objects();
@@ -103,10 +105,10 @@ pub async fn control(
     let lease_stream = reflector::reflector(
         lease_writer,
         watcher(
-            api::<TargetLease>(&client, &cfg.watch_namespace),
+            api::<WatchedLease>(&client, &cfg.watch_namespace),
             watcher::Config::default(),
         )
-        .modify(|tl: &mut TargetLease| tl.managed_fields_mut().clear()),
+        .map_ok(lease_event),
     )
     .default_backoff()
     .touched_objects();
@@ -197,7 +199,7 @@ pub async fn control(
     };
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
-        .watches_stream(pod_stream, move |pod: Pod| {
+        .watches_stream(pod_stream, move |pod: CachedPod| {
             // The pod's own TargetLeases, and every lease queued on their targets:
             // a head of queue that stops wanting the lease must wake the next one.
             let all = leases.state();
@@ -267,27 +269,6 @@ async fn sweep_orphaned_marks(ctx: Arc<Context>) {
         }
         suspects = now;
     }
-}
-
-/// Keeps only what the planner reads of a pod (identity, labels, our
-/// annotations, creation and deletion times, the Ready condition), so the
-/// cache stays small with thousands of unrelated pods.
-fn slim_pod(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.generate_name = None;
-    meta.finalizers = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k.contains("targetlease.dev/"));
-    }
-    pod.spec = None;
-    pod.status = pod.status.take().map(|status| PodStatus {
-        conditions: status
-            .conditions
-            .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
-        ..PodStatus::default()
-    });
 }
 
 /// Leader election among operator replicas, on a `coordination.k8s.io` Lease.

@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -49,7 +48,7 @@ pub struct Context {
     /// Cache of every TargetLease (for queues and token floors).
     pub leases: Store<TargetLease>,
     /// Cache of pods (for holders tied to pods and for candidates).
-    pub pods: Store<Pod>,
+    pub pods: Store<pods::CachedPod>,
     /// Tokens of deleted leases.
     pub floors: FloorStore,
     /// Publishes Events.

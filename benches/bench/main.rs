@@ -9,6 +9,8 @@
 mod operator;
 mod report;
 mod report_analysis;
+mod report_memory;
+mod report_peer;
 mod report_store;
 mod stats;
 mod store;
@@ -74,10 +76,18 @@ fn main() {
             .expect("tokio runtime");
         let results = rt.block_on(operator::run(&operator::Params {
             scales: env_list("BENCH_SCALES", &[1_000, 5_000]),
-            steady: Duration::from_secs(env_or("BENCH_STEADY_SECS", 120)),
+            steady: Duration::from_secs(env_or("BENCH_STEADY_SECS", 300)),
             handoff_trials: env_or("BENCH_HANDOFF_TRIALS", 50),
             failover_trials: env_or("BENCH_FAILOVER_TRIALS", 30),
             create_parallelism: env_or("BENCH_CREATE_PARALLELISM", 64),
+            peer_concurrencies: env_list("BENCH_PEER_CONCURRENCY", &[1, 16, 64]),
+            peer_cycles: env_or("BENCH_PEER_CYCLES", 10_000),
+            peer_cycles_single: env_or("BENCH_PEER_CYCLES_SINGLE", 2_000),
+            peer_pool_size: env_or("BENCH_POOL", 4),
+            unrelated_pods: env_or("BENCH_UNRELATED_PODS", 10_000),
+            steps: std::env::var("BENCH_STEPS")
+                .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+                .unwrap_or_else(|_| operator::STEPS.map(String::from).to_vec()),
         }));
         // The watches in the background are not awaited: don't wait for them.
         rt.shutdown_background();

@@ -120,6 +120,7 @@ pub fn render(run: &Run) -> String {
         crate::report_store::section(w, s);
     }
     if let Some(o) = run.operator {
+        crate::report_peer::section(w, o);
         operator_section(w, o);
     }
     let _ = writeln!(w, "{}", crate::report_analysis::text(run));
@@ -129,7 +130,7 @@ pub fn render(run: &Run) -> String {
 fn operator_section(w: &mut String, o: &operator::Results) {
     let _ = writeln!(
         w,
-        "## 2. Operator at scale (real kube-apiserver, real valkey-server)\n"
+        "## 3. Operator at scale (real kube-apiserver, real valkey-server)\n"
     );
     let _ = writeln!(
         w,
@@ -173,13 +174,12 @@ fn operator_section(w: &mut String, o: &operator::Results) {
         let _ = writeln!(w, "\n### Steady state\n");
         let _ = writeln!(
             w,
-            "{} held TargetLeases, window {:.0} s (the issue asks for 5 minutes; the default \
-             window is 2 minutes to keep the whole run under 15 minutes: `BENCH_STEADY_SECS=300 \
-             scripts/bench.sh` measures 5). With the defaults a lease's status is republished once \
-             per `leaseDuration − renewInterval` = 60 s and all leases were acquired within \
-             seconds of each other, so a window that is a multiple of 60 s counts whole cycles. \
-             Beside it the bench renews one `coordination.k8s.io` Lease every 2 s with a \
-             client-go-style `Update` (the usual leader-election write pattern).\n",
+            "{} held TargetLeases, window {:.0} s (`BENCH_STEADY_SECS`, default 300: the full \
+             5 minutes). With the defaults a lease's status is republished once per \
+             `leaseDuration − renewInterval` = 60 s and all leases were acquired within seconds \
+             of each other, so a window that is a multiple of 60 s counts whole cycles. Beside it \
+             the bench renews one `coordination.k8s.io` Lease every 2 s with a client-go-style \
+             `Update` (the usual leader-election write pattern).\n",
             st.leases, st.window_secs
         );
         let _ = writeln!(w, "| figure | value |");
@@ -217,6 +217,7 @@ fn operator_section(w: &mut String, o: &operator::Results) {
             st.rss_kb as f64 / 1024.0
         );
     }
+    crate::report_memory::section(w, o);
     if let Some(r) = &o.restart {
         let _ = writeln!(w, "\n### Restart re-adoption\n");
         let _ = writeln!(
@@ -268,7 +269,7 @@ fn operator_section(w: &mut String, o: &operator::Results) {
                 .unwrap_or_else(|| format!("not within 60 s ({:.0} renewals)", r.renews))
         );
     }
-    let _ = writeln!(w, "\n## 3. Handoff and leader failover\n");
+    let _ = writeln!(w, "\n## 4. Handoff and leader failover\n");
     let _ = writeln!(
         w,
         "Handoff: two TargetLeases on one target (`-a` Held, `-b` Pending); the bench deletes `-a` \
@@ -318,8 +319,24 @@ fn targets(run: &Run) -> Vec<Target> {
         t.extend(crate::report_store::targets(s));
     }
     if let Some(o) = run.operator {
+        t.extend(crate::report_peer::targets(o));
         for s in &o.scales {
             if s.leases == 1_000 {
+                let ok = s.writes_per_lease_to_held <= 2.0;
+                t.push(Target {
+                    what: "API writes per new lease before `Held` (1,000 leases)".into(),
+                    target: "≤ 2, keeping the crash replay".into(),
+                    measured: format!("**{:.2}**", s.writes_per_lease_to_held),
+                    baseline: "the finalizer and the `Held` status".into(),
+                    met: ok,
+                    why: if ok {
+                        String::new()
+                    } else {
+                        "writes beyond the finalizer and `Held`: conflicts retried, or a status \
+                         written twice (see the apiserver's counts)"
+                            .into()
+                    },
+                });
                 let ok = s.last_create_to_all_held_secs <= 10.0;
                 t.push(Target {
                     what: "1,000 TargetLeases: last create → all Held".into(),
@@ -335,35 +352,15 @@ fn targets(run: &Run) -> Vec<Target> {
                 });
             }
         }
-        if let Some(s) = o.scales.iter().max_by_key(|s| s.leases) {
-            let mb = s
-                .rss_hwm_kb
-                .max(o.steady.as_ref().map_or(0, |st| st.rss_hwm_kb)) as f64
-                / 1024.0;
-            let ok = mb <= 64.0;
-            t.push(Target {
-                what: format!("operator memory at {} leases (VmHWM)", s.leases),
-                target: "≤ 64 MB".into(),
-                measured: format!("**{mb:.1} MB**"),
-                baseline: "–".into(),
-                met: ok && s.leases >= 5_000,
-                why: if s.leases < 5_000 {
-                    "not measured at 5,000 (BENCH_SCALES)".into()
-                } else if ok {
-                    String::new()
-                } else {
-                    crate::report_analysis::memory_miss(s)
-                },
-            });
-        }
+        t.extend(crate::report_memory::targets(o));
         if let Some(st) = &o.steady {
-            let ok = st.per_lease_per_min <= 1.0;
+            let ok = st.per_lease_per_min <= 1.0 && st.window_secs >= 299.0;
             t.push(Target {
                 what: format!(
                     "API writes per lease per minute, steady state ({:.0} s window)",
                     st.window_secs
                 ),
-                target: "≤ 1".into(),
+                target: "≤ 1, over the full 5-minute window".into(),
                 measured: format!("**{:.3}**", st.per_lease_per_min),
                 baseline: format!(
                     "client-go-style Lease, 2 s renew: {:.1}/min",

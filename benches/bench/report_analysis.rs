@@ -30,8 +30,8 @@ pub fn client_miss(s: &store::Results, op: &str, c: usize) -> String {
     let p50 = |f: Option<&Figure>| f.map_or(f64::NAN, |f| f.p50_us);
     format!(
         "Same script, same server: our client's p50 is {:.0} µs against redis-benchmark's {:.0} µs \
-         at c={c}; the difference is client CPU per call (tokio task, fred, reply decoding, \
-         request building) on the load generator's one thread, which shares 2 cores with \
+         at c={c}; the difference is client CPU per call (tokio task, our RESP client's request \
+         encoding and reply decoding) on the load generator's one thread, which shares 2 cores with \
          valkey-server.",
         p50(s.ours(op, c)),
         p50(s.script(op, c))
@@ -49,21 +49,11 @@ pub fn latency_miss(s: &store::Results, op: &str) -> String {
 
 pub fn scale_miss(s: &operator::Scale) -> String {
     format!(
-        "Bound by API writes: {:.1} writes per lease before `Held` at {:.0} ms mean reconcile with \
-         16 reconciles in flight. Raising `--concurrency`, or folding the acquisitionId write into \
-         the Held status write, would close it.",
+        "Bound by the API server: {:.1} writes per lease before `Held` (the finalizer and the \
+         `Held` status) at {:.0} ms mean reconcile with 16 reconciles in flight, on 2 cores \
+         shared with kube-apiserver, etcd and the bench; a higher `--concurrency` or a less \
+         loaded machine moves it (the write count is already the minimum).",
         s.writes_per_lease_to_held, s.reconcile_mean_ms
-    )
-}
-
-pub fn memory_miss(s: &operator::Scale) -> String {
-    format!(
-        "Memory grows linearly with the TargetLeases held ({} here; per-lease slope in the \
-         analysis), several times the objects' JSON size. Not profiled yet: a heap profile \
-         (dhat/heaptrack) of the operator at 5,000 leases is the next step; likely levers are a \
-         trimmed watch cache (no `managedFields`), less per-lease controller state, and an \
-         allocator that returns freed memory.",
-        s.leases
     )
 }
 
@@ -151,15 +141,14 @@ pub fn text(run: &Run) -> String {
             let _ = writeln!(
                 w,
                 "**Reconciler at scale** is bounded by the API server, not by Valkey: a new lease \
-                 costs {:.1} TargetLease writes before it is `Held` (the finalizer patch, the \
-                 `acquisitionId` status write that makes a crash replay-safe, the `Held` status), \
-                 a mean reconcile takes {:.1} ms of which the acquire in Valkey is {acquire:.2} ms, \
+                 costs {:.1} TargetLease writes before it is `Held` (the finalizer patch and the \
+                 `Held` status; the first acquisition's id is derived from the resource's UID, so \
+                 a crash between acquire and status replays it without a write of its own), a \
+                 mean reconcile takes {:.1} ms of which the acquire in Valkey is {acquire:.2} ms, \
                  and the operator runs 16 reconciles at once (`--concurrency`): {:.1} reconciles \
                  per lease × {:.1} ms ÷ 16 predicts {:.1} s of reconciling for {} leases against \
-                 {:.1} s measured from the first create. The apiserver and \
-                 etcd share the 2 cores with the operator and the bench. Fewer writes per new \
-                 lease (the acquisitionId and Held in one status write would save one round trip \
-                 but lose the crash-replay guarantee) or a higher `--concurrency` would move it.\n",
+                 {:.1} s measured from the first create. The apiserver and etcd share the 2 cores \
+                 with the operator and the bench; a higher `--concurrency` would move it.\n",
                 s.writes_per_lease_to_held,
                 s.reconcile_mean_ms,
                 s.reconciles / s.leases as f64,
@@ -169,26 +158,8 @@ pub fn text(run: &Run) -> String {
                 s.first_create_to_all_held_secs
             );
         }
-        if let (Some(a), Some(b)) = (o.scales.first(), o.scales.last())
-            && b.leases > a.leases
-        {
-            let slope = (b.rss_hwm_kb as f64 - a.rss_hwm_kb as f64) / (b.leases - a.leases) as f64;
-            let _ = writeln!(
-                w,
-                "**Memory per lease**: VmHWM went from {:.1} MB at {} leases to {:.1} MB at {}, \
-                 about {slope:.1} KB per TargetLease; the fixed part (runtime, TLS, clients) is \
-                 about {:.0} MB. A TargetLease is a few KB as JSON (about half of it \
-                 `managedFields`), so the cached object alone does not explain the slope: the \
-                 controller's per-object state (queue, requeue timers, renewal schedule) and \
-                 allocator slack at the high-water mark are the other candidates; a heap profile \
-                 would tell which.\n",
-                a.rss_hwm_kb as f64 / 1024.0,
-                a.leases,
-                b.rss_hwm_kb as f64 / 1024.0,
-                b.leases,
-                (a.rss_hwm_kb as f64 - slope * a.leases as f64) / 1024.0
-            );
-        }
+        crate::report_peer::analysis(&mut w, o);
+        crate::report_memory::analysis(&mut w, o);
         if let Some(st) = &o.steady {
             let _ = writeln!(
                 w,
@@ -196,11 +167,9 @@ pub fn text(run: &Run) -> String {
                  window, every `renewInterval`) and do not write status; status is republished \
                  once per `leaseDuration − renewInterval` so `expiresAt` stays a lower bound, \
                  {:.3} writes per lease per minute, against {:.1}/min for one client-go-style \
-                 Lease renewed every 2 s. The window was {:.0} s, not the 5 minutes the issue \
-                 asks for, to keep the run under 15 minutes; all leases were acquired within \
-                 seconds, so their 60 s republish cycles are aligned and a whole-minute window \
-                 counts whole cycles (the per-minute figure extrapolates linearly). \
-                 `BENCH_STEADY_SECS=300` measures the full 5 minutes.\n",
+                 Lease renewed every 2 s, over a {:.0} s window; all leases were acquired \
+                 within seconds, so their 60 s republish cycles are aligned and a whole-minute \
+                 window counts whole cycles.\n",
                 st.renews / st.leases as f64 / (st.window_secs / 60.0),
                 st.per_lease_per_min,
                 st.baseline_per_min,

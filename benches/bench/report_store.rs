@@ -45,7 +45,9 @@ pub fn section(w: &mut String, s: &store::Results) {
         "## 1. Store: script cost, client efficiency, overall\n\n\
          Closed loop on every side: N clients, each waits for its reply before sending the next \
          request. redis-benchmark runs `-c N -P 1` (one connection per client, no pipelining); \
-         ours runs N tokio tasks on one thread sharing a fred pool of {} connections. Both load \
+         ours runs N tokio tasks on one thread sharing our client's pool of {} connections \
+         (src/store/valkey/: our own RESP client; calls of several tasks share a connection, \
+         pipelined). Both load \
          generators are single-threaded and share the 2 cores with valkey-server. Three \
          baselines per concurrency, same server, same run: PING; the **minimal script** \
          (`EXISTS lease; INCR fence; SET lease owner PX ttl`, by EVALSHA, fresh keys); and \
@@ -143,7 +145,7 @@ pub fn section(w: &mut String, s: &store::Results) {
     let _ = writeln!(w);
 }
 
-/// The issue-13 store targets, each against its same-run baseline.
+/// The store targets, each against its same-run baseline.
 pub fn targets(s: &store::Results) -> Vec<Target> {
     let mut t = Vec::new();
     let top = top(s);

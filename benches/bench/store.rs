@@ -4,7 +4,7 @@
 //!
 //! Both sides are closed-loop: N clients, each with one request in flight
 //! (redis-benchmark `-P 1`, one connection per client; ours, N tasks sharing a
-//! fred pool). Both load generators are single-threaded.
+//! pool of our own RESP client). Both load generators are single-threaded.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -85,7 +85,12 @@ fn find<'a>(rows: &'a [Row], op: &str, c: usize) -> Option<&'a Figure> {
 
 /// Runs `ops` operations from `concurrency` closed-loop clients; `op(client, i)`
 /// returns whether the outcome was the expected one.
-async fn drive<F, Fut>(concurrency: usize, ops: usize, failures: &AtomicUsize, op: F) -> Figure
+pub(crate) async fn drive<F, Fut>(
+    concurrency: usize,
+    ops: usize,
+    failures: &AtomicUsize,
+    op: F,
+) -> Figure
 where
     F: Fn(usize, usize) -> Fut,
     Fut: Future<Output = bool>,
@@ -114,7 +119,7 @@ where
     Figure::from_samples(samples, start.elapsed())
 }
 
-async fn connect(server: &ValkeyServer, pool_size: usize) -> ValkeyStore {
+pub(crate) async fn connect(server: &ValkeyServer, pool_size: usize) -> ValkeyStore {
     ValkeyStore::connect(&ValkeyConfig {
         url: server.url(),
         pool_size,

@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
 use super::plan::is_published_held;
+use super::pods::CachedPod;
 use crate::crd::TargetLeaseStatus;
 
 /// The keys one TargetLease marks its holder pod with.
@@ -67,7 +68,7 @@ pub fn wanted(status: &TargetLeaseStatus) -> Option<Mark> {
 }
 
 /// True when `pod` carries any mark of TargetLease `name` (current or legacy).
-pub fn carries(pod: &Pod, name: &str) -> bool {
+pub fn carries(pod: &CachedPod, name: &str) -> bool {
     let k = keys(name);
     pod.labels().contains_key(&k.leader)
         || pod.annotations().contains_key(&k.token)
@@ -80,7 +81,7 @@ pub fn carries(pod: &Pod, name: &str) -> bool {
 }
 
 /// True when `pod` carries exactly `mark` for TargetLease `name`.
-pub fn is_current(pod: &Pod, name: &str, mark: &Mark) -> bool {
+pub fn is_current(pod: &CachedPod, name: &str, mark: &Mark) -> bool {
     let k = keys(name);
     pod.labels().get(&k.leader).map(String::as_str) == Some("true")
         && pod.annotations().get(&k.token) == Some(&mark.token.to_string())
@@ -89,7 +90,7 @@ pub fn is_current(pod: &Pod, name: &str, mark: &Mark) -> bool {
 }
 
 /// Names of the TargetLeases whose marks `pod` carries (current or legacy).
-pub fn marked_by(pod: &Pod) -> Vec<String> {
+pub fn marked_by(pod: &CachedPod) -> Vec<String> {
     let suffixes = [
         ".targetlease.dev/leader",
         ".targetlease.dev/fencing-token",
@@ -123,7 +124,7 @@ pub struct MarkPlan {
 pub fn plan(
     name: &str,
     wanted: Option<&Mark>,
-    pods: &[&Pod],
+    pods: &[&CachedPod],
     also_unmark: Option<&str>,
 ) -> MarkPlan {
     let wanted_pod = wanted.map(|m| m.pod.as_str());
@@ -211,7 +212,7 @@ pub async fn unmark(
     ns: &str,
     name: &str,
     pod: &str,
-    cached: Option<&Pod>,
+    cached: Option<&CachedPod>,
 ) -> Result<(), kube::Error> {
     let k = keys(name);
     let mut labels = serde_json::Map::new();
@@ -249,7 +250,12 @@ mod tests {
     use crate::crd::Phase;
     use crate::reconcile::transition::time_ms;
 
-    fn pod(name: &str, uid: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Pod {
+    fn pod(
+        name: &str,
+        uid: &str,
+        labels: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+    ) -> CachedPod {
         serde_json::from_value(serde_json::json!({
             "metadata": {
                 "name": name, "uid": uid,

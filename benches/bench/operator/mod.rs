@@ -1,15 +1,19 @@
 //! The real `targetlease operator` binary against a real kube-apiserver +
 //! etcd and a real valkey-server: scale, memory, API write cost at steady
-//! state, restart re-adoption, handoff and leader failover. Each step is its
-//! own file; `run` calls them in order on one control plane.
+//! state, restart re-adoption, handoff and leader failover; and the store's
+//! peer, etcd's own lock on the control plane's etcd. Each step is its own
+//! file; `run` calls them in order on one control plane.
 
+mod etcd_peer;
 mod failover;
 mod handoff;
+mod heap_profile;
 mod objects;
 mod process;
 mod restart;
 mod scale;
 mod steady;
+mod unrelated_pods;
 
 use std::time::Duration;
 
@@ -29,6 +33,57 @@ pub struct Params {
     pub failover_trials: usize,
     /// Parallel creates (kube-rs has no client-side rate limit).
     pub create_parallelism: usize,
+    /// Concurrencies of the etcd-lock peer (empty: not run).
+    pub peer_concurrencies: Vec<usize>,
+    /// Acquire+release cycles per peer cell at concurrency > 1, and at 1.
+    pub peer_cycles: usize,
+    pub peer_cycles_single: usize,
+    /// Our client's pool size in the peer cells.
+    pub peer_pool_size: usize,
+    /// Pods no TargetLease selects, for the memory row (0: not run).
+    pub unrelated_pods: usize,
+    /// The steps to run, in their fixed order (steady, restart, handoff and
+    /// failover need scale).
+    pub steps: Vec<String>,
+}
+
+/// Every step, in the order `run` takes them.
+pub const STEPS: [&str; 8] = [
+    "peer", "pods", "scale", "steady", "restart", "handoff", "failover", "heap",
+];
+
+/// A heaptrack profile of an operator holding the run's leases.
+pub struct HeapProfile {
+    pub leases: usize,
+    /// How long it ran after renewing every lease, and in all (s).
+    pub settle_secs: u64,
+    pub secs: f64,
+    /// Bytes live at the heap's peak, all stacks.
+    pub peak_heap_bytes: f64,
+    /// (site, bytes live at the peak), largest first.
+    pub sites: Vec<(String, f64)>,
+    pub allocations: u64,
+    pub temporary: u64,
+}
+
+/// Operator memory at start in a cluster with pods no TargetLease selects.
+pub struct UnrelatedPods {
+    pub pods: usize,
+    /// (VmHWM, VmRSS) kB of the same operator started before the pods existed.
+    pub idle_hwm_kb: u64,
+    pub idle_rss_kb: u64,
+    pub hwm_kb: u64,
+    pub rss_kb: u64,
+    /// VmHWM kB of the same start under other allocators (None: not installed).
+    pub allocators: Vec<(String, Option<u64>)>,
+}
+
+/// One concurrency of the peer: etcd's lock and ours, acquire+release cycles.
+pub struct PeerCell {
+    pub concurrency: usize,
+    pub etcd: crate::stats::Figure,
+    pub etcd_errors: u64,
+    pub ours: crate::stats::Figure,
 }
 
 pub struct Scale {
@@ -77,6 +132,13 @@ pub struct Restart {
 
 pub struct Results {
     pub apiserver_version: String,
+    pub peer: Vec<PeerCell>,
+    /// Our client's pool size in the peer cells.
+    pub peer_pool_size: usize,
+    /// Our cycles that did not acquire and release.
+    pub peer_failures: usize,
+    pub unrelated_pods: Option<UnrelatedPods>,
+    pub heap: Option<HeapProfile>,
     pub scales: Vec<Scale>,
     pub steady: Option<Steady>,
     pub restart: Option<Restart>,
@@ -123,6 +185,11 @@ pub async fn run(p: &Params) -> Results {
     };
     let mut results = Results {
         apiserver_version,
+        peer: Vec::new(),
+        peer_pool_size: p.peer_pool_size,
+        peer_failures: 0,
+        unrelated_pods: None,
+        heap: None,
         scales: Vec::new(),
         steady: None,
         restart: None,
@@ -133,12 +200,39 @@ pub async fn run(p: &Params) -> Results {
         failover_marked: Vec::new(),
         failover_failures: 0,
     };
+    let wants = |step: &str| p.steps.iter().any(|s| s == step);
+    // The peer first, while the control plane is idle; the unrelated pods
+    // before any TargetLease exists (that operator watches every namespace).
+    if wants("peer") && !p.peer_concurrencies.is_empty() {
+        etcd_peer::etcd_peer(&b, &mut results).await;
+    }
+    if wants("pods") && p.unrelated_pods > 0 {
+        unrelated_pods::unrelated_pods(&b, p.unrelated_pods, &mut results).await;
+    }
+    if !wants("scale") || p.scales.is_empty() {
+        return results;
+    }
     let (ns, op, tracker) = scale::scale(&b, &mut results).await;
     let n = *p.scales.last().unwrap();
-    steady::steady(&b, &ns, &op, n, &mut results).await;
-    let _op2 = restart::restart(&b, &ns, op, &tracker, n, &mut results).await;
-    handoff::handoff(&b, &ns, &tracker, n, &mut results).await;
-    failover::failover(&b, &ns, &tracker, &mut results).await;
+    if wants("steady") {
+        steady::steady(&b, &ns, &op, n, &mut results).await;
+    }
+    // The operator holding the leases stays up until the last step is done.
+    let op = if wants("restart") {
+        restart::restart(&b, &ns, op, &tracker, n, &mut results).await
+    } else {
+        op
+    };
+    if wants("handoff") {
+        handoff::handoff(&b, &ns, &tracker, n, &mut results).await;
+    }
+    if wants("failover") {
+        failover::failover(&b, &ns, &tracker, &mut results).await;
+    }
+    if wants("heap") {
+        let leases = tracker.held_count();
+        heap_profile::heap_profile(&b, &ns, op, leases, &mut results).await;
+    }
     drop(b);
     results
 }

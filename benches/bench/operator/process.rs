@@ -16,6 +16,7 @@ pub(super) struct Operator {
 }
 
 impl Operator {
+    /// An operator watching namespace `ns` only (its token floors in `ns`).
     pub(super) fn start(
         cp: &ControlPlane,
         valkey: &ValkeyServer,
@@ -23,15 +24,42 @@ impl Operator {
         dir: &Path,
         n: usize,
     ) -> Self {
+        Self::start_watching(cp, valkey, ns, Some(ns), dir, n, &[])
+    }
+
+    /// An operator watching `watch`, or every namespace when `None`, run
+    /// through `wrapper` (a profiler's command line) when that is not empty.
+    pub(super) fn start_watching(
+        cp: &ControlPlane,
+        valkey: &ValkeyServer,
+        floor_ns: &str,
+        watch: Option<&str>,
+        dir: &Path,
+        n: usize,
+        wrapper: &[&std::ffi::OsStr],
+    ) -> Self {
         let admin_port = free_port();
-        let log = std::fs::File::create(dir.join(format!("operator-{ns}-{n}.log"))).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
-            .arg("operator")
+        let log =
+            std::fs::File::create(dir.join(format!("operator-{floor_ns}-{n}.log"))).expect("log");
+        let exe = env!("CARGO_BIN_EXE_targetlease");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        cmd.arg("operator")
             .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])
             .args(["--valkey-url", &valkey.url()])
             .arg("--lease-id-key-file")
             .arg(dir.join("lease-id-key"))
-            .args(["--floor-namespace", ns, "--watch-namespace", ns])
+            .args(["--floor-namespace", floor_ns]);
+        if let Some(ns) = watch {
+            cmd.args(["--watch-namespace", ns]);
+        }
+        let child = cmd
             .env("KUBECONFIG", cp.kubeconfig_path())
             .env("POD_NAME", format!("bench-operator-{n}"))
             .env("RUST_LOG", "info")
@@ -54,8 +82,19 @@ impl Operator {
         false
     }
 
+    /// The operator's own process: the child, or under a wrapper the
+    /// wrapper's child that runs our binary.
     pub(super) fn pid(&self) -> u32 {
-        self.child.id()
+        let me = self.child.id();
+        std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .find(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "targetlease")
+            })
+            .unwrap_or(me)
     }
 
     /// (VmHWM, VmRSS) in kB.
@@ -86,6 +125,8 @@ impl Operator {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM to the operator, then waits for the child (and a wrapper's
+    /// own work after the operator exits).
     pub(super) fn stop(&mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])

@@ -43,6 +43,7 @@ pub(super) async fn scale(b: &Bench<'_>, results: &mut Results) -> (String, Oper
             });
         let after = apiserver_metrics(&b.cp);
         let (hwm, rss) = op.rss();
+        eprintln!("bench: {n} Held; operator VmHWM {hwm} kB, VmRSS {rss} kB");
         let m = op.metrics();
         let reconciles = m.sum("targetlease_reconcile_duration_seconds_count", &[]);
         results.scales.push(Scale {

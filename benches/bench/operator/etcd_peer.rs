@@ -1,0 +1,107 @@
+//! The store's peer: etcd's own lock (`go.etcd.io/etcd/client/v3/concurrency`
+//! Mutex, driven by `etcd-lock` from tests/controlplane/etcdlock) against the
+//! control plane's etcd, beside acquire+release cycles of our client against
+//! the bench's valkey-server, at the same concurrencies in the same run.
+//!
+//! Both sides run closed-loop workers, each on its own lock (no waiting for
+//! another holder), on one load-generator thread (`GOMAXPROCS=1`; our
+//! workers share one task). A cycle is two round trips on both: Lock (one
+//! Txn) and Unlock (one Delete) in etcd, acquire and release (one EVALSHA
+//! each) in Valkey. etcd runs as the tests start it (`--unsafe-no-fsync`),
+//! Valkey without persistence.
+
+use std::process::Command;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Target};
+
+use super::{Bench, PeerCell, Results};
+use crate::stats::Figure;
+use crate::store::{connect, drive};
+use crate::support::kube_env::tools_dir;
+
+const TTL: Duration = Duration::from_secs(90);
+
+pub(super) async fn etcd_peer(b: &Bench<'_>, results: &mut Results) {
+    let etcd_port = std::fs::read_to_string(b.cp.dir().join("etcd.port"))
+        .expect("the control plane's etcd.port");
+    let bin = tools_dir().join("etcd-lock");
+    assert!(
+        bin.exists(),
+        "{} is missing: scripts/bench.sh builds it (scripts/build-controlplane.sh etcdlock)",
+        bin.display()
+    );
+    let store = connect(&b.valkey, b.p.peer_pool_size).await;
+    let failures = AtomicUsize::new(0);
+    for &c in &b.p.peer_concurrencies {
+        let cycles = if c == 1 {
+            b.p.peer_cycles_single
+        } else {
+            b.p.peer_cycles
+        };
+        eprintln!("bench: etcd lock vs ours at concurrency {c} ({cycles} cycles)");
+        let (etcd, etcd_errors) = etcd_lock(&bin, etcd_port.trim(), c, cycles);
+        let targets: Vec<Target> = (0..c)
+            .map(|k| Target::new("peer", format!("c{c}-w{k}")))
+            .collect();
+        let ours = drive(c, cycles, &failures, |k, _| {
+            let (store, target) = (&store, &targets[k]);
+            async move { cycle(store, target).await }
+        })
+        .await;
+        eprintln!(
+            "bench: c={c}: etcd {:.0} cycles/s (p50 {:.0} µs), ours {:.0} cycles/s (p50 {:.0} µs)",
+            etcd.ops_per_sec, etcd.p50_us, ours.ops_per_sec, ours.p50_us
+        );
+        results.peer.push(PeerCell {
+            concurrency: c,
+            etcd,
+            etcd_errors,
+            ours,
+        });
+    }
+    results.peer_failures = failures.into_inner();
+}
+
+/// One acquire+release of our lease; true when both did their work.
+async fn cycle(store: &impl LeaseStore, target: &Target) -> bool {
+    let req = AcquireRequest::new(target.clone(), "bench-peer", TTL);
+    let Ok(reply) = store.acquire(&req).await else {
+        return false;
+    };
+    let Some(handle) = reply.lease.and_then(|l| l.handle()) else {
+        return false;
+    };
+    let release = ReleaseRequest::new(target.clone(), handle);
+    reply.outcome == Outcome::Acquired
+        && matches!(store.release(&release).await, Ok(r) if r.outcome == Outcome::Released)
+}
+
+/// Runs `etcd-lock` for one concurrency; (figure, errors).
+fn etcd_lock(bin: &std::path::Path, port: &str, c: usize, cycles: usize) -> (Figure, u64) {
+    let out = Command::new(bin)
+        .args(["-endpoints", &format!("127.0.0.1:{port}")])
+        .args(["-concurrency", &c.to_string()])
+        .args(["-cycles", &cycles.to_string()])
+        .args(["-cycles-single", &cycles.to_string()])
+        .env("GOMAXPROCS", "1")
+        .output()
+        .expect("run etcd-lock");
+    assert!(
+        out.status.success(),
+        "etcd-lock failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcd-lock's JSON");
+    let num = |k: &str| line[k].as_f64().unwrap_or(f64::NAN);
+    let figure = Figure {
+        ops: num("cycles") as usize,
+        ops_per_sec: num("cycles_per_sec"),
+        p50_us: num("p50_us"),
+        p99_us: num("p99_us"),
+        server_us: None,
+        server_cmds: None,
+    };
+    (figure, num("errors") as u64)
+}

@@ -1,0 +1,134 @@
+//! What the operator's watch caches decode: objects without `managedFields`.
+//!
+//! The API server sends every object with its managed fields, a tree of
+//! field paths per writer that the operator never reads and that decodes
+//! into several KB of maps per object. The caches' types skip it while
+//! decoding, so it is neither kept nor allocated on every list page and
+//! watch event.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::runtime::watcher;
+use serde::{Deserialize, Deserializer};
+
+use crate::crd::{TargetLease, TargetLeaseSpec, TargetLeaseStatus};
+
+/// Every field of `ObjectMeta` but `managedFields` (skipped unread).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+/// Decodes an object's metadata without its managed fields.
+pub fn without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = Metadata::deserialize(d)?;
+    Ok(ObjectMeta {
+        annotations: m.annotations,
+        creation_timestamp: m.creation_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        deletion_timestamp: m.deletion_timestamp,
+        finalizers: m.finalizers,
+        generate_name: m.generate_name,
+        generation: m.generation,
+        labels: m.labels,
+        managed_fields: None,
+        name: m.name,
+        namespace: m.namespace,
+        owner_references: m.owner_references,
+        resource_version: m.resource_version,
+        self_link: m.self_link,
+        uid: m.uid,
+    })
+}
+
+/// A TargetLease as the watch decodes it; the cache holds it as a
+/// [`TargetLease`] ([`lease_event`]).
+#[derive(kube::Resource, Clone, Debug, Deserialize)]
+#[resource(inherit = "TargetLease")]
+pub struct WatchedLease {
+    /// The metadata, without managed fields.
+    #[serde(deserialize_with = "without_managed_fields")]
+    pub metadata: ObjectMeta,
+    /// The spec.
+    pub spec: TargetLeaseSpec,
+    /// The status.
+    #[serde(default)]
+    pub status: Option<TargetLeaseStatus>,
+}
+
+impl From<WatchedLease> for TargetLease {
+    fn from(w: WatchedLease) -> Self {
+        TargetLease {
+            metadata: w.metadata,
+            spec: w.spec,
+            status: w.status,
+        }
+    }
+}
+
+/// A watch event of [`WatchedLease`]s as one of [`TargetLease`]s.
+pub fn lease_event(event: watcher::Event<WatchedLease>) -> watcher::Event<TargetLease> {
+    use watcher::Event;
+    match event {
+        Event::Apply(w) => Event::Apply(w.into()),
+        Event::Delete(w) => Event::Delete(w.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(w) => Event::InitApply(w.into()),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_decodes_whole_but_for_its_managed_fields() {
+        let json = serde_json::json!({
+            "apiVersion": "targetlease.dev/v1alpha1",
+            "kind": "TargetLease",
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "u-1", "generation": 3,
+                "resourceVersion": "42", "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-02T00:00:00Z", "deletionGracePeriodSeconds": 0,
+                "finalizers": ["targetlease.dev/release"],
+                "labels": { "app": "web" }, "annotations": { "note": "x" },
+                "ownerReferences": [{ "apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "o-1" }],
+                "managedFields": [{ "manager": "targetlease-operator", "operation": "Apply",
+                                    "fieldsType": "FieldsV1", "fieldsV1": { "f:status": {} } }],
+            },
+            "spec": { "target": "db", "holder": { "identity": "worker-1" } },
+            "status": { "phase": "Held", "fencingToken": 9007199254740993u64 },
+        });
+        let full: TargetLease = serde_json::from_value(json.clone()).unwrap();
+        let watched: WatchedLease = serde_json::from_value(json).unwrap();
+        let cached = TargetLease::from(watched);
+        assert!(full.metadata.managed_fields.is_some());
+        assert_eq!(cached.metadata.managed_fields, None);
+        let mut expected = full;
+        expected.metadata.managed_fields = None;
+        assert_eq!(
+            cached.metadata, expected.metadata,
+            "the rest as the API server sent it"
+        );
+        assert_eq!(
+            (&cached.spec, &cached.status),
+            (&expected.spec, &expected.status)
+        );
+    }
+}
