@@ -123,8 +123,35 @@ pub fn render(run: &Run) -> String {
         crate::report_peer::section(w, o);
         operator_section(w, o);
     }
+    node_section(w);
     let _ = writeln!(w, "{}", crate::report_analysis::text(run));
     out
+}
+
+/// The downward-API delay on a real node. The node tests measure it (a
+/// kubelet, containerd and real pods: `cargo test --test node`), not this
+/// bench, so the section is the figure docs/node.md records, quoted whole.
+fn node_section(w: &mut String) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/node.md");
+    let doc = std::fs::read_to_string(path).unwrap_or_default();
+    let heading = "### Downward-API delay: status change to token file";
+    let Some(start) = doc.find(heading) else {
+        let _ = writeln!(
+            w,
+            "\n## 5. Real node\n\ndocs/node.md has no delay figure.\n"
+        );
+        return;
+    };
+    let body = &doc[start + heading.len()..];
+    let body = &body[..body.find("\n### ").unwrap_or(body.len())];
+    let _ = writeln!(
+        w,
+        "\n## 5. Real node: status change to the token file\n\n\
+         Measured by the node tests on a one-node cluster (kubelet, containerd, real pods; \
+         `cargo test --test node`), not by this bench; quoted from \
+         [node.md](node.md#downward-api-delay-status-change-to-token-file).\n{}",
+        body.trim_end()
+    );
 }
 
 fn operator_section(w: &mut String, o: &operator::Results) {
