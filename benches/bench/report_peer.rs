@@ -6,14 +6,26 @@ use std::fmt::Write;
 use crate::operator::{PeerCell, Results};
 use crate::report::Target;
 
-/// "ours 2.10× etcd" or "etcd 1.30× ours": who is ahead in cycles per second.
-fn ahead(c: &PeerCell) -> String {
+/// Who is ahead in cycles per second, and by what factor.
+fn leader(c: &PeerCell) -> (&'static str, f64) {
     let r = c.ours.ops_per_sec / c.etcd.ops_per_sec;
     if r >= 1.0 {
-        format!("ours, {r:.2}×")
+        ("ours", r)
     } else {
-        format!("etcd, {:.2}×", 1.0 / r)
+        ("etcd", 1.0 / r)
     }
+}
+
+/// "ours, 2.10×" or "etcd, 1.30×".
+fn ahead(c: &PeerCell) -> String {
+    let (who, r) = leader(c);
+    format!("{who}, {r:.2}×")
+}
+
+/// "ours is ahead by 2.10×".
+fn ahead_by(c: &PeerCell) -> String {
+    let (who, r) = leader(c);
+    format!("{who} is ahead by {r:.2}×")
 }
 
 pub fn section(w: &mut String, o: &Results) {
@@ -101,19 +113,19 @@ pub fn analysis(w: &mut String, o: &Results) {
     };
     let _ = writeln!(
         w,
-        "**Peer**: at concurrency {} {} is ahead ({:.0} against {:.0} cycles/s), at {} {} \
-         ({:.0} against {:.0}). Both sides are bound by their server on the same 2 cores: a \
+        "**Peer**: at concurrency {} {} ({:.0} against {:.0} cycles/s), at {} {} ({:.0} \
+         against {:.0}). Both sides are bound by their server on the same 2 cores: a \
          Valkey script runs in memory on one thread; an etcd Txn is proposed through raft, \
          applied to its store and appended to its write-ahead log (not synced in this setup) \
          before it answers, and the Unlock is a second such write. Our cycle carries more per \
          call than the bare lock (the request cache for idempotent retries, the token counter, \
          server-side expiry), and still costs less server time than etcd's two writes.\n",
         first.concurrency,
-        ahead(first),
+        ahead_by(first),
         first.ours.ops_per_sec,
         first.etcd.ops_per_sec,
         last.concurrency,
-        ahead(last),
+        ahead_by(last),
         last.ours.ops_per_sec,
         last.etcd.ops_per_sec,
     );
