@@ -149,8 +149,8 @@ fn node_section(w: &mut String) {
         "\n## 5. Real node: status change to the token file\n\n\
          Measured by the node tests on a one-node cluster (kubelet, containerd, real pods; \
          `cargo test --test node`), not by this bench; quoted from \
-         [node.md](node.md#downward-api-delay-status-change-to-token-file).\n{}",
-        body.trim_end()
+         [node.md](node.md#downward-api-delay-status-change-to-token-file).\n\n{}\n",
+        body.trim()
     );
 }
 
