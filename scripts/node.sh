@@ -531,9 +531,30 @@ cmd_start() {
   start_kube_controller_manager "$dir"
   start_kube_scheduler "$dir"
   start_apiserver_forwarder "$dir"
+  save_host_sysctls "$dir"
   start_kubelet "$dir"
   trap - EXIT
   log "ready in $((SECONDS - t0))s: node $NODE_NAME ($RUNTIME, pods on $(bridge_name "$dir") $(cat "$dir/subnet").0/24); kubeconfig: $dir/kubeconfig"
+}
+
+# The kernel settings the kubelet rewrites on the host when it starts (its
+# container manager: overcommit, panic on oops/OOM, key quotas) and the one
+# the CNI bridge plugin turns on (forwarding). Saved before the kubelet
+# starts and put back by `stop`, so a node leaves the machine as it found it.
+HOST_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward)
+
+save_host_sysctls() { # DIR
+  local k
+  [ -f "$1/host-sysctls" ] && return 0
+  for k in "${HOST_SYSCTLS[@]}"; do
+    echo "$k=$(sysctl -n "$k")"
+  done > "$1/host-sysctls"
+}
+
+restore_host_sysctls() { # DIR
+  [ -f "$1/host-sysctls" ] || return 0
+  sysctl -q -p "$1/host-sysctls" >/dev/null 2>&1 || log "could not restore every host sysctl in $1/host-sysctls"
 }
 
 cmd_stop() {
@@ -553,6 +574,7 @@ cmd_stop() {
   ip link del "$(bridge_name "$dir")" 2>/dev/null || true
   forget_host_state "$dir"
   remove_cgroups "$dir"
+  restore_host_sysctls "$dir"
   if [ -f "$dir/.owns-controlplane" ]; then
     "$REPO/scripts/controlplane.sh" stop "$dir/controlplane" || true
   fi

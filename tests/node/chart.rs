@@ -40,17 +40,19 @@ fn chart_runs_two_ready_replicas_under_restricted_pod_security_and_serves_metric
         deploy["spec"]["replicas"], 2,
         "the chart ships two replicas"
     );
-    assert_eq!(
-        deploy["status"]["readyReplicas"],
-        2,
-        "{}",
-        node.describe(OPERATOR_NS)
+    // Both Ready (the kill test, if it ran first, restarted one: wait).
+    let pods = eventually(
+        "both operator replicas Ready",
+        Duration::from_secs(120),
+        || {
+            let d = node.json(&["-n", OPERATOR_NS, "get", "deployment", RELEASE]);
+            let pods = node.pods(OPERATOR_NS, SELECTOR);
+            (d["status"]["readyReplicas"] == 2 && pods.len() == 2 && pods.iter().all(is_ready))
+                .then_some(pods)
+        },
+        || node.describe(OPERATOR_NS),
     );
-
-    let pods = node.pods(OPERATOR_NS, SELECTOR);
-    assert_eq!(pods.len(), 2, "{}", node.describe(OPERATOR_NS));
     for pod in &pods {
-        assert!(is_ready(pod), "pod {} is not Ready", name(pod));
         let c = &pod["spec"]["containers"][0];
         assert_eq!(c["image"], OPERATOR_IMAGE);
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
@@ -116,15 +118,14 @@ fn killing_the_operator_leader_pod_hands_over_without_moving_a_lease() {
 
     let leader = operator_leader(node);
     let leader_pod = leader.split('_').next().unwrap_or_default().to_string();
-    let killed = kill_operator_process(node, &leader_pod);
-    eprintln!("killed the operator leader {leader_pod} (pid {killed}) with SIGKILL");
+    // SIGSTOP first: a frozen leader can neither renew nor be restarted in
+    // place before its Lease expires, so only the standby can take over (a
+    // SIGKILLed container restarts at once and may win the election again).
+    let frozen = signal_operator_process(node, &leader_pod, "STOP");
+    eprintln!("froze the operator leader {leader_pod} (pid {frozen}) with SIGSTOP");
     let t = Instant::now();
-
-    // The killed container restarts in the same pod and joins the election
-    // again with a new identity; whichever replica wins, the killed process
-    // no longer leads.
     let next = eventually(
-        "another operator process to take over the operator Lease",
+        "the standby to take over the operator Lease",
         Duration::from_secs(90),
         || {
             let now = operator_leader(node);
@@ -132,14 +133,15 @@ fn killing_the_operator_leader_pod_hands_over_without_moving_a_lease() {
         },
         || node.describe(OPERATOR_NS),
     );
+    assert!(
+        !next.starts_with(&format!("{leader_pod}_")),
+        "the frozen pod {leader_pod} leads again ({next}): the standby did not take over"
+    );
+    signal(frozen, "KILL");
+    eprintln!("killed the frozen leader (pid {frozen}) with SIGKILL");
     eprintln!(
-        "{next} leads {:.1}s after the kill ({})",
-        t.elapsed().as_secs_f64(),
-        if next.starts_with(&format!("{leader_pod}_")) {
-            "the killed pod's restarted container"
-        } else {
-            "the standby pod"
-        }
+        "the standby {next} leads {:.1}s after the freeze",
+        t.elapsed().as_secs_f64()
     );
 
     // The new leader renews the lease it inherited: its expiry in Valkey
@@ -193,9 +195,9 @@ fn operator_leader(node: &crate::fixture::Node) -> String {
         .to_string()
 }
 
-/// SIGKILLs the `targetlease operator` process of POD (found by the pod's
-/// UID in its cgroup path): no SIGTERM, so no handover.
-fn kill_operator_process(node: &crate::fixture::Node, pod: &str) -> u32 {
+/// Sends SIG to the `targetlease operator` process of POD (found by the
+/// pod's UID in its cgroup path; no SIGTERM, so no handover); returns its pid.
+fn signal_operator_process(node: &crate::fixture::Node, pod: &str, sig: &str) -> u32 {
     let uid = node.kubectl(&[
         "-n",
         OPERATOR_NS,
@@ -227,10 +229,14 @@ fn kill_operator_process(node: &crate::fixture::Node, pod: &str) -> u32 {
         "want one operator process in pod {pod}, found {found:?}"
     );
     let pid = *found.iter().next().expect("one pid");
+    signal(pid, sig);
+    pid
+}
+
+fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
+        .args([&format!("-{sig}"), &pid.to_string()])
         .status()
         .expect("kill");
-    assert!(status.success(), "kill -KILL {pid} failed");
-    pid
+    assert!(status.success(), "kill -{sig} {pid} failed");
 }

@@ -196,7 +196,12 @@ impl Node {
 
     pub fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         let mut cmd = Command::new(&self.kubectl);
-        cmd.arg("--kubeconfig").arg(self.kubeconfig()).args(args);
+        // A bound on every request (exec included), so a hung call fails the
+        // test instead of blocking it: kubectl waits forever by default.
+        cmd.arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .arg("--request-timeout=120s")
+            .args(args);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

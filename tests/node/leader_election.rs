@@ -57,8 +57,7 @@ fn leader_election_example_moves_leadership_on_readiness_and_the_token_file_foll
         // A readiness failure inside the leader's container.
         node.kubectl(&["-n", &ns, "exec", &leader, "--", "rm", "/tmp/www/healthz"]);
         let failed_at = Instant::now();
-        let (changed_at, next, next_token) =
-            next_holder(node, &ns, &watch, failed_at, &leader, token);
+        let (changed_at, next, next_token) = next_holder(node, &ns, &watch, &leader, token);
         let next_ip = pod_ip(node, &ns, &next);
         let file_at = file_changed(&format!("{next_ip}:8080"), next_token).unwrap_or_else(|| {
             panic!(
@@ -220,13 +219,14 @@ fn only_leader(node: &Node, ns: &str, leader: &str) -> String {
     ip
 }
 
-/// The first status, after FAILED_AT, naming another holder with a larger
-/// token: when the watch delivered it, the pod and the token.
+/// The first status naming another holder with a larger token (tokens only
+/// grow, so it is the one after the failure even if it came before the exec
+/// that caused it returned): when the watch delivered it, the pod and the
+/// token.
 fn next_holder(
     node: &Node,
     ns: &str,
     watch: &Watch,
-    failed_at: Instant,
     leader: &str,
     token: u64,
 ) -> (Instant, String, u64) {
@@ -238,7 +238,7 @@ fn next_holder(
                 let status = &tl["status"];
                 let pod = status["holderPod"].as_str()?;
                 let next = status["fencingToken"].as_u64()?;
-                (at >= failed_at && status["phase"] == "Held" && pod != leader && next > token)
+                (status["phase"] == "Held" && pod != leader && next > token)
                     .then(|| (at, pod.to_string(), next))
             })
         },
