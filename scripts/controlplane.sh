@@ -249,14 +249,7 @@ start_kcm() { # DIR
   fi
 }
 
-start_watchdog() { # DIR PID
-  local dir="$1" watch="$2"
-  kill -0 "$watch" 2>/dev/null || die "CONTROLPLANE_WATCH_PID=$watch is not a running process"
-  # Its own session, so a Ctrl-C or a killed process group does not take the
-  # watchdog down with what it watches.
-  setsid bash "$SELF" __watch "$dir" "$watch" </dev/null >>"$dir/watchdog.log" 2>&1 &
-  echo $! > "$dir/watchdog.pid"
-}
+start_watchdog() { start_watchdog_of "$1" "$2" CONTROLPLANE_WATCH_PID; }
 
 # The watchdog: remembers every component pid it sees in DIR, in memory, so
 # that it can stop them once PID exits or DIR disappears (a caller's cleanup

@@ -384,12 +384,7 @@ node_ready() { # DIR
   [ "$(kctl "$1" get node "$name" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
 
-start_watchdog() { # DIR PID
-  local dir="$1" watch="$2"
-  kill -0 "$watch" 2>/dev/null || die "NODE_WATCH_PID=$watch is not a running process"
-  setsid bash "$SELF" __watch "$dir" "$watch" </dev/null >>"$dir/watchdog.log" 2>&1 &
-  echo $! > "$dir/watchdog.pid"
-}
+start_watchdog() { start_watchdog_of "$1" "$2" NODE_WATCH_PID; }
 
 cmd_watch() { # DIR PID
   local dir="$1" watch="$2" name pid seen=() entry

@@ -78,3 +78,13 @@ wait_until() { # DIR NAME SECS CMD...
     sleep 0.25
   done
 }
+
+# `$SELF __watch DIR PID` in the background: stops what DIR runs once PID
+# exits. Its own session, so a Ctrl-C or a killed process group does not take
+# the watchdog down with what it watches. VAR names PID in the error.
+start_watchdog_of() { # DIR PID VAR
+  local dir="$1" watch="$2"
+  kill -0 "$watch" 2>/dev/null || die "$3=$watch is not a running process"
+  setsid bash "$SELF" __watch "$dir" "$watch" </dev/null >>"$dir/watchdog.log" 2>&1 &
+  echo $! > "$dir/watchdog.pid"
+}
