@@ -27,6 +27,7 @@
 
 // cargo builds this target with cfg(test) but without libtest: the
 // checker's unit tests run in `tests/faults_checker.rs`, not here.
+mod args;
 #[allow(unused_imports)]
 mod check;
 mod control_plane;
@@ -79,12 +80,7 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("recheck") {
         return recheck(&args[1..]);
     }
-    // libtest-style flags (`--nocapture`, …) mean nothing here.
-    let words: Vec<&str> = args
-        .iter()
-        .map(String::as_str)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let args::Words { words, skips } = args::words(&args);
     let long = words.contains(&"long");
     let filters: Vec<&str> = words.into_iter().filter(|w| *w != "long").collect();
     let (runs, secs) = if long {
@@ -98,6 +94,7 @@ fn main() -> ExitCode {
     let chosen: Vec<Scenario> = scenarios::all()
         .into_iter()
         .filter(|s| filters.is_empty() || filters.iter().any(|f| s.name.contains(f)))
+        .filter(|s| !skips.iter().any(|f| s.name.contains(f)))
         .collect();
     if chosen.is_empty() {
         println!("faults: no scenario matches {filters:?}");

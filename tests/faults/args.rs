@@ -1,0 +1,35 @@
+//! The fault matrix's command line: filter words and `--skip` words.
+
+/// The words of the command line, as libtest would read them.
+#[derive(Debug, PartialEq)]
+pub struct Words<'a> {
+    /// `long`, and filters: keep the scenarios whose name contains one.
+    pub words: Vec<&'a str>,
+    /// `--skip WORD`: drop scenarios whose name contains one.
+    pub skips: Vec<&'a str>,
+}
+
+/// Splits the arguments into filter words and `--skip` words. libtest's
+/// flags mean nothing here and are ignored, with the value of those that
+/// take one (`--test-threads 1` is not a filter "1", `--skip long` is not
+/// long mode).
+pub fn words(args: &[String]) -> Words<'_> {
+    const TAKES_VALUE: &[&str] = &["--test-threads", "--format", "--logfile", "--color", "-Z"];
+    let mut out = Words {
+        words: Vec::new(),
+        skips: Vec::new(),
+    };
+    let mut it = args.iter().map(String::as_str);
+    while let Some(a) = it.next() {
+        if a == "--skip" {
+            out.skips.extend(it.next());
+        } else if let Some(w) = a.strip_prefix("--skip=") {
+            out.skips.push(w);
+        } else if TAKES_VALUE.contains(&a) {
+            it.next();
+        } else if !a.starts_with('-') {
+            out.words.push(a);
+        }
+    }
+    out
+}
