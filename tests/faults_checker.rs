@@ -40,3 +40,36 @@ fn the_command_line_ignores_libtest_flags_and_their_values() {
         }
     );
 }
+
+/// A scenario's whole name chooses it alone; any other word chooses every
+/// name that contains it; `--skip` words drop the same way.
+#[test]
+fn a_whole_name_chooses_one_scenario_and_a_word_every_name_containing_it() {
+    let all = || {
+        vec![
+            "restart-aof-everysec",
+            "restart-aof-everysec-durability-aof",
+            "apiserver-restart",
+            "baseline",
+        ]
+    };
+    let choose = |w: &[&str], s: &[&str]| args::choose(all(), |n| n, w, s);
+    assert_eq!(
+        choose(&["restart-aof-everysec"], &[]),
+        ["restart-aof-everysec"]
+    );
+    assert_eq!(
+        choose(&["restart"], &[]),
+        [
+            "restart-aof-everysec",
+            "restart-aof-everysec-durability-aof",
+            "apiserver-restart"
+        ]
+    );
+    assert_eq!(choose(&[], &["restart"]), ["baseline"]);
+    assert_eq!(
+        choose(&["restart"], &["restart-aof-everysec"]),
+        ["restart-aof-everysec-durability-aof", "apiserver-restart"]
+    );
+    assert_eq!(choose(&[], &[]), all());
+}

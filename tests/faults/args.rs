@@ -33,3 +33,23 @@ pub fn words(args: &[String]) -> Words<'_> {
     }
     out
 }
+
+/// The scenarios the words choose, in their order: a word that is a
+/// scenario's whole name chooses that scenario only, any other word every
+/// scenario whose name contains it (`restart-aof-everysec` is one scenario,
+/// `restart` is five); no word chooses all. `--skip` words drop scenarios
+/// the same way.
+pub fn choose<S>(all: Vec<S>, name: impl Fn(&S) -> &str, words: &[&str], skips: &[&str]) -> Vec<S> {
+    let names: Vec<String> = all.iter().map(|s| name(s).to_string()).collect();
+    let hits = |n: &str, w: &str| {
+        if names.iter().any(|m| m == w) {
+            n == w
+        } else {
+            n.contains(w)
+        }
+    };
+    all.into_iter()
+        .filter(|s| words.is_empty() || words.iter().any(|w| hits(name(s), w)))
+        .filter(|s| !skips.iter().any(|w| hits(name(s), w)))
+        .collect()
+}

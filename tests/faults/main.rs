@@ -10,6 +10,7 @@
 //! cargo test --test faults -- long          # FAULTS_RUNS x FAULTS_SECS per scenario
 //! cargo test --test faults -- holder clock  # only scenarios whose name contains a word
 //! cargo test --test faults -- recheck F.json # the current checker on a saved history
+//! cargo test --test faults -- list [WORD…]  # the chosen scenarios' names
 //! ```
 //!
 //! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
@@ -80,6 +81,13 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("recheck") {
         return recheck(&args[1..]);
     }
+    if args.first().map(String::as_str) == Some("list") {
+        let args::Words { words, skips } = args::words(&args[1..]);
+        for s in args::choose(scenarios::all(), |s| s.name, &words, &skips) {
+            println!("{}", s.name);
+        }
+        return ExitCode::SUCCESS;
+    }
     let args::Words { words, skips } = args::words(&args);
     let long = words.contains(&"long");
     let filters: Vec<&str> = words.into_iter().filter(|w| *w != "long").collect();
@@ -91,11 +99,7 @@ fn main() -> ExitCode {
     } else {
         (1, env_u64("FAULTS_QUICK_SECS", 8))
     };
-    let chosen: Vec<Scenario> = scenarios::all()
-        .into_iter()
-        .filter(|s| filters.is_empty() || filters.iter().any(|f| s.name.contains(f)))
-        .filter(|s| !skips.iter().any(|f| s.name.contains(f)))
-        .collect();
+    let chosen = args::choose(scenarios::all(), |s| s.name, &filters, &skips);
     if chosen.is_empty() {
         println!("faults: no scenario matches {filters:?}");
         return ExitCode::SUCCESS;
@@ -232,6 +236,7 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             commits: String::new(),
             other_runs: 0,
             other_failed: 0,
+            at_once: 1,
         });
     }
     if let Ok(path) = std::env::var("FAULTS_REPORT") {

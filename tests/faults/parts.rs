@@ -28,6 +28,14 @@ pub struct Record {
     pub caught: bool,
     /// Why the run failed (empty: it passed).
     pub failures: Vec<String>,
+    /// How many harness processes `scripts/faults.sh fill` ran on the
+    /// machine at once (`FAULTS_AT_ONCE`; 1 when run alone).
+    #[serde(default = "one")]
+    pub at_once: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Record {
@@ -39,6 +47,10 @@ impl Record {
             figures: figures.clone(),
             caught,
             failures: failures.to_vec(),
+            at_once: std::env::var("FAULTS_AT_ONCE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1),
         }
     }
 }
@@ -126,6 +138,7 @@ pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
                 commits: commits.join(", "),
                 other_runs: others.len(),
                 other_failed: others.iter().filter(|r| !r.failures.is_empty()).count(),
+                at_once: runs.iter().map(|r| r.at_once).max().unwrap_or(1),
             }
         })
         .collect()

@@ -79,6 +79,8 @@ pub struct Row {
     /// how many of them failed (a failure is never hidden).
     pub other_runs: usize,
     pub other_failed: usize,
+    /// The most harness processes that ran at once beside any of the runs.
+    pub at_once: usize,
 }
 
 impl Row {
@@ -102,6 +104,9 @@ impl Row {
         }
         if !self.commits.is_empty() {
             cell += &format!("<br>at {}", self.commits);
+        }
+        if self.at_once > 1 {
+            cell += &format!("<br>up to {} scenarios at once", self.at_once);
         }
         cell
     }
