@@ -31,10 +31,14 @@ pub struct Figures {
     pub relists: u64,
     #[serde(with = "violation_list")]
     pub violations: BTreeMap<(Property, Scope), usize>,
+    /// The checker's windows in ms (`Report::windows`); runs recorded
+    /// before they were measured have none.
+    #[serde(default, with = "violation_list")]
+    pub windows: BTreeMap<(Property, Scope), usize>,
 }
 
-/// The violation counts as a list of `[property, scope, count]` (JSON keys
-/// are strings, not pairs).
+/// Counts (or windows) per property and scope as a list of `[property,
+/// scope, n]` (JSON keys are strings, not pairs).
 mod violation_list {
     use std::collections::BTreeMap;
 
@@ -131,6 +135,7 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
         published: h.publications.len() + h.pods.len(),
         relists: h.relists,
         violations: r.report.counts(),
+        windows: r.report.windows.clone(),
     };
     let mut failures = Vec::new();
     if let Some(expect) = s.expect {
@@ -195,6 +200,11 @@ pub fn total(runs: &[Figures]) -> Figures {
         for (k, v) in &f.violations {
             *t.violations.entry(*k).or_default() += v;
         }
+        // A window is the longest seen in any run, not a sum.
+        for (k, v) in &f.windows {
+            let w = t.windows.entry(*k).or_default();
+            *w = (*w).max(*v);
+        }
     }
     t
 }
@@ -206,7 +216,13 @@ fn cell(s: &Scenario, f: &Figures, p: Property) -> String {
     for scope in Scope::ALL {
         let n = f.violations.get(&(p, scope)).copied().unwrap_or(0);
         if s.measured.contains(&(p, scope)) {
-            parts.push(format!("{n} measured ({})", scope.name()));
+            let window = match f.windows.get(&(p, scope)) {
+                Some(&ms) if ms >= 10_000 => format!(", longest {:.0} s", ms as f64 / 1000.0),
+                Some(&ms) if ms >= 1000 => format!(", longest {:.1} s", ms as f64 / 1000.0),
+                Some(&ms) => format!(", longest {ms} ms"),
+                None => String::new(),
+            };
+            parts.push(format!("{n} measured ({}{window})", scope.name()));
         } else if n > 0 {
             parts.push(format!("**{n}** ({})", scope.name()));
         }

@@ -93,19 +93,40 @@ fn client_claims<'a>(ops: &[&'a OpRecord]) -> Vec<Claim<'a>> {
     claims
 }
 
-fn clients(h: &History, out: &mut Vec<Violation>) {
-    for (target, ops) in group_by(&h.ops, |o| o.target.as_str()) {
-        let mut claims = Vec::new();
-        for (_, mut mine) in group_by(ops, |o| o.client.as_str()) {
-            mine.sort_by_key(|o| o.invoke_ms);
-            claims.extend(client_claims(&mine));
-        }
-        claims.sort_by_key(|c| c.start);
+/// Every client claim per target, by start.
+fn claims_by_target(h: &History) -> BTreeMap<String, Vec<Claim<'_>>> {
+    group_by(&h.ops, |o| o.target.as_str())
+        .into_iter()
+        .map(|(target, ops)| {
+            let mut claims = Vec::new();
+            for (_, mut mine) in group_by(ops, |o| o.client.as_str()) {
+                mine.sort_by_key(|o| o.invoke_ms);
+                claims.extend(client_claims(&mine));
+            }
+            claims.sort_by_key(|c| c.start);
+            (target, claims)
+        })
+        .collect()
+}
+
+/// The longest time, in ms of server time, that two client leases on one
+/// target were both promised (0: never).
+pub fn client_overlap_ms(h: &History) -> u64 {
+    clients(h, &mut Vec::new())
+}
+
+/// Reports overlapping client claims; returns the longest overlap in ms.
+fn clients(h: &History, out: &mut Vec<Violation>) -> u64 {
+    let mut longest = 0;
+    for (target, claims) in claims_by_target(h) {
+        // Claims come by start, so the one reaching furthest is the one the
+        // next claim overlaps the longest.
         let mut reach: Option<Claim> = None;
         for c in claims {
             if let Some(r) = &reach
                 && overlap(r, &c)
             {
+                longest = longest.max(r.end.min(c.end) - c.start);
                 out.push(Violation::new(
                     Property::Exclusion,
                     Scope::Lease,
@@ -121,6 +142,7 @@ fn clients(h: &History, out: &mut Vec<Violation>) {
             }
         }
     }
+    longest
 }
 
 /// Reports every pair of overlapping claims, once per pair.
@@ -252,6 +274,24 @@ mod tests {
             v[0].detail
                 .contains("r2 held [200, 400) while r1 held [100, 300)")
         );
+        assert_eq!(client_overlap_ms(&h), 100);
+    }
+
+    #[test]
+    fn the_longest_overlap_is_measured_against_the_claim_reaching_furthest() {
+        // r2 overlaps r1 by 50 ms, r3 overlaps r1 by 150 and r2 by 80.
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 400)
+            .acquired("b", "t", "r2", 2, 200, 330)
+            .acquired("c", "t", "r3", 3, 250, 500)
+            .acquired("d", "u", "r4", 1, 0, 9000) // alone on its target
+            .build();
+        assert_eq!(client_overlap_ms(&h), 150);
+        let clean = H::new()
+            .acquired("a", "t", "r1", 1, 100, 200)
+            .acquired("b", "t", "r2", 2, 200, 300)
+            .build();
+        assert_eq!(client_overlap_ms(&clean), 0);
     }
 
     #[test]

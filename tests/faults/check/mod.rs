@@ -126,6 +126,12 @@ impl std::fmt::Display for Violation {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
     pub violations: Vec<Violation>,
+    /// How long what a lossy mode lost lasted, in ms of server time (only
+    /// the non-zero ones): (a) in client leases, the longest stretch of
+    /// grants one counter loss issued again ([`tokens::forgotten_ms`]); (d)
+    /// in client leases, the longest time two leases on one target were
+    /// both promised ([`exclusion::client_overlap_ms`]).
+    pub windows: BTreeMap<(Property, Scope), usize>,
 }
 
 impl Report {
@@ -158,7 +164,21 @@ pub fn check(h: &History) -> Report {
     violations.extend(downstream::check(h));
     violations.extend(honesty::check(h));
     violations.extend(exclusion::check(h));
-    Report { violations }
+    let windows = [
+        ((Property::Tokens, Scope::Lease), tokens::forgotten_ms(h)),
+        (
+            (Property::Exclusion, Scope::Lease),
+            exclusion::client_overlap_ms(h),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, ms)| *ms > 0)
+    .map(|(k, ms)| (k, ms as usize))
+    .collect();
+    Report {
+        violations,
+        windows,
+    }
 }
 
 /// Groups items by a string key, keeping arrival order inside each group.

@@ -64,6 +64,40 @@ pub fn check(h: &History) -> Vec<Violation> {
     out
 }
 
+/// How much a lossy mode forgot, as a window of server time: for each time a
+/// target's client-lease counter went back (an acquisition whose token is not
+/// above that of the grant just before it, in server-time order), the span
+/// from the oldest grant it issued again (the latest earlier grant of the
+/// lowest token it reused) to the newest grant before it. The longest span
+/// in ms; 0 when no counter went back.
+pub fn forgotten_ms(h: &History) -> u64 {
+    let all = grants(h);
+    let mut longest = 0;
+    for (_, gs) in group_by(&all, |g| g.target) {
+        let mut distinct: BTreeMap<(&str, u64), &Grant> = BTreeMap::new();
+        for g in gs.into_iter().filter(|g| g.scope == Scope::Lease) {
+            distinct.entry((g.issue, g.token)).or_insert(g);
+        }
+        let mut sorted: Vec<&Grant> = distinct.into_values().collect();
+        sorted.sort_by_key(|g| (g.acquired_at_ms, g.token));
+        // token -> when it was last granted, so a counter that went back
+        // twice measures from the grants its second loss forgot.
+        let mut latest: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut prev: Option<&Grant> = None;
+        for g in sorted {
+            if let Some(p) = prev
+                && g.token <= p.token
+                && let Some((_, &oldest)) = latest.range(g.token..=p.token).next()
+            {
+                longest = longest.max(p.acquired_at_ms.saturating_sub(oldest));
+            }
+            latest.insert(g.token, g.acquired_at_ms);
+            prev = Some(g);
+        }
+    }
+    longest
+}
+
 /// One token per issue and one issue per token; each (token, issue) is
 /// reported once.
 fn unique(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
@@ -254,6 +288,39 @@ mod tests {
             .publish("y", "op", 2, Some(7), Some(("q2", 1000, 5000)))
             .build();
         assert_eq!(found(&h), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_forgotten_window_spans_the_grants_a_counter_issued_again() {
+        // Tokens 1..3 granted at 100, 200, 300; the counter goes back to 2
+        // at 500: the grants of 2 and 3 (200..300) were forgotten.
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 150)
+            .acquired("b", "t", "r2", 2, 200, 250)
+            .acquired("a", "t", "r3", 3, 300, 350)
+            .acquired("b", "t", "r4", 2, 500, 550)
+            .acquired("a", "t", "r5", 3, 600, 650)
+            .acquired("b", "u", "r6", 9, 100, 150) // another target, never back
+            .build();
+        assert_eq!(forgotten_ms(&h), 100);
+        // Back to 1 twice: the second loss forgot the new grants of 1..2
+        // (1000..1400), not the first epoch's.
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 0, 50)
+            .acquired("a", "t", "r2", 2, 100, 150)
+            .acquired("a", "t", "r3", 3, 200, 250)
+            .acquired("b", "t", "r4", 1, 1000, 1050)
+            .acquired("b", "t", "r5", 2, 1400, 1450)
+            .acquired("a", "t", "r6", 1, 2000, 2050)
+            .build();
+        assert_eq!(forgotten_ms(&h), 400);
+        // A counter that only grows forgot nothing; a replay is no regression.
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 150)
+            .acquired("a", "t", "r1", 1, 100, 150)
+            .acquired("b", "t", "r2", 2, 200, 250)
+            .build();
+        assert_eq!(forgotten_ms(&h), 0);
     }
 
     #[test]
