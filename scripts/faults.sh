@@ -13,14 +13,15 @@
 #                                      run recorded there (FAULTS_REPORT=path elsewhere).
 #                                      The full run is ~22 h: split it by WORD across days.
 #                                      FAULTS_RUNS=0 only re-renders docs/faults.md.
-#   scripts/faults.sh fill P [WORD…]   long mode, topped up (scenarios in the order of the
-#                                      WORDs): runs each chosen scenario only
-#                                      as often as it lacks FAULTS_RUNS records of FAULTS_SECS
-#                                      seconds, P scenarios at a time (each its own harness
-#                                      process, Valkey, PostgreSQL and control plane; the
-#                                      records say how many ran at once), logs under
-#                                      target/tmp/faults-fill/, then rewrites docs/faults.md.
-#                                      Stopping it loses only the runs in progress.
+#   scripts/faults.sh fill P [WORD…]   long mode, topped up: runs each chosen scenario (in the
+#                                      order of the WORDs) only as often as it lacks FAULTS_RUNS
+#                                      records of FAULTS_SECS seconds, P scenarios at a time, each
+#                                      its own harness process with its own Valkey, PostgreSQL
+#                                      and control plane (the records say P); binaries pinned
+#                                      and logs kept in target/tmp/faults-fill/<time>/; then
+#                                      rewrites docs/faults.md (FAULTS_REPORT_PATH elsewhere).
+#                                      Stopping it (Ctrl-C, SIGTERM) loses only the runs in
+#                                      progress.
 #
 # WORDs keep only the scenarios whose name contains one of them (a scenario's
 # whole name keeps it alone; `--skip WORD` drops the same way). Exits non-zero
@@ -45,45 +46,75 @@ case "$mode" in
     exec cargo test --locked --test faults -- long "$@"
     ;;
   fill)
-    at_once="${1:?usage: $0 fill P [WORD…]}"
+    at_once="${1:-}"
+    if ! [[ "$at_once" =~ ^[1-9][0-9]*$ ]]; then
+      echo "usage: $0 fill P [WORD…]   (P: how many scenarios at once, 1 or more)" >&2
+      exit 2
+    fi
     shift
     runs="${FAULTS_RUNS:-10}"
     secs="${FAULTS_SECS:-300}"
     parts="${FAULTS_PARTS:-$REPO/docs/faults/runs}"
-    logs="$REPO/target/tmp/faults-fill"
+    logs="$REPO/target/tmp/faults-fill/$(date -u +%Y%m%dT%H%M%SZ)"
     mkdir -p "$logs" "$parts"
-    # One build, then the harness binary itself, copied out so that a later
-    # build or cache clean-up cannot remove it under the runs (the paused
-    # holder re-executes it).
-    exe="$(cargo test --locked --no-run --test faults --message-format=json \
-      | jq -r 'select(.profile.test == true and .target.name == "faults") | .executable')"
-    [ -x "$exe" ] || { echo "faults fill: no harness binary" >&2; exit 1; }
+    # One build; the harness and the product are copied into this fill's own
+    # directory and the commit is named now, so that a build, a commit or a
+    # cache clean-up during hours of runs changes none of them (the paused
+    # holder re-executes the harness; the CLI clients and the operator are
+    # the product binary).
+    built="$(cargo test --locked --no-run --test faults --message-format=json)"
+    exe="$(jq -r 'select(.profile.test == true and .target.name == "faults") | .executable' <<<"$built")"
+    product="$(jq -r 'select(.target.kind == ["bin"] and .target.name == "targetlease") | .executable' <<<"$built" | tail -n 1)"
+    [ -x "$exe" ] && [ -x "$product" ] || { echo "faults fill: no harness or product binary" >&2; exit 1; }
     cp "$exe" "$logs/faults"
+    cp "$product" "$logs/targetlease"
     exe="$logs/faults"
-    unset FAULTS_REPORT
+    FAULTS_COMMIT="$(git describe --always --dirty --abbrev=12)"
+    export FAULTS_COMMIT FAULTS_PRODUCT_BIN="$logs/targetlease"
     export FAULTS_AT_ONCE="$at_once" FAULTS_PARTS="$parts" FAULTS_SECS="$secs"
+    unset FAULTS_REPORT
+    echo "faults fill: $FAULTS_COMMIT, up to $at_once scenario(s) at once, logs in $logs"
+    # Each harness runs in its own session (with the Valkey servers, CLI
+    # clients and operators it starts); stopping the fill stops those
+    # sessions, so a run in progress ends unrecorded instead of failing
+    # half-torn-down. PostgreSQL and the control planes have watchdogs.
+    declare -A running=()
     status=0
-    while read -r name; do
-      have=0
-      if [ -f "$parts/$name.jsonl" ]; then
-        have="$(jq -s --argjson s "$secs" '[.[] | select(.secs == $s)] | length' "$parts/$name.jsonl")"
+    stop_all() {
+      for pid in "${!running[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    }
+    trap 'echo "faults fill: stopped; the runs in progress are not recorded" >&2; stop_all; wait; exit 130' INT TERM
+    reap_one() {
+      local pid="" rc=0
+      wait -n -p pid "${!running[@]}" || rc=$?
+      if [ "$rc" -ne 0 ]; then
+        status=1
+        echo "faults fill: ${running[$pid]} exited $rc, see $logs/${running[$pid]}.log" >&2
       fi
+      unset "running[$pid]"
+    }
+    recorded() {
+      [ -f "$1" ] || { echo 0; return; }
+      # Lines that do not parse (a torn last line) are not runs.
+      jq -R --argjson s "$secs" 'fromjson? | select(.secs == $s) | 1' "$1" | wc -l
+    }
+    names="$("$exe" list "$@")"
+    for name in $names; do
+      have="$(recorded "$parts/$name.jsonl")"
       missing=$((runs - have))
       if [ "$missing" -le 0 ]; then
         echo "faults fill: $name has $have run(s) of ${secs}s"
         continue
       fi
-      while [ "$(jobs -rp | wc -l)" -ge "$at_once" ]; do
-        wait -n || status=1
-      done
-      echo "faults fill: $name, $missing run(s) of ${secs}s ($(date -u +%H:%M:%S)), log $logs/$name.log"
-      FAULTS_RUNS="$missing" "$exe" long "$name" >"$logs/$name.log" 2>&1 &
-    done < <(if [ $# -eq 0 ]; then "$exe" list; else for w in "$@"; do "$exe" list "$w"; done | awk '!seen[$0]++'; fi)
-    while [ "$(jobs -rp | wc -l)" -gt 0 ]; do
-      wait -n || status=1
+      while [ "${#running[@]}" -ge "$at_once" ]; do reap_one; done
+      echo "faults fill: $name, $missing run(s) of ${secs}s, from $(date -u +%H:%M:%S)"
+      FAULTS_RUNS="$missing" setsid "$exe" long "$name" >"$logs/$name.log" 2>&1 &
+      running[$!]="$name"
     done
-    grep -h "FAILED" "$logs"/*.log || true
-    FAULTS_RUNS=0 FAULTS_REPORT="${FAULTS_REPORT_PATH:-$REPO/docs/faults.md}" "$exe" long "$@"
+    while [ "${#running[@]}" -gt 0 ]; do reap_one; done
+    trap - INT TERM
+    grep -h "FAILED" "$logs"/*.log 2>/dev/null || true
+    FAULTS_RUNS=0 FAULTS_REPORT="${FAULTS_REPORT_PATH:-$REPO/docs/faults.md}" "$exe" long
     exit "$status"
     ;;
   *)

@@ -31,6 +31,14 @@ fn the_command_line_ignores_libtest_flags_and_their_values() {
             skips: vec!["long"],
         }
     );
+    let a = argv(&["--shuffle-seed", "1", "--skip=", "--skip"]);
+    assert_eq!(
+        args::words(&a),
+        args::Words {
+            words: vec![],
+            skips: vec![],
+        }
+    );
     let a = argv(&["long", "--skip=operator", "--format", "terse", "oom"]);
     assert_eq!(
         args::words(&a),
@@ -72,4 +80,13 @@ fn a_whole_name_chooses_one_scenario_and_a_word_every_name_containing_it() {
         ["restart-aof-everysec-durability-aof", "apiserver-restart"]
     );
     assert_eq!(choose(&[], &[]), all());
+    // In the order of the words that choose them, each once.
+    assert_eq!(
+        choose(&["baseline", "restart-aof-everysec", "aof"], &[]),
+        [
+            "baseline",
+            "restart-aof-everysec",
+            "restart-aof-everysec-durability-aof"
+        ]
+    );
 }

@@ -9,6 +9,7 @@
 //! cargo test --test faults                  # quick: every scenario and control once
 //! cargo test --test faults -- long          # FAULTS_RUNS x FAULTS_SECS per scenario
 //! cargo test --test faults -- holder clock  # only scenarios whose name contains a word
+//!                                           # (a whole name: that one; --skip WORD drops)
 //! cargo test --test faults -- recheck F.json # the current checker on a saved history
 //! cargo test --test faults -- list [WORD…]  # the chosen scenarios' names
 //! ```
@@ -19,7 +20,9 @@
 //! `FAULTS_REPORT_NOTE` (a line for its header), `FAULTS_DUMP` (save every
 //! run's history, not only failed ones), `FAULTS_GDB` (a hung CLI's
 //! backtrace in the failure message), `FAULTS_KEEP` (keep Valkey's
-//! directories and logs). The binary re-executes
+//! directories and logs); set by `scripts/faults.sh fill`: `FAULTS_COMMIT`
+//! (the commit its records name), `FAULTS_AT_ONCE` (how many scenarios it
+//! runs at once), `FAULTS_PRODUCT_BIN` (the pinned `targetlease` binary). The binary re-executes
 //! itself as `worker-holder` for the paused-holder process.
 //!
 //! Exit status 1 when any run fails: a violation of a property the scenario
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
     }
     if args.first().map(String::as_str) == Some("list") {
         let args::Words { words, skips } = args::words(&args[1..]);
+        let words: Vec<&str> = words.into_iter().filter(|w| *w != "long").collect();
         for s in args::choose(scenarios::all(), |s| s.name, &words, &skips) {
             println!("{}", s.name);
         }

@@ -60,10 +60,18 @@ impl Record {
 /// after cargo built the harness and the product from that tree. Asking git
 /// again after each run would name whatever the tree holds hours later (a
 /// commit, a checkout, an edit made while the long run goes on), not what
-/// this binary was built from.
+/// this binary was built from. `scripts/faults.sh fill` takes it once, right
+/// after its build, and passes it down in `FAULTS_COMMIT`: its harness
+/// processes start over hours.
 pub fn commit() -> &'static str {
     static COMMIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     COMMIT.get_or_init(|| {
+        if let Some(c) = std::env::var("FAULTS_COMMIT")
+            .ok()
+            .filter(|c| !c.is_empty())
+        {
+            return c;
+        }
         Command::new("git")
             .args(["describe", "--always", "--dirty", "--abbrev=12"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -89,7 +97,9 @@ pub fn append(dir: &Path, s: &Scenario, r: &Record) {
         .append(true)
         .open(&path)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    writeln!(f, "{}", serde_json::to_string(r).unwrap())
+    // The line and its newline in one write: a record is never glued to the next.
+    let line = serde_json::to_string(r).unwrap() + "\n";
+    f.write_all(line.as_bytes())
         .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 

@@ -15,6 +15,15 @@ use serde_json::Value;
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_targetlease");
 
+/// The binary the fault matrix and the operator harness start:
+/// `FAULTS_PRODUCT_BIN` when set (`scripts/faults.sh fill` pins a copy, so
+/// a build during a run of hours cannot swap it), else [`BIN`].
+pub fn product_bin() -> std::path::PathBuf {
+    std::env::var_os("FAULTS_PRODUCT_BIN")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| BIN.into(), Into::into)
+}
+
 /// A `targetlease` command with no `TARGETLEASE_*` or `RUST_LOG` leaking in
 /// from the test's environment.
 pub fn targetlease<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {

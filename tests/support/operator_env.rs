@@ -100,7 +100,7 @@ impl OperatorEnv {
         )
         .expect("log file");
         let admin_port = super::valkey_server::free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        let child = Command::new(super::cli::product_bin())
             .arg("operator")
             .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])
             .env("POD_NAME", format!("operator-{}", self.operators.len()))

@@ -101,7 +101,7 @@ fn parse(stdout: &str, write: bool) -> Result<Reply, StoreError> {
 
 impl CliStore {
     async fn run(&self, op: &str, args: Vec<String>, write: bool) -> Result<Reply, StoreError> {
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        let child = tokio::process::Command::new(crate::support::cli::product_bin())
             .args(["lease", op])
             .args(args)
             .args(["--valkey-url", &self.url, "--timeout", &ms(self.timeout)])
