@@ -180,7 +180,8 @@ fn held(node: &Node, ns: &str) -> (String, u64) {
 }
 
 /// Waits until LEADER alone carries the leader label and the leader
-/// Service's EndpointSlices list only its address; returns that address.
+/// Service's EndpointSlices list only its address, ready; returns that
+/// address.
 fn only_leader(node: &Node, ns: &str, leader: &str) -> String {
     let ip = pod_ip(node, ns, leader);
     eventually(
@@ -204,15 +205,25 @@ fn only_leader(node: &Node, ns: &str, leader: &str) -> String {
                 "-l",
                 "kubernetes.io/service-name=web-leader",
             ]);
-            let addresses: Vec<String> = slices["items"]
+            // Every endpoint listed, with whether it takes traffic: a
+            // listed leader the slice marks not ready (`ready: false`; absent
+            // means ready) does not count.
+            let endpoints: Vec<(String, bool)> = slices["items"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
-                .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
-                .filter_map(|a| a.as_str().map(str::to_string))
+                .flat_map(|e| {
+                    let ready = e["conditions"]["ready"].as_bool().unwrap_or(true);
+                    e["addresses"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(move |a| a.as_str().map(|a| (a.to_string(), ready)))
+                })
                 .collect();
-            (addresses == [ip.clone()]).then_some(())
+            (endpoints == [(ip.clone(), true)]).then_some(())
         },
         || node.describe(ns),
     );
