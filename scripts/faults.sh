@@ -17,8 +17,9 @@
 #                                      order of the WORDs) only as often as it lacks FAULTS_RUNS
 #                                      records of FAULTS_SECS seconds, P scenarios at a time, each
 #                                      its own harness process with its own Valkey, PostgreSQL
-#                                      and control plane (the records say P); binaries pinned
-#                                      and logs kept in target/tmp/faults-fill/<time>/; then
+#                                      and control plane (the records say P); binaries pinned,
+#                                      logs and failed runs' histories kept in
+#                                      ~/.cache/targetlease/faults-fill/<time>/; then
 #                                      rewrites docs/faults.md (FAULTS_REPORT_PATH elsewhere).
 #                                      Stopping it (Ctrl-C, SIGTERM) loses only the runs in
 #                                      progress.
@@ -55,7 +56,9 @@ case "$mode" in
     runs="${FAULTS_RUNS:-10}"
     secs="${FAULTS_SECS:-300}"
     parts="${FAULTS_PARTS:-$REPO/docs/faults/runs}"
-    logs="$REPO/target/tmp/faults-fill/$(date -u +%Y%m%dT%H%M%SZ)"
+    # Outside target/: `cargo clean` must not remove the pinned binaries
+    # under hours of runs.
+    logs="${FAULTS_FILL_DIR:-$HOME/.cache/targetlease/faults-fill}/$(date -u +%Y%m%dT%H%M%SZ)"
     mkdir -p "$logs" "$parts"
     # One build; the harness and the product are copied into this fill's own
     # directory and the commit is named now, so that a build, a commit or a
@@ -70,20 +73,35 @@ case "$mode" in
     cp "$product" "$logs/targetlease"
     exe="$logs/faults"
     FAULTS_COMMIT="$(git describe --always --dirty --abbrev=12)"
-    export FAULTS_COMMIT FAULTS_PRODUCT_BIN="$logs/targetlease"
+    export FAULTS_COMMIT FAULTS_PRODUCT_BIN="$logs/targetlease" FAULTS_DUMP_DIR="$logs/histories"
     export FAULTS_AT_ONCE="$at_once" FAULTS_PARTS="$parts" FAULTS_SECS="$secs"
     unset FAULTS_REPORT
     echo "faults fill: $FAULTS_COMMIT, up to $at_once scenario(s) at once, logs in $logs"
     # Each harness runs in its own session (with the Valkey servers, CLI
     # clients and operators it starts); stopping the fill stops those
     # sessions, so a run in progress ends unrecorded instead of failing
-    # half-torn-down. PostgreSQL and the control planes have watchdogs.
+    # half-torn-down. PostgreSQL and the control planes have watchdogs. The
+    # fill reads scripts/controlplane.sh from this tree at every operator
+    # run: run it from a checkout nothing else changes (a worktree).
     declare -A running=()
     status=0
     stop_all() {
-      for pid in "${!running[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+      # Every job, including one started just before the signal; CONT
+      # after TERM, or a paused holder or operator would stay stopped.
+      for pid in "${!running[@]}" $(jobs -p); do
+        kill -TERM -- "-$pid" 2>/dev/null || true
+        kill -CONT -- "-$pid" 2>/dev/null || true
+      done
     }
-    trap 'echo "faults fill: stopped; the runs in progress are not recorded" >&2; stop_all; wait; exit 130' INT TERM
+    stopped() {
+      echo "faults fill: stopped; the runs in progress are not recorded" >&2
+      stop_all
+      wait
+      exit "$1"
+    }
+    trap 'stopped 130' INT
+    trap 'stopped 143' TERM
+    trap 'stopped 129' HUP
     reap_one() {
       local pid="" rc=0
       wait -n -p pid "${!running[@]}" || rc=$?
@@ -112,7 +130,7 @@ case "$mode" in
       running[$!]="$name"
     done
     while [ "${#running[@]}" -gt 0 ]; do reap_one; done
-    trap - INT TERM
+    trap - INT TERM HUP
     grep -h "FAILED" "$logs"/*.log 2>/dev/null || true
     FAULTS_RUNS=0 FAULTS_REPORT="${FAULTS_REPORT_PATH:-$REPO/docs/faults.md}" "$exe" long
     exit "$status"

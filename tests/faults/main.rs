@@ -22,7 +22,8 @@
 //! backtrace in the failure message), `FAULTS_KEEP` (keep Valkey's
 //! directories and logs); set by `scripts/faults.sh fill`: `FAULTS_COMMIT`
 //! (the commit its records name), `FAULTS_AT_ONCE` (how many scenarios it
-//! runs at once), `FAULTS_PRODUCT_BIN` (the pinned `targetlease` binary). The binary re-executes
+//! runs at once), `FAULTS_PRODUCT_BIN` (the pinned `targetlease` binary),
+//! `FAULTS_DUMP_DIR` (where failed runs' histories go). The binary re-executes
 //! itself as `worker-holder` for the paused-holder process.
 //!
 //! Exit status 1 when any run fails: a violation of a property the scenario
@@ -241,6 +242,7 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             other_runs: 0,
             other_failed: 0,
             at_once: 1,
+            unreadable: 0,
         });
     }
     if let Ok(path) = std::env::var("FAULTS_REPORT") {
@@ -310,7 +312,9 @@ fn recheck(paths: &[String]) -> ExitCode {
 
 /// Saves a failed run's history for inspection.
 fn dump(s: &Scenario, run: u64, result: &run::RunResult) {
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("faults");
+    let dir = std::env::var_os("FAULTS_DUMP_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("faults"));
     let _ = std::fs::create_dir_all(&dir);
     let path = dir.join(format!("{}-{}.json", s.name, run + 1));
     let text =

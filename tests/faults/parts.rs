@@ -95,27 +95,45 @@ pub fn append(dir: &Path, s: &Scenario, r: &Record) {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .read(true)
         .open(&path)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    // A torn last line (a writer killed mid-line) stays alone on its line.
+    let torn = {
+        use std::io::{Read as _, Seek as _, SeekFrom};
+        let mut last = [0u8; 1];
+        f.metadata().is_ok_and(|m| m.len() > 0)
+            && f.seek(SeekFrom::End(-1)).is_ok()
+            && f.read_exact(&mut last).is_ok()
+            && last[0] != b'\n'
+    };
     // The line and its newline in one write: a record is never glued to the next.
-    let line = serde_json::to_string(r).unwrap() + "\n";
+    let line = format!(
+        "{}{}\n",
+        if torn { "\n" } else { "" },
+        serde_json::to_string(r).unwrap()
+    );
     f.write_all(line.as_bytes())
         .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
-/// Every run recorded for the scenario, oldest first.
-pub fn load(dir: &Path, s: &Scenario) -> Vec<Record> {
-    let path = file(dir, s);
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Vec::new();
+/// Every run recorded for the scenario, oldest first, and how many lines
+/// could not be read (a writer killed mid-line): those are counted, not fatal.
+pub fn load(dir: &Path, s: &Scenario) -> (Vec<Record>, usize) {
+    let Ok(text) = std::fs::read_to_string(file(dir, s)) else {
+        return (Vec::new(), 0);
     };
-    text.lines()
+    let mut unreadable = 0;
+    let records = text
+        .lines()
         .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("{}: bad line {l:?}: {e}", path.display()))
+        .filter_map(|l| {
+            let r = serde_json::from_str(l).ok();
+            unreadable += usize::from(r.is_none());
+            r
         })
-        .collect()
+        .collect();
+    (records, unreadable)
 }
 
 /// What one scenario's rows show: the longest run length recorded, and only
@@ -129,7 +147,7 @@ pub fn longest(records: &[Record]) -> Vec<&Record> {
 pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
     all.iter()
         .map(|s| {
-            let recorded = load(dir, s);
+            let (recorded, unreadable) = load(dir, s);
             let runs = longest(&recorded);
             let mut commits: Vec<&str> = Vec::new();
             for r in &runs {
@@ -149,6 +167,7 @@ pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
                 other_runs: others.len(),
                 other_failed: others.iter().filter(|r| !r.failures.is_empty()).count(),
                 at_once: runs.iter().map(|r| r.at_once).max().unwrap_or(1),
+                unreadable,
             }
         })
         .collect()

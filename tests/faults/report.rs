@@ -85,12 +85,14 @@ pub struct Row {
     pub other_failed: usize,
     /// The most harness processes that ran at once beside any of the runs.
     pub at_once: usize,
+    /// Record lines that could not be read (runs whose figures are lost).
+    pub unreadable: usize,
 }
 
 impl Row {
     /// `10 x 300 s`, with the failed runs and the commits when known.
     fn runs_cell(&self) -> String {
-        if self.runs.is_empty() {
+        if self.runs.is_empty() && self.unreadable == 0 {
             return "none recorded yet".into();
         }
         let mut cell = format!("{} x {} s", self.runs.len(), self.secs);
@@ -108,6 +110,9 @@ impl Row {
         }
         if !self.commits.is_empty() {
             cell += &format!("<br>at {}", self.commits);
+        }
+        if self.unreadable > 0 {
+            cell += &format!("<br>**{} unreadable record line(s)**", self.unreadable);
         }
         if self.at_once > 1 {
             cell += &format!("<br>up to {} scenarios at once", self.at_once);

@@ -249,13 +249,10 @@ impl Drop for Postgres {
     }
 }
 
-/// The fencing recipe users copy (`examples/fencing/postgresql.sql`).
+/// The fencing recipe users copy (`examples/fencing/postgresql.sql`), as
+/// this binary was built with it (a long run never reads a later checkout's).
 pub fn fencing_recipe() -> String {
-    let path = format!(
-        "{}/examples/fencing/postgresql.sql",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    include_str!("../../examples/fencing/postgresql.sql").to_string()
 }
 
 /// SQLSTATE the recipe raises for a token lower than the resource's floor.

@@ -110,14 +110,14 @@ fn claims_by_target(h: &History) -> BTreeMap<String, Vec<Claim<'_>>> {
 }
 
 /// The longest time, in ms of server time, that two client leases on one
-/// target were both promised (0: never).
-pub fn client_overlap_ms(h: &History) -> u64 {
+/// target were both promised; `None` when none overlapped.
+pub fn client_overlap_ms(h: &History) -> Option<u64> {
     clients(h, &mut Vec::new())
 }
 
 /// Reports overlapping client claims; returns the longest overlap in ms.
-fn clients(h: &History, out: &mut Vec<Violation>) -> u64 {
-    let mut longest = 0;
+fn clients(h: &History, out: &mut Vec<Violation>) -> Option<u64> {
+    let mut longest = None;
     for (target, claims) in claims_by_target(h) {
         // Claims come by start, so the one reaching furthest is the one the
         // next claim overlaps the longest.
@@ -126,7 +126,8 @@ fn clients(h: &History, out: &mut Vec<Violation>) -> u64 {
             if let Some(r) = &reach
                 && overlap(r, &c)
             {
-                longest = longest.max(r.end.min(c.end) - c.start);
+                let ms = r.end.min(c.end) - c.start;
+                longest = Some(longest.map_or(ms, |l: u64| l.max(ms)));
                 out.push(Violation::new(
                     Property::Exclusion,
                     Scope::Lease,
@@ -274,7 +275,7 @@ mod tests {
             v[0].detail
                 .contains("r2 held [200, 400) while r1 held [100, 300)")
         );
-        assert_eq!(client_overlap_ms(&h), 100);
+        assert_eq!(client_overlap_ms(&h), Some(100));
     }
 
     #[test]
@@ -286,12 +287,12 @@ mod tests {
             .acquired("c", "t", "r3", 3, 250, 500)
             .acquired("d", "u", "r4", 1, 0, 9000) // alone on its target
             .build();
-        assert_eq!(client_overlap_ms(&h), 150);
+        assert_eq!(client_overlap_ms(&h), Some(150));
         let clean = H::new()
             .acquired("a", "t", "r1", 1, 100, 200)
             .acquired("b", "t", "r2", 2, 200, 300)
             .build();
-        assert_eq!(client_overlap_ms(&clean), 0);
+        assert_eq!(client_overlap_ms(&clean), None);
     }
 
     #[test]

@@ -127,7 +127,7 @@ impl std::fmt::Display for Violation {
 pub struct Report {
     pub violations: Vec<Violation>,
     /// How long what a lossy mode lost lasted, in ms of server time (only
-    /// the non-zero ones): (a) in client leases, the longest stretch of
+    /// where something was lost; 0 ms is a loss of one grant): (a) in client leases, the longest stretch of
     /// grants one counter loss issued again ([`tokens::forgotten_ms`]); (d)
     /// in client leases, the longest time two leases on one target were
     /// both promised ([`exclusion::client_overlap_ms`]).
@@ -172,8 +172,7 @@ pub fn check(h: &History) -> Report {
         ),
     ]
     .into_iter()
-    .filter(|(_, ms)| *ms > 0)
-    .map(|(k, ms)| (k, ms as usize))
+    .filter_map(|(k, ms)| Some((k, ms? as usize)))
     .collect();
     Report {
         violations,

@@ -67,12 +67,13 @@ pub fn check(h: &History) -> Vec<Violation> {
 /// How much a lossy mode forgot, as a window of server time: for each time a
 /// target's client-lease counter went back (an acquisition whose token is not
 /// above that of the grant just before it, in server-time order), the span
-/// from the oldest grant it issued again (the latest earlier grant of the
-/// lowest token it reused) to the newest grant before it. The longest span
-/// in ms; 0 when no counter went back.
-pub fn forgotten_ms(h: &History) -> u64 {
+/// from the oldest grant it forgot (the first grant, since the counter last
+/// went back, whose token is at least the one handed out again) to the newest
+/// grant before it. The longest span in ms (0: a loss forgot one grant);
+/// `None` when no counter went back.
+pub fn forgotten_ms(h: &History) -> Option<u64> {
     let all = grants(h);
-    let mut longest = 0;
+    let mut longest = None;
     for (_, gs) in group_by(&all, |g| g.target) {
         let mut distinct: BTreeMap<(&str, u64), &Grant> = BTreeMap::new();
         for g in gs.into_iter().filter(|g| g.scope == Scope::Lease) {
@@ -80,18 +81,23 @@ pub fn forgotten_ms(h: &History) -> u64 {
         }
         let mut sorted: Vec<&Grant> = distinct.into_values().collect();
         sorted.sort_by_key(|g| (g.acquired_at_ms, g.token));
-        // token -> when it was last granted, so a counter that went back
-        // twice measures from the grants its second loss forgot.
-        let mut latest: BTreeMap<u64, u64> = BTreeMap::new();
+        // The grants since the counter last went back, token -> when: a
+        // counter that goes back twice measures its second loss from the
+        // grants that loss forgot, not from the first epoch's.
+        let mut epoch: BTreeMap<u64, u64> = BTreeMap::new();
         let mut prev: Option<&Grant> = None;
         for g in sorted {
             if let Some(p) = prev
                 && g.token <= p.token
-                && let Some((_, &oldest)) = latest.range(g.token..=p.token).next()
             {
-                longest = longest.max(p.acquired_at_ms.saturating_sub(oldest));
+                // `p` is in the epoch, so the range is never empty.
+                if let Some((_, &oldest)) = epoch.range(g.token..=p.token).next() {
+                    let span = p.acquired_at_ms.saturating_sub(oldest);
+                    longest = Some(longest.map_or(span, |l: u64| l.max(span)));
+                }
+                epoch.clear();
             }
-            latest.insert(g.token, g.acquired_at_ms);
+            epoch.insert(g.token, g.acquired_at_ms);
             prev = Some(g);
         }
     }
@@ -302,7 +308,7 @@ mod tests {
             .acquired("a", "t", "r5", 3, 600, 650)
             .acquired("b", "u", "r6", 9, 100, 150) // another target, never back
             .build();
-        assert_eq!(forgotten_ms(&h), 100);
+        assert_eq!(forgotten_ms(&h), Some(100));
         // Back to 1 twice: the second loss forgot the new grants of 1..2
         // (1000..1400), not the first epoch's.
         let h = H::new()
@@ -313,14 +319,44 @@ mod tests {
             .acquired("b", "t", "r5", 2, 1400, 1450)
             .acquired("a", "t", "r6", 1, 2000, 2050)
             .build();
-        assert_eq!(forgotten_ms(&h), 400);
+        assert_eq!(forgotten_ms(&h), Some(400));
+        // After a loss whose first new grant was never acknowledged, the
+        // next loss measures from the new epoch's grants only (10_000..10_100).
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 0, 50)
+            .acquired("a", "t", "r2", 2, 100, 150)
+            .acquired("a", "t", "r3", 3, 200, 250)
+            .acquired("b", "t", "r4", 2, 10_000, 10_050)
+            .acquired("b", "t", "r5", 3, 10_100, 10_150)
+            .acquired("a", "t", "r6", 1, 20_000, 20_050)
+            .build();
+        assert_eq!(forgotten_ms(&h), Some(100));
+        // The first loss forgot the grants of 2..4 (100..300); the second,
+        // after 3 was never acknowledged, those of 2 and 4 (500..600).
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 0, 50)
+            .acquired("a", "t", "r2", 2, 100, 150)
+            .acquired("a", "t", "r3", 3, 200, 250)
+            .acquired("a", "t", "r4", 4, 300, 350)
+            .acquired("b", "t", "r5", 2, 500, 550)
+            .acquired("b", "t", "r6", 4, 600, 650)
+            .acquired("a", "t", "r7", 2, 700, 750)
+            .build();
+        assert_eq!(forgotten_ms(&h), Some(200));
+        // A loss that forgot one grant is a window of 0 ms, not none.
+        let h = H::new()
+            .acquired("a", "t", "r1", 1, 100, 150)
+            .acquired("a", "t", "r2", 2, 200, 250)
+            .acquired("b", "t", "r3", 2, 900, 950)
+            .build();
+        assert_eq!(forgotten_ms(&h), Some(0));
         // A counter that only grows forgot nothing; a replay is no regression.
         let h = H::new()
             .acquired("a", "t", "r1", 1, 100, 150)
             .acquired("a", "t", "r1", 1, 100, 150)
             .acquired("b", "t", "r2", 2, 200, 250)
             .build();
-        assert_eq!(forgotten_ms(&h), 0);
+        assert_eq!(forgotten_ms(&h), None);
     }
 
     #[test]
