@@ -88,14 +88,18 @@ case "$mode" in
     stop_all() {
       # Every job, including one started just before the signal; CONT
       # after TERM, or a paused holder or operator would stay stopped.
+      # The pid itself too: a job may not have reached its setsid yet.
       for pid in "${!running[@]}" $(jobs -p); do
-        kill -TERM -- "-$pid" 2>/dev/null || true
-        kill -CONT -- "-$pid" 2>/dev/null || true
+        kill -TERM -- "-$pid" "$pid" 2>/dev/null || true
+        kill -CONT -- "-$pid" "$pid" 2>/dev/null || true
       done
     }
     stopped() {
-      echo "faults fill: stopped; the runs in progress are not recorded" >&2
+      # Stop first: with the terminal gone, even the message can fail.
+      trap '' PIPE
+      set +e
       stop_all
+      echo "faults fill: stopped; the runs in progress are not recorded" >&2 2>/dev/null
       wait
       exit "$1"
     }

@@ -117,23 +117,23 @@ pub fn append(dir: &Path, s: &Scenario, r: &Record) {
         .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
+/// Each non-blank line of a record file, parsed (`None`: unreadable). Read
+/// as bytes: a line torn inside a UTF-8 character spoils that line only.
+fn lines(path: &Path) -> Vec<Option<Record>> {
+    std::fs::read(path)
+        .unwrap_or_default()
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.trim_ascii().is_empty())
+        .map(|l| serde_json::from_slice(l).ok())
+        .collect()
+}
+
 /// Every run recorded for the scenario, oldest first, and how many lines
 /// could not be read (a writer killed mid-line): those are counted, not fatal.
 pub fn load(dir: &Path, s: &Scenario) -> (Vec<Record>, usize) {
-    let Ok(text) = std::fs::read_to_string(file(dir, s)) else {
-        return (Vec::new(), 0);
-    };
-    let mut unreadable = 0;
-    let records = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter_map(|l| {
-            let r = serde_json::from_str(l).ok();
-            unreadable += usize::from(r.is_none());
-            r
-        })
-        .collect();
-    (records, unreadable)
+    let all = lines(&file(dir, s));
+    let unreadable = all.iter().filter(|r| r.is_none()).count();
+    (all.into_iter().flatten().collect(), unreadable)
 }
 
 /// What one scenario's rows show: the longest run length recorded, and only
@@ -188,13 +188,12 @@ pub fn orphans(dir: &Path, all: &[Scenario]) -> Vec<(String, usize, usize)> {
         if all.iter().any(|s| s.name == stem) {
             continue;
         }
-        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let failed = lines
+        let records = lines(&e.path());
+        let failed = records
             .iter()
-            .filter(|l| serde_json::from_str::<Record>(l).map_or(true, |r| !r.failures.is_empty()))
+            .filter(|r| r.as_ref().is_none_or(|r| !r.failures.is_empty()))
             .count();
-        found.push((name, lines.len(), failed));
+        found.push((name, records.len(), failed));
     }
     found.sort();
     found

@@ -95,7 +95,11 @@ impl Row {
         if self.runs.is_empty() && self.unreadable == 0 {
             return "none recorded yet".into();
         }
-        let mut cell = format!("{} x {} s", self.runs.len(), self.secs);
+        let mut cell = if self.runs.is_empty() {
+            "none readable".to_string()
+        } else {
+            format!("{} x {} s", self.runs.len(), self.secs)
+        };
         if self.failed > 0 {
             cell += &format!(" (**{} failed**)", self.failed);
         }

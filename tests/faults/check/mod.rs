@@ -128,7 +128,7 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// How long what a lossy mode lost lasted, in ms of server time (only
     /// where something was lost; 0 ms is a loss of one grant): (a) in client leases, the longest stretch of
-    /// grants one counter loss issued again ([`tokens::forgotten_ms`]); (d)
+    /// grants one counter loss forgot ([`tokens::forgotten_ms`]); (d)
     /// in client leases, the longest time two leases on one target were
     /// both promised ([`exclusion::client_overlap_ms`]).
     pub windows: BTreeMap<(Property, Scope), usize>,
