@@ -75,18 +75,13 @@ pub fn forgotten_ms(h: &History) -> Option<u64> {
     let all = grants(h);
     let mut longest = None;
     for (_, gs) in group_by(&all, |g| g.target) {
-        let mut distinct: BTreeMap<(&str, u64), &Grant> = BTreeMap::new();
-        for g in gs.into_iter().filter(|g| g.scope == Scope::Lease) {
-            distinct.entry((g.issue, g.token)).or_insert(g);
-        }
-        let mut sorted: Vec<&Grant> = distinct.into_values().collect();
-        sorted.sort_by_key(|g| (g.acquired_at_ms, g.token));
+        let leases: Vec<&Grant> = gs.into_iter().filter(|g| g.scope == Scope::Lease).collect();
         // The grants since the counter last went back, token -> when: a
         // counter that goes back twice measures its second loss from the
         // grants that loss forgot, not from the first epoch's.
         let mut epoch: BTreeMap<u64, u64> = BTreeMap::new();
         let mut prev: Option<&Grant> = None;
-        for g in sorted {
+        for g in by_acquisition(&leases) {
             if let Some(p) = prev
                 && g.token <= p.token
             {
@@ -132,14 +127,20 @@ fn unique(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
     }
 }
 
-/// Every grant surely issued after another must carry a larger token.
-fn ordered(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
+/// Each (issue, token) once, by acquisition time (then token).
+fn by_acquisition<'g, 'a>(gs: &[&'g Grant<'a>]) -> Vec<&'g Grant<'a>> {
     let mut distinct: BTreeMap<(&str, u64), &Grant> = BTreeMap::new();
     for g in gs {
         distinct.entry((g.issue, g.token)).or_insert(g);
     }
     let mut sorted: Vec<&Grant> = distinct.into_values().collect();
     sorted.sort_by_key(|g| (g.acquired_at_ms, g.token));
+    sorted
+}
+
+/// Every grant surely issued after another must carry a larger token.
+fn ordered(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
+    let sorted = by_acquisition(gs);
     // Sweep: the highest token among grants that surely ended before `g` began.
     let mut by_end: Vec<&Grant> = sorted.clone();
     by_end.sort_by_key(|g| g.acquired_at_ms + g.resolution_ms);
@@ -296,66 +297,78 @@ mod tests {
         assert_eq!(found(&h), Vec::<String>::new());
     }
 
+    /// Acknowledged acquires on target `t`: (client, request id, token,
+    /// acquired at), each lease 50 ms long.
+    fn on_t(rows: &[(&str, &str, u64, u64)]) -> History {
+        rows.iter()
+            .fold(H::new(), |h, &(client, issue, token, at)| {
+                h.acquired(client, "t", issue, token, at, at + 50)
+            })
+            .build()
+    }
+
     #[test]
     fn the_forgotten_window_spans_the_grants_a_counter_issued_again() {
         // Tokens 1..3 granted at 100, 200, 300; the counter goes back to 2
-        // at 500: the grants of 2 and 3 (200..300) were forgotten.
-        let h = H::new()
-            .acquired("a", "t", "r1", 1, 100, 150)
-            .acquired("b", "t", "r2", 2, 200, 250)
-            .acquired("a", "t", "r3", 3, 300, 350)
-            .acquired("b", "t", "r4", 2, 500, 550)
-            .acquired("a", "t", "r5", 3, 600, 650)
-            .acquired("b", "u", "r6", 9, 100, 150) // another target, never back
-            .build();
+        // at 500: the grants of 2 and 3 (200..300) were forgotten. Another
+        // target that never goes back changes nothing.
+        let mut h = on_t(&[
+            ("a", "r1", 1, 100),
+            ("b", "r2", 2, 200),
+            ("a", "r3", 3, 300),
+            ("b", "r4", 2, 500),
+            ("a", "r5", 3, 600),
+        ]);
+        h.ops
+            .extend(H::new().acquired("b", "u", "r6", 9, 100, 150).build().ops);
         assert_eq!(forgotten_ms(&h), Some(100));
         // Back to 1 twice: the second loss forgot the new grants of 1..2
         // (1000..1400), not the first epoch's.
-        let h = H::new()
-            .acquired("a", "t", "r1", 1, 0, 50)
-            .acquired("a", "t", "r2", 2, 100, 150)
-            .acquired("a", "t", "r3", 3, 200, 250)
-            .acquired("b", "t", "r4", 1, 1000, 1050)
-            .acquired("b", "t", "r5", 2, 1400, 1450)
-            .acquired("a", "t", "r6", 1, 2000, 2050)
-            .build();
+        let h = on_t(&[
+            ("a", "r1", 1, 0),
+            ("a", "r2", 2, 100),
+            ("a", "r3", 3, 200),
+            ("b", "r4", 1, 1000),
+            ("b", "r5", 2, 1400),
+            ("a", "r6", 1, 2000),
+        ]);
         assert_eq!(forgotten_ms(&h), Some(400));
         // After a loss whose first new grant was never acknowledged, the
         // next loss measures from the new epoch's grants only (10_000..10_100).
-        let h = H::new()
-            .acquired("a", "t", "r1", 1, 0, 50)
-            .acquired("a", "t", "r2", 2, 100, 150)
-            .acquired("a", "t", "r3", 3, 200, 250)
-            .acquired("b", "t", "r4", 2, 10_000, 10_050)
-            .acquired("b", "t", "r5", 3, 10_100, 10_150)
-            .acquired("a", "t", "r6", 1, 20_000, 20_050)
-            .build();
+        let h = on_t(&[
+            ("a", "r1", 1, 0),
+            ("a", "r2", 2, 100),
+            ("a", "r3", 3, 200),
+            ("b", "r4", 2, 10_000),
+            ("b", "r5", 3, 10_100),
+            ("a", "r6", 1, 20_000),
+        ]);
         assert_eq!(forgotten_ms(&h), Some(100));
         // The first loss forgot the grants of 2..4 (100..300); the second,
         // after 3 was never acknowledged, those of 2 and 4 (500..600).
-        let h = H::new()
-            .acquired("a", "t", "r1", 1, 0, 50)
-            .acquired("a", "t", "r2", 2, 100, 150)
-            .acquired("a", "t", "r3", 3, 200, 250)
-            .acquired("a", "t", "r4", 4, 300, 350)
-            .acquired("b", "t", "r5", 2, 500, 550)
-            .acquired("b", "t", "r6", 4, 600, 650)
-            .acquired("a", "t", "r7", 2, 700, 750)
-            .build();
+        let h = on_t(&[
+            ("a", "r1", 1, 0),
+            ("a", "r2", 2, 100),
+            ("a", "r3", 3, 200),
+            ("a", "r4", 4, 300),
+            ("b", "r5", 2, 500),
+            ("b", "r6", 4, 600),
+            ("a", "r7", 2, 700),
+        ]);
         assert_eq!(forgotten_ms(&h), Some(200));
         // A loss that forgot one grant is a window of 0 ms, not none.
-        let h = H::new()
-            .acquired("a", "t", "r1", 1, 100, 150)
-            .acquired("a", "t", "r2", 2, 200, 250)
-            .acquired("b", "t", "r3", 2, 900, 950)
-            .build();
+        let h = on_t(&[
+            ("a", "r1", 1, 100),
+            ("a", "r2", 2, 200),
+            ("b", "r3", 2, 900),
+        ]);
         assert_eq!(forgotten_ms(&h), Some(0));
         // A counter that only grows forgot nothing; a replay is no regression.
-        let h = H::new()
-            .acquired("a", "t", "r1", 1, 100, 150)
-            .acquired("a", "t", "r1", 1, 100, 150)
-            .acquired("b", "t", "r2", 2, 200, 250)
-            .build();
+        let h = on_t(&[
+            ("a", "r1", 1, 100),
+            ("a", "r1", 1, 100),
+            ("b", "r2", 2, 200),
+        ]);
         assert_eq!(forgotten_ms(&h), None);
     }
 
