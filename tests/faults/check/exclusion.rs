@@ -33,11 +33,17 @@ fn overlap(a: &Claim, b: &Claim) -> bool {
 }
 
 pub fn check(h: &History) -> Vec<Violation> {
+    measure(h).0
+}
+
+/// The violations, and the longest overlap of two client leases in ms
+/// ([`client_overlap_ms`]), from one pass over the claims.
+pub fn measure(h: &History) -> (Vec<Violation>, Option<u64>) {
     let mut out = Vec::new();
-    clients(h, &mut out);
+    let overlap = clients(h, &mut out);
     statuses(h, &mut out);
     marks(h, &mut out);
-    out
+    (out, overlap)
 }
 
 /// The claims of one client's operations on one target, in invoke order.

@@ -163,13 +163,11 @@ pub fn check(h: &History) -> Report {
     let mut violations = tokens::check(h);
     violations.extend(downstream::check(h));
     violations.extend(honesty::check(h));
-    violations.extend(exclusion::check(h));
+    let (exclusions, overlap_ms) = exclusion::measure(h);
+    violations.extend(exclusions);
     let windows = [
         ((Property::Tokens, Scope::Lease), tokens::forgotten_ms(h)),
-        (
-            (Property::Exclusion, Scope::Lease),
-            exclusion::client_overlap_ms(h),
-        ),
+        ((Property::Exclusion, Scope::Lease), overlap_ms),
     ]
     .into_iter()
     .filter_map(|(k, ms)| Some((k, ms? as usize)))
