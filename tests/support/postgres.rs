@@ -67,8 +67,15 @@ fn is_root() -> bool {
 }
 
 impl Postgres {
-    /// A fresh, empty cluster. Panics with the server log when it does not start.
+    /// A fresh, empty cluster on a free port. Panics with the server log
+    /// when it does not start.
     pub fn start() -> Self {
+        Self::start_on_ports(free_port)
+    }
+
+    /// A fresh, empty cluster on the first port `next_port` gives that the
+    /// server can bind (asked again after a failed bind, at most 5 times).
+    pub fn start_on_ports(mut next_port: impl FnMut() -> u16) -> Self {
         let run_as = is_root().then_some("postgres");
         let dir = tempfile::Builder::new()
             .prefix("targetlease-pg-")
@@ -82,8 +89,8 @@ impl Postgres {
                 .is_ok_and(|s| s.success());
             assert!(ok, "cannot give {} to user {user}", dir.path().display());
         }
-        let pg = Self {
-            port: free_port(),
+        let mut pg = Self {
+            port: next_port(),
             bin: bin_dir(),
             dir,
             run_as,
@@ -101,32 +108,17 @@ impl Postgres {
                 "--no-sync",
             ],
         );
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
-            pg.port,
-            pg.dir.path().display()
-        );
-        let log = pg.dir.path().join("server.log");
-        let started = pg.try_run(
-            "pg_ctl",
-            &[
-                "start",
-                "-w",
-                "-t",
-                "60",
-                "-D",
-                &pg.data(),
-                "-l",
-                &log.display().to_string(),
-                "-o",
-                &options,
-            ],
-        );
-        if let Err(e) = started {
-            panic!(
-                "PostgreSQL did not start: {e}\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
+        // A port found free can be taken by anything before the postmaster
+        // binds it (tests and fault harnesses run side by side): a start that
+        // failed to bind is tried again on a new port, any other failure is
+        // reported at once.
+        let mut attempts = 0;
+        while let Err(e) = pg.try_start() {
+            attempts += 1;
+            if attempts == 5 || !e.contains("could not bind") {
+                panic!("PostgreSQL did not start (attempt {attempts}): {e}");
+            }
+            pg.port = next_port();
         }
         pg.start_watchdog();
         pg
@@ -134,6 +126,41 @@ impl Postgres {
 
     fn data(&self) -> String {
         self.dir.path().join("data").display().to_string()
+    }
+
+    /// `pg_ctl start` on `self.port`; the error carries this attempt's
+    /// server log.
+    fn try_start(&self) -> Result<(), String> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log");
+        // pg_ctl appends: a failure shows only this attempt's lines.
+        let from = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
+        self.try_run(
+            "pg_ctl",
+            &[
+                "start",
+                "-w",
+                "-t",
+                "60",
+                "-D",
+                &self.data(),
+                "-l",
+                &log.display().to_string(),
+                "-o",
+                &options,
+            ],
+        )
+        .map_err(|e| {
+            let lines = std::fs::read(&log).unwrap_or_default();
+            format!(
+                "{e}\n{}",
+                String::from_utf8_lossy(lines.get(from..).unwrap_or_default())
+            )
+        })
     }
 
     fn command(&self, program: &str) -> Command {
