@@ -73,8 +73,8 @@ impl Postgres {
         Self::start_on_ports(free_port)
     }
 
-    /// A fresh, empty cluster on the first port `next_port` gives that the
-    /// server can bind (asked again after a failed bind, at most 5 times).
+    /// A fresh, empty cluster on a port `next_port` gives: asked again while
+    /// the port it gave is in use, at most 5 ports in all.
     pub fn start_on_ports(mut next_port: impl FnMut() -> u16) -> Self {
         let run_as = is_root().then_some("postgres");
         let dir = tempfile::Builder::new()
@@ -90,7 +90,7 @@ impl Postgres {
             assert!(ok, "cannot give {} to user {user}", dir.path().display());
         }
         let mut pg = Self {
-            port: next_port(),
+            port: 0, // chosen after initdb, as close to the bind as can be
             bin: bin_dir(),
             dir,
             run_as,
@@ -110,15 +110,17 @@ impl Postgres {
         );
         // A port found free can be taken by anything before the postmaster
         // binds it (tests and fault harnesses run side by side): a start that
-        // failed to bind is tried again on a new port, any other failure is
-        // reported at once.
-        let mut attempts = 0;
-        while let Err(e) = pg.try_start() {
-            attempts += 1;
-            if attempts == 5 || !e.contains("could not bind") {
-                panic!("PostgreSQL did not start (attempt {attempts}): {e}");
-            }
+        // found its port in use is tried again on a new port, any other
+        // failure is reported at once.
+        let mut failures = Vec::new();
+        loop {
             pg.port = next_port();
+            let Err(e) = pg.try_start() else { break };
+            let in_use = e.contains("Address already in use");
+            failures.push(e);
+            if !in_use || failures.len() == 5 {
+                panic!("PostgreSQL did not start: {failures:#?}");
+            }
         }
         pg.start_watchdog();
         pg
@@ -132,7 +134,8 @@ impl Postgres {
     /// server log.
     fn try_start(&self) -> Result<(), String> {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
+             -c lc_messages=C",
             self.port,
             self.dir.path().display()
         );
