@@ -44,6 +44,9 @@ case "$mode" in
   long)
     export FAULTS_REPORT="${FAULTS_REPORT:-$REPO/docs/faults.md}"
     export FAULTS_REPORT_NOTE="${FAULTS_REPORT_NOTE:-}"
+    # This tree's records: the harness's own default is the tree it was
+    # compiled in, which a shared CARGO_TARGET_DIR makes another checkout.
+    export FAULTS_PARTS="${FAULTS_PARTS:-$REPO/docs/faults/runs}"
     exec cargo test --locked --test faults -- long "$@"
     ;;
   fill)
