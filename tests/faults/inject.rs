@@ -11,6 +11,9 @@ use crate::valkey::Valkey;
 use crate::workload::Stop;
 use crate::workload::holder::Holder;
 
+/// How long the replica misses the primary's writes before the primary dies.
+const REPLICA_LAG: Duration = Duration::from_millis(500);
+
 /// A script that keeps the server busy for 1.5 s of its own clock.
 const BUSY_SCRIPT: &str = "local t = redis.call('TIME') local s = t[1] * 1000 + t[2] / 1000 \
      while true do local n = redis.call('TIME') \
@@ -44,10 +47,10 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
             let start = v.epoch();
             let mut planned = 0;
             while !stop.sleep(Duration::from_secs(1)).await {
-                rec.fault("primary SIGKILL + Sentinel failover");
+                rec.fault("replica 500 ms behind, primary SIGKILL + Sentinel failover");
                 planned += 1;
                 let v = v.clone();
-                blocking(move || v.failover()).await;
+                blocking(move || v.failover(REPLICA_LAG)).await;
             }
             // Promotions nobody asked for (a primary wrongly judged down) are faults too.
             for _ in planned..v.epoch().saturating_sub(start) {

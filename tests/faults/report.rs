@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::check::{Property, Scope};
-use crate::history::{Answer, OpKind, Sink};
+use crate::check::{Property, Scope, liveness};
+use crate::history::{Answer, Sink};
 use crate::run::RunResult;
-use crate::scenarios::{Fault, Scenario};
+use crate::scenarios::{Backend, Fault, Scenario};
 
 /// The figures of one run (recorded per run in long mode: parts.rs).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -162,13 +162,17 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
             }
         }
     }
-    let acquired = h
-        .ops
-        .iter()
-        .any(|o| o.kind == OpKind::Acquire && o.answer.is("acquired"));
-    let accepted = h.writes.iter().any(|w| w.answer.is("accepted"));
-    if !acquired || !(accepted || s.expect.is_some()) {
-        failures.push("the workload did nothing (no lease acquired or no write accepted)".into());
+    let parts = liveness::Parts {
+        operator: matches!(s.backend, Backend::Operator { .. }),
+        sinks_may_fail: s.expect.is_some(),
+    };
+    for idle in liveness::idle(h, parts) {
+        failures.push(format!("the workload did nothing: {idle}"));
+    }
+    if let Some(invalid) = liveness::first_invalid(h) {
+        failures.push(format!(
+            "a request the store rejected as invalid ({invalid})"
+        ));
     }
     if s.fault != Fault::None && fig.faults == 0 {
         failures.push("the fault was never injected".into());

@@ -123,7 +123,7 @@ pub fn all() -> Vec<Scenario> {
             measured: LOSSY,
             ..scenario(
                 "failover-durability-none",
-                "primary SIGKILL, Sentinel failover to the replica, `--durability none`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it, `--durability none`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )
@@ -132,7 +132,7 @@ pub fn all() -> Vec<Scenario> {
             durability: Durability::Replicas(1),
             ..scenario(
                 "failover-replicas-1",
-                "primary SIGKILL, Sentinel failover to the replica, `--durability replicas:1`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it, `--durability replicas:1`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )

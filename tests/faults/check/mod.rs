@@ -17,6 +17,7 @@ pub mod exclusion;
 #[cfg(test)]
 pub mod fixtures;
 pub mod honesty;
+pub mod liveness;
 pub mod tokens;
 
 use std::collections::BTreeMap;

@@ -209,12 +209,30 @@ impl Valkey {
             .unwrap_or(0)
     }
 
-    /// SIGKILL the primary, wait for Sentinel to promote the replica, bring
-    /// the old primary back as a replica of the new one.
-    pub fn failover(&self) {
+    /// Cut the replication link for `lag`, SIGKILL the primary, wait for
+    /// Sentinel to promote the replica, bring the old primary back as a
+    /// replica of the new one.
+    ///
+    /// On loopback a replica is never behind by more than a few
+    /// microseconds, so a plain SIGKILL loses nothing and cannot tell a safe
+    /// durability mode from an unsafe one. The lag is what a slow or
+    /// partitioned replica gives in production: the replica is stopped
+    /// (SIGSTOP) and the primary drops its link, so every write of the last
+    /// `lag` exists only on the primary when it dies; the replica resumes
+    /// before Sentinel judges the primary down, so it is the one promoted.
+    pub fn failover(&self, lag: Duration) {
         let old = self.primary_port().expect("sentinel names a primary");
         let idx = self.lock().iter().position(|n| n.port == old).unwrap();
+        if !lag.is_zero() {
+            self.lock()
+                .iter()
+                .filter(|n| n.port != old)
+                .for_each(|n| n.freeze(true));
+            self.lock()[idx].try_cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+            std::thread::sleep(lag);
+        }
         self.lock()[idx].kill();
+        self.lock().iter().for_each(|n| n.freeze(false));
         wait_until(
             "Sentinel to promote the replica",
             Duration::from_secs(30),

@@ -106,6 +106,19 @@ impl Node {
         }
     }
 
+    /// SIGSTOP (`true`) or SIGCONT (`false`): the process keeps its sockets
+    /// but reads nothing while stopped.
+    pub fn freeze(&self, stopped: bool) {
+        use nix::sys::signal::{Signal, kill};
+        let Some(c) = &self.child else { return };
+        let sig = if stopped {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        let _ = kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+    }
+
     /// Replaces the extra arguments used by the next (re)start.
     pub fn set_args(&mut self, args: &[String]) {
         self.args = args.to_vec();
