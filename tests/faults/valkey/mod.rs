@@ -228,7 +228,13 @@ impl Valkey {
                 .iter()
                 .filter(|n| n.port != old)
                 .for_each(|n| n.freeze(true));
-            self.lock()[idx].try_cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+            // Without the cut, the stopped replica's socket would still take
+            // every write and apply it on SIGCONT: no lag at all.
+            let cut = self.lock()[idx].try_cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+            assert!(
+                matches!(cut, Some(Resp::Int(n)) if n >= 1),
+                "the primary dropped no replica link ({cut:?}): the failover would have no lag"
+            );
             std::thread::sleep(lag);
         }
         self.lock()[idx].kill();
