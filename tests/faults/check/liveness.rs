@@ -71,6 +71,10 @@ mod tests {
         operator: false,
         sinks_may_fail: false,
     };
+    const OPERATOR: Parts = Parts {
+        operator: true,
+        sinks_may_fail: false,
+    };
 
     fn busy() -> H {
         H::new()
@@ -87,11 +91,7 @@ mod tests {
             .publish("x", "op", 1, Some(1), Some(("q1", 100, 900)))
             .pod("p1", 2, &[("el", 1, 900)])
             .build();
-        let parts = Parts {
-            operator: true,
-            ..CLIENTS
-        };
-        assert_eq!(idle(&operator, parts), Vec::<&str>::new());
+        assert_eq!(idle(&operator, OPERATOR), Vec::<&str>::new());
     }
 
     #[test]
@@ -139,12 +139,8 @@ mod tests {
             .publish("x", "op", 1, None, None)
             .pod("p1", 2, &[])
             .build();
-        let parts = Parts {
-            operator: true,
-            ..CLIENTS
-        };
         assert_eq!(
-            idle(&h, parts),
+            idle(&h, OPERATOR),
             vec![
                 "no TargetLease status carried a token",
                 "no pod was marked leader"

@@ -223,20 +223,18 @@ impl Valkey {
     pub fn failover(&self, lag: Duration) {
         let old = self.primary_port().expect("sentinel names a primary");
         let idx = self.lock().iter().position(|n| n.port == old).unwrap();
-        if !lag.is_zero() {
-            self.lock()
-                .iter()
-                .filter(|n| n.port != old)
-                .for_each(|n| n.freeze(true));
-            // Without the cut, the stopped replica's socket would still take
-            // every write and apply it on SIGCONT: no lag at all.
-            let cut = self.lock()[idx].try_cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
-            assert!(
-                matches!(cut, Some(Resp::Int(n)) if n >= 1),
-                "the primary dropped no replica link ({cut:?}): the failover would have no lag"
-            );
-            std::thread::sleep(lag);
-        }
+        self.lock()
+            .iter()
+            .filter(|n| n.port != old)
+            .for_each(|n| n.freeze(true));
+        // Without the cut, the stopped replica's socket would still take
+        // every write and apply it on SIGCONT: no lag at all.
+        let cut = self.lock()[idx].try_cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+        assert!(
+            matches!(cut, Some(Resp::Int(n)) if n >= 1),
+            "the primary dropped no replica link ({cut:?}): the failover would have no lag"
+        );
+        std::thread::sleep(lag);
         self.lock()[idx].kill();
         self.lock().iter().for_each(|n| n.freeze(false));
         wait_until(
