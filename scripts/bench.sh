@@ -34,17 +34,23 @@ esac
 # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
 setup_env="$(scripts/setup.sh)"
 eval "$setup_env"
-# heaptrack profiles the operator's heap (the bench alone needs it).
-if ! command -v heaptrack >/dev/null && [ "${BENCH_ONLY:-}" != store ]; then
-  echo "bench: apt-get install heaptrack" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends heaptrack >&2
+# heaptrack profiles the operator's heap (the bench alone needs it), linked
+# into the tools directory like every packaged tool (scripts/lib/tools.sh).
+# shellcheck source=lib/tools.sh
+source "$REPO/scripts/lib/tools.sh"
+if [ "${BENCH_ONLY:-}" != store ]; then
+  if ! dpkg-query -W -f='${Status}' heaptrack 2>/dev/null | grep -q 'install ok installed'; then
+    echo "bench: apt-get install heaptrack" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends heaptrack >&2
+  fi
+  ln -sfn /usr/bin/heaptrack "$TOOLS/heaptrack"
+  ln -sfn /usr/bin/heaptrack_print "$TOOLS/heaptrack_print"
 fi
 tools=(redis-benchmark redis-cli kubectl)
 [ "${BENCH_ONLY:-}" = store ] || tools+=(heaptrack heaptrack_print)
-for tool in "${tools[@]}"; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool is missing (apt redis-tools, apt heaptrack, kubectl)" >&2; exit 1; }
-done
+missing="$(missing_tools "${tools[@]}" | tr '\n' ' ')"
+[ -z "$missing" ] || { echo "bench: missing from $TOOLS: $missing(run scripts/setup.sh)" >&2; exit 1; }
 
 if [ "${BENCH_ONLY:-}" = store ]; then
   # The store part alone does not regenerate the whole doc.

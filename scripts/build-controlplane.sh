@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane binaries and test tools from Go modules:
 #   etcd, kube-apiserver, kube-controller-manager  (tests/controlplane)
-#   kubectl, only when asked                       (tests/controlplane/kubectl)
+#   kubectl                                        (tests/controlplane/kubectl)
 #   helm                                           (tests/controlplane/helm)
 #   lua-health (Argo CD's Lua engine, gopher-lua)  (tests/controlplane/luahealth)
 #   actionlint (checks .github/workflows)          (tests/controlplane/actionlint)
@@ -22,10 +22,12 @@
 #
 # Usage: scripts/build-controlplane.sh [kube|helm|luahealth|actionlint|promtool|kubectl|kubelet|containerd|node|etcdlock|all]
 #        (default: all)
-#        `all` is kube, helm, luahealth, actionlint, promtool, kubelet and containerd
-#        (`node` is the last two: what scripts/node.sh runs); kubectl is built only
-#        when asked (scripts/setup.sh asks when the machine has no kubectl), etcdlock
-#        only by scripts/bench.sh (the tests do not use it).
+#        `all` is kube, kubectl, helm, luahealth, actionlint, promtool, kubelet and
+#        containerd (`node` is the last two: what scripts/node.sh runs); etcdlock
+#        only by scripts/bench.sh (the tests do not use it). kubectl is always
+#        built, never taken from PATH: it must be the API server's minor version
+#        (scripts/lib/tools.sh).
+#        SETUP_TIMES=FILE appends `go-GROUP SECONDS` for each group built.
 #        FORCE=1 scripts/build-controlplane.sh            rebuild regardless of stamps
 set -euo pipefail
 
@@ -117,6 +119,7 @@ build_group() { # NAME DIR LDFLAGS PKG... (binaries named after the last path el
   rmdir "$tmp"
   echo "$want" > "$stamp"
   echo "build-controlplane: $name built in $((SECONDS - start))s"
+  [ -z "${SETUP_TIMES:-}" ] || echo "go-$name $((SECONDS - start))" >>"$SETUP_TIMES"
 }
 
 out_name() { # PKG[=NAME] -> NAME, or the package's last path element
@@ -130,7 +133,7 @@ case "$WHAT" in
   actionlint|all) build_group actionlint "$SRC/actionlint" "-s -w" github.com/rhysd/actionlint/cmd/actionlint ;;&
   # Prometheus' service-discovery plugins (and their cloud SDKs) left out.
   promtool|all) TAGS=remove_all_sd build_group promtool "$SRC/promtool" "-s -w" github.com/prometheus/prometheus/cmd/promtool ;;&
-  kubectl) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
+  kubectl|all) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
   # The node (scripts/node.sh). The kubelet and the scheduler are upstream's
   # main packages, from a module with the API server's Kubernetes release and
   # replace block.

@@ -37,7 +37,9 @@
 set -euo pipefail
 
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
-BIN="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
+# shellcheck source=lib/tools.sh
+source "$(dirname "$SELF")/lib/tools.sh"
+BIN="$TOOLS"
 TIMEOUT="${CONTROLPLANE_TIMEOUT:-120}"
 
 log() { echo "controlplane: $*" >&2; }
@@ -152,9 +154,13 @@ start_etcd() { # DIR
     if [ "$rc" = 2 ] && port_clash "$dir/etcd.log"; then
       log "etcd: port $cport/$pport taken, retrying on other ports"; rm -f "$dir/etcd.pid"; continue
     fi
+    if [ "$rc" = 2 ]; then
+      explain_exit "$dir" etcd
+      kill_component "$dir" etcd
+      die "etcd exited during startup (see $dir/etcd.log)"
+    fi
     kill_component "$dir" etcd
-    [ "$rc" = 1 ] && { tail_logs "$dir"; die "etcd did not become healthy within ${TIMEOUT}s"; }
-    tail_logs "$dir"; die "etcd exited during startup (see $dir/etcd.log)"
+    tail_logs "$dir"; die "etcd did not become healthy within ${TIMEOUT}s"
   done
   tail_logs "$dir"; die "etcd: could not find free ports after 3 attempts"
 }
@@ -222,9 +228,13 @@ start_apiserver() { # DIR
     if [ "$rc" = 2 ] && port_clash "$dir/kube-apiserver.log"; then
       log "kube-apiserver: port $port taken, retrying on another port"; rm -f "$dir/kube-apiserver.pid"; continue
     fi
+    if [ "$rc" = 2 ]; then
+      explain_exit "$dir" kube-apiserver
+      kill_component "$dir" kube-apiserver
+      die "kube-apiserver exited during startup (see $dir/kube-apiserver.log)"
+    fi
     kill_component "$dir" kube-apiserver
-    [ "$rc" = 1 ] && { tail_logs "$dir"; die "kube-apiserver did not answer /readyz within ${TIMEOUT}s"; }
-    tail_logs "$dir"; die "kube-apiserver exited during startup (see $dir/kube-apiserver.log)"
+    tail_logs "$dir"; die "kube-apiserver did not answer /readyz within ${TIMEOUT}s"
   done
   tail_logs "$dir"; die "kube-apiserver: could not find a free port after 3 attempts"
 }
@@ -245,7 +255,8 @@ start_kcm() { # DIR
   # exit straight away on bad flags.
   sleep 1
   if ! is_ours "$(cat "$dir/kube-controller-manager.pid")" kube-controller-manager; then
-    tail_logs "$dir"; die "kube-controller-manager exited during startup (see $dir/kube-controller-manager.log)"
+    explain_exit "$dir" kube-controller-manager
+    die "kube-controller-manager exited during startup (see $dir/kube-controller-manager.log)"
   fi
 }
 

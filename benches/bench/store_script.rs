@@ -98,7 +98,7 @@ pub fn redis_benchmark<S: AsRef<OsStr>>(
     keyspace: usize,
     command: &[S],
 ) -> Figure {
-    let out = Command::new("redis-benchmark")
+    let out = Command::new(crate::support::tools::tool("redis-benchmark"))
         .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
         .args(["-c", &c.to_string(), "-n", &n.to_string()])
         .args(["-P", "1", "-r", &keyspace.to_string(), "--csv"])
@@ -132,7 +132,7 @@ pub fn redis_benchmark<S: AsRef<OsStr>>(
 }
 
 pub fn cli(server: &ValkeyServer, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
+    let out = Command::new(crate::support::tools::tool("redis-cli"))
         .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
         .args(args)
         .output()
@@ -194,7 +194,7 @@ fn pipe(server: &ValkeyServer, commands: impl Iterator<Item = Vec<String>>) {
             let _ = write!(resp, "${}\r\n{a}\r\n", a.len());
         }
     }
-    let mut child = Command::new("redis-cli")
+    let mut child = Command::new(crate::support::tools::tool("redis-cli"))
         .args(["-h", "127.0.0.1", "-p", &server.port.to_string(), "--pipe"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

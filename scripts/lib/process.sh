@@ -1,6 +1,7 @@
 # Process helpers shared by scripts/controlplane.sh and scripts/node.sh.
 # Sourced, not run: the caller defines log() and die() (with its own prefix)
-# and BIN (where the binaries are) first.
+# and BIN (where the binaries are: the tools directory, scripts/lib/tools.sh)
+# first.
 
 # The last 40 lines of each of DIR's logs for NAMEs (NAME.log), for a failure.
 tail_logs_of() { # DIR NAME...
@@ -59,11 +60,28 @@ kill_component() { # DIR NAME
   rm -f "$pidf"
 }
 
-# Start $BIN/NAME in the background, detached from our stdio, in its own session.
+# Start $BIN/NAME in the background, detached from our stdio, in its own
+# session, its stdout and stderr both in DIR/NAME.log. Returns once the
+# process runs the binary (or has died), so nothing that checks it afterwards
+# can mistake the shell it was forked from for a dead component. Job control
+# is switched off while it forks: with it on (an interactive shell, `set -m`)
+# the child leads its own process group, and setsid(1) would then fork once
+# more and exit, leaving a pid that is not the component's.
 spawn() { # DIR NAME ARGS...
-  local dir="$1" name="$2"; shift 2
+  local dir="$1" name="$2" monitor=0 pid
+  shift 2
+  case $- in *m*) monitor=1; set +m ;; esac
   setsid "$BIN/$name" "$@" </dev/null >>"$dir/$name.log" 2>&1 &
-  echo $! > "$dir/$name.pid"
+  pid=$!
+  [ "$monitor" = 0 ] || set -m
+  echo "$pid" > "$dir/$name.pid"
+  # Forked but not yet exec'd, the child's command line is this shell's.
+  for _ in $(seq 1 200); do
+    case "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" in *"$BIN/$name "*) return 0 ;; esac
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.05
+  done
+  log "$name (pid $pid) has not started $BIN/$name after 10s"
 }
 
 # Until CMD succeeds: 0; 1 after SECS; 2 as soon as NAME's process died.
@@ -77,6 +95,39 @@ wait_until() { # DIR NAME SECS CMD...
     if [ "$SECONDS" -ge "$deadline" ]; then return 1; fi
     sleep 0.25
   done
+}
+
+# Why NAME, started by spawn in this shell, is not running: its exit status or
+# signal (it is our child, so `wait` has it), the last lines of its log (its
+# stdout and stderr), and what else ran and how much memory was left, so a
+# component killed before it wrote a line (the OOM killer, a signal from
+# outside) still explains itself. On stderr.
+explain_exit() { # DIR NAME
+  local dir="$1" name="$2" pid rc=0 how
+  pid="$(cat "$dir/$name.pid" 2>/dev/null || true)"
+  if [ -z "$pid" ]; then
+    how="has no pid file"
+  elif is_ours "$pid" "$name"; then
+    how="(pid $pid) is still running"
+  else
+    wait "$pid" 2>/dev/null || rc=$?
+    if [ "$rc" = 127 ] && ! kill -0 "$pid" 2>/dev/null && ! [ -e "/proc/$pid" ]; then
+      how="(pid $pid) exited; its status is unknown (not a child of this shell)"
+    elif [ "$rc" -gt 128 ]; then
+      how="(pid $pid) was killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))"
+    else
+      how="(pid $pid) exited with status $rc"
+    fi
+  fi
+  echo "----- $name $how -----" >&2
+  tail_logs_of "$dir" "$name"
+  echo "----- memory (MiB) -----" >&2
+  free -m >&2 2>/dev/null || true
+  echo "----- the largest processes running -----" >&2
+  ps -eo pid,ppid,rss,etime,args --sort=-rss 2>/dev/null | head -n 12 | cut -c1-200 >&2 || true
+  local oom
+  oom="$(dmesg 2>/dev/null | grep -iE 'out of memory|oom-kill|killed process' | tail -n 5 || true)"
+  [ -z "$oom" ] || { echo "----- the kernel's OOM killer -----" >&2; echo "$oom" >&2; }
 }
 
 # `$SELF __watch DIR PID` in the background: stops what DIR runs once PID

@@ -11,7 +11,6 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use crate::helm::{repo, template};
-use crate::support::kube_env;
 
 const FIXTURE: &str = "tests/chart/fixtures/prometheusrule.test.yaml";
 
@@ -32,7 +31,7 @@ fn promtool(spec: &Value, args: &[&str]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.yaml"), spec.to_string()).unwrap();
     std::fs::copy(repo().join(FIXTURE), dir.path().join("rules.test.yaml")).unwrap();
-    Command::new(kube_env::tool("promtool", "promtool"))
+    Command::new(crate::support::tools::tool("promtool"))
         .args(args)
         .current_dir(dir.path())
         .output()
@@ -363,7 +362,7 @@ fn the_rules_with_non_default_values_pass_promtool_check() {
             .join("\n");
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("rules.yaml"), &spec).unwrap();
-        let out = Command::new(kube_env::tool("promtool", "promtool"))
+        let out = Command::new(crate::support::tools::tool("promtool"))
             .args(["check", "rules", "rules.yaml"])
             .current_dir(dir.path())
             .output()

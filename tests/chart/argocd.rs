@@ -9,10 +9,9 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::helm::repo;
-use crate::support::kube_env;
 
 fn lua_health() -> PathBuf {
-    kube_env::tool("lua-health", "luahealth")
+    crate::support::tools::tool("lua-health")
 }
 
 fn script() -> PathBuf {

@@ -8,8 +8,6 @@ use std::sync::OnceLock;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::support::kube_env;
-
 /// The oldest Kubernetes the chart supports (Chart.yaml `kubeVersion`).
 pub const KUBE_VERSION: &str = "1.33.0";
 pub const RBAC_TEMPLATES: [&str; 6] = [
@@ -30,7 +28,7 @@ pub fn chart() -> String {
 }
 
 pub fn helm_bin() -> PathBuf {
-    kube_env::tool("helm", "helm")
+    crate::support::tools::tool("helm")
 }
 
 /// Runs helm with private cache/config/data directories.

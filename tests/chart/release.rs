@@ -12,7 +12,7 @@ fn repo() -> &'static Path {
 }
 
 fn actionlint() -> PathBuf {
-    crate::support::kube_env::tool("actionlint", "actionlint")
+    crate::support::tools::tool("actionlint")
 }
 
 fn lint(file: &Path) -> std::process::Output {

@@ -365,13 +365,13 @@ async fn rbac_is_enforced_for_service_accounts() {
 #[tokio::test]
 async fn kubectl_readyz_answers_ok() {
     let cp = shared().await;
-    let out = tokio::process::Command::new("kubectl")
+    let out = tokio::process::Command::new(crate::support::tools::tool("kubectl"))
         .arg("--kubeconfig")
         .arg(cp.kubeconfig_path())
         .args(["get", "--raw", "/readyz"])
         .output()
         .await
-        .expect("running kubectl (is it on PATH?)");
+        .expect("running kubectl from the tools directory");
     assert!(
         out.status.success(),
         "kubectl failed: {}",

@@ -28,6 +28,7 @@ fn recipe_with(kubeconfig: &std::path::Path, ns: &str, token: &str, value: &str)
         .arg("state")
         .arg(value)
         .env("KUBECONFIG", kubeconfig)
+        .env("PATH", crate::support::tools::path_with_tools())
         .env("NAMESPACE", ns)
         .output()
         .expect("run the recipe (needs bash, kubectl, jq)");

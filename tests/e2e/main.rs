@@ -11,3 +11,5 @@ mod faults;
 mod fencing;
 mod ha;
 mod operator;
+mod startup;
+mod tools;

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::support::kube_env::tool;
 use crate::support::resp::{Conn, Resp};
+use crate::support::tools::tool;
 use crate::support::valkey_server::{free_port, server_binary};
 
 /// The operator's namespace (Pod Security `restricted` enforced).
@@ -124,8 +124,8 @@ impl Node {
             bridge,
             valkey_port,
             operator_pods_at_install: Vec::new(),
-            kubectl: tool("kubectl", "kube"),
-            helm: tool("helm", "kube"),
+            kubectl: tool("kubectl"),
+            helm: tool("helm"),
         };
         let t = Instant::now();
         node.install_chart()?;

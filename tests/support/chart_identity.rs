@@ -14,13 +14,13 @@ use kube::{Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::kube_env::{self, ControlPlane};
+use super::kube_env::ControlPlane;
 
 /// `helm template RELEASE charts/targetlease -n NAMESPACE ARGS…`, parsed.
 pub fn helm_template(release: &str, namespace: &str, args: &[&str]) -> Vec<Value> {
     static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
     let home = HOME.get_or_init(|| tempfile::tempdir().expect("helm home"));
-    let bin = kube_env::tool("helm", "helm");
+    let bin = super::tools::tool("helm");
     let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/targetlease");
     let out = Command::new(bin)
         .args(["template", release])

@@ -2,9 +2,9 @@
 //! kube-controller-manager for namespace deletion and garbage collection) for
 //! integration tests, started on loopback by `scripts/controlplane.sh`.
 //!
-//! Binaries come from `$TARGETLEASE_TOOLS_DIR` (default
-//! `$HOME/.cache/targetlease/bin`), built by `scripts/build-controlplane.sh`.
-//! If they are missing, starting panics with instructions: tests never skip.
+//! Binaries come from the tools directory ([`super::tools`]), where
+//! `scripts/setup.sh` builds them. If they are missing, starting panics with
+//! instructions: tests never skip.
 //!
 //! ```ignore
 //! mod support { pub mod kube_env; }
@@ -35,30 +35,9 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
+use super::tools::{tool, tools_dir};
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Where `scripts/build-controlplane.sh` puts the binaries.
-pub fn tools_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TARGETLEASE_TOOLS_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    let home =
-        std::env::var_os("HOME").expect("HOME is not set and TARGETLEASE_TOOLS_DIR is not set");
-    PathBuf::from(home).join(".cache/targetlease/bin")
-}
-
-/// A binary that `scripts/build-controlplane.sh GROUP` builds into the tools
-/// directory. A missing one fails the test that needs it: tests never skip.
-pub fn tool(name: &str, group: &str) -> PathBuf {
-    let bin = tools_dir().join(name);
-    assert!(
-        bin.is_file(),
-        "missing {}: build it with `scripts/build-controlplane.sh {group}` (or scripts/setup.sh), \
-         or point TARGETLEASE_TOOLS_DIR at a directory holding it. The tests never skip.",
-        bin.display()
-    );
-    bin
-}
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -111,20 +90,9 @@ impl ControlPlane {
     }
 
     pub async fn try_start() -> Result<ControlPlane, BoxError> {
-        let bin = tools_dir();
-        let missing: Vec<_> = ["etcd", "kube-apiserver"]
-            .iter()
-            .filter(|b| !bin.join(b).is_file())
-            .map(|b| bin.join(b).display().to_string())
-            .collect();
-        if !missing.is_empty() {
-            return Err(format!(
-                "missing control plane binaries: {}.\n  Build them with `scripts/build-controlplane.sh` \
-                 (takes a while on a cold Go cache), or point TARGETLEASE_TOOLS_DIR at a directory holding them.",
-                missing.join(", ")
-            )
-            .into());
-        }
+        // Missing binaries are no transient failure: panic at once.
+        tool("etcd");
+        tool("kube-apiserver");
 
         // A unique, empty directory that the script owns and deletes on stop.
         let dir = tempfile::Builder::new()
@@ -139,7 +107,7 @@ impl ControlPlane {
                     .arg(&script)
                     .arg("start")
                     .arg(&dir)
-                    .env("TARGETLEASE_TOOLS_DIR", &bin)
+                    .env("TARGETLEASE_TOOLS_DIR", tools_dir())
                     .env("CONTROLPLANE_WATCH_PID", std::process::id().to_string())
                     .env("CONTROLPLANE_OWN_DIR", "1")
                     .output()

@@ -20,4 +20,5 @@ pub mod spec;
 pub mod tcp_proxy;
 pub mod timeline;
 pub mod tls;
+pub mod tools;
 pub mod valkey_server;

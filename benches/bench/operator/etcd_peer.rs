@@ -19,7 +19,7 @@ use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Ta
 use super::{Bench, PeerCell, Results};
 use crate::stats::Figure;
 use crate::store::{connect, drive};
-use crate::support::kube_env::tools_dir;
+use crate::support::tools::tools_dir;
 
 const TTL: Duration = Duration::from_secs(90);
 

@@ -26,7 +26,8 @@ pub(super) async fn heap_profile(
     eprintln!("bench: heap profile of an operator holding {leases} leases");
     op.stop(); // gives the election Lease up: the profiled one leads at once
     let out = b.dir.path().join("operator-heap");
-    let wrapper = [OsStr::new("heaptrack"), OsStr::new("-o"), out.as_os_str()];
+    let heaptrack = crate::support::tools::tool("heaptrack");
+    let wrapper = [heaptrack.as_os_str(), OsStr::new("-o"), out.as_os_str()];
     let started = Instant::now();
     let mut prof =
         Operator::start_watching(&b.cp, &b.valkey, ns, Some(ns), b.dir.path(), 300, &wrapper);
@@ -56,7 +57,7 @@ pub(super) async fn heap_profile(
         })
         .expect("heaptrack's data file");
     let stacks = b.dir.path().join("operator-heap.stacks");
-    let summary = Command::new("heaptrack_print")
+    let summary = Command::new(crate::support::tools::tool("heaptrack_print"))
         .arg("-f")
         .arg(&data)
         .args(["--print-peaks", "0", "--print-allocators", "0"])

@@ -179,7 +179,7 @@ impl Metrics {
 
 /// The apiserver's own request counters.
 pub(super) fn apiserver_metrics(cp: &ControlPlane) -> Metrics {
-    let out = Command::new("kubectl")
+    let out = Command::new(crate::support::tools::tool("kubectl"))
         .arg("--kubeconfig")
         .arg(cp.kubeconfig_path())
         .args(["get", "--raw", "/metrics"])

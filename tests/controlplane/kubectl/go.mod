@@ -1,6 +1,6 @@
 // Test-only Go module: builds kubectl (k8s.io/kubernetes/cmd/kubectl, a Go
-// `tool`) from the same Kubernetes release as ../go.mod, for machines without
-// one (scripts/setup.sh builds it only when `kubectl` is not on PATH). Kept
+// `tool`) from the same Kubernetes release as ../go.mod: the tests use this
+// kubectl only, never one on PATH (scripts/lib/tools.sh). Kept
 // apart from the kube-apiserver module so kubectl's dependencies neither
 // move the API server's nor invalidate its build stamp. The replace block is
 // ../go.mod's (regenerate there with ../gen-replaces.sh, then copy it here).

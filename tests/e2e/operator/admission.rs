@@ -106,7 +106,7 @@ async fn invalid_specs_are_refused_by_the_api_server() {
 }
 
 fn kubectl(env: &OperatorEnv, args: &[&str]) -> String {
-    let out = std::process::Command::new("kubectl")
+    let out = std::process::Command::new(crate::support::tools::tool("kubectl"))
         .arg("--kubeconfig")
         .arg(env.cp.kubeconfig_path())
         .args(args)

@@ -38,25 +38,10 @@ pub struct Valkey {
     pub proxy: Option<FaultProxy>,
 }
 
-/// libfaketime's multi-threaded library, or a panic that says how to get it.
+/// libfaketime's multi-threaded library (linked into the tools directory by
+/// `scripts/setup.sh`), or a panic that says how to get it.
 fn faketime_lib() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAKETIME_LIB").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        assert!(p.is_file(), "FAKETIME_LIB={} does not exist", p.display());
-        return p;
-    }
-    let found = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
-        .find(|p| p.is_file());
-    found.unwrap_or_else(|| {
-        panic!(
-            "libfaketime not found: the clock-jump scenario needs it. Run `scripts/setup.sh` \
-             (apt-get install faketime) or set FAKETIME_LIB"
-        )
-    })
+    crate::support::tools::tool("libfaketimeMT.so.1")
 }
 
 fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
