@@ -7,7 +7,8 @@
 #   scripts/playground.sh stop     stop everything and remove the playground's directory
 #
 # PLAYGROUND_DIR (default .playground in the repository) holds the logs, the
-# kubeconfig and the pids. Everything is left running for you to try when
+# kubeconfig and the pids; PLAYGROUND_BIN names a targetlease binary to use
+# instead of the one `cargo build` makes. Everything is left running for you to try when
 # the playground is shown; if anything it starts is not running (or does not
 # get there), it says which, shows that part's log, stops everything it
 # started and exits non-zero.
@@ -72,15 +73,20 @@ running() { # NAME (as spawned into $PG)
 setup_env="$(scripts/setup.sh playground)"
 eval "$setup_env"
 
-# The binary cargo actually built, wherever CARGO_TARGET_DIR puts it.
-log "building targetlease…"
-TL="$(cargo build --quiet --bin targetlease --message-format=json \
-  | python3 -c 'import json, sys
+# The binary cargo actually built, wherever CARGO_TARGET_DIR puts it (or
+# PLAYGROUND_BIN, one built already: the tests pass theirs).
+if [ -n "${PLAYGROUND_BIN:-}" ]; then
+  TL="$PLAYGROUND_BIN"
+else
+  log "building targetlease…"
+  TL="$(cargo build --quiet --bin targetlease --message-format=json \
+    | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "targetlease":
         print(m["executable"])')"
-[ -x "$TL" ] || die "cargo reported no targetlease executable"
+fi
+[ -x "$TL" ] || die "no targetlease executable at '$TL'"
 
 port="$(free_port)"
 spawn "$PG" valkey-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PG"

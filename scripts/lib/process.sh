@@ -28,15 +28,24 @@ free_port() {
   return 1
 }
 
+# PID's command line, arguments separated by spaces ("" while it execs).
+proc_cmdline() { # PID
+  tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null || true
+}
+
 # Is PID alive and running the binary NAME? (protects against pid reuse)
+# A live process whose command line reads empty is in the middle of an
+# execve (the kernel has switched to the new image but not yet laid out its
+# arguments; measured: one spawn of kube-apiserver in four shows it): that is
+# ours starting, not a process that exited.
 is_ours() { # PID NAME
-  local pid="$1" name="$2" exe state
+  local pid="$1" name="$2" cmdline state
   [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
   # An exited-but-unreaped process (zombie) counts as gone.
   state="$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)"
   [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ] || return 1
-  exe="$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)"
-  case "$exe" in *"$name"*) return 0 ;; *) return 1 ;; esac
+  cmdline="$(proc_cmdline "$pid")"
+  case "$cmdline" in "" | *"$name"*) return 0 ;; *) return 1 ;; esac
 }
 
 # SIGTERM, then SIGKILL after SECS (default 10), if PID is still NAME.
@@ -75,9 +84,11 @@ spawn() { # DIR NAME ARGS...
   pid=$!
   [ "$monitor" = 0 ] || set -m
   echo "$pid" > "$dir/$name.pid"
-  # Forked but not yet exec'd, the child's command line is this shell's.
+  # Forked but not yet exec'd, the child's command line is this shell's;
+  # then setsid's (naming the binary as an argument); then, between the two
+  # execs, empty. Started is when the binary itself is argv[0].
   for _ in $(seq 1 200); do
-    case "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" in *"$BIN/$name "*) return 0 ;; esac
+    case "$(proc_cmdline "$pid")" in "$BIN/$name "*) return 0 ;; esac
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.05
   done

@@ -11,5 +11,6 @@ mod faults;
 mod fencing;
 mod ha;
 mod operator;
+mod playground;
 mod startup;
 mod tools;

@@ -135,3 +135,38 @@ echo ok"#,
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Between setsid's exec and the component's, a live process's command line
+/// reads empty (one kube-apiserver spawn in four shows it when polled
+/// closely). Taking that for "exited" failed starts with an empty log; the
+/// check must take it for a process starting, while a dead or zombie one
+/// is still gone.
+#[test]
+fn a_process_in_the_middle_of_its_exec_is_not_taken_for_dead() {
+    let script = format!(
+        r#"set -uo pipefail
+log() {{ echo "$*" >&2; }}
+source '{lib}'
+sleep 30 & live=$!
+proc_cmdline() {{ :; }}   # what /proc/PID/cmdline reads mid-exec
+is_ours "$live" kube-apiserver || {{ echo "a live process mid-exec was taken for dead"; exit 1; }}
+unset -f proc_cmdline
+source '{lib}'
+is_ours "$live" kube-apiserver && {{ echo "a live sleep was taken for kube-apiserver"; exit 1; }}
+kill "$live"; wait "$live" 2>/dev/null
+is_ours "$live" sleep && {{ echo "a dead process was taken for alive"; exit 1; }}
+echo ok"#,
+        lib = repo().join("scripts/lib/process.sh").display(),
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
