@@ -6,5 +6,6 @@
 mod support;
 
 mod crd;
+mod habits;
 mod lease;
 mod run;
