@@ -4,6 +4,7 @@
 mod admission;
 mod leases;
 mod pods;
+mod token;
 
 pub(crate) use crate::support;
 pub(crate) use crate::support::spec::lease_for;
