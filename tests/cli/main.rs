@@ -7,5 +7,6 @@ mod support;
 
 mod crd;
 mod habits;
+mod install;
 mod lease;
 mod run;

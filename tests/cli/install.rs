@@ -1,0 +1,78 @@
+//! `cargo install --locked --path .`, as docs/cli.md gives it: from this
+//! checkout into a scratch root, then the installed binary (not the one the
+//! tests built) prints its version and takes a lease from a real Valkey.
+//!
+//! `--offline` (every dependency is already here) and `--debug` with this
+//! build's own target directory, so it costs one compile of the crate
+//! rather than a release build of every dependency; what is tested is the
+//! install path (the manifest, the lock file, the binary target), which is
+//! the same in both profiles.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use crate::support::cli::{BIN, lease};
+use crate::support::valkey_server::ValkeyServer;
+
+#[test]
+fn cargo_install_from_the_checkout_gives_a_working_binary() {
+    let repo = env!("CARGO_MANIFEST_DIR");
+    // <target dir>/debug/targetlease
+    let target_dir = Path::new(BIN)
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in <target>/debug");
+    let root = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let mut install = Command::new(env!("CARGO"));
+    // What cargo set for this test process (CARGO_MANIFEST_DIR, CARGO_PKG_…)
+    // would reach the dependencies' build scripts and make them look changed.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        if (name.starts_with("CARGO_") && name != "CARGO_HOME") || name == "OUT_DIR" {
+            install.env_remove(name);
+        }
+    }
+    let out = install
+        .args([
+            "install",
+            "--locked",
+            "--offline",
+            "--debug",
+            "--path",
+            repo,
+        ])
+        .arg("--root")
+        .arg(root.path())
+        .env("CARGO_TARGET_DIR", target_dir)
+        .output()
+        .expect("run cargo install");
+    assert!(
+        out.status.success(),
+        "cargo install failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("cargo install --debug --offline: {:?}", started.elapsed());
+    let installed = root.path().join("bin/targetlease");
+
+    let version = Command::new(&installed).arg("--version").output().unwrap();
+    assert!(version.status.success());
+    let line = String::from_utf8(version.stdout).unwrap();
+    assert!(
+        line.starts_with(&format!("targetlease {} (", env!("CARGO_PKG_VERSION"))),
+        "{line:?}"
+    );
+
+    let s = ValkeyServer::start();
+    let args = lease(&s.url(), "acquire").target("installed");
+    let out = Command::new(&installed)
+        .args(args.args())
+        .env_remove("TARGETLEASE_VALKEY_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["outcome"], "acquired", "{j}");
+    assert_eq!(j["lease"]["fencing_token"], 1, "{j}");
+}
