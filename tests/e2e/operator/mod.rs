@@ -2,6 +2,7 @@
 //! real kube-apiserver + etcd and a real valkey-server.
 
 mod admission;
+mod events;
 mod leases;
 mod pods;
 mod token;
