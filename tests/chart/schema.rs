@@ -17,7 +17,11 @@ fn mistakes_that_leak_secrets_or_do_not_exist_are_refused() {
         &set("valkey.url=valkey://user:secret@valkey:6379"),
         "/valkey/url",
     );
-    for url in ["valkey://valkey:6379", "valkey-cluster://a:7000", "redis://valkey:6379"] {
+    for url in [
+        "valkey://valkey:6379",
+        "valkey-cluster://a:7000",
+        "redis://valkey:6379",
+    ] {
         accepted(&set(&format!("valkey.url={url}")));
     }
     refused(&set("valkey.url=http://valkey:6379"), "/valkey/url");

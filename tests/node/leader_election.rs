@@ -8,7 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-
 use crate::fixture::{Node, Watch, eventually, http_get, is_ready, name, node, percentile};
 
 const HANDOFFS: usize = 10;

@@ -195,3 +195,105 @@ fn the_child_environment_names_neither_the_store_nor_its_credentials() {
         assert!(env.lines().any(|l| l == var), "{var} missing:\n{env}");
     }
 }
+
+/// Runs `targetlease run …` on a new terminal (python3's `pty`): sends
+/// `input` once `wait_for` shows, then Ctrl-C once `then_for` shows.
+/// Returns what the terminal showed and `run`'s exit code.
+fn on_a_terminal(url: &str, cmd: &str, script: &[(&str, &str)]) -> (String, i32) {
+    let driver = r#"
+import json, os, pty, select, sys, time
+args = json.loads(sys.argv[1]); steps = json.loads(sys.argv[2])
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvpe(args[0], args, dict(os.environ))
+seen = b""
+def read(deadline):
+    global seen
+    while time.time() < deadline:
+        r, _, _ = select.select([fd], [], [], 0.05)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            seen += chunk
+            return True
+    return True
+for wait_for, send in steps:
+    deadline = time.time() + 10
+    while wait_for.encode() not in seen and time.time() < deadline:
+        if not read(deadline):
+            break
+    os.write(fd, send.encode().decode('unicode_escape').encode())
+deadline = time.time() + 10
+done = 0
+while time.time() < deadline and not done:
+    open_ = read(deadline)
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if not open_ and not done:
+        time.sleep(0.05)
+if not done:
+    os.kill(pid, 9)
+    done, status = os.waitpid(pid, 0)
+read(time.time() + 0.3)
+print(json.dumps({"seen": seen.decode("utf-8", "replace"), "code": os.waitstatus_to_exitcode(status)}))
+"#;
+    let args = vec![
+        BIN.to_string(),
+        "run".into(),
+        "--target".into(),
+        "tty".into(),
+        "--owner".into(),
+        "alice".into(),
+        "--valkey-url".into(),
+        url.into(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        cmd.into(),
+    ];
+    let steps: Vec<[&str; 2]> = script.iter().map(|(w, s)| [*w, *s]).collect();
+    let out = Command::new("python3")
+        .args(["-c", driver])
+        .arg(serde_json::to_string(&args).unwrap())
+        .arg(serde_json::to_string(&steps).unwrap())
+        .env_remove("TARGETLEASE_OUTPUT")
+        .output()
+        .expect("python3 runs the terminal driver");
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "driver output ({e}): {} / {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (
+        j["seen"].as_str().unwrap().to_string(),
+        j["code"].as_i64().unwrap() as i32,
+    )
+}
+
+#[test]
+fn on_a_terminal_the_command_reads_it_and_ctrl_c_reaches_it_once() {
+    let s = ValkeyServer::start();
+    let cmd = "echo ready; read line; echo \"got $line\"; \
+               trap 'echo interrupted; exit 9' INT; echo waiting; \
+               while :; do sleep 0.1; done";
+    let (seen, code) = on_a_terminal(
+        &s.url(),
+        cmd,
+        &[("ready", "hello\\n"), ("waiting", "\\x03")],
+    );
+    // A CMD in a background group would have been stopped by its read.
+    assert!(seen.contains("got hello"), "{seen}");
+    assert_eq!(seen.matches("interrupted").count(), 1, "{seen}");
+    assert_eq!(code, 9, "{seen}");
+    // On a terminal, run reports in a line for people.
+    assert!(
+        seen.contains("targetlease run: command exited with 9; lease released (tty, token 1, owner alice); exit 9"),
+        "{seen}"
+    );
+    assert_eq!(get(&s.url(), "tty")["outcome"], "not_found");
+}
