@@ -1,12 +1,16 @@
-//! `cargo install --locked --path .`, as docs/cli.md gives it: from this
-//! checkout into a scratch root, then the installed binary (not the one the
-//! tests built) prints its version and takes a lease from a real Valkey.
+//! `cargo install --locked --path .`, as docs/cli.md gives it, from a clean
+//! checkout of this repository's HEAD (what was committed, not the working
+//! tree: a file that was never added fails here) into a scratch root; then
+//! the installed binary (not the one the tests built) prints its version
+//! and takes a lease from a real Valkey.
 //!
-//! `--offline` (every dependency is already here) and `--debug` with this
-//! build's own target directory, so it costs one compile of the crate
-//! rather than a release build of every dependency; what is tested is the
-//! install path (the manifest, the lock file, the binary target), which is
-//! the same in both profiles.
+//! The checkout is kept in the target directory and moved to HEAD each run,
+//! so unchanged files keep their times; with `--offline` (every dependency
+//! is already here) and `--debug` with this build's own target directory it
+//! costs at most one compile of the crate, rather than a release build of
+//! every dependency. What is tested is the install path (the manifest, the
+//! lock file, the build script, the binary target), the same in both
+//! profiles.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,14 +19,48 @@ use std::time::Instant;
 use crate::support::cli::{BIN, lease};
 use crate::support::valkey_server::ValkeyServer;
 
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("git runs (the repository is a git checkout)");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A clean checkout of the repository's HEAD under `target_dir`.
+fn clean_checkout(target_dir: &Path) -> std::path::PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let checkout = target_dir.join("install-test-checkout");
+    if !checkout.join(".git").exists() {
+        let _ = std::fs::remove_dir_all(&checkout);
+        std::fs::create_dir_all(&checkout).unwrap();
+        git(&checkout, &["init", "--quiet"]);
+    }
+    let repo = repo.to_str().expect("a UTF-8 path");
+    git(&checkout, &["fetch", "--quiet", "--no-tags", repo, "HEAD"]);
+    git(
+        &checkout,
+        &["checkout", "--quiet", "--force", "--detach", "FETCH_HEAD"],
+    );
+    git(&checkout, &["clean", "-q", "-f", "-d", "-x"]);
+    checkout
+}
+
 #[test]
 fn cargo_install_from_the_checkout_gives_a_working_binary() {
-    let repo = env!("CARGO_MANIFEST_DIR");
     // <target dir>/debug/targetlease
     let target_dir = Path::new(BIN)
         .parent()
         .and_then(Path::parent)
         .expect("the test binary lives in <target>/debug");
+    let checkout = clean_checkout(target_dir);
     let root = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let mut install = Command::new(env!("CARGO"));
@@ -35,14 +73,8 @@ fn cargo_install_from_the_checkout_gives_a_working_binary() {
         }
     }
     let out = install
-        .args([
-            "install",
-            "--locked",
-            "--offline",
-            "--debug",
-            "--path",
-            repo,
-        ])
+        .args(["install", "--locked", "--offline", "--debug", "--path"])
+        .arg(&checkout)
         .arg("--root")
         .arg(root.path())
         .env("CARGO_TARGET_DIR", target_dir)
