@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # targetlease: the operator and CLI in one small, non-root image.
 #
-#   docker build -t ghcr.io/targetlease/targetlease:0.1.0 .
+#   docker build -t ghcr.io/targetlease/targetlease:0.1.0 .   (docs/install.md)
 #
 # Build stage: the full Rust image (it has the C compiler `ring` needs).
 # The Lua scripts are compiled into the binary (include_str!); lua/ is copied
@@ -11,8 +11,11 @@
 ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 FROM ${RUST_IMAGE} AS build
+# The commit `targetlease --version` names (.git is not in the build context):
+#   docker build --build-arg TARGETLEASE_COMMIT="$(git rev-parse --short=12 HEAD)" .
+ARG TARGETLEASE_COMMIT=""
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY lua ./lua
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault matrix (issue 12, tests/faults/): a recorded workload against real
+# The fault matrix (tests/faults/): a recorded workload against real
 # Valkey, PostgreSQL, kube-apiserver + etcd and the operator, real faults,
 # a checker that can fail, and positive controls that must be caught.
 #

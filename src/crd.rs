@@ -17,10 +17,12 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Go-style duration: one or more `<integer><unit>` with unit ms, s, m or h (e.g. `90s`, `1m30s`).
-const DURATION_PATTERN: &str = "^([0-9]+(ms|s|m|h))+$";
-/// Names stored in Valkey carry no control characters (C0, DEL, C1), as the store requires.
-const NO_CONTROL_CHARACTERS: &str = "^[^\\x00-\\x1f\\x7f-\\x9f]*$";
+// The formats are CEL rules with a message, not schema patterns: a pattern's
+// refusal prints the regular expression itself. Durations are Go-style
+// without fractions, one or more `<integer><unit>` with unit ms, s, m or h
+// (`^([0-9]+(ms|s|m|h))+$`); range rules only run on well-formed ones, so a
+// malformed value gets the format message alone. Names stored in Valkey
+// carry no control characters (C0, DEL, C1), as the store requires.
 
 /// A lease with a fencing token on a named target, held for one holder or elected
 /// among candidate pods. The operator acquires it in Valkey, keeps it renewed and
@@ -45,17 +47,19 @@ const NO_CONTROL_CHARACTERS: &str = "^[^\\x00-\\x1f\\x7f-\\x9f]*$";
     )
 )]
 #[x_kube(validation = Rule::new("has(self.holder) != has(self.candidates)").message("exactly one of spec.holder or spec.candidates must be set"))]
-#[x_kube(validation = Rule::new("!has(self.renewInterval) || duration(self.renewInterval) + duration(self.renewInterval) <= duration(self.leaseDuration)").message("spec.renewInterval must be at most half of spec.leaseDuration"))]
-#[x_kube(validation = Rule::new("!has(self.maxLifetime) || duration(self.maxLifetime) >= duration(self.leaseDuration)").message("spec.maxLifetime must be at least spec.leaseDuration"))]
+#[x_kube(validation = Rule::new("!has(self.renewInterval) || !self.renewInterval.matches('^([0-9]+(ms|s|m|h))+$') || !self.leaseDuration.matches('^([0-9]+(ms|s|m|h))+$') || duration(self.renewInterval) + duration(self.renewInterval) <= duration(self.leaseDuration)").message("spec.renewInterval must be at most half of spec.leaseDuration"))]
+#[x_kube(validation = Rule::new("!has(self.maxLifetime) || !self.maxLifetime.matches('^([0-9]+(ms|s|m|h))+$') || !self.leaseDuration.matches('^([0-9]+(ms|s|m|h))+$') || duration(self.maxLifetime) >= duration(self.leaseDuration)").message("spec.maxLifetime must be at least spec.leaseDuration"))]
 #[serde(rename_all = "camelCase")]
 pub struct TargetLeaseSpec {
     /// Name of the thing only one holder may act on (a database, a shard, a job).
     /// Leases on the same target in the same namespace exclude each other; at most
     /// one of them is Held at a time, the others wait in creation order.
+    /// 1 to 256 bytes (UTF-8), no control characters (line breaks, tabs, …).
     /// Immutable: create a new TargetLease to lease another target.
-    #[schemars(length(min = 1, max = 256), regex(pattern = NO_CONTROL_CHARACTERS))]
+    #[schemars(length(min = 1, max = 256))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.target is immutable"))]
     #[x_kube(validation = Rule::new("size(bytes(self)) <= 256").message("spec.target must be at most 256 bytes (UTF-8)"))]
+    #[x_kube(validation = Rule::new(r"!self.matches('[\\x00-\\x1f\\x7f-\\x9f]')").message("spec.target must not contain control characters (line breaks, tabs, …)"))]
     pub target: String,
 
     /// A single named holder. Set exactly one of `holder` or `candidates`.
@@ -70,25 +74,33 @@ pub struct TargetLeaseSpec {
 
     /// How long the lease lives in Valkey without a renewal, e.g. `90s`. If the
     /// operator cannot renew for this long, the lease ends and a new holder gets a
-    /// larger token. Between 1s and 24h. Default `90s`.
+    /// larger token. A duration of whole numbers with units ms, s, m or h
+    /// (`90s`, `1m30s`, `500ms`), from 1s to 24h. Default `90s`.
     #[serde(default = "default_lease_duration")]
-    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
-    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('24h')").message("spec.leaseDuration must be between 1s and 24h"))]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("spec.leaseDuration must be a duration such as 90s, 1m30s or 500ms (whole numbers; units ms, s, m, h)"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(ms|s|m|h))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))").message("spec.leaseDuration must be between 1s and 24h"))]
     pub lease_duration: String,
 
-    /// How often the operator renews the lease, e.g. `30s`. Must be shorter than
-    /// `leaseDuration`. Default: a third of `leaseDuration`.
+    /// How often the operator renews the lease, e.g. `30s`: at least 100ms and
+    /// at most half of `leaseDuration` (so one renewal can fail and the next
+    /// still comes in time). The same duration format as `leaseDuration`.
+    /// Default: a third of `leaseDuration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
-    #[x_kube(validation = Rule::new("duration(self) >= duration('100ms')").message("spec.renewInterval must be at least 100ms"))]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("spec.renewInterval must be a duration such as 30s, 1m or 500ms (whole numbers; units ms, s, m, h)"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(ms|s|m|h))+$') || duration(self) >= duration('100ms')").message("spec.renewInterval must be at least 100ms"))]
     pub renew_interval: Option<String>,
 
     /// Hard limit on one lease's life from acquisition, e.g. `1h`; renewals never
     /// extend past it. When it is reached the lease ends and (if the holder or a
-    /// candidate still qualifies) a new one with a larger token is acquired.
+    /// candidate still qualifies) a new one with a larger token is acquired. At
+    /// least `leaseDuration` and at most 8760h (a year), in the same duration
+    /// format. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
-    #[x_kube(validation = Rule::new("duration(self) <= duration('8760h')").message("spec.maxLifetime must be at most 8760h"))]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(ms|s|m|h))+$')").message("spec.maxLifetime must be a duration such as 2h, 90m or 1h30m (whole numbers; units ms, s, m, h)"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(ms|s|m|h))+$') || duration(self) <= duration('8760h')").message("spec.maxLifetime must be at most 8760h"))]
     pub max_lifetime: Option<String>,
 }
 
@@ -101,9 +113,11 @@ fn default_lease_duration() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct HolderSpec {
     /// Who holds the lease, as recorded in Valkey and shown in `status.holder`
-    /// (for example a job name). Not a secret.
-    #[schemars(length(min = 1, max = 256), regex(pattern = NO_CONTROL_CHARACTERS))]
+    /// (for example a job name). 1 to 256 bytes (UTF-8), no control characters.
+    /// Not a secret.
+    #[schemars(length(min = 1, max = 256))]
     #[x_kube(validation = Rule::new("size(bytes(self)) <= 256").message("spec.holder.identity must be at most 256 bytes (UTF-8)"))]
+    #[x_kube(validation = Rule::new(r"!self.matches('[\\x00-\\x1f\\x7f-\\x9f]')").message("spec.holder.identity must not contain control characters (line breaks, tabs, …)"))]
     pub identity: String,
 
     /// Optional pod in this namespace the lease is tied to: while it is missing or

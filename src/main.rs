@@ -2,7 +2,19 @@
 
 use std::process::ExitCode;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    targetlease::cli::main().await
+fn main() -> ExitCode {
+    // `run`'s supervisor of CMD: a process of its own, on a runtime of its own.
+    if let Some(code) = targetlease::cli::run::supervise::from_args() {
+        return code;
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(targetlease::cli::main()),
+        Err(e) => {
+            eprintln!("targetlease: cannot start the async runtime: {e}");
+            ExitCode::from(targetlease::cli::output::EXIT_BACKEND)
+        }
+    }
 }

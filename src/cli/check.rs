@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
-use super::output;
+use super::output::{self, Format, OutputArgs};
 use crate::store::valkey::{Durability, ValkeyStore};
 use crate::store::{LeaseHandle, LeaseStore, ReleaseRequest, StoreError, Target};
 
@@ -26,8 +26,11 @@ pub struct CheckArgs {
     /// How to reach Valkey.
     #[command(flatten)]
     pub conn: ConnectionArgs,
-    /// Print text for people instead of one JSON object.
-    #[arg(long)]
+    /// How the report is printed (json: one object; text: a line per check).
+    #[command(flatten)]
+    pub out: OutputArgs,
+    /// The same as `-o text` (kept for scripts written before `-o`).
+    #[arg(long, hide = true)]
     pub human: bool,
     /// Diagnostics on stderr.
     #[command(flatten)]
@@ -110,13 +113,18 @@ pub async fn main(args: CheckArgs) -> ExitCode {
         ok: checks.iter().all(|c| c.status != Verdict::Fail),
         checks,
     };
-    if args.human {
-        print!("{}", human(&report));
+    let format = if args.human {
+        Format::Text
     } else {
-        println!(
+        args.out.or(Format::Json)
+    };
+    match format {
+        Format::Text => print!("{}", human(&report)),
+        Format::Yaml => print!("{}", output::to_yaml(&report)),
+        Format::Json => println!(
             "{}",
             serde_json::to_string(&report).expect("report serializes")
-        );
+        ),
     }
     ExitCode::from(code)
 }

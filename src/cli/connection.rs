@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::output::io_reason;
 use crate::config_error::ConfigError;
 use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig};
 
@@ -15,8 +16,9 @@ use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig};
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Connection")]
 pub struct ConnectionArgs {
-    /// Valkey URL: redis://, rediss:// (TLS), redis-cluster://, rediss-cluster://
-    /// (extra seeds as ?node=host:port&node=…) or redis-sentinel://.
+    /// Valkey URL: valkey:// or redis://, valkeys:// or rediss:// (TLS),
+    /// valkey-cluster:// (extra seeds as ?node=host:port&node=…),
+    /// valkey-sentinel://; a `-cluster`/`-sentinel` scheme ending in `s` uses TLS.
     #[arg(
         long,
         env = "TARGETLEASE_VALKEY_URL",
@@ -104,6 +106,42 @@ impl ConnectionArgs {
             durability: self.durability,
         })
     }
+
+    /// These settings as the `TARGETLEASE_*` variables that give them to
+    /// another `targetlease` (`run --export-connection`): file paths, never
+    /// the secrets in them.
+    pub fn exported(&self) -> Vec<(&'static str, String)> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let duration = |d: Duration| humantime::format_duration(d).to_string();
+        let vars = [
+            ("TARGETLEASE_VALKEY_URL", Some(self.valkey_url.clone())),
+            ("TARGETLEASE_USERNAME", self.username.clone()),
+            ("TARGETLEASE_PASSWORD_FILE", path(&self.password_file)),
+            (
+                "TARGETLEASE_SENTINEL_USERNAME",
+                self.sentinel_username.clone(),
+            ),
+            (
+                "TARGETLEASE_SENTINEL_PASSWORD_FILE",
+                path(&self.sentinel_password_file),
+            ),
+            ("TARGETLEASE_KEY_PREFIX", Some(self.key_prefix.clone())),
+            ("TARGETLEASE_TIMEOUT", Some(duration(self.timeout))),
+            (
+                "TARGETLEASE_CONNECT_TIMEOUT",
+                Some(duration(self.connect_timeout)),
+            ),
+            ("TARGETLEASE_POOL_SIZE", Some(self.pool_size.to_string())),
+            ("TARGETLEASE_TLS_CA_FILE", path(&self.tls_ca_file)),
+            ("TARGETLEASE_TLS_CERT_FILE", path(&self.tls_cert_file)),
+            ("TARGETLEASE_TLS_KEY_FILE", path(&self.tls_key_file)),
+            ("TARGETLEASE_TLS_SERVER_NAME", self.tls_server_name.clone()),
+            ("TARGETLEASE_DURABILITY", Some(self.durability.to_string())),
+        ];
+        vars.into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect()
+    }
 }
 
 /// Reads a secret file; one trailing newline is not part of the secret.
@@ -112,7 +150,7 @@ pub fn read_secret(path: &std::path::Path) -> Result<Secret, ConfigError> {
         ConfigError::new(format!(
             "cannot read password file {}: {}",
             path.display(),
-            e.kind()
+            io_reason(&e)
         ))
     })?;
     let value = text.strip_suffix('\n').unwrap_or(&text);

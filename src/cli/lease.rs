@@ -10,11 +10,14 @@ use clap::{Args, Subcommand};
 
 mod parse;
 
-pub use parse::{DEFAULT_TTL, default_owner, parse_metadata, parse_token};
+pub use parse::{
+    DEFAULT_TTL, DEFAULT_WAIT, SERVICE_ACCOUNT_NAMESPACE, default_namespace, default_owner,
+    parse_metadata, parse_token,
+};
 
 use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
-use super::output::{self, Envelope, Format, Report};
+use super::output::{self, Envelope, Format, OutputArgs, Report};
 use crate::store::valkey::ValkeyStore;
 use crate::store::{
     AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, ReleaseRequest, RenewRequest,
@@ -75,8 +78,9 @@ pub struct TargetArgs {
     /// The target name (1 to 256 bytes).
     #[arg(long, env = "TARGETLEASE_TARGET")]
     pub target: String,
-    /// The tenant (Kubernetes namespace) the target belongs to.
-    #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value = "default")]
+    /// The tenant (Kubernetes namespace) the target belongs to. Default: in
+    /// a pod, its namespace ($POD_NAMESPACE or its service account's); else `default`.
+    #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value_t = default_namespace(), hide_default_value = true)]
     pub namespace: String,
 }
 
@@ -105,7 +109,7 @@ pub struct AcquireFlags {
     #[command(flatten)]
     target: TargetArgs,
     /// Who wants the lease (1 to 256 bytes; an identity, not a secret).
-    /// Default: this host's name and this process's id, `host:pid`.
+    /// Default: in a pod, its name ($POD_NAME); else `user@host:pid`.
     #[arg(long, env = "TARGETLEASE_OWNER", default_value_t = default_owner(), hide_default_value = true)]
     owner: String,
     /// How long the lease lives unless renewed, e.g. 10s (`run` renews it
@@ -133,12 +137,15 @@ impl AcquireFlags {
     }
 }
 
-/// How a `lease` or `run` invocation reaches Valkey, and its diagnostics.
+/// How a `lease` or `run` invocation reaches Valkey, prints, and logs.
 #[derive(Args, Debug)]
 pub struct ClientArgs {
     /// How to reach Valkey.
     #[command(flatten)]
     pub conn: ConnectionArgs,
+    /// How the result is printed.
+    #[command(flatten)]
+    pub out: OutputArgs,
     /// Diagnostics on stderr.
     #[command(flatten)]
     pub log: LogArgs,
@@ -204,9 +211,6 @@ pub struct ReleaseArgs {
 pub struct GetArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// json (the one-line envelope) or text (a line for people).
-    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
-    output: Format,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -254,8 +258,8 @@ pub struct CommitArgs {
 /// Flags of `lease list`.
 #[derive(Args, Debug)]
 pub struct ListArgs {
-    /// The tenant (Kubernetes namespace) to list.
-    #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value = "default")]
+    /// The tenant (Kubernetes namespace) to list (default as for `--namespace` of get).
+    #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value_t = default_namespace(), hide_default_value = true)]
     pub namespace: String,
     /// List every namespace (cluster-wide: every primary of a Valkey Cluster is scanned).
     #[arg(short = 'A', long)]
@@ -263,9 +267,6 @@ pub struct ListArgs {
     /// Only targets whose names start with this.
     #[arg(long, default_value = "")]
     pub target_prefix: String,
-    /// json (one object per lease record and line) or text (a table).
-    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
-    pub output: Format,
     /// How to reach Valkey, and diagnostics.
     #[command(flatten)]
     pub client: ClientArgs,
@@ -279,9 +280,6 @@ pub struct ReadArgs {
     /// Name of the value, as given to commit.
     #[arg(long, env = "TARGETLEASE_COMMIT_KEY")]
     key: String,
-    /// json (the one-line envelope, with a `committed` object) or text.
-    #[arg(short = 'o', long = "output", value_enum, default_value = "json")]
-    output: Format,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -421,10 +419,11 @@ pub async fn main(LeaseArgs { command: cmd }: LeaseArgs) -> ExitCode {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
     };
+    let format = cmd.client().out.or(Format::Json);
     // (client required)
     let store = match ValkeyStore::connect(&config).await {
         Ok(s) => s,
-        Err(e) => return output::emit(Report::from(e)),
+        Err(e) => return output::emit_as(Report::from(e), format),
     };
     // The store enforces `--timeout`; this is a backstop should a reply never come.
     let backstop = config.timeout + Duration::from_secs(1);
@@ -444,11 +443,6 @@ pub async fn main(LeaseArgs { command: cmd }: LeaseArgs) -> ExitCode {
             format!("{msg} (--request-id {id})"),
         )),
         (other, _) => other,
-    };
-    let format = match &cmd {
-        LeaseCommand::Get(a) => a.output,
-        LeaseCommand::Read(a) => a.output,
-        _ => Format::Json,
     };
     output::emit_as(Report::from(result), format)
 }

@@ -1,7 +1,8 @@
 //! `targetlease lease list`: every lease record of a namespace (or all of
 //! them), each read through the same atomic get as `lease get`, so an expired
 //! or corrupt record shows as such and never as live. Lease ids are never
-//! shown. One JSON object per line (`-o text`: a table).
+//! shown. One JSON object per line (`-o text`: a table; `-o yaml`: one
+//! sequence).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -72,9 +73,10 @@ pub async fn main(args: &ListArgs) -> ExitCode {
     {
         return output::usage_error(&msg);
     }
+    let format = args.client.out.or(Format::Json);
     let store = match ValkeyStore::connect(&config).await {
         Ok(s) => s,
-        Err(e) => return output::emit(Report::from(e)),
+        Err(e) => return output::emit_as(Report::from(e), format),
     };
     // Scanning and reading every record can take longer than one call.
     let budget = config.timeout * 4 + Duration::from_secs(1);
@@ -82,14 +84,14 @@ pub async fn main(args: &ListArgs) -> ExitCode {
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
     let listed = match listed {
         Ok(Ok(l)) => l,
-        Ok(Err(e)) => return output::emit(Report::from(e)),
+        Ok(Err(e)) => return output::emit_as(Report::from(e), format),
         Err(_) => {
             let e =
                 StoreError::BackendUnavailable("no complete listing from valkey in time".into());
-            return output::emit(Report::from(e));
+            return output::emit_as(Report::from(e), format);
         }
     };
-    match args.output {
+    match format {
         Format::Json => {
             for l in &listed {
                 println!(
@@ -99,6 +101,10 @@ pub async fn main(args: &ListArgs) -> ExitCode {
             }
         }
         Format::Text => print!("{}", table(&listed)),
+        Format::Yaml => {
+            let entries: Vec<Entry> = listed.iter().map(Entry::of).collect();
+            print!("{}", output::to_yaml(&entries));
+        }
     }
     ExitCode::from(EXIT_OK)
 }

@@ -2,7 +2,8 @@
 //!
 //! Exit codes are a contract: 0 success, 1 a refusal (held, not_owner, …),
 //! 2 bad arguments, 3 backend trouble (backend_unavailable, corrupt_state,
-//! outcome_unknown).
+//! outcome_unknown). `run` has its own (busy, lost, failed) beside CMD's
+//! code, and `token` one for a TargetLease it cannot see (docs/cli.md).
 
 pub mod check;
 pub mod connection;
@@ -16,16 +17,32 @@ pub mod run;
 pub mod token;
 
 use std::process::ExitCode;
+use std::sync::LazyLock;
 
 use clap::{Parser, Subcommand};
+
+/// `0.1.0 (commit 1a2b3c4d5e6f)`, or `0.1.0 (dev build)` when the build
+/// did not record its commit (see build.rs).
+pub fn version() -> &'static str {
+    static VERSION: LazyLock<String> = LazyLock::new(|| {
+        let commit = env!("TARGETLEASE_BUILD_COMMIT");
+        let built = if commit.is_empty() {
+            "dev build".to_owned()
+        } else {
+            format!("commit {commit}")
+        };
+        format!("{} ({built})", env!("CARGO_PKG_VERSION"))
+    });
+    &VERSION
+}
 
 /// Leases with fencing tokens for Kubernetes workloads, stored in Valkey.
 #[derive(Parser, Debug)]
 #[command(
     name = "targetlease",
-    version,
+    version = version(),
     about,
-    after_help = "Examples:\n  targetlease lease acquire --target db --ttl 60s\n  targetlease run --target nightly-report --wait 5m -- ./report.sh\n  targetlease lease get --target db -o text\n\nExit codes: 0 success, 1 refused, 2 bad arguments, 3 backend trouble."
+    after_help = "Examples:\n  targetlease lease acquire --target db --ttl 60s\n  targetlease run --target nightly-report --wait 5m -- ./report.sh\n  targetlease lease get --target db -o text\n\nExit codes: 0 success, 1 refused, 2 bad arguments, 3 backend trouble;\n`run`: CMD's own, or 75 busy, 124 lease lost, 125 failed (docs/cli.md)."
 )]
 pub struct Cli {
     /// What to do.
@@ -36,15 +53,18 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Acquire, renew, release, get, revoke or fence-write a lease (one JSON object on stdout).
+    /// Acquire, renew, release, get, revoke or fence-write a lease (one JSON object on stdout; -o text|yaml).
     Lease(lease::LeaseArgs),
-    /// Hold a lease while a command runs: `run --target T --owner O --ttl 10s -- CMD [ARGS…]`.
+    /// Hold a lease while a command runs: `run --target T [-n | --wait 1m] -- CMD [ARGS…]`.
+    #[command(
+        after_help = "Examples:\n  targetlease run --target nightly-report -- ./report.sh      # waits up to 1m while held\n  targetlease run -n --target nightly-report -- ./report.sh   # held: exit 75 at once\n\nCMD runs in a process group of its own, which dies with run (even by SIGKILL).\nIt gets TARGETLEASE_FENCING_TOKEN, _TARGET, _NAMESPACE, _OWNER and _EXPIRES_AT,\nand no other TARGETLEASE_* variable unless asked (--export-lease-id, --export-connection).\n\nExit codes: CMD's own (128+N: killed by signal N); 75 busy: held for all of --wait;\n124 the lease was lost while CMD ran; 125 run failed before CMD started;\n126/127 CMD cannot be run / was not found; 2 bad arguments."
+    )]
     Run(run::RunArgs),
     /// Print the TargetLease CustomResourceDefinition as YAML (committed under crds/).
     Crd(crd::CrdArgs),
     /// Run the operator: reconcile TargetLeases against Valkey.
     Operator(operator::OperatorArgs),
-    /// Check that a Valkey deployment is safe for leases (JSON on stdout; --human for text).
+    /// Check that a Valkey deployment is safe for leases (JSON on stdout; -o text for people).
     Check(check::CheckArgs),
     /// Wait until a TargetLease is Held for this pod (or identity) and print its
     /// fencing token; `--follow --file F` keeps F up to date (a sidecar).

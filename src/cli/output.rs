@@ -160,6 +160,10 @@ impl Envelope {
             line.push_str(&format!(", expires in {}", human_ms(left)));
         }
         line.push_str(&format!(" ({})", at(l.expires_at_ms)));
+        // Only the holder's own answers (acquire, renew, release) carry it.
+        if let Some(id) = &l.lease_id {
+            line.push_str(&format!(", lease id {}", for_people(id)));
+        }
         line
     }
 }
@@ -214,6 +218,40 @@ pub enum Format {
     Json,
     /// A line for people; the exit code is the same.
     Text,
+    /// The same fields as JSON, as a YAML document.
+    Yaml,
+}
+
+/// `-o/--output`: the same flag, values and variable on every command.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+#[command(next_help_heading = "Output")]
+pub struct OutputArgs {
+    /// json, text or yaml. Default json; `run` (which reports on stderr):
+    /// text when stderr is a terminal, else json.
+    #[arg(short = 'o', long = "output", env = "TARGETLEASE_OUTPUT", value_enum)]
+    pub output: Option<Format>,
+}
+
+impl OutputArgs {
+    /// The format asked for, or `default`.
+    pub fn or(self, default: Format) -> Format {
+        self.output.unwrap_or(default)
+    }
+}
+
+/// `value` as a YAML document (a mapping, or a sequence).
+pub fn to_yaml<T: Serialize>(value: &T) -> String {
+    serde_yaml::to_string(value).unwrap_or_else(|_| "unprintable: true\n".into())
+}
+
+/// An I/O error in words, without the `(os error N)` suffix:
+/// `No such file or directory`, `Permission denied`.
+pub fn io_reason(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) if text.ends_with(')') => text[..at].to_owned(),
+        _ => text,
+    }
 }
 
 /// `s` for a line of text for people: control characters (a line break, a
@@ -273,6 +311,7 @@ pub fn emit_as(report: Report, format: Format) -> ExitCode {
             match format {
                 Format::Json => println!("{}", env.to_json()),
                 Format::Text => println!("{}", env.to_text()),
+                Format::Yaml => print!("{}", to_yaml(&env)),
             }
             ExitCode::from(env.exit_code())
         }
@@ -337,6 +376,13 @@ mod tests {
         );
         let free = Envelope::from_backend_error(Answer::BackendUnavailable, "down".into());
         assert_eq!(free.to_text(), "backend_unavailable: down");
+    }
+
+    #[test]
+    fn io_errors_read_as_words() {
+        let e = std::io::Error::from_raw_os_error(2);
+        assert_eq!(io_reason(&e), "No such file or directory");
+        assert_eq!(io_reason(&std::io::Error::other("odd")), "odd");
     }
 
     #[test]

@@ -1,80 +1,72 @@
 //! `targetlease run … -- CMD`: hold a lease exactly as long as CMD runs.
 //!
-//! Acquire (waiting up to `--wait`), start CMD with the fencing token in its
-//! environment, renew in the background, stop CMD when the lease is lost,
-//! release when CMD exits, exit with CMD's code. stdout belongs to CMD:
-//! `run` itself writes only to stderr, ending with one JSON summary line.
+//! Acquire (waiting up to `--wait`, as `flock` and `consul lock` wait), start
+//! CMD in a process group of its own with the fencing token in its
+//! environment, renew in the background, stop CMD's group when the lease is
+//! lost, release when CMD exits, exit with CMD's code. If `run` itself is
+//! killed, CMD's group is killed with it ([`supervise`]). stdout belongs to
+//! CMD: `run` writes only to stderr, ending with one summary.
 
-use std::os::unix::process::ExitStatusExt;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use futures::future::BoxFuture;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use serde::Serialize;
+use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+mod child;
 mod holding;
+mod report;
+pub mod supervise;
 
-use holding::{NotAcquired, acquire_within, release, renew_until_lost};
+use child::ChildEnv;
+use holding::{Granted, NotAcquired, acquire_within, release, renew_until_lost};
+use report::{EXIT_FAILED, Reporter, ending, not_acquired};
 
-use super::lease::{AcquireFlags, ClientArgs};
+use super::connection::ConnectionArgs;
+use super::lease::{AcquireFlags, ClientArgs, DEFAULT_WAIT};
 use super::logging;
-use super::output::{self, Answer, EXIT_REFUSED, Envelope, Report};
+use super::output::{self, Answer, Envelope, Format, Report};
 use crate::store::valkey::ValkeyStore;
-use crate::store::{Lease, LeaseStore, Outcome, Reply, StoreError};
+use crate::store::{LeaseStore, Reply, StoreError, Target};
+
+pub use report::{EXIT_BUSY, EXIT_LOST};
 
 /// Flags of `run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
     acquire: AcquireFlags,
-    /// How long to wait for a held target to become free (0s: try once).
-    #[arg(long, env = "TARGETLEASE_WAIT", default_value = "0s", value_parser = humantime::parse_duration)]
+    /// How long to wait while the target is held (or Valkey unreachable)
+    /// before giving up without starting CMD; `0s`: try once.
+    #[arg(long, env = "TARGETLEASE_WAIT", default_value = DEFAULT_WAIT, value_parser = humantime::parse_duration)]
     wait: Duration,
+    /// Do not wait: when the target is held, exit at once with the busy
+    /// code (75). Wins over --wait.
+    #[arg(short = 'n', long, env = "TARGETLEASE_NONBLOCK")]
+    nonblock: bool,
     /// After the lease is lost, how long CMD gets between SIGTERM and SIGKILL.
     #[arg(long, env = "TARGETLEASE_KILL_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     kill_grace: Duration,
+    /// Also give CMD the lease id (TARGETLEASE_LEASE_ID): the capability to
+    /// renew or release this lease, which CMD does not need to use its token.
+    #[arg(long, env = "TARGETLEASE_EXPORT_LEASE_ID")]
+    export_lease_id: bool,
+    /// Also give CMD the connection settings (TARGETLEASE_VALKEY_URL, the
+    /// paths of the password and TLS files, …), so it can run
+    /// `targetlease lease commit` itself.
+    #[arg(long, env = "TARGETLEASE_EXPORT_CONNECTION")]
+    export_connection: bool,
     #[command(flatten)]
     client: ClientArgs,
     /// The command to run and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
-}
-
-/// The last line `run` prints (on stderr): the lease envelope plus how it ended.
-#[derive(Serialize)]
-struct Summary {
-    #[serde(flatten)]
-    envelope: Envelope,
-    /// The exit code of `run` itself.
-    exit_code: u8,
-    /// True when the lease ended (or could not be confirmed) while CMD ran.
-    lease_lost: bool,
-}
-
-fn finish(mut envelope: Envelope, exit_code: u8, lease_lost: bool) -> ExitCode {
-    // stderr is usually collected as logs: never the capability nor the metadata there.
-    envelope.lease = envelope.lease.map(|l| Lease {
-        lease_id: None,
-        metadata: None,
-        ..l
-    });
-    let summary = Summary {
-        envelope,
-        exit_code,
-        lease_lost,
-    };
-    match serde_json::to_string(&summary) {
-        Ok(line) => eprintln!("{line}"),
-        Err(_) => eprintln!("{}", summary.envelope.to_json()),
-    }
-    ExitCode::from(exit_code)
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught so they reach CMD instead of killing `run`.
@@ -102,49 +94,65 @@ impl Signals {
     }
 }
 
-/// Sends `sig` to CMD; a child that is already gone is not an error.
-fn send_signal(child: &tokio::process::Child, sig: Signal) {
-    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
-        return;
-    };
-    if let Err(e) = kill(Pid::from_raw(pid), sig) {
-        tracing::debug!(%sig, error = %e, "could not signal the child");
-    }
+/// What CMD is given besides the token, target and expiry.
+struct Exports {
+    lease_id: bool,
+    connection: Option<ConnectionArgs>,
 }
 
-fn describe_exit(status: &std::io::Result<std::process::ExitStatus>) -> (u8, String) {
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => (
-                code.clamp(0, 255) as u8,
-                format!("command exited with {code}"),
-            ),
-            (None, Some(sig)) => {
-                let name = Signal::try_from(sig)
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|_| sig.to_string());
-                (
-                    (128 + sig).clamp(0, 255) as u8,
-                    format!("command killed by {name}"),
-                )
-            }
-            (None, None) => (1, "command ended without an exit code".into()),
-        },
-        Err(e) => (1, format!("could not wait for the command: {}", e.kind())),
+/// CMD's environment: the lease it runs under, and what was asked for.
+fn child_env(target: &Target, granted: &Granted, exports: &Exports) -> ChildEnv {
+    let lease = &granted.lease;
+    let mut env = ChildEnv::default();
+    env.set(
+        "TARGETLEASE_FENCING_TOKEN",
+        granted.holder.token.to_string(),
+    );
+    env.set("TARGETLEASE_TARGET", &target.name);
+    env.set("TARGETLEASE_NAMESPACE", &target.namespace);
+    env.set("TARGETLEASE_OWNER", &granted.holder.owner);
+    env.set("TARGETLEASE_EXPIRES_AT", rfc3339(lease.expires_at_ms));
+    if let Some(max) = lease.max_expires_at_ms {
+        env.set("TARGETLEASE_MAX_EXPIRES_AT", rfc3339(max));
     }
+    if exports.lease_id {
+        env.set("TARGETLEASE_LEASE_ID", &granted.holder.lease_id);
+    }
+    if let Some(conn) = &exports.connection {
+        for (name, value) in conn.exported() {
+            env.set(name, value);
+        }
+    }
+    env
 }
 
-/// Runs `targetlease run` and returns CMD's exit code (or the contract's code
-/// when CMD never started).
+fn rfc3339(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Runs `targetlease run` and returns CMD's exit code (or `run`'s own when
+/// CMD never started, or the lease was lost).
 pub async fn main(args: RunArgs) -> ExitCode {
     let RunArgs {
         acquire,
         wait,
+        nonblock,
         kill_grace,
-        client: ClientArgs { conn, log },
+        export_lease_id,
+        export_connection,
+        client: ClientArgs { conn, out, log },
         command,
     } = args;
     logging::init(&log);
+    let report = Reporter {
+        format: out.or(if std::io::stderr().is_terminal() {
+            Format::Text
+        } else {
+            Format::Json
+        }),
+    };
+    let wait = if nonblock { Duration::ZERO } else { wait };
     // (no client required) refuse bad arguments before connecting.
     let req = match acquire.request() {
         Ok(req) => req,
@@ -154,6 +162,10 @@ pub async fn main(args: RunArgs) -> ExitCode {
     let config = match conn.to_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
+    };
+    let exports = Exports {
+        lease_id: export_lease_id,
+        connection: export_connection.then_some(conn),
     };
     let mut signals = match Signals::install() {
         Ok(s) => s,
@@ -169,46 +181,41 @@ pub async fn main(args: RunArgs) -> ExitCode {
             Ok(store)
         })
     };
-    let (store, granted) = match acquire_within(&connect, &req, wait, backstop, &mut signals).await
-    {
+    let mut waiting = report.waiting(wait);
+    let acquired = acquire_within(&connect, &req, wait, backstop, &mut signals, &mut waiting).await;
+    let (store, granted) = match acquired {
         Ok(g) => g,
-        Err(NotAcquired::Refused(env)) => {
-            let code = env.exit_code().max(EXIT_REFUSED);
-            return finish(env, code, false);
+        Err(NotAcquired::Refused(mut env)) => {
+            let code = not_acquired(&env);
+            if wait > Duration::ZERO {
+                env.message = format!(
+                    "{}; gave up after waiting {}",
+                    env.message,
+                    humantime::format_duration(wait)
+                );
+            }
+            return report.finish(env, code, None, false);
         }
         Err(NotAcquired::Usage(msg)) => return output::usage_error(&msg),
         Err(NotAcquired::Interrupted(env, sig)) => {
-            return finish(env, 128 + sig as i32 as u8, false);
+            return report.finish(env, 128 + sig as i32 as u8, None, false);
         }
     };
     let holder = granted.holder.clone();
     let acquired = granted.lease.clone();
     tracing::info!(target = %target.name, token = holder.token, "lease acquired");
 
-    let mut cmd = tokio::process::Command::new(&command[0]);
-    cmd.args(&command[1..])
-        .env("TARGETLEASE_FENCING_TOKEN", holder.token.to_string())
-        .env("TARGETLEASE_LEASE_ID", &holder.lease_id)
-        .env("TARGETLEASE_TARGET", &target.name)
-        .env("TARGETLEASE_NAMESPACE", &target.namespace)
-        .env("TARGETLEASE_OWNER", &holder.owner);
-    let mut child = match cmd.spawn() {
+    let mut child = match child::spawn(&command, &child_env(&target, &granted, &exports)) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
             let released = release(&*store, &target, &holder, backstop, &mut signals).await;
             let mut env = envelope_of(released);
             env.message = format!(
-                "cannot start {:?}: {}; {}",
-                command[0],
-                e.kind(),
+                "cannot start the command: {}; {}",
+                output::io_reason(&e),
                 env.message
             );
-            return finish(env, code, false);
+            return report.finish(env, EXIT_FAILED, None, false);
         }
     };
 
@@ -233,23 +240,32 @@ pub async fn main(args: RunArgs) -> ExitCode {
                 tracing::warn!(
                     target = %target.name,
                     grace = %humantime::format_duration(kill_grace),
-                    "lease lost; sending SIGTERM to the command"
+                    "lease lost; sending SIGTERM to the command's process group"
                 );
-                send_signal(&child, Signal::SIGTERM);
+                child.signal(Signal::SIGTERM);
                 kill_at = Some(Instant::now() + kill_grace);
                 lost = Some(env);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
-                tracing::warn!(target = %target.name, "grace period over; sending SIGKILL to the command");
-                let _ = child.start_kill();
+                tracing::warn!(target = %target.name, "grace period over; sending SIGKILL to the command's process group");
+                child.signal(Signal::SIGKILL);
                 kill_at = None;
             }
             sig = signals.recv() => {
-                tracing::info!(%sig, "forwarding signal to the command");
-                send_signal(&child, sig);
+                tracing::info!(%sig, "forwarding signal to the command's process group");
+                child.signal(sig);
             }
         }
     };
+    let (child_code, child_desc) = child::describe_exit(&status);
+    // Nothing of the job may outlive the lease: what CMD left in its group
+    // is stopped before the release (while renewals go on).
+    let grace = match kill_at {
+        Some(at) => at.saturating_duration_since(Instant::now()),
+        None if lost.is_some() => Duration::ZERO,
+        None => kill_grace,
+    };
+    let leftovers = child.stop_leftovers(grace).await;
     renewer.abort();
     if lost.is_none()
         && let Ok(env) = lost_rx.try_recv()
@@ -257,7 +273,6 @@ pub async fn main(args: RunArgs) -> ExitCode {
         lost = Some(env);
     }
     let lost_while_running = lost.is_some();
-    let (child_code, child_desc) = describe_exit(&status);
 
     // Release even after a presumed loss: if only the backend was unreachable,
     // the lease may still be ours, and giving it back frees the target early.
@@ -274,22 +289,13 @@ pub async fn main(args: RunArgs) -> ExitCode {
     if lease_lost {
         env.lease = env.lease.or(Some(acquired));
     }
-    env.message = format!("{child_desc}; {}", env.message);
-    finish(env, code, lease_lost)
-}
-
-/// How `run` ends once CMD has exited with `child_code`: its own exit code and
-/// whether the lease was lost while CMD ran. `answer` is the renewal's report
-/// of the loss (`lost_while_running`) or else the final release's answer: a
-/// refused release means the lease had ended before a renewal noticed, which
-/// is a loss too. A loss never exits 0. No client required.
-pub(crate) fn ending(child_code: u8, answer: Answer, lost_while_running: bool) -> (u8, bool) {
-    let refused = matches!(answer, Answer::Store(o) if o != Outcome::Released);
-    if lost_while_running || refused {
-        (if child_code == 0 { 1 } else { child_code }, true)
+    let leftover_note = if leftovers {
+        "; processes it left in its group were stopped"
     } else {
-        (child_code, false)
-    }
+        ""
+    };
+    env.message = format!("{child_desc}{leftover_note}; {}", env.message);
+    report.finish(env, code, Some(child_code), lease_lost)
 }
 
 fn envelope_of(result: Result<Reply, StoreError>) -> Envelope {

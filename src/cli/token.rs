@@ -2,8 +2,13 @@
 //! status, as an init container (wait until Held, print, exit) or a sidecar
 //! (`--follow`: keep a file up to date, empty whenever the lease is not held
 //! for this pod). Needs only `get`/`list`/`watch` on targetleases, no kubectl.
+//!
+//! Answers (exit code): `held` (0); `not_held` (1): the TargetLease exists
+//! but is not held for you when the wait ends; `not_found` or `forbidden`
+//! (4): there is no such TargetLease, or you may not read it; 3: the API
+//! server could not be reached; 2: bad arguments.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,8 +19,18 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use serde::Serialize;
 
-use super::output::{EXIT_BACKEND, EXIT_REFUSED, EXIT_USAGE};
+mod file;
+
+use super::lease::DEFAULT_WAIT;
+use super::output::{EXIT_BACKEND, EXIT_REFUSED, EXIT_USAGE, Format, OutputArgs, to_yaml};
 use crate::crd::{Phase, TargetLease};
+
+/// Exit code when the TargetLease does not exist or cannot be read.
+pub const EXIT_NOT_VISIBLE: u8 = 4;
+
+/// How long one read of the TargetLease may take before the API server
+/// counts as unreachable.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Flags of `token`.
 #[derive(Args, Debug)]
@@ -23,8 +38,9 @@ pub struct TokenArgs {
     /// The TargetLease to read.
     #[arg(long, env = "TARGETLEASE_LEASE")]
     lease: String,
-    /// Its namespace (default: this pod's, from the service account, or the kubeconfig's).
-    #[arg(long, env = "POD_NAMESPACE")]
+    /// Its namespace (default: $POD_NAMESPACE, then this pod's service
+    /// account's, then the kubeconfig's).
+    #[arg(long, env = "TARGETLEASE_NAMESPACE")]
     namespace: Option<String>,
     /// The lease counts as held when it is tied to this pod (`status.holderPod`;
     /// default: $POD_NAME, then $HOSTNAME).
@@ -34,15 +50,25 @@ pub struct TokenArgs {
     /// by `holder.identity` (wins over --pod).
     #[arg(long, env = "TARGETLEASE_IDENTITY")]
     identity: Option<String>,
-    /// Give up after this long (exit 1); absent: wait as long as it takes; `0s`: look once.
-    #[arg(long, env = "TARGETLEASE_WAIT", value_parser = humantime::parse_duration)]
-    wait: Option<Duration>,
-    /// Write the token to this file (atomically; empty while not held).
+    /// Give up after this long: exit 1 (not held for you) or 4 (no such
+    /// TargetLease, or not readable). `0s`: read once and answer.
+    #[arg(long, env = "TARGETLEASE_WAIT", default_value = DEFAULT_WAIT, value_parser = humantime::parse_duration)]
+    wait: Duration,
+    /// Read once and answer (the same as `--wait 0s`; wins over --wait).
+    #[arg(short = 'n', long, env = "TARGETLEASE_NONBLOCK")]
+    nonblock: bool,
+    /// Write the token to this file (replaced in one rename; empty while not held).
     #[arg(long, env = "TARGETLEASE_TOKEN_FILE")]
     file: Option<PathBuf>,
+    /// Permissions of --file, in octal.
+    #[arg(long, env = "TARGETLEASE_TOKEN_FILE_MODE", default_value = "0644", value_parser = file::parse_mode)]
+    file_mode: u32,
     /// Keep running and keep `--file` up to date (a sidecar); never exits on its own.
     #[arg(long, requires = "file")]
     follow: bool,
+    /// How the answer is printed.
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 /// Whose lease counts.
@@ -93,11 +119,106 @@ pub fn claim(tl: &TargetLease, who: &Who, now: Timestamp) -> Option<Claim> {
     })
 }
 
-/// Replaces `path` with `text` in one rename, so a reader never sees half a token.
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+/// What the last read of the TargetLease found.
+#[derive(Clone, Debug)]
+enum Seen {
+    /// The object.
+    Object(Box<TargetLease>),
+    /// It does not exist.
+    Missing,
+    /// The API server refused to show it (401/403).
+    Forbidden(String),
+    /// The API server could not be asked.
+    Unreachable(String),
+}
+
+impl Seen {
+    fn of_error(e: &kube::Error) -> Seen {
+        match e {
+            kube::Error::Api(status) => Seen::of_status(status.code, &status.message),
+            other => Seen::Unreachable(other.to_string()),
+        }
+    }
+
+    fn of_status(code: u16, message: &str) -> Seen {
+        match code {
+            404 => Seen::Missing,
+            401 | 403 => Seen::Forbidden(message.to_owned()),
+            _ => Seen::Unreachable(format!("{code}: {message}")),
+        }
+    }
+
+    fn of_watch_error(e: &watcher::Error) -> Seen {
+        match e {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => Seen::of_error(e),
+            watcher::Error::WatchError(status) => Seen::of_status(status.code, &status.message),
+            other => Seen::Unreachable(other.to_string()),
+        }
+    }
+}
+
+/// What `token` prints when the lease is not (or cannot be seen) held.
+#[derive(Serialize)]
+struct Absent<'a> {
+    outcome: &'static str,
+    namespace: &'a str,
+    lease: &'a str,
+    message: String,
+}
+
+impl Absent<'_> {
+    fn exit_code(&self) -> u8 {
+        match self.outcome {
+            "not_held" => EXIT_REFUSED,
+            "not_found" | "forbidden" => EXIT_NOT_VISIBLE,
+            _ => EXIT_BACKEND,
+        }
+    }
+}
+
+fn absent<'a>(seen: &Seen, namespace: &'a str, lease: &'a str, who: &Who) -> Absent<'a> {
+    let whom = match who {
+        Who::Pod(p) => format!("pod {p}"),
+        Who::Identity(i) => format!("identity {i}"),
+    };
+    let (outcome, message) = match seen {
+        Seen::Object(_) => (
+            "not_held",
+            format!("the TargetLease is not held for {whom}"),
+        ),
+        Seen::Missing => ("not_found", "no such TargetLease".to_owned()),
+        Seen::Forbidden(why) => ("forbidden", format!("not allowed to read it: {why}")),
+        Seen::Unreachable(why) => (
+            "unreachable",
+            format!("the API server did not answer: {why}"),
+        ),
+    };
+    Absent {
+        outcome,
+        namespace,
+        lease,
+        message,
+    }
+}
+
+fn print<T: Serialize>(format: Format, value: &T, text: String) {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string(value).unwrap_or_default()),
+        Format::Yaml => print!("{}", to_yaml(value)),
+        Format::Text => println!("{text}"),
+    }
+}
+
+/// Reads the TargetLease once, within [`READ_TIMEOUT`].
+async fn read_once(api: &Api<TargetLease>, name: &str) -> Seen {
+    match tokio::time::timeout(READ_TIMEOUT, api.get_opt(name)).await {
+        Ok(Ok(Some(tl))) => Seen::Object(Box::new(tl)),
+        Ok(Ok(None)) => Seen::Missing,
+        Ok(Err(e)) => Seen::of_error(&e),
+        Err(_) => Seen::Unreachable(format!("no answer within {READ_TIMEOUT:?}")),
+    }
 }
 
 /// Runs `token`.
@@ -108,9 +229,14 @@ pub async fn main(args: TokenArgs) -> ExitCode {
         pod,
         identity,
         wait,
+        nonblock,
         file,
+        file_mode,
         follow,
+        out,
     } = args;
+    let format = out.or(Format::Json);
+    let wait = if nonblock { Duration::ZERO } else { wait };
     let who = match (identity, pod.or_else(|| std::env::var("HOSTNAME").ok())) {
         (Some(i), _) => Who::Identity(i),
         (None, Some(p)) => Who::Pod(p),
@@ -126,17 +252,30 @@ pub async fn main(args: TokenArgs) -> ExitCode {
             return ExitCode::from(EXIT_BACKEND);
         }
     };
-    let ns = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let ns = namespace
+        .or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| client.default_namespace().to_owned());
     let api: Api<TargetLease> = Api::namespaced(client, &ns);
+    let deadline = tokio::time::Instant::now() + wait;
+    // One read first: `--wait 0s` answers from it, and a lease already held
+    // is printed without waiting for a watch to start.
+    let mut seen = read_once(&api, &lease).await;
     let config = watcher::Config::default().fields(&format!("metadata.name={lease}"));
     let mut events = watcher::watcher(api, config).boxed();
-    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    let mut listing: Option<Option<TargetLease>> = None;
+    let mut told: Option<&'static str> = None;
     let mut current: Option<Claim> = None;
-    let mut latest: Option<TargetLease> = None;
     let mut written = false;
     loop {
         let now = Timestamp::now();
-        let found = latest.as_ref().and_then(|tl| claim(tl, &who, now));
+        let found = match &seen {
+            Seen::Object(tl) => claim(tl, &who, now),
+            _ => None,
+        };
         if found != current || !written {
             written = true;
             if let Some(path) = &file {
@@ -144,16 +283,41 @@ pub async fn main(args: TokenArgs) -> ExitCode {
                     .as_ref()
                     .map(|c| c.fencing_token.to_string())
                     .unwrap_or_default();
-                if let Err(e) = write_atomically(path, &text) {
-                    eprintln!("targetlease token: cannot write {}: {e}", path.display());
+                if let Err(e) = file::replace(path, &text, file_mode) {
+                    eprintln!(
+                        "targetlease token: cannot write {}: {}",
+                        path.display(),
+                        super::output::io_reason(&e)
+                    );
                     return ExitCode::from(EXIT_BACKEND);
                 }
             }
             current = found;
         }
         if let (Some(c), false) = (&current, follow) {
-            println!("{}", serde_json::to_string(c).unwrap_or_default());
+            let text = format!(
+                "held: TargetLease {}/{} held by {} with fencing token {} (published expiry {})",
+                c.namespace, c.lease, c.holder, c.fencing_token, c.expires_at
+            );
+            print(format, c, text);
             return ExitCode::SUCCESS;
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !follow && left.is_zero() {
+            let a = absent(&seen, &ns, &lease, &who);
+            let text = format!("{}: TargetLease {ns}/{lease}: {}", a.outcome, a.message);
+            print(format, &a, text);
+            return ExitCode::from(a.exit_code());
+        }
+        // Say once, on stderr, what the wait is for when it is not a holder.
+        let a = absent(&seen, &ns, &lease, &who);
+        if !follow && a.outcome != "not_held" && told != Some(a.outcome) {
+            told = Some(a.outcome);
+            eprintln!(
+                "targetlease token: TargetLease {ns}/{lease}: {}; waiting up to {}",
+                a.message,
+                humantime::format_duration(left)
+            );
         }
         // Wake at the next event, at the published expiry, or at the deadline.
         let expiry = current
@@ -162,22 +326,30 @@ pub async fn main(args: TokenArgs) -> ExitCode {
         let until_expiry = expiry
             .map(|e| Duration::from_millis(e.duration_since(now).as_millis().max(0) as u64))
             .unwrap_or(Duration::from_secs(3600));
-        let until_deadline =
-            deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-        if !follow && until_deadline == Some(Duration::ZERO) {
-            let out = serde_json::json!({ "outcome": "not_held", "namespace": ns, "lease": lease });
-            println!("{out}");
-            return ExitCode::from(EXIT_REFUSED);
-        }
-        let sleep = until_deadline.map_or(until_expiry, |d| d.min(until_expiry));
+        let sleep = if follow {
+            until_expiry
+        } else {
+            left.min(until_expiry)
+        };
         tokio::select! {
             event = events.next() => match event {
-                Some(Ok(watcher::Event::Apply(tl) | watcher::Event::InitApply(tl))) => latest = Some(tl),
-                Some(Ok(watcher::Event::Delete(_))) => latest = None,
-                Some(Ok(_)) => {}
+                Some(Ok(watcher::Event::Init)) => listing = Some(None),
+                Some(Ok(watcher::Event::InitApply(tl))) => listing = Some(Some(tl)),
+                Some(Ok(watcher::Event::InitDone)) => {
+                    seen = match listing.take().flatten() {
+                        Some(tl) => Seen::Object(Box::new(tl)),
+                        None => Seen::Missing,
+                    };
+                }
+                Some(Ok(watcher::Event::Apply(tl))) => seen = Seen::Object(Box::new(tl)),
+                Some(Ok(watcher::Event::Delete(_))) => seen = Seen::Missing,
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "watch failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // A watch that breaks does not unsay what was read.
+                    if !matches!(seen, Seen::Object(_)) {
+                        seen = Seen::of_watch_error(&e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(500).min(left.max(Duration::from_millis(1)))).await;
                 }
                 None => return ExitCode::from(EXIT_BACKEND),
             },

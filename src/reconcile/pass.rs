@@ -285,8 +285,8 @@ impl<'a> Pass<'a> {
                 EventType::Normal
             },
             reason: note.reason.as_str().into(),
+            action: action_of(&note),
             note: Some(note.message),
-            action: "Reconcile".into(),
             secondary: None,
         };
         if let Err(e) = self
@@ -404,5 +404,46 @@ impl<'a> Pass<'a> {
         Some(Duration::from_millis(
             due.saturating_sub(self.ctx.server_now_ms()),
         ))
+    }
+}
+
+/// The Event's action. kube's Recorder folds Events of one object that share
+/// type, reason and action into one series and keeps the first note, so two
+/// grants (two holders, two tokens) would read `Acquired (x2)` with the
+/// first token. The action carries a digest of the note: only Events that
+/// say exactly the same thing fold.
+fn action_of(note: &Note) -> String {
+    let digest = sha1_smol::Sha1::from(note.message.as_bytes())
+        .digest()
+        .bytes();
+    format!(
+        "Reconcile-{:02x}{:02x}{:02x}{:02x}",
+        digest[0], digest[1], digest[2], digest[3]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conditions::Reason;
+
+    fn note(message: &str) -> Note {
+        Note {
+            warning: false,
+            reason: Reason::Acquired,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn two_grants_never_share_an_action_and_a_repeat_does() {
+        let first = action_of(&note("acquired by web-0 with fencing token 1"));
+        let second = action_of(&note("acquired by web-1 with fencing token 2"));
+        assert_ne!(first, second);
+        assert_eq!(
+            first,
+            action_of(&note("acquired by web-0 with fencing token 1"))
+        );
+        assert!(first.len() <= 128, "the API's limit on an action");
     }
 }

@@ -13,6 +13,18 @@ fn mistakes_that_leak_secrets_or_do_not_exist_are_refused() {
         &set("valkey.url=redis://user:secret@valkey:6379"),
         "/valkey/url",
     );
+    refused(
+        &set("valkey.url=valkey://user:secret@valkey:6379"),
+        "/valkey/url",
+    );
+    for url in [
+        "valkey://valkey:6379",
+        "valkey-cluster://a:7000",
+        "redis://valkey:6379",
+    ] {
+        accepted(&set(&format!("valkey.url={url}")));
+    }
+    refused(&set("valkey.url=http://valkey:6379"), "/valkey/url");
     refused(&set("replicas=3"), "replicas");
     refused(&set("replicaCount=0"), "/replicaCount");
     refused(&set("valkey.durability=sometimes"), "/valkey/durability");
@@ -83,11 +95,11 @@ fn tls_settings_need_a_tls_url() {
     // TLS material with a plain-text URL: the operator would connect in the clear.
     refused(
         &set(tls),
-        "at '/valkey/url': 'redis://valkey:6379' does not match pattern '^rediss",
+        "at '/valkey/url': 'redis://valkey:6379' does not match pattern '^(rediss|valkeys)",
     );
     refused(
         &["--set", tls, "--skip-schema-validation"],
-        "valkey.tls.enabled needs a rediss:// or rediss-cluster:// URL",
+        "valkey.tls.enabled needs a TLS URL (valkeys://, rediss://",
     );
     // A server name for a connection without TLS would be ignored silently.
     refused(
@@ -104,9 +116,14 @@ fn tls_settings_need_a_tls_url() {
             "valkey.tls.serverName=valkey.internal",
             "--skip-schema-validation",
         ],
-        "valkey.tls.serverName needs a rediss://",
+        "valkey.tls.serverName needs a TLS URL",
     );
-    for url in ["rediss://valkey:6380", "rediss-cluster://valkey:6380"] {
+    for url in [
+        "rediss://valkey:6380",
+        "rediss-cluster://valkey:6380",
+        "valkeys://valkey:6380",
+        "valkeys-sentinel://s:26379?sentinelServiceName=m",
+    ] {
         let r = accepted(&set(&format!(
             "valkey.url={url},{tls},valkey.tls.serverName=valkey.internal"
         )));

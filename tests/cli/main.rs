@@ -6,5 +6,7 @@
 mod support;
 
 mod crd;
+mod habits;
+mod install;
 mod lease;
 mod run;

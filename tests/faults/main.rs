@@ -1,4 +1,4 @@
-//! The fault matrix (issue 12): a workload with a recorded history, a real
+//! The fault matrix: a workload with a recorded history, a real
 //! PostgreSQL downstream fenced by the recipe in `examples/fencing/`, real
 //! faults, and a checker that can fail.
 //!

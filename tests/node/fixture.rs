@@ -1,14 +1,19 @@
-//! The node every test of this binary shares: `scripts/node.sh start`, the
-//! images of `scripts/node-images.sh` (built from the `targetlease` binary
-//! cargo built for these tests), a Valkey listening on loopback and on the
-//! node's bridge address, and the chart installed as it ships in a namespace
-//! that enforces Pod Security `restricted`.
+//! The node every test of this binary shares, set up the way
+//! docs/install.md sets up any cluster: `scripts/node.sh start`, the
+//! operator image built by the project's own OCI builder
+//! (`scripts/node-images.sh`, from the `targetlease` binary cargo built for
+//! these tests) under the chart's default name and loaded into the node, a
+//! Valkey listening on loopback and on the node's bridge address, and
+//! `helm install` of the chart as it ships (no image setting) in a
+//! namespace that enforces Pod Security `restricted`.
 //!
 //! Pods reach the API server at `<bridge>:6443` (node.sh forwards it to the
 //! loopback API server; there is no kube-proxy), so the chart is told where
 //! it is with `extraEnv` (KUBERNETES_SERVICE_HOST/PORT), as any pod that
-//! talks to the API server must be here. Nothing outlives the test process:
-//! node.sh's watchdog and Valkey's wrapper watch our pid.
+//! talks to the API server must be here. The node cannot pull images: the
+//! stock `busybox:1.36` the examples name is the node's own busybox under
+//! that name. Nothing outlives the test process: node.sh's watchdog and
+//! Valkey's wrapper watch our pid.
 
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
@@ -27,12 +32,12 @@ use crate::support::valkey_server::{free_port, server_binary};
 pub const OPERATOR_NS: &str = "targetlease-system";
 /// The Helm release, so the chart's objects are named `targetlease…`.
 pub const RELEASE: &str = "targetlease";
-/// The operator image `scripts/node-images.sh` builds.
-pub const OPERATOR_IMAGE: &str = "localhost/targetlease/targetlease:local";
-/// Busybox plus the targetlease binary, for pods that script the CLI.
-pub const DEMO_IMAGE: &str = "localhost/targetlease/demo:local";
-/// Debian's static busybox (scripts/node.sh).
-pub const BUSYBOX_IMAGE: &str = "localhost/targetlease/busybox:local";
+/// The operator image `scripts/node-images.sh` builds: the chart's default
+/// (`image.repository`, tag = appVersion), which the examples name too.
+pub const OPERATOR_IMAGE: &str = concat!(
+    "ghcr.io/targetlease/targetlease:",
+    env!("CARGO_PKG_VERSION")
+);
 
 pub struct Node {
     pub dir: PathBuf,
@@ -150,13 +155,13 @@ impl Node {
             ],
             None,
         )?;
+        // As docs/install.md has it: the image as loaded, only Valkey set
+        // (and, here, where the API server is).
         let values = self.dir.join("values.yaml");
-        let (repository, tag) = OPERATOR_IMAGE.rsplit_once(':').expect("image has a tag");
         std::fs::write(
             &values,
             format!(
-                "image: {{repository: {repository}, tag: {tag}, pullPolicy: Never}}\n\
-                 valkey: {{url: \"{}\"}}\n\
+                "valkey: {{url: \"{}\"}}\n\
                  extraEnv:\n\
                  \x20 - {{name: KUBERNETES_SERVICE_HOST, value: \"{}\"}}\n\
                  \x20 - {{name: KUBERNETES_SERVICE_PORT, value: \"6443\"}}\n",

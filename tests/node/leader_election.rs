@@ -1,23 +1,14 @@
-//! examples/leader-election.yaml with real pods: the operator elects one
-//! Ready pod, labels it, the leader Service routes to it alone, a readiness
-//! failure inside the container moves leadership, and the new leader's
-//! downward-API file `/etc/lease/token` receives the new token. The delay
-//! from the status change to the file change is measured over several
-//! handoffs and printed (docs/node.md).
-//!
-//! The example is applied as written but for its container: the image (the
-//! node's busybox, `imagePullPolicy: Never`), a command (busybox httpd on
-//! 8080 serving `/healthz` and the token file) and a readiness probe on
-//! `/healthz`, which the example leaves to the application.
+//! examples/leader-election.yaml with real pods, applied as written: the
+//! operator elects one Ready pod, labels it, the leader Service routes to it
+//! alone, a readiness failure inside the container (`rm` of the file its
+//! probe reads) moves leadership, and the new leader's downward-API file
+//! `/etc/lease/token` receives the new token. The delay from the status
+//! change to the file change is measured over several handoffs and printed
+//! (docs/node.md).
 
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
-use serde_json::{Value, json};
-
-use crate::fixture::{
-    BUSYBOX_IMAGE, Node, Watch, eventually, http_get, is_ready, name, node, percentile,
-};
+use crate::fixture::{Node, Watch, eventually, http_get, is_ready, name, node, percentile};
 
 const HANDOFFS: usize = 10;
 const LEADER_LABEL: &str = "web-leader.targetlease.dev/leader";
@@ -26,7 +17,7 @@ const LEADER_LABEL: &str = "web-leader.targetlease.dev/leader";
 fn leader_election_example_moves_leadership_on_readiness_and_the_token_file_follows() {
     let (node, _turn) = node();
     let ns = node.namespace("leader-election");
-    node.apply(&ns, &adapted_example());
+    node.apply(&ns, &example());
     let all_ready = || {
         let pods = node.pods(&ns, "app=web");
         (pods.len() == 3 && pods.iter().all(is_ready)).then_some(pods)
@@ -129,35 +120,13 @@ fn leader_election_example_moves_leadership_on_readiness_and_the_token_file_foll
     node.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
 }
 
-/// The example's objects, the Deployment's container made runnable here.
-fn adapted_example() -> String {
-    let text = std::fs::read_to_string(concat!(
+/// The example, as written.
+fn example() -> String {
+    std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/leader-election.yaml"
     ))
-    .expect("examples/leader-election.yaml");
-    let mut items = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let mut object = Value::deserialize(doc).expect("the example parses");
-        if object["kind"] == "Deployment" {
-            let container = &mut object["spec"]["template"]["spec"]["containers"][0];
-            container["image"] = json!(BUSYBOX_IMAGE);
-            container["imagePullPolicy"] = json!("Never");
-            container["command"] = json!([
-                "/bin/sh",
-                "-c",
-                "mkdir -p /tmp/www && ln -s /etc/lease/token /tmp/www/token \
-                 && echo ok > /tmp/www/healthz && exec httpd -f -p 8080 -h /tmp/www"
-            ]);
-            container["readinessProbe"] = json!({
-                "httpGet": {"path": "/healthz", "port": 8080},
-                "periodSeconds": 1,
-                "failureThreshold": 1
-            });
-        }
-        items.push(object);
-    }
-    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    .expect("examples/leader-election.yaml")
 }
 
 /// The TargetLease's holder pod and token, once Held.

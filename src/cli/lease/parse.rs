@@ -2,19 +2,59 @@
 
 use crate::store::{MAX_METADATA_BYTES, MAX_TOKEN};
 
-/// The owner named when `--owner` is not given: this host's name and this
-/// process's id (`host:pid`; in a pod the host name is the pod name).
+/// The owner named when `--owner` is not given: in a pod, the pod's name
+/// (`$POD_NAME`, from the downward API); elsewhere `user@host:pid`, who ran
+/// it where (a pid alone means nothing a minute later).
 pub fn default_owner() -> String {
+    if let Some(pod) = non_empty_var("POD_NAME") {
+        return pod;
+    }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into());
-    format!("{host}:{}", std::process::id())
+    format!("{}@{host}:{}", user_name(), std::process::id())
+}
+
+/// The tenant when `--namespace` is not given: in a pod, the pod's
+/// namespace (`$POD_NAMESPACE`, else its service account's); elsewhere
+/// `default`.
+pub fn default_namespace() -> String {
+    non_empty_var("POD_NAMESPACE")
+        .or_else(|| {
+            std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                .ok()
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| "default".into())
+}
+
+/// Where a pod's service account token volume names its namespace.
+pub const SERVICE_ACCOUNT_NAMESPACE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+fn non_empty_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The login name of this process's user, or its uid when it has none.
+fn user_name() -> String {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| non_empty_var("USER"))
+        .unwrap_or_else(|| uid.to_string())
 }
 
 /// The lease duration when `--ttl` is not given.
 pub const DEFAULT_TTL: &str = "30s";
+
+/// How long `run` and `token` wait when `--wait` is not given.
+pub const DEFAULT_WAIT: &str = "1m";
 
 /// Parses a fencing token: a whole number from 1 to 2^63-1. Out-of-range
 /// and negative values get the range in the message.

@@ -75,13 +75,15 @@ pub(super) fn jittered(d: Duration) -> Duration {
 /// the backend is unreachable (connect included), until `wait` has passed.
 /// One request id for the whole loop: a grant whose reply was lost is
 /// returned again, and refusals are not cached. A signal ends it at once,
-/// whatever it is doing.
+/// whatever it is doing. `waiting` sees every attempt that will be followed
+/// by another (to tell a person what it waits for).
 pub(super) async fn acquire_within(
     connect: Connect<'_>,
     req: &AcquireRequest,
     wait: Duration,
     backstop: Duration,
     signals: &mut Signals,
+    waiting: &mut (dyn FnMut(&Envelope) + Send),
 ) -> Result<(Arc<dyn LeaseStore>, Granted), NotAcquired> {
     let deadline = Instant::now() + wait;
     let mut delay = POLL_MIN;
@@ -152,6 +154,7 @@ pub(super) async fn acquire_within(
         if resolve {
             unknown_retries += 1;
         }
+        waiting(&last);
         tracing::debug!(outcome = last.outcome, "target not acquired yet; waiting");
         let pause = if now >= deadline {
             POLL_MIN

@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::cli::run::{Signals, ending};
+use crate::cli::run::Signals;
+use crate::cli::run::report::ending;
 use crate::store::memory::{Clock, MemoryStore};
 use crate::store::{Health, RevokeRequest};
 
@@ -169,14 +170,31 @@ async fn a_held_target_is_acquired_once_it_frees_within_the_wait() {
     };
     let req = AcquireRequest::new(target(), "me", TTL);
     let started = Instant::now();
-    let result = acquire_within(&connect, &req, Duration::from_secs(5), TTL, &mut signals).await;
+    let result = acquire_within(
+        &connect,
+        &req,
+        Duration::from_secs(5),
+        TTL,
+        &mut signals,
+        &mut |_| {},
+    )
+    .await;
     let (_, g) = result.ok().expect("acquired within the wait");
     assert_eq!(g.holder.token, 2);
     assert!(started.elapsed() >= Duration::from_secs(2));
 
     // Held past the wait: refused with the holder's outcome.
     let req = AcquireRequest::new(target(), "late", TTL);
-    match acquire_within(&connect, &req, Duration::from_secs(1), TTL, &mut signals).await {
+    match acquire_within(
+        &connect,
+        &req,
+        Duration::from_secs(1),
+        TTL,
+        &mut signals,
+        &mut |_| {},
+    )
+    .await
+    {
         Err(NotAcquired::Refused(env)) => assert_eq!(env.answer(), Answer::Store(Outcome::Held)),
         _ => panic!("must be refused as held"),
     }
@@ -187,13 +205,16 @@ fn run_exits_with_the_command_s_code_unless_the_lease_was_lost() {
     let released = Answer::Store(Outcome::Released);
     assert_eq!(ending(0, released, false), (0, false));
     assert_eq!(ending(7, released, false), (7, false));
-    // Lost while CMD ran: never 0.
-    assert_eq!(ending(0, Answer::Store(Outcome::Expired), true), (1, true));
-    assert_eq!(ending(5, Answer::BackendUnavailable, true), (5, true));
+    // Lost while CMD ran: the lost code, whatever CMD's.
+    assert_eq!(
+        ending(0, Answer::Store(Outcome::Expired), true),
+        (124, true)
+    );
+    assert_eq!(ending(5, Answer::BackendUnavailable, true), (124, true));
     // The final release found the lease already gone: a loss too.
     assert_eq!(
         ending(0, Answer::Store(Outcome::NotOwner), false),
-        (1, true)
+        (124, true)
     );
     // The release could not be confirmed: CMD's code stands.
     assert_eq!(ending(0, Answer::OutcomeUnknown, false), (0, false));

@@ -77,16 +77,19 @@ pub struct Endpoint {
 /// Parses a Valkey URL; the error says why, without echoing a password.
 pub fn parse(url: &str) -> Result<Endpoint, String> {
     let (scheme, _) = url.split_once("://").ok_or("no scheme")?;
+    // Valkey's own clients document valkey:// and valkeys://; redis:// and
+    // rediss:// mean the same.
     let (tls, kind) = match scheme {
-        "redis" => (false, ""),
-        "rediss" => (true, ""),
-        "redis-cluster" => (false, "cluster"),
-        "rediss-cluster" => (true, "cluster"),
-        "redis-sentinel" => (false, "sentinel"),
-        "rediss-sentinel" => (true, "sentinel"),
+        "redis" | "valkey" => (false, ""),
+        "rediss" | "valkeys" => (true, ""),
+        "redis-cluster" | "valkey-cluster" => (false, "cluster"),
+        "rediss-cluster" | "valkeys-cluster" => (true, "cluster"),
+        "redis-sentinel" | "valkey-sentinel" => (false, "sentinel"),
+        "rediss-sentinel" | "valkeys-sentinel" => (true, "sentinel"),
         other => {
             return Err(format!(
-                "unsupported scheme {other:?}; use redis, rediss, redis-cluster, rediss-cluster or redis-sentinel"
+                "unsupported scheme {other:?}; use valkey (or redis), valkeys (or rediss, TLS), \
+                 valkey-cluster, valkeys-cluster, valkey-sentinel or valkeys-sentinel"
             ));
         }
     };
@@ -209,6 +212,30 @@ mod tests {
             }
         );
         assert!(parse("redis-sentinel://s1").is_err());
+    }
+
+    #[test]
+    fn valkey_schemes_mean_what_the_redis_ones_do() {
+        for (valkey, redis) in [
+            ("valkey://u:p@h:7/1", "redis://u:p@h:7/1"),
+            ("valkeys://h", "rediss://h"),
+            (
+                "valkey-cluster://a:1?node=b:2",
+                "redis-cluster://a:1?node=b:2",
+            ),
+            ("valkeys-cluster://a:1", "rediss-cluster://a:1"),
+            (
+                "valkey-sentinel://s?sentinelServiceName=m",
+                "redis-sentinel://s?sentinelServiceName=m",
+            ),
+            (
+                "valkeys-sentinel://s?sentinelServiceName=m",
+                "rediss-sentinel://s?sentinelServiceName=m",
+            ),
+        ] {
+            assert_eq!(parse(valkey).unwrap(), parse(redis).unwrap(), "{valkey}");
+        }
+        assert!(parse("valkeyss://h").is_err());
     }
 
     #[test]

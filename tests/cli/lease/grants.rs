@@ -279,16 +279,21 @@ fn corrupt_state_exits_3() {
 }
 
 #[test]
-fn owner_and_ttl_default_to_host_and_pid_and_30s() {
+fn owner_namespace_and_ttl_defaults_say_who_and_where() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = lease(&u, "acquire").target("db").ok("acquired", 0).json;
     let l = &j["lease"];
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let user = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let user = String::from_utf8(user.stdout).unwrap();
     let owner = l["owner"].as_str().unwrap();
     let pid = owner
-        .strip_prefix(&format!("{}:", host.trim()))
-        .unwrap_or_else(|| panic!("owner {owner:?} is not host:pid"));
+        .strip_prefix(&format!("{}@{}:", user.trim(), host.trim()))
+        .unwrap_or_else(|| panic!("owner {owner:?} is not user@host:pid"));
     assert!(pid.parse::<u32>().is_ok(), "{owner}");
     assert_eq!(
         l["expires_at_ms"].as_u64().unwrap() - l["acquired_at_ms"].as_u64().unwrap(),
@@ -300,6 +305,24 @@ fn owner_and_ttl_default_to_host_and_pid_and_30s() {
         r.json["lease"]["expires_at_ms"].as_u64().unwrap(),
         r.json["server_time_ms"].as_u64().unwrap() + 30_000
     );
+
+    // In a pod (the downward API's POD_NAME and POD_NAMESPACE): the pod is
+    // the owner and its namespace the tenant.
+    let r = Res::parse(
+        lease(&u, "acquire")
+            .target("web")
+            .command()
+            .env("POD_NAME", "web-7f9c4-x2")
+            .env("POD_NAMESPACE", "shop")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(r.json["lease"]["owner"], "web-7f9c4-x2", "{}", r.stdout);
+    lease(&u, "get")
+        .target("web")
+        .flag("namespace", "shop")
+        .ok("found", 0);
+    lease(&u, "get").target("web").ok("not_found", 1);
 }
 
 #[test]
@@ -345,7 +368,8 @@ fn completions_help_headings_and_examples() {
         "Connection:",
         "Logging:",
         "Examples:",
-        "host:pid",
+        "user@host:pid",
+        "Output:",
         "[default: 30s]",
     ] {
         assert!(

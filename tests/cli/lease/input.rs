@@ -142,7 +142,7 @@ fn bad_arguments_exit_2_and_write_nothing() {
             lease(&u, "get")
                 .target("t")
                 .flag("password-file", "/nonexistent/targetlease-password"),
-            "cannot read password file",
+            "cannot read password file /nonexistent/targetlease-password: No such file or directory",
         ),
         (
             lease(&u, "get").target("t").flag("key-prefix", "a{b"),

@@ -1,4 +1,6 @@
 //! What the child gets and what run returns: the token in its environment, its exit code, signals, a missing command, bad arguments.
+//! The child's isolation (its own process group, dying with `run`, no store
+//! credentials) is in `isolation.rs`.
 
 use super::*;
 
@@ -8,7 +10,7 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
     let u = s.url();
     let file = Scratch::new("env");
     let script = format!(
-        "echo \"$TARGETLEASE_FENCING_TOKEN|$TARGETLEASE_LEASE_ID|$TARGETLEASE_TARGET|$TARGETLEASE_NAMESPACE|$TARGETLEASE_OWNER\" > {}; echo child-stdout; exit 7",
+        "echo \"$TARGETLEASE_FENCING_TOKEN|$TARGETLEASE_TARGET|$TARGETLEASE_NAMESPACE|$TARGETLEASE_OWNER|$TARGETLEASE_EXPIRES_AT|${{TARGETLEASE_LEASE_ID-unset}}\" > {}; echo child-stdout; exit 7",
         file.path().display()
     );
     let out = run(&u, "db", "alice", "10s")
@@ -21,12 +23,18 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "child-stdout\n");
     let text = file.read();
     let parts: Vec<&str> = text.trim_end().split('|').collect();
-    assert_eq!(parts[0], "1");
-    assert_eq!(parts[1].len(), 36, "lease id: {text}");
-    assert_eq!(&parts[2..], ["db", "team-a", "alice"]);
+    assert_eq!(&parts[..4], ["1", "db", "team-a", "alice"], "{text}");
+    let expires = humantime::parse_rfc3339(parts[4]).expect("TARGETLEASE_EXPIRES_AT is RFC 3339");
+    let left = expires
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    assert!(left <= Duration::from_secs(11), "{text}");
+    // The capability to renew or release is opt-in.
+    assert_eq!(parts[5], "unset", "{text}");
     let j = summary(&out);
     assert_eq!(j["outcome"], "released");
     assert_eq!(j["lease_lost"], false);
+    assert_eq!(j["command_exit_code"], 7);
     assert_eq!(j["lease"]["fencing_token"], 1);
     assert!(
         j["lease"].get("lease_id").is_none(),
@@ -37,10 +45,10 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
         .flag("namespace", "team-a")
         .ok("not_found", 1);
 
-    // Success, and a second run gets a larger token.
+    // Success, and a second run gets a larger token; asked for, the lease id.
     let out = run(&u, "db", "alice", "10s")
-        .with(&["--namespace", "team-a"])
-        .sh("test \"$TARGETLEASE_FENCING_TOKEN\" = 2")
+        .with(&["--namespace", "team-a", "--export-lease-id"])
+        .sh("test \"$TARGETLEASE_FENCING_TOKEN\" = 2 && test ${#TARGETLEASE_LEASE_ID} = 36")
         .output()
         .unwrap();
     assert_exit(&out, 0);
@@ -84,9 +92,10 @@ fn a_child_ignoring_sigterm_is_killed_after_the_grace_period() {
     revoke(&u, "db");
     let out = wait_within(child, Duration::from_secs(10));
     let took = revoked_at.elapsed();
-    assert_exit(&out, 128 + 9);
+    let j = ended(&out, LOST);
     assert!(took >= Duration::from_millis(700), "killed after {took:?}");
-    assert_eq!(summary(&out)["lease_lost"], true);
+    assert_eq!(j["lease_lost"], true);
+    assert_eq!(j["command_exit_code"], 128 + 9, "{j}");
 }
 
 #[test]
@@ -157,7 +166,7 @@ fn sigterm_during_the_final_release_ends_run_at_once() {
 }
 
 #[test]
-fn bad_arguments_exit_2_and_backend_trouble_exits_3_without_running_anything() {
+fn bad_arguments_exit_2_and_backend_trouble_exits_125_without_running_anything() {
     let s = ValkeyServer::start();
     let u = s.url();
     let ran = Scratch::new("ran");
@@ -191,11 +200,11 @@ fn bad_arguments_exit_2_and_backend_trouble_exits_3_without_running_anything() {
 
     let closed = format!("redis://127.0.0.1:{}", free_port());
     let out = run(&closed, "db", "a", "1s")
-        .with(&["--connect-timeout", "1s"])
+        .with(&["--connect-timeout", "1s", "--wait", "0s"])
         .exec(&touch)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.status.code(), Some(FAILED));
     assert_eq!(summary(&out)["outcome"], "backend_unavailable");
     assert!(!ran.exists(), "the command ran without the lease");
 }

@@ -32,8 +32,10 @@ fn a_revoked_lease_terminates_the_child_and_run_fails() {
         "{:?}",
         revoked_at.elapsed()
     );
-    let j = ended(&out, 128 + 15);
+    // The lost code, whatever CMD's own (it was stopped by SIGTERM).
+    let j = ended(&out, LOST);
     assert_eq!(j["lease_lost"], true);
+    assert_eq!(j["command_exit_code"], 128 + 15, "{j}");
     assert!(
         ["expired", "not_owner", "not_found"].contains(&j["outcome"].as_str().unwrap()),
         "{j}"
@@ -49,8 +51,9 @@ fn a_child_that_exits_0_after_losing_the_lease_still_fails() {
     started.wait(Duration::from_secs(10));
     revoke(&u, "db");
     let out = wait_within(child, Duration::from_secs(10));
-    assert_exit(&out, 1);
-    assert_eq!(summary(&out)["lease_lost"], true);
+    let j = ended(&out, LOST);
+    assert_eq!(j["lease_lost"], true);
+    assert_eq!(j["command_exit_code"], 0, "{j}");
 }
 
 #[test]
@@ -70,7 +73,7 @@ fn losing_the_backend_past_the_lease_expiry_terminates_the_child() {
     // Renewals keep failing until the local expiry estimate (at most the 1s ttl) passes.
     let took = killed_at.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    let j = ended(&out, 128 + 15);
+    let j = ended(&out, LOST);
     assert_eq!(j["lease_lost"], true);
     assert!(
         ["backend_unavailable", "outcome_unknown"].contains(&j["outcome"].as_str().unwrap()),
@@ -82,13 +85,18 @@ fn losing_the_backend_past_the_lease_expiry_terminates_the_child() {
 fn a_lease_that_ended_unnoticed_before_the_child_exited_still_fails_the_run() {
     let s = ValkeyServer::start();
     let u = s.url();
-    // The child revokes its own lease through the exported environment, then
-    // exits 0 long before the first renewal (at ttl/3 = 20s) could notice.
+    // The child revokes its own lease through the exported environment
+    // (the connection only because it asks for it), then exits 0 long
+    // before the first renewal (at ttl/3 = 20s) could notice.
     let script = format!("{BIN} lease revoke > /dev/null && exit 0");
     let started = Instant::now();
-    let out = run(&u, "db", "alice", "60s").sh(&script).output().unwrap();
+    let out = run(&u, "db", "alice", "60s")
+        .with(&["--export-connection"])
+        .sh(&script)
+        .output()
+        .unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
-    let j = ended(&out, 1);
+    let j = ended(&out, LOST);
     assert_eq!(j["lease_lost"], true, "{j}");
     assert_eq!(get(&u, "db")["outcome"], "not_found");
 }
@@ -111,7 +119,7 @@ fn a_grant_that_may_have_happened_is_never_reported_as_nothing_happened() {
         .short_deadlines()
         .exec(&ran.touch());
     let (out, _) = deadline::output_within(cmd, Duration::from_secs(8));
-    let j = ended(&out, 3);
+    let j = ended(&out, FAILED);
     assert_eq!(j["outcome"], "outcome_unknown", "{j}");
     assert!(!ran.exists());
     // It did acquire: the lease exists (and expires after its ttl).

@@ -4,6 +4,7 @@
 
 mod child;
 mod holding;
+mod isolation;
 mod waiting;
 
 pub(crate) use crate::support::deadline;
@@ -19,6 +20,13 @@ pub(crate) use serde_json::Value;
 pub(crate) use valkey_server::{ValkeyServer, free_port};
 
 pub(crate) use crate::support::cli::{BIN, lease, run};
+
+/// `run`'s own exit codes (docs/cli.md): the target stayed held.
+pub(crate) const BUSY: i32 = 75;
+/// The lease ended while CMD ran.
+pub(crate) const LOST: i32 = 124;
+/// `run` failed before CMD started (the store could not be used).
+pub(crate) const FAILED: i32 = 125;
 
 /// `targetlease <args>` with the server's URL in the environment.
 pub(crate) fn tl(url: &str, args: &[&str]) -> Command {
@@ -60,6 +68,7 @@ pub(crate) fn summary(out: &Output) -> Value {
         "server_time_ms",
         "message",
         "exit_code",
+        "command_exit_code",
         "lease_lost",
     ] {
         assert!(j.get(field).is_some(), "summary lacks {field}: {last}");

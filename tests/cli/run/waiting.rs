@@ -16,21 +16,53 @@ fn bob_holds_db() -> (ValkeyServer, String, Value) {
 }
 
 #[test]
-fn a_held_target_without_wait_exits_1_and_runs_nothing() {
+fn a_held_target_with_nonblock_exits_busy_at_once_and_runs_nothing() {
     let (_s, u, _) = bob_holds_db();
     let ran = Scratch::new("ran");
-    let started = Instant::now();
+    for flags in [&["-n"][..], &["--nonblock"], &["--wait", "0s"]] {
+        let started = Instant::now();
+        let out = run(&u, "db", "alice", "10s")
+            .with(flags)
+            .exec(&ran.touch())
+            .output()
+            .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(3), "{flags:?}");
+        assert!(out.stdout.is_empty());
+        let j = ended(&out, BUSY);
+        assert_eq!(j["outcome"], "held");
+        assert_eq!(j["lease"]["owner"], "bob");
+        assert_eq!(j["command_exit_code"], Value::Null);
+        assert!(!ran.exists(), "the command ran without the lease");
+    }
+    // -n wins over a wait given in the environment.
     let out = run(&u, "db", "alice", "10s")
+        .with(&["-n"])
         .exec(&ran.touch())
+        .env("TARGETLEASE_WAIT", "30s")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(started.elapsed() < Duration::from_secs(3));
-    assert!(out.stdout.is_empty());
-    let j = summary(&out);
-    assert_eq!(j["outcome"], "held");
-    assert_eq!(j["lease"]["owner"], "bob");
-    assert!(!ran.exists(), "the command ran without the lease");
+    assert_exit(&out, BUSY);
+}
+
+#[test]
+fn by_default_run_waits_for_a_held_target_and_then_runs() {
+    let (_s, u, held) = bob_holds_db();
+    let file = Scratch::new("token");
+    let script = format!(
+        "echo $TARGETLEASE_FENCING_TOKEN > {}",
+        file.path().display()
+    );
+    // No --wait: the documented default (1m) applies.
+    let child = spawn(run(&u, "db", "alice", "10s").sh(&script));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!file.exists(), "ran while the target was held");
+    lease(&u, "release")
+        .target("db")
+        .holder(&held)
+        .ok("released", 0);
+    let out = wait_within(child, Duration::from_secs(10));
+    assert_exit(&out, 0);
+    assert_eq!(file.read().trim(), "2");
 }
 
 #[test]
@@ -44,7 +76,7 @@ fn waits_for_a_held_target_and_gives_up_after_wait() {
         .output()
         .unwrap();
     let took = started.elapsed();
-    assert_exit(&out, 1);
+    assert_exit(&out, BUSY);
     assert!(
         took >= Duration::from_millis(1400),
         "gave up after {took:?}"
@@ -88,7 +120,7 @@ fn wait_against_a_silent_server_gives_up_within_its_budget() {
         .exec(&ran.touch());
     // The wait, plus one connect attempt that started just before it ended.
     let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
-    let j = ended(&out, 3);
+    let j = ended(&out, FAILED);
     assert_eq!(j["outcome"], "backend_unavailable", "{j}");
     assert!(!j["message"].as_str().unwrap().contains("Os {"), "{j}");
     assert!(!ran.exists(), "the command ran without the lease");
@@ -106,7 +138,7 @@ fn wait_retries_a_server_that_is_not_up_yet() {
         .short_deadlines()
         .exec(&ran.touch());
     let (out, took) = deadline::output_within(cmd, Duration::from_secs(5));
-    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.status.code(), Some(FAILED));
     assert_eq!(summary(&out)["outcome"], "backend_unavailable");
     assert!(
         took >= Duration::from_millis(1800),

@@ -29,7 +29,15 @@ async fn invalid_specs_are_refused_by_the_api_server() {
         ),
         (
             json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "1.5s" }),
-            "spec.leaseDuration",
+            "spec.leaseDuration must be a duration such as 90s",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "soon", "renewInterval": "1s" }),
+            "spec.leaseDuration must be a duration such as 90s",
+        ),
+        (
+            json!({ "target": "t", "holder": {"identity": "a"}, "renewInterval": "10 s" }),
+            "spec.renewInterval must be a duration such as 30s",
         ),
         (
             json!({ "target": "t", "holder": {"identity": "a"}, "leaseDuration": "10s", "renewInterval": "10s" }),
@@ -49,11 +57,11 @@ async fn invalid_specs_are_refused_by_the_api_server() {
         ),
         (
             json!({ "target": "a\u{1}b", "holder": {"identity": "a"} }),
-            "spec.target",
+            "spec.target must not contain control characters",
         ),
         (
             json!({ "target": "t", "holder": {"identity": "a\u{85}b"} }),
-            "spec.holder.identity",
+            "spec.holder.identity must not contain control characters",
         ),
         (
             // 129 characters, 258 bytes: the store counts bytes, so admission does too.
@@ -76,6 +84,10 @@ async fn invalid_specs_are_refused_by_the_api_server() {
             .expect_err(&format!("case {i} must be refused"));
         let text = err.to_string();
         assert!(text.contains(expected), "case {i}: {text}");
+        // Refusals are sentences: never a regular expression or a CEL failure.
+        for raw in ["should match", "^(", "[^", "evaluation", "no such overload"] {
+            assert!(!text.contains(raw), "case {i} shows {raw:?}: {text}");
+        }
     }
 
     // The name prefixes the pod mark keys, so it is bounded.
@@ -151,6 +163,11 @@ async fn kubectl_shows_the_columns_explains_every_field_and_lists_events() {
         );
     }
     assert!(explain.contains("Immutable"), "{explain}");
+    // The descriptions state the exact rules the API server enforces.
+    let renew = kubectl(&env, &["explain", "targetlease.spec.renewInterval"]);
+    let renew = renew.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(renew.contains("at most half of `leaseDuration`"), "{renew}");
+    assert!(renew.contains("at least 100ms"), "{renew}");
     let status = kubectl(&env, &["explain", "targetlease.status.fencingToken"]);
     assert!(status.contains("strictly greater"), "{status}");
 

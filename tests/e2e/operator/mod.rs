@@ -2,8 +2,10 @@
 //! real kube-apiserver + etcd and a real valkey-server.
 
 mod admission;
+mod events;
 mod leases;
 mod pods;
+mod token;
 
 pub(crate) use crate::support;
 pub(crate) use crate::support::spec::lease_for;

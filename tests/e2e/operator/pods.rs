@@ -126,7 +126,7 @@ async fn the_token_subcommand_hands_a_job_its_token_with_read_only_rights() {
     let text = support::operator_env::example("job-with-token.yaml")
         .replace("namespace: default", &format!("namespace: {}", env.ns));
     support::operator_env::apply_yaml(&env, &text, "job-with-token.yaml").await;
-    let held = env.wait_phase("orders-db-report", Phase::Held, SOON).await;
+    let held = env.wait_phase("nightly-report", Phase::Held, SOON).await;
     let token = summary(&held).2.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = support::chart_identity::service_account_kubeconfig(
@@ -140,13 +140,7 @@ async fn the_token_subcommand_hands_a_job_its_token_with_read_only_rights() {
     let file = dir.path().join("token");
     let token_cmd = |identity: &str, wait: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
-            .args([
-                "token",
-                "--lease",
-                "orders-db-report",
-                "--identity",
-                identity,
-            ])
+            .args(["token", "--lease", "nightly-report", "--identity", identity])
             .args(["--wait", wait, "--file"])
             .arg(&file)
             .env("KUBECONFIG", &kubeconfig)

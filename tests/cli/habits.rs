@@ -1,0 +1,177 @@
+//! One set of habits across commands: `-o json|text|yaml` (and
+//! `TARGETLEASE_OUTPUT`) everywhere, the URL schemes Valkey's own clients
+//! document, `--version` with the build, file errors that name the file.
+
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::support::cli::{BIN, lease, run, targetlease};
+use crate::support::valkey_server::ValkeyServer;
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn yaml(text: &str) -> Value {
+    serde_yaml::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}): {text}"))
+}
+
+#[test]
+fn lease_commands_print_json_text_or_yaml_with_one_flag() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let out = lease(&u, "acquire")
+        .target("db")
+        .owner("alice")
+        .flag("output", "yaml")
+        .output();
+    assert_eq!(out.status.code(), Some(0));
+    let acquired = yaml(&stdout(&out));
+    assert_eq!(acquired["outcome"], "acquired");
+    assert_eq!(acquired["lease"]["fencing_token"], 1);
+    assert_eq!(acquired["lease"]["lease_id"].as_str().unwrap().len(), 36);
+
+    let text = lease(&u, "acquire")
+        .target("db")
+        .with(&["-o", "text"])
+        .output();
+    assert_eq!(text.status.code(), Some(1), "a refusal keeps its code");
+    assert!(
+        stdout(&text).starts_with("held: db held by alice with token 1"),
+        "{}",
+        stdout(&text)
+    );
+    // The variable does what the flag does; the flag wins.
+    let mut get = lease(&u, "get").target("db").command();
+    get.env("TARGETLEASE_OUTPUT", "yaml");
+    let got = yaml(&stdout(&get.output().unwrap()));
+    assert_eq!(got["outcome"], "found");
+    assert!(got["lease"].get("lease_id").is_none(), "{got:?}");
+    let mut get = lease(&u, "get")
+        .target("db")
+        .with(&["-o", "json"])
+        .command();
+    get.env("TARGETLEASE_OUTPUT", "yaml");
+    let line: Value = serde_json::from_str(&stdout(&get.output().unwrap())).unwrap();
+    assert_eq!(line["outcome"], "found");
+
+    let listed = lease(&u, "list").with(&["-o", "yaml"]).output();
+    let listed = yaml(&stdout(&listed));
+    assert_eq!(listed[0]["target"], "db", "{listed:?}");
+    assert_eq!(listed[0]["outcome"], "found", "{listed:?}");
+}
+
+#[test]
+fn check_takes_the_same_output_flag_and_human_still_means_text() {
+    let s = ValkeyServer::start();
+    let check = |args: &[&str]| {
+        let mut all = vec!["check", "--valkey-url"];
+        let url = s.url();
+        all.push(&url);
+        all.extend(args);
+        stdout(&targetlease(&all).output().unwrap())
+    };
+    let as_yaml = yaml(&check(&["-o", "yaml"]));
+    assert_eq!(as_yaml["checks"][0]["name"], "reachability", "{as_yaml:?}");
+    let text = check(&["-o", "text"]);
+    assert!(text.contains("reachability"), "{text}");
+    assert_eq!(
+        text.lines().count(),
+        check(&["--human"]).lines().count(),
+        "--human is -o text"
+    );
+}
+
+#[test]
+fn run_reports_as_text_json_or_yaml_on_stderr() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let out = run(&u, "db", "alice", "10s")
+        .with(&["-o", "text"])
+        .exec(&["true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        "targetlease run: command exited with 0; lease released (db, token 1, owner alice); exit 0"
+    );
+    let out = run(&u, "db", "alice", "10s")
+        .with(&["-o", "yaml"])
+        .exec(&["sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let summary = yaml(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!(summary["outcome"], "released");
+    assert_eq!(summary["exit_code"], 3);
+    assert_eq!(summary["command_exit_code"], 3);
+    assert_eq!(summary["lease"]["fencing_token"], 2);
+}
+
+#[test]
+fn valkey_url_schemes_work_like_the_redis_ones() {
+    let s = ValkeyServer::start();
+    let valkey = s.url().replacen("redis://", "valkey://", 1);
+    assert!(valkey.starts_with("valkey://"), "{valkey}");
+    lease(&valkey, "acquire")
+        .target("db")
+        .owner("alice")
+        .ok("acquired", 0);
+    lease(&s.url(), "get").target("db").ok("found", 0);
+    // valkeys:// means TLS: against this plaintext server the handshake
+    // fails (backend trouble, 3), the URL itself is accepted (not 2).
+    let valkeys = s.url().replacen("redis://", "valkeys://", 1);
+    let r = lease(&valkeys, "get").target("db").short_deadlines().res();
+    assert_eq!(r.code, 3, "{}", r.stdout);
+    assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
+}
+
+#[test]
+fn version_names_the_release_and_how_it_was_built() {
+    let out = targetlease(&["--version"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let line = stdout(&out);
+    let rest = line
+        .trim_end()
+        .strip_prefix(&format!("targetlease {} (", env!("CARGO_PKG_VERSION")))
+        .unwrap_or_else(|| panic!("{line:?}"));
+    let built = rest.strip_suffix(')').unwrap_or_else(|| panic!("{line:?}"));
+    assert!(
+        built == "dev build"
+            || built
+                .strip_prefix("commit ")
+                .is_some_and(|c| c.len() >= 7 && c.chars().all(|h| h.is_ascii_hexdigit())),
+        "{line:?}"
+    );
+    assert!(std::path::Path::new(BIN).exists());
+}
+
+#[test]
+fn file_errors_name_the_file_and_why() {
+    let s = ValkeyServer::start();
+    let missing = "/nonexistent/targetlease-password";
+    let out = lease(&s.url(), "get")
+        .target("db")
+        .flag("password-file", missing)
+        .output();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot read password file {missing}: No such file or directory"
+        )),
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = lease(&s.url(), "get")
+        .target("db")
+        .flag("password-file", dir.path().display())
+        .output();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&dir.path().display().to_string()) && stderr.contains("directory"),
+        "{stderr}"
+    );
+}
