@@ -132,6 +132,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// How many scenarios quick mode runs at once (`FAULTS_QUICK_AT_ONCE`,
+/// default 3): each has its own Valkey, database and namespace; a scenario
+/// whose fail points hold in this process, or that restarts the shared API
+/// server, runs alone.
+fn at_once(long: bool) -> usize {
+    if long {
+        return 1;
+    }
+    env_u64("FAULTS_QUICK_AT_ONCE", 3).max(1) as usize
+}
+
+/// True for a scenario that must have the harness to itself.
+fn alone(s: &Scenario) -> bool {
+    s.failpoints_here
+        || matches!(
+            s.fault,
+            scenarios::Fault::ApiserverRestart | scenarios::Fault::EtcdCompaction
+        )
+}
+
 /// Runs every chosen scenario; returns the number of failed runs.
 async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize {
     let pg = Arc::new(
@@ -139,8 +159,6 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             .await
             .unwrap(),
     );
-    let mut failed = 0;
-    let mut results: Vec<Row> = Vec::new();
     // Long mode records every run, so the full run can be split across days.
     let parts_dir = long.then(|| {
         std::env::var_os("FAULTS_PARTS")
@@ -153,98 +171,30 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
         // What the records will name: the tree this binary was built from.
         println!("faults: recording runs of {}", parts::commit());
     }
-    let mut seq = 0;
-    for s in chosen {
-        let mut figures = Vec::new();
-        let mut caught = 0;
-        let mut failed_runs = 0;
-        for r in 0..runs {
-            seq += 1;
-            // A run that panics (a workload task that never stops, a server
-            // that does not start) is recorded as failed before the panic
-            // goes on: otherwise the record would only ever hold the runs
-            // that finished.
-            let result = match std::panic::AssertUnwindSafe(run::run(s, secs, pg.clone(), seq))
-                .catch_unwind()
-                .await
-            {
-                Ok(result) => result,
-                Err(panic) => {
-                    if let Some(dir) = &parts_dir {
-                        let why = panic
-                            .downcast_ref::<String>()
-                            .map(String::as_str)
-                            .or_else(|| panic.downcast_ref::<&str>().copied())
-                            .unwrap_or("(no message)");
-                        parts::append(
-                            dir,
-                            s,
-                            &parts::Record::new(
-                                secs,
-                                &report::Figures::default(),
-                                false,
-                                &[format!("the harness panicked: {why}")],
-                            ),
-                        );
-                    }
-                    std::panic::resume_unwind(panic);
-                }
-            };
-            let (fig, failures) = report::judge(s, &result);
-            let was_caught = s
-                .expect
-                .is_some_and(|(p, sc)| result.report.count(p, sc) > 0);
-            caught += usize::from(was_caught);
-            if let Some(dir) = &parts_dir {
-                parts::append(
-                    dir,
-                    s,
-                    &parts::Record::new(secs, &fig, was_caught, &failures),
-                );
-            }
-            println!(
-                "  {:<36} run {:>2}: {:>5.1}s {:>6} ops {:>6} writes {:>5} published {:>3} relists {:>3} faults  violations {:?}  {}",
-                s.name,
-                r + 1,
-                fig.elapsed.as_secs_f64(),
-                fig.ops,
-                fig.writes,
-                fig.published,
-                fig.relists,
-                fig.faults,
-                fig.violations,
-                if failures.is_empty() { "ok" } else { "FAILED" }
-            );
-            if !failures.is_empty() {
-                failed += 1;
-                failed_runs += 1;
-                for f in failures.iter().take(10) {
-                    println!("      {f}");
-                }
-                dump(s, r, &result);
-            } else if std::env::var_os("FAULTS_DUMP").is_some() {
-                dump(s, r, &result);
-            }
-            if failures.is_empty() && !result.report.violations.is_empty() && s.expect.is_none() {
-                for v in result.report.violations.iter().take(3) {
-                    println!("      measured: {v}");
-                }
-            }
-            figures.push(fig);
-        }
-        results.push(Row {
-            scenario: s.clone(),
-            secs,
-            runs: figures,
-            caught,
-            failed: failed_runs,
-            commits: String::new(),
-            other_runs: 0,
-            other_failed: 0,
-            at_once: 1,
-            unreadable: 0,
+    let width = at_once(long);
+    let permits = Arc::new(tokio::sync::Semaphore::new(width));
+    let seq = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Those that run alone first, then the rest, `width` at a time.
+    let mut order: Vec<(usize, &Scenario)> = chosen.iter().enumerate().collect();
+    order.sort_by_key(|(i, s)| (!alone(s), *i));
+    let mut pending = futures::stream::FuturesUnordered::new();
+    for (i, s) in order {
+        let (pg, permits, seq, parts_dir) =
+            (pg.clone(), permits.clone(), seq.clone(), parts_dir.clone());
+        pending.push(async move {
+            let n = if alone(s) { width as u32 } else { 1 };
+            let _permit = permits.acquire_many(n).await.expect("permits");
+            let row = run_scenario(s, runs, secs, pg, &seq, parts_dir.as_deref()).await;
+            (i, row)
         });
     }
+    let mut results: Vec<(usize, Row)> = Vec::new();
+    while let Some(done) = futures::StreamExt::next(&mut pending).await {
+        results.push(done);
+    }
+    results.sort_by_key(|(i, _)| *i);
+    let failed = results.iter().map(|(_, r)| r.failed).sum();
+    let results: Vec<Row> = results.into_iter().map(|(_, r)| r).collect();
     if let Ok(path) = std::env::var("FAULTS_REPORT") {
         let note = std::env::var("FAULTS_REPORT_NOTE").unwrap_or_default();
         // Long mode: every run recorded so far, not only this invocation's.
@@ -284,6 +234,112 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
     failed
 }
 
+/// Every run of one scenario, each printed (and recorded in long mode).
+async fn run_scenario(
+    s: &Scenario,
+    runs: u64,
+    secs: u64,
+    pg: Arc<support::postgres::Postgres>,
+    seq: &std::sync::atomic::AtomicUsize,
+    parts_dir: Option<&std::path::Path>,
+) -> Row {
+    let mut figures = Vec::new();
+    let mut caught = 0;
+    let mut failed_runs = 0;
+    for r in 0..runs {
+        let n = seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        // A run that panics (a workload task that never stops, a server
+        // that does not start) is recorded as failed before the panic
+        // goes on: otherwise the record would only ever hold the runs
+        // that finished.
+        let result = match std::panic::AssertUnwindSafe(run::run(s, secs, pg.clone(), n))
+            .catch_unwind()
+            .await
+        {
+            Ok(result) => result,
+            Err(panic) => {
+                if let Some(dir) = parts_dir {
+                    let why = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("(no message)");
+                    parts::append(
+                        dir,
+                        s,
+                        &parts::Record::new(
+                            secs,
+                            &report::Figures::default(),
+                            false,
+                            &[format!("the harness panicked: {why}")],
+                        ),
+                    );
+                }
+                std::panic::resume_unwind(panic);
+            }
+        };
+        let (fig, failures) = report::judge(s, &result);
+        let was_caught = s
+            .expect
+            .is_some_and(|(p, sc)| result.report.count(p, sc) > 0);
+        caught += usize::from(was_caught);
+        if let Some(dir) = parts_dir {
+            parts::append(
+                dir,
+                s,
+                &parts::Record::new(secs, &fig, was_caught, &failures),
+            );
+        }
+        let mut lines = vec![format!(
+            "  {:<36} run {:>2}: {:>5.1}s {:>6} ops {:>6} writes {:>5} published {:>3} relists {:>3} faults  violations {:?}  {}",
+            s.name,
+            r + 1,
+            fig.elapsed.as_secs_f64(),
+            fig.ops,
+            fig.writes,
+            fig.published,
+            fig.relists,
+            fig.faults,
+            fig.violations,
+            if failures.is_empty() { "ok" } else { "FAILED" }
+        )];
+        if !failures.is_empty() {
+            failed_runs += 1;
+            for f in failures.iter().take(10) {
+                lines.push(format!("      {f}"));
+            }
+            lines.extend(dump(s, r, &result));
+        } else if std::env::var_os("FAULTS_DUMP").is_some() {
+            lines.extend(dump(s, r, &result));
+        }
+        if failures.is_empty() && !result.report.violations.is_empty() {
+            for v in result.report.violations.iter().take(3) {
+                let how = if s.expect.is_some() {
+                    "caught"
+                } else {
+                    "measured"
+                };
+                lines.push(format!("      {how}: {v}"));
+            }
+        }
+        // One scenario's lines together, whatever runs beside it.
+        println!("{}", lines.join("\n"));
+        figures.push(fig);
+    }
+    Row {
+        scenario: s.clone(),
+        secs,
+        runs: figures,
+        caught,
+        failed: failed_runs,
+        commits: String::new(),
+        other_runs: 0,
+        other_failed: 0,
+        at_once: 1,
+        unreadable: 0,
+    }
+}
+
 /// Runs the checker again on saved histories (`dump`'s files) and prints
 /// what it finds now: for working on the checker without rerunning faults.
 fn recheck(paths: &[String]) -> ExitCode {
@@ -310,8 +366,8 @@ fn recheck(paths: &[String]) -> ExitCode {
     }
 }
 
-/// Saves a failed run's history for inspection.
-fn dump(s: &Scenario, run: u64, result: &run::RunResult) {
+/// Saves a failed run's history for inspection; the line naming it.
+fn dump(s: &Scenario, run: u64, result: &run::RunResult) -> Option<String> {
     let dir = std::env::var_os("FAULTS_DUMP_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("faults"));
@@ -319,7 +375,7 @@ fn dump(s: &Scenario, run: u64, result: &run::RunResult) {
     let path = dir.join(format!("{}-{}.json", s.name, run + 1));
     let text =
         serde_json::json!({ "history": result.history, "violations": result.report.violations });
-    if std::fs::write(&path, text.to_string()).is_ok() {
-        println!("      history: {}", path.display());
-    }
+    std::fs::write(&path, text.to_string())
+        .ok()
+        .map(|()| format!("      history: {}", path.display()))
 }

@@ -3,6 +3,8 @@
 //! catch). Properties a mode cannot promise are listed as measured: their
 //! violations are counted and published, not failed on.
 
+use std::time::Duration;
+
 use targetlease::store::valkey::Durability;
 
 use crate::check::{Property, Scope};
@@ -46,6 +48,9 @@ pub enum Fault {
     /// Stop kube-apiserver, compact etcd past every revision a watch saw,
     /// start it again: every watch resumes from a compacted revision and relists.
     EtcdCompaction,
+    /// SIGKILL the operator; while it is down, the Held TargetLease is
+    /// deleted and Valkey loses everything (`FLUSHALL`); start it again.
+    ValkeyLossOperatorDown,
 }
 
 /// Where the workload runs.
@@ -72,7 +77,22 @@ pub struct Scenario {
     /// A broken component; the run passes only if `expect` is violated.
     pub control: Option<Control>,
     pub expect: Option<(Property, Scope)>,
+    /// Lease time-to-live of the workload's clients.
+    pub ttl: Duration,
+    /// Product fail points (`src/failpoints.rs`) of this run's CLI and
+    /// operator processes: `(name, action)`.
+    pub failpoints: &'static [(&'static str, &'static str)],
+    /// The fail points also hold in this process (the library clients):
+    /// the run has the harness to itself.
+    pub failpoints_here: bool,
 }
+
+/// Lease time-to-live of the workload (most scenarios).
+pub const TTL: Duration = Duration::from_millis(2000);
+/// Lease time-to-live across a failover: longer than Sentinel's 3 s
+/// down-after, so a grant made in the replica's lag window is still claimed
+/// when the replica is promoted without it.
+pub const FAILOVER_TTL: Duration = Duration::from_secs(10);
 
 /// What an unsafe Valkey mode can lose: tokens and client leases of writes
 /// that had not reached the survivor, and the last fenced commits.
@@ -96,6 +116,28 @@ fn scenario(name: &'static str, about: &'static str, backend: Backend, fault: Fa
         measured: &[],
         control: None,
         expect: None,
+        ttl: TTL,
+        failpoints: &[],
+        failpoints_here: false,
+    }
+}
+
+/// A positive control inside the product: `failpoints` break it (in the
+/// CLI and operator processes, and in this one when `here`).
+fn product_control(
+    name: &'static str,
+    about: &'static str,
+    backend: Backend,
+    fault: Fault,
+    failpoints: &'static [(&'static str, &'static str)],
+    here: bool,
+    expect: (Property, Scope),
+) -> Scenario {
+    Scenario {
+        expect: Some(expect),
+        failpoints,
+        failpoints_here: here,
+        ..scenario(name, about, backend, fault)
     }
 }
 
@@ -121,18 +163,20 @@ pub fn all() -> Vec<Scenario> {
         scenario("baseline", "no fault", standalone(), Fault::None),
         Scenario {
             measured: LOSSY,
+            ttl: FAILOVER_TTL,
             ..scenario(
                 "failover-durability-none",
-                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it, `--durability none`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s), `--durability none`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )
         },
         Scenario {
             durability: Durability::Replicas(1),
+            ttl: FAILOVER_TTL,
             ..scenario(
                 "failover-replicas-1",
-                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it, `--durability replicas:1`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s), `--durability replicas:1`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )
@@ -200,12 +244,16 @@ pub fn all() -> Vec<Scenario> {
             standalone(),
             Fault::PauseHolder,
         ),
-        scenario(
-            "clock-jump",
-            "Valkey's clock jumps forward past every lease (libfaketime)",
-            Backend::Valkey(Setup::Faketime),
-            Fault::ClockJump,
-        ),
+        Scenario {
+            // The holder's own deadline outlives a lease the server's clock ended.
+            measured: &[(Property::Exclusion, Scope::Lease)],
+            ..scenario(
+                "clock-jump",
+                "Valkey's clock jumps forward past every lease (libfaketime)",
+                Backend::Valkey(Setup::Faketime),
+                Fault::ClockJump,
+            )
+        },
         scenario(
             "script-flush",
             "`SCRIPT FLUSH` every 500 ms",
@@ -248,14 +296,82 @@ pub fn all() -> Vec<Scenario> {
             Backend::Operator { replicas: 1 },
             Fault::EtcdCompaction,
         ),
-        control(
-            "control-reissued-token",
-            "a store that reissues a target's first token",
+        Scenario {
+            measured: LOSSY,
+            ..scenario(
+                "operator-valkey-data-loss",
+                "operator SIGKILL; while it is down the Held TargetLease is deleted and Valkey loses everything; operator restarted (the token floor is the only barrier)",
+                Backend::Operator { replicas: 1 },
+                Fault::ValkeyLossOperatorDown,
+            )
+        },
+        product_control(
+            "control-floor-skipped",
+            "the operator never raises the token floor (`floor-skip-raise`), with Valkey data loss while it is down",
+            Backend::Operator { replicas: 1 },
+            Fault::ValkeyLossOperatorDown,
+            &[("floor-skip-raise", "return")],
+            false,
+            (Property::Tokens, Scope::Published),
+        ),
+        product_control(
+            "control-mark-before-unmark",
+            "the operator keeps a pod's marks until the next leader is marked (`mark-before-unmark`)",
+            Backend::Operator { replicas: 1 },
+            Fault::None,
+            &[("mark-before-unmark", "return")],
+            false,
+            (Property::Exclusion, Scope::Published),
+        ),
+        product_control(
+            "control-held-after-lost",
+            "the operator keeps status as it was after the store said the lease ended (`held-after-lost`), with revokes",
+            Backend::Operator { replicas: 1 },
+            Fault::None,
+            &[("held-after-lost", "return")],
+            false,
+            (Property::Honesty, Scope::Published),
+        ),
+        product_control(
+            "control-lost-reply-ok",
+            "the store reports a renew, release or commit whose reply was lost as done (`lost-reply-ok`), replies blackholed",
+            Backend::Valkey(Setup::Proxied),
+            Fault::ProxyBlackhole,
+            &[("lost-reply-ok", "return")],
+            true,
+            (Property::Honesty, Scope::Lease),
+        ),
+        product_control(
+            "control-lost-reply-unavailable",
+            "the store reports a write whose reply was lost as `backend_unavailable` (`lost-reply-unavailable`), replies dropped",
+            Backend::Valkey(Setup::Proxied),
+            Fault::ProxyDropReplies,
+            &[("lost-reply-unavailable", "return")],
+            true,
+            (Property::Honesty, Scope::Commit),
+        ),
+        product_control(
+            "control-previous-token",
+            "the CLI's acquire reports the token before the one granted (`acquire-previous-token`)",
             standalone(),
             Fault::None,
-            Control::ReissueTokens,
+            &[("acquire-previous-token", "return")],
+            false,
             (Property::Tokens, Scope::Lease),
         ),
+        Scenario {
+            durability: Durability::Replicas(1),
+            ttl: FAILOVER_TTL,
+            ..product_control(
+                "control-skipped-wait",
+                "`--durability replicas:1` without its `WAIT` (`skip-durability-wait`), across failovers with the replica 500 ms behind",
+                Backend::Valkey(Setup::Sentinel),
+                Fault::SentinelFailover,
+                &[("skip-durability-wait", "return")],
+                true,
+                (Property::Tokens, Scope::Lease),
+            )
+        },
         control(
             "control-unguarded-table",
             "a PostgreSQL table without the guard, with a paused holder",
@@ -271,14 +387,6 @@ pub fn all() -> Vec<Scenario> {
             Fault::None,
             Control::LoseAckedWrites,
             (Property::Downstream, Scope::Postgres),
-        ),
-        control(
-            "control-lying-store",
-            "a store that runs an acquire and reports `backend_unavailable`",
-            standalone(),
-            Fault::None,
-            Control::LyingStore,
-            (Property::Honesty, Scope::Lease),
         ),
         control(
             "control-double-grant",

@@ -5,20 +5,24 @@
 //!   issued twice (client leases, operator status, pod marks).
 //! - (b) [`downstream`]: a downstream never accepted a lower token after a
 //!   higher one, and no acknowledged write is missing at the end.
-//! - (c) [`honesty`]: an operation reported as a refusal or
-//!   `backend_unavailable` had no effect.
+//! - (c) [`honesty`], [`effects`]: every reported outcome matches what was
+//!   observed: a success happened, a refusal or `backend_unavailable` had no
+//!   effect, `outcome_unknown` may go either way.
 //! - (d) [`exclusion`]: no two claims (client leases, Held TargetLeases,
 //!   marked pods of one election) overlap in server time.
 
 #![allow(dead_code)] // each test binary uses a part
 
 pub mod downstream;
+pub mod effects;
 pub mod exclusion;
 #[cfg(test)]
 pub mod fixtures;
 pub mod honesty;
 pub mod liveness;
+pub mod published;
 pub mod tokens;
+pub mod withdrawn;
 
 use std::collections::BTreeMap;
 
@@ -33,7 +37,7 @@ pub enum Property {
     Tokens,
     /// (b) no lower token accepted after a higher one; no acknowledged write lost.
     Downstream,
-    /// (c) a refusal or `backend_unavailable` had no effect.
+    /// (c) a success happened; a refusal or `backend_unavailable` had no effect.
     Honesty,
     /// (d) no two live claims on one target at once.
     Exclusion,
@@ -164,6 +168,8 @@ pub fn check(h: &History) -> Report {
     let mut violations = tokens::check(h);
     violations.extend(downstream::check(h));
     violations.extend(honesty::check(h));
+    violations.extend(effects::check(h));
+    violations.extend(withdrawn::check(h));
     let (exclusions, overlap_ms) = exclusion::measure(h);
     violations.extend(exclusions);
     let windows = [
