@@ -1,34 +1,40 @@
-//! The fault matrix (issue 12): a workload with a recorded history, a real
-//! PostgreSQL downstream fenced by the recipe in `examples/fencing/`, real
-//! faults, and a checker that can fail.
+//! The fault matrix: a workload with a recorded history, a real PostgreSQL
+//! downstream fenced by the recipe in `examples/fencing/`, real faults, a
+//! checker that can fail, and positive controls that break the product
+//! through its fail points (`src/failpoints.rs`). Built only with
+//! `--features failpoints` (`scripts/faults.sh` passes it).
 //!
 //! A test target without libtest (`harness = false`), so it runs scenarios
-//! one after another and prints one table:
+//! (a few at once in quick mode) and prints one table:
 //!
 //! ```text
-//! cargo test --test faults                  # quick: every scenario and control once
-//! cargo test --test faults -- long          # FAULTS_RUNS x FAULTS_SECS per scenario
-//! cargo test --test faults -- holder clock  # only scenarios whose name contains a word
+//! cargo test --features failpoints --test faults             # quick: every scenario and control once
+//! cargo test --features failpoints --test faults -- long     # FAULTS_RUNS x FAULTS_SECS per scenario
+//! cargo test --features failpoints --test faults -- holder   # scenarios whose name contains a word
 //!                                           # (a whole name: that one; --skip WORD drops)
-//! cargo test --test faults -- recheck F.json # the current checker on a saved history
-//! cargo test --test faults -- list [WORD…]  # the chosen scenarios' names
+//! … -- recheck F.json        # the current checker on a saved history
+//! … -- rejudge [WORD…]       # the current checker on every record's kept history
+//! … -- list [WORD…]          # the chosen scenarios' names
 //! ```
 //!
-//! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
-//! `FAULTS_SECS` (300), `FAULTS_PARTS` (where long mode records each run,
-//! default `docs/faults/runs`), `FAULTS_REPORT` (write docs/faults.md to this path),
-//! `FAULTS_REPORT_NOTE` (a line for its header), `FAULTS_DUMP` (save every
-//! run's history, not only failed ones), `FAULTS_GDB` (a hung CLI's
-//! backtrace in the failure message), `FAULTS_KEEP` (keep Valkey's
-//! directories and logs); set by `scripts/faults.sh fill`: `FAULTS_COMMIT`
-//! (the commit its records name), `FAULTS_AT_ONCE` (how many scenarios it
-//! runs at once), `FAULTS_PRODUCT_BIN` (the pinned `targetlease` binary),
-//! `FAULTS_DUMP_DIR` (where failed runs' histories go). The binary re-executes
-//! itself as `worker-holder` for the paused-holder process.
+//! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_QUICK_AT_ONCE`
+//! (default 3), `FAULTS_RUNS` (10), `FAULTS_SECS` (300), `FAULTS_PARTS`
+//! (where long mode records each run, default `docs/faults/runs`),
+//! `FAULTS_HISTORIES` (where it keeps each run's compressed history,
+//! default `~/.cache/targetlease/faults-histories`), `FAULTS_REPORT` (write
+//! docs/faults.md to this path), `FAULTS_REPORT_NOTE` (a line for its
+//! header), `FAULTS_DUMP` (save every run's history, not only failed ones),
+//! `FAULTS_GDB` (a hung CLI's backtrace in the failure message),
+//! `FAULTS_KEEP` (keep Valkey's directories and logs); set by
+//! `scripts/faults.sh fill`: `FAULTS_COMMIT` (the commit its records name),
+//! `FAULTS_AT_ONCE` (how many scenarios it runs at once),
+//! `FAULTS_PRODUCT_BIN` (the pinned `targetlease` binary), `FAULTS_DUMP_DIR`
+//! (where failed runs' histories go). The binary re-executes itself as
+//! `worker-holder` for the paused-holder process.
 //!
 //! Exit status 1 when any run fails: a violation of a property the scenario
-//! promises, a control that was not caught, a fault that never fired or a
-//! workload that did nothing.
+//! promises, a control that was not caught, a fault that never fired or had
+//! no effect, a part that did not recover, or a workload that did nothing.
 
 // cargo builds this target with cfg(test) but without libtest: the
 // checker's unit tests run in `tests/faults_checker.rs`, not here.
@@ -84,6 +90,9 @@ fn main() -> ExitCode {
     }
     if args.first().map(String::as_str) == Some("recheck") {
         return recheck(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("rejudge") {
+        return rejudge(&args[1..]);
     }
     if args.first().map(String::as_str) == Some("list") {
         let args::Words { words, skips } = args::words(&args[1..]);
@@ -279,15 +288,14 @@ async fn run_scenario(
             }
         };
         let (fig, failures) = report::judge(s, &result);
-        let was_caught = s
-            .expect
-            .is_some_and(|(p, sc)| result.report.count(p, sc) > 0);
+        let was_caught = s.caught(&result.report) > 0;
         caught += usize::from(was_caught);
         if let Some(dir) = parts_dir {
+            let kept = parts::keep_history(s, n, &result.history);
             parts::append(
                 dir,
                 s,
-                &parts::Record::new(secs, &fig, was_caught, &failures),
+                &parts::Record::with_history(secs, &fig, was_caught, &failures, kept),
             );
         }
         let mut lines = vec![format!(
@@ -337,6 +345,67 @@ async fn run_scenario(
         other_failed: 0,
         at_once: 1,
         unreadable: 0,
+        checkers: Vec::new(),
+    }
+}
+
+/// The current checker on every recorded run that kept its history: its
+/// figures, failures and checker version are rewritten in the record.
+fn rejudge(words: &[String]) -> ExitCode {
+    let args::Words { words, skips } = args::words(words);
+    let dir = std::env::var_os("FAULTS_PARTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/faults/runs")
+        });
+    let mut failed = 0;
+    for s in args::choose(scenarios::all(), |s| s.name, &words, &skips) {
+        let (mut records, unreadable) = parts::load(&dir, &s);
+        if records.is_empty() {
+            continue;
+        }
+        let (mut done, mut kept_none) = (0, 0);
+        for r in &mut records {
+            let Some(name) = r.history.clone() else {
+                kept_none += 1;
+                continue;
+            };
+            let history = match parts::load_history(&name) {
+                Ok(h) => h,
+                Err(e) => {
+                    println!("  {}: {e}", s.name);
+                    failed += 1;
+                    continue;
+                }
+            };
+            let report = check::check(&history);
+            let result = run::RunResult {
+                history,
+                report,
+                elapsed: r.figures.elapsed,
+            };
+            let (fig, failures) = report::judge(&s, &result);
+            r.caught = s.caught(&result.report) > 0;
+            failed += usize::from(!failures.is_empty());
+            r.figures = fig;
+            r.failures = failures;
+            r.checker = check::CHECKER;
+            done += 1;
+        }
+        if unreadable == 0 {
+            parts::rewrite(&dir, &s, &records);
+        }
+        println!(
+            "  {:<36} {done} run(s) re-judged by checker v{}, {kept_none} without a kept history",
+            s.name,
+            check::CHECKER
+        );
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        println!("faults: {failed} re-judged run(s) FAILED");
+        ExitCode::FAILURE
     }
 }
 

@@ -120,6 +120,8 @@ pub struct Row {
     pub at_once: usize,
     /// Record lines that could not be read (runs whose figures are lost).
     pub unreadable: usize,
+    /// Which checker versions judged the runs: (version, runs, with a kept history).
+    pub checkers: Vec<(u32, usize, usize)>,
 }
 
 impl Row {
@@ -153,6 +155,9 @@ impl Row {
         }
         if self.at_once > 1 {
             cell += &format!("<br>up to {} scenarios at once", self.at_once);
+        }
+        for (v, n, kept) in &self.checkers {
+            cell += &format!("<br>checker v{v}: {n} run(s), {kept} with a kept history");
         }
         cell
     }
@@ -199,11 +204,16 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     };
     let mut failures = Vec::new();
     if let Some(expect) = s.expect {
-        if r.report.count(expect.0, expect.1) == 0 {
+        if s.caught(&r.report) == 0 {
             failures.push(format!(
-                "control not caught: expected a ({}) violation in {}",
+                "control not caught: expected a ({}) violation in {}{}",
                 expect.0.letter(),
-                expect.1.name()
+                expect.1.name(),
+                if s.expect_words.is_empty() {
+                    String::new()
+                } else {
+                    format!(" of a {}", s.expect_words.join(" or "))
+                }
             ));
         }
     } else {
@@ -380,16 +390,23 @@ pub fn render(header: &str, rows: &[Row]) -> String {
         );
     }
     out.push_str(
-        "\n## Positive controls\n\nEach plugs a deliberately broken component into the same harness; \
-         a run in which the checker does not report the expected property fails.\n\n\
+        "\n## Positive controls\n\nEach breaks one component on purpose — the product itself through \
+         a fail point (`src/failpoints.rs`, compiled in only for the matrix), or a harness part — \
+         in the same harness; a run in which the checker does not report the expected property \
+         fails, and so does `scripts/faults.sh`.\n\n\
          | control | broken component | expected | runs | caught |\n|---|---|---|---|---|\n",
     );
     for row in rows.iter().filter(|r| r.scenario.control.is_some()) {
         let s = &row.scenario;
         let (p, scope) = s.expect.expect("a control names its property");
+        let of = if s.expect_words.is_empty() {
+            String::new()
+        } else {
+            format!(" (a {})", s.expect_words.join(", "))
+        };
         let _ = writeln!(
             out,
-            "| `{}` | {} | ({}) in {} | {} | {} |",
+            "| `{}` | {} | ({}) in {}{of} | {} | {} |",
             s.name,
             s.about,
             p.letter(),

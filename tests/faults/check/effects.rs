@@ -61,6 +61,15 @@ pub(crate) fn looks(h: &History) -> BTreeMap<&str, Vec<Look<'_>>> {
     out
 }
 
+fn kind_word(k: OpKind) -> &'static str {
+    match k {
+        OpKind::Acquire => "acquire",
+        OpKind::Renew => "renew",
+        OpKind::Release => "release",
+        OpKind::Revoke => "revoke",
+    }
+}
+
 fn same(l: &LeaseView, issue: &str, token: u64) -> bool {
     l.token == token && (l.issue.is_empty() || issue.is_empty() || l.issue == issue)
 }
@@ -103,21 +112,25 @@ fn acts_on(o: &OpRecord) -> Option<(&str, u64)> {
     Some((o.issue.as_deref().unwrap_or(""), o.token?))
 }
 
-/// Local times of faults that can lose acknowledged state.
-fn lossy(h: &History) -> Vec<u64> {
+/// When faults that can lose acknowledged state began and healed (local
+/// times): what was acknowledged while one was on (a failover's lag window)
+/// can be lost too.
+fn lossy(h: &History) -> Vec<(u64, u64)> {
     h.faults
         .iter()
         .filter(|f| f.loses_data)
-        .map(|f| f.at_ms)
+        .map(|f| (f.at_ms, f.healed_ms.max(f.at_ms)))
         .collect()
 }
 
+/// True when a loss in `lossy` may lie between `from` and `to`.
+fn loss_between(lossy: &[(u64, u64)], from: u64, to: u64) -> bool {
+    lossy.iter().any(|&(at, healed)| at <= to && healed >= from)
+}
+
 /// True when `look` is evidence about the state after a reply at `acked_ms`.
-fn after(look: &Look, acked_ms: u64, lossy: &[u64]) -> bool {
-    look.invoke_ms > acked_ms
-        && !lossy
-            .iter()
-            .any(|&f| f >= acked_ms && f <= look.complete_ms)
+fn after(look: &Look, acked_ms: u64, lossy: &[(u64, u64)]) -> bool {
+    look.invoke_ms > acked_ms && !loss_between(lossy, acked_ms, look.complete_ms)
 }
 
 pub fn check(h: &History) -> Vec<Violation> {
@@ -140,7 +153,7 @@ pub fn check(h: &History) -> Vec<Violation> {
     let ended_before = |target: &str, token: u64, by_ms: u64, may_run: bool| {
         enders.get(&(target, token)).is_some_and(|es| {
             es.iter()
-                .any(|(at, r)| *at < by_ms && (!may_run || r.may_have_run()))
+                .any(|(at, r)| *at <= by_ms && (!may_run || r.may_have_run()))
         })
     };
     // Acknowledged acquires and renewals: the lease lives until E.
@@ -218,8 +231,11 @@ pub fn check(h: &History) -> Vec<Violation> {
                 Scope::Lease,
                 &ack.target,
                 format!(
-                    "{} {} of token {token} was reported {word}, but the lease was live at {}",
-                    ack.client, ack.request_id, look.server_ms
+                    "{} {} by {} of token {token} was reported {word}, but the lease was live at {}",
+                    kind_word(ack.kind),
+                    ack.request_id,
+                    ack.client,
+                    look.server_ms
                 ),
             ));
         }
@@ -236,7 +252,8 @@ pub fn check(h: &History) -> Vec<Violation> {
 fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Vec<Violation>) {
     let renewals = requests(h, OpKind::Renew);
     // (target, token) -> (expiries reported, any unknown attempt, a refused request)
-    let mut leases: HashMap<(&str, u64), (Vec<u64>, bool, Option<&str>)> = HashMap::new();
+    type Known<'a> = (Vec<u64>, bool, Option<&'a str>);
+    let mut leases: HashMap<(&str, u64), Known> = HashMap::new();
     for o in h.ops.iter().filter(|o| o.kind == OpKind::Acquire) {
         if let (true, Some(l)) = (o.answer.is("acquired"), &o.lease) {
             let e = leases.entry((&o.target, l.token)).or_default();
@@ -290,7 +307,7 @@ fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Ve
 fn refused_enders(
     h: &History,
     looks: &BTreeMap<&str, Vec<Look>>,
-    lossy: &[u64],
+    lossy: &[(u64, u64)],
     releases: &[Request],
     revokes: &[Request],
     out: &mut Vec<Violation>,
@@ -338,7 +355,7 @@ fn refused_enders(
                 look.invoke_ms > started
                     && promised.is_some_and(|e| look.server_ms < e)
                     && look.lease.is_none_or(|l| l.token != token)
-                    && !lossy.iter().any(|&f| f >= granted && f <= look.complete_ms)
+                    && !loss_between(lossy, granted, look.complete_ms)
             });
         if let Some(look) = gone {
             out.push(Violation::new(
@@ -346,9 +363,12 @@ fn refused_enders(
                 Scope::Lease,
                 &first.target,
                 format!(
-                    "{} {} of token {token} was reported as refused or unavailable, yet the lease \
-                     was gone at {}, before its expiry, with nothing else sent to end it",
-                    first.client, first.request_id, look.server_ms
+                    "{} {} by {} of token {token} was reported as refused or unavailable, yet the \
+                     lease was gone at {}, before its expiry, with nothing else sent to end it",
+                    kind_word(first.kind),
+                    first.request_id,
+                    first.client,
+                    look.server_ms
                 ),
             ));
         }
@@ -358,7 +378,7 @@ fn refused_enders(
 /// An acknowledged commit must have happened: a read sent after its reply
 /// shows its token or a higher one, and not a value acknowledged before the
 /// commit was sent (the commit would have replaced it).
-fn commits(h: &History, lossy: &[u64], out: &mut Vec<Violation>) {
+fn commits(h: &History, lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
     // write id -> (first invoke, first acknowledged reply)
     let mut times: HashMap<&str, (u64, Option<u64>)> = HashMap::new();
     for w in h.writes.iter().filter(|w| w.sink == Sink::Commit) {

@@ -30,6 +30,12 @@ use serde::{Deserialize, Serialize};
 
 use super::history::History;
 
+/// The checker's version, recorded with every run it judged: 1 judged
+/// acquires only for (c), claims to the last reply for (d), and liveness as
+/// one success per part; 2 judges every operation, claims to the holder's
+/// deadline, watch gaps, fault effects and recovery.
+pub const CHECKER: u32 = 2;
+
 /// One of the four checked properties.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Property {

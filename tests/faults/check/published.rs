@@ -11,7 +11,8 @@
 //!
 //! A version delivered by a relist follows a gap: the versions between it
 //! and the one seen before are unknown, so at revisions inside the gap the
-//! object's state is unknown and nothing is judged about it.
+//! object's state is unknown and nothing is judged about it; nor, past the
+//! last revision a watch delivered, about what it would have shown.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -169,6 +170,12 @@ fn named(h: &History, status_gaps: &Gaps, pod_gaps: &Gaps, out: &mut Vec<Violati
         .chain(h.pods.iter().map(|p| (p.rv, Change::Pod(p))))
         .collect();
     changes.sort_by_key(|c| c.0);
+    // Past the last revision one watch delivered, what it would have shown
+    // is unknown (it may have been away until the end): judge only up to
+    // the revision both watches reached.
+    let reached = |revs: &mut dyn Iterator<Item = u64>| revs.max().unwrap_or(0);
+    let covered = reached(&mut h.publications.iter().map(|p| p.rv))
+        .min(reached(&mut h.pods.iter().map(|p| p.rv)));
     let mut status: HashMap<&str, &Publication> = HashMap::new();
     let mut marked: HashMap<&str, &crate::history::PodVersion> = HashMap::new();
     let mut reported = HashSet::new();
@@ -186,6 +193,9 @@ fn named(h: &History, status_gaps: &Gaps, pod_gaps: &Gaps, out: &mut Vec<Violati
                 }
             }
             i += 1;
+        }
+        if rv > covered {
+            break;
         }
         for (pod, v) in &marked {
             if pod_gaps.unknown(pod, rv) {

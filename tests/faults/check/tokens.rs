@@ -104,8 +104,20 @@ fn marks_published(h: &History, out: &mut Vec<Violation>) {
         .filter_map(|p| Some((p.name.as_str(), p.token?)))
         .collect();
     let named: HashSet<&str> = h.publications.iter().map(|p| p.name.as_str()).collect();
+    // A status the watch did not deliver (away, or relisting past it) is
+    // unknown: only marks the status watch had reached, outside its gaps.
+    let reached = h.publications.iter().map(|p| p.rv).max().unwrap_or(0);
+    let relisted: Vec<(&str, u64)> = h
+        .publications
+        .iter()
+        .filter(|p| p.after_gap)
+        .map(|p| (p.name.as_str(), p.rv))
+        .collect();
     let mut reported = HashSet::new();
-    for p in &h.pods {
+    for p in h.pods.iter().filter(|p| p.rv <= reached) {
+        if relisted.iter().any(|(_, rv)| *rv >= p.rv) {
+            continue; // a relist after this version: what preceded it is unknown
+        }
         for m in &p.marks {
             let Some(token) = m.token else { continue };
             if named.contains(m.lease.as_str())
