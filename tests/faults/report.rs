@@ -353,7 +353,7 @@ pub fn render(header: &str, rows: &[Row]) -> String {
         "\n| scenario | fault | runs | duration | operations | writes | unknown / unavailable | hangs | faults injected | verified effect | recovery p50 / p99 | stale writes refused | watch relists | (a) tokens | (b) downstream | (c) honesty | (d) exclusion |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for row in rows.iter().filter(|r| r.scenario.control.is_none()) {
+    for row in rows.iter().filter(|r| r.scenario.expect.is_none()) {
         let (s, t) = (&row.scenario, total(&row.runs));
         if row.runs.is_empty() {
             let _ = writeln!(
@@ -396,7 +396,7 @@ pub fn render(header: &str, rows: &[Row]) -> String {
          fails, and so does `scripts/faults.sh`.\n\n\
          | control | broken component | expected | runs | caught |\n|---|---|---|---|---|\n",
     );
-    for row in rows.iter().filter(|r| r.scenario.control.is_some()) {
+    for row in rows.iter().filter(|r| r.scenario.expect.is_some()) {
         let s = &row.scenario;
         let (p, scope) = s.expect.expect("a control names its property");
         let of = if s.expect_words.is_empty() {
