@@ -25,9 +25,15 @@ pub fn idle(h: &History, parts: Parts) -> Vec<&'static str> {
         parts.sinks_may_fail || h.writes.iter().any(|w| w.sink == sink && w.answer.is(what))
     };
     let operator = |seen: bool| !parts.operator || seen;
+    // The CLI client (a process per call, slower under load) may lose every
+    // race of a short run: it must get answers from the store, not wins.
+    let answered_cli = h.ops.iter().any(|o| {
+        o.client.starts_with("cli")
+            && matches!(&o.answer, Answer::Said(a) if !a.starts_with("invalid"))
+    });
     [
         (acquired_by("lib"), "no library client acquired a lease"),
-        (acquired_by("cli"), "no CLI client acquired a lease"),
+        (answered_cli, "no CLI client got an answer from the store"),
         (
             accepted(Sink::Postgres, "accepted"),
             "PostgreSQL accepted no write",
@@ -54,8 +60,11 @@ pub fn idle(h: &History, parts: Parts) -> Vec<&'static str> {
 /// Every part's successes, in local time: (part, when).
 fn successes(h: &History, parts: Parts) -> Vec<(&'static str, u64)> {
     let mut out = Vec::new();
+    // A client works again once the store answers it at all (a `held` is a
+    // working client that lost a race).
     for o in &h.ops {
-        if o.kind == OpKind::Acquire && o.answer.is("acquired") {
+        let answered = matches!(&o.answer, Answer::Said(a) if !a.starts_with("invalid"));
+        if answered {
             if o.client.starts_with("lib") {
                 out.push(("library client", o.complete_ms));
             } else if o.client.starts_with("cli") {
@@ -195,7 +204,10 @@ mod tests {
             .write(Sink::Postgres, "t", 1, "w1", said("accepted"), 0)
             .write(Sink::Commit, "t", 1, "w1", said("committed"), 150)
             .build();
-        assert_eq!(idle(&h, CLIENTS), vec!["no CLI client acquired a lease"]);
+        assert_eq!(
+            idle(&h, CLIENTS),
+            vec!["no CLI client got an answer from the store"]
+        );
         assert_eq!(
             first_invalid(&h).as_deref(),
             Some("cli0: invalid: bad flag")
