@@ -13,6 +13,10 @@
 #                                      run recorded there (FAULTS_REPORT=path elsewhere).
 #                                      The full run is ~22 h: split it by WORD across days.
 #                                      FAULTS_RUNS=0 only re-renders docs/faults.md.
+#   scripts/faults.sh rejudge [WORD…]  the current checker on every record whose history was
+#                                      kept (FAULTS_HISTORIES, default ~/.cache/targetlease/
+#                                      faults-histories): figures, failures and the checker
+#                                      version rewritten in the records; then docs/faults.md
 #   scripts/faults.sh fill P [WORD…]   long mode, topped up: runs each chosen scenario (in the
 #                                      order of the WORDs) only as often as it lacks FAULTS_RUNS
 #                                      records of FAULTS_SECS seconds, P scenarios at a time, each
@@ -39,7 +43,7 @@ mode="${1:-quick}"
 [ $# -gt 0 ] && shift
 case "$mode" in
   quick)
-    exec cargo test --locked --test faults -- "$@"
+    exec cargo test --locked --features failpoints --test faults -- "$@"
     ;;
   long)
     export FAULTS_REPORT="${FAULTS_REPORT:-$REPO/docs/faults.md}"
@@ -47,7 +51,15 @@ case "$mode" in
     # This tree's records: the harness's own default is the tree it was
     # compiled in, which a shared CARGO_TARGET_DIR makes another checkout.
     export FAULTS_PARTS="${FAULTS_PARTS:-$REPO/docs/faults/runs}"
-    exec cargo test --locked --test faults -- long "$@"
+    exec cargo test --locked --features failpoints --test faults -- long "$@"
+    ;;
+  rejudge)
+    # The current checker on every record that kept its history; the page
+    # is rendered again from the records (FAULTS_REPORT=path elsewhere).
+    export FAULTS_PARTS="${FAULTS_PARTS:-$REPO/docs/faults/runs}"
+    cargo test --locked --features failpoints --test faults -- rejudge "$@"
+    FAULTS_RUNS=0 FAULTS_REPORT="${FAULTS_REPORT:-$REPO/docs/faults.md}" \
+      exec cargo test --locked --features failpoints --test faults -- long
     ;;
   fill)
     at_once="${1:-}"
@@ -68,7 +80,7 @@ case "$mode" in
     # cache clean-up during hours of runs changes none of them (the paused
     # holder re-executes the harness; the CLI clients and the operator are
     # the product binary).
-    built="$(cargo test --locked --no-run --test faults --message-format=json)"
+    built="$(cargo test --locked --features failpoints --no-run --test faults --message-format=json)"
     exe="$(jq -r 'select(.profile.test == true and .target.name == "faults") | .executable' <<<"$built")"
     product="$(jq -r 'select(.target.kind == ["bin"] and .target.name == "targetlease") | .executable' <<<"$built" | tail -n 1)"
     [ -x "$exe" ] && [ -x "$product" ] || { echo "faults fill: no harness or product binary" >&2; exit 1; }
@@ -143,7 +155,7 @@ case "$mode" in
     exit "$status"
     ;;
   *)
-    echo "usage: $0 [quick|long|fill P] [WORD…]" >&2
+    echo "usage: $0 [quick|long|fill P|rejudge] [WORD…]" >&2
     exit 2
     ;;
 esac

@@ -25,7 +25,9 @@ breakdown() {
 # ignores Ctrl-C, and SIGTERM to cargo alone leaves them running.
 build_log="$(mktemp)"
 set -m
-cargo test --locked --all-targets --no-run >"$build_log" 2>&1 &
+# The fault matrix (its own build, with the product's fail points) after the rest.
+{ cargo test --locked --all-targets --no-run &&
+  cargo test --locked --features failpoints --test faults --no-run; } >"$build_log" 2>&1 &
 build=$!
 set +m
 trap 'kill -TERM -- -"$build" 2>/dev/null || true; rm -f "$build_log" "$times"' EXIT
@@ -49,11 +51,18 @@ cargo fmt --check
 mark fmt $((SECONDS - s))
 s=$SECONDS
 cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --locked --features failpoints --test faults -- -D warnings
 mark clippy $((SECONDS - s))
-# Every test target, including the fault matrix's quick mode (the `faults`
-# target: every scenario and positive control once; see scripts/faults.sh).
+# Every test target, then the fault matrix's quick mode (the `faults`
+# target, built with the product's fail points: every scenario and positive
+# control once, a few at a time; see scripts/faults.sh). Run last: its build
+# links target/debug/targetlease with the fail points, the plain build
+# before it without.
 s=$SECONDS
 rc=0
 cargo test --locked --all-targets --no-fail-fast "$@" || rc=$?
 mark tests $((SECONDS - s))
+s=$SECONDS
+cargo test --locked --features failpoints --test faults "$@" || rc=$?
+mark faults $((SECONDS - s))
 exit "$rc"

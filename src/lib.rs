@@ -13,6 +13,7 @@ pub mod conditions;
 pub mod config_error;
 pub mod crd;
 pub mod election;
+pub mod failpoints;
 pub mod floor;
 pub mod leadership;
 pub mod lease_id;

@@ -1,8 +1,10 @@
 //! Unit tests of the fault matrix's checker (`tests/faults/check/`): every
-//! property on clean synthetic histories and on the synthetic positive
-//! controls (a reissued token, an unguarded table, a lost write, a lying
-//! store, a second Held status, two marked pods). The matrix itself runs as
-//! the `faults` test target (`scripts/faults.sh`).
+//! property on clean synthetic histories and on synthetic versions of what
+//! the positive controls break (a reissued token, an unguarded table, a
+//! lost write, lies of every operation, a second Held status, two marked
+//! pods, marks the status does not name, Held kept after the lease ended,
+//! watch gaps). The matrix itself runs as the `faults` test target
+//! (`scripts/faults.sh`, built with the product's fail points).
 
 #[path = "faults/args.rs"]
 mod args;

@@ -208,7 +208,15 @@ impl<'a> Pass<'a> {
             .map(|p| &**p)
             .collect();
         let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
-        for pod in &todo.unmark {
+        let mark_first = crate::failpoints::on("mark-before-unmark");
+        if let (true, Some(m)) = (mark_first, &todo.mark) {
+            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+        }
+        for pod in todo
+            .unmark
+            .iter()
+            .filter(|_| !mark_first || todo.mark.is_some())
+        {
             let cached = in_ns.iter().find(|p| p.name_any() == *pod).copied();
             self.ctx.leadership.check()?;
             marks::unmark(&self.ctx.client, &ns, &name, pod, cached).await?;

@@ -253,10 +253,14 @@ impl ValkeyStore {
         } else {
             Use::Shared
         };
-        let (value, held) = self
-            .script(&call, how, deadline)
-            .await
-            .map_err(|e| unanswered(e, call.effect, self.timeout))?;
+        let (value, held) = match self.script(&call, how, deadline).await {
+            Ok(sent) => sent,
+            Err(e) => {
+                let e = unanswered(e, call.effect, self.timeout);
+                return crate::failpoints::lost_reply(&e, call.script.name, &call.args)
+                    .unwrap_or(Err(e));
+            }
+        };
         let result = self
             .finish(&call, target, value, held.link(), deadline)
             .await;
@@ -293,6 +297,10 @@ impl ValkeyStore {
                 message: format!("unreadable reply from the lease script ({why})"),
             },
         };
+        let mut reply = reply;
+        if reply.outcome == Outcome::Acquired && crate::failpoints::on("acquire-previous-token") {
+            reply.lease.iter_mut().for_each(|l| l.fencing_token -= 1);
+        }
         tracing::debug!(op = call.script.name, outcome = %reply.outcome, "lease script ran");
         if call.may_wait
             && matches!(
@@ -319,6 +327,9 @@ impl ValkeyStore {
         deadline: Instant,
         outcome: Outcome,
     ) -> Result<(), StoreError> {
+        if crate::failpoints::on("skip-durability-wait") {
+            return Ok(());
+        }
         let not_durable = |what: String| {
             StoreError::OutcomeUnknown(format!(
                 "{outcome} but durability {} not confirmed: {what}; \

@@ -1,10 +1,10 @@
-//! Deliberately broken components for the positive controls: each must make
-//! the checker report its property, or the run fails. (The broken
-//! downstreams are in `sink.rs`; the rogue publisher in `workload/operator.rs`.)
+//! Deliberately broken components of the harness for the positive controls
+//! that break no product code (the product's own are its fail points,
+//! `src/failpoints.rs`, named by each scenario): each must make the checker
+//! report its property, or the run fails. (The broken downstreams are in
+//! `sink.rs`; the rogue publisher in `workload/operator.rs`.)
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
@@ -16,15 +16,10 @@ use targetlease::store::{
 /// Which broken component a control scenario plugs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Control {
-    /// (a) A store that hands a target's first token out again on every
-    /// other acquisition (as if it had lost its counter).
-    ReissueTokens,
     /// (b) A downstream table without the guard, with a paused holder.
     Unguarded,
     /// (b) A downstream that acknowledges before its commit and then rolls back.
     LoseAckedWrites,
-    /// (c) A store that runs every third acquire and reports `backend_unavailable`.
-    LyingStore,
     /// (d) A second writer that marks a waiting TargetLease Held.
     RoguePublisher,
     /// (d) A store that grants every third acquire of a held target anyway
@@ -35,16 +30,8 @@ pub enum Control {
 /// Wraps a store with the broken behaviour of `control`, when it is a store control.
 pub fn wrap(control: Option<Control>, inner: Arc<dyn LeaseStore>) -> Arc<dyn LeaseStore> {
     match control {
-        Some(Control::ReissueTokens) => Arc::new(Broken {
+        Some(Control::DoubleGrant) => Arc::new(Broken {
             inner,
-            kind: Control::ReissueTokens,
-            first: Mutex::new(HashMap::new()),
-            calls: AtomicU64::new(0),
-        }),
-        Some(kind @ (Control::LyingStore | Control::DoubleGrant)) => Arc::new(Broken {
-            inner,
-            kind,
-            first: Mutex::new(HashMap::new()),
             calls: AtomicU64::new(0),
         }),
         _ => inner,
@@ -53,9 +40,6 @@ pub fn wrap(control: Option<Control>, inner: Arc<dyn LeaseStore>) -> Arc<dyn Lea
 
 struct Broken {
     inner: Arc<dyn LeaseStore>,
-    kind: Control,
-    /// First token seen per target (ReissueTokens).
-    first: Mutex<HashMap<Target, u64>>,
     calls: AtomicU64,
 }
 
@@ -83,32 +67,11 @@ impl Broken {
 #[async_trait]
 impl LeaseStore for Broken {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
-        let mut reply = self.inner.acquire(req).await?;
-        if self.kind == Control::DoubleGrant && reply.outcome == Outcome::Held {
+        let reply = self.inner.acquire(req).await?;
+        if reply.outcome == Outcome::Held {
             return Ok(self.double_grant(req, reply));
         }
-        if reply.outcome != Outcome::Acquired {
-            return Ok(reply);
-        }
-        let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        match self.kind {
-            Control::LyingStore if n % 3 == 2 => Err(StoreError::BackendUnavailable(
-                "control: the acquire ran, the caller is told it did not".into(),
-            )),
-            Control::ReissueTokens => {
-                if let Some(lease) = &mut reply.lease {
-                    let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
-                    let token = *first
-                        .entry(req.target.clone())
-                        .or_insert(lease.fencing_token);
-                    if n % 2 == 1 {
-                        lease.fencing_token = token;
-                    }
-                }
-                Ok(reply)
-            }
-            _ => Ok(reply),
-        }
+        Ok(reply)
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {

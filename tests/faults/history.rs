@@ -28,6 +28,8 @@ pub enum OpKind {
     Acquire,
     Renew,
     Release,
+    /// An administrator's revoke (with the token of the lease it ends).
+    Revoke,
 }
 
 /// How a store operation (or a downstream write) ended, as its caller was told.
@@ -49,7 +51,7 @@ impl Answer {
             Answer::Unavailable => true,
             Answer::Said(s) => !matches!(
                 s.as_str(),
-                "acquired" | "renewed" | "released" | "committed" | "accepted"
+                "acquired" | "renewed" | "released" | "revoked" | "committed" | "accepted"
             ),
             Answer::Unknown => false,
         }
@@ -85,10 +87,16 @@ pub struct OpRecord {
     pub answer: Answer,
     /// The lease the reply carried (for acquire: the granted or current one).
     pub lease: Option<LeaseView>,
-    /// For renew/release: the token of the lease named in the request.
+    /// For renew/release/revoke: the token of the lease named in the request.
     pub token: Option<u64>,
     /// The store's clock when it decided (0 when no server answered).
     pub server_ms: u64,
+    /// For renew/release: the acquire request id of the lease acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issue: Option<String>,
+    /// The first words of the error a failed attempt reported (`BUSY`, `OOM`, …).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
 }
 
 /// Where a fenced write went.
@@ -117,12 +125,31 @@ pub struct WriteRecord {
     pub server_ms: u64,
 }
 
-/// A live lease seen by someone other than its holder (`get`, a `held` reply).
+/// What an observer's `get` of a target showed: its live lease, or none.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Sighting {
     pub target: String,
+    /// When the reply came (local clock).
     pub at_ms: u64,
-    pub lease: LeaseView,
+    /// The live lease; `None`: the target was free.
+    pub lease: Option<LeaseView>,
+    /// When the `get` was sent (local clock; 0 in records before it was kept).
+    #[serde(default)]
+    pub invoke_ms: u64,
+    /// The store's clock when it answered (0 when unknown).
+    #[serde(default)]
+    pub server_ms: u64,
+}
+
+/// What an observer's read of a fenced-commit key showed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReadRecord {
+    pub resource: String,
+    pub invoke_ms: u64,
+    pub complete_ms: u64,
+    pub server_ms: u64,
+    /// The committed token and value (write id); `None`: nothing committed yet.
+    pub committed: Option<(u64, String)>,
 }
 
 /// One version of a TargetLease, as a watch delivered it.
@@ -135,8 +162,14 @@ pub struct Publication {
     pub seen_ms: u64,
     /// `Held`, `Pending`, … or `Deleted` for the deletion event.
     pub phase: String,
+    /// Delivered by a relist: the versions since the one seen before are unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_gap: bool,
     pub token: Option<u64>,
     pub acquisition_id: Option<String>,
+    /// The pod the status names (elections).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_pod: Option<String>,
     pub acquired_at_ms: Option<u64>,
     pub expires_at_ms: Option<u64>,
 }
@@ -156,6 +189,9 @@ pub struct PodVersion {
     pub rv: u64,
     pub seen_ms: u64,
     pub marks: Vec<Mark>,
+    /// Delivered by a relist: the versions since the one seen before are unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_gap: bool,
 }
 
 /// A fault the harness injected.
@@ -163,6 +199,17 @@ pub struct PodVersion {
 pub struct FaultRecord {
     pub name: String,
     pub at_ms: u64,
+    /// The fault can lose acknowledged state (a restart, a failover, a power
+    /// cut): what was seen after it says nothing about operations before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub loses_data: bool,
+    /// When the system was whole again (local clock; 0: not measured).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub healed_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One row of the PostgreSQL data table at the end, in commit order per resource.
@@ -188,6 +235,9 @@ pub struct History {
     pub ops: Vec<OpRecord>,
     pub writes: Vec<WriteRecord>,
     pub sightings: Vec<Sighting>,
+    /// Reads of the fenced-commit keys by the observer.
+    #[serde(default)]
+    pub reads: Vec<ReadRecord>,
     pub publications: Vec<Publication>,
     pub pods: Vec<PodVersion>,
     pub faults: Vec<FaultRecord>,
@@ -201,6 +251,10 @@ pub struct History {
     /// Calls that never answered (far past their deadline).
     #[serde(default)]
     pub hangs: Vec<String>,
+    /// What the fault did, as the servers and the harness counted it
+    /// (`errorstat_NOSCRIPT`, `proxy cuts`, …): a fault must show its effect.
+    #[serde(default)]
+    pub effects: std::collections::BTreeMap<String, u64>,
 }
 
 /// One line a worker process prints: an event to append to the history.
@@ -210,6 +264,7 @@ pub enum Event {
     Write(WriteRecord),
     Sighting(Sighting),
     Fault(FaultRecord),
+    Read(ReadRecord),
 }
 
 /// A shared, append-only recorder handed to every workload task.
@@ -242,13 +297,43 @@ impl Recorder {
     }
 
     pub fn fault(&self, name: &str) {
+        self.fault_record(name, false);
+    }
+
+    /// A fault that can lose acknowledged state (restart, failover, power cut).
+    pub fn lossy_fault(&self, name: &str) {
+        self.fault_record(name, true);
+    }
+
+    fn fault_record(&self, name: &str, loses_data: bool) {
         let at_ms = now_ms();
         self.with(|h| {
             h.faults.push(FaultRecord {
                 name: name.to_string(),
                 at_ms,
+                loses_data,
+                healed_ms: 0,
             })
         });
+    }
+
+    /// The last fault recorded is over: the system is whole again now.
+    pub fn healed(&self) {
+        let at = now_ms();
+        self.with(|h| {
+            if let Some(f) = h.faults.last_mut() {
+                f.healed_ms = at;
+            }
+        });
+    }
+
+    /// Adds `n` to the effect counter `what`.
+    pub fn effect(&self, what: &str, n: u64) {
+        self.with(|h| *h.effects.entry(what.to_string()).or_default() += n);
+    }
+
+    pub fn read(&self, r: ReadRecord) {
+        self.with(|h| h.reads.push(r));
     }
 
     /// Appends an event a worker process reported.
@@ -258,6 +343,7 @@ impl Recorder {
             Event::Write(r) => self.write(r),
             Event::Sighting(s) => self.sighting(s),
             Event::Fault(f) => self.with(|h| h.faults.push(f)),
+            Event::Read(r) => self.read(r),
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::history::Recorder;
 use crate::scenarios::Fault;
 use crate::support::fault_proxy::Fault as ProxyFault;
+use crate::support::resp::Resp;
 use crate::valkey::Valkey;
 use crate::workload::Stop;
 use crate::workload::holder::Holder;
@@ -47,22 +48,30 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
             let start = v.epoch();
             let mut planned = 0;
             while !stop.sleep(Duration::from_secs(1)).await {
-                rec.fault("replica 500 ms behind, primary SIGKILL + Sentinel failover");
+                rec.lossy_fault("replica 500 ms behind, primary SIGKILL + Sentinel failover");
                 planned += 1;
                 let v = v.clone();
                 blocking(move || v.failover(REPLICA_LAG)).await;
+                rec.healed();
             }
             // Promotions nobody asked for (a primary wrongly judged down) are faults too.
-            for _ in planned..v.epoch().saturating_sub(start) {
-                rec.fault("unplanned Sentinel failover");
+            let promotions = v.epoch().saturating_sub(start);
+            for _ in planned..promotions {
+                rec.lossy_fault("unplanned Sentinel failover");
             }
+            rec.effect("Sentinel promotions", promotions);
         }
         Fault::Restart => {
             let v = valkey();
             while !stop.sleep(Duration::from_millis(2500)).await {
-                rec.fault("SIGKILL + restart");
-                let v = v.clone();
-                blocking(move || v.restart()).await;
+                rec.lossy_fault("SIGKILL + restart");
+                let before = v.pids();
+                let v2 = v.clone();
+                blocking(move || v2.restart()).await;
+                rec.healed();
+                if v.pids() != before {
+                    rec.effect("restarts (a new server process)", 1);
+                }
             }
         }
         Fault::ClockJump => {
@@ -70,7 +79,16 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
             let by = t.ttl + Duration::from_secs(3);
             while !stop.sleep(Duration::from_secs(3)).await {
                 rec.fault("clock jump");
+                let before = v.clock_offset_ms();
                 v.jump_clock(by);
+                let v2 = v.clone();
+                let after = blocking(move || v2.clock_offset_ms()).await;
+                rec.healed();
+                if let (Some(b), Some(a)) = (before, after)
+                    && a - b >= by.as_millis() as i64 - 1000
+                {
+                    rec.effect("Valkey TIME moved forward (ms)", (a - b) as u64);
+                }
             }
         }
         Fault::ScriptFlush => {
@@ -78,7 +96,11 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
             while !stop.sleep(Duration::from_millis(500)).await {
                 rec.fault("SCRIPT FLUSH");
                 let v = v.clone();
-                blocking(move || v.on_primary(&["SCRIPT", "FLUSH"])).await;
+                let ok = blocking(move || v.on_primary(&["SCRIPT", "FLUSH"])).await;
+                rec.healed();
+                if ok == Some(Resp::Simple("OK".into())) {
+                    rec.effect("SCRIPT FLUSH done", 1);
+                }
             }
         }
         Fault::Busy => {
@@ -86,7 +108,11 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
             while !stop.sleep(Duration::from_secs(2)).await {
                 rec.fault("BUSY script");
                 let v = v.clone();
-                blocking(move || v.on_primary(&["EVAL", BUSY_SCRIPT, "0"])).await;
+                let ran = blocking(move || v.on_primary(&["EVAL", BUSY_SCRIPT, "0"])).await;
+                rec.healed();
+                if ran == Some(Resp::Int(1)) {
+                    rec.effect("1.5 s scripts run", 1);
+                }
             }
         }
         Fault::Oom => {
@@ -94,10 +120,17 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
             while !stop.sleep(Duration::from_secs(2)).await {
                 rec.fault("OOM");
                 let v2 = v.clone();
-                blocking(move || v2.on_primary(&["CONFIG", "SET", "maxmemory", "1"])).await;
+                let set =
+                    blocking(move || v2.on_primary(&["CONFIG", "SET", "maxmemory", "1"])).await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let v2 = v.clone();
-                blocking(move || v2.on_primary(&["CONFIG", "SET", "maxmemory", "0"])).await;
+                let reset =
+                    blocking(move || v2.on_primary(&["CONFIG", "SET", "maxmemory", "0"])).await;
+                rec.healed();
+                let ok = Some(Resp::Simple("OK".into()));
+                if set == ok && reset == ok {
+                    rec.effect("maxmemory 1 set and reset", 1);
+                }
             }
         }
         Fault::ProxyCut => {
@@ -106,6 +139,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
             while !stop.sleep(Duration::from_millis(300)).await {
                 rec.fault("reset after forwarding EVALSHA");
                 proxy.cut_before_reply("EVALSHA");
+                rec.healed();
             }
         }
         Fault::ProxyDelay | Fault::ProxyDropReplies | Fault::ProxyBlackhole => {
@@ -127,6 +161,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
                 proxy.set(standing);
                 tokio::time::sleep(Duration::from_millis(1500)).await;
                 proxy.set(ProxyFault::Pass);
+                rec.healed();
             }
         }
         Fault::PauseHolder => {
@@ -137,6 +172,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
                     rec.fault("holder SIGSTOP past its lease");
                     tokio::time::sleep(pause).await;
                     holder.resume();
+                    rec.healed();
                 }
             }
         }

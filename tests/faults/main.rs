@@ -1,34 +1,40 @@
-//! The fault matrix: a workload with a recorded history, a real
-//! PostgreSQL downstream fenced by the recipe in `examples/fencing/`, real
-//! faults, and a checker that can fail.
+//! The fault matrix: a workload with a recorded history, a real PostgreSQL
+//! downstream fenced by the recipe in `examples/fencing/`, real faults, a
+//! checker that can fail, and positive controls that break the product
+//! through its fail points (`src/failpoints.rs`). Built only with
+//! `--features failpoints` (`scripts/faults.sh` passes it).
 //!
 //! A test target without libtest (`harness = false`), so it runs scenarios
-//! one after another and prints one table:
+//! (a few at once in quick mode) and prints one table:
 //!
 //! ```text
-//! cargo test --test faults                  # quick: every scenario and control once
-//! cargo test --test faults -- long          # FAULTS_RUNS x FAULTS_SECS per scenario
-//! cargo test --test faults -- holder clock  # only scenarios whose name contains a word
+//! cargo test --features failpoints --test faults             # quick: every scenario and control once
+//! cargo test --features failpoints --test faults -- long     # FAULTS_RUNS x FAULTS_SECS per scenario
+//! cargo test --features failpoints --test faults -- holder   # scenarios whose name contains a word
 //!                                           # (a whole name: that one; --skip WORD drops)
-//! cargo test --test faults -- recheck F.json # the current checker on a saved history
-//! cargo test --test faults -- list [WORD…]  # the chosen scenarios' names
+//! … -- recheck F.json        # the current checker on a saved history
+//! … -- rejudge [WORD…]       # the current checker on every record's kept history
+//! … -- list [WORD…]          # the chosen scenarios' names
 //! ```
 //!
-//! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_RUNS` (10),
-//! `FAULTS_SECS` (300), `FAULTS_PARTS` (where long mode records each run,
-//! default `docs/faults/runs`), `FAULTS_REPORT` (write docs/faults.md to this path),
-//! `FAULTS_REPORT_NOTE` (a line for its header), `FAULTS_DUMP` (save every
-//! run's history, not only failed ones), `FAULTS_GDB` (a hung CLI's
-//! backtrace in the failure message), `FAULTS_KEEP` (keep Valkey's
-//! directories and logs); set by `scripts/faults.sh fill`: `FAULTS_COMMIT`
-//! (the commit its records name), `FAULTS_AT_ONCE` (how many scenarios it
-//! runs at once), `FAULTS_PRODUCT_BIN` (the pinned `targetlease` binary),
-//! `FAULTS_DUMP_DIR` (where failed runs' histories go). The binary re-executes
-//! itself as `worker-holder` for the paused-holder process.
+//! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_QUICK_AT_ONCE`
+//! (default 3), `FAULTS_RUNS` (10), `FAULTS_SECS` (300), `FAULTS_PARTS`
+//! (where long mode records each run, default `docs/faults/runs`),
+//! `FAULTS_HISTORIES` (where it keeps each run's compressed history,
+//! default `~/.cache/targetlease/faults-histories`), `FAULTS_REPORT` (write
+//! docs/faults.md to this path), `FAULTS_REPORT_NOTE` (a line for its
+//! header), `FAULTS_DUMP` (save every run's history, not only failed ones),
+//! `FAULTS_GDB` (a hung CLI's backtrace in the failure message),
+//! `FAULTS_KEEP` (keep Valkey's directories and logs); set by
+//! `scripts/faults.sh fill`: `FAULTS_COMMIT` (the commit its records name),
+//! `FAULTS_AT_ONCE` (how many scenarios it runs at once),
+//! `FAULTS_PRODUCT_BIN` (the pinned `targetlease` binary), `FAULTS_DUMP_DIR`
+//! (where failed runs' histories go). The binary re-executes itself as
+//! `worker-holder` for the paused-holder process.
 //!
 //! Exit status 1 when any run fails: a violation of a property the scenario
-//! promises, a control that was not caught, a fault that never fired or a
-//! workload that did nothing.
+//! promises, a control that was not caught, a fault that never fired or had
+//! no effect, a part that did not recover, or a workload that did nothing.
 
 // cargo builds this target with cfg(test) but without libtest: the
 // checker's unit tests run in `tests/faults_checker.rs`, not here.
@@ -85,6 +91,9 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some("recheck") {
         return recheck(&args[1..]);
     }
+    if args.first().map(String::as_str) == Some("rejudge") {
+        return rejudge(&args[1..]);
+    }
     if args.first().map(String::as_str) == Some("list") {
         let args::Words { words, skips } = args::words(&args[1..]);
         let words: Vec<&str> = words.into_iter().filter(|w| *w != "long").collect();
@@ -132,6 +141,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// How many scenarios quick mode runs at once (`FAULTS_QUICK_AT_ONCE`,
+/// default 3): each has its own Valkey, database and namespace; a scenario
+/// whose fail points hold in this process, or that restarts the shared API
+/// server, runs alone.
+fn at_once(long: bool) -> usize {
+    if long {
+        return 1;
+    }
+    env_u64("FAULTS_QUICK_AT_ONCE", 3).max(1) as usize
+}
+
+/// True for a scenario that must have the harness to itself.
+fn alone(s: &Scenario) -> bool {
+    s.failpoints_here
+        || matches!(
+            s.fault,
+            scenarios::Fault::ApiserverRestart | scenarios::Fault::EtcdCompaction
+        )
+}
+
 /// Runs every chosen scenario; returns the number of failed runs.
 async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize {
     let pg = Arc::new(
@@ -139,8 +168,6 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
             .await
             .unwrap(),
     );
-    let mut failed = 0;
-    let mut results: Vec<Row> = Vec::new();
     // Long mode records every run, so the full run can be split across days.
     let parts_dir = long.then(|| {
         std::env::var_os("FAULTS_PARTS")
@@ -153,98 +180,30 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
         // What the records will name: the tree this binary was built from.
         println!("faults: recording runs of {}", parts::commit());
     }
-    let mut seq = 0;
-    for s in chosen {
-        let mut figures = Vec::new();
-        let mut caught = 0;
-        let mut failed_runs = 0;
-        for r in 0..runs {
-            seq += 1;
-            // A run that panics (a workload task that never stops, a server
-            // that does not start) is recorded as failed before the panic
-            // goes on: otherwise the record would only ever hold the runs
-            // that finished.
-            let result = match std::panic::AssertUnwindSafe(run::run(s, secs, pg.clone(), seq))
-                .catch_unwind()
-                .await
-            {
-                Ok(result) => result,
-                Err(panic) => {
-                    if let Some(dir) = &parts_dir {
-                        let why = panic
-                            .downcast_ref::<String>()
-                            .map(String::as_str)
-                            .or_else(|| panic.downcast_ref::<&str>().copied())
-                            .unwrap_or("(no message)");
-                        parts::append(
-                            dir,
-                            s,
-                            &parts::Record::new(
-                                secs,
-                                &report::Figures::default(),
-                                false,
-                                &[format!("the harness panicked: {why}")],
-                            ),
-                        );
-                    }
-                    std::panic::resume_unwind(panic);
-                }
-            };
-            let (fig, failures) = report::judge(s, &result);
-            let was_caught = s
-                .expect
-                .is_some_and(|(p, sc)| result.report.count(p, sc) > 0);
-            caught += usize::from(was_caught);
-            if let Some(dir) = &parts_dir {
-                parts::append(
-                    dir,
-                    s,
-                    &parts::Record::new(secs, &fig, was_caught, &failures),
-                );
-            }
-            println!(
-                "  {:<36} run {:>2}: {:>5.1}s {:>6} ops {:>6} writes {:>5} published {:>3} relists {:>3} faults  violations {:?}  {}",
-                s.name,
-                r + 1,
-                fig.elapsed.as_secs_f64(),
-                fig.ops,
-                fig.writes,
-                fig.published,
-                fig.relists,
-                fig.faults,
-                fig.violations,
-                if failures.is_empty() { "ok" } else { "FAILED" }
-            );
-            if !failures.is_empty() {
-                failed += 1;
-                failed_runs += 1;
-                for f in failures.iter().take(10) {
-                    println!("      {f}");
-                }
-                dump(s, r, &result);
-            } else if std::env::var_os("FAULTS_DUMP").is_some() {
-                dump(s, r, &result);
-            }
-            if failures.is_empty() && !result.report.violations.is_empty() && s.expect.is_none() {
-                for v in result.report.violations.iter().take(3) {
-                    println!("      measured: {v}");
-                }
-            }
-            figures.push(fig);
-        }
-        results.push(Row {
-            scenario: s.clone(),
-            secs,
-            runs: figures,
-            caught,
-            failed: failed_runs,
-            commits: String::new(),
-            other_runs: 0,
-            other_failed: 0,
-            at_once: 1,
-            unreadable: 0,
+    let width = at_once(long);
+    let permits = Arc::new(tokio::sync::Semaphore::new(width));
+    let seq = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Those that run alone first, then the rest, `width` at a time.
+    let mut order: Vec<(usize, &Scenario)> = chosen.iter().enumerate().collect();
+    order.sort_by_key(|(i, s)| (!alone(s), *i));
+    let mut pending = futures::stream::FuturesUnordered::new();
+    for (i, s) in order {
+        let (pg, permits, seq, parts_dir) =
+            (pg.clone(), permits.clone(), seq.clone(), parts_dir.clone());
+        pending.push(async move {
+            let n = if alone(s) { width as u32 } else { 1 };
+            let _permit = permits.acquire_many(n).await.expect("permits");
+            let row = run_scenario(s, runs, secs, pg, &seq, parts_dir.as_deref()).await;
+            (i, row)
         });
     }
+    let mut results: Vec<(usize, Row)> = Vec::new();
+    while let Some(done) = futures::StreamExt::next(&mut pending).await {
+        results.push(done);
+    }
+    results.sort_by_key(|(i, _)| *i);
+    let failed = results.iter().map(|(_, r)| r.failed).sum();
+    let results: Vec<Row> = results.into_iter().map(|(_, r)| r).collect();
     if let Ok(path) = std::env::var("FAULTS_REPORT") {
         let note = std::env::var("FAULTS_REPORT_NOTE").unwrap_or_default();
         // Long mode: every run recorded so far, not only this invocation's.
@@ -284,6 +243,172 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
     failed
 }
 
+/// Every run of one scenario, each printed (and recorded in long mode).
+async fn run_scenario(
+    s: &Scenario,
+    runs: u64,
+    secs: u64,
+    pg: Arc<support::postgres::Postgres>,
+    seq: &std::sync::atomic::AtomicUsize,
+    parts_dir: Option<&std::path::Path>,
+) -> Row {
+    let mut figures = Vec::new();
+    let mut caught = 0;
+    let mut failed_runs = 0;
+    for r in 0..runs {
+        let n = seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        // A run that panics (a workload task that never stops, a server
+        // that does not start) is recorded as failed before the panic
+        // goes on: otherwise the record would only ever hold the runs
+        // that finished.
+        let result = match std::panic::AssertUnwindSafe(run::run(s, secs, pg.clone(), n))
+            .catch_unwind()
+            .await
+        {
+            Ok(result) => result,
+            Err(panic) => {
+                if let Some(dir) = parts_dir {
+                    let why = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("(no message)");
+                    parts::append(
+                        dir,
+                        s,
+                        &parts::Record::new(
+                            secs,
+                            &report::Figures::default(),
+                            false,
+                            &[format!("the harness panicked: {why}")],
+                        ),
+                    );
+                }
+                std::panic::resume_unwind(panic);
+            }
+        };
+        let (fig, failures) = report::judge(s, &result);
+        let was_caught = s.caught(&result.report) > 0;
+        caught += usize::from(was_caught);
+        if let Some(dir) = parts_dir {
+            let kept = parts::keep_history(s, n, &result.history);
+            parts::append(
+                dir,
+                s,
+                &parts::Record::with_history(secs, &fig, was_caught, &failures, kept),
+            );
+        }
+        let mut lines = vec![format!(
+            "  {:<36} run {:>2}: {:>5.1}s {:>6} ops {:>6} writes {:>5} published {:>3} relists {:>3} faults  violations {:?}  {}",
+            s.name,
+            r + 1,
+            fig.elapsed.as_secs_f64(),
+            fig.ops,
+            fig.writes,
+            fig.published,
+            fig.relists,
+            fig.faults,
+            fig.violations,
+            if failures.is_empty() { "ok" } else { "FAILED" }
+        )];
+        if !failures.is_empty() {
+            failed_runs += 1;
+            for f in failures.iter().take(10) {
+                lines.push(format!("      {f}"));
+            }
+            lines.extend(dump(s, r, &result));
+        } else if std::env::var_os("FAULTS_DUMP").is_some() {
+            lines.extend(dump(s, r, &result));
+        }
+        if failures.is_empty() && !result.report.violations.is_empty() {
+            for v in result.report.violations.iter().take(3) {
+                let how = if s.expect.is_some() {
+                    "caught"
+                } else {
+                    "measured"
+                };
+                lines.push(format!("      {how}: {v}"));
+            }
+        }
+        // One scenario's lines together, whatever runs beside it.
+        println!("{}", lines.join("\n"));
+        figures.push(fig);
+    }
+    Row {
+        scenario: s.clone(),
+        secs,
+        runs: figures,
+        caught,
+        failed: failed_runs,
+        commits: String::new(),
+        other_runs: 0,
+        other_failed: 0,
+        at_once: 1,
+        unreadable: 0,
+        checkers: Vec::new(),
+    }
+}
+
+/// The current checker on every recorded run that kept its history: its
+/// figures, failures and checker version are rewritten in the record.
+fn rejudge(words: &[String]) -> ExitCode {
+    let args::Words { words, skips } = args::words(words);
+    let dir = std::env::var_os("FAULTS_PARTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/faults/runs")
+        });
+    let mut failed = 0;
+    for s in args::choose(scenarios::all(), |s| s.name, &words, &skips) {
+        let (mut records, unreadable) = parts::load(&dir, &s);
+        if records.is_empty() {
+            continue;
+        }
+        let (mut done, mut kept_none) = (0, 0);
+        for r in &mut records {
+            let Some(name) = r.history.clone() else {
+                kept_none += 1;
+                continue;
+            };
+            let history = match parts::load_history(&name) {
+                Ok(h) => h,
+                Err(e) => {
+                    println!("  {}: {e}", s.name);
+                    failed += 1;
+                    continue;
+                }
+            };
+            let report = check::check(&history);
+            let result = run::RunResult {
+                history,
+                report,
+                elapsed: r.figures.elapsed,
+            };
+            let (fig, failures) = report::judge(&s, &result);
+            r.caught = s.caught(&result.report) > 0;
+            failed += usize::from(!failures.is_empty());
+            r.figures = fig;
+            r.failures = failures;
+            r.checker = check::CHECKER;
+            done += 1;
+        }
+        if unreadable == 0 {
+            parts::rewrite(&dir, &s, &records);
+        }
+        println!(
+            "  {:<36} {done} run(s) re-judged by checker v{}, {kept_none} without a kept history",
+            s.name,
+            check::CHECKER
+        );
+    }
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        println!("faults: {failed} re-judged run(s) FAILED");
+        ExitCode::FAILURE
+    }
+}
+
 /// Runs the checker again on saved histories (`dump`'s files) and prints
 /// what it finds now: for working on the checker without rerunning faults.
 fn recheck(paths: &[String]) -> ExitCode {
@@ -310,8 +435,8 @@ fn recheck(paths: &[String]) -> ExitCode {
     }
 }
 
-/// Saves a failed run's history for inspection.
-fn dump(s: &Scenario, run: u64, result: &run::RunResult) {
+/// Saves a failed run's history for inspection; the line naming it.
+fn dump(s: &Scenario, run: u64, result: &run::RunResult) -> Option<String> {
     let dir = std::env::var_os("FAULTS_DUMP_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("faults"));
@@ -319,7 +444,7 @@ fn dump(s: &Scenario, run: u64, result: &run::RunResult) {
     let path = dir.join(format!("{}-{}.json", s.name, run + 1));
     let text =
         serde_json::json!({ "history": result.history, "violations": result.report.violations });
-    if std::fs::write(&path, text.to_string()).is_ok() {
-        println!("      history: {}", path.display());
-    }
+    std::fs::write(&path, text.to_string())
+        .ok()
+        .map(|()| format!("      history: {}", path.display()))
 }

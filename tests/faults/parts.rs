@@ -32,14 +32,97 @@ pub struct Record {
     /// machine at once (`FAULTS_AT_ONCE`; 1 when run alone).
     #[serde(default = "one")]
     pub at_once: usize,
+    /// The checker version that judged the figures ([`crate::check::CHECKER`]).
+    #[serde(default = "first_checker")]
+    pub checker: u32,
+    /// The run's kept history, a file under [`histories`], for `rejudge`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
 }
 
 fn one() -> usize {
     1
 }
 
+fn first_checker() -> u32 {
+    1
+}
+
+/// Where long-mode runs keep their compressed histories
+/// (`FAULTS_HISTORIES`, default `~/.cache/targetlease/faults-histories`):
+/// about 1 MB per 300 s run, so outside the repository unless asked.
+pub fn histories() -> PathBuf {
+    std::env::var_os("FAULTS_HISTORIES")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            PathBuf::from(home).join(".cache/targetlease/faults-histories")
+        })
+}
+
+/// Saves a history as gzip'd JSON under [`histories`]; its file name there.
+pub fn keep_history(s: &Scenario, seq: usize, h: &crate::history::History) -> Option<String> {
+    use std::io::Write as _;
+    let name = format!(
+        "{}/{}-{}-{seq}.json.gz",
+        s.name,
+        humantime::format_rfc3339_seconds(SystemTime::now()),
+        std::process::id()
+    )
+    .replace(':', "");
+    let path = histories().join(&name);
+    std::fs::create_dir_all(path.parent()?).ok()?;
+    let out = std::fs::File::create(&path).ok()?;
+    let mut gz = Command::new("gzip")
+        .arg("-6")
+        .stdin(std::process::Stdio::piped())
+        .stdout(out)
+        .spawn()
+        .ok()?;
+    let text = serde_json::to_vec(h).ok()?;
+    gz.stdin.take()?.write_all(&text).ok()?;
+    gz.wait().ok()?.success().then_some(name)
+}
+
+/// A kept history, read back.
+pub fn load_history(name: &str) -> Result<crate::history::History, String> {
+    let path = histories().join(name);
+    let out = Command::new("gzip")
+        .arg("-dc")
+        .arg(&path)
+        .output()
+        .map_err(|e| format!("gzip -dc {}: {e}", path.display()))?;
+    if !out.status.success() {
+        return Err(format!("{}: unreadable", path.display()));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Rewrites a scenario's record file with `records` (in order).
+pub fn rewrite(dir: &Path, s: &Scenario, records: &[Record]) {
+    let path = file(dir, s);
+    let tmp = path.with_extension("jsonl.tmp");
+    let text: String = records
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+    std::fs::rename(&tmp, &path).unwrap_or_else(|e| panic!("rename {}: {e}", path.display()));
+}
+
 impl Record {
     pub fn new(secs: u64, figures: &Figures, caught: bool, failures: &[String]) -> Record {
+        Record::with_history(secs, figures, caught, failures, None)
+    }
+
+    pub fn with_history(
+        secs: u64,
+        figures: &Figures,
+        caught: bool,
+        failures: &[String],
+        history: Option<String>,
+    ) -> Record {
         Record {
             commit: commit().to_string(),
             finished: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
@@ -51,6 +134,8 @@ impl Record {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1),
+            checker: crate::check::CHECKER,
+            history,
         }
     }
 }
@@ -168,6 +253,20 @@ pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
                 other_failed: others.iter().filter(|r| !r.failures.is_empty()).count(),
                 at_once: runs.iter().map(|r| r.at_once).max().unwrap_or(1),
                 unreadable,
+                checkers: {
+                    let mut c: Vec<(u32, usize, usize)> = Vec::new();
+                    for r in &runs {
+                        match c.iter_mut().find(|(v, _, _)| *v == r.checker) {
+                            Some(e) => {
+                                e.1 += 1;
+                                e.2 += usize::from(r.history.is_some());
+                            }
+                            None => c.push((r.checker, 1, usize::from(r.history.is_some()))),
+                        }
+                    }
+                    c.sort();
+                    c
+                },
             }
         })
         .collect()

@@ -35,6 +35,39 @@ pub struct Figures {
     /// before they were measured have none.
     #[serde(default, with = "violation_list")]
     pub windows: BTreeMap<(Property, Scope), usize>,
+    /// What the fault did, as the servers and the harness counted it.
+    #[serde(default)]
+    pub effects: BTreeMap<String, u64>,
+    /// Per healed fault, ms until every part had succeeded again.
+    #[serde(default)]
+    pub recovery_ms: Vec<u64>,
+}
+
+/// The effect a fault must show, as (what, counter or check); `None` for
+/// faults judged elsewhere (the paused holder's refused writes, relists).
+fn required_effect(fault: Fault) -> &'static [&'static str] {
+    match fault {
+        Fault::None | Fault::PauseHolder | Fault::EtcdCompaction => &[],
+        Fault::SentinelFailover => &["Sentinel promotions"],
+        Fault::Restart => &["restarts (a new server process)"],
+        Fault::ClockJump => &["Valkey TIME moved forward (ms)"],
+        Fault::ScriptFlush => &["SCRIPT FLUSH done", "NOSCRIPT errors", "EVAL calls"],
+        Fault::Busy => &["1.5 s scripts run", "BUSY errors", "BUSY answers"],
+        Fault::Oom => &["maxmemory 1 set and reset", "OOM errors", "OOM answers"],
+        Fault::ProxyCut => &["proxy cuts"],
+        Fault::ProxyDelay | Fault::ProxyDropReplies | Fault::ProxyBlackhole => {
+            &["unknown or unavailable answers"]
+        }
+        Fault::OperatorKill => &["operators killed and started again"],
+        Fault::OperatorPause => &["leading operators paused past their leadership"],
+        Fault::ApiserverRestart => &["kube-apiserver restarted (a new process)"],
+        Fault::ValkeyLossOperatorDown => &["Valkey flushed while the operator was down"],
+    }
+}
+
+/// How long every part may take to succeed again after a fault heals.
+pub fn recovery_bound(s: &Scenario) -> u64 {
+    s.ttl.as_millis() as u64 + 4000
 }
 
 /// Counts (or windows) per property and scope as a list of `[property,
@@ -87,6 +120,8 @@ pub struct Row {
     pub at_once: usize,
     /// Record lines that could not be read (runs whose figures are lost).
     pub unreadable: usize,
+    /// Which checker versions judged the runs: (version, runs, with a kept history).
+    pub checkers: Vec<(u32, usize, usize)>,
 }
 
 impl Row {
@@ -121,6 +156,9 @@ impl Row {
         if self.at_once > 1 {
             cell += &format!("<br>up to {} scenarios at once", self.at_once);
         }
+        for (v, n, kept) in &self.checkers {
+            cell += &format!("<br>checker v{v}: {n} run(s), {kept} with a kept history");
+        }
         cell
     }
 }
@@ -128,6 +166,19 @@ impl Row {
 /// Judges one run: the figures and every reason it fails (none: it passes).
 pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     let h = &r.history;
+    let mut effects = h.effects.clone();
+    let answered = |word: &str| h.ops.iter().filter(|o| o.detail.contains(word)).count() as u64;
+    effects.insert("BUSY answers".into(), answered("BUSY"));
+    effects.insert("OOM answers".into(), answered("OOM"));
+    effects.insert(
+        "unknown or unavailable answers".into(),
+        (answers(h, &Answer::Unknown) + answers(h, &Answer::Unavailable)) as u64,
+    );
+    let parts = liveness::Parts {
+        operator: matches!(s.backend, Backend::Operator { .. }),
+        sinks_may_fail: s.expect.is_some(),
+    };
+    let (recovery_ms, unrecovered) = liveness::recovery(h, parts, recovery_bound(s));
     let fig = Figures {
         elapsed: r.elapsed,
         ops: h.ops.len(),
@@ -145,14 +196,24 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
         relists: h.relists,
         violations: r.report.counts(),
         windows: r.report.windows.clone(),
+        effects: required_effect(s.fault)
+            .iter()
+            .map(|k| (k.to_string(), effects.get(*k).copied().unwrap_or(0)))
+            .collect(),
+        recovery_ms,
     };
     let mut failures = Vec::new();
     if let Some(expect) = s.expect {
-        if r.report.count(expect.0, expect.1) == 0 {
+        if s.caught(&r.report) == 0 {
             failures.push(format!(
-                "control not caught: expected a ({}) violation in {}",
+                "control not caught: expected a ({}) violation in {}{}",
                 expect.0.letter(),
-                expect.1.name()
+                expect.1.name(),
+                if s.expect_words.is_empty() {
+                    String::new()
+                } else {
+                    format!(" of a {}", s.expect_words.join(" or "))
+                }
             ));
         }
     } else {
@@ -162,10 +223,6 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
             }
         }
     }
-    let parts = liveness::Parts {
-        operator: matches!(s.backend, Backend::Operator { .. }),
-        sinks_may_fail: s.expect.is_some(),
-    };
     for idle in liveness::idle(h, parts) {
         failures.push(format!("the workload did nothing: {idle}"));
     }
@@ -176,6 +233,14 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     }
     if s.fault != Fault::None && fig.faults == 0 {
         failures.push("the fault was never injected".into());
+    }
+    for what in required_effect(s.fault) {
+        if fig.effects.get(*what).copied().unwrap_or(0) == 0 {
+            failures.push(format!("the fault had no effect: no {what}"));
+        }
+    }
+    for u in unrecovered {
+        failures.push(format!("no recovery: {u}"));
     }
     for hang in &h.hangs {
         failures.push(format!("hang: {hang}"));
@@ -213,6 +278,10 @@ pub fn total(runs: &[Figures]) -> Figures {
         for (k, v) in &f.violations {
             *t.violations.entry(*k).or_default() += v;
         }
+        for (k, v) in &f.effects {
+            *t.effects.entry(k.clone()).or_default() += v;
+        }
+        t.recovery_ms.extend(&f.recovery_ms);
         // A window is the longest seen in any run, not a sum.
         for (k, v) in &f.windows {
             let w = t.windows.entry(*k).or_default();
@@ -247,15 +316,44 @@ fn cell(s: &Scenario, f: &Figures, p: Property) -> String {
     }
 }
 
+/// The fault's verified effect: each counter it must show, summed.
+fn effect_cell(f: &Figures) -> String {
+    if f.effects.is_empty() {
+        return "–".into();
+    }
+    f.effects
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect::<Vec<_>>()
+        .join("<br>")
+}
+
+/// Recovery after a fault heals, p50 / p99 / worst over every healed fault.
+fn recovery_cell(f: &Figures) -> String {
+    if f.recovery_ms.is_empty() {
+        return "–".into();
+    }
+    let mut v = f.recovery_ms.clone();
+    v.sort_unstable();
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "{} / {} ms<br>({} faults, worst {} ms)",
+        at(0.5),
+        at(0.99),
+        v.len(),
+        v[v.len() - 1]
+    )
+}
+
 /// docs/faults.md for these rows.
 pub fn render(header: &str, rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(header);
     out.push_str(
-        "\n| scenario | fault | runs | duration | operations | writes | unknown / unavailable | hangs | faults injected | stale writes refused | watch relists | (a) tokens | (b) downstream | (c) honesty | (d) exclusion |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| scenario | fault | runs | duration | operations | writes | unknown / unavailable | hangs | faults injected | verified effect | recovery p50 / p99 | stale writes refused | watch relists | (a) tokens | (b) downstream | (c) honesty | (d) exclusion |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for row in rows.iter().filter(|r| r.scenario.control.is_none()) {
+    for row in rows.iter().filter(|r| r.scenario.expect.is_none()) {
         let (s, t) = (&row.scenario, total(&row.runs));
         if row.runs.is_empty() {
             let _ = writeln!(
@@ -264,13 +362,13 @@ pub fn render(header: &str, rows: &[Row]) -> String {
                 s.name,
                 s.about,
                 row.runs_cell(),
-                " – |".repeat(12)
+                " – |".repeat(14)
             );
             continue;
         }
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | {:.0} s | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| `{}` | {} | {} | {:.0} s | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             s.name,
             s.about,
             row.runs_cell(),
@@ -281,6 +379,8 @@ pub fn render(header: &str, rows: &[Row]) -> String {
             t.unavailable,
             t.hangs,
             t.faults,
+            effect_cell(&t),
+            recovery_cell(&t),
             t.refused_stale,
             t.relists,
             cell(s, &t, Property::Tokens),
@@ -290,16 +390,23 @@ pub fn render(header: &str, rows: &[Row]) -> String {
         );
     }
     out.push_str(
-        "\n## Positive controls\n\nEach plugs a deliberately broken component into the same harness; \
-         a run in which the checker does not report the expected property fails.\n\n\
+        "\n## Positive controls\n\nEach breaks one component on purpose — the product itself through \
+         a fail point (`src/failpoints.rs`, compiled in only for the matrix), or a harness part — \
+         in the same harness; a run in which the checker does not report the expected property \
+         fails, and so does `scripts/faults.sh`.\n\n\
          | control | broken component | expected | runs | caught |\n|---|---|---|---|---|\n",
     );
-    for row in rows.iter().filter(|r| r.scenario.control.is_some()) {
+    for row in rows.iter().filter(|r| r.scenario.expect.is_some()) {
         let s = &row.scenario;
         let (p, scope) = s.expect.expect("a control names its property");
+        let of = if s.expect_words.is_empty() {
+            String::new()
+        } else {
+            format!(" (a {})", s.expect_words.join(", "))
+        };
         let _ = writeln!(
             out,
-            "| `{}` | {} | ({}) in {} | {} | {} |",
+            "| `{}` | {} | ({}) in {}{of} | {} | {} |",
             s.name,
             s.about,
             p.letter(),

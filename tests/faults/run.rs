@@ -23,10 +23,8 @@ use crate::workload::Stop;
 use crate::workload::cli::CliStore;
 use crate::workload::client::{COMMIT_KEY, Client};
 use crate::workload::holder::{Holder, HolderConfig};
-use crate::workload::observer;
+use crate::workload::{observer, revoker};
 
-/// Lease time-to-live of every workload client.
-pub const TTL: Duration = Duration::from_millis(2000);
 /// Per-operation deadline of library clients (the CLI uses the same).
 const TIMEOUT: Duration = Duration::from_millis(500);
 /// After the last fault ends (its injection finishes), the workload goes on
@@ -37,6 +35,8 @@ const LIB_CLIENTS: usize = 3;
 const CLI_CLIENTS: usize = 1;
 pub const NAMESPACE: &str = "faults";
 pub const TARGETS: [&str; 2] = ["t0", "t1"];
+/// How often the administrator revokes a client lease (about).
+const REVOKE_EVERY: Duration = Duration::from_millis(1500);
 
 /// What one run produced.
 pub struct RunResult {
@@ -116,14 +116,50 @@ async fn final_commits(primary: Primary, store: &ValkeyStore) -> Vec<CommitState
     .expect("read final commits")
 }
 
-/// The lease clients (library and CLI) and the observer, on `url`.
+/// The environment that turns a scenario's product fail points on in a
+/// CLI or operator process.
+pub fn failpoint_env(s: &Scenario) -> Vec<(String, String)> {
+    if s.failpoints.is_empty() {
+        return Vec::new();
+    }
+    let list: Vec<String> = s
+        .failpoints
+        .iter()
+        .map(|(n, a)| format!("{n}={a}"))
+        .collect();
+    vec![("TARGETLEASE_FAILPOINTS".into(), list.join(";"))]
+}
+
+/// Turns a scenario's fail points on (or off) in this process.
+pub fn failpoints_here(s: &Scenario, on: bool) {
+    if !s.failpoints_here {
+        return;
+    }
+    for (name, action) in s.failpoints {
+        targetlease::failpoints::set(name, if on { action } else { "off" })
+            .unwrap_or_else(|e| panic!("fail point {name}={action}: {e}"));
+    }
+}
+
+/// What the workload runs on: the URL clients use (through a faulty proxy,
+/// if any) and the one observers use (straight to the server).
+pub struct Urls {
+    pub clients: String,
+    pub observer: String,
+}
+
+/// The lease clients (library and CLI), the administrator revoking their
+/// leases and the observer; `extra` are more targets to observe (the
+/// operator's, which carry no commit key).
 pub async fn clients(
-    url: &str,
+    urls: &Urls,
     s: &Scenario,
     sink: &PgSink,
     rec: &Recorder,
     stop: &Stop,
+    extra: &[Target],
 ) -> Vec<JoinHandle<()>> {
+    let url = urls.clients.as_str();
     let targets: Vec<Target> = TARGETS.iter().map(|t| Target::new(NAMESPACE, *t)).collect();
     let mut tasks = Vec::new();
     for i in 0..LIB_CLIENTS + CLI_CLIENTS {
@@ -136,6 +172,7 @@ pub async fn clients(
                 timeout: TIMEOUT,
                 durability: s.durability,
                 rec: rec.clone(),
+                env: failpoint_env(s),
             };
             (format!("cli{}", i - LIB_CLIENTS), Arc::new(cli))
         };
@@ -144,16 +181,30 @@ pub async fn clients(
             name,
             store,
             targets: targets.clone(),
-            ttl: TTL,
+            ttl: s.ttl,
             rec: rec.clone(),
             stop: stop.clone(),
         };
         tasks.push(tokio::spawn(client.run()));
     }
-    let observer_store: Arc<dyn LeaseStore> = Arc::new(connect(url, Durability::None).await);
+    let admin: Arc<dyn LeaseStore> = Arc::new(connect(url, Durability::None).await);
+    tasks.push(tokio::spawn(revoker::run(
+        admin,
+        targets.clone(),
+        REVOKE_EVERY,
+        rec.clone(),
+        stop.clone(),
+    )));
+    let observer_store: Arc<dyn LeaseStore> =
+        Arc::new(connect(&urls.observer, Durability::None).await);
+    let observed = targets
+        .into_iter()
+        .map(|t| (t, true))
+        .chain(extra.iter().map(|t| (t.clone(), false)))
+        .collect();
     tasks.push(tokio::spawn(observer::run(
         observer_store,
-        targets,
+        observed,
         rec.clone(),
         stop.clone(),
     )));
@@ -191,6 +242,13 @@ pub async fn finish(
 
 /// Runs `s` for `secs` seconds; `seq` names the run's database.
 pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunResult {
+    failpoints_here(s, true);
+    let result = run_inner(s, secs, pg, seq).await;
+    failpoints_here(s, false);
+    result
+}
+
+async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunResult {
     let started = Instant::now();
     let sink = PgSink::create(pg, &format!("run_{seq}"), guard(s.control)).await;
     let Backend::Valkey(setup) = &s.backend else {
@@ -202,18 +260,21 @@ pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunR
             .await
             .expect("start valkey"),
     );
-    let url = valkey.url();
+    let urls = Urls {
+        clients: valkey.url(),
+        observer: valkey.direct_url(),
+    };
     let rec = Recorder::default();
     let stop = Stop::default();
-    let tasks = clients(&url, s, &sink, &rec, &stop).await;
+    let tasks = clients(&urls, s, &sink, &rec, &stop, &[]).await;
     let holder = (s.fault == Fault::PauseHolder).then(|| {
         let cfg = HolderConfig {
             name: "paused".into(),
-            valkey_url: url.clone(),
+            valkey_url: urls.clients.clone(),
             pg: sink.conn_string(),
             namespace: NAMESPACE.into(),
             targets: TARGETS.iter().map(|t| t.to_string()).collect(),
-            ttl_ms: TTL.as_millis() as u64,
+            ttl_ms: s.ttl.as_millis() as u64,
         };
         Holder::spawn(&cfg, rec.clone())
     });
@@ -223,7 +284,7 @@ pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunR
         Targets {
             valkey: Some(valkey.clone()),
             holder,
-            ttl: TTL,
+            ttl: s.ttl,
         },
         rec.clone(),
         faults.clone(),
@@ -236,6 +297,13 @@ pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunR
     if let Some(h) = back.holder {
         h.stop().await;
     }
+    let v = valkey.clone();
+    let stats = tokio::task::spawn_blocking(move || v.effects())
+        .await
+        .expect("server statistics");
+    for (what, n) in stats {
+        rec.effect(&what, n);
+    }
     let primary: Primary = Arc::new(move |args: &[&str]| valkey.on_primary(args));
-    finish(tasks, &sink, &url, primary, &rec, started).await
+    finish(tasks, &sink, &urls.clients, primary, &rec, started).await
 }

@@ -3,6 +3,8 @@
 //! catch). Properties a mode cannot promise are listed as measured: their
 //! violations are counted and published, not failed on.
 
+use std::time::Duration;
+
 use targetlease::store::valkey::Durability;
 
 use crate::check::{Property, Scope};
@@ -46,6 +48,9 @@ pub enum Fault {
     /// Stop kube-apiserver, compact etcd past every revision a watch saw,
     /// start it again: every watch resumes from a compacted revision and relists.
     EtcdCompaction,
+    /// SIGKILL the operator; while it is down, the Held TargetLease is
+    /// deleted and Valkey loses everything (`FLUSHALL`); start it again.
+    ValkeyLossOperatorDown,
 }
 
 /// Where the workload runs.
@@ -72,7 +77,44 @@ pub struct Scenario {
     /// A broken component; the run passes only if `expect` is violated.
     pub control: Option<Control>,
     pub expect: Option<(Property, Scope)>,
+    /// Lease time-to-live of the workload's clients.
+    pub ttl: Duration,
+    /// Product fail points (`src/failpoints.rs`) of this run's CLI and
+    /// operator processes: `(name, action)`.
+    pub failpoints: &'static [(&'static str, &'static str)],
+    /// The fail points also hold in this process (the library clients):
+    /// the run has the harness to itself.
+    pub failpoints_here: bool,
+    /// A control is caught only by an `expect` violation naming one of
+    /// these operations (none: any).
+    pub expect_words: &'static [&'static str],
 }
+
+impl Scenario {
+    /// How many of the report's violations catch this control.
+    pub fn caught(&self, report: &crate::check::Report) -> usize {
+        let Some((p, sc)) = self.expect else { return 0 };
+        report
+            .violations
+            .iter()
+            .filter(|v| v.property == p && v.scope == sc)
+            .filter(|v| {
+                self.expect_words.is_empty()
+                    || self
+                        .expect_words
+                        .iter()
+                        .any(|w| v.detail.starts_with(w) || v.detail.contains(&format!(" {w} ")))
+            })
+            .count()
+    }
+}
+
+/// Lease time-to-live of the workload (most scenarios).
+pub const TTL: Duration = Duration::from_millis(2000);
+/// Lease time-to-live across a failover: longer than Sentinel's 3 s
+/// down-after, so a grant made in the replica's lag window is still claimed
+/// when the replica is promoted without it.
+pub const FAILOVER_TTL: Duration = Duration::from_secs(10);
 
 /// What an unsafe Valkey mode can lose: tokens and client leases of writes
 /// that had not reached the survivor, and the last fenced commits.
@@ -80,6 +122,17 @@ const LOSSY: &[(Property, Scope)] = &[
     (Property::Tokens, Scope::Lease),
     (Property::Exclusion, Scope::Lease),
     (Property::Downstream, Scope::Commit),
+];
+
+/// Valkey losing everything under the operator: the clients' losses, and
+/// two Held statuses at once — a TargetLease deleted while the operator was
+/// down still shows Held until its cleanup, and the next one on the target
+/// acquires (Valkey no longer has the lease to refuse it) before that.
+const LOSSY_UNDER_THE_OPERATOR: &[(Property, Scope)] = &[
+    (Property::Tokens, Scope::Lease),
+    (Property::Exclusion, Scope::Lease),
+    (Property::Downstream, Scope::Commit),
+    (Property::Exclusion, Scope::Published),
 ];
 
 fn args(a: &[&str]) -> Setup {
@@ -96,6 +149,29 @@ fn scenario(name: &'static str, about: &'static str, backend: Backend, fault: Fa
         measured: &[],
         control: None,
         expect: None,
+        ttl: TTL,
+        failpoints: &[],
+        failpoints_here: false,
+        expect_words: &[],
+    }
+}
+
+/// A positive control inside the product: `failpoints` break it (in the
+/// CLI and operator processes, and in this one when `here`).
+fn product_control(
+    name: &'static str,
+    about: &'static str,
+    backend: Backend,
+    fault: Fault,
+    failpoints: &'static [(&'static str, &'static str)],
+    here: bool,
+    expect: (Property, Scope),
+) -> Scenario {
+    Scenario {
+        expect: Some(expect),
+        failpoints,
+        failpoints_here: here,
+        ..scenario(name, about, backend, fault)
     }
 }
 
@@ -121,18 +197,20 @@ pub fn all() -> Vec<Scenario> {
         scenario("baseline", "no fault", standalone(), Fault::None),
         Scenario {
             measured: LOSSY,
+            ttl: FAILOVER_TTL,
             ..scenario(
                 "failover-durability-none",
-                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it, `--durability none`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s), `--durability none`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )
         },
         Scenario {
             durability: Durability::Replicas(1),
+            ttl: FAILOVER_TTL,
             ..scenario(
                 "failover-replicas-1",
-                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it, `--durability replicas:1`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s), `--durability replicas:1`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )
@@ -200,12 +278,16 @@ pub fn all() -> Vec<Scenario> {
             standalone(),
             Fault::PauseHolder,
         ),
-        scenario(
-            "clock-jump",
-            "Valkey's clock jumps forward past every lease (libfaketime)",
-            Backend::Valkey(Setup::Faketime),
-            Fault::ClockJump,
-        ),
+        Scenario {
+            // The holder's own deadline outlives a lease the server's clock ended.
+            measured: &[(Property::Exclusion, Scope::Lease)],
+            ..scenario(
+                "clock-jump",
+                "Valkey's clock jumps forward past every lease (libfaketime)",
+                Backend::Valkey(Setup::Faketime),
+                Fault::ClockJump,
+            )
+        },
         scenario(
             "script-flush",
             "`SCRIPT FLUSH` every 500 ms",
@@ -248,14 +330,85 @@ pub fn all() -> Vec<Scenario> {
             Backend::Operator { replicas: 1 },
             Fault::EtcdCompaction,
         ),
-        control(
-            "control-reissued-token",
-            "a store that reissues a target's first token",
+        Scenario {
+            measured: LOSSY_UNDER_THE_OPERATOR,
+            ..scenario(
+                "operator-valkey-data-loss",
+                "operator SIGKILL; while it is down the Held TargetLease is deleted and Valkey loses everything; operator restarted (the token floor is the only barrier)",
+                Backend::Operator { replicas: 1 },
+                Fault::ValkeyLossOperatorDown,
+            )
+        },
+        product_control(
+            "control-floor-skipped",
+            "the operator never raises the token floor (`floor-skip-raise`), with Valkey data loss while it is down",
+            Backend::Operator { replicas: 1 },
+            Fault::ValkeyLossOperatorDown,
+            &[("floor-skip-raise", "return")],
+            false,
+            (Property::Tokens, Scope::Published),
+        ),
+        product_control(
+            "control-mark-before-unmark",
+            "the operator keeps a pod's marks until the next leader is marked (`mark-before-unmark`)",
+            Backend::Operator { replicas: 1 },
+            Fault::None,
+            &[("mark-before-unmark", "return")],
+            false,
+            (Property::Exclusion, Scope::Published),
+        ),
+        product_control(
+            "control-held-after-lost",
+            "the operator keeps status as it was after the store said the lease ended (`held-after-lost`), with revokes",
+            Backend::Operator { replicas: 1 },
+            Fault::None,
+            &[("held-after-lost", "return")],
+            false,
+            (Property::Honesty, Scope::Published),
+        ),
+        product_control(
+            "control-lost-reply-ok",
+            "the store reports a renew, release or commit whose reply was lost as done (`lost-reply-ok`), nothing passes for 1.5 s every 2 s",
+            Backend::Valkey(Setup::Proxied),
+            Fault::ProxyBlackhole,
+            &[("lost-reply-ok", "return")],
+            true,
+            (Property::Honesty, Scope::Commit),
+        ),
+        Scenario {
+            expect_words: &["renew", "release", "revoke"],
+            ..product_control(
+                "control-lost-reply-unavailable",
+                "the store reports a write whose reply was lost as `backend_unavailable` (`lost-reply-unavailable`), the connection reset after an EVALSHA is forwarded (every 300 ms)",
+                Backend::Valkey(Setup::Proxied),
+                Fault::ProxyCut,
+                &[("lost-reply-unavailable", "return")],
+                true,
+                (Property::Honesty, Scope::Lease),
+            )
+        },
+        product_control(
+            "control-previous-token",
+            "the CLI's acquire reports the token before the one granted (`acquire-previous-token`)",
             standalone(),
             Fault::None,
-            Control::ReissueTokens,
+            &[("acquire-previous-token", "return")],
+            false,
             (Property::Tokens, Scope::Lease),
         ),
+        Scenario {
+            durability: Durability::Replicas(1),
+            ttl: FAILOVER_TTL,
+            ..product_control(
+                "control-skipped-wait",
+                "`--durability replicas:1` without its `WAIT` (`skip-durability-wait`), across failovers with the replica 500 ms behind",
+                Backend::Valkey(Setup::Sentinel),
+                Fault::SentinelFailover,
+                &[("skip-durability-wait", "return")],
+                true,
+                (Property::Tokens, Scope::Lease),
+            )
+        },
         control(
             "control-unguarded-table",
             "a PostgreSQL table without the guard, with a paused holder",
@@ -271,14 +424,6 @@ pub fn all() -> Vec<Scenario> {
             Fault::None,
             Control::LoseAckedWrites,
             (Property::Downstream, Scope::Postgres),
-        ),
-        control(
-            "control-lying-store",
-            "a store that runs an acquire and reports `backend_unavailable`",
-            standalone(),
-            Fault::None,
-            Control::LyingStore,
-            (Property::Honesty, Scope::Lease),
         ),
         control(
             "control-double-grant",

@@ -72,6 +72,8 @@ struct State {
     traps: Vec<Trap>,
     forwarded: Vec<String>,
     accepted: usize,
+    /// Connections reset by a cut before a reply (`cut_before_reply`).
+    cuts: usize,
 }
 
 struct Shared {
@@ -200,6 +202,11 @@ impl FaultProxy {
         st.forwarded.iter().filter(|c| named(c, name)).count()
     }
 
+    /// How many connections a `cut_before_reply` has reset so far.
+    pub fn cuts(&self) -> usize {
+        self.shared.state.lock().unwrap().cuts
+    }
+
     /// How many connections were accepted so far.
     pub fn accepted(&self) -> usize {
         self.shared.state.lock().unwrap().accepted
@@ -324,6 +331,7 @@ async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
                         continue;
                     }
                     if cut_before.is_some_and(|c| replies >= c) {
+                        shared.state.lock().unwrap().cuts += 1;
                         return reset(client);
                     }
                     if cut_after.is_some_and(|c| replies >= c) {

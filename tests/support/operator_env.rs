@@ -27,6 +27,9 @@ pub struct OperatorEnv {
     /// Operators started from now on use this kubeconfig (default: the admin
     /// one) and get `POD_NAMESPACE` like a pod would: see `run_operators_as`.
     operator_kubeconfig: Option<PathBuf>,
+    /// More environment for operators started from now on (the fault
+    /// matrix's fail points).
+    pub operator_env: Vec<(String, String)>,
 }
 
 /// Installs (or updates) the generated CRD and waits until it is Established.
@@ -80,6 +83,7 @@ impl OperatorEnv {
             operators: Vec::new(),
             admin_ports: Vec::new(),
             operator_kubeconfig: None,
+            operator_env: Vec::new(),
         }
     }
 
@@ -121,6 +125,7 @@ impl OperatorEnv {
                     .map(|_| ("POD_NAMESPACE", self.ns.as_str())),
             )
             .env("RUST_LOG", "targetlease=debug")
+            .envs(self.operator_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

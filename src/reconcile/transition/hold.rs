@@ -57,6 +57,7 @@ pub fn after_renew(
             d.done(Next::Renewal)
         }
         (Outcome::CorruptState, _) => d.corrupt(&reply.message),
+        (_, _) if crate::failpoints::on("held-after-lost") => d.done(Next::Renewal),
         (outcome, _) => {
             // expired / not_owner: Valkey no longer has this lease.
             d.t.status.acquisition_id = None;

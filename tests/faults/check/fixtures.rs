@@ -37,12 +37,20 @@ fn record(client: &str, kind: OpKind, target: &str, request_id: &str, answer: An
         lease: None,
         token: None,
         server_ms: 0,
+        issue: None,
+        detail: String::new(),
     }
 }
 
 impl H {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The next record is sent at local time `ms` (and answered 1 ms later).
+    pub fn at(mut self, ms: u64) -> Self {
+        self.clock = ms.saturating_sub(2);
+        self
     }
 
     fn tick(&mut self) -> (u64, u64) {
@@ -108,7 +116,14 @@ impl H {
             lease,
             token: Some(token),
             server_ms,
-            ..record(client, OpKind::Renew, target, "renew", answer)
+            issue: Some(issue.into()),
+            ..record(
+                client,
+                OpKind::Renew,
+                target,
+                &format!("renew-{server_ms}"),
+                answer,
+            )
         })
     }
 
@@ -124,8 +139,61 @@ impl H {
         self.op(OpRecord {
             token: Some(token),
             server_ms,
-            ..record(client, OpKind::Release, target, "release", answer)
+            ..record(
+                client,
+                OpKind::Release,
+                target,
+                &format!("release-{token}"),
+                answer,
+            )
         })
+    }
+
+    /// A revoke (request `id`) of the lease with `token`.
+    pub fn revoke(self, target: &str, id: &str, token: u64, answer: Answer) -> Self {
+        self.op(OpRecord {
+            token: Some(token),
+            ..record("revoker", OpKind::Revoke, target, id, answer)
+        })
+    }
+
+    /// An observer's look at `target`, sent at the next tick: its lease or none,
+    /// at server time `server_ms`.
+    pub fn look(mut self, target: &str, lease: Option<LeaseView>, server_ms: u64) -> Self {
+        let (invoke_ms, at_ms) = self.tick();
+        self.h.sightings.push(Sighting {
+            target: target.into(),
+            at_ms,
+            lease,
+            invoke_ms,
+            server_ms,
+        });
+        self
+    }
+
+    /// An observer's read of `resource`'s commit key: (token, write id) or none.
+    pub fn read(mut self, resource: &str, committed: Option<(u64, &str)>, server_ms: u64) -> Self {
+        let (invoke_ms, complete_ms) = self.tick();
+        self.h.reads.push(ReadRecord {
+            resource: resource.into(),
+            invoke_ms,
+            complete_ms,
+            server_ms,
+            committed: committed.map(|(t, w)| (t, w.to_string())),
+        });
+        self
+    }
+
+    /// A fault that can lose acknowledged state, now.
+    pub fn lossy_fault(mut self) -> Self {
+        let (at_ms, _) = self.tick();
+        self.h.faults.push(FaultRecord {
+            name: "restart".into(),
+            at_ms,
+            loses_data: true,
+            healed_ms: 0,
+        });
+        self
     }
 
     pub fn sighting(mut self, target: &str, lease: LeaseView) -> Self {
@@ -133,7 +201,9 @@ impl H {
         self.h.sightings.push(Sighting {
             target: target.into(),
             at_ms,
-            lease,
+            lease: Some(lease),
+            invoke_ms: 0,
+            server_ms: 0,
         });
         self
     }
@@ -208,8 +278,10 @@ impl H {
             rv,
             seen_ms,
             phase: if held.is_some() { "Held" } else { "Pending" }.into(),
+            after_gap: false,
             token,
             acquisition_id: held.map(|h| h.0.to_string()),
+            holder_pod: None,
             acquired_at_ms: held.map(|h| h.1),
             expires_at_ms: held.map(|h| h.2),
         });
@@ -231,7 +303,28 @@ impl H {
                     expires_at_ms: Some(*e),
                 })
                 .collect(),
+            after_gap: false,
         });
+        self
+    }
+
+    /// The last record (a status or pod version) was delivered by a relist.
+    pub fn after_gap(mut self) -> Self {
+        let last_pub = self.h.publications.last().map(|p| p.seen_ms).unwrap_or(0);
+        let last_pod = self.h.pods.last().map(|p| p.seen_ms).unwrap_or(0);
+        if last_pod > last_pub {
+            self.h.pods.last_mut().unwrap().after_gap = true;
+        } else if let Some(p) = self.h.publications.last_mut() {
+            p.after_gap = true;
+        }
+        self
+    }
+
+    /// The pod a TargetLease's last status names.
+    pub fn naming(mut self, pod: &str) -> Self {
+        if let Some(p) = self.h.publications.last_mut() {
+            p.holder_pod = Some(pod.into());
+        }
         self
     }
 

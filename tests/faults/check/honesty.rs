@@ -9,11 +9,11 @@
 //! - a fenced commit whose every attempt (same request id) was reported as
 //!   refused or unavailable must not be the value at the end (a refusal
 //!   after an unknown attempt proves nothing: a replay is revalidated);
-//! - a PostgreSQL write reported as refused must not be a row at the end.
+//! - a PostgreSQL write reported as refused must not be a row at the end;
+//! - a commit reported as refused or unavailable must never be read back.
 //!
-//! Renewals and releases reported as refusals are not checked: their effect
-//! (a later expiry, an earlier end) is not visible to an observer without
-//! the lease id.
+//! Renewals, releases, revokes and acknowledged commits are judged against
+//! what observers saw in [`super::effects`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -22,7 +22,10 @@ use crate::history::{History, LeaseView, OpKind, Sink};
 
 /// Every lease someone other than its holder saw: observers and `held` replies.
 fn seen(h: &History) -> Vec<(&str, &LeaseView)> {
-    let observed = h.sightings.iter().map(|s| (s.target.as_str(), &s.lease));
+    let observed = h
+        .sightings
+        .iter()
+        .filter_map(|s| Some((s.target.as_str(), s.lease.as_ref()?)));
     let held = h.ops.iter().filter_map(|o| {
         let l = o.lease.as_ref()?;
         (o.kind == OpKind::Acquire && o.answer.is("held")).then_some((o.target.as_str(), l))
@@ -73,19 +76,27 @@ fn writes(h: &History, out: &mut Vec<Violation>) {
             .or_insert((w.resource.as_str(), true));
         e.1 &= w.answer.promises_no_effect();
     }
+    let read_back = h
+        .reads
+        .iter()
+        .filter_map(|r| Some((Sink::Commit, r.committed.as_ref()?.1.as_str())));
     let landed = h
         .rows
         .iter()
         .flatten()
         .map(|r| (Sink::Postgres, r.write_id.as_str()))
+        .chain(read_back)
         .chain(
             h.commits
                 .iter()
                 .flatten()
                 .map(|c| (Sink::Commit, c.write_id.as_str())),
         );
+    let mut reported = HashSet::new();
     for (sink, id) in landed {
-        if let Some((resource, true)) = refused.get(&(sink, id)) {
+        if let Some((resource, true)) = refused.get(&(sink, id))
+            && reported.insert((sink, id))
+        {
             let scope = match sink {
                 Sink::Postgres => Scope::Postgres,
                 Sink::Commit => Scope::Commit,

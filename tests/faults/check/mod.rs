@@ -5,26 +5,36 @@
 //!   issued twice (client leases, operator status, pod marks).
 //! - (b) [`downstream`]: a downstream never accepted a lower token after a
 //!   higher one, and no acknowledged write is missing at the end.
-//! - (c) [`honesty`]: an operation reported as a refusal or
-//!   `backend_unavailable` had no effect.
+//! - (c) [`honesty`], [`effects`]: every reported outcome matches what was
+//!   observed: a success happened, a refusal or `backend_unavailable` had no
+//!   effect, `outcome_unknown` may go either way.
 //! - (d) [`exclusion`]: no two claims (client leases, Held TargetLeases,
 //!   marked pods of one election) overlap in server time.
 
 #![allow(dead_code)] // each test binary uses a part
 
 pub mod downstream;
+pub mod effects;
 pub mod exclusion;
 #[cfg(test)]
 pub mod fixtures;
 pub mod honesty;
 pub mod liveness;
+pub mod published;
 pub mod tokens;
+pub mod withdrawn;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::history::History;
+
+/// The checker's version, recorded with every run it judged: 1 judged
+/// acquires only for (c), claims to the last reply for (d), and liveness as
+/// one success per part; 2 judges every operation, claims to the holder's
+/// deadline, watch gaps, fault effects and recovery.
+pub const CHECKER: u32 = 2;
 
 /// One of the four checked properties.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -33,7 +43,7 @@ pub enum Property {
     Tokens,
     /// (b) no lower token accepted after a higher one; no acknowledged write lost.
     Downstream,
-    /// (c) a refusal or `backend_unavailable` had no effect.
+    /// (c) a success happened; a refusal or `backend_unavailable` had no effect.
     Honesty,
     /// (d) no two live claims on one target at once.
     Exclusion,
@@ -164,6 +174,8 @@ pub fn check(h: &History) -> Report {
     let mut violations = tokens::check(h);
     violations.extend(downstream::check(h));
     violations.extend(honesty::check(h));
+    violations.extend(effects::check(h));
+    violations.extend(withdrawn::check(h));
     let (exclusions, overlap_ms) = exclusion::measure(h);
     violations.extend(exclusions);
     let windows = [

@@ -7,12 +7,14 @@
 //! - a grant surely issued before another (its acquisition time, plus the
 //!   publication's one-second resolution, is earlier) has a lower token;
 //! - tokens the operator publishes, in etcd revision order, and tokens on
-//!   an election's pod marks, strictly increase as new ones appear.
+//!   an election's pod marks, strictly increase as new ones appear;
+//! - every lease seen (observers, `held` replies) is a grant too, and every
+//!   token on a pod mark is one its TargetLease's status published.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{Property, Scope, Violation, group_by};
-use crate::history::History;
+use crate::history::{History, OpKind};
 
 /// A token handed to someone.
 #[derive(Clone, Debug)]
@@ -49,7 +51,36 @@ fn grants(h: &History) -> Vec<Grant<'_>> {
             resolution_ms: 1000,
         })
     });
-    clients.chain(published).collect()
+    // Every other sighting of a lease (observers, `held` replies) is a grant
+    // too: a token handed to an acquire whose caller never learned of it is
+    // compared like any other. Targets the operator publishes are its scope.
+    let operator: std::collections::HashSet<&str> =
+        h.publications.iter().map(|p| p.target.as_str()).collect();
+    let scope_of = move |t: &str| {
+        if operator.contains(t) {
+            Scope::Published
+        } else {
+            Scope::Lease
+        }
+    };
+    let observed = h
+        .sightings
+        .iter()
+        .filter_map(|s| Some((s.target.as_str(), s.lease.as_ref()?)))
+        .chain(h.ops.iter().filter_map(|o| {
+            let l = o.lease.as_ref()?;
+            (o.kind == OpKind::Acquire && o.answer.is("held")).then_some((o.target.as_str(), l))
+        }))
+        .filter(|(_, l)| !l.issue.is_empty())
+        .map(move |(target, l)| Grant {
+            scope: scope_of(target),
+            target,
+            token: l.token,
+            issue: &l.issue,
+            acquired_at_ms: l.acquired_at_ms,
+            resolution_ms: 1,
+        });
+    clients.chain(published).chain(observed).collect()
 }
 
 pub fn check(h: &History) -> Vec<Violation> {
@@ -61,7 +92,50 @@ pub fn check(h: &History) -> Vec<Violation> {
     }
     published_order(h, &mut out);
     mark_order(h, &mut out);
+    marks_published(h, &mut out);
     out
+}
+
+/// Every token a pod mark carries was published in its TargetLease's status.
+fn marks_published(h: &History, out: &mut Vec<Violation>) {
+    let published: HashSet<(&str, u64)> = h
+        .publications
+        .iter()
+        .filter_map(|p| Some((p.name.as_str(), p.token?)))
+        .collect();
+    let named: HashSet<&str> = h.publications.iter().map(|p| p.name.as_str()).collect();
+    // A status the watch did not deliver (away, or relisting past it) is
+    // unknown: only marks the status watch had reached, outside its gaps.
+    let reached = h.publications.iter().map(|p| p.rv).max().unwrap_or(0);
+    let relisted: Vec<(&str, u64)> = h
+        .publications
+        .iter()
+        .filter(|p| p.after_gap)
+        .map(|p| (p.name.as_str(), p.rv))
+        .collect();
+    let mut reported = HashSet::new();
+    for p in h.pods.iter().filter(|p| p.rv <= reached) {
+        if relisted.iter().any(|(_, rv)| *rv >= p.rv) {
+            continue; // a relist after this version: what preceded it is unknown
+        }
+        for m in &p.marks {
+            let Some(token) = m.token else { continue };
+            if named.contains(m.lease.as_str())
+                && !published.contains(&(m.lease.as_str(), token))
+                && reported.insert((m.lease.as_str(), token))
+            {
+                out.push(Violation::new(
+                    Property::Tokens,
+                    Scope::Published,
+                    &m.lease,
+                    format!(
+                        "pod {} marked with token {token}, which no status of {} published",
+                        p.pod, m.lease
+                    ),
+                ));
+            }
+        }
+    }
 }
 
 /// How much a lossy mode forgot, as a window of server time: for each time a
@@ -258,7 +332,7 @@ mod tests {
             .publish("y", "op", 4, Some(6), Some(("q2", 6000, 9000)))
             .publish("x", "op", 9, Some(5), None) // an old token still shown, not new
             .pod("p1", 2, &[("x", 5, 5000)])
-            .pod("p2", 5, &[("x", 6, 9000)])
+            .pod("p2", 5, &[("y", 6, 9000)])
             .build();
         assert_eq!(found(&h), Vec::<String>::new());
     }

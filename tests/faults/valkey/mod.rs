@@ -135,6 +135,68 @@ impl Valkey {
         }
     }
 
+    /// The URL observers use: like [`Self::url`], but never through the proxy.
+    pub fn direct_url(&self) -> String {
+        match &self.sentinel {
+            Some(_) => self.url(),
+            None => format!("redis://127.0.0.1:{}", self.lock()[0].port),
+        }
+    }
+
+    /// What the servers counted of the faults, from `INFO errorstats` and
+    /// `INFO commandstats` of every node that answers (summed; restarted
+    /// nodes count from their restart), plus the proxy's cuts.
+    pub fn effects(&self) -> Vec<(String, u64)> {
+        let mut out: std::collections::BTreeMap<String, u64> = Default::default();
+        for n in self.lock().iter() {
+            for section in ["errorstats", "commandstats"] {
+                let Some(Resp::Bulk(Some(text))) = n.try_cmd(&["INFO", section]) else {
+                    continue;
+                };
+                for line in text.lines() {
+                    let Some((key, fields)) = line.split_once(':') else {
+                        continue;
+                    };
+                    let count = |name: &str| {
+                        fields
+                            .split(',')
+                            .find_map(|f| f.strip_prefix(name))
+                            .and_then(|v| v.parse::<u64>().ok())
+                    };
+                    if let Some(e) = key.strip_prefix("errorstat_") {
+                        *out.entry(format!("{e} errors")).or_default() +=
+                            count("count=").unwrap_or(0);
+                    } else if key == "cmdstat_eval" {
+                        *out.entry("EVAL calls".into()).or_default() +=
+                            count("calls=").unwrap_or(0);
+                    }
+                }
+            }
+        }
+        if let Some(p) = &self.proxy {
+            out.insert("proxy cuts".into(), p.cuts() as u64);
+        }
+        out.into_iter().collect()
+    }
+
+    /// Valkey's clock minus the local clock, in ms (`TIME` on the primary).
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        let Resp::Array(Some(parts)) = self.on_primary(&["TIME"])? else {
+            return None;
+        };
+        let num = |i: usize| match parts.get(i) {
+            Some(Resp::Bulk(Some(v))) => v.parse::<i64>().ok(),
+            _ => None,
+        };
+        let server = num(0)? * 1000 + num(1)? / 1000;
+        Some(server - crate::history::now_ms() as i64)
+    }
+
+    /// The process id of every server node (a restart changes it).
+    pub fn pids(&self) -> Vec<u32> {
+        self.lock().iter().filter_map(|n| n.pid()).collect()
+    }
+
     /// The port Sentinel names as primary (the only node when standalone).
     fn primary_port(&self) -> Option<u16> {
         let Some(s) = &self.sentinel else {

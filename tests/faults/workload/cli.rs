@@ -27,6 +27,8 @@ pub struct CliStore {
     pub durability: Durability,
     /// Where hangs are noted.
     pub rec: Recorder,
+    /// More environment for every CLI process (the scenario's fail points).
+    pub env: Vec<(String, String)>,
 }
 
 fn ms(d: Duration) -> String {
@@ -108,6 +110,7 @@ impl CliStore {
             .args(["--connect-timeout", &ms(self.timeout)])
             .args(["--durability", &self.durability.to_string()])
             .env("RUST_LOG", "targetlease=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)

@@ -38,6 +38,8 @@ pub struct Client {
 struct Held {
     target: Target,
     handle: LeaseHandle,
+    /// The acquire's request id.
+    issue: String,
     deadline: Instant,
 }
 
@@ -100,16 +102,18 @@ impl Client {
         kind: OpKind,
         target: &Target,
         request_id: &str,
-        token: Option<u64>,
+        held: Option<&Held>,
         send: F,
     ) -> Result<Reply, StoreError>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Reply, StoreError>>,
     {
+        let token = held.map(|h| h.handle.token);
+        let issue = held.map(|h| h.issue.as_str());
         self.retrying(send, |invoke_ms, result| {
             self.rec.op(op_record(
-                &self.name, kind, target, request_id, token, invoke_ms, result,
+                &self.name, kind, target, request_id, token, issue, invoke_ms, result,
             ));
         })
         .await
@@ -132,6 +136,7 @@ impl Client {
         (reply.outcome == targetlease::store::Outcome::Acquired).then(|| Held {
             target: target.clone(),
             handle,
+            issue: req.request_id.clone(),
             deadline: started + self.ttl,
         })
     }
@@ -198,7 +203,7 @@ impl Client {
                 OpKind::Renew,
                 &held.target,
                 &req.request_id,
-                Some(held.handle.token),
+                Some(held),
                 || self.store.renew(&req),
             )
             .await
@@ -213,7 +218,7 @@ impl Client {
                 OpKind::Release,
                 &held.target,
                 &req.request_id,
-                Some(held.handle.token),
+                Some(held),
                 || self.store.release(&req),
             )
             .await;

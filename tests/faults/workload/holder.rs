@@ -36,17 +36,27 @@ fn emit(e: Event) {
     println!("{}", serde_json::to_string(&e).expect("event as JSON"));
 }
 
+/// The lease an operation acts on: (token, acquire request id).
+type Acting<'a> = Option<(u64, &'a str)>;
+
 fn op(
     cfg: &HolderConfig,
     kind: OpKind,
     target: &Target,
     request_id: &str,
-    token: Option<u64>,
+    acting: Acting<'_>,
     invoke_ms: u64,
     result: &Result<targetlease::store::Reply, targetlease::store::StoreError>,
 ) {
     emit(Event::Op(op_record(
-        &cfg.name, kind, target, request_id, token, invoke_ms, result,
+        &cfg.name,
+        kind,
+        target,
+        request_id,
+        acting.map(|a| a.0),
+        acting.map(|a| a.1),
+        invoke_ms,
+        result,
     )));
 }
 
@@ -85,6 +95,7 @@ pub async fn worker_main(cfg: HolderConfig) {
                 t0,
                 &r,
             );
+            let issue = req.request_id.clone();
             let Some(handle) = r
                 .ok()
                 .filter(|r| r.outcome == Outcome::Acquired)
@@ -108,7 +119,7 @@ pub async fn worker_main(cfg: HolderConfig) {
                         OpKind::Renew,
                         &target,
                         &req.request_id,
-                        Some(handle.token),
+                        Some((handle.token, &issue)),
                         t0,
                         &r,
                     );
@@ -126,7 +137,7 @@ pub async fn worker_main(cfg: HolderConfig) {
                 OpKind::Release,
                 &target,
                 &req.request_id,
-                Some(handle.token),
+                Some((handle.token, &issue)),
                 t0,
                 &r,
             );

@@ -8,6 +8,7 @@ pub mod client;
 pub mod holder;
 pub mod observer;
 pub mod operator;
+pub mod revoker;
 pub mod watch;
 
 use std::sync::Arc;
@@ -71,13 +72,15 @@ pub fn view_of(l: &Lease) -> LeaseView {
 }
 
 /// The record of one attempt at `kind` by `client`, invoked at `invoke_ms`
-/// and completed now with `result`.
+/// and completed now with `result`; `issue` names the lease acted on.
+#[allow(clippy::too_many_arguments)]
 pub fn op_record(
     client: &str,
     kind: OpKind,
     target: &Target,
     request_id: &str,
     token: Option<u64>,
+    issue: Option<&str>,
     invoke_ms: u64,
     result: &Result<Reply, StoreError>,
 ) -> OpRecord {
@@ -93,7 +96,20 @@ pub fn op_record(
         lease,
         token,
         server_ms,
+        issue: issue.map(String::from),
+        detail: detail_of(result),
     }
+}
+
+/// The first words of a failure's message (`BUSY`, `OOM`, …), for the
+/// fault's verified effect; empty for a reply.
+pub fn detail_of<T>(r: &Result<T, StoreError>) -> String {
+    let msg = match r {
+        Ok(_) => return String::new(),
+        Err(StoreError::BackendUnavailable(m) | StoreError::OutcomeUnknown(m)) => m,
+        Err(StoreError::Invalid(m)) => m,
+    };
+    msg.chars().take(80).collect()
 }
 
 /// What the caller was told, the lease it carried, and the server's clock.

@@ -16,10 +16,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use targetlease::crd::{Phase, TargetLease};
+use targetlease::store::{LeaseStore, Target};
 use tokio::task::JoinHandle;
 
-use super::Stop;
 use super::watch::{self, Holders};
+use super::{Stop, revoker};
 use crate::control_plane;
 use crate::controls::Control;
 use crate::history::Recorder;
@@ -33,11 +34,26 @@ const HANDOFF_TARGET: &str = "op-h";
 const ELECTION: &str = "el";
 const ELECTION_TARGET: &str = "op-el";
 const PODS: [&str; 3] = ["el-0", "el-1", "el-2"];
+/// A long lease the administrator revokes every few seconds: its holder
+/// must withdraw Held as soon as the store says the lease ended.
+const REVOKED: &str = "rv";
+const REVOKED_TARGET: &str = "op-rv";
+const REVOKE_EVERY: Duration = Duration::from_secs(3);
+/// The only TargetLease of its target, deleted while the operator runs and
+/// created again after Valkey lost everything: only the token floor keeps
+/// its next token above the last one published.
+const FLOORED: &str = "fl";
+const FLOORED_TARGET: &str = "op-fl";
 /// Leadership lease of the operator replicas (the pause outlasts it).
 const LEADERSHIP: Duration = Duration::from_secs(4);
 
 fn handoff_spec(name: &str) -> serde_json::Value {
     json!({ "target": HANDOFF_TARGET, "holder": { "identity": name },
+            "leaseDuration": "3s", "renewInterval": "1s" })
+}
+
+fn floored_spec() -> serde_json::Value {
+    json!({ "target": FLOORED_TARGET, "holder": { "identity": FLOORED },
             "leaseDuration": "3s", "renewInterval": "1s" })
 }
 
@@ -158,6 +174,33 @@ async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.expect("fault step")
 }
 
+/// Waits up to `within` for `name` to be Held with a token; the token.
+async fn held_token(tls: &Api<TargetLease>, name: &str, within: Duration) -> Option<u64> {
+    let end = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < end {
+        if let Ok(tl) = tls.get(name).await
+            && phase(&tl) == Some(Phase::Held)
+            && let Some(t) = tl.status.and_then(|s| s.fencing_token)
+        {
+            return Some(t);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Waits up to `within` for `name` to be gone (its finalizer done).
+async fn gone(tls: &Api<TargetLease>, name: &str, within: Duration) -> bool {
+    let end = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < end {
+        if matches!(tls.get_opt(name).await, Ok(None)) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 /// Injects an operator or control-plane fault until `stop`.
 /// `live` are the indexes of the running operator processes.
 async fn inject(
@@ -170,6 +213,7 @@ async fn inject(
 ) -> OperatorEnv {
     let dir = env.cp.dir().to_path_buf();
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let tls = env.api();
     loop {
         if stop.sleep(Duration::from_secs(2)).await {
             break;
@@ -180,6 +224,8 @@ async fn inject(
                 rec.fault("operator SIGKILL");
                 env.kill_operator(live[0]);
                 live[0] = env.start_operator_with(&flags_ref);
+                rec.healed();
+                rec.effect("operators killed and started again", 1);
             }
             Fault::OperatorPause => {
                 let Some(i) = leader(&env, &live) else {
@@ -189,16 +235,56 @@ async fn inject(
                 env.pause_operator(i, true);
                 tokio::time::sleep(LEADERSHIP + Duration::from_secs(2)).await;
                 env.pause_operator(i, false);
+                rec.healed();
+                rec.effect("leading operators paused past their leadership", 1);
             }
             Fault::ApiserverRestart => {
                 rec.fault("kube-apiserver restart");
                 let d = dir.clone();
+                let pid = std::fs::read_to_string(dir.join("kube-apiserver.pid")).ok();
                 blocking(move || control_plane::restart_apiserver(&d)).await;
+                rec.healed();
+                if std::fs::read_to_string(dir.join("kube-apiserver.pid")).ok() != pid {
+                    rec.effect("kube-apiserver restarted (a new process)", 1);
+                }
             }
             Fault::EtcdCompaction => {
                 rec.fault("etcd compaction past every watch, kube-apiserver restart");
                 let d = dir.clone();
                 blocking(move || control_plane::restart_apiserver_past_compaction(&d)).await;
+                rec.healed();
+            }
+            Fault::ValkeyLossOperatorDown => {
+                // The floored lease publishes a token, is deleted (the floor
+                // covers the token) and is gone; then the operator dies, Valkey
+                // forgets everything, and a new operator acquires it again.
+                let Some(token) = held_token(&tls, FLOORED, Duration::from_secs(8)).await else {
+                    continue;
+                };
+                let _ = tls.delete(FLOORED, &DeleteParams::default()).await;
+                if !gone(&tls, FLOORED, Duration::from_secs(10)).await {
+                    continue;
+                }
+                rec.lossy_fault(
+                    "operator SIGKILL, Valkey FLUSHALL while it is down, operator started",
+                );
+                env.kill_operator(live[0]);
+                let addr = env.valkey.addr();
+                let flushed = blocking(move || {
+                    crate::support::resp::Conn::connect(&addr)
+                        .ok()?
+                        .try_cmd(&["FLUSHALL"])
+                        .ok()
+                })
+                .await;
+                live[0] = env.start_operator_with(&flags_ref);
+                let tl = lease(&env.ns, FLOORED, floored_spec());
+                let _ = tls.create(&PostParams::default(), &tl).await;
+                rec.healed();
+                if flushed == Some(crate::support::resp::Resp::Simple("OK".into())) {
+                    rec.effect("Valkey flushed while the operator was down", 1);
+                }
+                rec.effect("highest token the floor had to keep", token);
             }
             other => panic!("fault {other:?} needs a Valkey backend"),
         }
@@ -211,6 +297,7 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
         unreachable!("an operator scenario")
     };
     let mut env = OperatorEnv::start_without_operator("faults").await;
+    env.operator_env = run::failpoint_env(s);
     let flags = operator_flags(&env.ns, replicas);
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
     for _ in 0..replicas {
@@ -224,6 +311,15 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
         env.create(name, handoff_spec(name)).await;
     }
     env.create(
+        REVOKED,
+        json!({ "target": REVOKED_TARGET, "holder": { "identity": REVOKED },
+                "leaseDuration": "20s", "renewInterval": "1s" }),
+    )
+    .await;
+    if s.fault == Fault::ValkeyLossOperatorDown {
+        env.create(FLOORED, floored_spec()).await;
+    }
+    env.create(
         ELECTION,
         json!({ "target": ELECTION_TARGET,
                 "candidates": { "podSelector": { "matchLabels": { "app": "el" } } },
@@ -235,7 +331,29 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     let stop = Stop::default();
     let holders = Holders::new(sink.writer("holders").await, rec.clone());
     let url = env.valkey.url();
-    let mut tasks: Vec<JoinHandle<()>> = run::clients(&url, s, &sink, &rec, &stop).await;
+    let urls = run::Urls {
+        clients: url.clone(),
+        observer: url.clone(),
+    };
+    let observed: Vec<Target> = [
+        HANDOFF_TARGET,
+        ELECTION_TARGET,
+        REVOKED_TARGET,
+        FLOORED_TARGET,
+    ]
+    .iter()
+    .map(|t| Target::new(env.ns.clone(), *t))
+    .collect();
+    let mut tasks: Vec<JoinHandle<()>> =
+        run::clients(&urls, s, &sink, &rec, &stop, &observed).await;
+    let admin: Arc<dyn LeaseStore> = Arc::new(env.store().await);
+    tasks.push(tokio::spawn(revoker::run(
+        admin,
+        vec![Target::new(env.ns.clone(), REVOKED_TARGET)],
+        REVOKE_EVERY,
+        rec.clone(),
+        stop.clone(),
+    )));
     let (r, h, st) = (rec.clone(), holders.clone(), stop.clone());
     let lease_watch = tokio::spawn(watch::leases(tls.clone(), r, h, st));
     let (r, st) = (rec.clone(), stop.clone());

@@ -47,7 +47,7 @@ fn rfc3339_ms(s: &str) -> Option<u64> {
         .map(|t| t.as_millisecond().max(0) as u64)
 }
 
-fn publication(tl: &TargetLease, deleted: bool) -> Publication {
+fn publication(tl: &TargetLease, deleted: bool, after_gap: bool) -> Publication {
     let s = tl.status.clone().unwrap_or_default();
     Publication {
         name: tl.name_any(),
@@ -59,14 +59,16 @@ fn publication(tl: &TargetLease, deleted: bool) -> Publication {
         } else {
             s.phase.map(|p| p.as_str().to_string()).unwrap_or_default()
         },
+        after_gap,
         token: s.fencing_token,
         acquisition_id: s.acquisition_id,
+        holder_pod: s.holder_pod,
         acquired_at_ms: s.acquired_at.as_ref().map(time_ms),
         expires_at_ms: s.expires_at.as_ref().map(time_ms),
     }
 }
 
-fn pod_version(p: &Pod, deleted: bool) -> PodVersion {
+fn pod_version(p: &Pod, deleted: bool, after_gap: bool) -> PodVersion {
     let marks = if deleted {
         Vec::new()
     } else {
@@ -94,6 +96,7 @@ fn pod_version(p: &Pod, deleted: bool) -> PodVersion {
         rv: rv(p),
         seen_ms: now_ms(),
         marks,
+        after_gap,
     }
 }
 
@@ -161,20 +164,20 @@ impl Holders {
     }
 }
 
-/// True for the error that makes a watch relist: its revision was compacted.
-fn expired(e: &watcher::Error) -> bool {
-    let text = e.to_string();
-    text.contains("too old resource version") || text.contains("Expired")
-}
-
 /// Hands every object version the watch on `api` delivers to `seen` (with
-/// `true` for a deletion) until `stop`; returns how often the watch had to
-/// relist because its revision had expired.
-async fn each_version<K>(api: Api<K>, stop: Stop, mut seen: impl FnMut(&K, bool)) -> u64
+/// `true` for a deletion, then `true` for a version a relist delivered: the
+/// versions before it are unknown) until `stop`; returns how often the watch
+/// listed again after its first list (an expired revision, a restarted
+/// server).
+async fn each_version<K>(api: Api<K>, stop: Stop, mut seen: impl FnMut(&K, bool, bool)) -> u64
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let mut relists: u64 = 0;
+    let mut lists: u64 = 0;
+    let mut listing = false;
+    // The last version of every live object, and what the current list delivered.
+    let mut known: std::collections::HashMap<String, K> = Default::default();
+    let mut listed: HashSet<String> = HashSet::new();
     let mut events = watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -184,21 +187,53 @@ where
             continue;
         };
         match ev {
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => seen(&o, false),
-            Ok(watcher::Event::Delete(o)) => seen(&o, true),
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-            Err(e) => relists += u64::from(expired(&e)),
+            Ok(watcher::Event::Apply(o)) => {
+                seen(&o, false, false);
+                known.insert(o.name_any(), o);
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                seen(&o, false, listing && lists > 1);
+                listed.insert(o.name_any());
+                known.insert(o.name_any(), o);
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                seen(&o, true, false);
+                known.remove(&o.name_any());
+            }
+            Ok(watcher::Event::Init) => {
+                lists += 1;
+                listing = true;
+                listed.clear();
+            }
+            Ok(watcher::Event::InitDone) => {
+                listing = false;
+                // Deleted while the watch was away: gone by the list's revision
+                // (at least the newest version it delivered), when exactly is unknown.
+                let at = known.values().map(|o| rv(o)).max().unwrap_or(0);
+                let gone: Vec<String> = known
+                    .keys()
+                    .filter(|n| !listed.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    if let Some(mut o) = known.remove(&name) {
+                        o.meta_mut().resource_version = Some(at.to_string());
+                        seen(&o, true, true);
+                    }
+                }
+            }
+            Err(_) => {}
         }
     }
-    relists
+    lists.saturating_sub(1)
 }
 
 /// Records every TargetLease version until `stop`; returns how often the
 /// watch had to relist because its revision had expired.
 pub async fn leases(api: Api<TargetLease>, rec: Recorder, holders: Holders, stop: Stop) -> u64 {
-    each_version(api, stop, |tl, deleted| {
+    each_version(api, stop, |tl, deleted, after_gap| {
         // A deletion's phase is "Deleted": nobody acts on it.
-        let p = publication(tl, deleted);
+        let p = publication(tl, deleted, after_gap);
         if let (true, Some(token)) = (p.phase == "Held", p.token) {
             holders.act(&p.name, &p.target, token);
         }
@@ -216,9 +251,9 @@ pub async fn pods(
     resource: String,
     stop: Stop,
 ) -> u64 {
-    each_version(api, stop, |p, deleted| {
+    each_version(api, stop, |p, deleted, after_gap| {
         // A deleted pod carries no marks: nobody acts on it.
-        let v = pod_version(p, deleted);
+        let v = pod_version(p, deleted, after_gap);
         for m in &v.marks {
             if let Some(token) = m.token {
                 holders.act(&v.pod, &resource, token);

@@ -1,0 +1,131 @@
+//! Unit tests of [`super`]: each lie on a synthetic history.
+
+use super::super::fixtures::*;
+use super::*;
+
+fn l(token: u64, issue: &str, expires: u64) -> Option<LeaseView> {
+    Some(view("a", token, issue, 1000, expires))
+}
+
+fn found(h: &History) -> Vec<String> {
+    check(h).iter().map(|v| v.detail.clone()).collect()
+}
+
+#[test]
+fn what_observers_saw_matches_every_report() {
+    let h = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .look("t", l(1, "r1", 3000), 1100)
+        .renew("a", "t", ("r1", 1), said("renewed"), 1200, 3200)
+        .look("t", l(1, "r1", 3200), 1300)
+        .renew("a", "t", ("r1", 1), said("expired"), 1400, 0) // honest: nothing set
+        .look("t", l(1, "r1", 3200), 1500)
+        .release("a", "t", 1, said("released"), 1600)
+        .look("t", None, 1700)
+        .write(Sink::Commit, "t", 1, "c1", said("committed"), 1800)
+        .read("t", Some((1, "c1")), 1900)
+        .build();
+    assert_eq!(found(&h), Vec::<String>::new());
+}
+
+#[test]
+fn a_renewal_reported_done_that_never_ran_is_caught() {
+    // Control: a lost reply reported as renewed.
+    let h = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .renew("a", "t", ("r1", 1), said("renewed"), 1200, 3200)
+        .look("t", l(1, "r1", 3000), 1300)
+        .build();
+    assert!(
+        found(&h)[0].contains("its expiry was 3000"),
+        "{:?}",
+        found(&h)
+    );
+    let gone = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .renew("a", "t", ("r1", 1), said("renewed"), 2900, 4900)
+        .look("t", None, 3500)
+        .build();
+    assert!(found(&gone)[0].contains("the target was free"));
+    // A data-loss fault in between: the look proves nothing.
+    let lost = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .renew("a", "t", ("r1", 1), said("renewed"), 2900, 4900)
+        .lossy_fault()
+        .look("t", None, 3500)
+        .build();
+    assert_eq!(found(&lost), Vec::<String>::new());
+}
+
+#[test]
+fn a_release_or_revoke_reported_done_that_never_ran_is_caught() {
+    let h = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .release("a", "t", 1, said("released"), 1600)
+        .look("t", l(1, "r1", 3000), 1700)
+        .build();
+    assert!(
+        found(&h)[0].contains("reported released"),
+        "{:?}",
+        found(&h)
+    );
+    let h = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .revoke("t", "v1", 1, said("revoked"))
+        .look("t", l(1, "r1", 3000), 1700)
+        .build();
+    assert!(found(&h)[0].contains("reported revoked"), "{:?}", found(&h));
+}
+
+#[test]
+fn refusals_that_took_effect_are_caught() {
+    // A renewal reported unavailable that set an expiry.
+    let h = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .renew("a", "t", ("r1", 1), Answer::Unavailable, 0, 0)
+        .look("t", l(1, "r1", 3400), 1500)
+        .build();
+    assert!(found(&h)[0].contains("no acknowledged operation set"));
+    // ... unless a renewal of it had an unknown outcome.
+    let h = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .renew("a", "t", ("r1", 1), Answer::Unknown, 0, 0)
+        .look("t", l(1, "r1", 3400), 1500)
+        .build();
+    assert_eq!(found(&h), Vec::<String>::new());
+    // A release reported unavailable after which the lease was gone early.
+    let h = H::new()
+        .acquired("a", "t", "r1", 1, 1000, 3000)
+        .release("a", "t", 1, Answer::Unavailable, 0)
+        .look("t", None, 1500)
+        .build();
+    assert!(
+        found(&h).iter().any(|d| d.contains("before its expiry")),
+        "{:?}",
+        found(&h)
+    );
+}
+
+#[test]
+fn a_commit_reported_done_that_never_landed_is_caught() {
+    let h = H::new()
+        .write(Sink::Commit, "t", 1, "c1", said("committed"), 1000)
+        .write(Sink::Commit, "t", 2, "c2", said("committed"), 1100)
+        .read("t", Some((1, "c1")), 1200)
+        .build();
+    assert!(found(&h)[0].contains("carried token 1"), "{:?}", found(&h));
+    let h = H::new()
+        .write(Sink::Commit, "t", 2, "c1", said("committed"), 1000)
+        .write(Sink::Commit, "t", 2, "c2", said("committed"), 1100)
+        .read("t", Some((2, "c1")), 1200)
+        .build();
+    assert!(found(&h)[0].contains("acknowledged before it was sent"));
+    // The same token read back from a commit that may be later: fine.
+    let h = H::new()
+        .write(Sink::Commit, "t", 2, "c1", Answer::Unknown, 0)
+        .write(Sink::Commit, "t", 2, "c2", said("committed"), 1100)
+        .write(Sink::Commit, "t", 2, "c1", said("committed"), 1150)
+        .read("t", Some((2, "c1")), 1200)
+        .build();
+    assert_eq!(found(&h), Vec::<String>::new());
+}
