@@ -483,7 +483,6 @@ async fn the_operator_may_change_nothing_on_a_pod_but_its_marks() {
     // real change, so one let through before that is no later no-op).
     let probes = std::sync::atomic::AtomicU32::new(0);
     eventually("the pod-marks policy to be enforced", SOON, || {
-        let merge = merge.clone();
         let n = probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let probe = json!({ "metadata": { "labels": { "probe": n.to_string() } } });
         async move { refused_by_marks_policy(&merge(probe).await).then_some(()) }
