@@ -72,9 +72,11 @@ pub struct OperatorArgs {
     /// This replica's name, for Events and leader election (the pod name in a cluster).
     #[arg(long, env = "POD_NAME", default_value = "targetlease-operator")]
     pub instance: String,
-    /// Address of the admin server (/livez, /readyz, /metrics). `[::]:PORT`
-    /// listens on IPv6 and IPv4 (IPv4 only where the node has no IPv6).
-    #[arg(long, env = "TARGETLEASE_ADMIN_ADDR", default_value = "[::]:8080")]
+    /// Address of the admin server (/livez, /readyz, /metrics): `IP:PORT`,
+    /// `[IPv6]:PORT` or a bare IPv6 address and port (what `$(POD_IP):PORT`
+    /// expands to in an IPv6 pod). `[::]:PORT` listens on IPv6 and IPv4 (IPv4
+    /// only where the node has no IPv6); the chart binds the pod's own IP.
+    #[arg(long, env = "TARGETLEASE_ADMIN_ADDR", default_value = "[::]:8080", value_parser = parse_listen_addr)]
     pub admin_addr: SocketAddr,
     /// Elect one active replica on a coordination.k8s.io Lease (for several replicas).
     #[arg(long, env = "TARGETLEASE_LEADER_ELECTION", default_value_t = false)]
@@ -343,6 +345,53 @@ async fn shutdown_signal() {
         }
         Err(_) => {
             let _ = ctrl_c.await;
+        }
+    }
+}
+
+/// `IP:PORT` and `[IPv6]:PORT`, and a bare IPv6 address with its port
+/// (`fd00::5:8080`: the last colon separates the port).
+fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let refused =
+        || format!("{s:?} is not an address and port (IP:PORT, [IPv6]:PORT or IPv6:PORT)");
+    let (ip, port) = s.rsplit_once(':').ok_or_else(refused)?;
+    let ip: std::net::Ipv6Addr = ip.parse().map_err(|_| refused())?;
+    let port: u16 = port.parse().map_err(|_| refused())?;
+    Ok(SocketAddr::from((ip, port)))
+}
+
+#[cfg(test)]
+mod listen_addr_tests {
+    use super::parse_listen_addr;
+
+    #[test]
+    fn pod_ips_of_either_family_with_a_port() {
+        for (given, want) in [
+            ("10.1.2.3:8080", "10.1.2.3:8080"),
+            ("[::]:8080", "[::]:8080"),
+            ("[fd00::5]:8080", "[fd00::5]:8080"),
+            ("fd00::5:8080", "[fd00::5]:8080"),
+            ("fd00:1:2:3:4:5:6:7:9090", "[fd00:1:2:3:4:5:6:7]:9090"),
+        ] {
+            assert_eq!(
+                parse_listen_addr(given).unwrap().to_string(),
+                want,
+                "{given}"
+            );
+        }
+        for bad in [
+            "",
+            "8080",
+            "10.1.2.3",
+            "host:8080",
+            "fd00::5",
+            "10.1.2.3:99999",
+            ":8080",
+        ] {
+            assert!(parse_listen_addr(bad).is_err(), "{bad:?} accepted");
         }
     }
 }

@@ -94,6 +94,62 @@ impl Rendered {
         role
     }
 
+    /// The one `kind` named `name`.
+    pub fn named(&self, kind: &str, name: &str) -> &Value {
+        let mut all = self
+            .0
+            .iter()
+            .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name);
+        let first = all
+            .next()
+            .unwrap_or_else(|| panic!("no {kind} {name} rendered; got {:?}", self.kinds()));
+        assert!(all.next().is_none(), "more than one {kind} {name} rendered");
+        first
+    }
+
+    /// The admission policy whose name ends with `-{which}`
+    /// (`status-writers`, `pod-marks`), if rendered.
+    pub fn find_policy(&self, kind: &str, which: &str) -> Option<&Value> {
+        let suffix = format!("-{which}");
+        let mut all = self.0.iter().filter(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with(&suffix))
+        });
+        let first = all.next();
+        assert!(all.next().is_none(), "more than one {kind} *{suffix}");
+        first
+    }
+
+    /// The ValidatingAdmissionPolicy `-{which}`.
+    pub fn policy(&self, which: &str) -> &Value {
+        self.find_policy("ValidatingAdmissionPolicy", which)
+            .unwrap_or_else(|| panic!("no policy {which}; got {:?}", self.kinds()))
+    }
+
+    /// The ValidatingAdmissionPolicyBinding `-{which}`.
+    pub fn policy_binding(&self, which: &str) -> &Value {
+        self.find_policy("ValidatingAdmissionPolicyBinding", which)
+            .unwrap_or_else(|| panic!("no policy binding {which}; got {:?}", self.kinds()))
+    }
+
+    /// The Role in the release namespace (floors, election Lease, lease-id key).
+    pub fn release_role(&self) -> &Value {
+        let ns = self.get("ServiceAccount")["metadata"]["namespace"].clone();
+        let mut roles = self.0.iter().filter(|d| {
+            d["kind"] == "Role"
+                && d["metadata"]["namespace"] == ns
+                && !d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .ends_with("-workloads")
+        });
+        let role = roles.next().expect("the release namespace's Role");
+        assert!(roles.next().is_none(), "one release Role");
+        role
+    }
+
     pub fn get(&self, kind: &str) -> &Value {
         self.find(kind)
             .unwrap_or_else(|| panic!("no {kind} rendered; got {:?}", self.kinds()))

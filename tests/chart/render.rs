@@ -132,7 +132,7 @@ fn assert_no_secret_in_env(r: &Rendered) {
             e["name"].as_str().unwrap().to_string()
         })
         .collect();
-    assert_eq!(names, ["POD_NAME", "POD_NAMESPACE", "RUST_LOG"]);
+    assert_eq!(names, ["POD_NAME", "POD_NAMESPACE", "POD_IP", "RUST_LOG"]);
     assert!(
         !r.args().iter().any(|a| a.starts_with("--password=")),
         "no password flag"
@@ -149,12 +149,13 @@ fn default_values_render_a_restricted_highly_available_operator() {
             "ClusterRole", // the operator's, and the aggregated read-only one
             "ClusterRoleBinding",
             "Deployment",
+            "NetworkPolicy", // ingress to the admin port from the monitoring namespace
             "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",
             "ServiceAccount",
-            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy", // status writers and pod marks
             "ValidatingAdmissionPolicyBinding"
         ],
         "no ServiceMonitor by default; the policy without any --api-versions; \
@@ -216,7 +217,7 @@ fn default_values_render_a_restricted_highly_available_operator() {
         "--lease-id-key-secret=tl-targetlease-lease-id-key",
         "--floor-namespace=tl-system",
         "--floor-configmap=targetlease-token-floors",
-        "--admin-addr=[::]:8080",
+        "--admin-addr=$(POD_IP):8080",
         "--leader-election",
         "--leader-election-namespace=tl-system",
         "--leader-election-lease=targetlease-operator",
@@ -339,6 +340,48 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     assert!(!r.args().iter().any(|a| a.starts_with("--leader-election")));
 }
 
+#[test]
+fn with_a_watched_namespace_rbac_is_namespaced_and_nothing_is_cluster_wide() {
+    let r = template(
+        "tl",
+        "tl-system",
+        &["--set", "operator.watchNamespace=apps"],
+    );
+    assert!(
+        r.find("ClusterRoleBinding").is_none(),
+        "no cluster-wide binding"
+    );
+    let cluster_roles: Vec<_> = r.0.iter().filter(|d| d["kind"] == "ClusterRole").collect();
+    assert_eq!(cluster_roles.len(), 1, "only the aggregated read-only role");
+    assert_eq!(
+        cluster_roles[0]["metadata"]["name"],
+        "tl-system.tl-targetlease-view"
+    );
+    let workloads = r.named("Role", "tl-targetlease-workloads");
+    assert_eq!(workloads["metadata"]["namespace"], "apps");
+    assert_eq!(workloads["rules"], expected_cluster_rules());
+    let binding = r.named("RoleBinding", "tl-targetlease-workloads");
+    assert_eq!(binding["metadata"]["namespace"], "apps");
+    assert_eq!(
+        binding["roleRef"],
+        json!({ "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                "name": "tl-targetlease-workloads" })
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{ "kind": "ServiceAccount", "name": "tl-targetlease", "namespace": "tl-system" }])
+    );
+    assert_eq!(
+        r.release_role()["rules"],
+        expected_role_rules(
+            DEFAULT_FLOORS,
+            Some(DEFAULT_ELECTION_LEASE),
+            Some("tl-targetlease-lease-id-key")
+        ),
+        "the release namespace keeps its own Role"
+    );
+}
+
 const NON_DEFAULT: &[&str] = &[
     "--set",
     "replicaCount=3",
@@ -372,10 +415,13 @@ fn non_default_values_render_tls_an_existing_password_and_a_service_monitor() {
         r.container()["image"],
         "ghcr.io/targetlease/targetlease@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
     );
-    assert!(r.find("ValidatingAdmissionPolicy").is_none(), "turned off");
+    assert!(
+        !r.kinds().contains("ValidatingAdmissionPolicy"),
+        "turned off"
+    );
     assert!(r.find("Secret").is_none(), "an existing lease-id key");
     assert_eq!(
-        r.get("Role")["rules"],
+        r.release_role()["rules"],
         expected_role_rules(DEFAULT_FLOORS, Some(DEFAULT_ELECTION_LEASE), None),
         "with an existing key Secret the operator gets no access to Secrets"
     );
@@ -453,17 +499,24 @@ fn the_binary_accepts_the_rendered_arguments() {
         ("default", template("tl", "tl-system", &[])),
         ("non-default", template("prod", "ops", NON_DEFAULT)),
     ] {
-        let args = r.args();
-        let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
-            .args(&args)
-            .arg("--help")
-            .output()
-            .expect("run targetlease");
-        assert!(
-            out.status.success(),
-            "{what} values: `targetlease {}` is refused:\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // As the kubelet expands `$(POD_IP)`, in a pod of either family.
+        for pod_ip in ["10.1.2.3", "fd00::5"] {
+            let args: Vec<String> = r
+                .args()
+                .iter()
+                .map(|a| a.replace("$(POD_IP)", pod_ip))
+                .collect();
+            let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+                .args(&args)
+                .arg("--help")
+                .output()
+                .expect("run targetlease");
+            assert!(
+                out.status.success(),
+                "{what} values: `targetlease {}` is refused:\n{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }

@@ -77,7 +77,7 @@ fn the_admission_policy_renders_under_plain_helm_template_unless_turned_off() {
     // No --api-versions: what `helm template` (and Argo CD without cluster
     // access) renders.
     let r = template("tl", "tl-system", &[]);
-    let policy = r.get("ValidatingAdmissionPolicy");
+    let policy = r.policy("status-writers");
     assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
     assert_eq!(
         policy["spec"]["matchConstraints"]["resourceRules"],
@@ -89,12 +89,30 @@ fn the_admission_policy_renders_under_plain_helm_template_unless_turned_off() {
         policy["spec"]["validations"][0]["expression"],
         r#"request.userInfo.username in ["system:serviceaccount:tl-system:tl-targetlease"]"#
     );
-    let binding = r.get("ValidatingAdmissionPolicyBinding");
-    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
-    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
-    assert!(
-        binding["spec"]["matchResources"].is_null(),
-        "all namespaces when the operator watches all"
+    for which in ["status-writers", "pod-marks"] {
+        let binding = r.policy_binding(which);
+        assert_eq!(
+            binding["spec"]["policyName"],
+            r.policy(which)["metadata"]["name"]
+        );
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert!(
+            binding["spec"]["matchResources"].is_null(),
+            "all namespaces when the operator watches all"
+        );
+    }
+    // The pod-marks policy judges only the operator's own pod updates.
+    let marks = r.policy("pod-marks");
+    assert_eq!(marks["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        marks["spec"]["matchConditions"],
+        json!([{ "name": "the-operator",
+                 "expression": r#"request.userInfo.username == "system:serviceaccount:tl-system:tl-targetlease""# }])
+    );
+    assert_eq!(
+        marks["spec"]["matchConstraints"]["resourceRules"],
+        json!([{ "apiGroups": [""], "apiVersions": ["v1"],
+                 "operations": ["UPDATE"], "resources": ["pods"] }])
     );
 
     // Scoped to the watched namespace; extra identities allowed on request.
@@ -106,12 +124,14 @@ fn the_admission_policy_renders_under_plain_helm_template_unless_turned_off() {
             "operator.watchNamespace=apps,admissionPolicy.extraAllowedUsers[0]=break-glass",
         ],
     );
+    for which in ["status-writers", "pod-marks"] {
+        assert_eq!(
+            r.policy_binding(which)["spec"]["matchResources"],
+            json!({ "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "apps" } } })
+        );
+    }
     assert_eq!(
-        r.get("ValidatingAdmissionPolicyBinding")["spec"]["matchResources"],
-        json!({ "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "apps" } } })
-    );
-    assert_eq!(
-        r.get("ValidatingAdmissionPolicy")["spec"]["validations"][0]["expression"],
+        r.policy("status-writers")["spec"]["validations"][0]["expression"],
         r#"request.userInfo.username in ["system:serviceaccount:tl-system:tl-targetlease","break-glass"]"#
     );
 
@@ -151,7 +171,7 @@ fn assert_side_by_side(first: (&str, &str), second: (&str, &str)) {
         names_a.intersection(&names_b).collect::<Vec<_>>()
     );
     for (r, (_, ns)) in [(&a, first), (&b, second)] {
-        let binding = r.get("ValidatingAdmissionPolicyBinding");
+        let binding = r.policy_binding("status-writers");
         assert_eq!(
             binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"],
             json!({ "kubernetes.io/metadata.name": ns }),
@@ -161,19 +181,25 @@ fn assert_side_by_side(first: (&str, &str), second: (&str, &str)) {
             .as_str()
             .unwrap();
         assert_eq!(
-            r.get("ValidatingAdmissionPolicy")["spec"]["validations"][0]["expression"],
+            r.policy("status-writers")["spec"]["validations"][0]["expression"],
             format!(r#"request.userInfo.username in ["system:serviceaccount:{ns}:{sa}"]"#)
         );
-        for binding in ["ClusterRoleBinding", "RoleBinding"] {
+        // Watching one namespace: RBAC there and in the release namespace
+        // only, nothing cluster-wide.
+        assert!(r.find("ClusterRoleBinding").is_none());
+        let bindings: Vec<_> = r.0.iter().filter(|d| d["kind"] == "RoleBinding").collect();
+        assert_eq!(
+            bindings.len(),
+            2,
+            "the watched namespace's and the release's"
+        );
+        for b in bindings {
             assert_eq!(
-                r.get(binding)["subjects"],
+                b["subjects"],
                 json!([{ "kind": "ServiceAccount", "name": sa, "namespace": ns }])
             );
+            assert_eq!(b["roleRef"]["kind"], "Role");
         }
-        assert_eq!(
-            r.get("ClusterRoleBinding")["roleRef"]["name"],
-            r.operator_cluster_role()["metadata"]["name"]
-        );
     }
 }
 

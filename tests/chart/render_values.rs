@@ -74,9 +74,16 @@ fn extra_env_volumes_annotations_and_history_reach_the_deployment() {
     let names: Vec<_> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["POD_NAME", "POD_NAMESPACE", "RUST_LOG", "HTTPS_PROXY", "TZ"]
+        [
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "POD_IP",
+            "RUST_LOG",
+            "HTTPS_PROXY",
+            "TZ"
+        ]
     );
-    assert_eq!(env[4]["valueFrom"]["configMapKeyRef"]["name"], "tz");
+    assert_eq!(env[5]["valueFrom"]["configMapKeyRef"]["name"], "tz");
     assert_eq!(r.volume("ca")["configMap"]["name"], "corp-ca");
     let mounts = r.container()["volumeMounts"].as_array().unwrap().clone();
     assert!(
@@ -89,16 +96,26 @@ fn extra_env_volumes_annotations_and_history_reach_the_deployment() {
 }
 
 #[test]
-fn the_admin_server_listens_on_ipv6_and_ipv4_by_default() {
+fn the_admin_server_listens_on_the_pods_own_ip_by_default() {
     let r = template("tl", "tl-system", &[]);
-    assert!(r.args().contains(&"--admin-addr=[::]:8080".to_string()));
+    assert!(
+        r.args()
+            .contains(&"--admin-addr=$(POD_IP):8080".to_string())
+    );
+    let env = r.container()["env"].as_array().unwrap().clone();
+    let pod_ip = env.iter().find(|e| e["name"] == "POD_IP").expect("POD_IP");
+    assert_eq!(
+        pod_ip["valueFrom"],
+        json!({ "fieldRef": { "fieldPath": "status.podIP" } })
+    );
     let r = template(
         "tl",
         "tl-system",
         &["--set", "admin.address=0.0.0.0,admin.port=9090"],
     );
     assert!(r.args().contains(&"--admin-addr=0.0.0.0:9090".to_string()));
-    assert_eq!(r.container()["ports"][0]["containerPort"], 9090);
+    let r = template("tl", "tl-system", &["--set", "admin.address=[::]"]);
+    assert!(r.args().contains(&"--admin-addr=[::]:8080".to_string()));
 }
 
 #[test]
@@ -137,7 +154,7 @@ fn the_service_monitor_takes_a_namespace_and_relabelings() {
 
 const POLICY: &[&str] = &[
     "--set",
-    "networkPolicy.enabled=true",
+    "networkPolicy.restrictEgress=true",
     "--set-json",
     r#"networkPolicy.apiServer.to=[{"ipBlock":{"cidr":"10.0.0.1/32"}}]"#,
     "--set-json",
@@ -146,20 +163,37 @@ const POLICY: &[&str] = &[
 
 #[test]
 fn the_network_policy_admits_the_admin_port_and_reaches_only_dns_the_api_and_valkey() {
+    // On by default: the admin port, from the monitoring namespace only.
+    let r = template("tl", "tl-system", &[]);
+    let np = r.get("NetworkPolicy");
+    assert_eq!(np["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        np["spec"]["ingress"],
+        json!([{ "ports": [{ "port": "admin", "protocol": "TCP" }],
+                 "from": [{ "namespaceSelector": { "matchLabels": {
+                     "kubernetes.io/metadata.name": "monitoring" } } }] }])
+    );
     assert!(
-        template("tl", "tl-system", &[])
+        np["spec"]["egress"].is_null(),
+        "egress unrestricted by default"
+    );
+    assert!(
+        template("tl", "tl-system", &["--set", "networkPolicy.enabled=false"])
             .find("NetworkPolicy")
             .is_none(),
-        "off by default"
+        "can be turned off"
     );
-    // It refuses to render a policy that would cut the operator off.
+    // Restricting egress refuses to render a policy that would cut the
+    // operator off.
     refused(
-        &["--set", "networkPolicy.enabled=true"],
+        &["--set", "networkPolicy.restrictEgress=true"],
         "networkPolicy.apiServer.to",
     );
     refused(&POLICY[..4], "networkPolicy.valkey.to");
 
-    let r = template("tl", "tl-system", POLICY);
+    let mut anyone = POLICY.to_vec();
+    anyone.extend_from_slice(&["--set-json", "networkPolicy.ingressFrom=[]"]);
+    let r = template("tl", "tl-system", &anyone);
     let np = r.get("NetworkPolicy");
     assert_eq!(np["metadata"]["namespace"], "tl-system");
     assert_eq!(
