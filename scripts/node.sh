@@ -229,8 +229,8 @@ start_containerd() { # DIR
 build_images() { # DIR
   local dir="$1" img="$dir/images" src
   command -v gcc >/dev/null || die "gcc not found (needed to compile the pause image)"
-  [ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' \
-    || die "/bin/busybox is not Debian's static busybox (apt-get install busybox-static)"
+  [ -x "$BIN/busybox" ] && file -L "$BIN/busybox" 2>/dev/null | grep -q 'statically linked' \
+    || die "$BIN/busybox is not a static busybox (run scripts/setup.sh)"
   src="$(cd "$REPO/tests/controlplane/kubelet" && GOWORK=off GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
   [ -f "$src" ] || die "pause.c not found at $src (go mod download in tests/controlplane/kubelet)"
   rm -rf "$img"; mkdir -p "$img/pause/rootfs" "$img/busybox/rootfs/bin" "$img/busybox/rootfs/tmp" \
@@ -238,9 +238,9 @@ build_images() { # DIR
   gcc -Os -static -s -DVERSION=targetlease -o "$img/pause/rootfs/pause" "$src"
   python3 "$REPO/scripts/oci-image.py" --out "$img/pause.tar" --name "$PAUSE_IMAGE" \
     --rootfs "$img/pause/rootfs" --entrypoint '["/pause"]' --user 65535:65535 2>>"$dir/images.log"
-  cp /bin/busybox "$img/busybox/rootfs/bin/busybox"
+  cp -L "$BIN/busybox" "$img/busybox/rootfs/bin/busybox"
   local a
-  for a in $(/bin/busybox --list); do
+  for a in $("$BIN/busybox" --list); do
     [ "$a" = busybox ] || ln -s busybox "$img/busybox/rootfs/bin/$a"
   done
   chmod 1777 "$img/busybox/rootfs/tmp"

@@ -2,7 +2,7 @@
 //! actionlint (built from its Go module by `scripts/build-controlplane.sh`),
 //! and holding what a release must do: a multi-arch image from bases pinned
 //! by digest, with OCI labels, an SBOM, provenance and a signature, and the
-//! chart pushed as a signed OCI artifact.
+//! chart pushed as a signed OCI artifact; every action pinned by commit.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,5 +76,35 @@ fn a_release_builds_signs_and_describes_every_artifact() {
         "USER 65532:65532",
     ] {
         assert!(dockerfile.contains(needed), "Dockerfile lacks {needed:?}");
+    }
+}
+
+/// Every action the workflow runs is pinned by its full commit SHA (a tag
+/// like `v4` can be moved to other code by whoever controls the action's
+/// repository); the comment names the release it is.
+#[test]
+fn every_action_is_pinned_by_commit() {
+    let workflow = std::fs::read_to_string(repo().join(".github/workflows/release.yml")).unwrap();
+    let uses: Vec<&str> = workflow
+        .lines()
+        .filter_map(|l| {
+            l.trim_start()
+                .trim_start_matches("- ")
+                .strip_prefix("uses:")
+        })
+        .map(str::trim)
+        .collect();
+    assert!(uses.len() >= 8, "{uses:?}");
+    for u in uses {
+        let (action, rest) = u.split_once('@').unwrap_or_else(|| panic!("{u}: no ref"));
+        let (sha, comment) = rest.split_once(" # ").unwrap_or((rest, ""));
+        assert!(
+            sha.len() == 40 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{action} is pinned by {sha:?}, not a commit"
+        );
+        assert!(
+            comment.starts_with('v'),
+            "{action}@{sha}: name its release in a comment"
+        );
     }
 }
