@@ -9,7 +9,6 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
 t0=$SECONDS
 times="$(mktemp)"
-export SETUP_TIMES="$times"
 mark() { echo "$1 $2" >>"$times"; }
 breakdown() {
   echo "test: time breakdown (seconds):" >&2
@@ -33,7 +32,7 @@ set +m
 trap 'kill -TERM -- -"$build" 2>/dev/null || true; rm -f "$build_log" "$times"' EXIT
 # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever the substitution
 # exits with, so a failed setup went on to the tests.
-setup_env="$(scripts/setup.sh)"
+setup_env="$(SETUP_TIMES="$times" scripts/setup.sh)"
 eval "$setup_env"
 mark setup-total $((SECONDS - t0))
 if ! wait "$build"; then

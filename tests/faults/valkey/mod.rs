@@ -308,8 +308,12 @@ impl Valkey {
         let (dir, offset) = self.clock.as_ref().expect("a faketime deployment");
         let mut offset = offset.lock().unwrap_or_else(|p| p.into_inner());
         *offset += by.as_secs();
-        std::fs::write(dir.path().join("faketime"), format!("+{}\n", *offset))
-            .expect("write the faketime file");
+        // Replaced whole (rename), never truncated in place: libfaketime
+        // re-reads the file on every clock call, and a read between the
+        // truncation and the write saw no offset at all.
+        let tmp = dir.path().join("faketime.tmp");
+        std::fs::write(&tmp, format!("+{}\n", *offset)).expect("write the faketime file");
+        std::fs::rename(&tmp, dir.path().join("faketime")).expect("replace the faketime file");
     }
 }
 
