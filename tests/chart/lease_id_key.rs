@@ -260,7 +260,8 @@ async fn a_key_secret_planted_before_the_install_is_refused() {
     let kubeconfig =
         service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
     let valkey = ValkeyServer::start();
-    let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+    let log = dir.path().join("operator.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
         .arg("operator")
         .arg(format!("--lease-id-key-secret={name}"))
         .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
@@ -271,10 +272,27 @@ async fn a_key_secret_planted_before_the_install_is_refused() {
         .env("POD_NAMESPACE", &ns)
         .env("POD_SERVICE_ACCOUNT", &release.service_account)
         .stdin(Stdio::null())
-        .output()
-        .expect("run targetlease operator");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start targetlease operator");
+    let deadline = std::time::Instant::now() + SOON;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the operator is still running with the planted key:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(3), "{stderr}");
     assert!(
         stderr.contains("before this installation's ServiceAccount"),
         "{stderr}"
