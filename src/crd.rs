@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use crate::config_error::ConfigError;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, ValidationRule,
+    CustomResourceDefinition, JSON, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+    ValidationRule,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
@@ -136,6 +137,8 @@ pub struct CandidatesSpec {
     /// exactly one application's pods, e.g. `matchLabels: {app: web}`. The elected
     /// pod gets the label `<name>.targetlease.dev/leader: "true"`, where `<name>`
     /// is this TargetLease's name, so a Service can route to this election's leader only.
+    /// At most 32 `matchLabels` (keys up to 317 characters, values up to 63) and
+    /// 16 `matchExpressions` of up to 32 values each.
     #[x_kube(validation = Rule::new("(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)").message("spec.candidates.podSelector must not be empty"))]
     pub pod_selector: LabelSelector,
 }
@@ -260,8 +263,72 @@ fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Sch
 /// (`<name>.targetlease.dev/leader`), and a label key prefix is at most 253 characters.
 pub const MAX_NAME_CHARS: usize = 253 - ".targetlease.dev".len();
 
+/// Most `matchLabels` entries of a candidate selector.
+pub const MAX_SELECTOR_LABELS: u64 = 32;
+/// Most `matchExpressions` of a candidate selector.
+pub const MAX_SELECTOR_EXPRESSIONS: u64 = 16;
+/// Most values of one selector expression.
+pub const MAX_SELECTOR_VALUES: u64 = 32;
+/// A label key: a DNS-subdomain prefix (253), a slash and a name (63).
+const MAX_LABEL_KEY: u64 = 317;
+/// A label value.
+const MAX_LABEL_VALUE: u64 = 63;
+
+/// Size limits on `spec.candidates.podSelector`. The operator keeps every
+/// TargetLease in memory and matches every pod event against every selector:
+/// without limits, one tenant's megabyte selectors would exhaust the memory
+/// every tenant's leases depend on. The limits are far above any real
+/// selector (a Deployment's has one to three labels) and bound one object to
+/// about 40 KB.
+fn limit_selector(selector: &mut JSONSchemaProps) {
+    let Some(props) = selector.properties.as_mut() else {
+        return;
+    };
+    if let Some(labels) = props.get_mut("matchLabels") {
+        labels.max_properties = Some(MAX_SELECTOR_LABELS as i64);
+        if let Some(JSONSchemaPropsOrBool::Schema(value)) = labels.additional_properties.as_mut() {
+            value.max_length = Some(MAX_LABEL_VALUE as i64);
+        }
+        labels
+            .x_kubernetes_validations
+            .get_or_insert_with(Vec::new)
+            .push(ValidationRule {
+                rule: format!("self.all(k, size(k) <= {MAX_LABEL_KEY})"),
+                message: Some(format!(
+                    "spec.candidates.podSelector.matchLabels keys must be at most {MAX_LABEL_KEY} characters"
+                )),
+                ..ValidationRule::default()
+            });
+    }
+    if let Some(expressions) = props.get_mut("matchExpressions") {
+        expressions.max_items = Some(MAX_SELECTOR_EXPRESSIONS as i64);
+        if let Some(JSONSchemaPropsOrArray::Schema(item)) = expressions.items.as_mut()
+            && let Some(fields) = item.properties.as_mut()
+        {
+            if let Some(key) = fields.get_mut("key") {
+                key.max_length = Some(MAX_LABEL_KEY as i64);
+            }
+            if let Some(operator) = fields.get_mut("operator") {
+                operator.enum_ = Some(
+                    ["In", "NotIn", "Exists", "DoesNotExist"]
+                        .iter()
+                        .map(|o| JSON(serde_json::json!(o)))
+                        .collect(),
+                );
+            }
+            if let Some(values) = fields.get_mut("values") {
+                values.max_items = Some(MAX_SELECTOR_VALUES as i64);
+                if let Some(JSONSchemaPropsOrArray::Schema(value)) = values.items.as_mut() {
+                    value.max_length = Some(MAX_LABEL_VALUE as i64);
+                }
+            }
+        }
+    }
+}
+
 /// The CustomResourceDefinition as installed: the derived one plus the rules
-/// that need the object's metadata (only reachable from the schema's root).
+/// that need the object's metadata (only reachable from the schema's root)
+/// and the size limits of the candidate selector.
 pub fn definition() -> CustomResourceDefinition {
     let mut crd = <TargetLease as kube::CustomResourceExt>::crd();
     for version in &mut crd.spec.versions {
@@ -270,6 +337,17 @@ pub fn definition() -> CustomResourceDefinition {
             .as_mut()
             .and_then(|s| s.open_api_v3_schema.as_mut())
         {
+            if let Some(selector) = schema
+                .properties
+                .as_mut()
+                .and_then(|p| p.get_mut("spec"))
+                .and_then(|spec| spec.properties.as_mut())
+                .and_then(|p| p.get_mut("candidates"))
+                .and_then(|c| c.properties.as_mut())
+                .and_then(|p| p.get_mut("podSelector"))
+            {
+                limit_selector(selector);
+            }
             schema
                 .x_kubernetes_validations
                 .get_or_insert_with(Vec::new)

@@ -49,6 +49,12 @@ pub struct OperatorArgs {
         conflicts_with = "lease_id_key_file"
     )]
     pub lease_id_key_secret: Option<String>,
+    /// The operator's own ServiceAccount (in the floor namespace; the chart
+    /// passes it from the downward API). With `--lease-id-key-secret`, a key
+    /// Secret created before this ServiceAccount is refused: it predates the
+    /// installation, so someone else made it and knows the key.
+    #[arg(long, env = "POD_SERVICE_ACCOUNT")]
+    pub service_account: Option<String>,
     /// Namespace of the ConfigMap that keeps the last token of deleted leases.
     #[arg(
         long,
@@ -187,6 +193,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
                 &election_client,
                 ns,
                 name,
+                args.service_account.as_deref(),
                 &mut shutdown,
             )
             .await

@@ -2,7 +2,8 @@
 //! replicas racing to create it agree on one key, an existing Secret is read
 //! and never changed, a foreign Secret is refused, and the chart's RBAC is
 //! exactly enough. Then the real binary: two operator processes started at
-//! once as the chart's ServiceAccount create one Secret between them.
+//! once as the chart's ServiceAccount create one Secret between them, and a
+//! key Secret planted before the installation is refused.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -172,6 +173,7 @@ async fn two_operator_replicas_starting_at_once_create_one_key() {
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAME", format!("operator-{i}"))
             .env("POD_NAMESPACE", &ns)
+            .env("POD_SERVICE_ACCOUNT", &release.service_account)
             .env("RUST_LOG", "targetlease=info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -228,4 +230,80 @@ async fn two_operator_replicas_starting_at_once_create_one_key() {
             read(i)
         );
     }
+}
+
+/// Someone allowed to create Secrets in the release namespace plants a key
+/// before the chart is installed, hoping to derive every lease id. The
+/// operator (the real binary, as the chart's ServiceAccount, with the chart's
+/// arguments and its ServiceAccount from the downward API) refuses the key
+/// because it predates the installation, exits, and leaves the Secret alone.
+#[tokio::test]
+async fn a_key_secret_planted_before_the_install_is_refused() {
+    let cp = kube_env::shared().await;
+    crate::support::operator_env::install_crd(&cp.client()).await;
+    let ns = cp.namespace("chart-key-planted").await;
+    let name = key_secret_name(&crate::helm::template(&ns, &ns, &[]).args());
+    let secrets: Api<Secret> = Api::namespaced(cp.client(), &ns);
+    let planted: Secret = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "stringData": { "key": "a key the planter knows, long enough to be used" },
+    }))
+    .unwrap();
+    let planted = secrets
+        .create(&PostParams::default(), &planted)
+        .await
+        .unwrap();
+    // Creation times have whole seconds.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let release = install_identity(cp, &ns).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig =
+        service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
+    let valkey = ValkeyServer::start();
+    let log = dir.path().join("operator.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .arg("operator")
+        .arg(format!("--lease-id-key-secret={name}"))
+        .args(["--admin-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--valkey-url", &valkey.url()])
+        .args(["--floor-namespace", &ns, "--watch-namespace", &ns])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAME", "operator-0")
+        .env("POD_NAMESPACE", &ns)
+        .env("POD_SERVICE_ACCOUNT", &release.service_account)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start targetlease operator");
+    let deadline = std::time::Instant::now() + SOON;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the operator is still running with the planted key:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("before this installation's ServiceAccount"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("a key the planter knows"),
+        "the key is never shown: {stderr}"
+    );
+    let after = secrets.get(&name).await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, planted.metadata.resource_version,
+        "left as it was"
+    );
 }

@@ -77,6 +77,11 @@ pub fn expected_role_rules(
         rules.push(json!({ "apiGroups": [""], "resources": ["secrets"], "verbs": ["create"] }));
         rules.push(json!({ "apiGroups": [""], "resources": ["secrets"],
                            "resourceNames": [secret], "verbs": ["get"] }));
+        // Its own ServiceAccount (the release's full name, like the Secret's
+        // prefix): a key Secret older than it is refused.
+        let service_account = secret.trim_end_matches("-lease-id-key");
+        rules.push(json!({ "apiGroups": [""], "resources": ["serviceaccounts"],
+                           "resourceNames": [service_account], "verbs": ["get"] }));
     }
     if let Some(lease) = election_lease {
         rules.push(
@@ -132,7 +137,16 @@ fn assert_no_secret_in_env(r: &Rendered) {
             e["name"].as_str().unwrap().to_string()
         })
         .collect();
-    assert_eq!(names, ["POD_NAME", "POD_NAMESPACE", "POD_IP", "RUST_LOG"]);
+    assert_eq!(
+        names,
+        [
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "POD_IP",
+            "POD_SERVICE_ACCOUNT",
+            "RUST_LOG"
+        ]
+    );
     assert!(
         !r.args().iter().any(|a| a.starts_with("--password=")),
         "no password flag"

@@ -78,12 +78,13 @@ fn extra_env_volumes_annotations_and_history_reach_the_deployment() {
             "POD_NAME",
             "POD_NAMESPACE",
             "POD_IP",
+            "POD_SERVICE_ACCOUNT",
             "RUST_LOG",
             "HTTPS_PROXY",
             "TZ"
         ]
     );
-    assert_eq!(env[5]["valueFrom"]["configMapKeyRef"]["name"], "tz");
+    assert_eq!(env[6]["valueFrom"]["configMapKeyRef"]["name"], "tz");
     assert_eq!(r.volume("ca")["configMap"]["name"], "corp-ca");
     let mounts = r.container()["volumeMounts"].as_array().unwrap().clone();
     assert!(

@@ -11,12 +11,21 @@
 //! reads what the winner wrote (409 → read again). An existing Secret is
 //! never modified (it is created `immutable`); one without the expected data
 //! key is refused rather than repaired.
+//!
+//! Whoever could create Secrets in the release namespace before the operator
+//! first started could have planted a key they know, and with it derive every
+//! lease id the operator hands out. Given its own ServiceAccount (which the
+//! chart creates at install), the operator refuses a key Secret created
+//! before that ServiceAccount: it predates the installation, so this operator
+//! did not make it. Creation times are set by the API server and cannot be
+//! chosen by whoever creates an object.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use crate::lease_id::LeaseIdKey;
@@ -127,6 +136,38 @@ fn base64_encode(bytes: &[u8]) -> String {
     out
 }
 
+/// When ServiceAccount `ns/name` was created: the installation's start.
+pub async fn installed_at(client: &kube::Client, ns: &str, name: &str) -> Result<Time, KeyError> {
+    let what = format!("read ServiceAccount {ns}/{name}");
+    let sa = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|e| classify(&what, e))?;
+    sa.metadata
+        .creation_timestamp
+        .ok_or_else(|| KeyError::Transient(format!("{what}: no creation time yet")))
+}
+
+/// Refuses an existing key Secret created before the installation.
+fn not_planted(
+    existing: &Secret,
+    ns: &str,
+    name: &str,
+    since: Option<&Time>,
+) -> Result<(), KeyError> {
+    let (Some(since), Some(created)) = (since, existing.metadata.creation_timestamp.as_ref())
+    else {
+        return Ok(());
+    };
+    if created.0 < since.0 {
+        return Err(KeyError::Permanent(format!(
+            "Secret {ns}/{name} was created at {}, before this installation's ServiceAccount              ({}): this operator did not make it, and whoever did knows the key lease ids are              derived from. Delete it if you know where it came from (the operator then creates              a new key), or name a Secret of your own with leaseIdKey.existingSecret",
+            created.0, since.0
+        )));
+    }
+    Ok(())
+}
+
 /// Reads the key from Secret `ns/name`, creating the Secret with a random key
 /// if it does not exist. Safe to call from any number of replicas at once:
 /// all of them end up with the same key.
@@ -135,11 +176,23 @@ pub async fn load_or_create(
     ns: &str,
     name: &str,
 ) -> Result<(LeaseIdKey, Origin), KeyError> {
+    load_or_create_since(client, ns, name, None).await
+}
+
+/// [`load_or_create`], refusing an existing Secret created before `since`
+/// (the installation's start, [`installed_at`]).
+pub async fn load_or_create_since(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    since: Option<&Time>,
+) -> Result<(LeaseIdKey, Origin), KeyError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     // Two rounds cover the race: absent → create loses (409) → read the winner's.
     for _ in 0..2 {
         let what = format!("read Secret {ns}/{name}");
         if let Some(existing) = api.get_opt(name).await.map_err(|e| classify(&what, e))? {
+            not_planted(&existing, ns, name, since)?;
             return Ok((key_of(&existing, ns, name)?, Origin::Existing));
         }
         match api
@@ -157,16 +210,26 @@ pub async fn load_or_create(
 }
 
 /// [`load_or_create`], retrying transient failures with capped backoff until
-/// `stop` says so (the API server may start after the operator).
+/// `stop` says so (the API server may start after the operator). With
+/// `service_account` (the operator's own, in `ns`), a Secret older than it is
+/// refused.
 pub async fn load_or_create_retrying(
     client: &kube::Client,
     ns: &str,
     name: &str,
+    service_account: Option<&str>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<(LeaseIdKey, Origin)>, String> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match load_or_create(client, ns, name).await {
+        let attempt = async {
+            let since = match service_account {
+                Some(sa) => Some(installed_at(client, ns, sa).await?),
+                None => None,
+            };
+            load_or_create_since(client, ns, name, since.as_ref()).await
+        };
+        match attempt.await {
             Ok(found) => return Ok(Some(found)),
             Err(KeyError::Permanent(e)) => return Err(e),
             Err(KeyError::Transient(e)) => {
@@ -303,6 +366,42 @@ mod tests {
             *seen.lock().unwrap(),
             [format!("GET {PATH}/k"), format!("POST {PATH}")]
         );
+    }
+
+    fn created_at(mut secret: Secret, second: i64) -> Secret {
+        secret.metadata.creation_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+        ));
+        secret
+    }
+
+    /// A key Secret created before the installation's ServiceAccount was
+    /// planted by someone else: refused, never used. One created at or after
+    /// it is the operator's own.
+    #[tokio::test]
+    async fn a_secret_older_than_the_installation_is_refused() {
+        let since = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap());
+        let planted = created_at(fresh_secret("k"), 999);
+        let (client, seen) = fake_api(vec![(200, serde_json::to_value(&planted).unwrap())]);
+        let r = load_or_create_since(&client, "ns", "k", Some(&since)).await;
+        assert!(
+            matches!(&r, Err(KeyError::Permanent(m)) if m.contains("before this installation's ServiceAccount")),
+            "{:?}",
+            r.map(|(_, o)| o)
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [format!("GET {PATH}/k")],
+            "nothing written"
+        );
+        for second in [1_000, 1_001] {
+            let own = created_at(fresh_secret("k"), second);
+            let (client, _) = fake_api(vec![(200, serde_json::to_value(&own).unwrap())]);
+            let (_, origin) = load_or_create_since(&client, "ns", "k", Some(&since))
+                .await
+                .unwrap();
+            assert_eq!(origin, Origin::Existing);
+        }
     }
 
     #[tokio::test]

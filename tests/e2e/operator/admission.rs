@@ -68,6 +68,35 @@ async fn invalid_specs_are_refused_by_the_api_server() {
             json!({ "target": "é".repeat(129), "holder": {"identity": "a"} }),
             "at most 256 bytes",
         ),
+        // A tenant cannot make the operator hold megabytes: selectors are bounded.
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {"matchLabels": { "app": "v".repeat(1_200_000) }}} }),
+            "spec.candidates.podSelector.matchLabels.app: Too long",
+        ),
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {"matchLabels":
+                (0..33).map(|i| (format!("k{i}"), json!("v"))).collect::<serde_json::Map<_, _>>() }}} ),
+            "spec.candidates.podSelector.matchLabels: Too many: 33",
+        ),
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {"matchLabels": { "k".repeat(318): "v" }}} }),
+            "matchLabels keys must be at most 317 characters",
+        ),
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {"matchExpressions":
+                [{"key": "app", "operator": "In", "values": (0..33).map(|i| format!("v{i}")).collect::<Vec<_>>()}] }}} ),
+            "values: Too many: 33",
+        ),
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {"matchExpressions":
+                (0..17).map(|_| json!({"key": "app", "operator": "Exists"})).collect::<Vec<_>>() }}} ),
+            "matchExpressions: Too many: 17",
+        ),
+        (
+            json!({ "target": "t", "candidates": {"podSelector": {"matchExpressions":
+                [{"key": "app", "operator": "Near", "values": ["x"]}] }}} ),
+            "supported values: \"In\", \"NotIn\", \"Exists\", \"DoesNotExist\"",
+        ),
     ];
     for (i, (spec, expected)) in cases.into_iter().enumerate() {
         let obj = json!({
