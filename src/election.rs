@@ -95,6 +95,8 @@ pub struct Elector {
     observed: Option<Observed>,
     /// Whether the last round failed (so a failure is logged once, not every retry).
     failing: bool,
+    /// Called whenever a round finds another replica holding the Lease.
+    on_other: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Elector {
@@ -115,7 +117,15 @@ impl Elector {
             timings,
             observed: None,
             failing: false,
+            on_other: None,
         }
+    }
+
+    /// Calls `f` whenever a round finds another replica holding the Lease
+    /// (this replica's leases are that replica's to renew then).
+    pub fn on_other_leader(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_other = Some(Box::new(f));
+        self
     }
 
     /// The holder identity this replica writes.
@@ -205,6 +215,9 @@ impl Elector {
             Ok(Ok(r)) => {
                 if std::mem::take(&mut self.failing) {
                     tracing::info!("the leader election Lease answers again");
+                }
+                if let (Round::Other(_), Some(f)) = (&r, &self.on_other) {
+                    f();
                 }
                 return Some(r);
             }

@@ -8,8 +8,12 @@
 //! asks the store for a token above the highest of those.
 //!
 //! Floors are sharded over [`BUCKETS`] ConfigMaps `<name>-<bucket>` by a hash
-//! of (namespace, target), read from a watch cache, and pruned of targets a
-//! live TargetLease's status already covers whenever a bucket is written.
+//! of (namespace, target) and read from a watch cache. A write only ever
+//! raises floors ([`bucket`]): entries are never dropped, and a bucket that
+//! outgrows [`MAX_BUCKET_BYTES`] folds its lowest entries into a bucket-wide
+//! base, so no bucket nears the object size limit and no floor is lowered.
+
+pub mod bucket;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -22,6 +26,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 pub const BUCKETS: u8 = 64;
 /// Label on every floor ConfigMap (the watch selects on it).
 pub const FLOOR_LABEL: &str = "targetlease.dev/token-floors";
+/// Bytes of keys and values a bucket may hold before its lowest entries are
+/// folded into its base: about 5,000 targets, a quarter of the 1 MiB limit.
+pub const MAX_BUCKET_BYTES: usize = 256 * 1024;
 
 /// The ConfigMap key of a (namespace, target): a hash, since targets may hold any character.
 pub fn floor_key(namespace: &str, target: &str) -> String {
@@ -36,8 +43,8 @@ pub fn floor_key(namespace: &str, target: &str) -> String {
     format!("t-{hex}")
 }
 
-fn bucket_of(key: &str) -> u8 {
-    // Keys are "t-" + hex: two hex digits pick the bucket.
+/// The bucket of a floor key (keys are "t-" + hex: two hex digits pick it).
+pub fn bucket_of(key: &str) -> u8 {
     u8::from_str_radix(key.get(2..4).unwrap_or("00"), 16).unwrap_or(0) % BUCKETS
 }
 
@@ -46,7 +53,8 @@ pub struct FloorStore {
     api: Api<ConfigMap>,
     name: String,
     cache: Store<ConfigMap>,
-    /// Floors this process raised (the cache may not show them yet).
+    max_bucket_bytes: usize,
+    /// Floors this process raised that the cache did not show yet.
     raised: Mutex<HashMap<String, u64>>,
 }
 
@@ -71,8 +79,15 @@ impl FloorStore {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             cache,
+            max_bucket_bytes: MAX_BUCKET_BYTES,
             raised: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same store with another byte budget per bucket (see [`bucket::compact`]).
+    pub fn with_max_bucket_bytes(mut self, max: usize) -> Self {
+        self.max_bucket_bytes = max;
+        self
     }
 
     /// The label selector of the floor ConfigMaps.
@@ -80,88 +95,55 @@ impl FloorStore {
         format!("{FLOOR_LABEL}={name}")
     }
 
-    fn bucket_name(&self, key: &str) -> String {
+    /// The name of the ConfigMap holding `key`.
+    pub fn bucket_name(&self, key: &str) -> String {
         format!("{}-{:02x}", self.name, bucket_of(key))
     }
 
     /// The recorded floor of a target (0 when none), from the cache and this
-    /// process's own raises.
+    /// process's own raises. Floors never decrease from one version of a
+    /// bucket to the next, so once the cache shows a raise it always will:
+    /// the raise is forgotten then.
     pub fn get(&self, namespace: &str, target: &str) -> u64 {
         let key = floor_key(namespace, target);
         let ns = self.api.namespace().unwrap_or_default().to_owned();
         let cached = self
             .cache
             .get(&ObjectRef::new(&self.bucket_name(&key)).within(&ns))
-            .and_then(|cm| cm.data.as_ref()?.get(&key)?.parse().ok())
+            .and_then(|cm| cm.data.as_ref().map(|d| bucket::floor_in(d, &key)))
             .unwrap_or(0);
-        let raised = self.lock().get(&key).copied().unwrap_or(0);
-        cached.max(raised)
+        let mut raised = self.lock();
+        match raised.get(&key).copied() {
+            Some(r) if r > cached => r,
+            Some(_) => {
+                raised.remove(&key);
+                cached
+            }
+            None => cached,
+        }
+    }
+
+    /// Raises in this process that the cache does not show yet.
+    pub fn pending(&self) -> usize {
+        self.lock().len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
         self.raised.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Raises a target's floor to at least `token`, and drops from the same
-    /// bucket every entry `covered` (floor key → highest token in the status of
-    /// a live TargetLease) makes redundant. Optimistic concurrency, retried.
+    /// Raises a target's floor to at least `token`. Read, raise and write
+    /// under the version read; a conflict reads again. No other entry is
+    /// lowered or dropped (a full bucket folds entries into its base).
     pub async fn raise(
         &self,
         namespace: &str,
         target: &str,
         token: u64,
-        covered: &HashMap<String, u64>,
     ) -> Result<(), kube::Error> {
         let key = floor_key(namespace, target);
         let name = self.bucket_name(&key);
-        for _ in 0..10 {
-            let existing = self.api.get_opt(&name).await?;
-            let mut data = existing
-                .as_ref()
-                .and_then(|cm| cm.data.clone())
-                .unwrap_or_default();
-            let current: u64 = data.get(&key).and_then(|v| v.parse().ok()).unwrap_or(0);
-            if current >= token {
-                self.remember(&key, current);
-                return Ok(());
-            }
-            data.insert(key.clone(), token.to_string());
-            data.retain(|k, v| {
-                *k == key
-                    || !covered
-                        .get(k)
-                        .is_some_and(|live| v.parse::<u64>().is_ok_and(|floor| *live >= floor))
-            });
-            let result = match existing {
-                None => {
-                    let cm = self.config_map(&name, data, None);
-                    self.api
-                        .create(&PostParams::default(), &cm)
-                        .await
-                        .map(|_| ())
-                }
-                Some(cm) => {
-                    let cm = self.config_map(&name, data, cm.metadata.resource_version);
-                    self.api
-                        .replace(&name, &PostParams::default(), &cm)
-                        .await
-                        .map(|_| ())
-                }
-            };
-            match result {
-                Ok(()) => {
-                    self.remember(&key, token);
-                    return Ok(());
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(kube::Error::Api(
-            kube::core::Status::failure("too many conflicts raising the token floor", "Conflict")
-                .with_code(409)
-                .boxed(),
-        ))
+        self.merge(&name, &[(key, token)]).await
     }
 
     fn remember(&self, key: &str, token: u64) {
@@ -219,19 +201,22 @@ impl FloorStore {
         Ok(entries.len())
     }
 
+    /// Raises every floor of `floors` (all in bucket `name`) in one write.
     async fn merge(&self, name: &str, floors: &[(String, u64)]) -> Result<(), kube::Error> {
         for _ in 0..10 {
             let existing = self.api.get_opt(name).await?;
-            let mut data = existing
+            let data = existing
                 .as_ref()
                 .and_then(|cm| cm.data.clone())
                 .unwrap_or_default();
-            for (key, token) in floors {
-                let current: u64 = data.get(key).and_then(|v| v.parse().ok()).unwrap_or(0);
-                data.insert(key.clone(), current.max(*token).to_string());
-            }
+            let Some(next) = bucket::raised(&data, floors, self.max_bucket_bytes) else {
+                for (key, _) in floors {
+                    self.remember(key, bucket::floor_in(&data, key));
+                }
+                return Ok(());
+            };
             let rv = existing.and_then(|cm| cm.metadata.resource_version);
-            let cm = self.config_map(name, data, rv.clone());
+            let cm = self.config_map(name, next, rv.clone());
             let result = match rv {
                 None => self.api.create(&PostParams::default(), &cm).await,
                 Some(_) => self.api.replace(name, &PostParams::default(), &cm).await,
@@ -243,12 +228,13 @@ impl FloorStore {
                     }
                     return Ok(());
                 }
+                // Another writer went first: raise again on top of what it wrote.
                 Err(kube::Error::Api(e)) if e.code == 409 => continue,
                 Err(e) => return Err(e),
             }
         }
         Err(kube::Error::Api(
-            kube::core::Status::failure("too many conflicts migrating token floors", "Conflict")
+            kube::core::Status::failure("too many conflicts raising token floors", "Conflict")
                 .with_code(409)
                 .boxed(),
         ))

@@ -66,6 +66,16 @@ impl Leadership {
         }
     }
 
+    /// Until when writes are allowed: `Ok(None)` for good (no election),
+    /// `Ok(Some(t))` until `t`, `Err` not now.
+    pub fn open_until(&self) -> Result<Option<Instant>, NotLeader> {
+        match *self.lock() {
+            Deadline::Always => Ok(None),
+            Deadline::Until(t) if Instant::now() < t => Ok(Some(t)),
+            Deadline::Until(_) | Deadline::Never => Err(NotLeader),
+        }
+    }
+
     /// `Ok` while writes are allowed; call it right before every write.
     pub fn check(&self) -> Result<(), NotLeader> {
         if self.is_leading() {
@@ -90,9 +100,13 @@ mod tests {
         assert!(Leadership::always().is_leading());
         let gate = Leadership::elected();
         assert_eq!(gate.check(), Err(NotLeader));
-        gate.lead_until(Instant::now() + Duration::from_secs(60));
+        let until = Instant::now() + Duration::from_secs(60);
+        gate.lead_until(until);
         assert!(gate.is_leading());
+        assert_eq!(gate.open_until(), Ok(Some(until)));
+        assert_eq!(Leadership::always().open_until(), Ok(None));
         gate.lead_until(Instant::now());
+        assert_eq!(gate.open_until(), Err(NotLeader));
         assert!(!gate.is_leading());
         gate.lead_until(Instant::now() + Duration::from_secs(60));
         gate.step_down();

@@ -1,6 +1,9 @@
 //! Wires the reconciler to the cluster: caches, watches, wake-ups, leader
 //! election among replicas, and shutdown.
 
+pub mod api_timeout;
+mod sweep;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,11 +12,11 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::utils::ResetTimerBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
@@ -25,6 +28,8 @@ use crate::floor::FloorStore;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
+use crate::reconcile::clock::ServerClock;
+use crate::reconcile::keeper::Keeper;
 use crate::reconcile::pods::CachedPod;
 use crate::reconcile::{self, Context, pods, queue};
 use crate::store::{LeaseStore, Target};
@@ -53,7 +58,18 @@ pub struct OperatorConfig {
     pub runtime: Arc<RuntimeStatus>,
     /// Open while this replica may write (always, without leader election).
     pub leadership: Leadership,
+    /// Valkey's clock as this process estimates it.
+    pub clock: Arc<ServerClock>,
+    /// Renews published leases whose reconcile is late; lives across terms.
+    pub keeper: Arc<Keeper>,
+    /// How long the API server keeps a watch open before it ends it; a watch
+    /// silent for longer (plus a margin) is taken for dead and made again.
+    pub watch_timeout: Duration,
 }
+
+/// How long a new leader waits for Valkey's `TIME` before it plans with the
+/// local wall clock instead (only when Valkey does not answer).
+const CLOCK_WAIT: Duration = Duration::from_secs(5);
 
 fn api<K>(client: &kube::Client, namespace: &Option<String>) -> Api<K>
 where
@@ -78,26 +94,40 @@ pub async fn control(
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = cfg.client.clone();
+    let watching =
+        || watcher::Config::default().timeout(cfg.watch_timeout.as_secs().clamp(1, 3600) as u32);
+    // Back on watching within seconds once the API server is back (kube's
+    // default waits up to 30 s after a few failures, and pauses every
+    // trigger of the controller meanwhile, leaving caches stale).
+    let backoff = || {
+        ResetTimerBackoff::new(
+            watcher::ExponentialBackoff::from(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(500))
+                    .with_max_delay(Duration::from_secs(3))
+                    .with_factor(2.0)
+                    .with_jitter()
+                    .without_max_times(),
+            ),
+            Duration::from_secs(60),
+        )
+    };
     let (pod_reader, pod_writer) = reflector::store::<CachedPod>();
     let pod_stream = reflector::reflector(
         pod_writer,
-        watcher(
-            api::<CachedPod>(&client, &cfg.watch_namespace),
-            watcher::Config::default(),
-        )
-        .modify(CachedPod::slim),
+        watcher(api::<CachedPod>(&client, &cfg.watch_namespace), watching())
+            .modify(CachedPod::slim),
     )
-    .default_backoff()
     .touched_objects();
     let (floor_reader, floor_writer) = reflector::store::<ConfigMap>();
     let floor_stream = reflector::reflector(
         floor_writer,
         watcher(
             Api::<ConfigMap>::namespaced(client.clone(), &cfg.floor_namespace),
-            watcher::Config::default().labels(&FloorStore::selector(&cfg.floor_configmap)),
+            watching().labels(&FloorStore::selector(&cfg.floor_configmap)),
         ),
     )
-    .default_backoff()
+    .backoff(backoff())
     .for_each(|_| futures::future::ready(()));
     let floor_task = tokio::spawn(floor_stream);
 
@@ -106,11 +136,10 @@ pub async fn control(
         lease_writer,
         watcher(
             api::<WatchedLease>(&client, &cfg.watch_namespace),
-            watcher::Config::default(),
+            watching(),
         )
         .map_ok(lease_event),
     )
-    .default_backoff()
     .touched_objects();
     let controller = Controller::for_stream(lease_stream, leases.clone());
     if let Ok(mut slot) = cfg.runtime.leases.write() {
@@ -127,6 +156,7 @@ pub async fn control(
         let (leases, pods, floor_cache) = (leases.clone(), pod_reader.clone(), floor_reader);
         let (runtime, synced, leadership) =
             (cfg.runtime.clone(), synced.clone(), cfg.leadership.clone());
+        let (store, clock) = (cfg.store.clone(), cfg.clock.clone());
         let migrate = FloorStore::new(
             client.clone(),
             &cfg.floor_namespace,
@@ -164,6 +194,8 @@ pub async fn control(
                     }
                 }
             }
+            // Expiry is judged on Valkey's clock from the first pass on.
+            read_server_time(&*store, &clock).await;
             tracing::debug!("caches synced");
             synced.store(true, Ordering::SeqCst);
             runtime.synced.store(true, Ordering::SeqCst);
@@ -190,15 +222,18 @@ pub async fn control(
         synced,
         memory: Default::default(),
         published: Default::default(),
-        clock: Default::default(),
+        clock: cfg.clock.clone(),
+        keeper: cfg.keeper.clone(),
     });
-    let sweeper = tokio::spawn(sweep_orphaned_marks(ctx.clone()));
+    cfg.keeper.wake_through(Some(ctx.wake.clone()));
+    let sweeper = tokio::spawn(sweep::sweep(ctx.clone()));
     let released = {
         let ctx = ctx.clone();
         release_notices.flat_map(move |target| futures::stream::iter(ctx.released(&target)))
     };
     controller
         .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
+        .trigger_backoff(backoff())
         .watches_stream(pod_stream, move |pod: CachedPod| {
             // The pod's own TargetLeases, and every lease queued on their targets:
             // a head of queue that stops wanting the lease must wake the next one.
@@ -219,6 +254,7 @@ pub async fn control(
             }
         })
         .await;
+    cfg.keeper.wake_through(None);
     sync_task.abort();
     floor_task.abort();
     sweeper.abort();
@@ -228,46 +264,27 @@ pub async fn control(
     }
 }
 
-/// Removes marks whose TargetLease is gone (a finalizer removed by hand, a
-/// crash between the status write of a deletion and its unmark). A mark is
-/// removed once its TargetLease has been missing from the synced cache at two
-/// sweeps in a row, so a cache that lags behind a new lease never costs a mark.
-async fn sweep_orphaned_marks(ctx: Arc<Context>) {
-    use std::collections::HashSet;
-    let mut suspects: HashSet<(String, String, String)> = HashSet::new();
+/// Reads Valkey's `TIME` (a health probe) into `clock`, retrying for up to
+/// [`CLOCK_WAIT`]; the wall clock stands in until an answer comes.
+async fn read_server_time(store: &dyn LeaseStore, clock: &ServerClock) {
+    let give_up = tokio::time::Instant::now() + CLOCK_WAIT;
     loop {
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        if !ctx.synced.load(Ordering::SeqCst) || ctx.leadership.check().is_err() {
-            continue;
-        }
-        let leases: HashSet<(String, String)> = ctx
-            .leases
-            .state()
-            .iter()
-            .map(|tl| (tl.namespace().unwrap_or_default(), tl.name_any()))
-            .collect();
-        let mut now = HashSet::new();
-        for pod in ctx.pods.state() {
-            let ns = pod.namespace().unwrap_or_default();
-            for name in reconcile::marks::marked_by(&pod) {
-                if !leases.contains(&(ns.clone(), name.clone())) {
-                    now.insert((ns.clone(), pod.name_any(), name));
+        let sent = std::time::Instant::now();
+        match tokio::time::timeout_at(give_up, store.health()).await {
+            Ok(Ok(h)) => return clock.anchor(h.server_time_ms, sent),
+            Ok(Err(e)) if tokio::time::Instant::now() < give_up => {
+                tracing::debug!(error = %e, "no Valkey TIME yet");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => {
+                if !clock.is_anchored() {
+                    tracing::warn!(
+                        "Valkey did not answer; judging expiry by the local clock until it does"
+                    );
                 }
+                return;
             }
         }
-        for (ns, pod, name) in now.intersection(&suspects) {
-            if ctx.leadership.check().is_err() {
-                break;
-            }
-            let cached = ctx.pods.get(&ObjectRef::new(pod).within(ns));
-            match reconcile::marks::unmark(&ctx.client, ns, name, pod, cached.as_deref()).await {
-                Ok(()) => {
-                    tracing::info!(namespace = %ns, pod = %pod, lease = %name, "removed the marks of a TargetLease that no longer exists")
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot remove orphaned marks"),
-            }
-        }
-        suspects = now;
     }
 }
 
@@ -299,13 +316,15 @@ pub async fn control_while_leading(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let timings = election.timings;
+    let keeper = cfg.keeper.clone();
     let mut elector = Elector::new(
         election.client,
         &election.namespace,
         &election.lease_name,
         &cfg.instance,
         timings,
-    );
+    )
+    .on_other_leader(move || keeper.forget_all());
     tracing::info!(identity = %elector.identity(), lease = %election.lease_name, "joining the leader election");
     loop {
         let valid_until = tokio::select! {

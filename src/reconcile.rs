@@ -9,7 +9,9 @@
 //! *before* the store is called, and a lease is unpublished *before* it is
 //! released, so a crash anywhere is resolved by the next pass.
 
+pub mod clock;
 mod execute;
+pub mod keeper;
 pub mod marks;
 mod pass;
 pub mod plan;
@@ -32,7 +34,10 @@ use crate::crd::TargetLease;
 use crate::floor::FloorStore;
 use crate::leadership::{Leadership, NotLeader};
 use crate::lease_id::LeaseIdKey;
+use crate::operator::api_timeout::ApiTimedOut;
 use crate::store::LeaseStore;
+use clock::ServerClock;
+use keeper::Keeper;
 
 /// Finalizer that guarantees the lease is released before the resource goes.
 pub const FINALIZER: &str = "targetlease.dev/release";
@@ -67,15 +72,16 @@ pub struct Context {
     pub memory: Mutex<HashMap<ObjectRef<TargetLease>, Memory>>,
     /// Highest token this process published per (namespace, target).
     pub published: Mutex<HashMap<(String, String), u64>>,
-    /// The store's clock as last seen, and when.
-    pub clock: Mutex<Option<(u64, Instant)>>,
+    /// Valkey's clock, estimated from every answer (shared with the keeper).
+    pub clock: Arc<ServerClock>,
+    /// What Valkey last confirmed of each lease; renews published leases whose
+    /// reconcile is late (lives across leadership terms).
+    pub keeper: Arc<Keeper>,
 }
 
 /// Per-TargetLease state kept between passes.
 #[derive(Clone, Debug, Default)]
 pub struct Memory {
-    /// When the store last confirmed the lease, and its hard end.
-    pub confirmed: Option<(Instant, Option<u64>)>,
     /// Consecutive failures (store or API), for backoff.
     pub failures: u32,
     /// The newest resourceVersion this process wrote or read; a cached object
@@ -109,6 +115,7 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Error::Kube(e) if is_conflict(e) => "conflict",
+            Error::Kube(e) if timed_out(e) => "api_timeout",
             Error::Kube(_) => "kubernetes",
             Error::NotLeader(_) => "not_leader",
             Error::NoNamespace => "no_namespace",
@@ -118,6 +125,18 @@ impl Error {
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// The API server did not answer in time ([`ApiTimedOut`], anywhere in the chain).
+fn timed_out(e: &kube::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<ApiTimedOut>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 impl Context {
@@ -136,16 +155,10 @@ impl Context {
         all.remove(key);
     }
 
-    /// The store's clock now, estimated from its last answer and the monotonic
-    /// clock since (the local wall clock only before the store ever answered).
+    /// The store's clock now, never behind it ([`clock`]; the local wall
+    /// clock only before the store ever answered).
     fn server_now_ms(&self) -> u64 {
-        let clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        match *clock {
-            Some((ms, at)) => ms + at.elapsed().as_millis() as u64,
-            None => std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        }
+        self.clock.now_ms()
     }
 
     /// A release was announced on `target` (pub/sub): the TargetLeases to wake.
@@ -178,9 +191,11 @@ impl Context {
         holders
     }
 
-    fn saw_server_time(&self, ms: u64) {
-        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        *clock = Some((ms, Instant::now()));
+    /// Forgets what this process remembers of TargetLeases `exists` says are
+    /// gone (they vanished without a last reconcile: a finalizer removed by hand).
+    pub fn forget_vanished(&self, exists: impl Fn(&ObjectRef<TargetLease>) -> bool) {
+        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|k, _| exists(k));
     }
 }
 
@@ -237,7 +252,19 @@ pub fn error_policy(tl: Arc<TargetLease>, err: &Error, ctx: Arc<Context>) -> Act
         category = err.category(),
         "reconcile failed"
     );
-    Action::requeue(with_jitter(plan::backoff(failures.saturating_sub(1))))
+    let wait = with_jitter(plan::backoff(failures.saturating_sub(1)));
+    // A published lease must get its next chance to publish before its
+    // published expiry passes (the keeper renews it in Valkey meanwhile).
+    let published = tl
+        .status
+        .as_ref()
+        .filter(|s| plan::is_published_held(s))
+        .and_then(|s| s.expires_at.as_ref())
+        .map(|t| t.0.as_millisecond());
+    let renew = spec::validate(&tl).map_or(Duration::from_secs(30), |v| v.timing.renew);
+    let cap = published
+        .map(|ms| plan::retry_cap(ms, ctx.server_now_ms(), plan::expiry_margin(renew), renew));
+    Action::requeue(cap.map_or(wait, |c| wait.min(c)))
 }
 
 /// Adds up to 20% jitter.

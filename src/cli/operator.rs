@@ -22,7 +22,10 @@ use crate::election::write_gate::WriteGateLayer;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::{self, OperatorMetrics};
+use crate::operator::api_timeout::ApiTimeoutLayer;
 use crate::operator::{self, Election, OperatorConfig};
+use crate::reconcile::clock::ServerClock;
+use crate::reconcile::keeper::Keeper;
 use crate::store::metrics::{MeteredStore, StoreMetrics};
 use crate::store::valkey::{ValkeyConfig, ValkeyStore, notices};
 use crate::store::{LeaseStore, Target};
@@ -109,6 +112,16 @@ pub struct OperatorArgs {
     /// than the renew deadline.
     #[arg(long, env = "TARGETLEASE_LEADER_ELECTION_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     pub leader_election_retry_period: Duration,
+    /// Longest wait for one Kubernetes API request (a watch: for its response
+    /// to start). A reconcile whose request takes longer gives up its slot
+    /// and retries with backoff.
+    #[arg(long, env = "TARGETLEASE_API_TIMEOUT", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub api_timeout: Duration,
+    /// How long the API server keeps each watch open before ending it (the
+    /// operator then watches again from where it was). A watch silent for
+    /// this long plus 5s is taken for dead and made again.
+    #[arg(long, env = "TARGETLEASE_WATCH_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub watch_timeout: Duration,
 }
 
 fn usage(message: impl std::fmt::Display) -> ExitCode {
@@ -163,13 +176,16 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
             "--leader-election-duration, --leader-election-renew-deadline, --leader-election-retry-period: {e}"
         ));
     }
+    if args.api_timeout.is_zero() || args.watch_timeout < Duration::from_secs(1) {
+        return usage("--api-timeout must be more than zero and --watch-timeout at least 1s");
+    }
     let leadership = if args.leader_election {
         Leadership::elected()
     } else {
         Leadership::always()
     };
     let metrics = OperatorMetrics::default();
-    let (client, election_client) = match clients(&leadership, &metrics).await {
+    let (client, election_client) = match clients(&leadership, &metrics, args.api_timeout).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("targetlease operator: kubernetes client: {e}");
@@ -225,6 +241,11 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         Arc::new(MeteredStore::new(Arc::new(valkey), store_metrics.clone()));
     let registry = metrics::registry(&metrics, &store_metrics);
     let runtime = Arc::new(RuntimeStatus::default());
+    // Published leases outlive trouble with the API server (and this
+    // replica's leadership terms): the keeper renews them meanwhile.
+    let clock = Arc::new(ServerClock::new());
+    let keeper = Arc::new(Keeper::new(store.clone(), clock.clone()));
+    let keeping = tokio::spawn(keeper.clone().run(leadership.clone()));
 
     let admin_state = Arc::new(AdminState::new(
         registry,
@@ -253,6 +274,9 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         metrics,
         runtime: runtime.clone(),
         leadership,
+        clock,
+        keeper,
+        watch_timeout: args.watch_timeout,
     };
     let subscribe = {
         let config = config.clone();
@@ -280,6 +304,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         let notices = subscribe();
         operator::control(&cfg, notices, stop).await;
     }
+    keeping.abort();
     if let Ok(Err(e)) = admin.await {
         tracing::error!(error = %e, "admin server failed");
         return ExitCode::from(3);
@@ -291,19 +316,26 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
 /// The Kubernetes clients: one whose writes need the gate open (everything
 /// the controller does, each write counted by kind once it passed the gate),
 /// and one without it for the election Lease and the lease-id key Secret.
+/// Every request of both has a deadline of `timeout`.
 async fn clients(
     gate: &Leadership,
     metrics: &OperatorMetrics,
+    timeout: Duration,
 ) -> Result<(kube::Client, kube::Client), kube::Error> {
     let config = kube::Config::infer()
         .await
         .map_err(kube::Error::InferConfig)?;
+    let deadline = ApiTimeoutLayer::new(timeout);
     // The last layer added is the outermost: the gate decides first.
     let gated = kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&deadline)
         .with_layer(&metrics.api_writes.layer())
         .with_layer(&WriteGateLayer::new(gate.clone()))
         .build();
-    Ok((gated, kube::Client::try_from(config)?))
+    let ungated = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&deadline)
+        .build();
+    Ok((gated, ungated))
 }
 
 /// Release notifications, subscribed when the controller starts (lazily, so a

@@ -46,6 +46,12 @@ pub struct TokenArgs {
     /// default: $POD_NAME, then $HOSTNAME).
     #[arg(long, env = "POD_NAME")]
     pod: Option<String>,
+    /// This pod's UID (downward API: `fieldRef: {fieldPath: metadata.uid}`).
+    /// With it, the lease counts only when status ties it to this very pod
+    /// (`status.holderPodUid`): a pod recreated under the same name (a
+    /// StatefulSet pod force-deleted) never reads its predecessor's token.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
     /// Or when this identity holds it (`status.holder`), e.g. for a Job named
     /// by `holder.identity` (wins over --pod).
     #[arg(long, env = "TARGETLEASE_IDENTITY")]
@@ -74,10 +80,31 @@ pub struct TokenArgs {
 /// Whose lease counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Who {
-    /// Tied to this pod.
-    Pod(String),
+    /// Tied to this pod: by name, and by UID when it is known.
+    Pod {
+        /// The pod's name.
+        name: String,
+        /// The pod's UID.
+        uid: Option<String>,
+    },
     /// Held by this identity.
     Identity(String),
+}
+
+/// Status ties the lease to a pod of this name but another incarnation
+/// (another UID, or none recorded) than `who`: not ours, however Held.
+pub fn names_another_incarnation(tl: &TargetLease, who: &Who) -> bool {
+    let (
+        Some(s),
+        Who::Pod {
+            name,
+            uid: Some(uid),
+        },
+    ) = (tl.status.as_ref(), who)
+    else {
+        return false;
+    };
+    s.holder_pod.as_deref() == Some(name.as_str()) && s.holder_pod_uid.as_deref() != Some(uid)
 }
 
 /// A lease held for `Who`, as status publishes it.
@@ -105,7 +132,9 @@ pub fn claim(tl: &TargetLease, who: &Who, now: Timestamp) -> Option<Claim> {
         return None;
     }
     let mine = match who {
-        Who::Pod(p) => s.holder_pod.as_deref() == Some(p.as_str()),
+        Who::Pod { name, .. } => {
+            s.holder_pod.as_deref() == Some(name.as_str()) && !names_another_incarnation(tl, who)
+        }
         Who::Identity(i) => s.holder.as_deref() == Some(i.as_str()),
     };
     let expires = s.expires_at.as_ref()?.0;
@@ -180,7 +209,7 @@ impl Absent<'_> {
 
 fn absent<'a>(seen: &Seen, namespace: &'a str, lease: &'a str, who: &Who) -> Absent<'a> {
     let whom = match who {
-        Who::Pod(p) => format!("pod {p}"),
+        Who::Pod { name, .. } => format!("pod {name}"),
         Who::Identity(i) => format!("identity {i}"),
     };
     let (outcome, message) = match seen {
@@ -227,6 +256,7 @@ pub async fn main(args: TokenArgs) -> ExitCode {
         lease,
         namespace,
         pod,
+        pod_uid,
         identity,
         wait,
         nonblock,
@@ -239,7 +269,7 @@ pub async fn main(args: TokenArgs) -> ExitCode {
     let wait = if nonblock { Duration::ZERO } else { wait };
     let who = match (identity, pod.or_else(|| std::env::var("HOSTNAME").ok())) {
         (Some(i), _) => Who::Identity(i),
-        (None, Some(p)) => Who::Pod(p),
+        (None, Some(name)) => Who::Pod { name, uid: pod_uid },
         (None, None) => {
             eprintln!("targetlease token: give --pod (or set POD_NAME) or --identity");
             return ExitCode::from(EXIT_USAGE);
@@ -270,12 +300,26 @@ pub async fn main(args: TokenArgs) -> ExitCode {
     let mut told: Option<&'static str> = None;
     let mut current: Option<Claim> = None;
     let mut written = false;
+    let mut refused_version = None;
     loop {
         let now = Timestamp::now();
         let found = match &seen {
             Seen::Object(tl) => claim(tl, &who, now),
             _ => None,
         };
+        if let Seen::Object(tl) = &seen
+            && names_another_incarnation(tl, &who)
+            && refused_version != tl.metadata.resource_version
+        {
+            refused_version = tl.metadata.resource_version.clone();
+            eprintln!(
+                "targetlease token: the lease is tied to another incarnation of pod {} (status.holderPodUid is not this pod's UID); not this pod's token",
+                tl.status
+                    .as_ref()
+                    .and_then(|s| s.holder_pod.as_deref())
+                    .unwrap_or_default()
+            );
+        }
         if found != current || !written {
             written = true;
             if let Some(path) = &file {
@@ -385,18 +429,45 @@ mod tests {
     fn a_claim_needs_held_for_this_holder_and_an_unexpired_lease() {
         let now = Timestamp::from_second(1_000).unwrap();
         let held = tl(Phase::Held, 2_000_000);
-        let c = claim(&held, &Who::Pod("job-pod".into()), now).unwrap();
+        let c = claim(&held, &pod("job-pod", None), now).unwrap();
         assert_eq!(c.fencing_token, 9_007_199_254_740_993);
         assert!(claim(&held, &Who::Identity("job".into()), now).is_some());
-        assert!(claim(&held, &Who::Pod("other".into()), now).is_none());
+        assert!(claim(&held, &pod("other", None), now).is_none());
+        assert!(claim(&tl(Phase::Unknown, 2_000_000), &pod("job-pod", None), now).is_none());
+        assert!(claim(&tl(Phase::Held, 999_000), &pod("job-pod", None), now).is_none());
+    }
+
+    fn pod(name: &str, uid: Option<&str>) -> Who {
+        Who::Pod {
+            name: name.into(),
+            uid: uid.map(Into::into),
+        }
+    }
+
+    /// A pod recreated under the same name reads nothing its predecessor held.
+    #[test]
+    fn with_a_uid_only_the_incarnation_status_names_gets_the_token() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let mut held = tl(Phase::Held, 2_000_000);
+        held.status.as_mut().unwrap().holder_pod_uid = Some("uid-1".into());
+        assert!(claim(&held, &pod("job-pod", Some("uid-1")), now).is_some());
         assert!(
-            claim(
-                &tl(Phase::Unknown, 2_000_000),
-                &Who::Pod("job-pod".into()),
-                now
-            )
-            .is_none()
+            claim(&held, &pod("job-pod", None), now).is_some(),
+            "no UID given: by name"
         );
-        assert!(claim(&tl(Phase::Held, 999_000), &Who::Pod("job-pod".into()), now).is_none());
+        let successor = pod("job-pod", Some("uid-2"));
+        assert!(claim(&held, &successor, now).is_none());
+        assert!(names_another_incarnation(&held, &successor));
+        assert!(!names_another_incarnation(
+            &held,
+            &pod("job-pod", Some("uid-1"))
+        ));
+        assert!(!names_another_incarnation(
+            &held,
+            &pod("other", Some("uid-2"))
+        ));
+        // A status that records no UID cannot be proved to be this pod's.
+        held.status.as_mut().unwrap().holder_pod_uid = None;
+        assert!(claim(&held, &pod("job-pod", Some("uid-1")), now).is_none());
     }
 }

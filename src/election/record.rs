@@ -94,7 +94,9 @@ pub struct Observed {
 
 impl Observed {
     /// Folds a fresh read into what was seen before: the observation instant
-    /// moves only when the record changed.
+    /// moves whenever the object changed (another `resourceVersion`), even
+    /// when the record reads the same: a holder whose renewals carry the
+    /// same timestamps (a frozen or coarse clock) is still alive.
     pub fn update(
         previous: Option<&Observed>,
         record: Record,
@@ -102,7 +104,7 @@ impl Observed {
         now: Instant,
     ) -> Self {
         let at = match previous {
-            Some(p) if p.record == record => p.at,
+            Some(p) if p.record == record && p.resource_version == resource_version => p.at,
             _ => now,
         };
         Self {
@@ -210,14 +212,21 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_record_restarts_the_wait_and_an_unchanged_one_does_not() {
+    fn any_change_of_the_object_restarts_the_wait_and_none_does_not() {
         let t0 = Instant::now();
         let wall = Timestamp::now();
         let first = seen(held_by("a", wall), t0);
         let later = t0 + Duration::from_secs(10);
+        let unchanged = Observed::update(Some(&first), held_by("a", wall), Some("1".into()), later);
+        assert_eq!(unchanged.at, t0, "the same object read again");
+        // Renewals under a frozen clock write the same record: a new version still counts.
         let same = Observed::update(Some(&first), held_by("a", wall), Some("2".into()), later);
-        assert_eq!(same.at, t0, "metadata-only changes do not count");
+        assert_eq!(same.at, later, "a renewal that reads the same");
         assert_eq!(same.resource_version.as_deref(), Some("2"));
+        assert!(matches!(
+            next(&same, "b", D, t0 + D, wall),
+            Next::Wait { .. }
+        ));
         let renewed = held_by("a", wall + Duration::from_secs(2));
         let changed = Observed::update(Some(&first), renewed, Some("3".into()), later);
         assert_eq!(changed.at, later);

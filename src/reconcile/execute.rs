@@ -3,8 +3,7 @@
 //! depends on what is published (an acquire needs its attempt recorded; a
 //! release needs the lease unpublished first).
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -15,7 +14,7 @@ use super::plan::{self, Desired, Observed, Step};
 use super::transition::{self, META_ACQUISITION, META_TARGETLEASE, Next, Note, Transition};
 use super::{Error, pods, queue, spec};
 use crate::conditions::Reason;
-use crate::floor::floor_key;
+use crate::leadership::{Leadership, NotLeader};
 use crate::store::{
     AcquireRequest, LeaseHandle, ReleaseRequest, RenewRequest, Reply, StoreError, Target,
 };
@@ -180,8 +179,9 @@ impl Pass<'_> {
             }
             Step::Abandon => {
                 self.ctx.leadership.check()?;
+                let sent = self.sending();
                 let reply = self.ctx.store.get(&self.target()).await;
-                self.saw(&reply);
+                self.saw(&reply, sent);
                 transition::after_abandon_read(&self.facts(), &self.working, reply)
             }
             Step::Wait { reason, message } => transition::wait(&f, &self.working, reason, &message),
@@ -197,9 +197,17 @@ impl Pass<'_> {
         )
     }
 
-    fn saw(&self, reply: &Result<Reply, StoreError>) {
+    /// A store call leaves now.
+    fn sending(&mut self) -> Instant {
+        let now = Instant::now();
+        self.sent = Some(now);
+        now
+    }
+
+    /// The reply to a call sent at `sent` tells Valkey's clock.
+    fn saw(&self, reply: &Result<Reply, StoreError>, sent: Instant) {
         if let Ok(r) = reply {
-            self.ctx.saw_server_time(r.server_time_ms);
+            self.ctx.clock.anchor(r.server_time_ms, sent);
         }
     }
 
@@ -223,9 +231,9 @@ impl Pass<'_> {
         meta.insert(META_TARGETLEASE.into(), self.facts().me.into());
         meta.insert(META_ACQUISITION.into(), acquisition.into());
         req.metadata = Some(meta);
-        self.ctx.leadership.check()?;
-        let reply = self.ctx.store.acquire(&req).await;
-        self.saw(&reply);
+        let sent = self.sending();
+        let reply = gated(&self.ctx.leadership, self.ctx.store.acquire(&req)).await?;
+        self.saw(&reply, sent);
         Ok(reply)
     }
 
@@ -250,10 +258,19 @@ impl Pass<'_> {
         // A reply that would come after the published expiry comes too late:
         // stop waiting then, so Held is withdrawn in time. The call itself runs
         // on (its outcome is unknown, which is what the transition assumes).
+        // Renewals pass the write gate: they extend only this exact lease
+        // (docs/consistency.md). They never overlap the keeper's.
         let limit = transition::left_before_expiry(&self.facts(), &self.working);
-        self.ctx.leadership.check()?;
+        let serial = self.ctx.keeper.serial(&self.key);
         let store = self.ctx.store.clone();
-        let call = tokio::spawn(async move { store.renew(&req).await });
+        let sent = self.sending();
+        let call = tokio::spawn(async move {
+            let _serial = match serial {
+                Some(s) => Some(s.lock_owned().await),
+                None => None,
+            };
+            store.renew(&req).await
+        });
         let reply = match limit {
             None => call.await.unwrap_or_else(|e| Err(lost(e))),
             Some(limit) => match tokio::time::timeout(limit, call).await {
@@ -263,7 +280,7 @@ impl Pass<'_> {
                 )),
             },
         };
-        self.saw(&reply);
+        self.saw(&reply, sent);
         Ok(reply)
     }
 
@@ -282,9 +299,9 @@ impl Pass<'_> {
         };
         let mut req = ReleaseRequest::new(self.target(), holder);
         req.request_id = format!("release-{acquisition}");
-        self.ctx.leadership.check()?;
-        let reply = self.ctx.store.release(&req).await;
-        self.saw(&reply);
+        let sent = self.sending();
+        let reply = gated(&self.ctx.leadership, self.ctx.store.release(&req)).await?;
+        self.saw(&reply, sent);
         Ok(reply)
     }
 
@@ -352,24 +369,12 @@ impl Pass<'_> {
         };
         let ns = self.tl.namespace().unwrap_or_default();
         let target = self.tl.spec.target.clone();
+        // The cache is a safe shortcut: floors never decrease between versions.
         if self.ctx.floors.get(&ns, &target) >= token {
             return Ok(());
         }
-        let mut covered: HashMap<String, u64> = HashMap::new();
-        for o in self.ctx.leases.state() {
-            if o.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            if let (Some(o_ns), Some(token)) = (
-                o.namespace(),
-                o.status.as_ref().and_then(|s| s.fencing_token),
-            ) {
-                let slot = covered.entry(floor_key(&o_ns, &o.spec.target)).or_default();
-                *slot = (*slot).max(token);
-            }
-        }
         self.ctx.leadership.check()?;
-        self.ctx.floors.raise(&ns, &target, token, &covered).await?;
+        self.ctx.floors.raise(&ns, &target, token).await?;
         Ok(())
     }
 
@@ -416,7 +421,31 @@ impl Pass<'_> {
     }
 }
 
+/// Runs a store call that can take or give a lease (acquire, release): only
+/// while the gate is open, and no longer than it stays open, so a call that
+/// has not left when this replica stops leading never does (the store client
+/// takes back a request it has not written when its caller goes away).
+async fn gated<F>(gate: &Leadership, call: F) -> Result<Result<Reply, StoreError>, NotLeader>
+where
+    F: std::future::Future<Output = Result<Reply, StoreError>>,
+{
+    match gate.open_until()? {
+        None => Ok(call.await),
+        Some(until) => Ok(tokio::time::timeout_at(until.into(), call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::OutcomeUnknown(
+                    "this replica stopped leading before the store answered".into(),
+                ))
+            })),
+    }
+}
+
 /// A store call whose task failed (panicked or was cancelled): it may have run.
 fn lost(e: tokio::task::JoinError) -> StoreError {
     StoreError::OutcomeUnknown(format!("store call did not complete: {e}"))
 }
+
+#[cfg(test)]
+#[path = "execute_tests.rs"]
+mod tests;

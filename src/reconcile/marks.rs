@@ -214,6 +214,27 @@ pub async fn unmark(
     pod: &str,
     cached: Option<&CachedPod>,
 ) -> Result<(), kube::Error> {
+    send_unmark(client, ns, pod, unmark_patch(name, cached)).await
+}
+
+/// [`unmark`], only if the pod is still the version `cached` shows (the
+/// orphan sweep decided from it). `Ok(false)`: it changed; nothing was done.
+pub async fn unmark_unchanged(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    cached: &CachedPod,
+) -> Result<bool, kube::Error> {
+    let mut patch = unmark_patch(name, Some(cached));
+    patch["metadata"]["resourceVersion"] = cached.resource_version().into();
+    match send_unmark(client, ns, &cached.name_any(), patch).await {
+        Ok(()) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn unmark_patch(name: &str, cached: Option<&CachedPod>) -> serde_json::Value {
     let k = keys(name);
     let mut labels = serde_json::Map::new();
     let mut annotations = serde_json::Map::new();
@@ -232,7 +253,15 @@ pub async fn unmark(
             annotations.insert(legacy.into(), serde_json::Value::Null);
         }
     }
-    let patch = serde_json::json!({ "metadata": { "labels": labels, "annotations": annotations } });
+    serde_json::json!({ "metadata": { "labels": labels, "annotations": annotations } })
+}
+
+async fn send_unmark(
+    client: &kube::Client,
+    ns: &str,
+    pod: &str,
+    patch: serde_json::Value,
+) -> Result<(), kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     match api
         .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))

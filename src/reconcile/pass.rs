@@ -3,7 +3,7 @@
 //! unmark pods the new status does not name → write status (conditional on
 //! the version planned from) → mark the pod it names → Events → wake-ups.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -13,10 +13,12 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
+use super::keeper::{Confirmation, Kept};
 use super::spec::{self, ValidSpec};
-use super::transition::{Facts, Memory as Remembered, Next, Note, Transition};
+use super::transition::{self, Facts, Memory as Remembered, Next, Note, Transition};
 use super::{Context, Error, FIELD_MANAGER, FINALIZER, marks, plan, queue, with_jitter};
 use crate::crd::{TargetLease, TargetLeaseStatus};
+use crate::store::{LeaseHandle, Target};
 
 pub(super) struct Pass<'a> {
     pub(super) ctx: &'a Context,
@@ -27,6 +29,9 @@ pub(super) struct Pass<'a> {
     /// The status this pass will publish.
     pub(super) working: TargetLeaseStatus,
     pub(super) spec: Result<ValidSpec, String>,
+    /// When the last store call of this pass was sent (what a reply's server
+    /// time is anchored at).
+    pub(super) sent: Option<Instant>,
     notes: Vec<Note>,
     wake: bool,
 }
@@ -57,16 +62,19 @@ impl<'a> Pass<'a> {
         });
         let working = tl.status.clone().unwrap_or_default();
         let spec = spec::validate(&tl).map_err(|e| e.to_string());
-        Ok(Some(Self {
+        let pass = Self {
             ctx,
             api,
             key,
             working,
             spec,
             tl,
+            sent: None,
             notes: Vec::new(),
             wake: false,
-        }))
+        };
+        pass.note_published();
+        Ok(Some(pass))
     }
 
     pub(super) fn deleting(&self) -> bool {
@@ -91,7 +99,29 @@ impl<'a> Pass<'a> {
             deleting: self.deleting(),
             renew_interval: self.renew_interval(),
             expiry_margin: plan::expiry_margin(self.renew_interval()),
+            confirmed: self.confirmation().map(|c| transition::Confirmed {
+                sent_ms: self.ctx.clock.at(c.at).unwrap_or(0),
+                expires_ms: c.expires_ms,
+            }),
         }
+    }
+
+    /// What Valkey last confirmed to this process of the lease status names.
+    pub(super) fn confirmation(&self) -> Option<Confirmation> {
+        let token = self.working.fencing_token?;
+        self.ctx
+            .keeper
+            .confirmation(&self.key)
+            .filter(|c| c.token == token)
+    }
+
+    /// Tells the keeper whether the object as the API server last showed it
+    /// publishes the lease kept for it.
+    fn note_published(&self) {
+        let status = self.published();
+        self.ctx
+            .keeper
+            .published(&self.key, status.fencing_token, plan::holds_lease(&status));
     }
 
     pub(super) fn renew_interval(&self) -> Duration {
@@ -157,6 +187,7 @@ impl<'a> Pass<'a> {
         self.ctx
             .remember(&self.key, |m| m.known_version = updated.resource_version());
         self.tl = updated;
+        self.note_published();
     }
 
     /// Takes in a transition: its status becomes the working status; Events
@@ -167,14 +198,17 @@ impl<'a> Pass<'a> {
         self.wake |= t.wake_waiters;
         match t.memory {
             Remembered::Keep => {}
-            Remembered::Confirmed { max_expires_ms } => self.ctx.remember(&self.key, |m| {
-                m.confirmed = Some((std::time::Instant::now(), max_expires_ms));
-                m.confirm = false;
-            }),
-            Remembered::Forget => self.ctx.remember(&self.key, |m| {
-                m.confirmed = None;
-                m.confirm = false;
-            }),
+            Remembered::Confirmed {
+                expires_ms,
+                max_expires_ms,
+            } => {
+                self.keep(expires_ms, max_expires_ms);
+                self.ctx.remember(&self.key, |m| m.confirm = false);
+            }
+            Remembered::Forget => {
+                self.ctx.keeper.forget(&self.key);
+                self.ctx.remember(&self.key, |m| m.confirm = false);
+            }
         }
         if t.forget_acquisition {
             self.ctx
@@ -188,6 +222,38 @@ impl<'a> Pass<'a> {
             None => {}
         }
         t.next
+    }
+
+    /// Hands the lease the working status holds, just confirmed by the store
+    /// call sent at `self.sent`, to the keeper.
+    fn keep(&self, expires_ms: u64, max_expires_ms: Option<u64>) {
+        let w = &self.working;
+        let (Some(owner), Some(acquisition), Some(token), Ok(valid)) = (
+            w.holder.clone(),
+            w.acquisition_id.as_deref(),
+            w.fencing_token,
+            &self.spec,
+        ) else {
+            return;
+        };
+        let handle = LeaseHandle {
+            owner,
+            lease_id: self.ctx.lease_ids.derive(acquisition),
+            token,
+        };
+        let target = Target::new(
+            self.tl.namespace().unwrap_or_default(),
+            self.tl.spec.target.clone(),
+        );
+        let kept = Kept::new(
+            target,
+            handle,
+            (valid.timing.ttl, valid.timing.renew),
+            self.sent.unwrap_or_else(Instant::now),
+            (expires_ms, max_expires_ms),
+        );
+        self.ctx.keeper.confirmed(&self.key, kept);
+        self.note_published();
     }
 
     /// Publishes the working status, in the one safe order.
@@ -322,9 +388,9 @@ impl<'a> Pass<'a> {
         match next {
             Next::Renewal => {
                 let renew = self.renew_interval();
-                let wait = memory
-                    .confirmed
-                    .map_or(Duration::ZERO, |(at, _)| renew.saturating_sub(at.elapsed()));
+                let wait = self
+                    .confirmation()
+                    .map_or(Duration::ZERO, |c| renew.saturating_sub(c.at.elapsed()));
                 let wait = self.until_rotation().map_or(wait, |r| wait.min(r));
                 Action::requeue(wait.max(Duration::from_millis(10)))
             }
@@ -356,17 +422,20 @@ impl<'a> Pass<'a> {
             .flatten()
     }
 
-    /// The store confirmed the lease within the renew interval (of this process).
+    /// A renewal is due: the store has not confirmed the lease to this
+    /// process within the renew interval, a release was announced on its
+    /// target, or the published expiry is about to pass (the keeper renewed
+    /// it while this reconcile could not publish: publish a fresh one).
     pub(super) fn renew_due(&self) -> bool {
         let Ok(spec) = &self.spec else {
             return true;
         };
         let renew = spec.timing.renew;
-        let memory = self.ctx.recall(&self.key);
-        memory.confirm
-            || memory
-                .confirmed
-                .is_none_or(|(at, _)| at.elapsed() + renew / 10 >= renew)
+        self.ctx.recall(&self.key).confirm
+            || self
+                .confirmation()
+                .is_none_or(|c| c.at.elapsed() + renew / 10 >= renew)
+            || transition::published_left(&self.facts(), &self.working).is_none()
     }
 
     /// The hard end of the lease held now: the earliest of what Valkey enforces
@@ -376,11 +445,7 @@ impl<'a> Pass<'a> {
         let Ok(spec) = &self.spec else {
             return None;
         };
-        let enforced = self
-            .ctx
-            .recall(&self.key)
-            .confirmed
-            .and_then(|(_, max)| max);
+        let enforced = self.confirmation().and_then(|c| c.max_expires_ms);
         let acquired = self
             .working
             .acquired_at

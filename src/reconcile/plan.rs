@@ -253,6 +253,21 @@ pub fn recheck_after(reason: Reason) -> Option<Duration> {
     }
 }
 
+/// The longest a failed reconcile of a lease published until `published_ms`
+/// may wait before it tries again: until that expiry less `margin`, so it can
+/// still publish a fresh one (or withdraw Held) in time; never less than
+/// `floor` (once the expiry has passed, nothing is gained by trying sooner:
+/// the keeper renews the lease meanwhile).
+pub fn retry_cap(
+    published_ms: i64,
+    server_now_ms: u64,
+    margin: Duration,
+    floor: Duration,
+) -> Duration {
+    let left = published_ms - server_now_ms as i64 - margin.as_millis() as i64;
+    Duration::from_millis(left.max(0) as u64).max(floor)
+}
+
 /// Delay before retrying after `failures` consecutive failures (store or API):
 /// 250ms doubling to a 30s cap (the caller adds jitter).
 pub fn backoff(failures: u32) -> Duration {

@@ -255,6 +255,20 @@ fn failures_back_off_to_a_cap() {
 }
 
 #[test]
+fn a_failed_reconcile_of_a_published_lease_retries_before_its_published_expiry() {
+    let margin = Duration::from_millis(500);
+    let floor = Duration::from_secs(1);
+    // 10 s left: at most 9.5 s of backoff.
+    assert_eq!(
+        retry_cap(20_000, 10_000, margin, floor),
+        Duration::from_millis(9_500)
+    );
+    // Passed, or about to: no point trying faster than the floor.
+    assert_eq!(retry_cap(10_200, 10_000, margin, floor), floor);
+    assert_eq!(retry_cap(5_000, 10_000, margin, floor), floor);
+}
+
+#[test]
 fn waiters_retry_just_after_the_holder_expires_and_recheck_on_their_own() {
     assert_eq!(retry_after_held(10_000, 9_000), Duration::from_millis(1050));
     assert_eq!(retry_after_held(0, 9_000), Duration::from_millis(100));

@@ -39,6 +39,18 @@ pub struct Facts {
     /// How long before the published expiry a confirmation must arrive
     /// ([`plan::expiry_margin`]).
     pub expiry_margin: Duration,
+    /// The last confirmation of the lease status names that this process got
+    /// (from its reconcile or the keeper), when it has one.
+    pub confirmed: Option<Confirmed>,
+}
+
+/// A confirmation of a lease by the store, in the store's time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Confirmed {
+    /// When its request was sent (the store's clock, estimated).
+    pub sent_ms: u64,
+    /// The lease's expiry in the store, as confirmed.
+    pub expires_ms: u64,
 }
 
 /// An Event to publish.
@@ -93,6 +105,8 @@ pub enum Memory {
     Keep,
     /// The store confirmed the lease now (acquired or renewed).
     Confirmed {
+        /// The lease's expiry in the store.
+        expires_ms: u64,
         /// The lease's hard end, when it has one.
         max_expires_ms: Option<u64>,
     },

@@ -12,6 +12,7 @@ fn facts() -> Facts {
         deleting: false,
         renew_interval: Duration::from_secs(30),
         expiry_margin: Duration::from_secs(1),
+        confirmed: None,
     }
 }
 
@@ -263,6 +264,78 @@ fn held_is_withdrawn_when_the_store_is_silent_past_the_published_expiry() {
     assert_eq!(back.status.phase, Some(Phase::Held));
     assert_eq!(back.status.expires_at, time_ms(NOW_MS + 90_000));
     assert_eq!(condition(&back.status, BACKEND_AVAILABLE).0, "True");
+}
+
+/// The API could not be written while the keeper renewed the lease: its
+/// published expiry passed, Valkey's did not. A confirmation sent after the
+/// published expiry had passed keeps Held standing (Valkey has the lease), the
+/// next renewal republishes a fresh expiry in one write, and Held goes once
+/// that confirmation's expiry is about to pass.
+#[test]
+fn a_lease_the_keeper_kept_alive_stays_held_and_is_republished() {
+    let mut f = facts();
+    f.confirmed = Some(Confirmed {
+        sent_ms: NOW_MS - 1_000,
+        expires_ms: NOW_MS + 6_000,
+    });
+    let stale = held(NOW_MS - 2_000);
+    assert!(before_renew(&f, &stale, Duration::from_secs(90)).is_none());
+    assert!(published_left(&f, &stale).is_none(), "a renewal is due");
+    let t = after_renew(
+        &f,
+        &stale,
+        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 90_000))),
+    );
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 90_000));
+    // The store is silent too: wait no later than Valkey's expiry less the margin.
+    let t = after_renew(&f, &stale, down());
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert_eq!(
+        t.next,
+        Next::Backoff {
+            not_after: Some(Duration::from_secs(5))
+        }
+    );
+    f.confirmed = Some(Confirmed {
+        sent_ms: NOW_MS - 1_000,
+        expires_ms: NOW_MS + 900,
+    });
+    let t = before_renew(&f, &stale, Duration::from_secs(90)).unwrap();
+    assert_eq!(t.status.phase, Some(Phase::Unknown));
+}
+
+/// A confirmation sent before the published expiry passed (the last renewal
+/// before the store fell silent, however close) does not extend Held: it is
+/// withdrawn by the published expiry, though Valkey's expiry is later.
+#[test]
+fn an_earlier_confirmation_never_keeps_held_past_the_published_expiry() {
+    let mut f = facts();
+    f.confirmed = Some(Confirmed {
+        sent_ms: NOW_MS - 3_000,
+        expires_ms: NOW_MS + 5_000,
+    });
+    let t = before_renew(&f, &held(NOW_MS + 800), Duration::from_secs(9)).unwrap();
+    assert_eq!(t.status.phase, Some(Phase::Unknown));
+    // Sent within the margin of the published expiry, before it passed: the same.
+    f.confirmed = Some(Confirmed {
+        sent_ms: NOW_MS - 100,
+        expires_ms: NOW_MS + 5_000,
+    });
+    let t = before_renew(&f, &held(NOW_MS + 300), Duration::from_secs(9)).unwrap();
+    assert_eq!(t.status.phase, Some(Phase::Unknown));
+    f.confirmed = Some(Confirmed {
+        sent_ms: NOW_MS - 3_000,
+        expires_ms: NOW_MS + 5_000,
+    });
+    let t = after_renew(&f, &held(NOW_MS + 3_000), down());
+    assert_eq!(
+        t.next,
+        Next::Backoff {
+            not_after: Some(Duration::from_secs(2))
+        },
+        "wakes one margin before the published expiry, not Valkey's"
+    );
 }
 
 #[test]

@@ -16,6 +16,8 @@ use targetlease::crd::{Phase, TargetLease};
 use super::kube_env::{self, ControlPlane};
 use super::valkey_server::ValkeyServer;
 
+pub mod control_plane;
+
 pub struct OperatorEnv {
     pub cp: &'static ControlPlane,
     pub ns: String,
@@ -30,6 +32,8 @@ pub struct OperatorEnv {
     /// More environment for operators started from now on (the fault
     /// matrix's fail points).
     pub operator_env: Vec<(String, String)>,
+    /// `cp` is this env's own, stopped with it (`start_on_own_control_plane`).
+    owns_control_plane: bool,
 }
 
 /// Installs (or updates) the generated CRD and waits until it is Established.
@@ -63,7 +67,10 @@ impl OperatorEnv {
 
     /// Namespace, Valkey and CRD, but no operator yet.
     pub async fn start_without_operator(prefix: &str) -> Self {
-        let cp = kube_env::shared().await;
+        Self::start_without_operator_on(kube_env::shared().await, prefix).await
+    }
+
+    async fn start_without_operator_on(cp: &'static ControlPlane, prefix: &str) -> Self {
         let client = cp.client();
         install_crd(&client).await;
         let ns = cp.namespace(prefix).await;
@@ -84,6 +91,7 @@ impl OperatorEnv {
             admin_ports: Vec::new(),
             operator_kubeconfig: None,
             operator_env: Vec::new(),
+            owns_control_plane: false,
         }
     }
 
@@ -97,6 +105,13 @@ impl OperatorEnv {
     }
 
     pub fn start_operator_with(&mut self, extra: &[&str]) -> usize {
+        let valkey = self.valkey.url();
+        self.start_operator_on(&valkey, extra)
+    }
+
+    /// Starts one more operator process talking to Valkey at `valkey_url`
+    /// (e.g. a proxy in front of a server of the test's own).
+    pub fn start_operator_on(&mut self, valkey_url: &str, extra: &[&str]) -> usize {
         let log = std::fs::File::create(
             self.dir
                 .path()
@@ -108,7 +123,7 @@ impl OperatorEnv {
             .arg("operator")
             .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])
             .env("POD_NAME", format!("operator-{}", self.operators.len()))
-            .args(["--valkey-url", &self.valkey.url()])
+            .args(["--valkey-url", valkey_url])
             .arg("--lease-id-key-file")
             .arg(self.key_file())
             .args(["--floor-namespace", &self.ns, "--watch-namespace", &self.ns])
@@ -274,6 +289,9 @@ impl Drop for OperatorEnv {
         for c in &mut self.operators {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if self.owns_control_plane {
+            self.stop_own_control_plane();
         }
     }
 }

@@ -22,6 +22,8 @@ use tokio::sync::watch;
 pub struct TcpProxy {
     pub port: u16,
     cut: watch::Sender<bool>,
+    /// Connections accepted before the latest `hang_open` forward nothing.
+    hung: watch::Sender<u64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -32,6 +34,7 @@ impl TcpProxy {
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let (cut, cut_rx) = watch::channel(false);
+        let (hung, hung_rx) = watch::channel(0u64);
         let (stop, stop_rx) = tokio::sync::oneshot::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -41,7 +44,7 @@ impl TcpProxy {
             rt.block_on(async move {
                 let listener = TcpListener::from_std(listener).expect("proxy listener");
                 tokio::select! {
-                    _ = accept_loop(listener, upstream, cut_rx) => {},
+                    _ = accept_loop(listener, upstream, cut_rx, hung_rx) => {},
                     _ = stop_rx => {},
                 }
             });
@@ -49,8 +52,15 @@ impl TcpProxy {
         Self {
             port,
             cut,
+            hung,
             stop: Some(stop),
         }
+    }
+
+    /// Every connection open now becomes a black hole for good (kept open,
+    /// forwarding nothing either way); connections made from now on pass.
+    pub fn hang_open(&self) {
+        self.hung.send_modify(|g| *g += 1);
     }
 
     /// From now on nothing passes, in either direction.
@@ -72,16 +82,27 @@ impl Drop for TcpProxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: SocketAddr, cut: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    cut: watch::Receiver<bool>,
+    hung: watch::Receiver<u64>,
+) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        tokio::spawn(connection(client, upstream, cut.clone()));
+        tokio::spawn(connection(client, upstream, cut.clone(), hung.clone()));
     }
 }
 
-async fn connection(client: TcpStream, upstream: SocketAddr, mut cut: watch::Receiver<bool>) {
+async fn connection(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mut cut: watch::Receiver<bool>,
+    mut hung: watch::Receiver<u64>,
+) {
+    let born = *hung.borrow_and_update();
     // Accepted during a cut: the upstream is unreachable, so nothing to dial.
     if *cut.borrow_and_update() {
         let _ = cut.wait_for(|c| !*c).await;
@@ -108,6 +129,15 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut cut: watch::Rec
                 Ok(n) if !broken => if cw.write_all(&down[..n]).await.is_err() { return },
                 Ok(_) => {}
             },
+            changed = hung.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                if *hung.borrow_and_update() > born {
+                    // Open for good, silent for good.
+                    let _ = std::future::pending::<()>().await;
+                }
+            }
             changed = cut.changed() => {
                 if changed.is_err() {
                     return;

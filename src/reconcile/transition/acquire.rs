@@ -85,6 +85,7 @@ pub fn after_acquire(
                     ),
                 );
                 d.t.memory = Memory::Confirmed {
+                    expires_ms: lease.expires_at_ms,
                     max_expires_ms: lease.max_expires_at_ms,
                 };
                 d.done(Next::Renewal)

@@ -52,6 +52,7 @@ pub fn after_renew(
             d.applied();
             d.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
             d.t.memory = Memory::Confirmed {
+                expires_ms: lease.expires_at_ms,
                 max_expires_ms: lease.max_expires_at_ms,
             };
             d.done(Next::Renewal)
@@ -74,11 +75,29 @@ pub fn after_renew(
     }
 }
 
-/// How long the published expiry leaves for a confirmation (its margin
-/// deducted); `None` when it has (about to have) passed.
+/// How long `Held` may stay published without a new confirmation (the
+/// margin deducted): until the published expiry — or, when the store
+/// confirmed the lease to a request sent after that expiry had passed (the
+/// keeper renewed it while status could not be written, so Held could not
+/// be withdrawn either), until the expiry that confirmation gave. `None`
+/// when that has (about to have) passed.
 pub fn left_before_expiry(f: &Facts, status: &TargetLeaseStatus) -> Option<Duration> {
     let published = status.expires_at.as_ref()?.0.as_millisecond();
-    let left = published - f.server_now_ms as i64 - f.expiry_margin.as_millis() as i64;
+    let until = match f.confirmed {
+        Some(c) if c.sent_ms as i64 > published => published.max(c.expires_ms as i64),
+        _ => published,
+    };
+    left_until(f, until)
+}
+
+/// How long the published expiry leaves (the margin deducted); `None` when
+/// there is none or it has (about to have) passed.
+pub fn published_left(f: &Facts, status: &TargetLeaseStatus) -> Option<Duration> {
+    left_until(f, status.expires_at.as_ref()?.0.as_millisecond())
+}
+
+fn left_until(f: &Facts, until_ms: i64) -> Option<Duration> {
+    let left = until_ms - f.server_now_ms as i64 - f.expiry_margin.as_millis() as i64;
     (left > 0).then(|| Duration::from_millis(left as u64))
 }
 

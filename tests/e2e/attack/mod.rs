@@ -9,6 +9,7 @@
 //! replay pods and TargetLeases in the API server's revision order
 //! (`support::timeline`).
 
+mod clock;
 mod expiry;
 mod lifetime;
 mod order;

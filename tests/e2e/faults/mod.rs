@@ -4,6 +4,8 @@
 //! a status write, recreated pods and max lifetimes. Each test reproduces a
 //! defect found in review (issue 10) on a real kube-apiserver and a real Valkey.
 
+mod api_outage;
+mod floor_races;
 mod floors;
 mod publish;
 mod restarts;

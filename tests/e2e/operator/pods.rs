@@ -210,3 +210,46 @@ async fn the_token_sidecar_keeps_its_file_true_to_status() {
     let _ = sidecar.kill();
     let _ = sidecar.wait();
 }
+
+/// `targetlease token --pod-uid` (POD_UID from the downward API): the token
+/// goes only to the incarnation of the pod that status names. A pod
+/// recreated under the same name gets nothing until the operator has tied a
+/// new lease to it.
+#[tokio::test]
+async fn the_token_subcommand_refuses_another_incarnation_of_its_pod() {
+    let env = OperatorEnv::start("token-uid").await;
+    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create("tied", lease_for("t").identity("worker").pod("worker"))
+        .await;
+    let held = env.wait_phase("tied", Phase::Held, SOON).await;
+    let status = held.status.unwrap();
+    let uid = status.holder_pod_uid.clone().expect("holderPodUid");
+    let token_cmd = |pod_uid: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .args(["token", "--lease", "tied", "--namespace", &env.ns])
+            .args(["--pod", "worker", "--wait", "1s"])
+            .env("POD_UID", pod_uid)
+            .env("KUBECONFIG", env.cp.kubeconfig_path())
+            .env_remove("POD_NAME")
+            .output()
+            .expect("run targetlease token")
+    };
+    let out = token_cmd(&uid);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["fencing_token"], status.fencing_token.unwrap());
+
+    let out = token_cmd("the-uid-of-a-pod-recreated-under-this-name");
+    assert_eq!(out.status.code(), Some(1), "not this incarnation's token");
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["outcome"], "not_held");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another incarnation"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,110 @@
+//! The minute sweep of what no reconcile will clean up: marks of TargetLeases
+//! that are gone, and what this process remembers of them.
+
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::crd::TargetLease;
+use crate::reconcile::{self, Context};
+
+/// Things judged gone: missing now and at the sweep before (`missing`), so a
+/// cache that lags behind a new object never costs it. Returns them and what
+/// is missing now (the next sweep's `missing`). No client required.
+pub fn gone<T: Clone + Eq + Hash>(
+    now_missing: impl IntoIterator<Item = T>,
+    missing: &HashSet<T>,
+) -> (HashSet<T>, HashSet<T>) {
+    let now: HashSet<T> = now_missing.into_iter().collect();
+    let gone = now.intersection(missing).cloned().collect();
+    (gone, now)
+}
+
+/// Every minute: removes marks whose TargetLease is gone (a finalizer removed
+/// by hand, a crash between the status write of a deletion and its unmark),
+/// and forgets what this process remembered of such TargetLeases (the keeper
+/// stops renewing their leases, which then run out). Something is judged
+/// gone once it has been missing from the synced cache at two sweeps in a
+/// row ([`gone`]); a pod is unmarked only if it is still the version the
+/// sweep judged.
+pub async fn sweep(ctx: Arc<Context>) {
+    let mut suspects: HashSet<(String, String, String)> = HashSet::new();
+    let mut missing: HashSet<ObjectRef<TargetLease>> = HashSet::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        if !ctx.synced.load(Ordering::SeqCst) || ctx.leadership.check().is_err() {
+            continue;
+        }
+        let present: HashSet<ObjectRef<TargetLease>> = ctx
+            .leases
+            .state()
+            .iter()
+            .map(|tl| ObjectRef::from_obj(&**tl))
+            .collect();
+        let remembered: Vec<_> = {
+            let memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
+            memory.keys().cloned().collect()
+        };
+        let unseen = remembered
+            .into_iter()
+            .chain(ctx.keeper.keys())
+            .filter(|k| !present.contains(k));
+        let (vanished, now) = gone(unseen, &missing);
+        ctx.forget_vanished(|k| !vanished.contains(k));
+        ctx.keeper.retain(|k| !vanished.contains(k));
+        missing = now;
+
+        let leases: HashSet<(String, String)> = present
+            .iter()
+            .map(|r| (r.namespace.clone().unwrap_or_default(), r.name.clone()))
+            .collect();
+        let mut marked = Vec::new();
+        for pod in ctx.pods.state() {
+            let ns = pod.namespace().unwrap_or_default();
+            for name in reconcile::marks::marked_by(&pod) {
+                if !leases.contains(&(ns.clone(), name.clone())) {
+                    marked.push((ns.clone(), pod.name_any(), name));
+                }
+            }
+        }
+        let (orphans, now) = gone(marked, &suspects);
+        suspects = now;
+        for (ns, pod, name) in orphans {
+            if ctx.leadership.check().is_err() {
+                break;
+            }
+            let Some(cached) = ctx.pods.get(&ObjectRef::new(&pod).within(&ns)) else {
+                continue;
+            };
+            match reconcile::marks::unmark_unchanged(&ctx.client, &ns, &name, &cached).await {
+                Ok(true) => {
+                    tracing::info!(namespace = %ns, pod = %pod, lease = %name, "removed the marks of a TargetLease that no longer exists")
+                }
+                Ok(false) => {
+                    tracing::debug!(namespace = %ns, pod = %pod, "the pod changed; looking again at the next sweep")
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot remove orphaned marks"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_two_sweeps_missed_in_a_row_is_gone() {
+        let (gone1, missing) = gone(["a", "b"], &HashSet::new());
+        assert!(gone1.is_empty(), "the cache may lag behind a new object");
+        let (gone2, missing) = gone(["b", "c"], &missing);
+        assert_eq!(gone2, HashSet::from(["b"]));
+        let (gone3, _) = gone(["c"], &missing);
+        assert_eq!(gone3, HashSet::from(["c"]));
+    }
+}
