@@ -35,6 +35,7 @@ impl Pass<'_> {
                 generation: self.tl.metadata.generation,
                 desired: desired.clone(),
                 queued_behind: self.queued_behind(),
+                held_elsewhere: self.held_elsewhere(),
                 renew_due: self.renew_due(),
                 rotation_due: self.rotation_due(),
                 acquisition: self.acquisition().is_some(),
@@ -66,18 +67,26 @@ impl Pass<'_> {
         Ok(Action::requeue(Duration::ZERO))
     }
 
-    /// Gives back everything this resource has in the store (the last
-    /// published token is covered by the floor first), then lets the finalizer go.
+    /// Gives back everything this resource has in the store, then lets the
+    /// finalizer go. Held is withdrawn first (marks, then status), then the
+    /// last published token is covered by the floor, then the store lets go:
+    /// a floor write that fails leaves the lease unpublished, never Held.
     pub(super) async fn cleanup(mut self) -> Result<Action, Error> {
         if !self.has_finalizer() {
             self.ctx.forget(&self.key);
             return Ok(Action::await_change());
         }
-        self.raise_floor().await?;
         let mut looked = false;
+        let mut floored = false;
         for _ in 0..MAX_STEPS {
             let step = plan::plan_cleanup(&self.working, looked);
             looked |= step == Step::Abandon;
+            // Everything but the step that withdraws Held gives back to the store.
+            if !floored && !matches!(step, Step::Release { .. }) {
+                self.flush().await?;
+                self.raise_floor().await?;
+                floored = true;
+            }
             if step == Step::Finalize {
                 // Nothing left to publish but the marks' removal (status goes with the object).
                 self.working = self.published();
@@ -327,6 +336,26 @@ impl Pass<'_> {
                 )
             })
         })
+    }
+
+    /// Another TargetLease on the target still published as Held, its
+    /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]).
+    fn held_elsewhere(&self) -> Option<String> {
+        let now_ms = self.ctx.server_now_ms() as i64;
+        self.ctx
+            .leases
+            .state()
+            .into_iter()
+            .filter(|o| queue::same_target(o, &self.tl) && o.name_any() != self.tl.name_any())
+            .find(|o| {
+                o.status.as_ref().is_some_and(|s| {
+                    plan::is_published_held(s)
+                        && s.expires_at
+                            .as_ref()
+                            .is_some_and(|e| e.0.as_millisecond() > now_ms)
+                })
+            })
+            .map(|o| o.name_any())
     }
 
     /// The token every new acquisition must exceed: the highest published for

@@ -298,8 +298,13 @@ impl<'a> Pass<'a> {
             self.ctx.leadership.check()?;
             marks::mark(&self.ctx.client, &ns, &name, m).await?;
         }
+        // Withdrawing Held frees the target for a sibling waiting on it
+        // (`held_elsewhere`), whatever the transition said.
+        let withdrawn =
+            plan::is_published_held(&published) && !plan::is_published_held(&self.working);
         if self.working != published {
             self.write_status().await?;
+            self.wake |= withdrawn;
         }
         if !lowering && let Some(m) = &todo.mark {
             self.ctx.leadership.check()?;

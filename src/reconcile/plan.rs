@@ -48,6 +48,12 @@ pub struct Observed<'a> {
     pub desired: Desired,
     /// Name of an older TargetLease on the same target that is served first.
     pub queued_behind: Option<String>,
+    /// Name of another TargetLease on the same target whose status still
+    /// publishes Held, unexpired by the store's clock (one being deleted, or
+    /// one whose lease the store lost): its holder may act until Held is
+    /// withdrawn or expires, so nobody else is granted the target meanwhile,
+    /// whatever the store would answer.
+    pub held_elsewhere: Option<String>,
     /// A renewal is due (none confirmed the lease in this process within the renew interval).
     pub renew_due: bool,
     /// The lease is close enough to its `maxLifetime` that it must be replaced.
@@ -179,6 +185,14 @@ pub fn plan(o: &Observed<'_>) -> Step {
             message: format!(
                 "waiting behind TargetLease {} on the same target",
                 o.queued_behind.as_deref().unwrap_or_default()
+            ),
+        },
+        Desired::Holder { .. } if o.held_elsewhere.is_some() && recorded => Step::Abandon,
+        Desired::Holder { .. } if o.held_elsewhere.is_some() => Step::Wait {
+            reason: Reason::Queued,
+            message: format!(
+                "waiting for TargetLease {}, still published as Held on the same target, to let go",
+                o.held_elsewhere.as_deref().unwrap_or_default()
             ),
         },
         Desired::Holder { .. } if !recorded => Step::RecordAcquisition,

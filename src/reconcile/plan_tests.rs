@@ -41,6 +41,7 @@ fn observed(status: &TargetLeaseStatus, desired: Desired) -> Observed<'_> {
         generation: Some(1),
         desired,
         queued_behind: None,
+        held_elsewhere: None,
         renew_due: false,
         rotation_due: false,
         acquisition: status.acquisition_id.is_some(),
@@ -275,4 +276,40 @@ fn waiters_retry_just_after_the_holder_expires_and_recheck_on_their_own() {
     assert_eq!(retry_after_held(u64::MAX, 0), Duration::from_secs(60));
     assert_eq!(recheck_after(Reason::Queued), Some(Duration::from_secs(30)));
     assert!(recheck_after(Reason::InvalidSpec).is_none());
+}
+
+#[test]
+fn nobody_is_granted_a_target_another_targetlease_still_publishes_as_held() {
+    let st = TargetLeaseStatus::default();
+    let mut o = observed(&st, holder("job"));
+    o.held_elsewhere = Some("old".into());
+    match plan(&o) {
+        Step::Wait { reason, message } => {
+            assert_eq!(reason, Reason::Queued);
+            assert!(message.contains("TargetLease old"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let attempt = TargetLeaseStatus {
+        acquisition_id: Some("a1".into()),
+        ..Default::default()
+    };
+    let mut o = observed(&attempt, holder("job"));
+    o.held_elsewhere = Some("old".into());
+    assert_eq!(
+        plan(&o),
+        Step::Abandon,
+        "an attempt that may have reached the store is given back"
+    );
+    // The lease it holds itself is not affected (a sibling's Held is stale, not this one's).
+    let held = TargetLeaseStatus {
+        phase: Some(Phase::Held),
+        holder: Some("job".into()),
+        fencing_token: Some(3),
+        acquisition_id: Some("a1".into()),
+        ..Default::default()
+    };
+    let mut o = observed(&held, holder("job"));
+    o.held_elsewhere = Some("old".into());
+    assert_eq!(plan(&o), Step::Idle);
 }
