@@ -189,9 +189,9 @@ pub fn plan(o: &Observed<'_>) -> Step {
         },
         Desired::Holder { .. } if o.held_elsewhere.is_some() && recorded => Step::Abandon,
         Desired::Holder { .. } if o.held_elsewhere.is_some() => Step::Wait {
-            reason: Reason::Queued,
+            reason: Reason::TargetHeld,
             message: format!(
-                "waiting for TargetLease {}, still published as Held on the same target, to let go",
+                "target is held by TargetLease {} (published as Held)",
                 o.held_elsewhere.as_deref().unwrap_or_default()
             ),
         },
@@ -261,7 +261,9 @@ pub fn retry_after_held(holder_expires_ms: u64, server_now_ms: u64) -> Duration 
 /// by releases and pod changes; this bounds what a lost wake-up can cost).
 pub fn recheck_after(reason: Reason) -> Option<Duration> {
     match reason {
-        Reason::Queued => Some(Duration::from_secs(30)),
+        // Woken when the one ahead (or the sibling published as Held) lets go;
+        // the recheck only covers a wake-up that never came.
+        Reason::Queued | Reason::TargetHeld => Some(Duration::from_secs(30)),
         Reason::PodNotReady | Reason::NoReadyCandidate => Some(Duration::from_secs(300)),
         _ => None,
     }

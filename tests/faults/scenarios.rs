@@ -124,16 +124,11 @@ const LOSSY: &[(Property, Scope)] = &[
     (Property::Downstream, Scope::Commit),
 ];
 
-/// Valkey losing everything under the operator: the clients' losses, and
-/// two Held statuses at once — a TargetLease deleted while the operator was
-/// down still shows Held until its cleanup, and the next one on the target
-/// acquires (Valkey no longer has the lease to refuse it) before that.
-const LOSSY_UNDER_THE_OPERATOR: &[(Property, Scope)] = &[
-    (Property::Tokens, Scope::Lease),
-    (Property::Exclusion, Scope::Lease),
-    (Property::Downstream, Scope::Commit),
-    (Property::Exclusion, Scope::Published),
-];
+/// Valkey losing everything under the operator: the clients' losses. Not
+/// the operator's: a TargetLease deleted while the operator was down still
+/// shows Held until its cleanup withdraws it, and the next one on the target
+/// is not granted (though Valkey, having lost the lease, would) before that.
+const LOSSY_UNDER_THE_OPERATOR: &[(Property, Scope)] = LOSSY;
 
 fn args(a: &[&str]) -> Setup {
     Setup::Standalone(a.iter().map(|s| s.to_string()).collect())
