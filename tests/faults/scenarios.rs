@@ -20,6 +20,9 @@ pub enum Fault {
     SentinelFailover,
     /// SIGKILL the server and restart it from its own files.
     Restart,
+    /// The power goes: SIGKILL the server, cut its append-only files back to
+    /// what it had fsynced (the power-loss shim's record), restart it.
+    PowerCut,
     /// Move Valkey's clock forward past every lease (libfaketime).
     ClockJump,
     /// `SCRIPT FLUSH` on the server.
@@ -88,6 +91,9 @@ pub struct Scenario {
     /// A control is caught only by an `expect` violation naming one of
     /// these operations (none: any).
     pub expect_words: &'static [&'static str],
+    /// Effects this scenario's fault must show beyond those of every run of
+    /// its fault (`report::required_effect`).
+    pub effects: &'static [&'static str],
 }
 
 impl Scenario {
@@ -135,6 +141,19 @@ const LOSSY_UNDER_THE_OPERATOR: &[(Property, Scope)] = &[
     (Property::Exclusion, Scope::Published),
 ];
 
+/// The power-loss effect of a mode that acknowledges before it fsyncs:
+/// a cut that removed nothing would have tested nothing.
+const UNSYNCED_CUT: &str = "unsynced AOF bytes cut";
+
+/// A server under the power-loss shim with its AOF on, fsynced `fsync`.
+fn power_loss(fsync: &str) -> Setup {
+    Setup::PowerLoss(
+        ["--appendonly", "yes", "--appendfsync", fsync]
+            .map(String::from)
+            .to_vec(),
+    )
+}
+
 fn args(a: &[&str]) -> Setup {
     Setup::Standalone(a.iter().map(|s| s.to_string()).collect())
 }
@@ -153,6 +172,7 @@ fn scenario(name: &'static str, about: &'static str, backend: Backend, fault: Fa
         failpoints: &[],
         failpoints_here: false,
         expect_words: &[],
+        effects: &[],
     }
 }
 
@@ -248,6 +268,33 @@ pub fn all() -> Vec<Scenario> {
                 Fault::Restart,
             )
         },
+        Scenario {
+            measured: LOSSY,
+            effects: &[UNSYNCED_CUT],
+            ..scenario(
+                "powerloss-aof-everysec",
+                "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync everysec`, `--durability none`",
+                Backend::Valkey(power_loss("everysec")),
+                Fault::PowerCut,
+            )
+        },
+        Scenario {
+            durability: Durability::Aof,
+            measured: LOSSY,
+            effects: &[UNSYNCED_CUT],
+            ..scenario(
+                "powerloss-aof-everysec-durability-aof",
+                "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync everysec`, `--durability aof`",
+                Backend::Valkey(power_loss("everysec")),
+                Fault::PowerCut,
+            )
+        },
+        scenario(
+            "powerloss-aof-always",
+            "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync always`, `--durability none`",
+            Backend::Valkey(power_loss("always")),
+            Fault::PowerCut,
+        ),
         scenario(
             "proxy-cut-after-forward",
             "the connection is reset after an EVALSHA is forwarded, before its reply (every 300 ms)",
