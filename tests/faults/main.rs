@@ -168,7 +168,7 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
     if chosen.iter().any(|s| {
         matches!(
             s.backend,
-            scenarios::Backend::Valkey(valkey::Setup::PowerLoss(_))
+            scenarios::Backend::Valkey(valkey::Setup::PowerLoss(..))
         )
     }) {
         tokio::task::spawn_blocking(valkey::powerloss::shim)

@@ -10,6 +10,7 @@ use targetlease::store::valkey::Durability;
 use crate::check::{Property, Scope};
 use crate::controls::Control;
 use crate::valkey::Setup;
+use crate::valkey::powerloss::Disk;
 
 /// What is injected, over and over, while the workload runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,11 +147,12 @@ const LOSSY_UNDER_THE_OPERATOR: &[(Property, Scope)] = &[
 const UNSYNCED_CUT: &str = "unsynced AOF bytes cut";
 
 /// A server under the power-loss shim with its AOF on, fsynced `fsync`.
-fn power_loss(fsync: &str) -> Setup {
+fn power_loss(fsync: &str, disk: Disk) -> Setup {
     Setup::PowerLoss(
         ["--appendonly", "yes", "--appendfsync", fsync]
             .map(String::from)
             .to_vec(),
+        disk,
     )
 }
 
@@ -274,25 +276,25 @@ pub fn all() -> Vec<Scenario> {
             ..scenario(
                 "powerloss-aof-everysec",
                 "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync everysec`, `--durability none`",
-                Backend::Valkey(power_loss("everysec")),
+                Backend::Valkey(power_loss("everysec", Disk::Honest)),
                 Fault::PowerCut,
             )
         },
         Scenario {
             durability: Durability::Aof,
             measured: LOSSY,
-            effects: &[UNSYNCED_CUT],
+            effects: &[UNSYNCED_CUT, "WAITAOF calls"],
             ..scenario(
                 "powerloss-aof-everysec-durability-aof",
                 "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync everysec`, `--durability aof`",
-                Backend::Valkey(power_loss("everysec")),
+                Backend::Valkey(power_loss("everysec", Disk::Honest)),
                 Fault::PowerCut,
             )
         },
         scenario(
             "powerloss-aof-always",
             "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync always`, `--durability none`",
-            Backend::Valkey(power_loss("always")),
+            Backend::Valkey(power_loss("always", Disk::Honest)),
             Fault::PowerCut,
         ),
         scenario(
@@ -453,6 +455,17 @@ pub fn all() -> Vec<Scenario> {
                 Fault::SentinelFailover,
                 &[("skip-durability-wait", "return")],
                 true,
+                (Property::Tokens, Scope::Lease),
+            )
+        },
+        Scenario {
+            effects: &[UNSYNCED_CUT],
+            ..control(
+                "control-disk-loses-fsyncs",
+                "`appendfsync always` on a disk whose write cache acknowledges fsync and loses its last second at each power cut",
+                Backend::Valkey(power_loss("always", Disk::CacheLosesFsyncs)),
+                Fault::PowerCut,
+                Control::DiskLosesFsyncs,
                 (Property::Tokens, Scope::Lease),
             )
         },

@@ -10,11 +10,14 @@
  * SIGKILLed Valkey, cuts each file back to its last logged length — the
  * state a power cut leaves behind.
  *
- *   O dev ino size   a tracked file opened for writing (what it holds is
- *                    on the disk: every earlier incarnation ended in a cut)
- *   S dev ino size   fsync/fdatasync returned: `size`, read before the call,
- *                    is on the disk
- *   T dev ino size   the file was truncated to `size`
+ *   O dev ino size ms   a tracked file opened for writing (what it holds
+ *                       is on the disk: every earlier incarnation ended in
+ *                       a cut)
+ *   S dev ino size ms   fsync/fdatasync returned: `size`, read before the
+ *                       call, is on the disk
+ *   T dev ino size ms   the file was truncated to `size`
+ *
+ * (`ms`: the wall clock, in milliseconds, when the line was written.)
  *
  * Tracked: regular files under an `appendonlydir/` directory, and Valkey's
  * rewrite temporaries (`temp-rewriteaof-*`, renamed into it). Files are
@@ -33,6 +36,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static int log_fd = -1;
@@ -82,10 +86,13 @@ static int tracked(int fd, struct stat *st) {
 }
 
 static void record(char kind, const struct stat *st, long long size) {
-    char line[96];
-    int n = snprintf(line, sizeof line, "%c %llu %llu %lld\n", kind,
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    char line[128];
+    int n = snprintf(line, sizeof line, "%c %llu %llu %lld %lld\n", kind,
                      (unsigned long long)st->st_dev,
-                     (unsigned long long)st->st_ino, size);
+                     (unsigned long long)st->st_ino, size,
+                     (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000);
     /* One write on an O_APPEND descriptor: lines of threads and of the
        rewrite child never interleave. */
     (void)!write(log_fd, line, (size_t)n);

@@ -29,8 +29,9 @@ pub enum Setup {
     /// One server behind the fault-injecting TCP proxy; clients use the proxy.
     Proxied,
     /// One server with these extra arguments (its AOF settings) under the
-    /// power-loss shim (`powerloss.rs`), so the harness can cut its power.
-    PowerLoss(Vec<String>),
+    /// power-loss shim (`powerloss.rs`), so the harness can cut its power,
+    /// on a disk that keeps what was fsynced or (a control) one that does not.
+    PowerLoss(Vec<String>, powerloss::Disk),
 }
 
 /// A running deployment.
@@ -40,8 +41,8 @@ pub struct Valkey {
     clock: Option<(tempfile::TempDir, Mutex<u64>)>,
     /// In front of the only node, for [`Setup::Proxied`].
     pub proxy: Option<FaultProxy>,
-    /// Where the power-loss shim logs, for [`Setup::PowerLoss`].
-    power: Option<tempfile::TempDir>,
+    /// Where the power-loss shim logs, and the disk, for [`Setup::PowerLoss`].
+    power: Option<(tempfile::TempDir, powerloss::Disk)>,
 }
 
 /// libfaketime's multi-threaded library (linked into the tools directory by
@@ -110,7 +111,7 @@ impl Valkey {
                     power: None,
                 }
             }
-            Setup::PowerLoss(args) => {
+            Setup::PowerLoss(args, disk) => {
                 let dir = tempfile::tempdir().expect("tempdir");
                 let node = Node::server(args, &powerloss::env(&dir.path().join("durable.log")));
                 Self {
@@ -118,7 +119,7 @@ impl Valkey {
                     sentinel: None,
                     clock: None,
                     proxy: None,
-                    power: Some(dir),
+                    power: Some((dir, *disk)),
                 }
             }
             Setup::Sentinel => {
@@ -189,6 +190,9 @@ impl Valkey {
                             count("count=").unwrap_or(0);
                     } else if key == "cmdstat_eval" {
                         *out.entry("EVAL calls".into()).or_default() +=
+                            count("calls=").unwrap_or(0);
+                    } else if key == "cmdstat_waitaof" {
+                        *out.entry("WAITAOF calls".into()).or_default() +=
                             count("calls=").unwrap_or(0);
                     }
                 }
@@ -328,11 +332,11 @@ impl Valkey {
     /// append-only files back to what it had fsynced, and start it again
     /// from what is left.
     pub fn power_cut(&self) -> powerloss::Cut {
-        let dir = self.power.as_ref().expect("a power-loss deployment");
+        let (dir, disk) = self.power.as_ref().expect("a power-loss deployment");
         let mut nodes = self.lock();
         let node = &mut nodes[0];
         node.kill_all();
-        let cut = powerloss::cut(node.dir(), &dir.path().join("durable.log"));
+        let cut = powerloss::cut(node.dir(), &dir.path().join("durable.log"), *disk);
         node.start();
         cut
     }

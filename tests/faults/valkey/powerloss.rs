@@ -56,6 +56,20 @@ pub fn env(log: &Path) -> Vec<(String, String)> {
     ]
 }
 
+/// What the disk under the server keeps when the power goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disk {
+    /// Everything fsynced (or fdatasynced) before the cut.
+    Honest,
+    /// (control) A write cache that acknowledges fsync and loses its last
+    /// [`CACHE_LOSES`] when the power goes: only what was fsynced before
+    /// that is kept.
+    CacheLosesFsyncs,
+}
+
+/// How much of what was fsynced a [`Disk::CacheLosesFsyncs`] loses.
+pub const CACHE_LOSES: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What one cut did.
 #[derive(Debug, Default)]
 pub struct Cut {
@@ -67,21 +81,33 @@ pub struct Cut {
 }
 
 /// The durable length of every file the log names, by (device, inode).
-fn durable(log: &str) -> HashMap<(u64, u64), u64> {
+fn durable(log: &str, disk: Disk) -> HashMap<(u64, u64), u64> {
+    let kept_until = match disk {
+        Disk::Honest => u64::MAX,
+        Disk::CacheLosesFsyncs => {
+            crate::history::now_ms().saturating_sub(CACHE_LOSES.as_millis() as u64)
+        }
+    };
     let mut out: HashMap<(u64, u64), u64> = HashMap::new();
     for line in log.lines() {
         let f: Vec<&str> = line.split(' ').collect();
-        let [kind, dev, ino, size] = f.as_slice() else {
+        let [kind, dev, ino, size, ms] = f.as_slice() else {
             continue; // a torn last line (the kill came mid-write)
         };
-        let (Ok(dev), Ok(ino), Ok(size)) = (dev.parse(), ino.parse(), size.parse::<u64>()) else {
+        let (Ok(dev), Ok(ino), Ok(size), Ok(ms)) = (
+            dev.parse(),
+            ino.parse(),
+            size.parse::<u64>(),
+            ms.parse::<u64>(),
+        ) else {
             continue;
         };
         let known = out.get(&(dev, ino)).copied();
         let now = match *kind {
             // Opened for writing: what it held survived the last cut.
             "O" => known.map_or(size, |k| k.min(size)),
-            "S" => size,
+            "S" if ms <= kept_until => size,
+            "S" => continue,
             "T" => known.map_or(size, |k| k.min(size)),
             _ => continue,
         };
@@ -103,9 +129,9 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// Cuts every file under `dir` back to what the log says is on the disk,
 /// then empties the log for the next incarnation. The server must be dead.
-pub fn cut(dir: &Path, log: &Path) -> Cut {
+pub fn cut(dir: &Path, log: &Path, disk: Disk) -> Cut {
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let durable = durable(&text);
+    let durable = durable(&text, disk);
     let mut all = Vec::new();
     files(dir, &mut all);
     let mut cut = Cut::default();
