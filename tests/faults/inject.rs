@@ -86,7 +86,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
                 if v.pids() != before && cut.tracked > 0 {
                     rec.effect("power cuts (restarted from the fsynced AOF)", 1);
                 }
-                rec.effect("unsynced AOF bytes cut", cut.bytes);
+                rec.effect(crate::scenarios::UNSYNCED_CUT, cut.bytes);
             }
         }
         Fault::ClockJump => {

@@ -71,6 +71,17 @@ fn required(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
     required_effect(s.fault).iter().chain(s.effects).copied()
 }
 
+/// Effects published with the required ones, whatever their count: what a
+/// power cut removed is shown for `appendfsync always` too, where it is
+/// little or nothing and need not be more.
+fn shown(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
+    let also: &[&str] = match s.fault {
+        Fault::PowerCut => &[crate::scenarios::UNSYNCED_CUT],
+        _ => &[],
+    };
+    required(s).chain(also.iter().copied())
+}
+
 /// How long every part may take to succeed again after a fault heals.
 pub fn recovery_bound(s: &Scenario) -> u64 {
     s.ttl.as_millis() as u64 + 4000
@@ -202,7 +213,7 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
         relists: h.relists,
         violations: r.report.counts(),
         windows: r.report.windows.clone(),
-        effects: required(s)
+        effects: shown(s)
             .map(|k| (k.to_string(), effects.get(k).copied().unwrap_or(0)))
             .collect(),
         recovery_ms,

@@ -144,7 +144,7 @@ const LOSSY_UNDER_THE_OPERATOR: &[(Property, Scope)] = &[
 
 /// The power-loss effect of a mode that acknowledges before it fsyncs:
 /// a cut that removed nothing would have tested nothing.
-const UNSYNCED_CUT: &str = "unsynced AOF bytes cut";
+pub const UNSYNCED_CUT: &str = "unsynced AOF bytes cut";
 
 /// A server under the power-loss shim with its AOF on, fsynced `fsync`.
 fn power_loss(fsync: &str, disk: Disk) -> Setup {
