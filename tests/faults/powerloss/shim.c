@@ -105,8 +105,11 @@ static void opened(int fd, int flags) {
     }
 }
 
+/* open() reads a mode only with O_CREAT or O_TMPFILE (whose bits include
+   O_DIRECTORY's: all of them, not any). */
 static int mode_of(int flags, va_list ap) {
-    return (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, int) : 0;
+    int wants = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE;
+    return wants ? va_arg(ap, int) : 0;
 }
 
 #define OPEN_WRAPPER(name)                                                  \
