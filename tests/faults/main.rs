@@ -163,6 +163,18 @@ fn alone(s: &Scenario) -> bool {
 
 /// Runs every chosen scenario; returns the number of failed runs.
 async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize {
+    // The power-loss shim is compiled before anything runs: without gcc the
+    // matrix fails at once, not minutes in.
+    if chosen.iter().any(|s| {
+        matches!(
+            s.backend,
+            scenarios::Backend::Valkey(valkey::Setup::PowerLoss(..))
+        )
+    }) {
+        tokio::task::spawn_blocking(valkey::powerloss::shim)
+            .await
+            .expect("compile the power-loss shim");
+    }
     let pg = Arc::new(
         tokio::task::spawn_blocking(support::postgres::Postgres::start)
             .await

@@ -50,6 +50,7 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
         Fault::None | Fault::PauseHolder | Fault::EtcdCompaction => &[],
         Fault::SentinelFailover => &["Sentinel promotions"],
         Fault::Restart => &["restarts (a new server process)"],
+        Fault::PowerCut => &["power cuts (restarted from the fsynced AOF)"],
         Fault::ClockJump => &["Valkey TIME moved forward (ms)"],
         Fault::ScriptFlush => &["SCRIPT FLUSH done", "NOSCRIPT errors", "EVAL calls"],
         Fault::Busy => &["1.5 s scripts run", "BUSY errors", "BUSY answers"],
@@ -63,6 +64,22 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
         Fault::ApiserverRestart => &["kube-apiserver restarted (a new process)"],
         Fault::ValkeyLossOperatorDown => &["Valkey flushed while the operator was down"],
     }
+}
+
+/// Every effect a run of `s` must show: its fault's and its own.
+fn required(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
+    required_effect(s.fault).iter().chain(s.effects).copied()
+}
+
+/// Effects published with the required ones, whatever their count: what a
+/// power cut removed is shown for `appendfsync always` too, where it is
+/// little or nothing and need not be more.
+fn shown(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
+    let also: &[&str] = match s.fault {
+        Fault::PowerCut => &[crate::scenarios::UNSYNCED_CUT],
+        _ => &[],
+    };
+    required(s).chain(also.iter().copied())
 }
 
 /// How long every part may take to succeed again after a fault heals.
@@ -196,9 +213,8 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
         relists: h.relists,
         violations: r.report.counts(),
         windows: r.report.windows.clone(),
-        effects: required_effect(s.fault)
-            .iter()
-            .map(|k| (k.to_string(), effects.get(*k).copied().unwrap_or(0)))
+        effects: shown(s)
+            .map(|k| (k.to_string(), effects.get(k).copied().unwrap_or(0)))
             .collect(),
         recovery_ms,
     };
@@ -234,8 +250,8 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     if s.fault != Fault::None && fig.faults == 0 {
         failures.push("the fault was never injected".into());
     }
-    for what in required_effect(s.fault) {
-        if fig.effects.get(*what).copied().unwrap_or(0) == 0 {
+    for what in required(s) {
+        if fig.effects.get(what).copied().unwrap_or(0) == 0 {
             failures.push(format!("the fault had no effect: no {what}"));
         }
     }

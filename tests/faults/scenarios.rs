@@ -10,6 +10,7 @@ use targetlease::store::valkey::Durability;
 use crate::check::{Property, Scope};
 use crate::controls::Control;
 use crate::valkey::Setup;
+use crate::valkey::powerloss::Disk;
 
 /// What is injected, over and over, while the workload runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +21,9 @@ pub enum Fault {
     SentinelFailover,
     /// SIGKILL the server and restart it from its own files.
     Restart,
+    /// The power goes: SIGKILL the server, cut its append-only files back to
+    /// what it had fsynced (the power-loss shim's record), restart it.
+    PowerCut,
     /// Move Valkey's clock forward past every lease (libfaketime).
     ClockJump,
     /// `SCRIPT FLUSH` on the server.
@@ -88,6 +92,9 @@ pub struct Scenario {
     /// A control is caught only by an `expect` violation naming one of
     /// these operations (none: any).
     pub expect_words: &'static [&'static str],
+    /// Effects this scenario's fault must show beyond those of every run of
+    /// its fault (`report::required_effect`).
+    pub effects: &'static [&'static str],
 }
 
 impl Scenario {
@@ -130,6 +137,20 @@ const LOSSY: &[(Property, Scope)] = &[
 /// is not granted (though Valkey, having lost the lease, would) before that.
 const LOSSY_UNDER_THE_OPERATOR: &[(Property, Scope)] = LOSSY;
 
+/// The power-loss effect of a mode that acknowledges before it fsyncs:
+/// a cut that removed nothing would have tested nothing.
+pub const UNSYNCED_CUT: &str = "unsynced AOF bytes cut";
+
+/// A server under the power-loss shim with its AOF on, fsynced `fsync`.
+fn power_loss(fsync: &str, disk: Disk) -> Setup {
+    Setup::PowerLoss(
+        ["--appendonly", "yes", "--appendfsync", fsync]
+            .map(String::from)
+            .to_vec(),
+        disk,
+    )
+}
+
 fn args(a: &[&str]) -> Setup {
     Setup::Standalone(a.iter().map(|s| s.to_string()).collect())
 }
@@ -148,6 +169,7 @@ fn scenario(name: &'static str, about: &'static str, backend: Backend, fault: Fa
         failpoints: &[],
         failpoints_here: false,
         expect_words: &[],
+        effects: &[],
     }
 }
 
@@ -243,6 +265,33 @@ pub fn all() -> Vec<Scenario> {
                 Fault::Restart,
             )
         },
+        Scenario {
+            measured: LOSSY,
+            effects: &[UNSYNCED_CUT],
+            ..scenario(
+                "powerloss-aof-everysec",
+                "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync everysec`, `--durability none`",
+                Backend::Valkey(power_loss("everysec", Disk::Honest)),
+                Fault::PowerCut,
+            )
+        },
+        Scenario {
+            durability: Durability::Aof,
+            measured: LOSSY,
+            effects: &[UNSYNCED_CUT, "WAITAOF calls"],
+            ..scenario(
+                "powerloss-aof-everysec-durability-aof",
+                "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync everysec`, `--durability aof`",
+                Backend::Valkey(power_loss("everysec", Disk::Honest)),
+                Fault::PowerCut,
+            )
+        },
+        scenario(
+            "powerloss-aof-always",
+            "power cut (SIGKILL, the AOF cut back to its last fsync, restart), `appendfsync always`, `--durability none`",
+            Backend::Valkey(power_loss("always", Disk::Honest)),
+            Fault::PowerCut,
+        ),
         scenario(
             "proxy-cut-after-forward",
             "the connection is reset after an EVALSHA is forwarded, before its reply (every 300 ms)",
@@ -401,6 +450,17 @@ pub fn all() -> Vec<Scenario> {
                 Fault::SentinelFailover,
                 &[("skip-durability-wait", "return")],
                 true,
+                (Property::Tokens, Scope::Lease),
+            )
+        },
+        Scenario {
+            effects: &[UNSYNCED_CUT],
+            ..control(
+                "control-disk-loses-fsyncs",
+                "`appendfsync always` on a disk whose write cache acknowledges fsync and loses its last second at each power cut",
+                Backend::Valkey(power_loss("always", Disk::CacheLosesFsyncs)),
+                Fault::PowerCut,
+                Control::DiskLosesFsyncs,
                 (Property::Tokens, Scope::Lease),
             )
         },

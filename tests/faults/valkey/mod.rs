@@ -1,11 +1,12 @@
 //! The Valkey deployments the matrix runs against, and the Valkey faults:
 //! a standalone server (any persistence settings, optionally under
-//! libfaketime, optionally behind the fault-injecting TCP proxy of
-//! `tests/support/fault_proxy.rs`), or a primary + replica watched by a real
-//! Sentinel.
+//! libfaketime or the power-loss shim, optionally behind the
+//! fault-injecting TCP proxy of `tests/support/fault_proxy.rs`), or a
+//! primary + replica watched by a real Sentinel.
 //! Every method blocks; callers run them on a blocking thread.
 
 pub mod node;
+pub mod powerloss;
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -27,6 +28,10 @@ pub enum Setup {
     Sentinel,
     /// One server behind the fault-injecting TCP proxy; clients use the proxy.
     Proxied,
+    /// One server with these extra arguments (its AOF settings) under the
+    /// power-loss shim (`powerloss.rs`), so the harness can cut its power,
+    /// on a disk that keeps what was fsynced or (a control) one that does not.
+    PowerLoss(Vec<String>, powerloss::Disk),
 }
 
 /// A running deployment.
@@ -36,6 +41,8 @@ pub struct Valkey {
     clock: Option<(tempfile::TempDir, Mutex<u64>)>,
     /// In front of the only node, for [`Setup::Proxied`].
     pub proxy: Option<FaultProxy>,
+    /// Where the power-loss shim logs, and the disk, for [`Setup::PowerLoss`].
+    power: Option<(tempfile::TempDir, powerloss::Disk)>,
 }
 
 /// libfaketime's multi-threaded library (linked into the tools directory by
@@ -71,6 +78,7 @@ impl Valkey {
                 sentinel: None,
                 clock: None,
                 proxy: None,
+                power: None,
             },
             Setup::Proxied => {
                 let node = Node::server(&[], &[]);
@@ -80,6 +88,7 @@ impl Valkey {
                     sentinel: None,
                     clock: None,
                     proxy: Some(proxy),
+                    power: None,
                 }
             }
             Setup::Faketime => {
@@ -99,6 +108,18 @@ impl Valkey {
                     sentinel: None,
                     clock: Some((dir, Mutex::new(0))),
                     proxy: None,
+                    power: None,
+                }
+            }
+            Setup::PowerLoss(args, disk) => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let node = Node::server(args, &powerloss::env(&dir.path().join("durable.log")));
+                Self {
+                    nodes: Mutex::new(vec![node]),
+                    sentinel: None,
+                    clock: None,
+                    proxy: None,
+                    power: Some((dir, *disk)),
                 }
             }
             Setup::Sentinel => {
@@ -110,6 +131,7 @@ impl Valkey {
                     sentinel: Some(sentinel),
                     clock: None,
                     proxy: None,
+                    power: None,
                 };
                 v.wait_replicated();
                 v
@@ -168,6 +190,9 @@ impl Valkey {
                             count("count=").unwrap_or(0);
                     } else if key == "cmdstat_eval" {
                         *out.entry("EVAL calls".into()).or_default() +=
+                            count("calls=").unwrap_or(0);
+                    } else if key == "cmdstat_waitaof" {
+                        *out.entry("WAITAOF calls".into()).or_default() +=
                             count("calls=").unwrap_or(0);
                     }
                 }
@@ -301,6 +326,19 @@ impl Valkey {
     /// SIGKILL the (only) server and start it again from its own files.
     pub fn restart(&self) {
         self.lock()[0].restart();
+    }
+
+    /// The power goes: SIGKILL the (only) server, cut each of its
+    /// append-only files back to what it had fsynced, and start it again
+    /// from what is left.
+    pub fn power_cut(&self) -> powerloss::Cut {
+        let (dir, disk) = self.power.as_ref().expect("a power-loss deployment");
+        let mut nodes = self.lock();
+        let node = &mut nodes[0];
+        node.kill_all();
+        let cut = powerloss::cut(node.dir(), &dir.path().join("durable.log"), *disk);
+        node.start();
+        cut
     }
 
     /// Moves the server's clock forward by `by` (libfaketime).

@@ -2,6 +2,7 @@
 //! under libfaketime: unlike `support::valkey_server`, it takes extra
 //! environment variables (LD_PRELOAD) and can run as a Sentinel.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -87,6 +88,33 @@ impl Node {
     fn spawn(&mut self) {
         self.child = Some(self.command().spawn().expect("start valkey-server"));
         wait_until_answering(self.port, Duration::from_secs(20));
+    }
+
+    /// The server's working directory (`--dir`: its AOF and log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// SIGKILL the server and every process it forked (an AOF rewrite
+    /// child would go on writing after the power went).
+    pub fn kill_all(&mut self) {
+        let Some(pid) = self.pid() else { return };
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        self.kill();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// Starts a killed server again (same port, directory, arguments and
+    /// environment).
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "the server is still running");
+        self.spawn();
     }
 
     /// The server's process id, while it runs.
