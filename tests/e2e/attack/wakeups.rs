@@ -1,4 +1,4 @@
-//! Wake-ups: release notifications after a failed subscription, the next waiter, a revoked lease next to its successor.
+//! Wake-ups: release notifications after a failed subscription, the next waiter, a revoked lease next to its successor, a deleted lease still published as Held next to its successor.
 
 use super::*;
 
@@ -159,29 +159,7 @@ async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
         .await;
     let y_after = now_ms() - at;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // Replay: instants at which both are published Held.
-    let mut current: std::collections::BTreeMap<String, (Option<Phase>, Option<u64>)> =
-        Default::default();
-    let mut both = Vec::new();
-    for e in timeline.entries() {
-        if let support::timeline::Change::Lease(n, Some(tl)) = e.change {
-            let st = tl.status.unwrap_or_default();
-            current.insert(n, (st.phase, st.fencing_token));
-            let held: Vec<_> = current
-                .iter()
-                .filter(|(_, (p, _))| *p == Some(Phase::Held))
-                .map(|(n, (_, t))| format!("{n}(token {t:?})"))
-                .collect();
-            if held.len() > 1 {
-                let seen = e.seen.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
-                both.push(format!(
-                    "rv {} (+{} ms after the revoke): Held: {held:?}",
-                    e.rv,
-                    seen - at
-                ));
-            }
-        }
-    }
+    let both = both_held(&timeline, at);
     let x_now = env.api().get("x").await.unwrap();
     assert!(
         both.is_empty(),
@@ -189,5 +167,167 @@ async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
         status_line(&y_held),
         both.iter().take(3).cloned().collect::<Vec<_>>().join("\n"),
         status_line(&x_now)
+    );
+}
+
+/// The revisions (with their time after `at`) at which two TargetLeases were
+/// published Held at once, replayed in the API server's order.
+fn both_held(timeline: &Timeline, at: i64) -> Vec<String> {
+    let mut current: std::collections::BTreeMap<String, (Option<Phase>, Option<u64>)> =
+        Default::default();
+    let mut both = Vec::new();
+    for e in timeline.entries() {
+        if let support::timeline::Change::Lease(n, tl) = e.change {
+            match tl {
+                Some(tl) => {
+                    let st = tl.status.unwrap_or_default();
+                    current.insert(n, (st.phase, st.fencing_token));
+                }
+                None => {
+                    current.remove(&n);
+                }
+            }
+            let held: Vec<_> = current
+                .iter()
+                .filter(|(_, (p, _))| *p == Some(Phase::Held))
+                .map(|(n, (_, t))| format!("{n}(token {t:?})"))
+                .collect();
+            if held.len() > 1 {
+                let seen = e.seen.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+                both.push(format!("rv {} (+{} ms): Held: {held:?}", e.rv, seen - at));
+            }
+        }
+    }
+    both
+}
+
+/// Refuses every status write of TargetLease `name` in `ns` at admission (a
+/// ValidatingAdmissionPolicy), until the returned names are deleted.
+async fn refuse_status_writes(env: &OperatorEnv, name: &str) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let policy_name = format!("refuse-status-{}", env.ns);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": { "name": policy_name },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": ["targetlease.dev"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["targetleases/status"],
+            }]},
+            "validations": [{
+                "expression": format!(
+                    "object.metadata.namespace != '{}' || object.metadata.name != '{name}'",
+                    env.ns
+                ),
+                "message": "status writes refused by the test",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": { "name": policy_name },
+        "spec": { "policyName": policy_name, "validationActions": ["Deny"] },
+    }))
+    .unwrap();
+    kube::Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .create(&Default::default(), &policy)
+        .await
+        .unwrap();
+    kube::Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .create(&Default::default(), &binding)
+        .await
+        .unwrap();
+    // In force once a dry-run status write of `name` is refused.
+    let api = env.api();
+    eventually("the status writes are refused", SOON, || async {
+        let patch = json!({ "status": { "conditions": [] } });
+        let pp = PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        api.patch_status(name, &pp, &Patch::Merge(&patch))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    policy_name
+}
+
+async fn allow_status_writes(env: &OperatorEnv, policy_name: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    kube::Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .delete(policy_name, &Default::default())
+        .await
+        .unwrap();
+    kube::Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .delete(policy_name, &Default::default())
+        .await
+        .unwrap();
+}
+
+/// Promises: "Several TargetLeases on one target: exactly one is `Held`",
+/// also when Valkey has lost the lease: `TargetHeld` "another TargetLease on
+/// the target is still published as `Held`, e.g. one being deleted: nobody is
+/// granted the target until that status is withdrawn or its `expiresAt` has
+/// passed".
+///
+/// Scenario: a holds the target (leaseDuration 60s), b waits behind it.
+/// Valkey loses everything, a is deleted, and a's status writes are refused
+/// for a while (an API server that refuses them, a webhook down): its cleanup
+/// cannot withdraw Held. b is reconciled meanwhile; Valkey would grant it the
+/// target, since it no longer has a's lease.
+#[tokio::test]
+async fn a_deleted_lease_still_published_as_held_keeps_its_successor_waiting() {
+    let env = OperatorEnv::start("held-elsewhere").await;
+    env.create("a", lease_for("t").identity("a").durations("60s", "20s"))
+        .await;
+    env.wait_phase("a", Phase::Held, SOON).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    env.create("b", lease_for("t").identity("b")).await;
+    env.wait_reason("b", "Queued", SOON).await;
+    let policy = refuse_status_writes(&env, "a").await;
+    let timeline = Timeline::record(&env.client, &env.ns);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let at = now_ms();
+    env.valkey.conn().cmd(&["FLUSHALL"]);
+    env.delete("a").await;
+    // b is reconciled (a metadata change) while a is still published Held.
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let touch = json!({ "metadata": { "annotations": { "test/touch": i.to_string() } } });
+        env.api()
+            .patch("b", &PatchParams::default(), &Patch::Merge(&touch))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let a_now = env.api().get("a").await.unwrap();
+    assert_eq!(
+        summary(&a_now).0,
+        Some(Phase::Held),
+        "the test's premise: a cannot withdraw Held"
+    );
+    let b_now = env.api().get("b").await.unwrap();
+    let held_reason = support::operator_env::condition(&b_now, "Held");
+    assert_ne!(summary(&b_now).0, Some(Phase::Held), "{held_reason:?}");
+    allow_status_writes(&env, &policy).await;
+    env.wait_gone("a", Duration::from_secs(40)).await;
+    let b_held = env.wait_phase("b", Phase::Held, SOON).await;
+    assert_eq!(
+        summary(&b_held).2,
+        Some(2),
+        "above a's token, kept by the floor"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let both = both_held(&timeline, at);
+    assert!(
+        both.is_empty(),
+        "b was published Held next to a:\n{}\nb before a let go: {held_reason:?}",
+        both.iter().take(3).cloned().collect::<Vec<_>>().join("\n"),
     );
 }
