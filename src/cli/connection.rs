@@ -63,7 +63,9 @@ pub struct ConnectionArgs {
     /// Name to verify the server certificate against, instead of the URL host.
     #[arg(long, env = "TARGETLEASE_TLS_SERVER_NAME")]
     pub tls_server_name: Option<String>,
-    /// What must hold before an acquire is reported: none, replicas:N or aof.
+    /// What must hold before an acquire is reported: none, replicas:N or aof
+    /// (the primary's append-only file; it survives a power cut only with
+    /// `appendfsync always` on the server, see docs/consistency.md).
     #[arg(long, env = "TARGETLEASE_DURABILITY", default_value = "none")]
     pub durability: Durability,
 }

@@ -76,7 +76,9 @@ pub enum Durability {
     None,
     /// Acknowledged by at least N replicas (`WAIT`).
     Replicas(u32),
-    /// Written to the primary's append-only file (`WAITAOF`).
+    /// Written to the primary's append-only file (`WAITAOF`). Under
+    /// `appendfsync everysec` Valkey may answer before the write is fsynced,
+    /// so only `appendfsync always` makes it survive a power cut.
     Aof,
 }
 
