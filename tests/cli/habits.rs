@@ -175,3 +175,56 @@ fn file_errors_name_the_file_and_why() {
         "{stderr}"
     );
 }
+
+/// A reader that stops early (`targetlease … | head -0`): no panic (exit
+/// 101), not a word on stderr, and the exit code still tells the outcome,
+/// as when the output is read.
+#[test]
+fn a_closed_stdout_is_a_quiet_exit_with_the_usual_code() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let into_closed_pipe = |mut c: std::process::Command| {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        c.stdout(writer);
+        c.output().unwrap()
+    };
+    let commands: Vec<(&str, Box<dyn Fn() -> std::process::Command>)> = vec![
+        (
+            "acquire",
+            Box::new(|| lease(&u, "acquire").target("db").owner("alice").command()),
+        ),
+        (
+            "acquire -o text (held)",
+            Box::new(|| {
+                lease(&u, "acquire")
+                    .target("db")
+                    .with(&["-o", "text"])
+                    .command()
+            }),
+        ),
+        (
+            "get -o yaml",
+            Box::new(|| {
+                lease(&u, "get")
+                    .target("db")
+                    .with(&["-o", "yaml"])
+                    .command()
+            }),
+        ),
+        ("list", Box::new(|| lease(&u, "list").command())),
+        ("crd", Box::new(|| targetlease(&["crd"]))),
+        (
+            "check -o text",
+            Box::new(|| targetlease(&["check", "--valkey-url", &u, "-o", "text"])),
+        ),
+    ];
+    for (what, command) in &commands {
+        let closed = into_closed_pipe(command());
+        let read = command().output().unwrap();
+        assert!(!read.stdout.is_empty(), "{what} prints something");
+        let stderr = String::from_utf8_lossy(&closed.stderr);
+        assert_eq!(stderr, "", "{what}");
+        assert_eq!(closed.status.code(), read.status.code(), "{what}: {stderr}");
+    }
+}
