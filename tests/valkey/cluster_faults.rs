@@ -232,3 +232,60 @@ async fn cluster_a_silent_primary_costs_a_share_of_the_deadline() {
     healthy_shards_work(&store, &targets[1..]).await;
     c.nodes[0].freeze(false);
 }
+
+/// Connections the server has open, the asking one included.
+fn connected_clients(node: &crate::support::valkey_server::ValkeyServer) -> usize {
+    let info = node.conn().cmd(&["INFO", "clients"]).text();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_node_that_leaves_the_slot_map_loses_its_connections() {
+    let (c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
+    let store = ValkeyStore::connect(&config(c.url())).await.unwrap();
+    healthy_shards_work(&store, &targets[2..]).await;
+    assert!(
+        connected_clients(&c.nodes[2]) >= 2,
+        "the store is connected"
+    );
+
+    // Node 2's slots go to node 1: node 2 stays in the cluster, serving nothing.
+    let (from, to) = cluster::RANGES[2];
+    let (from, to) = (from.to_string(), to.to_string());
+    for n in &c.nodes {
+        let reply = n.conn().cmd(&["CLUSTER", "DELSLOTSRANGE", &from, &to]);
+        assert_eq!(reply.text(), "OK");
+    }
+    let reply = c.nodes[1]
+        .conn()
+        .cmd(&["CLUSTER", "ADDSLOTSRANGE", &from, &to]);
+    assert_eq!(reply.text(), "OK");
+    let moved = Instant::now() + Duration::from_secs(20);
+    let slot = c.keyslot(&KeySpace::new("targetlease").unwrap().lease(&targets[2]));
+    while c.owner_of_slot(slot) != 1 {
+        assert!(Instant::now() < moved, "the slots did not move");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The store follows (MOVED, then a refresh) and lets node 2's pool go.
+    let gone = Instant::now() + Duration::from_secs(15);
+    loop {
+        let _ = store.get(&targets[2]).await;
+        let _ = store.get(&targets[1]).await;
+        if connected_clients(&c.nodes[2]) == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < gone,
+            "node 2 still has {} connections",
+            connected_clients(&c.nodes[2])
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Node 1 answers for the slot now (the record stayed behind on node 2).
+    let read = store.get(&targets[2]).await.unwrap();
+    assert_eq!(read.outcome, targetlease::store::Outcome::NotFound);
+}
