@@ -204,27 +204,26 @@ fn a_closed_stdout_is_a_quiet_exit_with_the_usual_code() {
         assert_eq!(stderr, "", "{what}");
         assert_eq!(closed.status.code(), Some(code), "{what}");
     }
-    let read_only: Vec<(&str, Box<dyn Fn() -> std::process::Command>)> = vec![
-        (
-            "get -o yaml",
-            Box::new(|| {
-                lease(&u, "get")
-                    .target("db")
-                    .with(&["-o", "yaml"])
-                    .command()
-            }),
-        ),
-        ("list", Box::new(|| lease(&u, "list").command())),
-        ("crd", Box::new(|| targetlease(&["crd"]))),
-        (
-            "check -o text",
-            Box::new(|| targetlease(&["check", "--valkey-url", &u, "-o", "text"])),
-        ),
+    let read_only: [&[&str]; 4] = [
+        &[
+            "lease",
+            "get",
+            "--valkey-url",
+            &u,
+            "--target",
+            "db",
+            "-o",
+            "yaml",
+        ],
+        &["lease", "list", "--valkey-url", &u],
+        &["crd"],
+        &["check", "--valkey-url", &u, "-o", "text"],
     ];
-    for (what, command) in &read_only {
-        let read = command().output().unwrap();
+    for args in read_only {
+        let what = args.join(" ");
+        let read = targetlease(args).output().unwrap();
         assert!(!read.stdout.is_empty(), "{what} prints something");
-        let closed = into_closed_pipe(command());
+        let closed = into_closed_pipe(targetlease(args));
         let stderr = String::from_utf8_lossy(&closed.stderr);
         assert_eq!(stderr, "", "{what}");
         assert_eq!(closed.status.code(), read.status.code(), "{what}");
