@@ -6,10 +6,16 @@
 -- ARGV[1] owner      who asks
 -- ARGV[2] ttl        ttl_ms (> 0)
 -- ARGV[3] max_life   max_lifetime_ms ("0" = none)
--- ARGV[4] lease_id   lease id to assign (fresh random, only used when granting)
+-- ARGV[4] lease_id   lease id to assign (fresh random unless chosen; only used when granting)
 -- ARGV[5] metadata   JSON object ("" = none), validated by the client
 -- ARGV[6] floor      the token issued is > this ("0" = none)
 -- ARGV[7] window     idempotency window ms (added to the ttl for the cache entry)
+-- ARGV[8] chosen     "1" when the caller chose ARGV[4] ("" = fresh random per attempt)
+--
+-- The request id's fingerprint is every input but the owner (part of the
+-- cache key): ttl, max life, metadata, floor and a chosen lease id. A random
+-- lease id is not in it (each attempt draws a new one). A replay therefore
+-- needs the chosen lease id, which is the capability it hands back.
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -22,7 +28,9 @@
 --   corrupt_state                 unreadable record/counter/cache, or counter exhausted
 local owner, ttl, max_life = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
-local fp = fingerprint(ARGV[2], ARGV[3], ARGV[5])
+local chosen = ''
+if ARGV[8] == '1' then chosen = ARGV[4] end
+local fp = fingerprint(ARGV[2], ARGV[3], ARGV[5], ARGV[6], chosen)
 
 local state, r, why, present = read_lease(KEYS[1], now)
 local replayed = replay(KEYS[3], fp, now, state, r, why, {

@@ -119,12 +119,12 @@ pub async fn main(args: CheckArgs) -> ExitCode {
         args.out.or(Format::Json)
     };
     match format {
-        Format::Text => print!("{}", human(&report)),
-        Format::Yaml => print!("{}", output::to_yaml(&report)),
-        Format::Json => println!(
-            "{}",
+        Format::Text => output::print_out(&human(&report)),
+        Format::Yaml => output::print_out(&output::to_yaml(&report)),
+        Format::Json => output::print_out(&format!(
+            "{}\n",
             serde_json::to_string(&report).expect("report serializes")
-        ),
+        )),
     }
     ExitCode::from(code)
 }

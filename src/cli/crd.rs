@@ -18,6 +18,6 @@ pub fn yaml() -> String {
 
 /// Prints the CRD.
 pub fn main(_args: CrdArgs) -> ExitCode {
-    print!("{}", yaml());
+    super::output::print_out(&yaml());
     ExitCode::SUCCESS
 }

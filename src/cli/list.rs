@@ -93,17 +93,17 @@ pub async fn main(args: &ListArgs) -> ExitCode {
     };
     match format {
         Format::Json => {
+            let mut lines = String::new();
             for l in &listed {
-                println!(
-                    "{}",
-                    serde_json::to_string(&Entry::of(l)).unwrap_or_default()
-                );
+                lines.push_str(&serde_json::to_string(&Entry::of(l)).unwrap_or_default());
+                lines.push('\n');
             }
+            output::print_out(&lines);
         }
-        Format::Text => print!("{}", table(&listed)),
+        Format::Text => output::print_out(&table(&listed)),
         Format::Yaml => {
             let entries: Vec<Entry> = listed.iter().map(Entry::of).collect();
-            print!("{}", output::to_yaml(&entries));
+            output::print_out(&output::to_yaml(&entries));
         }
     }
     ExitCode::from(EXIT_OK)

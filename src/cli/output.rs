@@ -255,16 +255,18 @@ pub fn io_reason(e: &std::io::Error) -> String {
 }
 
 /// `s` for a line of text for people: control characters (a line break, a
-/// tab, an escape sequence) are shown escaped (`\n`, `\t`, `\u{1b}`), so a
-/// stored string can never break the line, forge another one or drive the
-/// terminal.
+/// tab, an escape sequence), line and paragraph separators (U+2028, U+2029),
+/// bidirectional controls (U+202E …) and invisible format characters are
+/// shown escaped (`\n`, `\t`, `\u{1b}`, `\u{202e}`), so a stored string can
+/// never break the line, forge another one, reorder what follows it or drive
+/// the terminal.
 pub fn for_people(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+    if !s.chars().any(unprintable) {
         return s.into();
     }
     s.chars()
         .map(|c| {
-            if c.is_control() {
+            if unprintable(c) {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
@@ -272,6 +274,37 @@ pub fn for_people(s: &str) -> std::borrow::Cow<'_, str> {
         })
         .collect::<String>()
         .into()
+}
+
+/// A character that must not reach a terminal as it is: C0/C1 controls and
+/// DEL, line and paragraph separators, bidirectional marks, embeddings,
+/// overrides and isolates, zero-width and other invisible format characters.
+fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
+
+/// Writes `text` to stdout. A closed stdout (`targetlease … | head -0`) is
+/// no reason for a word or another exit code: the exit code still tells
+/// what happened. Any other write error is said on stderr.
+pub fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("targetlease: cannot write the output: {}", io_reason(&e));
+    }
 }
 
 /// `1.2s`, `45s`, `3m20s`: a remaining time for people.
@@ -309,9 +342,9 @@ pub fn emit_as(report: Report, format: Format) -> ExitCode {
     match report {
         Report::Envelope(env) => {
             match format {
-                Format::Json => println!("{}", env.to_json()),
-                Format::Text => println!("{}", env.to_text()),
-                Format::Yaml => print!("{}", to_yaml(&env)),
+                Format::Json => print_out(&format!("{}\n", env.to_json())),
+                Format::Text => print_out(&format!("{}\n", env.to_text())),
+                Format::Yaml => print_out(&to_yaml(&env)),
             }
             ExitCode::from(env.exit_code())
         }
@@ -376,6 +409,20 @@ mod tests {
         );
         let free = Envelope::from_backend_error(Answer::BackendUnavailable, "down".into());
         assert_eq!(free.to_text(), "backend_unavailable: down");
+    }
+
+    #[test]
+    fn text_for_people_escapes_what_can_reorder_or_break_a_line() {
+        assert_eq!(for_people("plain ünï 名"), "plain ünï 名");
+        assert_eq!(for_people("a\nb\u{1b}[2J"), "a\\nb\\u{1b}[2J");
+        for c in [
+            '\u{202E}', '\u{202A}', '\u{2066}', '\u{2069}', '\u{200E}', '\u{061C}', '\u{2028}',
+            '\u{2029}', '\u{200B}', '\u{FEFF}', '\u{00AD}', '\u{0085}',
+        ] {
+            let shown = for_people(&format!("x{c}y")).into_owned();
+            assert_eq!(shown, format!("x{}y", c.escape_default()), "{:?}", c);
+            assert!(shown.is_ascii(), "{shown:?}");
+        }
     }
 
     #[test]

@@ -22,7 +22,9 @@ use serde::Serialize;
 mod file;
 
 use super::lease::DEFAULT_WAIT;
-use super::output::{EXIT_BACKEND, EXIT_REFUSED, EXIT_USAGE, Format, OutputArgs, to_yaml};
+use super::output::{
+    EXIT_BACKEND, EXIT_REFUSED, EXIT_USAGE, Format, OutputArgs, print_out, to_yaml,
+};
 use crate::crd::{Phase, TargetLease};
 
 /// Exit code when the TargetLease does not exist or cannot be read.
@@ -234,9 +236,12 @@ fn absent<'a>(seen: &Seen, namespace: &'a str, lease: &'a str, who: &Who) -> Abs
 
 fn print<T: Serialize>(format: Format, value: &T, text: String) {
     match format {
-        Format::Json => println!("{}", serde_json::to_string(value).unwrap_or_default()),
-        Format::Yaml => print!("{}", to_yaml(value)),
-        Format::Text => println!("{text}"),
+        Format::Json => print_out(&format!(
+            "{}\n",
+            serde_json::to_string(value).unwrap_or_default()
+        )),
+        Format::Yaml => print_out(&to_yaml(value)),
+        Format::Text => print_out(&format!("{text}\n")),
     }
 }
 

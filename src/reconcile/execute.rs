@@ -231,7 +231,9 @@ impl Pass<'_> {
         };
         let t = valid.timing;
         let mut req = AcquireRequest::new(self.target(), owner, t.ttl);
-        req.request_id = acquisition.clone();
+        // Not the acquisition id itself: that is public, and a replay of this
+        // request hands back the lease id.
+        req.request_id = self.ctx.lease_ids.request_id(&acquisition);
         req.lease_id = Some(self.ctx.lease_ids.derive(&acquisition));
         req.max_lifetime = t.max_lifetime;
         let floor = self.token_floor();

@@ -124,7 +124,17 @@ impl LeaseStore for MemoryStore {
         req.validate()?;
         let t = &req.target;
         let max_life = req.max_lifetime.map(ms).unwrap_or(0).to_string();
-        let inputs: &[&str] = &[&ms(req.ttl).to_string(), &max_life, &req.metadata_json()];
+        // Every input but the owner (in the cache key), as lua/acquire.lua:
+        // a random lease id is not an input (each attempt draws a new one).
+        let floor = req.token_floor.unwrap_or(0).to_string();
+        let chosen = req.lease_id.as_deref().unwrap_or("");
+        let inputs: &[&str] = &[
+            &ms(req.ttl).to_string(),
+            &max_life,
+            &req.metadata_json(),
+            &floor,
+            chosen,
+        ];
         let call = self.call("acquire", t, &req.owner, &req.request_id, inputs);
         let now = call.now;
         let mut st = self.lock();

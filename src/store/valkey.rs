@@ -99,10 +99,13 @@ fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
 
 impl ValkeyStore {
     /// Connects, then loads every script so a broken one fails here, not later.
-    /// Bounded by the connect timeout, then the operation timeout.
+    /// Bounded by the connect timeout, then the operation timeout. A primary
+    /// that cannot be reached is skipped (its scripts load on first use, by
+    /// the NOSCRIPT path), so one dead Cluster node does not stop the others
+    /// being used; a server that answers with a refusal still fails it.
     pub async fn connect(cfg: &ValkeyConfig) -> Result<Self, StoreError> {
         let store = Self::connect_only(cfg).await?;
-        if let Err(e) = store.load_scripts().await {
+        if let Err(e) = store.preload_scripts(false).await {
             store.close().await;
             return Err(e);
         }
@@ -145,9 +148,17 @@ impl ValkeyStore {
         &self.keys
     }
 
-    /// Loads every script on every primary (used at startup and by readiness),
-    /// in one round trip per primary, within the operation timeout.
+    /// Loads every script on every primary, in one round trip per primary,
+    /// within the operation timeout; any primary that cannot be reached fails
+    /// it (`targetlease check`).
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        self.preload_scripts(true).await
+    }
+
+    /// [`Self::load_scripts`]; unless `strict`, a primary that gives no answer
+    /// (no connection, no reply in time) is skipped with a warning, as long
+    /// as one primary answered. A refusal or a wrong hash always fails.
+    async fn preload_scripts(&self, strict: bool) -> Result<(), StoreError> {
         let all = SCRIPTS.all();
         let cmds: Vec<Cmd> = all
             .iter()
@@ -159,11 +170,17 @@ impl ValkeyStore {
             .send_to_primaries(&cmds, deadline)
             .await
             .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
+        let mut unreachable = Vec::new();
+        let nodes = per_node.len();
         for (node, result) in per_node {
-            let sent = result.map_err(|e| {
-                let e = unanswered(e, Effect::Read, self.timeout);
-                StoreError::BackendUnavailable(format!("cannot load the scripts on {node}: {e}"))
-            })?;
+            let sent = match result {
+                Ok(sent) => sent,
+                Err(e) => {
+                    let e = unanswered(e, Effect::Read, self.timeout);
+                    unreachable.push(format!("cannot load the scripts on {node}: {e}"));
+                    continue;
+                }
+            };
             for (script, reply) in all.iter().zip(&sent.replies) {
                 match reply {
                     Value::Error(e) => {
@@ -184,6 +201,18 @@ impl ValkeyStore {
                     }
                 }
             }
+        }
+        if unreachable.is_empty() {
+            return Ok(());
+        }
+        if strict || unreachable.len() == nodes {
+            return Err(StoreError::BackendUnavailable(unreachable.join("; ")));
+        }
+        for why in &unreachable {
+            tracing::warn!(
+                error = %why,
+                "a primary is unreachable; its scripts load on first use"
+            );
         }
         Ok(())
     }

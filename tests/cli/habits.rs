@@ -175,3 +175,57 @@ fn file_errors_name_the_file_and_why() {
         "{stderr}"
     );
 }
+
+/// A reader that stops early (`targetlease … | head -0`): no panic (exit
+/// 101), not a word on stderr, and the exit code still tells the outcome.
+#[test]
+fn a_closed_stdout_is_a_quiet_exit_with_the_usual_code() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let into_closed_pipe = |mut c: std::process::Command| {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        c.stdout(writer);
+        c.output().unwrap()
+    };
+    // Read-only commands print the same whether or not stdout is read: the
+    // exit code must match the one of a run whose output is read.
+    let acquired = lease(&u, "acquire").target("db").owner("alice").command();
+    let held = lease(&u, "acquire")
+        .target("db")
+        .with(&["-o", "text"])
+        .command();
+    for (what, command, code) in [
+        ("acquire", acquired, 0),
+        ("acquire -o text (held)", held, 1),
+    ] {
+        let closed = into_closed_pipe(command);
+        let stderr = String::from_utf8_lossy(&closed.stderr);
+        assert_eq!(stderr, "", "{what}");
+        assert_eq!(closed.status.code(), Some(code), "{what}");
+    }
+    let read_only: [&[&str]; 4] = [
+        &[
+            "lease",
+            "get",
+            "--valkey-url",
+            &u,
+            "--target",
+            "db",
+            "-o",
+            "yaml",
+        ],
+        &["lease", "list", "--valkey-url", &u],
+        &["crd"],
+        &["check", "--valkey-url", &u, "-o", "text"],
+    ];
+    for args in read_only {
+        let what = args.join(" ");
+        let read = targetlease(args).output().unwrap();
+        assert!(!read.stdout.is_empty(), "{what} prints something");
+        let closed = into_closed_pipe(targetlease(args));
+        let stderr = String::from_utf8_lossy(&closed.stderr);
+        assert_eq!(stderr, "", "{what}");
+        assert_eq!(closed.status.code(), read.status.code(), "{what}");
+    }
+}

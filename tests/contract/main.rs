@@ -252,6 +252,7 @@ all_backends!(
     refusals_are_not_cached,
     interrupted_acquire_is_resolved_by_its_request_id,
     reused_request_id_with_other_inputs_is_a_conflict,
+    an_acquire_replay_needs_every_input_again,
     renew_and_release_replays_return_the_original_result,
     corrupt_records_fail_closed_and_change_nothing,
     holder_release_and_admin_revoke_clean_up_corrupt_records,

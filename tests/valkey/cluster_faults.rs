@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use fault_proxy::FaultProxy;
 use targetlease::store::valkey::{KeySpace, ValkeyConfig, ValkeyStore};
-use targetlease::store::{AcquireRequest, LeaseStore, Reply, StoreError, Target};
+use targetlease::store::{AcquireRequest, LeaseStore, RenewRequest, Reply, StoreError, Target};
 
 const TTL: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_millis(1000);
@@ -137,4 +137,155 @@ async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
         "nothing ran: a definite refusal, got {got:?}"
     );
     assert_eq!(p.evalsha_calls(), before, "never ran");
+}
+
+/// A 3-primary cluster that keeps serving the slots it still covers when a
+/// primary is gone (`cluster-require-full-coverage no`), and one target on
+/// each primary.
+fn partial_cluster() -> (cluster::Cluster, Vec<Target>) {
+    let c = cluster::Cluster::start();
+    for n in &c.nodes {
+        let reply = n
+            .conn()
+            .cmd(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+        assert_eq!(reply.text(), "OK");
+    }
+    let ks = KeySpace::new("targetlease").unwrap();
+    let targets = (0..3)
+        .map(|i| {
+            (0..)
+                .map(|k| target(&format!("shard-{i}-{k}")))
+                .find(|t| {
+                    let slot = c.keyslot(&ks.lease(t));
+                    let (from, to) = cluster::RANGES[i];
+                    (from..=to).contains(&slot)
+                })
+                .unwrap()
+        })
+        .collect();
+    (c, targets)
+}
+
+/// Targets served by the healthy primaries acquire, renew and read.
+async fn healthy_shards_work(store: &ValkeyStore, targets: &[Target]) {
+    for t in targets {
+        let got = store
+            .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
+            .await
+            .unwrap_or_else(|e| panic!("acquire {t:?}: {e:?}"));
+        assert_eq!(
+            got.outcome,
+            targetlease::store::Outcome::Acquired,
+            "{got:?}"
+        );
+        let lease = got.lease.unwrap();
+        let renewed = store
+            .renew(&RenewRequest::new(t.clone(), lease.handle().unwrap(), TTL))
+            .await
+            .unwrap_or_else(|e| panic!("renew {t:?}: {e:?}"));
+        assert_eq!(renewed.outcome, targetlease::store::Outcome::Renewed);
+        let read = store
+            .get(t)
+            .await
+            .unwrap_or_else(|e| panic!("get {t:?}: {e:?}"));
+        assert_eq!(read.outcome, targetlease::store::Outcome::Found);
+        assert_eq!(read.lease.unwrap().fencing_token, lease.fencing_token);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_one_stopped_primary_leaves_the_other_shards_working() {
+    let (mut c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
+    // The first seed of the URL, and the primary of targets[0].
+    c.nodes[0].kill();
+    let store = ValkeyStore::connect(&config(c.url()))
+        .await
+        .expect("connecting does not need every primary");
+    healthy_shards_work(&store, &targets[1..]).await;
+    // The dead shard's target: a definite refusal, nothing ran.
+    match store
+        .acquire(&AcquireRequest::new(targets[0].clone(), "alice", TTL))
+        .await
+    {
+        Err(StoreError::BackendUnavailable(_)) => {}
+        other => panic!("the dead shard: {other:?}"),
+    }
+    // `targetlease check` keeps the strict form.
+    let strict = store.load_scripts().await;
+    assert!(
+        matches!(&strict, Err(StoreError::BackendUnavailable(m)) if m.contains(&c.nodes[0].addr())),
+        "{strict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_silent_primary_costs_a_share_of_the_deadline() {
+    let (c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
+    // Accepts connections (the kernel does) and answers nothing.
+    c.nodes[0].freeze(true);
+    let started = Instant::now();
+    let connected = ValkeyStore::connect(&config(c.url())).await;
+    let took = started.elapsed();
+    let store = connected.expect("the first seed's silence is not the whole connect timeout");
+    // Its share of the refresh and the preload's timeout, not more.
+    assert!(took < Duration::from_millis(2500), "connect took {took:?}");
+    healthy_shards_work(&store, &targets[1..]).await;
+    c.nodes[0].freeze(false);
+}
+
+/// Connections the server has open, the asking one included.
+fn connected_clients(node: &crate::support::valkey_server::ValkeyServer) -> usize {
+    let info = node.conn().cmd(&["INFO", "clients"]).text();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_node_that_leaves_the_slot_map_loses_its_connections() {
+    let (c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
+    let store = ValkeyStore::connect(&config(c.url())).await.unwrap();
+    healthy_shards_work(&store, &targets[2..]).await;
+    assert!(
+        connected_clients(&c.nodes[2]) >= 2,
+        "the store is connected"
+    );
+
+    // Node 2's slots go to node 1: node 2 stays in the cluster, serving nothing.
+    let (from, to) = cluster::RANGES[2];
+    let (from, to) = (from.to_string(), to.to_string());
+    for n in &c.nodes {
+        let reply = n.conn().cmd(&["CLUSTER", "DELSLOTSRANGE", &from, &to]);
+        assert_eq!(reply.text(), "OK");
+    }
+    let reply = c.nodes[1]
+        .conn()
+        .cmd(&["CLUSTER", "ADDSLOTSRANGE", &from, &to]);
+    assert_eq!(reply.text(), "OK");
+    let moved = Instant::now() + Duration::from_secs(20);
+    let slot = c.keyslot(&KeySpace::new("targetlease").unwrap().lease(&targets[2]));
+    while c.owner_of_slot(slot) != 1 {
+        assert!(Instant::now() < moved, "the slots did not move");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The store follows (MOVED, then a refresh) and lets node 2's pool go.
+    let gone = Instant::now() + Duration::from_secs(15);
+    loop {
+        let _ = store.get(&targets[2]).await;
+        let _ = store.get(&targets[1]).await;
+        if connected_clients(&c.nodes[2]) == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < gone,
+            "node 2 still has {} connections",
+            connected_clients(&c.nodes[2])
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Node 1 answers for the slot now (the record stayed behind on node 2).
+    let read = store.get(&targets[2]).await.unwrap();
+    assert_eq!(read.outcome, targetlease::store::Outcome::NotFound);
 }

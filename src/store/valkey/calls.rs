@@ -64,6 +64,10 @@ pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
             ("metadata", req.metadata_json()),
             ("floor", req.token_floor.unwrap_or(0).to_string()),
             ("window", window_ms(Duration::ZERO)),
+            (
+                "chosen",
+                if req.lease_id.is_some() { "1" } else { "" }.into(),
+            ),
         ],
         effect: Effect::Write,
         may_wait: true,

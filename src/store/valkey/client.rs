@@ -436,11 +436,16 @@ impl Client {
             }
         }
         let mut why = Vec::new();
-        for addr in candidates {
+        let count = candidates.len();
+        for (i, addr) in candidates.into_iter().enumerate() {
+            // An equal share of the time left, so one silent node cannot use
+            // up the caller's whole deadline before the others are asked.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let by = Instant::now() + left / u32::try_from(count - i).unwrap_or(u32::MAX);
             let asked = async {
-                let link = self.pool(&addr).link(deadline).await.map_err(|e| e.0)?;
+                let link = self.pool(&addr).link(by).await.map_err(|e| e.0)?;
                 let reply = link
-                    .request(&[Cmd::new("CLUSTER").arg("SLOTS")], deadline)
+                    .request(&[Cmd::new("CLUSTER").arg("SLOTS")], by)
                     .await
                     .map_err(|e| link_text(&e))?;
                 match reply.first() {
@@ -453,6 +458,14 @@ impl Client {
             };
             match asked.await {
                 Ok(map) => {
+                    // Pools of nodes that left the map go (their connections
+                    // close once the requests still on them are done).
+                    let primaries = map.primaries();
+                    router
+                        .pools
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|a, _| primaries.contains(a));
                     *router.map.write().unwrap_or_else(|p| p.into_inner()) = map;
                     router.stale.store(false, Ordering::SeqCst);
                     return Ok(());

@@ -26,8 +26,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Connection settings for [`super::ValkeyStore`].
-#[derive(Clone, Debug)]
+/// Connection settings for [`super::ValkeyStore`]. Its `Debug` shows the
+/// URL with any password in it redacted.
+#[derive(Clone)]
 pub struct ValkeyConfig {
     /// `redis://`, `rediss://`, `redis-cluster://`, `rediss-cluster://` or `redis-sentinel://`.
     pub url: String,
@@ -53,6 +54,38 @@ pub struct ValkeyConfig {
     pub tls: TlsFiles,
     /// What must hold before an acquire is reported as held.
     pub durability: Durability,
+}
+
+impl fmt::Debug for ValkeyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Destructured, so a new field cannot be left out unseen.
+        let Self {
+            url,
+            username,
+            password,
+            sentinel_username,
+            sentinel_password,
+            key_prefix,
+            timeout,
+            connect_timeout,
+            pool_size,
+            tls,
+            durability,
+        } = self;
+        f.debug_struct("ValkeyConfig")
+            .field("url", &redact_url(url))
+            .field("username", username)
+            .field("password", password)
+            .field("sentinel_username", sentinel_username)
+            .field("sentinel_password", sentinel_password)
+            .field("key_prefix", key_prefix)
+            .field("timeout", timeout)
+            .field("connect_timeout", connect_timeout)
+            .field("pool_size", pool_size)
+            .field("tls", tls)
+            .field("durability", durability)
+            .finish()
+    }
 }
 
 /// PEM files for TLS (rustls). Verification is always on.
@@ -151,6 +184,24 @@ mod tests {
             ..ValkeyConfig::default()
         };
         assert!(!format!("{cfg:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn debug_never_shows_a_password_in_the_url() {
+        for url in [
+            "redis://u:hunter2@h:1/",
+            "rediss-cluster://u:hunter2@h:1?node=h:2",
+            "redis-sentinel://:hunter2@h:26379/0?sentinelServiceName=m",
+            "redis://u:hunter2@h:1,h:2/",
+        ] {
+            let cfg = ValkeyConfig {
+                url: url.into(),
+                ..ValkeyConfig::default()
+            };
+            let shown = format!("{cfg:?}");
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("ValkeyConfig { url: "), "{shown}");
+        }
         assert_eq!(
             redact_url("redis://u:hunter2@h:1/"),
             "redis://u:redacted@h:1/"

@@ -297,6 +297,9 @@ fn number(line: &[u8]) -> Result<i64, ProtocolError> {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -114,3 +114,38 @@ fn get_and_list_as_text_escape_control_characters_in_stored_owners() {
     let (_, text) = as_text(lease(&u, "list"));
     assert_eq!(text.lines().count(), 2, "{text:?}");
 }
+
+/// `-o text` also escapes what reorders or breaks a line without being a
+/// control character: bidirectional overrides and isolates (U+202E, U+2066),
+/// line and paragraph separators (U+2028, U+2029), invisible marks (U+200B,
+/// U+200F, U+FEFF). JSON keeps them exact.
+#[test]
+fn text_output_escapes_bidi_controls_and_line_separators() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let owner = "mallory\u{202E}ecila";
+    let j = acquire(&u, "db", owner, "10s");
+    let (_, _, token) = holder_args(&j);
+    let value = "a\u{2028}b\u{2029}c\u{2066}d\u{2069}e\u{200B}f\u{200F}g\u{FEFF}h";
+    commit(&u, &token, value).ok("committed", 0);
+    let raw = [
+        '\u{202E}', '\u{2028}', '\u{2029}', '\u{2066}', '\u{2069}', '\u{200B}', '\u{200F}',
+        '\u{FEFF}',
+    ];
+    let (code, text) = as_text(lease(&u, "read").target("db").flag("key", "k"));
+    assert_eq!(code, Some(0));
+    assert!(!text.contains(raw), "{text:?}");
+    assert!(
+        text.contains(r"a\u{2028}b\u{2029}c\u{2066}d\u{2069}e\u{200b}f\u{200f}g\u{feff}h"),
+        "{text:?}"
+    );
+    for command in [lease(&u, "get").target("db"), lease(&u, "list")] {
+        let op = command.args()[1].clone();
+        let (_, text) = as_text(command);
+        assert!(!text.contains(raw), "{op}: {text:?}");
+        assert!(text.contains(r"mallory\u{202e}ecila"), "{op}: {text:?}");
+    }
+    let out = lease(&u, "read").target("db").flag("key", "k").output();
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["committed"]["value"], value);
+}

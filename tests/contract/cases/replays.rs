@@ -108,6 +108,57 @@ pub async fn reused_request_id_with_other_inputs_is_a_conflict(h: &impl Harness)
     );
 }
 
+/// The request id is bound to every input of the acquire: what `get` shows
+/// (ttl, max life, metadata) is not enough to replay a request that chose its
+/// lease id or floor; a replay needs all of them again.
+pub async fn an_acquire_replay_needs_every_input_again(h: &impl Harness) {
+    let s = h.store();
+    let t = target("replay-inputs");
+    let mut meta = serde_json::Map::new();
+    meta.insert("acquisition".into(), "a-1".into());
+    let mut req = AcquireRequest::new(t.clone(), "alice", LONG);
+    req.max_lifetime = Some(LONG * 4);
+    req.metadata = Some(meta);
+    req.token_floor = Some(41);
+    req.lease_id = Some("derived-capability-inputs-0001".into());
+    let first = s.acquire(&req).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Acquired);
+    assert_eq!(first.lease.as_ref().unwrap().fencing_token, 42);
+
+    let mut variants: Vec<(&str, AcquireRequest)> = Vec::new();
+    let mut v = req.clone();
+    v.ttl = LONG * 2;
+    variants.push(("ttl", v));
+    let mut v = req.clone();
+    v.max_lifetime = None;
+    variants.push(("max lifetime", v));
+    let mut v = req.clone();
+    v.metadata = None;
+    variants.push(("metadata", v));
+    let mut v = req.clone();
+    v.token_floor = None;
+    variants.push(("no floor", v));
+    let mut v = req.clone();
+    v.token_floor = Some(40);
+    variants.push(("another floor", v));
+    let mut v = req.clone();
+    v.lease_id = None;
+    variants.push(("no lease id (a fresh random one)", v));
+    let mut v = req.clone();
+    v.lease_id = Some("derived-capability-inputs-0002".into());
+    variants.push(("another lease id", v));
+    for (what, v) in variants {
+        let r = s.acquire(&v).await.unwrap();
+        assert_eq!(r.outcome, Outcome::IdempotencyConflict, "{what}: {r:?}");
+        assert!(r.lease.is_none(), "{what}: {r:?}");
+    }
+
+    // The exact request still replays, with its lease id.
+    let again = s.acquire(&req).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Acquired);
+    assert_eq!(again.lease, first.lease);
+}
+
 pub async fn renew_and_release_replays_return_the_original_result(h: &impl Harness) {
     let s = h.store();
     let t = target("replays");

@@ -140,7 +140,7 @@ async fn a_new_lease_is_held_after_two_writes_and_its_first_acquire_replays() {
     // its status write did not.
     let attempt = format!("first-{}", created.uid().unwrap());
     let mut req = env.operator_acquire("job", "t", &attempt, Duration::from_secs(90));
-    req.request_id = attempt.clone();
+    req.request_id = env.lease_id_key().request_id(&attempt);
     let store = env.store().await;
     assert_eq!(
         store.acquire(&req).await.unwrap().outcome,

@@ -36,6 +36,53 @@ async fn applied_lease_is_held_with_a_token_from_valkey() {
     assert!(published <= lease.expires_at_ms);
 }
 
+/// What the operator publishes (status, the lease's metadata, what `get`
+/// shows) is not enough to replay its acquire and be handed the lease id: its
+/// request id is not the published acquisition id.
+#[tokio::test]
+async fn an_operator_lease_cannot_be_replayed_from_what_it_publishes() {
+    let env = OperatorEnv::start("no-replay").await;
+    let tl = env
+        .create("job-a", lease_for("guarded").identity("job-a"))
+        .await;
+    let held = env.wait_phase("job-a", Phase::Held, SOON).await;
+    let st = held.status.unwrap();
+    // The first attempt's id is implicit (derived from the UID); later ones are recorded.
+    let acquisition = st
+        .acquisition_id
+        .clone()
+        .unwrap_or_else(|| format!("first-{}", tl.metadata.uid.clone().unwrap()));
+    let store = env.store().await;
+    let target = Target::new(&env.ns, "guarded");
+    let shown = store.get(&target).await.unwrap().lease.unwrap();
+    assert_eq!(
+        shown.metadata.as_ref().and_then(|m| m.get("acquisition")),
+        Some(&json!(acquisition)),
+        "the acquisition id is public"
+    );
+
+    // Everything an outsider can see, replayed under the acquisition id.
+    let mut req = targetlease::store::AcquireRequest::new(
+        target.clone(),
+        st.holder.clone().unwrap(),
+        Duration::from_secs(90),
+    );
+    req.request_id = acquisition.clone();
+    req.metadata = shown.metadata.clone();
+    req.max_lifetime = shown
+        .max_expires_at_ms
+        .map(|m| Duration::from_millis(m - shown.acquired_at_ms));
+    let replay = store.acquire(&req).await.unwrap();
+    assert_eq!(replay.lease.as_ref().and_then(|l| l.lease_id.clone()), None);
+    assert_eq!(
+        replay.outcome,
+        Outcome::Held,
+        "a new request (the acquisition id is not the request id): {replay:?}"
+    );
+    let l = replay.lease.unwrap();
+    assert_eq!((l.owner.as_str(), l.fencing_token), ("job-a", 1));
+}
+
 #[tokio::test]
 async fn deleting_the_resource_releases_the_lease() {
     let env = OperatorEnv::start("release").await;
