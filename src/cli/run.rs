@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use clap::Args;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
@@ -174,6 +175,12 @@ pub async fn main(args: RunArgs) -> ExitCode {
     let backstop = config.timeout + Duration::from_secs(1);
 
     // (client required) connecting counts as part of the wait.
+    let notices_config = config.clone();
+    let subscribe =
+        move || -> BoxFuture<'static, Result<BoxStream<'static, Target>, StoreError>> {
+            let config = notices_config.clone();
+            Box::pin(async move { crate::store::valkey::notices::release_notices(&config).await })
+        };
     let connect = move || -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> {
         let config = config.clone();
         Box::pin(async move {
@@ -182,7 +189,16 @@ pub async fn main(args: RunArgs) -> ExitCode {
         })
     };
     let mut waiting = report.waiting(wait);
-    let acquired = acquire_within(&connect, &req, wait, backstop, &mut signals, &mut waiting).await;
+    let acquired = acquire_within(
+        &connect,
+        Some(&subscribe),
+        &req,
+        wait,
+        backstop,
+        &mut signals,
+        &mut waiting,
+    )
+    .await;
     let (store, granted) = match acquired {
         Ok(g) => g,
         Err(NotAcquired::Refused(mut env)) => {

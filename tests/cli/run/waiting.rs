@@ -65,6 +65,37 @@ fn by_default_run_waits_for_a_held_target_and_then_runs() {
     assert_eq!(file.read().trim(), "2");
 }
 
+/// Promise (docs/cli.md, `run`): a waiting `run` is woken by the release
+/// notification (Valkey pub/sub), not by its next poll; polling is only the
+/// fallback.
+#[test]
+fn a_release_wakes_a_waiting_run_through_its_subscription() {
+    let (_s, u, held) = bob_holds_db();
+    let file = Scratch::new("woken");
+    let script = format!("echo ran > {}", file.path().display());
+    let mut cmd = run(&u, "db", "alice", "10s").wait("30s").sh(&script);
+    cmd.env("RUST_LOG", "targetlease=debug");
+    let child = spawn(cmd);
+    // Long enough for the polls to have backed off to their longest pause.
+    std::thread::sleep(Duration::from_millis(3000));
+    assert!(!file.exists(), "ran while the target was held");
+    lease(&u, "release")
+        .target("db")
+        .holder(&held)
+        .ok("released", 0);
+    let out = wait_within(child, Duration::from_secs(10));
+    assert_exit(&out, 0);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("waiting for a release notification"),
+        "no subscription:\n{log}"
+    );
+    assert!(
+        log.contains("woken by a release notification"),
+        "the release did not wake it:\n{log}"
+    );
+}
+
 #[test]
 fn waits_for_a_held_target_and_gives_up_after_wait() {
     let (_s, u, _) = bob_holds_db();
