@@ -53,16 +53,31 @@ fn by_default_run_waits_for_a_held_target_and_then_runs() {
         file.path().display()
     );
     // No --wait: the documented default (1m) applies.
-    let child = spawn(run(&u, "db", "alice", "10s").sh(&script));
-    std::thread::sleep(Duration::from_millis(1500));
+    let cmd = run(&u, "db", "alice", "10s").sh(&script);
+    let out = released_while_waiting(&u, &held, cmd, &file, Duration::from_millis(1500));
+    assert_eq!(file.read().trim(), "2");
+}
+
+/// Runs `cmd` (a `run` whose CMD writes `file`), checks it waits `pause`
+/// without running, releases bob's lease, and returns its output once it
+/// exited 0.
+fn released_while_waiting(
+    u: &str,
+    held: &Value,
+    cmd: Command,
+    file: &Scratch,
+    pause: Duration,
+) -> Output {
+    let child = spawn(cmd);
+    std::thread::sleep(pause);
     assert!(!file.exists(), "ran while the target was held");
-    lease(&u, "release")
+    lease(u, "release")
         .target("db")
-        .holder(&held)
+        .holder(held)
         .ok("released", 0);
     let out = wait_within(child, Duration::from_secs(10));
     assert_exit(&out, 0);
-    assert_eq!(file.read().trim(), "2");
+    out
 }
 
 /// Promise (docs/cli.md, `run`): a waiting `run` is woken by the release
@@ -75,16 +90,8 @@ fn a_release_wakes_a_waiting_run_through_its_subscription() {
     let script = format!("echo ran > {}", file.path().display());
     let mut cmd = run(&u, "db", "alice", "10s").wait("30s").sh(&script);
     cmd.env("RUST_LOG", "targetlease=debug");
-    let child = spawn(cmd);
     // Long enough for the polls to have backed off to their longest pause.
-    std::thread::sleep(Duration::from_millis(3000));
-    assert!(!file.exists(), "ran while the target was held");
-    lease(&u, "release")
-        .target("db")
-        .holder(&held)
-        .ok("released", 0);
-    let out = wait_within(child, Duration::from_secs(10));
-    assert_exit(&out, 0);
+    let out = released_while_waiting(&u, &held, cmd, &file, Duration::from_secs(3));
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(
         log.contains("waiting for a release notification"),
