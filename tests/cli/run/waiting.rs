@@ -54,7 +54,7 @@ fn by_default_run_waits_for_a_held_target_and_then_runs() {
     );
     // No --wait: the documented default (1m) applies.
     let cmd = run(&u, "db", "alice", "10s").sh(&script);
-    let out = released_while_waiting(&u, &held, cmd, &file, Duration::from_millis(1500));
+    released_while_waiting(&u, &held, cmd, &file, Duration::from_millis(1500));
     assert_eq!(file.read().trim(), "2");
 }
 
