@@ -161,7 +161,10 @@ fn not_planted(
     };
     if created.0 < since.0 {
         return Err(KeyError::Permanent(format!(
-            "Secret {ns}/{name} was created at {}, before this installation's ServiceAccount              ({}): this operator did not make it, and whoever did knows the key lease ids are              derived from. Delete it if you know where it came from (the operator then creates              a new key), or name a Secret of your own with leaseIdKey.existingSecret",
+            "Secret {ns}/{name} was created at {}, before this installation's ServiceAccount \
+             ({}): this operator did not make it, and whoever did knows the key lease ids are \
+             derived from. Delete it if you know where it came from (the operator then creates \
+             a new key), or name a Secret of your own with leaseIdKey.existingSecret",
             created.0, since.0
         )));
     }
