@@ -159,3 +159,218 @@ async fn leases_keep_working_while_their_slot_migrates() {
         "the counter moved with the slot"
     );
 }
+
+/// The cluster slot of `key` (CRC16/XMODEM of its hash tag, modulo 16384),
+/// computed here so that many names can be tried without a round trip each.
+fn slot_of(key: &str) -> u16 {
+    let tagged = key
+        .find('{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.find('}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for b in tagged.bytes() {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// Moves `slot` from node `src` to node `dst` as `valkey-cli --cluster
+/// reshard` does (IMPORTING, MIGRATING, the keys in batches, then NODE on
+/// every node), taking at least `span` between MIGRATING and NODE (a slot
+/// with many keys). Returns how many keys moved.
+fn migrate_slot(cluster: &Cluster, slot: u16, src: usize, dst: usize, span: Duration) -> usize {
+    let s = slot.to_string();
+    let (src_id, dst_id) = (cluster.id(src), cluster.id(dst));
+    let mut dst_conn = cluster.nodes[dst].conn();
+    let mut src_conn = cluster.nodes[src].conn();
+    let ok = |r: Resp, what: &str| assert_eq!(r.text(), "OK", "{what}");
+    ok(
+        dst_conn.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id]),
+        "IMPORTING",
+    );
+    ok(
+        src_conn.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id]),
+        "MIGRATING",
+    );
+    let started = std::time::Instant::now();
+    let port = cluster.nodes[dst].port.to_string();
+    let mut moved = 0;
+    loop {
+        let keys = match src_conn.cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"]) {
+            Resp::Array(Some(keys)) => keys.iter().map(Resp::text).collect::<Vec<_>>(),
+            other => panic!("GETKEYSINSLOT: {other:?}"),
+        };
+        if keys.is_empty() && started.elapsed() >= span {
+            break;
+        }
+        if !keys.is_empty() {
+            let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            migrate.extend(keys.iter().map(String::as_str));
+            // NOKEY: a key expired between the listing and the move.
+            let r = src_conn.cmd(&migrate).text();
+            assert!(r == "OK" || r == "NOKEY", "MIGRATE: {r}");
+            moved += keys.len();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..cluster.nodes.len() {
+        ok(
+            cluster.nodes[i]
+                .conn()
+                .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &dst_id]),
+            "NODE",
+        );
+    }
+    moved
+}
+
+/// Promise (docs/valkey.md, Cluster): a slot migration is invisible to the
+/// leases in it — `TRYAGAIN` (a script whose keys are split between the two
+/// nodes, or new on the importing one) is retried within the caller's
+/// deadline, so no renew, acquire or release on the slot fails while a
+/// migration takes less than that deadline.
+///
+/// Scenario: alice holds t and renews it every 50 ms, bob keeps asking for t
+/// (held), carol acquires and releases u (same slot) in a loop, while the
+/// slot moves to another node in batches over 600 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migration_under_steady_load_fails_no_request() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (cluster, store) = start().await;
+    let store = Arc::new(store);
+    let t = Target::new("steady", "t");
+    let slot = slot_of(&store.keys().lease(&t));
+    assert_eq!(
+        slot,
+        cluster.keyslot(&store.keys().lease(&t)),
+        "slot_of agrees"
+    );
+    let u = (0..)
+        .map(|i| Target::new("steady", format!("u{i}")))
+        .find(|u| slot_of(&store.keys().lease(u)) == slot)
+        .unwrap();
+    let src = cluster.owner_of_slot(slot);
+    let dst = (src + 1) % 3;
+    let alice = store
+        .acquire(&AcquireRequest::new(t.clone(), "alice", TTL))
+        .await
+        .unwrap()
+        .lease
+        .unwrap()
+        .handle()
+        .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let fail = |what: String, f: &Arc<std::sync::Mutex<Vec<String>>>| f.lock().unwrap().push(what);
+    let renewing = tokio::spawn({
+        let (store, stop, failures, t, alice) = (
+            store.clone(),
+            stop.clone(),
+            failures.clone(),
+            t.clone(),
+            alice.clone(),
+        );
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                match store
+                    .renew(&RenewRequest::new(t.clone(), alice.clone(), TTL))
+                    .await
+                {
+                    Ok(r) if r.outcome == Outcome::Renewed => n += 1,
+                    other => fail(format!("alice's renew: {other:?}"), &failures),
+                }
+                match store
+                    .acquire(&AcquireRequest::new(t.clone(), "bob", TTL))
+                    .await
+                {
+                    Ok(r) if r.outcome == Outcome::Held => {}
+                    other => fail(format!("bob's acquire: {other:?}"), &failures),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            n
+        }
+    });
+    let cycling = tokio::spawn({
+        let (store, stop, failures, u) = (store.clone(), stop.clone(), failures.clone(), u.clone());
+        async move {
+            let mut tokens = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let granted = match store
+                    .acquire(&AcquireRequest::new(u.clone(), "carol", TTL))
+                    .await
+                {
+                    Ok(r) if r.outcome == Outcome::Acquired => r.lease.unwrap().handle().unwrap(),
+                    other => {
+                        fail(format!("carol's acquire: {other:?}"), &failures);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                tokens.push(granted.token);
+                match store
+                    .release(&ReleaseRequest::new(u.clone(), granted))
+                    .await
+                {
+                    Ok(r) if r.outcome == Outcome::Released => {}
+                    other => fail(format!("carol's release: {other:?}"), &failures),
+                }
+            }
+            tokens
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let moved = {
+        let cluster = &cluster;
+        tokio::task::block_in_place(|| {
+            migrate_slot(cluster, slot, src, dst, Duration::from_millis(600))
+        })
+    };
+    assert_eq!(cluster.owner_of_slot(slot), dst, "the slot moved");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    let renews = renewing.await.unwrap();
+    let tokens = cycling.await.unwrap();
+    let failures = failures.lock().unwrap().clone();
+    assert!(
+        failures.is_empty(),
+        "{} requests failed during the migration ({moved} keys moved), e.g.:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        renews > 5 && tokens.len() > 5,
+        "load ran: {renews} renews, {} grants",
+        tokens.len()
+    );
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens went back: {tokens:?}"
+    );
+    let r = store.get(&t).await.unwrap();
+    assert_eq!(
+        r.lease.unwrap().fencing_token,
+        alice.token,
+        "alice still holds t"
+    );
+}

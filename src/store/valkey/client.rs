@@ -70,6 +70,15 @@ pub struct Sent {
     pub link: Held,
 }
 
+/// The pause before the `n`th retry of a request answered `TRYAGAIN`: from
+/// 5 ms, doubling to 100 ms, ±50 % jitter (a migration moves a slot's keys
+/// in milliseconds to seconds; retries must not add to its load).
+fn try_again_pause(n: u32) -> Duration {
+    use rand::Rng;
+    let base = Duration::from_millis(5 * 2u64.pow(n.min(5))).min(Duration::from_millis(100));
+    base.mul_f64(rand::rng().random_range(0.5..1.5))
+}
+
 /// Takes a connection of `pool` as `how` says.
 async fn take(pool: &Arc<Pool>, how: Use, deadline: Instant) -> Result<Held, DialError> {
     match how {
@@ -189,6 +198,7 @@ impl Client {
         };
         let mut next: Option<(Addr, bool)> = None;
         let mut redirections = 0;
+        let mut tries = 0;
         loop {
             let (addr, asking) = match next.take() {
                 Some(t) => t,
@@ -222,6 +232,23 @@ impl Client {
                 _ => None,
             };
             let Some((redirection, said)) = moved else {
+                // TRYAGAIN: the slot is migrating and this script's keys are
+                // split between the two nodes (or new on the importing one).
+                // Nothing ran: again from the slot's owner, until the deadline,
+                // then the refusal as it is.
+                if let (1, Some(Value::Error(e))) = (cmds.len(), replies.first())
+                    && e.split_whitespace().next() == Some("TRYAGAIN")
+                {
+                    let pause = try_again_pause(tries);
+                    if Instant::now() + pause < deadline {
+                        link.give_back();
+                        tries += 1;
+                        // The ASK that leads back here is not a redirection loop.
+                        redirections = 0;
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                }
                 return Ok(Sent { replies, link });
             };
             link.give_back();
