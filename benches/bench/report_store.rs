@@ -164,7 +164,13 @@ pub fn section(w: &mut String, s: &store::Results) {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {:.0} | {:.0} µs | {:.0} µs | {} | {per_10k:.0} |",
-                d.pool, d.concurrency, d.ops, d.fig.ops_per_sec, d.fig.p50_us, d.fig.p99_us, d.warm_opened
+                d.pool,
+                d.concurrency,
+                d.ops,
+                d.fig.ops_per_sec,
+                d.fig.p50_us,
+                d.fig.p99_us,
+                d.warm_opened
             );
         }
     }

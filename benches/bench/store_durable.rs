@@ -50,7 +50,12 @@ fn replica_of(primary: &ValkeyServer) -> ValkeyServer {
 }
 
 /// Every durable pool size in `pools`, `ops` acquires each at `concurrency`.
-pub fn run(pools: &[usize], concurrency: usize, ops: usize, failures: &AtomicUsize) -> Vec<Durable> {
+pub fn run(
+    pools: &[usize],
+    concurrency: usize,
+    ops: usize,
+    failures: &AtomicUsize,
+) -> Vec<Durable> {
     let primary = ValkeyServer::start();
     let _replica = replica_of(&primary);
     let rt = tokio::runtime::Builder::new_current_thread()

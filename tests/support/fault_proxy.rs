@@ -14,6 +14,7 @@
 //! proxy.cut_after_reply("EVALSHA");   // ... its reply arrives, then the connection closes
 //! proxy.refuse("EVALSHA", "READONLY …", 3); // answered with an error, not forwarded
 //! proxy.silence_from("EVALSHA");      // that connection goes silent from there on
+//! proxy.drop_reply("EVALSHA");        // the next EVALSHA runs, its reply alone vanishes
 //! proxy.hold_reply("EVALSHA");        // the next EVALSHA's reply (and, in order, every
 //! proxy.release();                    //   later one on its connection) waits for release()
 //! proxy.set(Fault::Delay(d));         // standing faults: Pass, Delay, DropReplies,
@@ -66,6 +67,8 @@ enum Trap {
     Refuse(String, String, usize),
     /// From this command on, the connection forwards and answers nothing.
     Silence(String),
+    /// Forward the command; discard its reply alone (later ones are relayed).
+    DropReply(String),
     /// Forward the command; hold its reply (and every later one on that
     /// connection, to keep their order) until [`FaultProxy::release`].
     Hold(String),
@@ -209,6 +212,13 @@ impl FaultProxy {
         self.trap(Trap::Hold(name.to_owned()));
     }
 
+    /// The next command named `name` is forwarded and runs; its reply alone is
+    /// discarded, the replies after it relayed: the client's stream loses one
+    /// reply (what no TCP connection does, but a broken middlebox might).
+    pub fn drop_reply(&self, name: &str) {
+        self.trap(Trap::DropReply(name.to_owned()));
+    }
+
     /// Relays every held reply, in order, and stops holding.
     pub fn release(&self) {
         self.shared.state.lock().unwrap().released += 1;
@@ -336,6 +346,8 @@ async fn relay(mut client: TcpStream, id: usize, shared: Arc<Shared>) {
     // until the release counter moves past `since`.
     let mut hold_from: Option<(u64, u64)> = None;
     let mut held: Vec<u8> = Vec::new();
+    // Replies to discard, by number (`drop_reply`).
+    let mut drop_replies: Vec<u64> = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     let mut schunk = vec![0u8; 64 * 1024];
     loop {
@@ -372,6 +384,7 @@ async fn relay(mut client: TcpStream, id: usize, shared: Arc<Shared>) {
                                     cut_by = Some(Instant::now() + Duration::from_secs(2));
                                 }
                                 Then::CutAfter => cut_after = Some(sent),
+                                Then::DropReply => drop_replies.push(sent),
                                 Then::Hold => {
                                     let since = shared.state.lock().unwrap().released;
                                     hold_from = Some((sent, since));
@@ -400,6 +413,9 @@ async fn relay(mut client: TcpStream, id: usize, shared: Arc<Shared>) {
                         let _ = client.write_all(&bytes).await;
                         let _ = client.shutdown().await;
                         return;
+                    }
+                    if drop_replies.contains(&replies) {
+                        continue;
                     }
                     if hold_from.is_some_and(|(n, _)| replies >= n) {
                         shared.state.lock().unwrap().holding += 1;
@@ -470,6 +486,7 @@ enum Then {
     Nothing,
     CutBefore,
     CutAfter,
+    DropReply,
     Hold,
 }
 
@@ -483,6 +500,7 @@ fn decide(shared: &Shared, command: &str) -> Up {
         | Trap::CutAfterReply(n)
         | Trap::Refuse(n, _, _)
         | Trap::Silence(n)
+        | Trap::DropReply(n)
         | Trap::Hold(n) => named(command, n),
     });
     let Some(i) = hit else {
@@ -504,6 +522,10 @@ fn decide(shared: &Shared, command: &str) -> Up {
         Trap::Hold(_) => {
             st.traps.remove(i);
             Up::Forward(Then::Hold)
+        }
+        Trap::DropReply(_) => {
+            st.traps.remove(i);
+            Up::Forward(Then::DropReply)
         }
         Trap::Refuse(n, err, times) => {
             if times <= 1 {

@@ -305,3 +305,49 @@ async fn durable_writes_reuse_warm_connections() {
         store.connections_opened()
     );
 }
+
+/// A reply that goes missing (no TCP connection loses bytes, a broken
+/// middlebox might) is caught at the next missed deadline: the marker
+/// written behind the late call comes back in that call's place, so the
+/// connection is out of step and closed at once, not reused; the call that
+/// waited behind the marker was never written, and goes on a new connection
+/// with its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_reply_is_caught_and_never_shifts_answers() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    let server = ValkeyServer::start();
+    let proxy = FaultProxy::start(&server.addr());
+    let store = ValkeyStore::connect(&config(proxy.url(), TIMEOUT))
+        .await
+        .unwrap();
+    store.get(&target("warm")).await.unwrap();
+    proxy.drop_reply("EVALSHA");
+    let lost = AcquireRequest::new(target("lost"), "lost-owner", TTL);
+    let got = within(
+        TIMEOUT * 3,
+        "the call whose reply vanished",
+        store.acquire(&lost),
+    )
+    .await;
+    assert!(matches!(got, Err(StoreError::OutcomeUnknown(_))), "{got:?}");
+    let started = Instant::now();
+    let next = within(
+        TIMEOUT * 3,
+        "the next call",
+        store.acquire(&AcquireRequest::new(target("next"), "next-owner", TTL)),
+    )
+    .await;
+    assert_own_lease("next", "next-owner", next);
+    assert!(
+        started.elapsed() < Duration::from_millis(600),
+        "the stream out of step was noticed at the marker, not after the grace: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        proxy.accepted(),
+        2,
+        "the connection out of step was replaced"
+    );
+    // The vanished call ran once: its retry is the same lease.
+    assert_own_lease("lost", "lost-owner", store.acquire(&lost).await);
+}
