@@ -146,6 +146,12 @@ impl ValkeyStore {
         self.client.connections_opened()
     }
 
+    /// The same count as a Prometheus counter (shared, not a copy), for
+    /// [`crate::store::metrics::StoreMetrics::with_connections_opened`].
+    pub fn connections_counter(&self) -> prometheus_client::metrics::counter::Counter {
+        self.client.connections_counter()
+    }
+
     /// True when connected through Valkey Cluster.
     pub fn is_clustered(&self) -> bool {
         self.client.is_clustered()

@@ -10,10 +10,11 @@
 //! one layer up, where the script source is known.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::cluster::{Redirect, SlotMap, redirect};
@@ -120,7 +121,7 @@ pub struct Client {
     sizes: Sizes,
     connect_timeout: Duration,
     /// Connections opened by every pool, since connecting.
-    opened: Arc<AtomicU64>,
+    opened: Counter,
 }
 
 impl Client {
@@ -133,7 +134,7 @@ impl Client {
         connect_timeout: Duration,
     ) -> Result<Client, DialError> {
         let deadline = Instant::now() + connect_timeout;
-        let opened = Arc::new(AtomicU64::new(0));
+        let opened = Counter::default();
         let single = |place| {
             Kind::Single(Arc::new(Pool::new(
                 place,
@@ -175,7 +176,12 @@ impl Client {
 
     /// Connections opened since connecting (shared and exclusive, every server).
     pub fn connections_opened(&self) -> u64 {
-        self.opened.load(Ordering::Relaxed)
+        self.opened.get()
+    }
+
+    /// The counter behind [`Client::connections_opened`], for a metrics registry.
+    pub fn connections_counter(&self) -> Counter {
+        self.opened.clone()
     }
 
     /// True for a Valkey Cluster.

@@ -13,10 +13,10 @@
 //! jitter); calls in between fail at once with the last cause instead of
 //! queueing behind a server that is not there.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
@@ -89,7 +89,7 @@ pub struct Pool {
     /// Bumped whenever an open ends, for callers waiting on one.
     opened_one: watch::Sender<u64>,
     /// Connections this pool's client has opened (all pools of one client share it).
-    opened: Arc<AtomicU64>,
+    opened: Counter,
     backoff: Mutex<Backoff>,
     /// Exclusive connections not in use.
     idle: Mutex<Vec<Link>>,
@@ -169,7 +169,7 @@ impl Pool {
         dialer: Dialer,
         sizes: Sizes,
         connect_timeout: Duration,
-        opened: Arc<AtomicU64>,
+        opened: Counter,
     ) -> Pool {
         let sizes = Sizes {
             shared: sizes.shared.max(1),
@@ -302,7 +302,7 @@ impl Pool {
         match opened {
             Ok(conn) => {
                 self.connected();
-                self.opened.fetch_add(1, Ordering::Relaxed);
+                self.opened.inc();
                 Ok(Link::start(conn, self.sizes.max_in_flight))
             }
             Err(e) => {
