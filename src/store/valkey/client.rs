@@ -6,7 +6,9 @@
 //! they are a definite refusal: the URL points at a cluster node). A broken
 //! connection or a missing reply is reported to the caller as it is
 //! ([`SendError::Lost`]); deciding to retry, with the same request id, is the
-//! caller's business. `NOSCRIPT`, the other "did not run" answer, is handled
+//! caller's business. A request that never left its connection's queue
+//! before that connection closed cannot have run: it goes once more, on
+//! another connection, within its deadline. `NOSCRIPT`, the other "did not run" answer, is handled
 //! one layer up, where the script source is known.
 
 use std::collections::HashMap;
