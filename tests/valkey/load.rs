@@ -351,3 +351,56 @@ async fn a_missing_reply_is_caught_and_never_shifts_answers() {
     // The vanished call ran once: its retry is the same lease.
     assert_own_lease("lost", "lost-owner", store.acquire(&lost).await);
 }
+
+/// A call still waiting for its turn when its deadline passes is a definite
+/// refusal (`backend_unavailable`, "never sent") and never runs: behind a
+/// call that went late, new calls wait (not written) until the marker shows
+/// the stream in step, and one whose deadline comes first is taken back.
+/// The marker's echo then comes back in place: the connection stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_deadline_before_its_turn_is_never_sent() {
+    // The grace past a missed deadline is at least 1s: longer than a call.
+    const TIMEOUT: Duration = Duration::from_millis(500);
+    let server = ValkeyServer::start();
+    let proxy = FaultProxy::start(&server.addr());
+    let store = ValkeyStore::connect(&config(proxy.url(), TIMEOUT))
+        .await
+        .unwrap();
+    store.get(&target("warm")).await.unwrap();
+    let before = server.calls("evalsha");
+    proxy.hold_reply("EVALSHA");
+    let late = AcquireRequest::new(target("late"), "late-owner", TTL);
+    let got = within(TIMEOUT * 4, "the held call", store.acquire(&late)).await;
+    assert!(matches!(got, Err(StoreError::OutcomeUnknown(_))), "{got:?}");
+    let waiting = within(
+        TIMEOUT * 4,
+        "the call behind the marker",
+        store.acquire(&AcquireRequest::new(target("waiting"), "w", TTL)),
+    )
+    .await;
+    match waiting {
+        Err(StoreError::BackendUnavailable(m)) => assert!(m.contains("never sent"), "{m}"),
+        other => panic!("expected a definite refusal, got {other:?}"),
+    }
+    // Let the held reply (and the marker's echo behind it) go, within the grace.
+    proxy.release();
+    let next = within(
+        TIMEOUT * 4,
+        "a call after the marker",
+        store.acquire(&AcquireRequest::new(target("next"), "next-owner", TTL)),
+    )
+    .await;
+    assert_own_lease("next", "next-owner", next);
+    let fence = store.keys().fence(&target("waiting"));
+    assert!(
+        matches!(server.conn().cmd(&["GET", &fence]), Resp::Bulk(None)),
+        "the refused call ran"
+    );
+    assert_eq!(
+        server.calls("evalsha") - before,
+        2,
+        "the late call and the next"
+    );
+    assert_eq!(store.connections_opened(), 1, "the connection stayed");
+    assert_eq!(proxy.accepted(), 1);
+}
