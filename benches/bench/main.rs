@@ -14,6 +14,7 @@ mod report_peer;
 mod report_store;
 mod stats;
 mod store;
+mod store_durable;
 mod store_script;
 mod tracker;
 
@@ -56,6 +57,8 @@ fn main() {
             ops_single: env_or("BENCH_STORE_OPS_SINGLE", 5_000),
             pool_size: env_or("BENCH_POOL", 4),
             pool_sweep: env_list("BENCH_POOL_SWEEP", &[1, 4, 16, 64]),
+            durable_pools: env_list("BENCH_DURABLE_POOL_SWEEP", &[4, 16, 64]),
+            durable_ops: env_or("BENCH_DURABLE_OPS", 10_000),
         })
     });
     let store_secs = started.elapsed().as_secs_f64();

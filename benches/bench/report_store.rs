@@ -127,18 +127,50 @@ pub fn section(w: &mut String, s: &store::Results) {
         let _ = writeln!(
             w,
             "\nPool size at concurrency {top} (same server, same run):\n\n\
-             | pool size | operation | ops/s | p50 | p99 | client efficiency | overall |\n\
-             | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
+             | pool size | operation | ops/s | vs pool size 1 | p50 | p99 | client efficiency | overall |\n\
+             | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for (pool, op, f) in &s.pool_sweep {
+            let one = s
+                .pool_sweep
+                .iter()
+                .find(|(p, o, _)| *p == 1 && o == op)
+                .map(|(_, _, f)| f);
             let _ = writeln!(
                 w,
-                "| {pool} | {op} | {:.0} | {:.0} µs | {:.0} µs | {} | {} |",
+                "| {pool} | {op} | {:.0} | {} | {:.0} µs | {:.0} µs | {} | {} |",
                 f.ops_per_sec,
+                x(div(Some(f), one)),
                 f.p50_us,
                 f.p99_us,
                 x(div(Some(f), s.script(op, top))),
                 x(div(Some(f), s.minimal(top)))
+            );
+        }
+    }
+    if !s.durable.is_empty() {
+        let _ = writeln!(
+            w,
+            "\nDurable writes (`--durability replicas:1`, a primary and one replica on the same \
+             machine, no persistence): acquires of fresh targets, each its script then `WAIT 1` \
+             on a connection of its own taken from the durable pool (`--durable-pool-size`), \
+             after a warm-up of 1,000 acquires; connections opened counted by the client \
+             (`ValkeyStore::connections_opened`):\n\n\
+             | durable pool size | c | acquires | ops/s | p50 | p99 | connections opened: warm-up | connections opened per 10k durable acquires |\n\
+             | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for d in &s.durable {
+            let per_10k = d.opened as f64 * 10_000.0 / d.ops.max(1) as f64;
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {:.0} | {:.0} µs | {:.0} µs | {} | {per_10k:.0} |",
+                d.pool,
+                d.concurrency,
+                d.ops,
+                d.fig.ops_per_sec,
+                d.fig.p50_us,
+                d.fig.p99_us,
+                d.warm_opened
             );
         }
     }

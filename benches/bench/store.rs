@@ -36,6 +36,10 @@ pub struct Params {
     pub pool_size: usize,
     /// Pool sizes tried at the highest concurrency.
     pub pool_sweep: Vec<usize>,
+    /// Durable pool sizes tried with durable acquires at the highest concurrency.
+    pub durable_pools: Vec<usize>,
+    /// Durable acquires per durable pool size.
+    pub durable_ops: usize,
 }
 
 /// The name of the minimal acquire script's row in `baseline`.
@@ -59,6 +63,8 @@ pub struct Results {
     pub script_work: Vec<(String, usize, f64)>,
     /// (pool size, operation, figure) at the highest concurrency.
     pub pool_sweep: Vec<(usize, String, Figure)>,
+    /// Durable acquires per durable pool size, with the connections they opened.
+    pub durable: Vec<crate::store_durable::Durable>,
     pub failures: usize,
 }
 
@@ -341,7 +347,10 @@ pub fn run(p: &Params) -> Results {
             }
         }
     });
+    let top = p.concurrencies.iter().copied().max().unwrap_or(64);
+    let durable = crate::store_durable::run(&p.durable_pools, top, p.durable_ops, &failures);
     Results {
+        durable,
         server_version,
         pool_size: p.pool_size,
         ours,

@@ -48,9 +48,18 @@ pub struct ConnectionArgs {
     /// Deadline for connecting (TLS handshake included).
     #[arg(long, env = "TARGETLEASE_CONNECT_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
-    /// Number of pooled connections.
+    /// Shared connections per server (1 to 128); each call goes to the least
+    /// loaded one, another is opened when every open one is busy.
     #[arg(long, env = "TARGETLEASE_POOL_SIZE", default_value_t = 1)]
     pub pool_size: usize,
+    /// Connections per server for durable writes (with --durability), in
+    /// use or kept warm for reuse (1 to 64).
+    #[arg(long, env = "TARGETLEASE_DURABLE_POOL_SIZE", default_value_t = 16)]
+    pub durable_pool_size: usize,
+    /// Requests queued or awaiting a reply on one connection; one more is
+    /// refused at once, never sent (1 to 65536).
+    #[arg(long, env = "TARGETLEASE_MAX_IN_FLIGHT", default_value_t = 1024)]
+    pub max_in_flight: usize,
     /// PEM CA bundle to trust for TLS instead of the system roots.
     #[arg(long, env = "TARGETLEASE_TLS_CA_FILE")]
     pub tls_ca_file: Option<PathBuf>,
@@ -89,6 +98,18 @@ impl ConnectionArgs {
         if self.pool_size == 0 || self.pool_size > 128 {
             return Err(ConfigError::of("--pool-size", "must be between 1 and 128"));
         }
+        if self.durable_pool_size == 0 || self.durable_pool_size > 64 {
+            return Err(ConfigError::of(
+                "--durable-pool-size",
+                "must be between 1 and 64",
+            ));
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 65536 {
+            return Err(ConfigError::of(
+                "--max-in-flight",
+                "must be between 1 and 65536",
+            ));
+        }
         Ok(ValkeyConfig {
             url: self.valkey_url.clone(),
             username: self.username.clone(),
@@ -99,6 +120,8 @@ impl ConnectionArgs {
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
             pool_size: self.pool_size,
+            durable_pool_size: self.durable_pool_size,
+            max_in_flight: self.max_in_flight,
             tls: TlsFiles {
                 ca_file: self.tls_ca_file.clone(),
                 cert_file: self.tls_cert_file.clone(),
@@ -134,6 +157,14 @@ impl ConnectionArgs {
                 Some(duration(self.connect_timeout)),
             ),
             ("TARGETLEASE_POOL_SIZE", Some(self.pool_size.to_string())),
+            (
+                "TARGETLEASE_DURABLE_POOL_SIZE",
+                Some(self.durable_pool_size.to_string()),
+            ),
+            (
+                "TARGETLEASE_MAX_IN_FLIGHT",
+                Some(self.max_in_flight.to_string()),
+            ),
             ("TARGETLEASE_TLS_CA_FILE", path(&self.tls_ca_file)),
             ("TARGETLEASE_TLS_CERT_FILE", path(&self.tls_cert_file)),
             ("TARGETLEASE_TLS_KEY_FILE", path(&self.tls_key_file)),

@@ -236,7 +236,8 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     let Some(valkey) = connect(&config, &mut shutdown).await else {
         return ExitCode::SUCCESS;
     };
-    let store_metrics = StoreMetrics::default();
+    let store_metrics =
+        StoreMetrics::default().with_connections_opened(valkey.connections_counter());
     let store: Arc<dyn LeaseStore> =
         Arc::new(MeteredStore::new(Arc::new(valkey), store_metrics.clone()));
     let registry = metrics::registry(&metrics, &store_metrics);

@@ -41,6 +41,8 @@ pub struct OperationLabels {
 pub struct StoreMetrics {
     calls: Family<CallLabels, Counter>,
     latency: Family<OperationLabels, Histogram>,
+    /// Connections the backend opened, when it counts them.
+    connections_opened: Option<Counter>,
 }
 
 impl Default for StoreMetrics {
@@ -51,11 +53,20 @@ impl Default for StoreMetrics {
                 // 0.5ms .. ~8s
                 Histogram::new(exponential_buckets(0.0005, 2.0, 15))
             }),
+            connections_opened: None,
         }
     }
 }
 
 impl StoreMetrics {
+    /// Also exposes `counter` (a backend's connections opened, e.g.
+    /// [`crate::store::valkey::ValkeyStore::connections_counter`]) as
+    /// `targetlease_store_connections_opened_total`.
+    pub fn with_connections_opened(mut self, counter: Counter) -> Self {
+        self.connections_opened = Some(counter);
+        self
+    }
+
     /// Registers `targetlease_store_calls_total` and
     /// `targetlease_store_call_duration_seconds` (as `<prefix>_store_…` under
     /// the registry's prefix, if any).
@@ -71,6 +82,13 @@ impl StoreMetrics {
             prometheus_client::registry::Unit::Seconds,
             self.latency.clone(),
         );
+        if let Some(opened) = &self.connections_opened {
+            registry.register(
+                "store_connections_opened",
+                "Connections the store opened to its backend (steady under steady load)",
+                opened.clone(),
+            );
+        }
     }
 
     /// How many calls of `operation` ended with `result`.
@@ -175,6 +193,23 @@ mod tests {
 
     use super::*;
     use crate::store::memory::{ManualClock, MemoryStore};
+
+    #[test]
+    fn a_backend_connection_counter_is_exposed_as_it_counts() {
+        let opened = Counter::default();
+        let metrics = StoreMetrics::default().with_connections_opened(opened.clone());
+        opened.inc();
+        opened.inc();
+        let mut registry = Registry::with_prefix("targetlease");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l == "targetlease_store_connections_opened_total 2"),
+            "{text}"
+        );
+    }
 
     #[tokio::test]
     async fn counts_outcomes_and_errors_with_bounded_labels() {

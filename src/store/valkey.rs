@@ -117,7 +117,12 @@ impl ValkeyStore {
     pub async fn connect_only(cfg: &ValkeyConfig) -> Result<Self, StoreError> {
         let keys = KeySpace::new(&cfg.key_prefix)?;
         let (endpoint, dialer) = prepare(cfg)?;
-        let client = Client::connect(&endpoint, dialer, cfg.pool_size.max(1), cfg.connect_timeout)
+        let sizes = pool::Sizes {
+            shared: cfg.pool_size.max(1),
+            durable: cfg.durable_pool_size,
+            max_in_flight: cfg.max_in_flight,
+        };
+        let client = Client::connect(&endpoint, dialer, sizes, cfg.connect_timeout)
             .await
             .map_err(|e| StoreError::BackendUnavailable(e.0))?;
         Ok(Self {
@@ -136,6 +141,18 @@ impl ValkeyStore {
         reply
             .text()
             .ok_or_else(|| StoreError::BackendUnavailable("unreadable INFO reply".into()))
+    }
+
+    /// Connections opened since connecting (shared and durable-write ones,
+    /// every server): steady under steady load, for tests and benchmarks.
+    pub fn connections_opened(&self) -> u64 {
+        self.client.connections_opened()
+    }
+
+    /// The same count as a Prometheus counter (shared, not a copy), for
+    /// [`crate::store::metrics::StoreMetrics::with_connections_opened`].
+    pub fn connections_counter(&self) -> prometheus_client::metrics::counter::Counter {
+        self.client.connections_counter()
     }
 
     /// True when connected through Valkey Cluster.
@@ -380,7 +397,7 @@ impl ValkeyStore {
         };
         let replies = link.request(&[cmd], deadline).await.map_err(|e| {
             not_durable(match e {
-                LinkError::NotSent(why) | LinkError::Lost(why) => {
+                LinkError::NotSent(why) | LinkError::Requeue(why) | LinkError::Lost(why) => {
                     format!("the connection that wrote is gone ({why})")
                 }
                 LinkError::Late => "no answer to the wait in time".into(),

@@ -14,6 +14,9 @@
 //! proxy.cut_after_reply("EVALSHA");   // ... its reply arrives, then the connection closes
 //! proxy.refuse("EVALSHA", "READONLY …", 3); // answered with an error, not forwarded
 //! proxy.silence_from("EVALSHA");      // that connection goes silent from there on
+//! proxy.drop_reply("EVALSHA");        // the next EVALSHA runs, its reply alone vanishes
+//! proxy.hold_reply("EVALSHA");        // the next EVALSHA's reply (and, in order, every
+//! proxy.release();                    //   later one on its connection) waits for release()
 //! proxy.set(Fault::Delay(d));         // standing faults: Pass, Delay, DropReplies,
 //! proxy.set(Fault::Silent);           //   Silent, Reset (live and new connections)
 //! assert_eq!(proxy.forwarded("EVALSHA"), 1);
@@ -64,16 +67,26 @@ enum Trap {
     Refuse(String, String, usize),
     /// From this command on, the connection forwards and answers nothing.
     Silence(String),
+    /// Forward the command; discard its reply alone (later ones are relayed).
+    DropReply(String),
+    /// Forward the command; hold its reply (and every later one on that
+    /// connection, to keep their order) until [`FaultProxy::release`].
+    Hold(String),
 }
 
 #[derive(Default)]
 struct State {
     fault: Option<(Fault, Instant)>,
     traps: Vec<Trap>,
-    forwarded: Vec<String>,
+    /// (connection number, command) of every command forwarded.
+    forwarded: Vec<(usize, String)>,
     accepted: usize,
     /// Connections reset by a cut before a reply (`cut_before_reply`).
     cuts: usize,
+    /// Replies held back by a `hold_reply`, not yet released.
+    holding: usize,
+    /// Bumped by every `release`.
+    released: u64,
 }
 
 struct Shared {
@@ -192,6 +205,37 @@ impl FaultProxy {
         self.trap(Trap::Silence(name.to_owned()));
     }
 
+    /// The next command named `name` is forwarded and runs; its reply is held
+    /// back, with every later reply on the same connection (replies keep
+    /// their order), until [`FaultProxy::release`].
+    pub fn hold_reply(&self, name: &str) {
+        self.trap(Trap::Hold(name.to_owned()));
+    }
+
+    /// The next command named `name` is forwarded and runs; its reply alone is
+    /// discarded, the replies after it relayed: the client's stream loses one
+    /// reply (what no TCP connection does, but a broken middlebox might).
+    pub fn drop_reply(&self, name: &str) {
+        self.trap(Trap::DropReply(name.to_owned()));
+    }
+
+    /// Relays every held reply, in order, and stops holding.
+    pub fn release(&self) {
+        self.shared.state.lock().unwrap().released += 1;
+        self.shared.changed.send_modify(|g| *g += 1);
+    }
+
+    /// How many replies are held back right now.
+    pub fn holding(&self) -> usize {
+        self.shared.state.lock().unwrap().holding
+    }
+
+    /// Whether a `hold_reply` has caught its command (forwarded, reply not released).
+    pub fn hold_caught(&self) -> bool {
+        let st = self.shared.state.lock().unwrap();
+        !st.traps.iter().any(|t| matches!(t, Trap::Hold(_)))
+    }
+
     fn trap(&self, trap: Trap) {
         self.shared.state.lock().unwrap().traps.push(trap);
     }
@@ -199,7 +243,21 @@ impl FaultProxy {
     /// How many commands named `name` were forwarded to the server.
     pub fn forwarded(&self, name: &str) -> usize {
         let st = self.shared.state.lock().unwrap();
-        st.forwarded.iter().filter(|c| named(c, name)).count()
+        st.forwarded.iter().filter(|(_, c)| named(c, name)).count()
+    }
+
+    /// How many commands named `name` each connection forwarded (connections
+    /// that forwarded none left out), in the order they were accepted.
+    pub fn forwarded_per_connection(&self, name: &str) -> Vec<usize> {
+        let st = self.shared.state.lock().unwrap();
+        let mut counts = vec![0; st.accepted];
+        for (conn, c) in &st.forwarded {
+            if named(c, name) {
+                counts[*conn] += 1;
+            }
+        }
+        counts.retain(|n| *n > 0);
+        counts
     }
 
     /// How many connections a `cut_before_reply` has reset so far.
@@ -240,9 +298,13 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        shared.state.lock().unwrap().accepted += 1;
+        let id = {
+            let mut st = shared.state.lock().unwrap();
+            st.accepted += 1;
+            st.accepted - 1
+        };
         let _ = client.set_nodelay(true);
-        tokio::spawn(relay(client, shared.clone()));
+        tokio::spawn(relay(client, id, shared.clone()));
     }
 }
 
@@ -253,7 +315,7 @@ fn reset(stream: TcpStream) {
 }
 
 /// One client connection: commands up, replies down, faults in between.
-async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
+async fn relay(mut client: TcpStream, id: usize, shared: Arc<Shared>) {
     let mut changed = shared.changed.subscribe();
     let (fault, _) = shared.fault();
     if fault == Fault::Reset {
@@ -280,6 +342,12 @@ async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
     let mut delayed: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     // Set by a `silence_from` trap: this connection forwards and answers nothing more.
     let mut silenced = false;
+    // Set by a `hold_reply` trap: from reply `n` on, replies wait in `held`
+    // until the release counter moves past `since`.
+    let mut hold_from: Option<(u64, u64)> = None;
+    let mut held: Vec<u8> = Vec::new();
+    // Replies to discard, by number (`drop_reply`).
+    let mut drop_replies: Vec<u64> = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     let mut schunk = vec![0u8; 64 * 1024];
     loop {
@@ -308,7 +376,7 @@ async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
                                 return reset(client);
                             }
                             sent += 1;
-                            shared.state.lock().unwrap().forwarded.push(command);
+                            shared.state.lock().unwrap().forwarded.push((id, command));
                             match then {
                                 Then::Nothing => {}
                                 Then::CutBefore => {
@@ -316,6 +384,11 @@ async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
                                     cut_by = Some(Instant::now() + Duration::from_secs(2));
                                 }
                                 Then::CutAfter => cut_after = Some(sent),
+                                Then::DropReply => drop_replies.push(sent),
+                                Then::Hold => {
+                                    let since = shared.state.lock().unwrap().released;
+                                    hold_from = Some((sent, since));
+                                }
                             }
                         }
                     }
@@ -340,6 +413,14 @@ async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
                         let _ = client.write_all(&bytes).await;
                         let _ = client.shutdown().await;
                         return;
+                    }
+                    if drop_replies.contains(&replies) {
+                        continue;
+                    }
+                    if hold_from.is_some_and(|(n, _)| replies >= n) {
+                        shared.state.lock().unwrap().holding += 1;
+                        held.extend_from_slice(&bytes);
+                        continue;
                     }
                     let (fault, since) = shared.fault();
                     match fault {
@@ -369,6 +450,16 @@ async fn relay(mut client: TcpStream, shared: Arc<Shared>) {
                 if r.is_err() || shared.fault().0 == Fault::Reset {
                     return reset(client);
                 }
+                let released = shared.state.lock().unwrap().released;
+                if let Some((_, since)) = hold_from
+                    && released > since
+                {
+                    hold_from = None;
+                    shared.state.lock().unwrap().holding = 0;
+                    if client.write_all(&std::mem::take(&mut held)).await.is_err() {
+                        return;
+                    }
+                }
             }
         }
     }
@@ -395,6 +486,8 @@ enum Then {
     Nothing,
     CutBefore,
     CutAfter,
+    DropReply,
+    Hold,
 }
 
 fn decide(shared: &Shared, command: &str) -> Up {
@@ -406,7 +499,9 @@ fn decide(shared: &Shared, command: &str) -> Up {
         Trap::CutBeforeReply(n)
         | Trap::CutAfterReply(n)
         | Trap::Refuse(n, _, _)
-        | Trap::Silence(n) => named(command, n),
+        | Trap::Silence(n)
+        | Trap::DropReply(n)
+        | Trap::Hold(n) => named(command, n),
     });
     let Some(i) = hit else {
         return Up::Forward(Then::Nothing);
@@ -423,6 +518,14 @@ fn decide(shared: &Shared, command: &str) -> Up {
         Trap::Silence(_) => {
             st.traps.remove(i);
             Up::Silence
+        }
+        Trap::Hold(_) => {
+            st.traps.remove(i);
+            Up::Forward(Then::Hold)
+        }
+        Trap::DropReply(_) => {
+            st.traps.remove(i);
+            Up::Forward(Then::DropReply)
         }
         Trap::Refuse(n, err, times) => {
             if times <= 1 {

@@ -13,6 +13,7 @@ mod cluster_faults;
 mod durability;
 mod failures;
 mod faults;
+mod load;
 mod protocol;
 mod read_and_free;
 mod redaction;

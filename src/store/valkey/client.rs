@@ -6,7 +6,9 @@
 //! they are a definite refusal: the URL points at a cluster node). A broken
 //! connection or a missing reply is reported to the caller as it is
 //! ([`SendError::Lost`]); deciding to retry, with the same request id, is the
-//! caller's business. `NOSCRIPT`, the other "did not run" answer, is handled
+//! caller's business. A request that never left its connection's queue
+//! before that connection closed cannot have run: it goes once more, on
+//! another connection, within its deadline. `NOSCRIPT`, the other "did not run" answer, is handled
 //! one layer up, where the script source is known.
 
 use std::collections::HashMap;
@@ -14,13 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::cluster::{Redirect, SlotMap, redirect};
 use super::dial::{DialError, Dialer, first_words};
 use super::endpoint::{Addr, Endpoint, Topology};
 use super::link::{Link, LinkError};
-use super::pool::{Held, Place, Pool};
+use super::pool::{Held, Place, Pool, Sizes};
 use super::resp::{Cmd, Value};
 
 /// Redirections one request may follow (`MOVED` after a resharding, `ASK`
@@ -87,6 +90,28 @@ async fn take(pool: &Arc<Pool>, how: Use, deadline: Instant) -> Result<Held, Dia
     }
 }
 
+/// Takes a connection of `pool` and sends `cmds` on it. A request that a
+/// connection closed before writing (it never left the queue, so it cannot
+/// have run) goes once more, on another connection.
+async fn exchange(
+    pool: &Arc<Pool>,
+    how: Use,
+    cmds: &[Cmd],
+    deadline: Instant,
+) -> Result<(Held, Vec<Value>), SendError> {
+    let mut again = true;
+    loop {
+        let held = take(pool, how, deadline)
+            .await
+            .map_err(|e| SendError::NotSent(e.0))?;
+        match held.link().request(cmds, deadline).await {
+            Ok(replies) => return Ok((held, replies)),
+            Err(LinkError::Requeue(_)) if again => again = false,
+            Err(e) => return Err(from_link(e)),
+        }
+    }
+}
+
 enum Kind {
     Single(Arc<Pool>),
     Cluster(Router),
@@ -104,8 +129,10 @@ struct Router {
 pub struct Client {
     kind: Kind,
     dialer: Dialer,
-    pool_size: usize,
+    sizes: Sizes,
     connect_timeout: Duration,
+    /// Connections opened by every pool, since connecting.
+    opened: Counter,
 }
 
 impl Client {
@@ -114,16 +141,18 @@ impl Client {
     pub async fn connect(
         endpoint: &Endpoint,
         dialer: Dialer,
-        pool_size: usize,
+        sizes: Sizes,
         connect_timeout: Duration,
     ) -> Result<Client, DialError> {
         let deadline = Instant::now() + connect_timeout;
+        let opened = Counter::default();
         let single = |place| {
             Kind::Single(Arc::new(Pool::new(
                 place,
                 dialer.clone(),
-                pool_size,
+                sizes,
                 connect_timeout,
+                opened.clone(),
             )))
         };
         let kind = match &endpoint.topology {
@@ -143,8 +172,9 @@ impl Client {
         let client = Client {
             kind,
             dialer,
-            pool_size,
+            sizes,
             connect_timeout,
+            opened,
         };
         match &client.kind {
             Kind::Single(pool) => {
@@ -153,6 +183,16 @@ impl Client {
             Kind::Cluster(_) => client.refresh(deadline).await?,
         }
         Ok(client)
+    }
+
+    /// Connections opened since connecting (shared and exclusive, every server).
+    pub fn connections_opened(&self) -> u64 {
+        self.opened.get()
+    }
+
+    /// The counter behind [`Client::connections_opened`], for a metrics registry.
+    pub fn connections_counter(&self) -> Counter {
+        self.opened.clone()
     }
 
     /// True for a Valkey Cluster.
@@ -173,14 +213,7 @@ impl Client {
     ) -> Result<Sent, SendError> {
         let router = match &self.kind {
             Kind::Single(pool) => {
-                let link = take(pool, how, deadline)
-                    .await
-                    .map_err(|e| SendError::NotSent(e.0))?;
-                let replies = link
-                    .link()
-                    .request(cmds, deadline)
-                    .await
-                    .map_err(from_link)?;
+                let (link, replies) = exchange(pool, how, cmds, deadline).await?;
                 forget_if_not_primary(link.link(), &replies);
                 if let (1, Some(Value::Error(e))) = (cmds.len(), replies.first())
                     && matches!(e.split_whitespace().next(), Some("MOVED" | "ASK"))
@@ -204,23 +237,17 @@ impl Client {
                 Some(t) => t,
                 None => (self.owner(route, deadline).await?, false),
             };
-            let link = match take(&self.pool(&addr), how, deadline).await {
-                Ok(l) => l,
-                Err(e) => {
-                    // The node may have failed over: learn the map again next time.
-                    router.stale.store(true, Ordering::SeqCst);
-                    return Err(SendError::NotSent(e.0));
-                }
-            };
             let mut request = Vec::with_capacity(cmds.len() + 1);
             if asking {
                 request.push(Cmd::new("ASKING"));
             }
             request.extend_from_slice(cmds);
-            let mut replies = link.link().request(&request, deadline).await.map_err(|e| {
-                router.stale.store(true, Ordering::SeqCst);
-                from_link(e)
-            })?;
+            let (link, mut replies) = exchange(&self.pool(&addr), how, &request, deadline)
+                .await
+                .inspect_err(|_| {
+                    // The node may have failed over: learn the map again next time.
+                    router.stale.store(true, Ordering::SeqCst);
+                })?;
             if asking {
                 replies.remove(0);
             }
@@ -414,8 +441,9 @@ impl Client {
                     Arc::new(Pool::new(
                         Place::Fixed(addr.clone()),
                         self.dialer.clone(),
-                        self.pool_size,
+                        self.sizes,
                         self.connect_timeout,
+                        self.opened.clone(),
                     ))
                 })
                 .clone(),
@@ -523,7 +551,7 @@ fn forget_if_not_primary(link: &Link, replies: &[Value]) -> bool {
 
 fn from_link(e: LinkError) -> SendError {
     match e {
-        LinkError::NotSent(why) => SendError::NotSent(why),
+        LinkError::NotSent(why) | LinkError::Requeue(why) => SendError::NotSent(why),
         LinkError::Lost(why) => SendError::Lost(why),
         LinkError::Late => SendError::Late,
     }
@@ -531,7 +559,7 @@ fn from_link(e: LinkError) -> SendError {
 
 fn link_text(e: &LinkError) -> String {
     match e {
-        LinkError::NotSent(w) | LinkError::Lost(w) => w.clone(),
+        LinkError::NotSent(w) | LinkError::Requeue(w) | LinkError::Lost(w) => w.clone(),
         LinkError::Late => "no reply in time".into(),
     }
 }

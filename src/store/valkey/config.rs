@@ -48,8 +48,15 @@ pub struct ValkeyConfig {
     pub timeout: Duration,
     /// Deadline for establishing a connection, TLS handshake included.
     pub connect_timeout: Duration,
-    /// Number of pooled connections.
+    /// Shared connections per server (each pipelines many calls; a call
+    /// goes to the least loaded, another is opened when all are busy).
     pub pool_size: usize,
+    /// Connections per server for durable writes (script, then `WAIT` or
+    /// `WAITAOF` on the same connection), in use or kept warm; 1 to 64.
+    pub durable_pool_size: usize,
+    /// Requests queued or awaiting a reply on one connection; one more is
+    /// refused at once (`backend_unavailable`, never sent).
+    pub max_in_flight: usize,
     /// TLS material; used with `rediss://` and `rediss-cluster://` URLs.
     pub tls: TlsFiles,
     /// What must hold before an acquire is reported as held.
@@ -154,6 +161,8 @@ impl Default for ValkeyConfig {
             timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             pool_size: 1,
+            durable_pool_size: 16,
+            max_in_flight: 1024,
             tls: TlsFiles::default(),
             durability: Durability::None,
         }

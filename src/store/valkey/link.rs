@@ -2,30 +2,49 @@
 //! order, replies matched in order.
 //!
 //! The rule that makes outcomes honest: a request is written at most once,
-//! on this connection only. When the connection breaks, or a caller's
-//! deadline passes, the connection is closed and never reused; every request
-//! already written is reported [`LinkError::Lost`] (it may have run), every
-//! request still queued [`LinkError::NotSent`] (it cannot have run). Nothing
-//! is ever re-sent on another connection behind the caller's back, and a late
-//! reply can never be taken for the answer to a later request.
+//! on this connection only, and a reply is only ever its own request's.
+//!
+//! A deadline costs one request, not the connection. A caller whose deadline
+//! passes is answered at once: [`LinkError::Late`] if its request was written
+//! (it may have run), [`LinkError::NotSent`] if it was still queued (it is
+//! taken back and never written). Its reply, when it comes, is read and
+//! dropped in its place in the stream. Behind a written request that went
+//! late, the connection writes a marker (`PING <nonce>`) and holds back new
+//! requests until the marker's echo comes back in the marker's own place:
+//! proof that no reply went missing and the stream is still in step. The
+//! connection is closed only when it is really unhealthy: the marker is not
+//! back within a grace period (the late request's own budget, at least 1s,
+//! past its deadline), or a reply comes back out of step. Then every request
+//! already written is [`LinkError::Lost`] (it may have run) and every request
+//! still queued [`LinkError::Requeue`] (it cannot have run, and may go on
+//! another connection). Nothing written is ever re-sent.
+//!
+//! At most `max_in_flight` requests are queued or awaiting a reply at once
+//! (a request abandoned by its caller counts until its reply is read); one
+//! more is refused at once, never sent.
 
-use std::collections::VecDeque;
+mod serve;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::dial::{Conn, Probe};
-use super::resp::{self, Cmd, Value};
-use super::tls::describe_io;
+use super::resp::{Cmd, Value};
+use serve::Task;
 
 /// Why a request has no reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LinkError {
-    /// It was never written: it cannot have run.
+    /// It was never written: it cannot have run (no time left, too many in
+    /// flight, or its deadline passed while it waited for its turn).
     NotSent(String),
+    /// It was never written, and the connection has closed: it cannot have
+    /// run, and may be sent on another connection.
+    Requeue(String),
     /// It was written (or partly) and no complete reply came: it may have run.
     Lost(String),
     /// It was written and its deadline passed without a reply: it may have run.
@@ -35,9 +54,24 @@ pub enum LinkError {
 /// Requests are gathered into one write up to about this many bytes.
 const MAX_BATCH: usize = 256 * 1024;
 
+/// The least time a marker gets to come back after a missed deadline.
+const MIN_GRACE: Duration = Duration::from_secs(1);
+
+/// What a marker's echo starts with.
+const FENCE_PREFIX: &[u8] = b"targetlease-fence-";
+
 const QUEUED: u8 = 0;
 const TAKEN: u8 = 1;
 const ABANDONED: u8 = 2;
+
+/// One request in flight (queued or awaiting its reply); counted while it lives.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 struct Job {
     bytes: Vec<u8>,
@@ -45,12 +79,18 @@ struct Job {
     /// QUEUED until the writer takes it (TAKEN) or its caller gives up first (ABANDONED).
     state: Arc<AtomicU8>,
     done: oneshot::Sender<Result<Vec<Value>, LinkError>>,
+    counted: InFlight,
 }
 
 /// What the connection task is asked to do, in order.
 enum Msg {
     /// Write a request.
     Job(Job),
+    /// A written request's deadline passed: check the stream is still in step.
+    Late {
+        /// How long past now the marker may take to come back.
+        grace: Duration,
+    },
     /// Take no more requests; close once every written one is answered.
     Retire,
 }
@@ -61,6 +101,16 @@ impl Job {
             .compare_exchange(QUEUED, TAKEN, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
     }
+
+    fn abandoned(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == ABANDONED
+    }
+
+    fn refuse(self, why: LinkError) {
+        let Job { done, counted, .. } = self;
+        drop(counted);
+        let _ = done.send(Err(why));
+    }
 }
 
 /// A handle to one connection; clones share it. It never reconnects.
@@ -69,21 +119,35 @@ pub struct Link {
     jobs: mpsc::UnboundedSender<Msg>,
     close: Arc<watch::Sender<bool>>,
     alive: Arc<AtomicBool>,
+    /// True while new requests are held back until a marker proves the stream in step.
+    suspect: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: usize,
     probe: Arc<Probe>,
 }
 
 impl Link {
-    /// Starts serving `conn` (already connected and authenticated).
-    pub fn start(conn: Conn) -> Link {
+    /// Starts serving `conn` (already connected and authenticated), with at
+    /// most `max_in_flight` requests queued or awaiting a reply.
+    pub fn start(conn: Conn, max_in_flight: usize) -> Link {
         let (jobs, rx) = mpsc::unbounded_channel();
         let (close, closed) = watch::channel(false);
         let alive = Arc::new(AtomicBool::new(true));
+        let suspect = Arc::new(AtomicBool::new(false));
         let probe = Arc::new(conn.probe);
-        tokio::spawn(serve(conn.stream, probe.clone(), rx, closed, alive.clone()));
+        let task = Task {
+            probe: probe.clone(),
+            alive: alive.clone(),
+            suspect: suspect.clone(),
+        };
+        tokio::spawn(task.serve(conn.stream, rx, closed));
         Link {
             jobs,
             close: Arc::new(close),
             alive,
+            suspect,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            max_in_flight: max_in_flight.max(1),
             probe,
         }
     }
@@ -102,6 +166,17 @@ impl Link {
         true
     }
 
+    /// Requests queued or awaiting a reply (abandoned ones included until
+    /// their reply is read).
+    pub fn load(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// True while a missed deadline is being checked: new requests wait.
+    pub fn is_suspect(&self) -> bool {
+        self.suspect.load(Ordering::SeqCst)
+    }
+
     /// Stops handing out this connection and closes it once the requests
     /// already written are answered (their answers still count).
     pub fn retire(&self) {
@@ -109,19 +184,26 @@ impl Link {
         let _ = self.jobs.send(Msg::Retire);
     }
 
-    /// Closes the connection: written requests are `Lost`, queued ones `NotSent`.
+    /// Closes the connection: written requests are `Lost`, queued ones `Requeue`.
     pub fn close(&self) {
         self.alive.store(false, Ordering::SeqCst);
         self.close.send_replace(true);
     }
 
     /// Writes `cmds` in one go and waits for one reply per command until
-    /// `deadline`. Passing the deadline closes the connection (the reply may
-    /// still come, and must not be read as the answer to anything else).
+    /// `deadline`. Passing the deadline gives up this request only.
     pub async fn request(&self, cmds: &[Cmd], deadline: Instant) -> Result<Vec<Value>, LinkError> {
-        if Instant::now() >= deadline {
+        let started = Instant::now();
+        if started >= deadline {
             // No time to wait for a reply: do not start what cannot finish.
             return Err(LinkError::NotSent("no time left".into()));
+        }
+        let counted = InFlight(self.in_flight.clone());
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) >= self.max_in_flight {
+            return Err(LinkError::NotSent(format!(
+                "{} requests already in flight on the connection (--max-in-flight); never sent",
+                self.max_in_flight
+            )));
         }
         let mut bytes = Vec::new();
         for c in cmds {
@@ -137,10 +219,11 @@ impl Link {
             replies: cmds.len(),
             state: state.clone(),
             done,
+            counted,
         };
         // (The server-closed probe runs in the connection task, right before writing.)
         if !self.alive.load(Ordering::SeqCst) || self.jobs.send(Msg::Job(job)).is_err() {
-            return Err(LinkError::NotSent("the connection is closed".into()));
+            return Err(LinkError::Requeue("the connection is closed".into()));
         }
         match tokio::time::timeout_at(deadline, reply).await {
             Ok(Ok(result)) => result,
@@ -149,14 +232,14 @@ impl Link {
                 let never_written = state
                     .compare_exchange(QUEUED, ABANDONED, Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok();
-                self.close();
                 if never_written {
-                    Err(LinkError::NotSent(
-                        "no turn on the connection in time".into(),
-                    ))
-                } else {
-                    Err(LinkError::Late)
+                    return Err(LinkError::NotSent(
+                        "no turn on the connection before the deadline; never sent".into(),
+                    ));
                 }
+                let grace = deadline.saturating_duration_since(started).max(MIN_GRACE);
+                let _ = self.jobs.send(Msg::Late { grace });
+                Err(LinkError::Late)
             }
         }
     }
@@ -170,133 +253,5 @@ impl Drop for TakeBack {
         let _ = self
             .0
             .compare_exchange(QUEUED, ABANDONED, Ordering::SeqCst, Ordering::SeqCst);
-    }
-}
-
-struct Pending {
-    want: usize,
-    got: Vec<Value>,
-    done: oneshot::Sender<Result<Vec<Value>, LinkError>>,
-}
-
-/// Resolves once the link is closed (or every handle is gone).
-async fn closing(rx: &mut watch::Receiver<bool>) {
-    // The borrow guard is dropped here, before anything else awaits.
-    let _ = rx.wait_for(|c| *c).await;
-}
-
-/// The connection task: writes jobs in order, hands replies back in order.
-async fn serve(
-    stream: super::dial::Stream,
-    probe: Arc<Probe>,
-    mut jobs: mpsc::UnboundedReceiver<Msg>,
-    mut closed: watch::Receiver<bool>,
-    alive: Arc<AtomicBool>,
-) {
-    let (mut rd, mut wr) = tokio::io::split(stream);
-    let mut pending: VecDeque<Pending> = VecDeque::new();
-    let mut decoder = resp::Decoder::new();
-    // A second view of the close signal, for use while writing.
-    let mut closed_while_writing = closed.clone();
-    let mut retiring = false;
-    let why: String = 'conn: loop {
-        tokio::select! {
-            biased;
-            _ = closing(&mut closed) => break 'conn "closed by the client".into(),
-            read = rd.read_buf(decoder.buffer()) => {
-                match read {
-                    Ok(0) => break 'conn "connection closed by the server".into(),
-                    Err(e) => break 'conn describe_io(&e, None),
-                    Ok(_) => {}
-                }
-                loop {
-                    let value = match decoder.next() {
-                        Ok(Some(value)) => value,
-                        Ok(None) => break,
-                        Err(e) => break 'conn e.0,
-                    };
-                    let Some(p) = pending.front_mut() else {
-                        break 'conn "a reply nobody asked for".into();
-                    };
-                    p.got.push(value);
-                    if p.got.len() == p.want
-                        && let Some(p) = pending.pop_front()
-                    {
-                        let _ = p.done.send(Ok(p.got));
-                    }
-                }
-                if retiring && pending.is_empty() {
-                    break 'conn "retired".into();
-                }
-            }
-            msg = jobs.recv() => {
-                // Take every request already queued, so one write carries them all.
-                let mut batch: Vec<Job> = Vec::new();
-                let mut next = msg;
-                loop {
-                    match next {
-                        None => break 'conn "no more users".into(),
-                        Some(Msg::Retire) => retiring = true,
-                        Some(Msg::Job(job)) if !job.take() => {}
-                        Some(Msg::Job(job)) if retiring => {
-                            let _ = job.done.send(Err(LinkError::NotSent("the connection was retired".into())));
-                        }
-                        Some(Msg::Job(job)) => batch.push(job),
-                    }
-                    if batch.iter().map(|j| j.bytes.len()).sum::<usize>() >= MAX_BATCH {
-                        break;
-                    }
-                    match jobs.try_recv() {
-                        Ok(m) => next = Some(m),
-                        Err(_) => break,
-                    }
-                }
-                if batch.is_empty() {
-                    if retiring && pending.is_empty() {
-                        break 'conn "retired".into();
-                    }
-                    continue;
-                }
-                // Written into a connection the server already closed, they
-                // could not run: say so rather than "may have run".
-                if let Some(why) = probe.closed() {
-                    for job in batch {
-                        let _ = job.done.send(Err(LinkError::NotSent(why.clone())));
-                    }
-                    break 'conn why;
-                }
-                let mut bytes = Vec::with_capacity(batch.iter().map(|j| j.bytes.len()).sum());
-                for job in batch {
-                    bytes.extend_from_slice(&job.bytes);
-                    pending.push_back(Pending { want: job.replies, got: Vec::new(), done: job.done });
-                }
-                let write = async {
-                    wr.write_all(&bytes).await?;
-                    wr.flush().await
-                };
-                tokio::select! {
-                    biased;
-                    _ = closing(&mut closed_while_writing) => break 'conn "closed by the client".into(),
-                    w = write => if let Err(e) = w { break 'conn describe_io(&e, None) },
-                }
-            }
-        }
-    };
-    alive.store(false, Ordering::SeqCst);
-    // Really closed: the probe's duplicate of the socket would otherwise keep
-    // the connection (and whatever the server still has queued on it) open.
-    drop((rd, wr));
-    probe.shut();
-    tracing::debug!(why = %why, "valkey connection closed");
-    for p in pending {
-        let _ = p.done.send(Err(LinkError::Lost(why.clone())));
-    }
-    jobs.close();
-    while let Ok(msg) = jobs.try_recv() {
-        if let Msg::Job(job) = msg
-            && job.take()
-        {
-            let _ = job.done.send(Err(LinkError::NotSent(why.clone())));
-        }
     }
 }

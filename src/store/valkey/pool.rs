@@ -1,21 +1,24 @@
 //! A few connections to one server, opened lazily and replaced when they break.
 //!
-//! Most calls share the pool's connections, pipelined. A call that blocks
+//! Most calls share the pool's connections, pipelined: up to
+//! `--pool-size` of them per server, each call going to the least loaded,
+//! another opened only when every open one is busy. A call that blocks
 //! its connection on the server (a durability `WAIT` after its script) takes
 //! one for itself instead ([`Pool::exclusive`]), so it never holds up, or
-//! fails, the calls of others; such connections are kept for reuse, up to
-//! the pool size, and at most [`MAX_EXCLUSIVE`] are open at once.
+//! fails, the calls of others; up to `--durable-pool-size` such connections
+//! are in use or kept warm for reuse, so a steady durable workload opens no
+//! new ones.
 //!
 //! After a failed connect, the next attempt waits (100ms doubling to 5s, with
 //! jitter); calls in between fail at once with the last cause instead of
 //! queueing behind a server that is not there.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use rand::Rng;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 
 use super::dial::{DialError, Dialer};
@@ -36,11 +39,32 @@ pub enum Place {
     },
 }
 
-/// Connections taken one caller at a time, open at once to one server.
+/// Most durable-write connections one pool keeps (`--durable-pool-size`).
 pub const MAX_EXCLUSIVE: usize = 64;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How many connections a pool may have, and how busy one may get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    /// Shared (pipelined) connections per server.
+    pub shared: usize,
+    /// Connections for durable writes per server, in use or kept warm.
+    pub durable: usize,
+    /// Requests queued or awaiting a reply on one connection.
+    pub max_in_flight: usize,
+}
+
+impl Default for Sizes {
+    fn default() -> Self {
+        Sizes {
+            shared: 1,
+            durable: 16,
+            max_in_flight: 1024,
+        }
+    }
+}
 
 struct Backoff {
     delay: Duration,
@@ -48,13 +72,24 @@ struct Backoff {
     last: Option<String>,
 }
 
+/// The shared connections, and how many are being opened.
+#[derive(Default)]
+struct Shared {
+    links: Vec<Link>,
+    opening: usize,
+}
+
 /// Connections to one place.
 pub struct Pool {
     place: Place,
     dialer: Dialer,
     connect_timeout: Duration,
-    slots: Vec<tokio::sync::Mutex<Option<Link>>>,
-    next: AtomicUsize,
+    sizes: Sizes,
+    shared: Mutex<Shared>,
+    /// Bumped whenever an open ends, for callers waiting on one.
+    opened_one: watch::Sender<u64>,
+    /// Connections this pool's client has opened (all pools of one client share it).
+    opened: Counter,
     backoff: Mutex<Backoff>,
     /// Exclusive connections not in use.
     idle: Mutex<Vec<Link>>,
@@ -80,21 +115,23 @@ impl Held {
         &self.link
     }
 
-    /// Done with it: an exclusive connection goes back to its pool for the
-    /// next caller when it is still healthy. One dropped without this (its
-    /// caller went away mid-call) is closed: something may still be running on it.
+    /// Done with it: an exclusive connection goes back to its pool, kept
+    /// warm for the next caller, when it is healthy and nothing of its
+    /// caller is still outstanding on it (a request that went late may still
+    /// be running there). One dropped without this (its caller went away
+    /// mid-call) is closed: something may still be running on it.
     pub fn give_back(mut self) {
         let Some((pool, _permit)) = self.home.take() else {
             return;
         };
-        if self.link.is_alive() && !pool.exclusive.is_closed() {
+        let idle_now = self.link.load() == 0 && !self.link.is_suspect();
+        if idle_now && self.link.is_alive() && !pool.exclusive.is_closed() {
             let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
-            if idle.len() < pool.slots.len() {
+            if idle.len() < pool.sizes.durable {
                 idle.push(self.link.clone());
                 return;
             }
         }
-        // Every request of its caller is answered: nothing is cut short.
         self.link.close();
     }
 }
@@ -107,33 +144,73 @@ impl Drop for Held {
     }
 }
 
+/// Gives back a place being opened, however the open ends.
+struct Opening<'a>(&'a Pool);
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.shared_links().opening -= 1;
+        self.0.opened_one.send_modify(|n| *n += 1);
+    }
+}
+
+/// What a caller does about a shared connection.
+enum Choice {
+    Use(Link),
+    Open(Option<Link>),
+    Wait,
+}
+
 impl Pool {
-    /// A pool of `size` connections (opened on first use).
-    pub fn new(place: Place, dialer: Dialer, size: usize, connect_timeout: Duration) -> Pool {
+    /// A pool of up to `sizes.shared` shared connections and `sizes.durable`
+    /// exclusive ones (opened on first use), counting opens in `opened`.
+    pub fn new(
+        place: Place,
+        dialer: Dialer,
+        sizes: Sizes,
+        connect_timeout: Duration,
+        opened: Counter,
+    ) -> Pool {
+        let sizes = Sizes {
+            shared: sizes.shared.max(1),
+            durable: sizes.durable.clamp(1, MAX_EXCLUSIVE),
+            max_in_flight: sizes.max_in_flight.max(1),
+        };
         Pool {
             place,
             dialer,
             connect_timeout,
-            slots: (0..size.max(1))
-                .map(|_| tokio::sync::Mutex::new(None))
-                .collect(),
-            next: AtomicUsize::new(0),
+            sizes,
+            shared: Mutex::new(Shared::default()),
+            opened_one: watch::channel(0).0,
+            opened,
             backoff: Mutex::new(Backoff {
                 delay: BACKOFF_MIN,
                 retry_at: None,
                 last: None,
             }),
             idle: Mutex::new(Vec::new()),
-            exclusive: Arc::new(Semaphore::new(MAX_EXCLUSIVE)),
+            exclusive: Arc::new(Semaphore::new(sizes.durable)),
         }
     }
 
+    fn shared_links(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A connection for this caller alone (an idle one, or a new one within
-    /// the connect timeout and `deadline`), until [`Held::give_back`].
+    /// the connect timeout and `deadline`), until [`Held::give_back`]. At
+    /// most `sizes.durable` are in use at once; a caller beyond waits for
+    /// one to come back, until its deadline.
     pub async fn exclusive(self: &Arc<Self>, deadline: Instant) -> Result<Held, DialError> {
         let permit = tokio::time::timeout_at(deadline, self.exclusive.clone().acquire_owned())
             .await
-            .map_err(|_| DialError("no connection became free in time".into()))?
+            .map_err(|_| {
+                DialError(format!(
+                    "all {} durable-write connections stayed busy (--durable-pool-size)",
+                    self.sizes.durable
+                ))
+            })?
             .map_err(|_| DialError("the connection pool is closed".into()))?;
         let reuse = loop {
             let next = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
@@ -153,29 +230,61 @@ impl Pool {
         })
     }
 
-    /// A live connection, opening one when needed (within the connect timeout
-    /// and `deadline`, whichever comes first).
+    /// A shared connection: the least loaded of those open, or a new one
+    /// (within the connect timeout and `deadline`) when every open one is
+    /// busy and the pool has room. A connection checking a missed deadline
+    /// is passed over while another will do.
     pub async fn link(&self, deadline: Instant) -> Result<Link, DialError> {
-        let n = self.slots.len();
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        // Any live connection will do; only open one when none is at hand.
-        for k in 0..n {
-            if let Ok(slot) = self.slots[(i + k) % n].try_lock()
-                && let Some(link) = slot.as_ref().filter(|l| l.is_alive())
-            {
-                return Ok(link.clone());
+        loop {
+            let mut opened_one = self.opened_one.subscribe();
+            let choice = {
+                let mut s = self.shared_links();
+                s.links.retain(Link::is_alive);
+                let room = s.links.len() + s.opening < self.sizes.shared;
+                let best = s
+                    .links
+                    .iter()
+                    .filter(|l| !l.is_suspect())
+                    .min_by_key(|l| l.load())
+                    .cloned();
+                match best {
+                    Some(l) if l.load() == 0 || !room => Choice::Use(l),
+                    _ if room => {
+                        s.opening += 1;
+                        Choice::Open(
+                            best.or_else(|| s.links.iter().min_by_key(|l| l.load()).cloned()),
+                        )
+                    }
+                    _ if s.opening > 0 => Choice::Wait,
+                    // Every connection is checking a missed deadline and the
+                    // pool is full: queue behind the least loaded one.
+                    _ => match s.links.iter().min_by_key(|l| l.load()) {
+                        Some(l) => Choice::Use(l.clone()),
+                        None => Choice::Wait,
+                    },
+                }
+            };
+            match choice {
+                Choice::Use(link) => return Ok(link),
+                Choice::Wait => {
+                    tokio::time::timeout_at(deadline, opened_one.changed())
+                        .await
+                        .map_err(|_| DialError("no connection became free in time".into()))?
+                        .map_err(|_| DialError("the connection pool is closed".into()))?;
+                }
+                Choice::Open(fallback) => {
+                    let _opening = Opening(self);
+                    match self.open(deadline).await {
+                        Ok(link) => {
+                            self.shared_links().links.push(link.clone());
+                            return Ok(link);
+                        }
+                        // A busy connection still beats none.
+                        Err(e) => return fallback.filter(Link::is_alive).ok_or(e),
+                    }
+                }
             }
         }
-        let mut slot = tokio::time::timeout_at(deadline, self.slots[i].lock())
-            .await
-            .map_err(|_| DialError("no connection became free in time".into()))?;
-        if let Some(link) = slot.as_ref().filter(|l| l.is_alive()) {
-            return Ok(link.clone());
-        }
-        *slot = None;
-        let link = self.open(deadline).await?;
-        *slot = Some(link.clone());
-        Ok(link)
     }
 
     /// Opens a connection (unless still backing off after a failure).
@@ -193,7 +302,8 @@ impl Pool {
         match opened {
             Ok(conn) => {
                 self.connected();
-                Ok(Link::start(conn))
+                self.opened.inc();
+                Ok(Link::start(conn, self.sizes.max_in_flight))
             }
             Err(e) => {
                 self.failed(&e);
@@ -206,10 +316,9 @@ impl Pool {
     /// exclusive ones in use are closed when given back).
     pub async fn close(&self) {
         self.exclusive.close();
-        for s in &self.slots {
-            if let Some(l) = s.lock().await.take() {
-                l.close();
-            }
+        let links = std::mem::take(&mut self.shared_links().links);
+        for l in links {
+            l.close();
         }
         let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
         for l in idle {
