@@ -100,6 +100,19 @@ impl Cluster {
         panic!("no node serves slot {slot}");
     }
 
+    /// True when every node's `CLUSTER NODES` says node `i` serves `slot`
+    /// (a change made on one node reaches the others by gossip).
+    pub fn all_say_owner(&self, slot: u16, i: usize) -> bool {
+        let id = self.id(i);
+        self.nodes.iter().all(|n| {
+            let nodes = n.conn().cmd(&["CLUSTER", "NODES"]).text();
+            nodes
+                .lines()
+                .find(|l| l.starts_with(&id))
+                .is_some_and(|l| serves(l, slot))
+        })
+    }
+
     /// A raw connection to the node owning `key`'s slot.
     pub fn conn_for(&self, key: &str) -> Conn {
         self.nodes[self.owner_of_slot(self.keyslot(key))].conn()

@@ -450,23 +450,32 @@ impl Client {
         }
     }
 
-    /// The cluster primary for `route`, refreshing a stale slot map first.
+    /// The cluster primary for `route`, refreshing a stale slot map first. A
+    /// slot the map has no owner for (a node that had not heard of a change
+    /// yet answered the last refresh) is looked up once more after a refresh,
+    /// and leaves the map stale for the next call if still unserved.
     async fn owner(&self, route: Route, deadline: Instant) -> Result<Addr, SendError> {
         let Kind::Cluster(router) = &self.kind else {
             unreachable!("owner() is only asked in a cluster");
         };
-        if router.stale.load(Ordering::SeqCst) {
-            // A failed refresh keeps the old map: it may still be right.
-            if let Err(e) = self.refresh(deadline).await {
-                tracing::debug!(error = %e.0, "cluster slot map refresh failed");
+        for _ in 0..2 {
+            if router.stale.load(Ordering::SeqCst) {
+                // A failed refresh keeps the old map: it may still be right.
+                if let Err(e) = self.refresh(deadline).await {
+                    tracing::debug!(error = %e.0, "cluster slot map refresh failed");
+                }
             }
+            let map = router.map.read().unwrap_or_else(|p| p.into_inner());
+            let found = match route {
+                Route::Slot(slot) => map.owner(slot).cloned(),
+                Route::Any => map.primaries().into_iter().next(),
+            };
+            if let Some(addr) = found {
+                return Ok(addr);
+            }
+            router.stale.store(true, Ordering::SeqCst);
         }
-        let map = router.map.read().unwrap_or_else(|p| p.into_inner());
-        let found = match route {
-            Route::Slot(slot) => map.owner(slot).cloned(),
-            Route::Any => map.primaries().into_iter().next(),
-        };
-        found.ok_or_else(|| SendError::NotSent("no cluster node serves the slot".into()))
+        Err(SendError::NotSent("no cluster node serves the slot".into()))
     }
 
     /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.

@@ -76,6 +76,8 @@ impl fmt::Debug for ValkeyConfig {
             timeout,
             connect_timeout,
             pool_size,
+            durable_pool_size,
+            max_in_flight,
             tls,
             durability,
         } = self;
@@ -89,6 +91,8 @@ impl fmt::Debug for ValkeyConfig {
             .field("timeout", timeout)
             .field("connect_timeout", connect_timeout)
             .field("pool_size", pool_size)
+            .field("durable_pool_size", durable_pool_size)
+            .field("max_in_flight", max_in_flight)
             .field("tls", tls)
             .field("durability", durability)
             .finish()
