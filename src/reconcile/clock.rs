@@ -5,20 +5,31 @@
 //! and queueing come after it). Paired with the instant the request was
 //! *sent*, it bounds the server's clock from above: at any later instant `t`
 //! the server's clock is at most `server_ms + (t - sent)`. Each reply is such
-//! an anchor and the estimate is the latest of them, so expiry is never
-//! judged later than Valkey judges it: Held is withdrawn and renewals are sent
-//! early rather than late. (Rates are assumed equal: the monotonic clock and
-//! Valkey's do not drift apart measurably within a lease duration.)
+//! an anchor, too high by the time its request waited before the server read
+//! its clock. The estimate is the highest anchor of the last [`WINDOW`] (the
+//! latest one when none is that recent), so expiry is never judged later than
+//! Valkey judges it — Held is withdrawn and renewals are sent early rather
+//! than late, also right after a failover to a primary whose clock is ahead —
+//! while one request that waited long (a stalled server, a reconnect) sets it
+//! early for [`WINDOW`] only, not for the rest of the process. (Rates are
+//! assumed equal: the monotonic clock and Valkey's do not drift apart
+//! measurably within a lease duration.)
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long an anchor that says more than the later ones keeps the estimate up.
+pub const WINDOW: Duration = Duration::from_secs(5);
 
 /// The estimate, shared by every reconcile and the keeper of one process.
 #[derive(Debug)]
 pub struct ServerClock {
     origin: Instant,
-    /// Server milliseconds at `origin`, by the latest anchor (microseconds).
-    at_origin_us: Mutex<Option<i128>>,
+    /// Anchors as (recorded at, server microseconds at `origin`): the highest
+    /// of the last [`WINDOW`], each followed only by later, lower ones (a
+    /// sliding-window maximum: the front is the estimate).
+    anchors: Mutex<VecDeque<(Instant, i128)>>,
 }
 
 impl Default for ServerClock {
@@ -32,7 +43,7 @@ impl ServerClock {
     pub fn new() -> Self {
         Self {
             origin: Instant::now(),
-            at_origin_us: Mutex::new(None),
+            anchors: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -45,22 +56,48 @@ impl ServerClock {
 
     /// The server answered `server_ms` to a request sent at `sent`.
     pub fn anchor(&self, server_ms: u64, sent: Instant) {
+        self.anchor_at(server_ms, sent, Instant::now());
+    }
+
+    fn anchor_at(&self, server_ms: u64, sent: Instant, now: Instant) {
         let candidate = i128::from(server_ms) * 1000 - self.since_origin_us(sent);
-        let mut slot = self.at_origin_us.lock().unwrap_or_else(|p| p.into_inner());
-        *slot = Some(slot.map_or(candidate, |c| c.max(candidate)));
+        let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
+        while anchors.back().is_some_and(|&(_, c)| c <= candidate) {
+            anchors.pop_back();
+        }
+        anchors.push_back((now, candidate));
+        while anchors.len() > 1
+            && anchors
+                .front()
+                .is_some_and(|&(at, _)| now.saturating_duration_since(at) > WINDOW)
+        {
+            anchors.pop_front();
+        }
     }
 
     /// True once the server has answered.
     pub fn is_anchored(&self) -> bool {
-        self.at_origin_us
+        !self
+            .anchors
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+            .is_empty()
     }
 
     /// The server's clock at `t` (rounded up), once it has answered.
     pub fn at(&self, t: Instant) -> Option<u64> {
-        let base = (*self.at_origin_us.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let base = {
+            let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
+            // Expired anchors go here too: the latest one always stays.
+            while anchors.len() > 1
+                && anchors
+                    .front()
+                    .is_some_and(|&(at, _)| t.saturating_duration_since(at) > WINDOW)
+            {
+                anchors.pop_front();
+            }
+            anchors.front()?.1
+        };
         let us = base + self.since_origin_us(t);
         Some(u64::try_from((us + 999).div_euclid(1000)).unwrap_or(0))
     }
@@ -109,6 +146,37 @@ mod tests {
         // A later anchor that says more moves the estimate on.
         clock.anchor(5_000 + 1400, t0 + 1000 * MS);
         assert_eq!(clock.at(t0 + 1000 * MS), Some(5_000 + 1400));
+    }
+
+    /// A request that waited 1.9 s before the server read its clock (a stall)
+    /// sets the estimate 1.9 s early; prompt replies after it bring it back
+    /// once that anchor is older than the window, and it is never late.
+    #[test]
+    fn one_slow_reply_sets_the_estimate_early_for_the_window_only() {
+        let clock = ServerClock::new();
+        let t0 = Instant::now();
+        let truth = |t: Instant| 10_000 + t.duration_since(t0).as_millis() as u64;
+        // Sent at t0, read by the server 1.9 s later, answered at once.
+        clock.anchor_at(truth(t0 + 1900 * MS), t0, t0 + 1900 * MS);
+        for k in 0..100u32 {
+            let sent = t0 + 1900 * MS + k * 100 * MS;
+            clock.anchor_at(truth(sent), sent, sent + MS);
+            let estimate = clock.at(sent + MS).unwrap();
+            assert!(estimate >= truth(sent + MS), "late at step {k}");
+        }
+        let later = t0 + 1900 * MS + 100 * 100 * MS;
+        let estimate = clock.at(later).unwrap();
+        assert!(
+            estimate >= truth(later) && estimate - truth(later) <= 1,
+            "{} ms early {} s after the slow reply",
+            estimate - truth(later),
+            later.duration_since(t0 + 1900 * MS).as_secs()
+        );
+        // Within the window it still counts: never late, early by design.
+        let clock = ServerClock::new();
+        clock.anchor_at(truth(t0 + 1900 * MS), t0, t0 + 1900 * MS);
+        clock.anchor_at(truth(t0 + 2000 * MS), t0 + 2000 * MS, t0 + 2001 * MS);
+        assert_eq!(clock.at(t0 + 2001 * MS), Some(truth(t0 + 2001 * MS) + 1900));
     }
 
     #[test]

@@ -35,7 +35,7 @@ impl Pass<'_> {
                 generation: self.tl.metadata.generation,
                 desired: desired.clone(),
                 queued_behind: self.queued_behind(),
-                held_elsewhere: self.held_elsewhere(),
+                held_elsewhere: self.held_elsewhere().map(|(name, _)| name),
                 renew_due: self.renew_due(),
                 rotation_due: self.rotation_due(),
                 acquisition: self.acquisition().is_some(),
@@ -76,6 +76,9 @@ impl Pass<'_> {
             self.ctx.forget(&self.key);
             return Ok(Action::await_change());
         }
+        // Deleting it moved the queue: the next one looks now (and waits for
+        // Held to be withdrawn, or to expire, if it is still published).
+        self.wake_waiters();
         let mut looked = false;
         let mut floored = false;
         for _ in 0..MAX_STEPS {
@@ -193,7 +196,19 @@ impl Pass<'_> {
                 self.saw(&reply, sent);
                 transition::after_abandon_read(&self.facts(), &self.working, reply)
             }
-            Step::Wait { reason, message } => transition::wait(&f, &self.working, reason, &message),
+            Step::Wait { reason, message } => {
+                let mut t = transition::wait(&f, &self.working, reason, &message);
+                // A sibling whose Held nobody withdraws (its cleanup failing)
+                // stops counting at its published expiry: look again then.
+                if reason == Reason::TargetHeld
+                    && let Some((_, expires)) = self.held_elsewhere()
+                    && let Next::Requeue(d) = t.next
+                {
+                    let at = plan::retry_after_held(expires, self.ctx.server_now_ms());
+                    t.next = Next::Requeue(d.min(at));
+                }
+                t
+            }
             Step::Finalize => transition::idle(&f, &self.working, None),
         };
         Ok(t)
@@ -341,23 +356,21 @@ impl Pass<'_> {
     }
 
     /// Another TargetLease on the target still published as Held, its
-    /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]).
-    fn held_elsewhere(&self) -> Option<String> {
-        let now_ms = self.ctx.server_now_ms() as i64;
+    /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]):
+    /// its name and that expiry (server milliseconds).
+    fn held_elsewhere(&self) -> Option<(String, u64)> {
+        let now_ms = self.ctx.server_now_ms();
         self.ctx
             .leases
             .state()
             .into_iter()
             .filter(|o| queue::same_target(o, &self.tl) && o.name_any() != self.tl.name_any())
-            .find(|o| {
-                o.status.as_ref().is_some_and(|s| {
-                    plan::is_published_held(s)
-                        && s.expires_at
-                            .as_ref()
-                            .is_some_and(|e| e.0.as_millisecond() > now_ms)
-                })
+            .find_map(|o| {
+                let s = o.status.as_ref()?;
+                let expires = s.expires_at.as_ref()?.0.as_millisecond();
+                let expires = u64::try_from(expires).ok()?;
+                (plan::is_published_held(s) && expires > now_ms).then(|| (o.name_any(), expires))
             })
-            .map(|o| o.name_any())
     }
 
     /// The token every new acquisition must exceed: the highest published for

@@ -397,7 +397,10 @@ impl<'a> Pass<'a> {
                     .confirmation()
                     .map_or(Duration::ZERO, |c| renew.saturating_sub(c.at.elapsed()));
                 let wait = self.until_rotation().map_or(wait, |r| wait.min(r));
-                Action::requeue(wait.max(Duration::from_millis(10)))
+                // Not sooner than this, whatever the clock says: a renewal
+                // that keeps coming due at once must not spin.
+                let floor = (renew / 4).min(Duration::from_millis(250));
+                Action::requeue(wait.max(floor))
             }
             Next::Requeue(d) => Action::requeue(*d),
             Next::Backoff { not_after } => {

@@ -104,3 +104,39 @@ async fn held_is_withdrawn_by_the_published_expiry_when_every_reply_is_late() {
         late.join("\n")
     );
 }
+
+/// Promise (docs/operator.md, expiry on Valkey's clock): the estimate is
+/// never behind Valkey's clock, and one request that reached Valkey late (a
+/// 10 s stall of the server, the request sent 0.5 s into it) sets it ahead
+/// for a few seconds only: a lease created afterwards, shorter than the
+/// stall, is Held and stays Held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_created_after_a_valkey_stall_is_held_and_stays_held() {
+    let mut env = OperatorEnv::start_without_operator("review-bias").await;
+    env.start_operator_with(&["--timeout", "15s"]);
+    env.create("a", lease_for("a").identity("a").durations("60s", "20s"))
+        .await;
+    env.wait_phase("a", Phase::Held, SOON).await;
+    env.valkey.freeze(true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.create("x", lease_for("x").identity("x")).await; // its acquire waits in the stall
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    env.valkey.freeze(false);
+    env.wait_phase("x", Phase::Held, SOON).await;
+    env.create("v", lease_for("v").identity("v").durations("8s", "2s"))
+        .await;
+    let mut phases = Vec::new();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let tl = env.api().get("v").await.unwrap();
+        let c = support::operator_env::condition(&tl, "Held").map(|c| c.reason.clone());
+        phases.push(format!("{:?}/{:?}", summary(&tl).0, c));
+    }
+    println!("v over 30 s: {phases:?}");
+    let held_late = phases[20..].iter().all(|p| p.starts_with("Some(Held)"));
+    assert!(
+        held_late,
+        "v is not steadily Held after the stall: {phases:?}\nlog:\n{}",
+        tail(&env.operator_log(0), 30)
+    );
+}

@@ -331,3 +331,44 @@ async fn a_deleted_lease_still_published_as_held_keeps_its_successor_waiting() {
         both.iter().take(3).cloned().collect::<Vec<_>>().join("\n"),
     );
 }
+
+/// Promise (docs/operator.md, `TargetHeld`): a sibling still published as
+/// Held blocks the target "until that status is withdrawn or its
+/// `expiresAt` has passed" — also when it can never be withdrawn (its status
+/// writes refused): the successor is granted the target within seconds of
+/// that expiry, not at its next recheck.
+#[tokio::test]
+async fn a_stale_held_sibling_stops_blocking_its_successor_at_its_expiry() {
+    let env = OperatorEnv::start("stale-held").await;
+    env.create("a", lease_for("t").identity("a").durations("4s", "1s"))
+        .await;
+    env.wait_phase("a", Phase::Held, SOON).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    env.create("b", lease_for("t").identity("b")).await;
+    env.wait_reason("b", "Queued", SOON).await;
+    let policy = refuse_status_writes(&env, "a").await;
+    env.valkey.conn().cmd(&["FLUSHALL"]);
+    env.delete("a").await;
+    let b = env
+        .wait_phase("b", Phase::Held, Duration::from_secs(90))
+        .await;
+    let a_now = env.api().get("a").await.unwrap();
+    let a_expiry = ms(&a_now.status.clone().unwrap().expires_at).unwrap();
+    let b_acquired = ms(&b.status.clone().unwrap().acquired_at).unwrap();
+    println!(
+        "a still {:?}, expiresAt {a_expiry}; b Held (token {:?}) {} ms after it",
+        summary(&a_now).0,
+        summary(&b).2,
+        b_acquired - a_expiry
+    );
+    assert!(
+        b_acquired >= a_expiry,
+        "b granted before a's published expiry"
+    );
+    allow_status_writes(&env, &policy).await;
+    assert!(
+        b_acquired - a_expiry < 5_000,
+        "b waited {} ms past a's published expiry",
+        b_acquired - a_expiry
+    );
+}
