@@ -39,6 +39,9 @@ cd "$REPO"
 # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
 setup_env="$(scripts/setup.sh)"
 eval "$setup_env"
+# shellcheck source=lib/tools.sh
+source "$REPO/scripts/lib/tools.sh"
+JQ="$(tool jq)"
 mode="${1:-quick}"
 [ $# -gt 0 ] && shift
 case "$mode" in
@@ -81,8 +84,8 @@ case "$mode" in
     # holder re-executes the harness; the CLI clients and the operator are
     # the product binary).
     built="$(cargo test --locked --features failpoints --no-run --test faults --message-format=json)"
-    exe="$(jq -r 'select(.profile.test == true and .target.name == "faults") | .executable' <<<"$built")"
-    product="$(jq -r 'select(.target.kind == ["bin"] and .target.name == "targetlease") | .executable' <<<"$built" | tail -n 1)"
+    exe="$("$JQ" -r 'select(.profile.test == true and .target.name == "faults") | .executable' <<<"$built")"
+    product="$("$JQ" -r 'select(.target.kind == ["bin"] and .target.name == "targetlease") | .executable' <<<"$built" | tail -n 1)"
     [ -x "$exe" ] && [ -x "$product" ] || { echo "faults fill: no harness or product binary" >&2; exit 1; }
     cp "$exe" "$logs/faults"
     cp "$product" "$logs/targetlease"
@@ -133,7 +136,7 @@ case "$mode" in
     recorded() {
       [ -f "$1" ] || { echo 0; return; }
       # Lines that do not parse (a torn last line) are not runs.
-      jq -R --argjson s "$secs" 'fromjson? | select(.secs == $s) | 1' "$1" | wc -l
+      "$JQ" -R --argjson s "$secs" 'fromjson? | select(.secs == $s) | 1' "$1" | wc -l
     }
     names="$("$exe" list "$@")"
     for name in $names; do
