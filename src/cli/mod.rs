@@ -42,7 +42,7 @@ pub fn version() -> &'static str {
     name = "targetlease",
     version = version(),
     about,
-    after_help = "Examples:\n  targetlease lease acquire --target db --ttl 60s\n  targetlease run --target nightly-report --wait 5m -- ./report.sh\n  targetlease lease get --target db -o text\n\nExit codes: 0 success, 1 refused, 2 bad arguments, 3 backend trouble;\n`run`: CMD's own, or 75 busy, 124 lease lost, 125 failed (docs/cli.md)."
+    after_help = "Examples:\n  targetlease lease acquire --target db --ttl 60s\n  targetlease run --target nightly-report --wait 5m -- ./report.sh\n  targetlease lease get --target db -o text\n\nExit codes: 0 success, 1 refused, 2 bad arguments, 3 backend trouble;\n`run`: CMD's own, or 75 busy, 124 lease lost, 125 failed; `token`: also 4 no such\nTargetLease or not readable (docs/cli.md)."
 )]
 pub struct Cli {
     /// What to do.

@@ -365,7 +365,8 @@ pub async fn main(args: TokenArgs) -> ExitCode {
             eprintln!(
                 "targetlease token: TargetLease {ns}/{lease}: {}; waiting up to {}",
                 a.message,
-                humantime::format_duration(left)
+                // Whole milliseconds: "1s 998ms", not "1s 998ms 642us 633ns".
+                humantime::format_duration(Duration::from_millis(left.as_millis() as u64))
             );
         }
         // Wake at the next event, at the published expiry, or at the deadline.
