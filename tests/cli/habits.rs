@@ -148,6 +148,25 @@ fn version_names_the_release_and_how_it_was_built() {
     assert!(std::path::Path::new(BIN).exists());
 }
 
+/// Promise (docs/cli.md, Getting it): `targetlease completion bash|zsh|fish`
+/// prints a completion script for that shell.
+#[test]
+fn completion_scripts_for_each_shell_name_the_command() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef targetlease"),
+        ("fish", "complete -c targetlease"),
+    ] {
+        let out = targetlease(&["completion", shell]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let text = stdout(&out);
+        assert!(text.contains(marker), "{shell}: no {marker:?} in\n{text}");
+        assert!(text.contains("acquire"), "{shell}: the subcommands are in it");
+    }
+    let out = targetlease(&["completion", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "an unknown shell is a usage error");
+}
+
 #[test]
 fn file_errors_name_the_file_and_why() {
     let s = ValkeyServer::start();

@@ -232,22 +232,49 @@ impl Client {
         let mut next: Option<(Addr, bool)> = None;
         let mut redirections = 0;
         let mut tries = 0;
+        // Route::Any: primaries that could not be reached, tried no more.
+        let mut unreachable: Vec<Addr> = Vec::new();
         loop {
             let (addr, asking) = match next.take() {
                 Some(t) => t,
-                None => (self.owner(route, deadline).await?, false),
+                None => (self.owner(route, &unreachable, deadline).await?, false),
             };
             let mut request = Vec::with_capacity(cmds.len() + 1);
             if asking {
                 request.push(Cmd::new("ASKING"));
             }
             request.extend_from_slice(cmds);
-            let (link, mut replies) = exchange(&self.pool(&addr), how, &request, deadline)
-                .await
-                .inspect_err(|_| {
-                    // The node may have failed over: learn the map again next time.
-                    router.stale.store(true, Ordering::SeqCst);
-                })?;
+            let (link, mut replies) =
+                match exchange(&self.pool(&addr), how, &request, deadline).await {
+                    Ok(sent) => sent,
+                    Err(e) => {
+                        // The node may have failed over: learn the map again
+                        // next time — not for a reply that is only late (an
+                        // overloaded or silent node), which would send every
+                        // caller of every shard to ask it for the map first.
+                        if !matches!(e, SendError::Late) {
+                            router.stale.store(true, Ordering::SeqCst);
+                        }
+                        // Any primary will do: another one, if one is left.
+                        if matches!(route, Route::Any)
+                            && matches!(e, SendError::NotSent(_))
+                            && Instant::now() < deadline
+                        {
+                            unreachable.push(addr);
+                            let left = router
+                                .map
+                                .read()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .primaries()
+                                .into_iter()
+                                .any(|a| !unreachable.contains(&a));
+                            if left {
+                                continue;
+                            }
+                        }
+                        return Err(e);
+                    }
+                };
             if asking {
                 replies.remove(0);
             }
@@ -454,7 +481,12 @@ impl Client {
     /// slot the map has no owner for (a node that had not heard of a change
     /// yet answered the last refresh) is looked up once more after a refresh,
     /// and leaves the map stale for the next call if still unserved.
-    async fn owner(&self, route: Route, deadline: Instant) -> Result<Addr, SendError> {
+    async fn owner(
+        &self,
+        route: Route,
+        unreachable: &[Addr],
+        deadline: Instant,
+    ) -> Result<Addr, SendError> {
         let Kind::Cluster(router) = &self.kind else {
             unreachable!("owner() is only asked in a cluster");
         };
@@ -468,7 +500,10 @@ impl Client {
             let map = router.map.read().unwrap_or_else(|p| p.into_inner());
             let found = match route {
                 Route::Slot(slot) => map.owner(slot).cloned(),
-                Route::Any => map.primaries().into_iter().next(),
+                Route::Any => map
+                    .primaries()
+                    .into_iter()
+                    .find(|a| !unreachable.contains(a)),
             };
             if let Some(addr) = found {
                 return Ok(addr);
