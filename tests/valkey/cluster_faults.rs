@@ -289,3 +289,18 @@ async fn cluster_a_node_that_leaves_the_slot_map_loses_its_connections() {
     let read = store.get(&targets[2]).await.unwrap();
     assert_eq!(read.outcome, targetlease::store::Outcome::NotFound);
 }
+
+/// Review demonstration: the health probe (`/readyz`, the operator's
+/// server-clock anchor, `targetlease check`) asks "any primary" as the first
+/// primary of the slot map, so whether it answers depends on which primary
+/// stopped: with the owner of slot 0 gone it fails, though two primaries
+/// answer and their targets acquire, renew and read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_health_answers_with_the_slot_0_primary_stopped() {
+    let (mut c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
+    c.nodes[0].kill();
+    let store = ValkeyStore::connect(&config(c.url())).await.unwrap();
+    healthy_shards_work(&store, &targets[1..]).await;
+    let health = store.health().await;
+    assert!(health.is_ok(), "two primaries answer, health: {health:?}");
+}
