@@ -404,3 +404,32 @@ async fn a_call_past_its_deadline_before_its_turn_is_never_sent() {
     assert_eq!(store.connections_opened(), 1, "the connection stayed");
     assert_eq!(proxy.accepted(), 1);
 }
+
+/// docs/valkey.md: the grace past a missed deadline is the call's own
+/// `--timeout` (at least 1s). A server that is slow but healthy, answering
+/// after the deadline and within that grace, keeps its connection: the
+/// marker comes back in step and nothing reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_late_by_less_than_the_grace_keeps_the_connection() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let server = ValkeyServer::start();
+    let proxy = FaultProxy::start(&server.addr());
+    let store = ValkeyStore::connect(&config(proxy.url(), TIMEOUT))
+        .await
+        .unwrap();
+    store.get(&target("warm")).await.unwrap();
+    let (opened, accepted) = (store.connections_opened(), proxy.accepted());
+    proxy.hold_reply("EVALSHA");
+    let slow = AcquireRequest::new(target("slow"), "slow-owner", TTL);
+    let started = Instant::now();
+    let got = within(TIMEOUT * 2, "the held call", store.acquire(&slow)).await;
+    assert!(matches!(got, Err(StoreError::OutcomeUnknown(_))), "{got:?}");
+    // Past the deadline by 1.5s: beyond the 1s floor, within the call's 2s.
+    tokio::time::sleep((TIMEOUT + Duration::from_millis(1500)).saturating_sub(started.elapsed()))
+        .await;
+    proxy.release();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_own_lease("slow", "slow-owner", store.acquire(&slow).await);
+    assert_eq!(store.connections_opened(), opened, "nothing reconnected");
+    assert_eq!(proxy.accepted(), accepted, "nothing reconnected");
+}
