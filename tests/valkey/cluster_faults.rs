@@ -304,3 +304,32 @@ async fn cluster_health_answers_with_the_slot_0_primary_stopped() {
     let health = store.health().await;
     assert!(health.is_ok(), "two primaries answer, health: {health:?}");
 }
+
+/// Review measurement: a primary that goes silent while the store runs.
+/// Each call to its shard leaves the slot map stale, and the next call to a
+/// healthy shard first asks for the map, the silent node first (its share of
+/// the deadline). Prints what a healthy-shard call costs meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_healthy_shard_latency_while_a_primary_is_silent() {
+    let (c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
+    let store = ValkeyStore::connect(&config(c.url())).await.unwrap();
+    healthy_shards_work(&store, &targets).await;
+    c.nodes[0].freeze(true);
+    let mut worst = Duration::ZERO;
+    let mut failed = 0;
+    for _ in 0..5 {
+        let dead = store.get(&targets[0]).await;
+        assert!(dead.is_err(), "{dead:?}");
+        let started = Instant::now();
+        if store.get(&targets[1]).await.is_err() {
+            failed += 1;
+        }
+        worst = worst.max(started.elapsed());
+    }
+    c.nodes[0].freeze(false);
+    eprintln!("healthy-shard get after a dead-shard call: worst {worst:?}, {failed} of 5 failed");
+    assert!(
+        worst < Duration::from_millis(200) && failed == 0,
+        "healthy-shard get after a dead-shard call: worst {worst:?}, {failed} of 5 failed"
+    );
+}
