@@ -333,3 +333,37 @@ async fn review_healthy_shard_latency_while_a_primary_is_silent() {
         "healthy-shard get after a dead-shard call: worst {worst:?}, {failed} of 5 failed"
     );
 }
+
+/// One primary answering a transient refusal (`BUSY`: a long script) at
+/// connect time is skipped like an unreachable one: its refusal comes at the
+/// connection's `PING`, before the preload, so the other shards still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_survives_one_primary_that_is_busy() {
+    use std::io::Write;
+    let (c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
+    let busy = &c.nodes[2];
+    assert_eq!(
+        busy.conn()
+            .cmd(&["CONFIG", "SET", "busy-reply-threshold", "100"])
+            .text(),
+        "OK"
+    );
+    let mut spin = std::net::TcpStream::connect(busy.addr()).unwrap();
+    let body = "local i = 0 while true do i = i + 1 end";
+    let eval = format!(
+        "*3\r\n$4\r\nEVAL\r\n${}\r\n{body}\r\n$1\r\n0\r\n",
+        body.len()
+    );
+    spin.write_all(eval.as_bytes()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut probe = busy.conn();
+    let answer = probe.cmd(&["PING"]);
+    assert!(
+        matches!(&answer, crate::support::resp::Resp::Error(e) if e.starts_with("BUSY")),
+        "the node is busy: {answer:?}"
+    );
+    let connected = ValkeyStore::connect(&config(c.url())).await;
+    let _ = probe.cmd(&["SCRIPT", "KILL"]);
+    let store = connected.expect("one busy primary does not stop the others");
+    healthy_shards_work(&store, &targets[..2]).await;
+}
