@@ -425,6 +425,17 @@ mod tests {
         }
     }
 
+    /// Review demonstration: two different names never read the same. A name
+    /// spelling out an escape (`a\u{202e}`, typed) must not look like one
+    /// holding the character.
+    #[test]
+    fn text_for_people_never_shows_two_names_alike() {
+        let typed = "a\\u{202e}";
+        let real = "a\u{202e}";
+        assert_ne!(typed, real);
+        assert_ne!(for_people(typed), for_people(real), "{typed:?} vs {real:?}");
+    }
+
     #[test]
     fn io_errors_read_as_words() {
         let e = std::io::Error::from_raw_os_error(2);
