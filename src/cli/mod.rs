@@ -89,15 +89,9 @@ pub async fn main() -> ExitCode {
             let mut cli = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut cli, "targetlease", &mut script);
-            // A reader that stops early (`| head`) is not an error worth a panic.
-            use std::io::Write;
-            match std::io::stdout().write_all(&script) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                    eprintln!("error: cannot write the completion script: {e}");
-                    ExitCode::FAILURE
-                }
-                _ => ExitCode::SUCCESS,
-            }
+            // Like every output: quiet for `| head`, exit 74 for a full disk.
+            output::print_out(&String::from_utf8_lossy(&script));
+            ExitCode::SUCCESS
         }
     }
 }

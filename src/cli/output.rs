@@ -261,12 +261,14 @@ pub fn io_reason(e: &std::io::Error) -> String {
 /// never break the line, forge another one, reorder what follows it or drive
 /// the terminal.
 pub fn for_people(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(unprintable) {
+    // A backslash is escaped too, so that a name spelling out an escape
+    // never reads like one holding the character.
+    if !s.chars().any(|c| unprintable(c) || c == '\\') {
         return s.into();
     }
     s.chars()
         .map(|c| {
-            if unprintable(c) {
+            if unprintable(c) || c == '\\' {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
@@ -294,9 +296,14 @@ fn unprintable(c: char) -> bool {
         )
 }
 
+/// Exit code when stdout cannot be written (sysexits.h `EX_IOERR`).
+pub const CANNOT_WRITE: i32 = 74;
+
 /// Writes `text` to stdout. A closed stdout (`targetlease … | head -0`) is
 /// no reason for a word or another exit code: the exit code still tells
-/// what happened. Any other write error is said on stderr.
+/// what happened. Any other write error (a full disk) is said on stderr and
+/// ends the command with [`CANNOT_WRITE`], so a script cannot take output
+/// that was lost for output that was written.
 pub fn print_out(text: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -304,6 +311,7 @@ pub fn print_out(text: &str) {
         && e.kind() != std::io::ErrorKind::BrokenPipe
     {
         eprintln!("targetlease: cannot write the output: {}", io_reason(&e));
+        std::process::exit(CANNOT_WRITE);
     }
 }
 
@@ -425,9 +433,8 @@ mod tests {
         }
     }
 
-    /// Review demonstration: two different names never read the same. A name
-    /// spelling out an escape (`a\u{202e}`, typed) must not look like one
-    /// holding the character.
+    /// Two different names never read the same: a name spelling out an
+    /// escape (`a\u{202e}`, typed) does not look like one holding the character.
     #[test]
     fn text_for_people_never_shows_two_names_alike() {
         let typed = "a\\u{202e}";

@@ -161,10 +161,37 @@ fn completion_scripts_for_each_shell_name_the_command() {
         assert_eq!(out.status.code(), Some(0), "{shell}");
         let text = stdout(&out);
         assert!(text.contains(marker), "{shell}: no {marker:?} in\n{text}");
-        assert!(text.contains("acquire"), "{shell}: the subcommands are in it");
+        assert!(
+            text.contains("acquire"),
+            "{shell}: the subcommands are in it"
+        );
     }
     let out = targetlease(&["completion", "tcsh"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "an unknown shell is a usage error");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+}
+
+/// Promise (docs/cli.md): output that cannot be written (a full disk) is
+/// said on stderr and exits 74, so it is never taken for output written.
+#[test]
+fn output_to_a_full_disk_exits_74() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = targetlease(&["completion", "bash"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(74));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot write"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //!
 //! A request is re-sent only after an answer that proves it did not run:
 //! `MOVED` and `ASK` (the cluster refuses before running; outside a cluster
-//! they are a definite refusal: the URL points at a cluster node). A broken
+//! they are a definite refusal: the URL points at a cluster node), and
+//! `TRYAGAIN` (a migrating slot), within the caller's deadline. A broken
 //! connection or a missing reply is reported to the caller as it is
 //! ([`SendError::Lost`]); deciding to retry, with the same request id, is the
 //! caller's business. A request that never left its connection's queue
