@@ -60,7 +60,7 @@ pub enum Topology {
 }
 
 /// Everything the URL says.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// Where the servers are.
     pub topology: Topology,
@@ -72,6 +72,26 @@ pub struct Endpoint {
     pub password: Option<String>,
     /// Database to `SELECT` (standalone and Sentinel only).
     pub db: Option<u32>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Destructured, so a new field cannot be left out unseen.
+        let Self {
+            topology,
+            tls,
+            username,
+            password,
+            db,
+        } = self;
+        f.debug_struct("Endpoint")
+            .field("topology", topology)
+            .field("tls", tls)
+            .field("username", username)
+            .field("password", &password.as_ref().map(|_| "<redacted>"))
+            .field("db", db)
+            .finish()
+    }
 }
 
 /// Parses a Valkey URL; the error says why, without echoing a password.
@@ -244,5 +264,13 @@ mod tests {
         assert!(parse("no-scheme").is_err());
         assert!(parse("redis://h/notanumber").is_err());
         assert!(parse("redis-cluster://a?node=b").is_err());
+    }
+
+    #[test]
+    fn debug_never_shows_the_password_from_the_url() {
+        let e = parse("redis://u:s3cret@h:1").unwrap();
+        let shown = format!("{e:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 }
