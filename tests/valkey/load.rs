@@ -22,6 +22,24 @@ fn target(name: &str) -> Target {
     Target::new("load", name)
 }
 
+/// An acquire of target `name` by `owner`, in a task of its own: (name,
+/// owner, its result).
+type Spawned = tokio::task::JoinHandle<(
+    String,
+    String,
+    Result<targetlease::store::Reply, StoreError>,
+)>;
+
+fn spawn_acquire(store: &Arc<ValkeyStore>, name: String, owner: String) -> Spawned {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let got = store
+            .acquire(&AcquireRequest::new(target(&name), &owner, TTL))
+            .await;
+        (name, owner, got)
+    })
+}
+
 fn config(url: String, timeout: Duration) -> ValkeyConfig {
     ValkeyConfig {
         url,
@@ -90,16 +108,7 @@ async fn one_reply_held_past_its_deadline_costs_one_request_not_the_connection()
     // 999 with time left when the held reply is let go.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rest: Vec<_> = (1..1000)
-        .map(|i| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let (name, owner) = (format!("w{i}"), format!("owner-{i}"));
-                let got = store
-                    .acquire(&AcquireRequest::new(target(&name), &owner, TTL))
-                    .await;
-                (name, owner, got)
-            })
-        })
+        .map(|i| spawn_acquire(&store, format!("w{i}"), format!("owner-{i}")))
         .collect();
     let got = within(TIMEOUT + Duration::from_secs(2), "the held call", first)
         .await
@@ -219,16 +228,7 @@ async fn calls_spread_over_pool_size_connections() {
     proxy.set(fault_proxy::Fault::Delay(Duration::from_millis(20)));
     for round in 0..5 {
         let calls: Vec<_> = (0..64)
-            .map(|i| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    let (name, owner) = (format!("p{round}-{i}"), format!("o{i}"));
-                    let got = store
-                        .acquire(&AcquireRequest::new(target(&name), &owner, TTL))
-                        .await;
-                    (name, owner, got)
-                })
-            })
+            .map(|i| spawn_acquire(&store, format!("p{round}-{i}"), format!("o{i}")))
             .collect();
         for c in calls {
             let (name, owner, got) = within(Duration::from_secs(10), "a round", c).await.unwrap();
@@ -265,16 +265,7 @@ async fn durable_writes_reuse_warm_connections() {
     );
     let round = |r: usize, concurrency: usize| {
         let calls: Vec<_> = (0..concurrency)
-            .map(|i| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    let (name, owner) = (format!("d{r}-{i}"), format!("o{i}"));
-                    let got = store
-                        .acquire(&AcquireRequest::new(target(&name), &owner, TTL))
-                        .await;
-                    (name, owner, got)
-                })
-            })
+            .map(|i| spawn_acquire(&store, format!("d{r}-{i}"), format!("o{i}")))
             .collect::<Vec<_>>();
         async move {
             for c in calls {

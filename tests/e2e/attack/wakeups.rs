@@ -256,6 +256,23 @@ async fn refuse_status_writes(env: &OperatorEnv, name: &str) -> String {
     policy_name
 }
 
+/// a holds target t (`duration`, renewed every `renew`), b waits behind it
+/// (Queued), and every status write of a is refused from here on (the
+/// returned policy name lifts it).
+async fn a_holds_b_waits_and_a_cannot_write_status(
+    env: &OperatorEnv,
+    duration: &str,
+    renew: &str,
+) -> String {
+    env.create("a", lease_for("t").identity("a").durations(duration, renew))
+        .await;
+    env.wait_phase("a", Phase::Held, SOON).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    env.create("b", lease_for("t").identity("b")).await;
+    env.wait_reason("b", "Queued", SOON).await;
+    refuse_status_writes(env, "a").await
+}
+
 async fn allow_status_writes(env: &OperatorEnv, policy_name: &str) {
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -284,13 +301,7 @@ async fn allow_status_writes(env: &OperatorEnv, policy_name: &str) {
 #[tokio::test]
 async fn a_deleted_lease_still_published_as_held_keeps_its_successor_waiting() {
     let env = OperatorEnv::start("held-elsewhere").await;
-    env.create("a", lease_for("t").identity("a").durations("60s", "20s"))
-        .await;
-    env.wait_phase("a", Phase::Held, SOON).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    env.create("b", lease_for("t").identity("b")).await;
-    env.wait_reason("b", "Queued", SOON).await;
-    let policy = refuse_status_writes(&env, "a").await;
+    let policy = a_holds_b_waits_and_a_cannot_write_status(&env, "60s", "20s").await;
     let timeline = Timeline::record(&env.client, &env.ns);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let at = now_ms();
@@ -340,13 +351,7 @@ async fn a_deleted_lease_still_published_as_held_keeps_its_successor_waiting() {
 #[tokio::test]
 async fn a_stale_held_sibling_stops_blocking_its_successor_at_its_expiry() {
     let env = OperatorEnv::start("stale-held").await;
-    env.create("a", lease_for("t").identity("a").durations("4s", "1s"))
-        .await;
-    env.wait_phase("a", Phase::Held, SOON).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    env.create("b", lease_for("t").identity("b")).await;
-    env.wait_reason("b", "Queued", SOON).await;
-    let policy = refuse_status_writes(&env, "a").await;
+    let policy = a_holds_b_waits_and_a_cannot_write_status(&env, "4s", "1s").await;
     env.valkey.conn().cmd(&["FLUSHALL"]);
     env.delete("a").await;
     let b = env
