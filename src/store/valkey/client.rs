@@ -20,16 +20,14 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
-use super::cluster::{Redirect, SlotMap, redirect};
+use super::cluster::SlotMap;
 use super::dial::{DialError, Dialer, first_words};
 use super::endpoint::{Addr, Endpoint, Topology};
 use super::link::{Link, LinkError};
 use super::pool::{Held, Place, Pool, Sizes};
 use super::resp::{Cmd, Value};
 
-/// Redirections one request may follow (`MOVED` after a resharding, `ASK`
-/// then `MOVED` around a migration).
-const MAX_REDIRECTIONS: usize = 3;
+mod routing;
 
 /// Which server a request goes to.
 #[derive(Clone, Copy, Debug)]
@@ -72,15 +70,6 @@ pub struct Sent {
     pub replies: Vec<Value>,
     /// The connection the final copy went over (give it back when done).
     pub link: Held,
-}
-
-/// The pause before the `n`th retry of a request answered `TRYAGAIN`: from
-/// 5 ms, doubling to 100 ms, ±50 % jitter (a migration moves a slot's keys
-/// in milliseconds to seconds; retries must not add to its load).
-fn try_again_pause(n: u32) -> Duration {
-    use rand::Rng;
-    let base = Duration::from_millis(5 * 2u64.pow(n.min(5))).min(Duration::from_millis(100));
-    base.mul_f64(rand::rng().random_range(0.5..1.5))
 }
 
 /// Takes a connection of `pool` as `how` says.
@@ -230,102 +219,7 @@ impl Client {
             }
             Kind::Cluster(router) => router,
         };
-        let mut next: Option<(Addr, bool)> = None;
-        let mut redirections = 0;
-        let mut tries = 0;
-        // Route::Any: primaries that could not be reached, tried no more.
-        let mut unreachable: Vec<Addr> = Vec::new();
-        loop {
-            let (addr, asking) = match next.take() {
-                Some(t) => t,
-                None => (self.owner(route, &unreachable, deadline).await?, false),
-            };
-            let mut request = Vec::with_capacity(cmds.len() + 1);
-            if asking {
-                request.push(Cmd::new("ASKING"));
-            }
-            request.extend_from_slice(cmds);
-            let (link, mut replies) =
-                match exchange(&self.pool(&addr), how, &request, deadline).await {
-                    Ok(sent) => sent,
-                    Err(e) => {
-                        // The node may have failed over: learn the map again
-                        // next time — not for a reply that is only late (an
-                        // overloaded or silent node), which would send every
-                        // caller of every shard to ask it for the map first.
-                        if !matches!(e, SendError::Late) {
-                            router.stale.store(true, Ordering::SeqCst);
-                        }
-                        // Any primary will do: another one, if one is left.
-                        if matches!(route, Route::Any)
-                            && matches!(e, SendError::NotSent(_))
-                            && Instant::now() < deadline
-                        {
-                            unreachable.push(addr);
-                            let left = router
-                                .map
-                                .read()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .primaries()
-                                .into_iter()
-                                .any(|a| !unreachable.contains(&a));
-                            if left {
-                                continue;
-                            }
-                        }
-                        return Err(e);
-                    }
-                };
-            if asking {
-                replies.remove(0);
-            }
-            if forget_if_not_primary(link.link(), &replies) {
-                router.stale.store(true, Ordering::SeqCst);
-            }
-            let moved = match (cmds.len(), replies.first()) {
-                (1, Some(Value::Error(e))) => redirect(e, &addr).map(|r| (r, e.clone())),
-                _ => None,
-            };
-            let Some((redirection, said)) = moved else {
-                // TRYAGAIN: the slot is migrating and this script's keys are
-                // split between the two nodes (or new on the importing one).
-                // Nothing ran: again from the slot's owner, until the deadline,
-                // then the refusal as it is.
-                if let (1, Some(Value::Error(e))) = (cmds.len(), replies.first())
-                    && e.split_whitespace().next() == Some("TRYAGAIN")
-                {
-                    let pause = try_again_pause(tries);
-                    if Instant::now() + pause < deadline {
-                        link.give_back();
-                        tries += 1;
-                        // The ASK that leads back here is not a redirection loop.
-                        redirections = 0;
-                        tokio::time::sleep(pause).await;
-                        continue;
-                    }
-                }
-                return Ok(Sent { replies, link });
-            };
-            link.give_back();
-            redirections += 1;
-            if redirections > MAX_REDIRECTIONS {
-                return Err(SendError::Redirected(format!(
-                    "too many redirections (last: {said}); the command never ran"
-                )));
-            }
-            next = Some(match redirection {
-                Redirect::Moved(slot, to) => {
-                    router
-                        .map
-                        .write()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .moved(slot, to.clone());
-                    router.stale.store(true, Ordering::SeqCst);
-                    (to, false)
-                }
-                Redirect::Ask(_, to) => (to, true),
-            });
-        }
+        self.send_routed(router, route, how, cmds, deadline).await
     }
 
     /// Every primary with its name: the server, or each Cluster primary
@@ -455,128 +349,6 @@ impl Client {
         for p in pools {
             p.close().await;
         }
-    }
-
-    fn pool(&self, addr: &Addr) -> Arc<Pool> {
-        match &self.kind {
-            Kind::Single(p) => p.clone(),
-            Kind::Cluster(r) => r
-                .pools
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(addr.clone())
-                .or_insert_with(|| {
-                    Arc::new(Pool::new(
-                        Place::Fixed(addr.clone()),
-                        self.dialer.clone(),
-                        self.sizes,
-                        self.connect_timeout,
-                        self.opened.clone(),
-                    ))
-                })
-                .clone(),
-        }
-    }
-
-    /// The cluster primary for `route`, refreshing a stale slot map first. A
-    /// slot the map has no owner for (a node that had not heard of a change
-    /// yet answered the last refresh) is looked up once more after a refresh,
-    /// and leaves the map stale for the next call if still unserved.
-    async fn owner(
-        &self,
-        route: Route,
-        unreachable: &[Addr],
-        deadline: Instant,
-    ) -> Result<Addr, SendError> {
-        let Kind::Cluster(router) = &self.kind else {
-            unreachable!("owner() is only asked in a cluster");
-        };
-        for _ in 0..2 {
-            if router.stale.load(Ordering::SeqCst) {
-                // A failed refresh keeps the old map: it may still be right.
-                if let Err(e) = self.refresh(deadline).await {
-                    tracing::debug!(error = %e.0, "cluster slot map refresh failed");
-                }
-            }
-            let map = router.map.read().unwrap_or_else(|p| p.into_inner());
-            let found = match route {
-                Route::Slot(slot) => map.owner(slot).cloned(),
-                Route::Any => map
-                    .primaries()
-                    .into_iter()
-                    .find(|a| !unreachable.contains(a)),
-            };
-            if let Some(addr) = found {
-                return Ok(addr);
-            }
-            router.stale.store(true, Ordering::SeqCst);
-        }
-        Err(SendError::NotSent("no cluster node serves the slot".into()))
-    }
-
-    /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.
-    async fn refresh(&self, deadline: Instant) -> Result<(), DialError> {
-        let Kind::Cluster(router) = &self.kind else {
-            return Ok(());
-        };
-        let _one_at_a_time = tokio::time::timeout_at(deadline, router.refreshing.lock())
-            .await
-            .map_err(|_| DialError("cluster topology: no turn in time".into()))?;
-        if !router.stale.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let mut candidates = router
-            .map
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .primaries();
-        for s in &router.seeds {
-            if !candidates.contains(s) {
-                candidates.push(s.clone());
-            }
-        }
-        let mut why = Vec::new();
-        let count = candidates.len();
-        for (i, addr) in candidates.into_iter().enumerate() {
-            // An equal share of the time left, so one silent node cannot use
-            // up the caller's whole deadline before the others are asked.
-            let left = deadline.saturating_duration_since(Instant::now());
-            let by = Instant::now() + left / u32::try_from(count - i).unwrap_or(u32::MAX);
-            let asked = async {
-                let link = self.pool(&addr).link(by).await.map_err(|e| e.0)?;
-                let reply = link
-                    .request(&[Cmd::new("CLUSTER").arg("SLOTS")], by)
-                    .await
-                    .map_err(|e| link_text(&e))?;
-                match reply.first() {
-                    Some(Value::Error(e)) => Err(format!("{addr}: {e}")),
-                    Some(v) => SlotMap::from_cluster_slots(v, &addr)
-                        .filter(|m| !m.primaries().is_empty())
-                        .ok_or_else(|| format!("{addr}: unreadable CLUSTER SLOTS reply")),
-                    None => Err(format!("{addr}: no reply")),
-                }
-            };
-            match asked.await {
-                Ok(map) => {
-                    // Pools of nodes that left the map go (their connections
-                    // close once the requests still on them are done).
-                    let primaries = map.primaries();
-                    router
-                        .pools
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|a, _| primaries.contains(a));
-                    *router.map.write().unwrap_or_else(|p| p.into_inner()) = map;
-                    router.stale.store(false, Ordering::SeqCst);
-                    return Ok(());
-                }
-                Err(e) => why.push(e),
-            }
-        }
-        Err(DialError(format!(
-            "cluster topology unknown: {}",
-            why.join("; ")
-        )))
     }
 }
 
