@@ -40,6 +40,18 @@ fn spawn_acquire(store: &Arc<ValkeyStore>, name: String, owner: String) -> Spawn
     })
 }
 
+/// A server, a fault proxy in front of it, and a store through the proxy
+/// whose first connection is open.
+async fn warm_behind_a_proxy(timeout: Duration) -> (ValkeyServer, FaultProxy, ValkeyStore) {
+    let server = ValkeyServer::start();
+    let proxy = FaultProxy::start(&server.addr());
+    let store = ValkeyStore::connect(&config(proxy.url(), timeout))
+        .await
+        .unwrap();
+    store.get(&target("warm")).await.unwrap();
+    (server, proxy, store)
+}
+
 fn config(url: String, timeout: Duration) -> ValkeyConfig {
     ValkeyConfig {
         url,
@@ -306,12 +318,7 @@ async fn durable_writes_reuse_warm_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_reply_is_caught_and_never_shifts_answers() {
     const TIMEOUT: Duration = Duration::from_secs(1);
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
-    let store = ValkeyStore::connect(&config(proxy.url(), TIMEOUT))
-        .await
-        .unwrap();
-    store.get(&target("warm")).await.unwrap();
+    let (_server, proxy, store) = warm_behind_a_proxy(TIMEOUT).await;
     proxy.drop_reply("EVALSHA");
     let lost = AcquireRequest::new(target("lost"), "lost-owner", TTL);
     let got = within(
@@ -352,12 +359,7 @@ async fn a_missing_reply_is_caught_and_never_shifts_answers() {
 async fn a_call_past_its_deadline_before_its_turn_is_never_sent() {
     // The grace past a missed deadline is at least 1s: longer than a call.
     const TIMEOUT: Duration = Duration::from_millis(500);
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
-    let store = ValkeyStore::connect(&config(proxy.url(), TIMEOUT))
-        .await
-        .unwrap();
-    store.get(&target("warm")).await.unwrap();
+    let (server, proxy, store) = warm_behind_a_proxy(TIMEOUT).await;
     let before = server.calls("evalsha");
     proxy.hold_reply("EVALSHA");
     let late = AcquireRequest::new(target("late"), "late-owner", TTL);
@@ -403,12 +405,7 @@ async fn a_call_past_its_deadline_before_its_turn_is_never_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_late_by_less_than_the_grace_keeps_the_connection() {
     const TIMEOUT: Duration = Duration::from_secs(2);
-    let server = ValkeyServer::start();
-    let proxy = FaultProxy::start(&server.addr());
-    let store = ValkeyStore::connect(&config(proxy.url(), TIMEOUT))
-        .await
-        .unwrap();
-    store.get(&target("warm")).await.unwrap();
+    let (_server, proxy, store) = warm_behind_a_proxy(TIMEOUT).await;
     let (opened, accepted) = (store.connections_opened(), proxy.accepted());
     proxy.hold_reply("EVALSHA");
     let slow = AcquireRequest::new(target("slow"), "slow-owner", TTL);
