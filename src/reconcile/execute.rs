@@ -35,7 +35,7 @@ impl Pass<'_> {
                 generation: self.tl.metadata.generation,
                 desired: desired.clone(),
                 queued_behind: self.queued_behind(),
-                held_elsewhere: self.held_elsewhere().map(|(name, _)| name),
+                held_elsewhere: self.held_elsewhere(),
                 renew_due: self.renew_due(),
                 rotation_due: self.rotation_due(),
                 acquisition: self.acquisition().is_some(),
@@ -196,16 +196,14 @@ impl Pass<'_> {
                 self.saw(&reply, sent);
                 transition::after_abandon_read(&self.facts(), &self.working, reply)
             }
-            Step::Wait { reason, message } => {
+            Step::Wait {
+                reason,
+                message,
+                recheck,
+            } => {
                 let mut t = transition::wait(&f, &self.working, reason, &message);
-                // A sibling whose Held nobody withdraws (its cleanup failing)
-                // stops counting at its published expiry: look again then.
-                if reason == Reason::TargetHeld
-                    && let Some((_, expires)) = self.held_elsewhere()
-                    && let Next::Requeue(d) = t.next
-                {
-                    let at = plan::retry_after_held(expires, self.ctx.server_now_ms());
-                    t.next = Next::Requeue(d.min(at));
+                if let (Some(r), Next::Requeue(d)) = (recheck, &t.next) {
+                    t.next = Next::Requeue((*d).min(r));
                 }
                 t
             }
@@ -356,9 +354,8 @@ impl Pass<'_> {
     }
 
     /// Another TargetLease on the target still published as Held, its
-    /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]):
-    /// its name and that expiry (server milliseconds).
-    fn held_elsewhere(&self) -> Option<(String, u64)> {
+    /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]).
+    fn held_elsewhere(&self) -> Option<plan::HeldElsewhere> {
         let now_ms = self.ctx.server_now_ms();
         self.ctx
             .leases
@@ -367,9 +364,11 @@ impl Pass<'_> {
             .filter(|o| queue::same_target(o, &self.tl) && o.name_any() != self.tl.name_any())
             .find_map(|o| {
                 let s = o.status.as_ref()?;
-                let expires = s.expires_at.as_ref()?.0.as_millisecond();
-                let expires = u64::try_from(expires).ok()?;
-                (plan::is_published_held(s) && expires > now_ms).then(|| (o.name_any(), expires))
+                let expires = u64::try_from(s.expires_at.as_ref()?.0.as_millisecond()).ok()?;
+                (plan::is_published_held(s) && expires > now_ms).then(|| plan::HeldElsewhere {
+                    name: o.name_any(),
+                    recheck: plan::retry_after_held(expires, now_ms),
+                })
             })
     }
 

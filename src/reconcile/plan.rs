@@ -48,12 +48,12 @@ pub struct Observed<'a> {
     pub desired: Desired,
     /// Name of an older TargetLease on the same target that is served first.
     pub queued_behind: Option<String>,
-    /// Name of another TargetLease on the same target whose status still
-    /// publishes Held, unexpired by the store's clock (one being deleted, or
-    /// one whose lease the store lost): its holder may act until Held is
-    /// withdrawn or expires, so nobody else is granted the target meanwhile,
-    /// whatever the store would answer.
-    pub held_elsewhere: Option<String>,
+    /// Another TargetLease on the same target whose status still publishes
+    /// Held, unexpired by the store's clock (one being deleted, or one whose
+    /// lease the store lost): its holder may act until Held is withdrawn or
+    /// expires, so nobody else is granted the target meanwhile, whatever the
+    /// store would answer.
+    pub held_elsewhere: Option<HeldElsewhere>,
     /// A renewal is due (none confirmed the lease in this process within the renew interval).
     pub renew_due: bool,
     /// The lease is close enough to its `maxLifetime` that it must be replaced.
@@ -62,6 +62,15 @@ pub struct Observed<'a> {
     /// first attempt of a resource that never published a token (its id
     /// derives from the resource's UID, so it needs no write before the acquire).
     pub acquisition: bool,
+}
+
+/// A sibling still published as Held ([`Observed::held_elsewhere`]).
+#[derive(Clone, Debug)]
+pub struct HeldElsewhere {
+    /// Its name.
+    pub name: String,
+    /// When to look again: just after its published expiry.
+    pub recheck: Duration,
 }
 
 /// The next thing to do.
@@ -97,6 +106,9 @@ pub enum Step {
         reason: Reason,
         /// One sentence for the condition.
         message: String,
+        /// Look again after this at the latest, sooner than the reason's own
+        /// recheck (a sibling's Held that nobody withdraws ends at its expiry).
+        recheck: Option<Duration>,
     },
     /// Nothing is left in the store for this resource: its finalizer may go.
     Finalize,
@@ -178,6 +190,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
         Desired::Nobody { reason, message } => Step::Wait {
             reason: *reason,
             message: message.clone(),
+            recheck: None,
         },
         Desired::Holder { .. } if o.queued_behind.is_some() && recorded => Step::Abandon,
         Desired::Holder { .. } if o.queued_behind.is_some() => Step::Wait {
@@ -186,14 +199,16 @@ pub fn plan(o: &Observed<'_>) -> Step {
                 "waiting behind TargetLease {} on the same target",
                 o.queued_behind.as_deref().unwrap_or_default()
             ),
+            recheck: None,
         },
         Desired::Holder { .. } if o.held_elsewhere.is_some() && recorded => Step::Abandon,
-        Desired::Holder { .. } if o.held_elsewhere.is_some() => Step::Wait {
+        Desired::Holder { .. } if let Some(h) = &o.held_elsewhere => Step::Wait {
             reason: Reason::TargetHeld,
             message: format!(
                 "target is held by TargetLease {} (published as Held)",
-                o.held_elsewhere.as_deref().unwrap_or_default()
+                h.name
             ),
+            recheck: Some(h.recheck),
         },
         Desired::Holder { .. } if !recorded => Step::RecordAcquisition,
         Desired::Holder { identity, .. } => Step::Acquire {

@@ -282,11 +282,23 @@ fn waiters_retry_just_after_the_holder_expires_and_recheck_on_their_own() {
 fn nobody_is_granted_a_target_another_targetlease_still_publishes_as_held() {
     let st = TargetLeaseStatus::default();
     let mut o = observed(&st, holder("job"));
-    o.held_elsewhere = Some("old".into());
+    o.held_elsewhere = Some(HeldElsewhere {
+        name: "old".into(),
+        recheck: Duration::from_secs(7),
+    });
     match plan(&o) {
-        Step::Wait { reason, message } => {
+        Step::Wait {
+            reason,
+            message,
+            recheck,
+        } => {
             assert_eq!(reason, Reason::TargetHeld);
             assert!(message.contains("TargetLease old"), "{message}");
+            assert_eq!(
+                recheck,
+                Some(Duration::from_secs(7)),
+                "at the sibling's expiry"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -295,7 +307,10 @@ fn nobody_is_granted_a_target_another_targetlease_still_publishes_as_held() {
         ..Default::default()
     };
     let mut o = observed(&attempt, holder("job"));
-    o.held_elsewhere = Some("old".into());
+    o.held_elsewhere = Some(HeldElsewhere {
+        name: "old".into(),
+        recheck: Duration::from_secs(7),
+    });
     assert_eq!(
         plan(&o),
         Step::Abandon,
@@ -311,7 +326,10 @@ fn nobody_is_granted_a_target_another_targetlease_still_publishes_as_held() {
     };
     let alone = plan(&observed(&held, holder("job")));
     let mut o = observed(&held, holder("job"));
-    o.held_elsewhere = Some("old".into());
+    o.held_elsewhere = Some(HeldElsewhere {
+        name: "old".into(),
+        recheck: Duration::from_secs(7),
+    });
     assert_eq!(plan(&o), alone);
     assert!(matches!(alone, Step::Idle | Step::Renew), "{alone:?}");
 }
