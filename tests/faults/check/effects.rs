@@ -115,7 +115,7 @@ fn acts_on(o: &OpRecord) -> Option<(&str, u64)> {
 /// When faults that can lose acknowledged state began and healed (local
 /// times): what was acknowledged while one was on (a failover's lag window)
 /// can be lost too.
-fn lossy(h: &History) -> Vec<(u64, u64)> {
+pub(crate) fn lossy(h: &History) -> Vec<(u64, u64)> {
     h.faults
         .iter()
         .filter(|f| f.loses_data)
@@ -124,7 +124,7 @@ fn lossy(h: &History) -> Vec<(u64, u64)> {
 }
 
 /// True when a loss in `lossy` may lie between `from` and `to`.
-fn loss_between(lossy: &[(u64, u64)], from: u64, to: u64) -> bool {
+pub(crate) fn loss_between(lossy: &[(u64, u64)], from: u64, to: u64) -> bool {
     lossy.iter().any(|&(at, healed)| at <= to && healed >= from)
 }
 

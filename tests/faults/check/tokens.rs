@@ -9,10 +9,16 @@
 //! - tokens the operator publishes, in etcd revision order, and tokens on
 //!   an election's pod marks, strictly increase as new ones appear;
 //! - every lease seen (observers, `held` replies) is a grant too, and every
-//!   token on a pod mark is one its TargetLease's status published.
+//!   token on a pod mark is one its TargetLease's status published;
+//! - except that a grant nobody was told of (seen, never acknowledged) binds
+//!   nothing after a fault that can lose state: a failover or power cut may
+//!   undo a write that was never acknowledged as durable, and its token and
+//!   request id are then free again. An acknowledged grant binds across
+//!   every fault.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::effects::{loss_between, lossy};
 use super::{Property, Scope, Violation, group_by};
 use crate::history::{History, OpKind};
 
@@ -26,6 +32,17 @@ struct Grant<'a> {
     acquired_at_ms: u64,
     /// Width of the acquisition-time uncertainty (status times are whole seconds).
     resolution_ms: u64,
+    /// Its holder was told (an acknowledged acquire, a published status).
+    acknowledged: bool,
+}
+
+impl Grant<'_> {
+    /// Whether this grant still holds its token and issue at `later_ms`: an
+    /// acknowledged one always; one nobody was told of only while no loss
+    /// may have undone it.
+    fn binds_at(&self, later_ms: u64, lossy: &[(u64, u64)]) -> bool {
+        self.acknowledged || !loss_between(lossy, self.acquired_at_ms, later_ms)
+    }
 }
 
 fn grants(h: &History) -> Vec<Grant<'_>> {
@@ -38,6 +55,7 @@ fn grants(h: &History) -> Vec<Grant<'_>> {
             issue: &lease.issue,
             acquired_at_ms: lease.acquired_at_ms,
             resolution_ms: 1,
+            acknowledged: true,
         })
     });
     let published = h.publications.iter().filter_map(|p| {
@@ -49,6 +67,7 @@ fn grants(h: &History) -> Vec<Grant<'_>> {
             issue: p.acquisition_id.as_deref()?,
             acquired_at_ms: p.acquired_at_ms?,
             resolution_ms: 1000,
+            acknowledged: true,
         })
     });
     // Every other sighting of a lease (observers, `held` replies) is a grant
@@ -56,6 +75,11 @@ fn grants(h: &History) -> Vec<Grant<'_>> {
     // compared like any other. Targets the operator publishes are its scope.
     let operator: std::collections::HashSet<&str> =
         h.publications.iter().map(|p| p.target.as_str()).collect();
+    let told: HashSet<(&str, u64)> = clients
+        .clone()
+        .chain(published.clone())
+        .map(|g| (g.issue, g.token))
+        .collect();
     let scope_of = move |t: &str| {
         if operator.contains(t) {
             Scope::Published
@@ -79,6 +103,7 @@ fn grants(h: &History) -> Vec<Grant<'_>> {
             issue: &l.issue,
             acquired_at_ms: l.acquired_at_ms,
             resolution_ms: 1,
+            acknowledged: told.contains(&(l.issue.as_str(), l.token)),
         });
     clients.chain(published).chain(observed).collect()
 }
@@ -86,9 +111,10 @@ fn grants(h: &History) -> Vec<Grant<'_>> {
 pub fn check(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     let all = grants(h);
+    let lossy = lossy(h);
     for (target, gs) in group_by(&all, |g| g.target) {
-        unique(&target, &gs, &mut out);
-        ordered(&target, &gs, &mut out);
+        unique(&target, &gs, &lossy, &mut out);
+        ordered(&target, &gs, &lossy, &mut out);
     }
     published_order(h, &mut out);
     mark_order(h, &mut out);
@@ -173,29 +199,40 @@ pub fn forgotten_ms(h: &History) -> Option<u64> {
     longest
 }
 
-/// One token per issue and one issue per token; each (token, issue) is
-/// reported once.
-fn unique(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
-    let mut by_token: HashMap<u64, &Grant> = HashMap::new();
-    let mut by_issue: HashMap<&str, &Grant> = HashMap::new();
-    let mut reported = HashSet::new();
-    for g in gs {
-        let with_token = *by_token.entry(g.token).or_insert(g);
-        let of_issue = *by_issue.entry(g.issue).or_insert(g);
-        let detail = if with_token.issue != g.issue {
+/// One token per issue and one issue per token, each grant compared with
+/// the earlier ones that still bind it; each (token, issue) once.
+fn unique(target: &str, gs: &[&Grant], lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
+    let mut by_token: HashMap<u64, Vec<&Grant>> = HashMap::new();
+    let mut by_issue: HashMap<&str, Vec<&Grant>> = HashMap::new();
+    for g in by_acquisition(gs) {
+        let binding = |e: &&&Grant| e.binds_at(g.acquired_at_ms, lossy);
+        let same_token = by_token.entry(g.token).or_default();
+        let other_issue = same_token
+            .iter()
+            .filter(binding)
+            .find(|e| e.issue != g.issue);
+        let detail = other_issue.map(|e| {
             format!(
                 "token {} issued twice: to {} and to {}",
-                g.token, with_token.issue, g.issue
+                g.token, e.issue, g.issue
             )
-        } else if of_issue.token != g.token {
-            format!(
-                "one issue {} got two tokens: {} and {}",
-                g.issue, of_issue.token, g.token
-            )
-        } else {
-            continue;
-        };
-        if reported.insert((g.token, g.issue)) {
+        });
+        same_token.push(g);
+        let same_issue = by_issue.entry(g.issue).or_default();
+        let other_token = same_issue
+            .iter()
+            .filter(binding)
+            .find(|e| e.token != g.token);
+        let detail = detail.or_else(|| {
+            other_token.map(|e| {
+                format!(
+                    "one issue {} got two tokens: {} and {}",
+                    g.issue, e.token, g.token
+                )
+            })
+        });
+        same_issue.push(g);
+        if let Some(detail) = detail {
             out.push(Violation::new(Property::Tokens, g.scope, target, detail));
         }
     }
@@ -212,27 +249,37 @@ fn by_acquisition<'g, 'a>(gs: &[&'g Grant<'a>]) -> Vec<&'g Grant<'a>> {
     sorted
 }
 
-/// Every grant surely issued after another must carry a larger token.
-fn ordered(target: &str, gs: &[&Grant], out: &mut Vec<Violation>) {
+/// Every grant surely issued after another that still binds it must carry
+/// a larger token.
+fn ordered(target: &str, gs: &[&Grant], lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
     let sorted = by_acquisition(gs);
-    // Sweep: the highest token among grants that surely ended before `g` began.
+    // Sweep over grants that surely ended before `g` began: the highest
+    // acknowledged token, and every unacknowledged grant no loss has undone
+    // yet (few: only acquires whose caller never learned of them).
     let mut by_end: Vec<&Grant> = sorted.clone();
     by_end.sort_by_key(|g| g.acquired_at_ms + g.resolution_ms);
     let mut j = 0;
     let mut best: Option<&Grant> = None;
+    let mut untold: Vec<&Grant> = Vec::new();
     for g in &sorted {
         while j < by_end.len()
             && by_end[j].acquired_at_ms + by_end[j].resolution_ms <= g.acquired_at_ms
         {
-            if best.is_none_or(|b| by_end[j].token > b.token) {
-                best = Some(by_end[j]);
+            let e = by_end[j];
+            if !e.acknowledged {
+                untold.push(e);
+            } else if best.is_none_or(|b| e.token > b.token) {
+                best = Some(e);
             }
             j += 1;
         }
-        if let Some(b) = best
-            && b.token >= g.token
-            && b.issue != g.issue
-        {
+        // A loss that undid a grant undid it for every later one too.
+        untold.retain(|e| e.binds_at(g.acquired_at_ms, lossy));
+        let clash = |b: &&Grant| b.token >= g.token && b.issue != g.issue;
+        let earlier = best
+            .filter(clash)
+            .or_else(|| untold.iter().copied().filter(clash).max_by_key(|b| b.token));
+        if let Some(b) = earlier {
             out.push(Violation::new(
                 Property::Tokens,
                 g.scope,
@@ -444,6 +491,65 @@ mod tests {
             ("b", "r2", 2, 200),
         ]);
         assert_eq!(forgotten_ms(&h), None);
+    }
+
+    #[test]
+    fn a_grant_nobody_was_told_of_binds_nothing_once_a_loss_may_have_undone_it() {
+        // An acquire whose caller heard `outcome_unknown` granted token 9 on
+        // a primary that died before its replica had it; an observer saw it.
+        let seen = || H::new().sighting("t", view("a", 9, "u1", 100, 10_100));
+        let h = seen()
+            .at(150)
+            .lossy_fault()
+            .acquired("b", "t", "r2", 9, 200, 10_200)
+            .acquired("a", "t", "u1", 10, 300, 10_300) // its retry, a new token
+            .build();
+        assert_eq!(found(&h), Vec::<String>::new());
+        // Without the loss the same sighting binds: both reuses are caught.
+        let h = seen()
+            .acquired("b", "t", "r2", 9, 200, 10_200)
+            .acquired("a", "t", "u1", 10, 300, 10_300)
+            .build();
+        let v = found(&h);
+        assert!(
+            v.iter().any(|s| s.contains("token 9 issued twice")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|s| s.contains("acquired at 200 after token 9")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter().any(|s| s.contains("one issue u1 got two tokens")),
+            "{v:?}"
+        );
+        // An acknowledged grant binds across the loss.
+        let h = H::new()
+            .acquired("a", "t", "u1", 9, 100, 10_100)
+            .sighting("t", view("a", 9, "u1", 100, 10_100))
+            .at(150)
+            .lossy_fault()
+            .acquired("b", "t", "r2", 9, 200, 10_200)
+            .build();
+        let v = found(&h);
+        assert!(
+            v.iter().any(|s| s.contains("token 9 issued twice")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|s| s.contains("acquired at 200 after token 9")),
+            "{v:?}"
+        );
+        // A loss before the sighting's grant excuses nothing.
+        let h = H::new()
+            .at(50)
+            .lossy_fault()
+            .sighting("t", view("a", 9, "u1", 100, 10_100))
+            .acquired("b", "t", "r2", 9, 200, 10_200)
+            .build();
+        assert!(found(&h).iter().any(|s| s.contains("token 9 issued twice")));
     }
 
     #[test]
