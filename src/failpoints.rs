@@ -18,7 +18,7 @@
 //! | `held-after-lost` | `reconcile::transition::hold` (`after_renew`) | status stays as it was after the store said the lease ended |
 //! | `lost-reply-ok` | `store::valkey` (`call`) | a renew, release, commit or revoke whose reply was lost is reported done |
 //! | `lost-reply-unavailable` | `store::valkey` (`call`) | a write whose reply was lost is reported `backend_unavailable` |
-//! | `acquire-previous-token` | `store::valkey` (`finish`) | an acquire reports the token before the one granted |
+//! | `acquire-previous-token` | `store::valkey` (`finish`) | an acquire reports the token before the one granted (a first grant, token 1, as it is) |
 //! | `skip-durability-wait` | `store::valkey` (`wait_durable`) | `WAIT`/`WAITAOF` is never sent |
 
 use crate::store::{Lease, Outcome, Reply, StoreError};
