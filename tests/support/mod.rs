@@ -14,6 +14,7 @@ pub mod operator_env;
 pub mod operator_store;
 pub mod pods;
 pub mod postgres;
+pub mod process;
 pub mod resp;
 pub mod sentinel;
 pub mod spec;
