@@ -58,9 +58,12 @@ mkdir -p "$BIN"
 mod_version() { # DIR MODULE
   (cd "$1" && go list -m -f '{{.Version}}' "$2")
 }
-kube_ldflags() {
+# Each binary is stamped with the Kubernetes release of the module it is
+# built from (kubectl's own go.mod, not the API server's): the version check
+# in scripts/setup.sh then compares what each binary really is.
+kube_ldflags() { # DIR (the module the binary is built from)
   local v maj min
-  v="$(mod_version "$SRC" k8s.io/kubernetes)"   # v1.37.2
+  v="$(mod_version "$1" k8s.io/kubernetes)"   # v1.37.2
   maj="${v#v}"; maj="${maj%%.*}"
   min="${v#v*.}"; min="${min%%.*}"
   local pkg
@@ -127,17 +130,17 @@ out_name() { # PKG[=NAME] -> NAME, or the package's last path element
 }
 
 case "$WHAT" in
-  kube|all) build_group kube "$SRC" "$(kube_ldflags)" ./cmd/etcd ./cmd/kube-apiserver ./cmd/kube-controller-manager ;;&
+  kube|all) build_group kube "$SRC" "$(kube_ldflags "$SRC")" ./cmd/etcd ./cmd/kube-apiserver ./cmd/kube-controller-manager ;;&
   helm|all) build_group helm "$SRC/helm" "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm ;;&
   luahealth|all) build_group luahealth "$SRC/luahealth" "-s -w" .=lua-health ;;&
   actionlint|all) build_group actionlint "$SRC/actionlint" "-s -w" github.com/rhysd/actionlint/cmd/actionlint ;;&
   # Prometheus' service-discovery plugins (and their cloud SDKs) left out.
   promtool|all) TAGS=remove_all_sd build_group promtool "$SRC/promtool" "-s -w" github.com/prometheus/prometheus/cmd/promtool ;;&
-  kubectl|all) build_group kubectl "$SRC/kubectl" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubectl ;;&
+  kubectl|all) build_group kubectl "$SRC/kubectl" "$(kube_ldflags "$SRC/kubectl")" k8s.io/kubernetes/cmd/kubectl ;;&
   # The node (scripts/node.sh). The kubelet and the scheduler are upstream's
   # main packages, from a module with the API server's Kubernetes release and
   # replace block.
-  kubelet|node|all) build_group kubelet "$SRC/kubelet" "$(kube_ldflags)" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler ;;&
+  kubelet|node|all) build_group kubelet "$SRC/kubelet" "$(kube_ldflags "$SRC/kubelet")" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler ;;&
   # no_btrfs: the btrfs snapshotter needs cgo and libbtrfs headers; overlayfs is used.
   containerd|node|all) TAGS=no_btrfs build_group containerd "$SRC/containerd" "$(containerd_ldflags)" \
     github.com/containerd/containerd/v2/cmd/containerd \

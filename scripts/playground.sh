@@ -7,11 +7,13 @@
 #   scripts/playground.sh stop     stop everything and remove the playground's directory
 #
 # PLAYGROUND_DIR (default .playground in the repository) holds the logs, the
-# kubeconfig and the pids; PLAYGROUND_BIN names a targetlease binary to use
-# instead of the one `cargo build` makes. Everything is left running for you to try when
-# the playground is shown; if anything it starts is not running (or does not
-# get there), it says which, shows that part's log, stops everything it
-# started and exits non-zero.
+# kubeconfig and the pids; PLAYGROUND_BIN names a targetlease binary to
+# use instead of the one `cargo build` makes (wherever CARGO_TARGET_DIR puts
+# it). Everything is left running for you to try when the playground is
+# shown; if any part it started (valkey-server, etcd, kube-apiserver,
+# kube-controller-manager, the operator) is not running, or does not get
+# there, it says which and why (exit status or signal, the part's log, what
+# else ran), stops everything it started and exits non-zero.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 PG="${PLAYGROUND_DIR:-$REPO/.playground}"
@@ -48,9 +50,53 @@ fi
 stop
 mkdir -p "$PG"
 shown=0
+# Every part started so far, as "DIR NAME" (its pid is in DIR/NAME.pid), in
+# the order they were started.
+parts=()
+named_dead=0 # whether dead_parts has named one
+started() { parts+=("$1 $2"); }
+
+# Explains every part that is not running; status 1 if there is one. The
+# first named is the earliest started: what the later ones depend on.
+dead_parts() {
+  local p dir name pid dead=()
+  for p in ${parts[@]+"${parts[@]}"}; do
+    dir="${p% *}"; name="${p#* }"
+    pid="$(cat "$dir/$name.pid" 2>/dev/null || true)"
+    is_ours "$pid" "$name" && continue
+    explain_exit "$dir" "$name"
+    dead+=("$name")
+  done
+  ((${#dead[@]} == 0)) && return 0
+  named_dead=1
+  log "ERROR: ${dead[0]} is not running (log: $(dead_log "${dead[0]}"))${dead[1]:+; nor is: ${dead[*]:1}}"
+  return 1
+}
+dead_log() { # NAME
+  local p
+  for p in "${parts[@]}"; do [ "${p#* }" = "$1" ] && echo "${p% *}/$1.log"; done
+}
+# Ends the playground (non-zero) if any part it started is not running.
+all_running() { dead_parts || exit 1; }
+
+# Until CMD succeeds, every part still running; WHAT failed after SECS.
+wait_for() { # SECS WHAT CMD...
+  local secs="$1" what="$2" deadline
+  shift 2
+  deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    all_running
+    [ "$SECONDS" -lt "$deadline" ] || die "$what within ${secs}s"
+    sleep 0.25
+  done
+}
+
 on_exit() {
   local rc=$?
   if [ "$shown" = 0 ]; then
+    # A command that failed because a part died (kubectl against a dead API
+    # server, say) names that part.
+    [ "$named_dead" = 1 ] || dead_parts || true
     log "failed (exit $rc); stopping everything it started"
     stop
     [ "$rc" != 0 ] || rc=1
@@ -60,26 +106,17 @@ on_exit() {
 trap on_exit EXIT
 trap 'log "interrupted"; exit 130' INT TERM HUP
 
-# A part that is not running ends the playground, with that part's story.
-running() { # NAME (as spawned into $PG)
-  local pid
-  pid="$(cat "$PG/$1.pid" 2>/dev/null || true)"
-  is_ours "$pid" "$1" && return 0
-  explain_exit "$PG" "$1"
-  die "$1 is not running (log: $PG/$1.log)"
-}
-
 # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
 setup_env="$(scripts/setup.sh playground)"
 eval "$setup_env"
 
 # The binary cargo actually built, wherever CARGO_TARGET_DIR puts it (or
-# PLAYGROUND_BIN, one built already: the tests pass theirs).
+# PLAYGROUND_BIN, one built already).
 if [ -n "${PLAYGROUND_BIN:-}" ]; then
   TL="$PLAYGROUND_BIN"
 else
   log "building targetlease…"
-  TL="$(cargo build --quiet --bin targetlease --message-format=json \
+  TL="$("${CARGO:-cargo}" build --quiet --locked --bin targetlease --message-format=json \
     | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -87,25 +124,35 @@ for line in sys.stdin:
         print(m["executable"])')"
 fi
 [ -x "$TL" ] || die "no targetlease executable at '$TL'"
+log "targetlease: $TL"
 
 port="$(free_port)"
 spawn "$PG" valkey-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PG"
-wait_until "$PG" valkey-server 30 "$BIN/valkey-cli" -p "$port" ping || running valkey-server
+started "$PG" valkey-server
+wait_for 30 "valkey-server did not answer" "$BIN/valkey-cli" -p "$port" ping
 export TARGETLEASE_VALKEY_URL="redis://127.0.0.1:$port"
 
 log "starting kube-apiserver + etcd…"
-bash scripts/controlplane.sh start "$PG/cp" >&2
+# A start that fails says why and stops what it started.
+bash scripts/controlplane.sh start "$PG/cp" >&2 || { all_running; die "the control plane did not start (above)"; }
+for name in etcd kube-apiserver kube-controller-manager; do
+  [ ! -f "$PG/cp/$name.pid" ] || started "$PG/cp" "$name"
+done
+all_running
 export KUBECONFIG="$PG/cp/kubeconfig"
-kubectl() { "$BIN/kubectl" "$@"; }
+# A request the API server cannot answer (its etcd died) gives up after 20 s.
+kubectl() { "$BIN/kubectl" --request-timeout=20s "$@"; }
 kubectl apply -f crds/ >/dev/null
-kubectl wait --for condition=established crd/targetleases.targetlease.dev --timeout=60s >/dev/null
+wait_for 60 "the TargetLease CRD was not established" \
+  "$BIN/kubectl" wait --for condition=established crd/targetleases.targetlease.dev --timeout=5s
 kubectl create namespace targetlease-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$PG/lease-id-key"
-admin="127.0.0.1:$(free_port)"
+admin_port="$(free_port)"
 BIN="$(dirname "$TL")" spawn "$PG" targetlease operator --lease-id-key-file "$PG/lease-id-key" \
-  --floor-namespace targetlease-system --admin-addr "$admin"
-wait_until "$PG" targetlease 60 curl -fsS --max-time 2 "http://$admin/readyz" || running targetlease
+  --floor-namespace targetlease-system --admin-addr "127.0.0.1:$admin_port"
+started "$PG" targetlease
+wait_for 60 "the operator was not ready" curl -fsS --max-time 2 "http://127.0.0.1:$admin_port/readyz"
 
 kubectl apply -f examples/job-lease.yaml >/dev/null
 kubectl apply -f examples/leader-election.yaml >/dev/null
@@ -126,7 +173,7 @@ leader_of() { # ELECTION -> "POD TOKEN" of the pod carrying its leader mark
 }
 ready=0
 for _ in $(seq 1 120); do
-  running targetlease
+  all_running
   held="$(kubectl get tl -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Held$' || true)"
   led=1
   for e in $(elections); do [ -n "$(leader_of "$e")" ] || led=0; done
@@ -148,11 +195,12 @@ for e in $(elections); do
 done
 echo
 echo "== a script holding a lease with targetlease run"
-running targetlease
+all_running
 "$TL" run --target nightly-report --owner "${USER:-me}@playground" --ttl 10s -- \
   sh -c 'echo "  running with fencing token $TARGETLEASE_FENCING_TOKEN on $TARGETLEASE_TARGET"' \
   || die "targetlease run failed"
-running targetlease
+# Shown only if every part it started is still running.
+all_running
 shown=1
 cat <<MSG
 

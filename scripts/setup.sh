@@ -111,7 +111,7 @@ missing="$(missing_tools "${wanted[@]}" | tr '\n' ' ')"
 server_minor="$(kube_minor "$TOOLS/kube-apiserver" --version)"
 kubectl_minor="$(kube_minor "$TOOLS/kubectl" version --client)"
 [ -n "$server_minor" ] && [ "$server_minor" = "$kubectl_minor" ] \
-  || die "kubectl in $TOOLS is ${kubectl_minor:-unknown}, the API server ${server_minor:-unknown}: run FORCE=1 scripts/build-controlplane.sh kube"
+  || die "kubectl in $TOOLS is ${kubectl_minor:-unknown}, the API server ${server_minor:-unknown}: run FORCE=1 scripts/build-controlplane.sh kube, then kubectl"
 log "every tool in $TOOLS (Kubernetes $server_minor)"
 
 echo "export TARGETLEASE_TOOLS_DIR='$TOOLS'"

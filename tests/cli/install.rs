@@ -4,19 +4,23 @@
 //! the installed binary (not the one the tests built) prints its version
 //! and takes a lease from a real Valkey.
 //!
-//! The checkout is kept in the target directory and moved to HEAD each run,
-//! so unchanged files keep their times; with `--offline` (every dependency
-//! is already here) and `--debug` with this build's own target directory it
-//! costs at most one compile of the crate, rather than a release build of
-//! every dependency. What is tested is the install path (the manifest, the
-//! lock file, the build script, the binary target), the same in both
-//! profiles.
+//! The checkout is kept under the target directory and moved to HEAD each
+//! run, so unchanged files keep their times. The install builds in a target
+//! directory of its own (`support::nested_cargo`: the test build's would have
+//! its `debug/targetlease` replaced while other tests run it), seeded with
+//! the dependencies already compiled; with `--offline` (every dependency is
+//! already here) and `--debug` it costs a compile of the crate and of the
+//! few dependencies whose features differ from the test build's, rather than
+//! a release build of every dependency. What is tested is the install path
+//! (the manifest, the lock file, the build script, the binary target), the
+//! same in both profiles.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
 use crate::support::cli::{BIN, lease};
+use crate::support::nested_cargo;
 use crate::support::valkey_server::ValkeyServer;
 
 fn git(dir: &Path, args: &[&str]) {
@@ -34,10 +38,10 @@ fn git(dir: &Path, args: &[&str]) {
     );
 }
 
-/// A clean checkout of the repository's HEAD under `target_dir`.
-fn clean_checkout(target_dir: &Path) -> std::path::PathBuf {
+/// A clean checkout of the repository's HEAD, kept under the target directory.
+fn clean_checkout() -> std::path::PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let checkout = target_dir.join("install-test-checkout");
+    let checkout = nested_cargo::nested_root().join("install-checkout");
     if !checkout.join(".git").exists() {
         let _ = std::fs::remove_dir_all(&checkout);
         std::fs::create_dir_all(&checkout).unwrap();
@@ -53,31 +57,28 @@ fn clean_checkout(target_dir: &Path) -> std::path::PathBuf {
     checkout
 }
 
+/// Which file `path` is, and when it was last written.
+fn identity(path: &Path) -> (u64, std::time::SystemTime) {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (meta.ino(), meta.modified().unwrap())
+}
+
 #[test]
 fn cargo_install_from_the_checkout_gives_a_working_binary() {
-    // <target dir>/debug/targetlease
-    let target_dir = Path::new(BIN)
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary lives in <target>/debug");
-    let checkout = clean_checkout(target_dir);
+    let checkout = clean_checkout();
+    let target_dir = nested_cargo::target_dir("install");
+    let tested_before = identity(Path::new(BIN));
     let root = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let mut install = Command::new(env!("CARGO"));
-    // What cargo set for this test process (CARGO_MANIFEST_DIR, CARGO_PKG_…)
-    // would reach the dependencies' build scripts and make them look changed.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy().into_owned();
-        if (name.starts_with("CARGO_") && name != "CARGO_HOME") || name == "OUT_DIR" {
-            install.env_remove(name);
-        }
-    }
+    nested_cargo::without_cargo_env(&mut install);
     let out = install
         .args(["install", "--locked", "--offline", "--debug", "--path"])
         .arg(&checkout)
         .arg("--root")
         .arg(root.path())
-        .env("CARGO_TARGET_DIR", target_dir)
+        .env("CARGO_TARGET_DIR", &target_dir)
         .output()
         .expect("run cargo install");
     assert!(
@@ -86,6 +87,11 @@ fn cargo_install_from_the_checkout_gives_a_working_binary() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("cargo install --debug --offline: {:?}", started.elapsed());
+    assert_eq!(
+        identity(Path::new(BIN)),
+        tested_before,
+        "the install replaced {BIN}, which other tests run"
+    );
     let installed = root.path().join("bin/targetlease");
 
     let version = Command::new(&installed).arg("--version").output().unwrap();

@@ -1,13 +1,17 @@
 //! A component that dies while the scripts start it names why: its exit
 //! status or signal, the last lines of its own log (stdout and stderr), and
 //! what else was running. Shown with an API server bound to fail, started by
-//! the real `scripts/controlplane.sh` next to a real etcd.
+//! the real `scripts/controlplane.sh` next to a real etcd; and for the Rust
+//! fixtures (`support::process`), with a valkey-server given an option it
+//! does not know.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::support::process::start_ready;
 use crate::support::tools::{tool, tools_dir};
+use crate::support::valkey_server::ValkeyServer;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -168,5 +172,65 @@ echo ok"#,
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The message a panic carried.
+fn panic_message(run: impl FnOnce()) -> String {
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+        .expect_err("the component must not start");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_fixtures_valkey_server_that_exits_at_startup_names_its_status_and_its_last_words() {
+    let message = panic_message(|| {
+        ValkeyServer::start_with(&["--no-such-option", "bound-to-fail"]);
+    });
+    assert!(
+        message.contains(") exited with status 1 during startup"),
+        "the exit status is named:\n{message}"
+    );
+    assert!(
+        message.contains("'no-such-option \"bound-to-fail\"'")
+            && message.contains("Bad directive or wrong number of arguments"),
+        "the server's own stderr is shown:\n{message}"
+    );
+    assert!(
+        message.contains("----- memory -----")
+            && message.contains("----- the largest processes running -----"),
+        "what else ran is shown:\n{message}"
+    );
+    assert_eq!(
+        message.matches("exited with status").count(),
+        1,
+        "a bad option is not retried on other ports:\n{message}"
+    );
+}
+
+#[test]
+fn a_fixture_component_killed_before_it_wrote_a_line_names_the_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("component.log");
+    let message = panic_message(|| {
+        let mut started = start_ready(
+            "component",
+            Command::new("sh").args(["-c", "kill -KILL $$"]),
+            &log,
+            std::time::Duration::from_secs(10),
+            || false,
+        );
+        let _ = started.wait();
+    });
+    assert!(
+        message.contains(") was killed by signal 9 (KILL) during startup"),
+        "the signal is named:\n{message}"
+    );
+    assert!(
+        message.contains("component.log is empty"),
+        "an empty log says so:\n{message}"
     );
 }

@@ -40,26 +40,235 @@ fn every_tool_the_rule_lists_is_in_the_tools_directory() {
     );
 }
 
-/// `v1.37` of `Kubernetes v1.37.2` / `Client Version: v1.37.2`.
-fn minor(bin: &str, args: &[&str]) -> String {
+/// `v1.37.2` of `Kubernetes v1.37.2` / `Client Version: v1.37.2`: the
+/// version stamped into the binary when it was built.
+fn stamped(bin: &str, args: &[&str]) -> String {
     let out = Command::new(tool(bin)).args(args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     let at = text
         .find("v1.")
         .unwrap_or_else(|| panic!("{bin} {args:?}: {text}"));
-    let version = &text[at..];
-    let end = version[3..]
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or(version.len(), |i| i + 3);
-    version[..end].to_string()
+    text[at..]
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-'))
+        .next()
+        .unwrap()
+        .to_string()
 }
 
+/// `v1.37` of `v1.37.2`.
+fn minor(version: &str) -> String {
+    version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".")
+}
+
+/// The `k8s.io/kubernetes` release really compiled into Go binary `bin`, from
+/// the build information Go embeds (what `go version -m` prints: `mod` when
+/// the main package is Kubernetes' own, `dep` when it is a dependency).
+fn compiled(bin: &str) -> String {
+    let data = std::fs::read(tool(bin)).unwrap();
+    let text = String::from_utf8_lossy(&data);
+    ["\nmod\tk8s.io/kubernetes\t", "\ndep\tk8s.io/kubernetes\t"]
+        .iter()
+        .find_map(|key| {
+            let at = text.find(key)? + key.len();
+            text[at..].split(['\t', '\n']).next().map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no k8s.io/kubernetes in {bin}'s Go build information"))
+}
+
+/// The `k8s.io/kubernetes` release Go module `dir` (under
+/// tests/controlplane) requires.
+fn required(dir: &str) -> String {
+    let go_mod = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/controlplane")
+        .join(dir)
+        .join("go.mod");
+    let text = std::fs::read_to_string(&go_mod).unwrap();
+    text.lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            let first = words.next()?;
+            let module = if first == "require" {
+                words.next()?
+            } else {
+                first
+            };
+            (module == "k8s.io/kubernetes").then(|| words.next().map(str::to_owned))?
+        })
+        .unwrap_or_else(|| panic!("{} requires no k8s.io/kubernetes", go_mod.display()))
+}
+
+/// Each binary says the release it was built from (its own module's, not
+/// another's), and kubectl's minor is the API server's: kubectl supports
+/// one minor of skew, and a kubectl of another release would change what
+/// the tests see.
 #[test]
 fn the_tests_kubectl_is_the_api_servers_minor_version() {
-    let server = minor("kube-apiserver", &["--version"]);
-    let kubectl = minor("kubectl", &["version", "--client"]);
+    for (bin, args, module) in [
+        ("kube-apiserver", &["--version"][..], "."),
+        ("kubectl", &["version", "--client"][..], "kubectl"),
+    ] {
+        let (stamped, compiled, required) = (stamped(bin, args), compiled(bin), required(module));
+        assert_eq!(
+            (&stamped, &compiled),
+            (&required, &required),
+            "{bin}: stamped {stamped}, compiled from k8s.io/kubernetes {compiled}, and \
+             tests/controlplane/{module}/go.mod requires {required} (FORCE=1 \
+             scripts/build-controlplane.sh rebuilds it)"
+        );
+    }
+    let server = minor(&stamped("kube-apiserver", &["--version"]));
+    let kubectl = minor(&stamped("kubectl", &["version", "--client"]));
     assert_eq!(
         kubectl, server,
         "kubectl {kubectl} against kube-apiserver {server}"
+    );
+}
+
+/// Where scripts and tests may name a tool's path on the system, each with
+/// its reason: (file, tool, why).
+const SYSTEM_PATH_EXCEPTIONS: &[(&str, &str, &str)] = &[
+    (
+        "scripts/setup.sh",
+        "*",
+        "it links the packaged tools from where their packages put them into the tools directory",
+    ),
+    (
+        "scripts/node.sh",
+        "busybox",
+        "the busybox path it names is inside the image's root filesystem, where it copies the tools directory's busybox",
+    ),
+];
+
+/// The names the rule covers (`TOOLS_ALL`), and the packaged names behind
+/// them (`stunnel4`, PostgreSQL's programs).
+fn covered_tools() -> Vec<String> {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source '{}'; printf '%s\\n' \"${{TOOLS_ALL[@]}}\"",
+            rule().display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    names.extend(["stunnel4", "pg_ctl", "initdb", "psql", "postgres"].map(String::from));
+    names
+}
+
+/// Whether `line` has `prefix` + `tool` as a whole word.
+fn names(line: &str, prefix: &str, tool: &str) -> bool {
+    let needle = format!("{prefix}{tool}");
+    line.match_indices(&needle).any(|(at, _)| {
+        line[at + needle.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || "-_.".contains(c)))
+    })
+}
+
+/// Every way `line` of a file with extension `ext` finds `tool` other than
+/// through the tools directory.
+fn lucky_finds(line: &str, ext: &str, tool: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let q = '"';
+    let lookups: &[&str] = match ext {
+        "rs" => &["Command::new(\""],
+        "py" => &["[\"", "['", "which(\""],
+        _ => &["command -v ", "which ", "type -P ", "type -p ", "hash "],
+    };
+    for prefix in lookups {
+        if names(line, prefix, tool) {
+            let close = if ext == "rs" {
+                format!("{q})")
+            } else {
+                String::new()
+            };
+            found.push(format!("{prefix}{tool}{close} (found on PATH)"));
+        }
+    }
+    for dir in ["/bin/", "/sbin/"] {
+        if names(line, dir, tool) {
+            found.push(format!("…{dir}{tool} (a system path)"));
+        }
+    }
+    // Where Debian puts them (spelled in two pieces, so this file does not name them).
+    for (owner, dir) in [
+        ("postgresql", ["/usr/lib/", "postgresql/"]),
+        ("libfaketimeMT.so.1", ["/", "faketime/"]),
+    ] {
+        let dir = dir.concat();
+        if tool == owner && line.contains(&dir) {
+            found.push(format!("{dir} (a system path)"));
+        }
+    }
+    found
+}
+
+/// No script or test finds a tool the rule covers by luck: through PATH
+/// (`command -v`, `which`, a bare `Command::new("kubectl")`) or at a fixed
+/// system path, rather than in the tools directory (`tool` in
+/// scripts/lib/tools.sh and tests/support/tools.rs). Comments are not
+/// looked at; the exceptions above say why each is one.
+#[test]
+fn no_script_or_test_finds_a_tool_by_luck() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(&repo)
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .args(["scripts", "tests", ".ci"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tools = covered_tools();
+    let mut bad = Vec::new();
+    let mut scanned = 0;
+    for file in String::from_utf8_lossy(&out.stdout).lines() {
+        let ext = file.rsplit_once('.').map_or("", |(_, e)| e);
+        let script = matches!(ext, "sh" | "py" | "rs")
+            || (ext.is_empty() && !file.starts_with("tests/"))
+            || file.starts_with(".ci/");
+        let Ok(text) = std::fs::read_to_string(repo.join(file)) else {
+            continue;
+        };
+        if !script {
+            continue;
+        }
+        scanned += 1;
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with('#') || code.starts_with("//") {
+                continue;
+            }
+            for tool in &tools {
+                let excepted = SYSTEM_PATH_EXCEPTIONS
+                    .iter()
+                    .any(|(f, t, _)| *f == file && (*t == "*" || t == tool));
+                for how in lucky_finds(line, ext, tool) {
+                    if !(excepted && how.ends_with("(a system path)")) {
+                        bad.push(format!("{file}:{}: {how}: {}", n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(scanned > 100, "only {scanned} scripts and tests scanned");
+    assert!(
+        bad.is_empty(),
+        "tools found by luck (take them from the tools directory: `tool NAME` in scripts, \
+         support::tools::tool in tests):\n{}",
+        bad.join("\n")
     );
 }

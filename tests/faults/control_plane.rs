@@ -7,8 +7,10 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use crate::support::kube_env::start_apiserver_again;
 
 fn read(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file))
@@ -28,7 +30,7 @@ fn alive(pid: i32) -> bool {
 /// the same command line, and waits until it serves again.
 pub fn restart_apiserver(dir: &Path) {
     let argv = stop_apiserver(dir);
-    start_apiserver(dir, &argv);
+    start_apiserver_again(dir, &argv);
 }
 
 /// Stops kube-apiserver with etcd's history compacted past every revision a
@@ -45,7 +47,7 @@ pub fn restart_apiserver_past_compaction(dir: &Path) -> u64 {
         r#"{"key":"L2ZhdWx0cy90aWNr","value":"eA=="}"#,
     );
     let rev = compact_etcd(dir);
-    start_apiserver(dir, &argv);
+    start_apiserver_again(dir, &argv);
     rev
 }
 
@@ -75,44 +77,6 @@ fn stop_apiserver(dir: &Path) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     argv
-}
-
-/// Starts kube-apiserver with `argv` and waits until it serves.
-fn start_apiserver(dir: &Path, argv: &[String]) {
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .open(dir.join("kube-apiserver.log"))
-        .expect("apiserver log");
-    // In its own session, like controlplane.sh starts it, so the
-    // control plane's watchdog (not this process) stops it.
-    let child = Command::new("setsid")
-        .args(argv)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("restart kube-apiserver");
-    std::fs::write(dir.join("kube-apiserver.pid"), child.id().to_string()).expect("pid file");
-    std::mem::forget(child);
-    let port = read(dir, "kube-apiserver.port");
-    let ready = Instant::now() + Duration::from_secs(120);
-    loop {
-        let ok = Command::new("curl")
-            .args(["-sS", "--max-time", "2", "--cacert"])
-            .arg(dir.join("pki/ca.crt"))
-            .arg("--cert")
-            .arg(dir.join("pki/admin.crt"))
-            .arg("--key")
-            .arg(dir.join("pki/admin.key"))
-            .arg(format!("https://127.0.0.1:{port}/readyz"))
-            .output()
-            .is_ok_and(|o| o.stdout == b"ok");
-        if ok {
-            return;
-        }
-        assert!(Instant::now() < ready, "kube-apiserver did not come back");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// One POST to etcd's JSON gateway; the response body.

@@ -262,6 +262,48 @@ impl Drop for ControlPlane {
     }
 }
 
+/// Starts kube-apiserver again in control-plane directory `dir` with the
+/// command line `argv` it ran with, records its pid there, and waits until it
+/// serves `/readyz`. In its own session, as `scripts/controlplane.sh` starts
+/// it, so the control plane's watchdog (not this process) stops it; its
+/// stdout and stderr go on in `dir/kube-apiserver.log`. A server that exits
+/// first, or does not serve within 120 s, panics with why: its exit status
+/// or signal, the end of its log and what else ran.
+pub fn start_apiserver_again(dir: &Path, argv: &[String]) {
+    let log = dir.join("kube-apiserver.log");
+    let mut cmd = Command::new("setsid");
+    cmd.args(argv);
+    let mut child = super::process::log_to(&mut cmd, &log)
+        .spawn()
+        .expect("restart kube-apiserver");
+    std::fs::write(dir.join("kube-apiserver.pid"), child.id().to_string()).expect("pid file");
+    let port = std::fs::read_to_string(dir.join("kube-apiserver.port")).expect("apiserver port");
+    let ready = || {
+        Command::new("curl")
+            .args(["-sS", "--max-time", "2", "--cacert"])
+            .arg(dir.join("pki/ca.crt"))
+            .arg("--cert")
+            .arg(dir.join("pki/admin.crt"))
+            .arg("--key")
+            .arg(dir.join("pki/admin.key"))
+            .arg(format!("https://127.0.0.1:{}/readyz", port.trim()))
+            .output()
+            .is_ok_and(|o| o.stdout == b"ok")
+    };
+    let started = super::process::wait_ready(
+        "kube-apiserver (restarted)",
+        &mut child,
+        &log,
+        Duration::from_secs(120),
+        ready,
+    );
+    // Reaped if it exited; otherwise the watchdog stops it.
+    std::mem::forget(child);
+    if let Err(why) = started {
+        panic!("kube-apiserver did not come back: {why}");
+    }
+}
+
 /// Polls `f` every 200ms until it returns `Some`, panicking after `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where

@@ -1,9 +1,10 @@
 //! A real Valkey Sentinel on a loopback port, watching one primary as
 //! `mymaster`. Killed on drop.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
+use super::process::start_ready;
 use super::resp::Conn;
 use super::valkey_server::{ValkeyServer, free_port, server_binary};
 
@@ -39,28 +40,22 @@ impl Sentinel {
             .lines()
             .find_map(|l| l.strip_prefix("requirepass "))
             .map(str::to_owned);
-        let child = Command::new(server_binary())
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start valkey-server --sentinel");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = Conn::connect(&format!("127.0.0.1:{port}"))
-                && password
+        let up = || {
+            Conn::connect(&format!("127.0.0.1:{port}")).is_ok_and(|mut c| {
+                password
                     .as_deref()
                     .is_none_or(|pw| c.try_cmd(&["AUTH", pw]).is_ok())
-                && let Ok(r) = c.try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])
-                && format!("{r:?}").contains(&primary_port.to_string())
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "sentinel did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+                    && c.try_cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])
+                        .is_ok_and(|r| format!("{r:?}").contains(&primary_port.to_string()))
+            })
+        };
+        let child = start_ready(
+            &format!("sentinel on port {port} (watching port {primary_port})"),
+            Command::new(server_binary()).arg(&conf).arg("--sentinel"),
+            &dir.path().join("sentinel.log"),
+            Duration::from_secs(10),
+            up,
+        );
         Self {
             child,
             port,

@@ -5,14 +5,15 @@
 //! (`super::tools`); a missing binary fails the test loudly.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
 
+use super::process::start_ready;
 use super::valkey_server::free_port;
 
 /// A CA that can issue server and client certificates, written as PEM files.
@@ -93,45 +94,36 @@ impl TlsServer {
         let dir = tempfile::tempdir().unwrap();
         let server = ca.issue("server", sans, false);
         let port = free_port();
-        let mut child = Command::new(tls_server_binary())
-            .args([
-                "--port",
-                "0",
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--tls-port")
-            .arg(port.to_string())
-            .arg("--tls-cert-file")
-            .arg(&server.cert)
-            .arg("--tls-key-file")
-            .arg(&server.key)
-            .arg("--tls-ca-cert-file")
-            .arg(ca.ca_file())
-            .args(["--tls-auth-clients", if mtls { "yes" } else { "no" }])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start redis-server");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("redis-server with TLS exited at start ({status}); is it built with TLS?");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "TLS redis-server did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut cmd = Command::new(tls_server_binary());
+        cmd.args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--tls-port")
+        .arg(port.to_string())
+        .arg("--tls-cert-file")
+        .arg(&server.cert)
+        .arg("--tls-key-file")
+        .arg(&server.key)
+        .arg("--tls-ca-cert-file")
+        .arg(ca.ca_file())
+        .args(["--tls-auth-clients", if mtls { "yes" } else { "no" }])
+        .arg("--dir")
+        .arg(dir.path())
+        .args(extra);
+        let child = start_ready(
+            &format!("redis-server with TLS on port {port}"),
+            &mut cmd,
+            &dir.path().join("redis-server.log"),
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
         Self { child, port, dir }
     }
 
@@ -174,24 +166,13 @@ impl Stunnel {
             ),
         )
         .unwrap();
-        let mut child = Command::new(bin)
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start stunnel");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("stunnel exited at start ({status})");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "stunnel did not listen on {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = start_ready(
+            &format!("stunnel on port {port} (in front of {backend})"),
+            Command::new(bin).arg(&conf),
+            &dir.path().join("stunnel.log"),
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
         Self {
             child,
             port,

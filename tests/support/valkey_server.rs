@@ -6,9 +6,10 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
+use super::process::{log_to, wait_ready};
 use super::resp::{Conn, Resp};
 
 /// A running server, killed on drop.
@@ -34,7 +35,7 @@ pub fn free_port() -> u16 {
 
 /// Whether the server on loopback `port` answers PING (a NOAUTH refusal
 /// counts: it wants a password).
-fn answers(port: u16) -> bool {
+pub fn answers(port: u16) -> bool {
     Conn::connect(&format!("127.0.0.1:{port}"))
         .ok()
         .and_then(|mut c| c.try_cmd(&["PING"]).ok())
@@ -42,22 +43,6 @@ fn answers(port: u16) -> bool {
             r == Resp::Simple("PONG".into())
                 || matches!(&r, Resp::Error(e) if e.starts_with("NOAUTH"))
         })
-}
-
-/// Waits until the server on loopback `port` answers PING (a NOAUTH refusal
-/// counts: it wants a password); panics after `within`.
-pub fn wait_until_answering(port: u16, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        if answers(port) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "valkey-server did not answer on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 impl ValkeyServer {
@@ -74,18 +59,26 @@ impl ValkeyServer {
     /// A fresh server on a free port, with the extra arguments `extra` gives
     /// (called again for each attempt, so it can pick more free ports, e.g. a
     /// cluster bus port). A port found free can be taken by anything before
-    /// the server binds it (the tests run in parallel): a server that exits at
-    /// start is tried again on new ports.
+    /// the server binds it (the tests run in parallel): a server that could
+    /// not bind is tried again on new ports; any other failure to start is
+    /// reported at once, with why.
     pub fn start_on_free_ports(extra: impl Fn() -> Vec<String>) -> Self {
         let mut failures = Vec::new();
         for _ in 0..5 {
             let mut s = Self::new(free_port(), extra());
             match s.try_spawn() {
                 Ok(()) => return s,
-                Err(e) => failures.push(e),
+                Err(e) if e.contains("Address already in use") => failures.push(e),
+                Err(e) => {
+                    failures.push(e);
+                    break;
+                }
             }
         }
-        panic!("valkey-server did not start on free ports: {failures:#?}");
+        panic!(
+            "valkey-server did not start:\n{}",
+            failures.join("\n----- and on other ports -----\n")
+        );
     }
 
     /// A fresh server on a given port (e.g. one a client is already retrying).
@@ -110,45 +103,36 @@ impl ValkeyServer {
         }
     }
 
-    /// Starts the server and waits until it answers; an error (with the end
-    /// of its log) when it exits first or does not answer within 10 s.
+    /// Starts the server and waits until it answers; an error that explains
+    /// it (exit status or signal, the end of its log, what else ran:
+    /// [`super::process::explain`]) when it exits first or does not answer
+    /// within 10 s.
     fn try_spawn(&mut self) -> Result<(), String> {
-        let log = self.dir.path().join("valkey-server.log");
+        let log = self.log_path();
         let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).expect("valkey-server log"))
-            .stderr(Stdio::null());
+            .args(&self.extra);
+        log_to(&mut cmd, &log);
         let child = self
             .child
             .insert(cmd.spawn().expect("cannot start valkey-server"));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let failed = |why: String| {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(5).collect();
-            Err(format!(
-                "valkey-server on port {} {why}; its log ends: {tail:?}",
-                self.port
-            ))
-        };
-        loop {
-            if answers(self.port) {
-                return Ok(());
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return failed(format!("exited at start ({status})"));
-            }
-            if Instant::now() >= deadline {
-                return failed("did not answer within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let port = self.port;
+        wait_ready(
+            &format!("valkey-server on port {port}"),
+            child,
+            &log,
+            Duration::from_secs(10),
+            || answers(port),
+        )
+    }
+
+    /// Its stdout and stderr (appended to across restarts).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("valkey-server.log")
     }
 
     pub fn addr(&self) -> String {

@@ -2,12 +2,13 @@
 //! under libfaketime: unlike `support::valkey_server`, it takes extra
 //! environment variables (LD_PRELOAD) and can run as a Sentinel.
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::time::Duration;
 
+use crate::support::process::start_ready;
 use crate::support::resp::{Conn, Resp};
-use crate::support::valkey_server::{free_port, server_binary, wait_until_answering};
+use crate::support::valkey_server::{answers, free_port, server_binary};
 
 /// A server or sentinel, killed on drop.
 pub struct Node {
@@ -62,7 +63,7 @@ impl Node {
                          sentinel parallel-syncs mymaster 1\nlogfile {}\n",
                         self.port,
                         self.dir.path().display(),
-                        self.dir.path().join("valkey.log").display()
+                        self.log().display()
                     ),
                 )
                 .expect("write sentinel.conf");
@@ -75,19 +76,33 @@ impl Node {
                 .arg("--dir")
                 .arg(self.dir.path())
                 .arg("--logfile")
-                .arg(self.dir.path().join("valkey.log"))
+                .arg(self.log())
                 .args(&self.args);
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
         cmd
     }
 
+    /// Its log: the server's own (`logfile`) with its stdout and stderr
+    /// (what it says before it opens the log file, e.g. a bad option).
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("valkey.log")
+    }
+
     fn spawn(&mut self) {
-        self.child = Some(self.command().spawn().expect("start valkey-server"));
-        wait_until_answering(self.port, Duration::from_secs(20));
+        let port = self.port;
+        let role = if self.sentinel {
+            "sentinel"
+        } else {
+            "valkey-server"
+        };
+        self.child = Some(start_ready(
+            &format!("{role} on port {port}"),
+            &mut self.command(),
+            &self.log(),
+            Duration::from_secs(20),
+            || answers(port),
+        ));
     }
 
     /// The server's working directory (`--dir`: its AOF and log).

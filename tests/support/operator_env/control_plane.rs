@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::OperatorEnv;
 use crate::support::kube_env::ControlPlane;
@@ -82,41 +82,7 @@ impl OperatorEnv {
 
     /// Starts kube-apiserver again as it ran, and waits until it serves.
     pub fn restart_apiserver(&self, stopped: StoppedApiServer) {
-        let dir = self.cp.dir();
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(dir.join("kube-apiserver.log"))
-            .expect("apiserver log");
-        // In its own session, as controlplane.sh starts it, so the control
-        // plane's watchdog (not this process) stops it.
-        let child = Command::new("setsid")
-            .args(&stopped.0)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("restart kube-apiserver");
-        std::fs::write(dir.join("kube-apiserver.pid"), child.id().to_string()).expect("pid file");
-        std::mem::forget(child);
-        let port = read(dir, "kube-apiserver.port");
-        let ready = Instant::now() + Duration::from_secs(120);
-        loop {
-            let ok = Command::new("curl")
-                .args(["-sS", "--max-time", "2", "--cacert"])
-                .arg(dir.join("pki/ca.crt"))
-                .arg("--cert")
-                .arg(dir.join("pki/admin.crt"))
-                .arg("--key")
-                .arg(dir.join("pki/admin.key"))
-                .arg(format!("https://127.0.0.1:{port}/readyz"))
-                .output()
-                .is_ok_and(|o| o.stdout == b"ok");
-            if ok {
-                return;
-            }
-            assert!(Instant::now() < ready, "kube-apiserver did not come back");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        crate::support::kube_env::start_apiserver_again(self.cp.dir(), &stopped.0);
     }
 
     /// The admin kubeconfig with the API server reached at `127.0.0.1:port`
