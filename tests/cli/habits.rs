@@ -81,6 +81,31 @@ fn check_takes_the_same_output_flag_and_human_still_means_text() {
         check(&["--human"]).lines().count(),
         "--human is -o text"
     );
+    // With -o (or its variable) it is a contradiction: refused, not one
+    // silently winning.
+    let url = s.url();
+    let refused = |mut c: std::process::Command| {
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("'--human' cannot be used with"),
+            "{out:?}"
+        );
+        assert!(out.stdout.is_empty(), "{out:?}");
+    };
+    for format in ["json", "yaml", "text"] {
+        refused(targetlease(&[
+            "check",
+            "--valkey-url",
+            &url,
+            "--human",
+            "-o",
+            format,
+        ]));
+    }
+    let mut from_env = targetlease(&["check", "--valkey-url", &url, "--human"]);
+    from_env.env("TARGETLEASE_OUTPUT", "json");
+    refused(from_env);
 }
 
 #[test]
@@ -218,6 +243,31 @@ fn file_errors_name_the_file_and_why() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&dir.path().display().to_string()) && stderr.contains("directory"),
+        "{stderr}"
+    );
+    // Each file flag names its own kind of file.
+    let out = lease(&s.url(), "get")
+        .target("db")
+        .flag("sentinel-password-file", missing)
+        .output();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot read Sentinel password file {missing}: No such file or directory"
+        )),
+        "{stderr}"
+    );
+    let key = "/nonexistent/targetlease-lease-id-key";
+    let out = targetlease(&["operator", "--lease-id-key-file", key])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot read lease id key file {key}: No such file or directory"
+        )),
         "{stderr}"
     );
 }
