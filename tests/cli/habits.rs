@@ -173,6 +173,54 @@ fn version_names_the_release_and_how_it_was_built() {
     assert!(std::path::Path::new(BIN).exists());
 }
 
+/// Every image build the documents give (README quick start, docs/*.md,
+/// the Dockerfile's own comment) passes the commit, so the image's
+/// `targetlease --version` names it: the build context has no `.git`.
+#[test]
+fn every_documented_image_build_passes_the_commit() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![repo.join("README.md"), repo.join("Dockerfile")];
+    for doc in std::fs::read_dir(repo.join("docs")).unwrap() {
+        let path = doc.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    let mut builds = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        // Commands as a shell reads them: continuation lines joined, a
+        // Dockerfile comment's `#` dropped.
+        let joined = text
+            .lines()
+            .map(|l| l.trim_start().trim_start_matches('#').trim())
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replace("\\\n", " ");
+        for line in joined.lines() {
+            let Some(at) = line
+                .find("docker build ")
+                .or(line.find("docker buildx build "))
+            else {
+                continue;
+            };
+            if line[..at].ends_with('`') {
+                continue; // prose naming the command, not a command
+            }
+            builds += 1;
+            assert!(
+                line.contains("--build-arg TARGETLEASE_COMMIT="),
+                "{}: {line}",
+                file.display()
+            );
+        }
+    }
+    assert!(
+        builds >= 4,
+        "the README, install.md (twice) and the Dockerfile"
+    );
+}
+
 /// Promise (docs/cli.md, Getting it): `targetlease completion bash|zsh|fish`
 /// prints a completion script for that shell.
 #[test]
