@@ -120,7 +120,7 @@ fn cargo_install_from_the_checkout_gives_a_working_binary() {
 /// between runs: the clone, a cargo home whose registry is the user's own
 /// (linked) and whose git sources are the test's, and a target directory of
 /// its own (one build of the dependencies the first time, then one compile
-/// of the crate per commit).
+/// of the crate per run).
 #[test]
 fn cargo_install_from_git_names_the_commit_it_was_built_from() {
     let work = Path::new(BIN)
@@ -192,6 +192,20 @@ fn cargo_install_from_git_names_the_commit_it_was_built_from() {
         .expect("run cargo add");
     ok("cargo add --dry-run --git", fetched);
 
+    // Cargo watches the files of path packages only: a reused target
+    // directory holding a build of this git package (any commit of it)
+    // counts as up to date. The crate's own artifacts go; the rest stays.
+    let target = work.join("target");
+    let cleaned = cargo(&work)
+        .args(["clean", "--offline", "--release", "-p", "targetlease"])
+        .arg("--manifest-path")
+        .arg(clone.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .expect("run cargo clean");
+    ok("cargo clean -p targetlease", cleaned);
+
     let root = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let install = cargo(&work)
@@ -205,7 +219,7 @@ fn cargo_install_from_git_names_the_commit_it_was_built_from() {
         ])
         .args(["--config", "profile.release.opt-level=0", "--root"])
         .arg(root.path())
-        .env("CARGO_TARGET_DIR", work.join("target"))
+        .env("CARGO_TARGET_DIR", &target)
         .output()
         .expect("run cargo install");
     ok("cargo install --git", install);
