@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # targetlease: the operator and CLI in one small, non-root image.
 #
-#   docker build -t ghcr.io/targetlease/targetlease:0.1.0 .   (docs/install.md)
+#   docker build -t ghcr.io/targetlease/targetlease:0.1.0 \
+#     --build-arg TARGETLEASE_COMMIT="$(git rev-parse --short=12 HEAD)" .   (docs/install.md)
 #
 # Build stage: the full Rust image (it has the C compiler `ring` needs).
 # The Lua scripts are compiled into the binary (include_str!); lua/ is copied

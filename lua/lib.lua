@@ -15,8 +15,7 @@
 --   v=1, lease_id, owner, token, acquired_ms, expires_ms, max_expires_ms, meta
 -- Request cache (string, TTL = idempotency window), one GET / one SET PX:
 --   "c1:<fp>:<token>:<outcome>:<lease_id>"   (lease_id last: it may hold ':')
--- Entries written before this format (hash: fp, lease_id, token[, outcome])
--- are still read, so an upgrade in the middle of a retry replays it.
+-- Anything else under a request key is unreadable (corrupt_state).
 --
 -- Only the helpers a script names (and what they name) are sent with it
 -- (src/store/valkey/scripts.rs): each helper starts at a line
@@ -198,13 +197,10 @@ end
 local function cached(key)
   local v = redis.pcall('GET', key)
   if not v then return nil end
-  if type(v) == 'string' then
-    local fp, token, outcome, lease_id = string.match(v, '^c1:(%x+):(%d*):([%a_]*):(.*)$')
-    return { fp = fp, token = token, outcome = outcome, lease_id = lease_id }
-  end
-  -- An entry written as a hash before the packed format.
-  if type_of(key) == 'hash' then return hash_of(redis.call('HGETALL', key)) end
-  return {}
+  -- Another type (GET failed) is unreadable: no fp.
+  if type(v) ~= 'string' then return {} end
+  local fp, token, outcome, lease_id = string.match(v, '^c1:(%x+):(%d*):([%a_]*):(.*)$')
+  return { fp = fp, token = token, outcome = outcome, lease_id = lease_id }
 end
 
 -- The one replay rule, shared by every mutating script (MemoryStore::replay

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 /// Number of floor ConfigMaps; ~20 KB each at 20,000 deleted targets.
@@ -174,31 +174,6 @@ impl FloorStore {
             data: Some(data),
             ..Default::default()
         }
-    }
-
-    /// Moves the floors of the single ConfigMap `<name>` used before sharding
-    /// into the buckets, then deletes it. Runs once when leadership starts.
-    pub async fn migrate_unsharded(&self) -> Result<usize, kube::Error> {
-        let Some(old) = self.api.get_opt(&self.name).await? else {
-            return Ok(0);
-        };
-        let entries = old.data.clone().unwrap_or_default();
-        let mut by_bucket: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
-        for (key, value) in &entries {
-            if let Ok(token) = value.parse::<u64>() {
-                by_bucket
-                    .entry(self.bucket_name(key))
-                    .or_default()
-                    .push((key.clone(), token));
-            }
-        }
-        for (name, floors) in by_bucket {
-            self.merge(&name, &floors).await?;
-        }
-        self.api
-            .delete(&self.name, &DeleteParams::default())
-            .await?;
-        Ok(entries.len())
     }
 
     /// Raises every floor of `floors` (all in bucket `name`) in one write.

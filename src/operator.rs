@@ -154,15 +154,8 @@ pub async fn control(
     );
     let sync_task = {
         let (leases, pods, floor_cache) = (leases.clone(), pod_reader.clone(), floor_reader);
-        let (runtime, synced, leadership) =
-            (cfg.runtime.clone(), synced.clone(), cfg.leadership.clone());
+        let (runtime, synced) = (cfg.runtime.clone(), synced.clone());
         let (store, clock) = (cfg.store.clone(), cfg.clock.clone());
-        let migrate = FloorStore::new(
-            client.clone(),
-            &cfg.floor_namespace,
-            &cfg.floor_configmap,
-            floor_cache.clone(),
-        );
         tokio::spawn(async move {
             // Several tasks wait on these stores and a waiter's wake-up can be lost,
             // so ask again every 100ms instead of awaiting once.
@@ -174,24 +167,6 @@ pub async fn control(
                 let f = tokio::time::timeout(tick, floor_cache.wait_until_ready()).await;
                 if ready(l) && ready(p) && ready(f) {
                     break;
-                }
-            }
-            // Floors kept in one ConfigMap by earlier versions move into the buckets
-            // before any acquire reads them.
-            loop {
-                if leadership.check().is_err() {
-                    return;
-                }
-                match migrate.migrate_unsharded().await {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        tracing::info!(entries = n, "moved token floors into sharded ConfigMaps");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot migrate token floors; retrying");
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                    }
                 }
             }
             // Expiry is judged on Valkey's clock from the first pass on.

@@ -29,8 +29,8 @@ pub struct CheckArgs {
     /// How the report is printed (json: one object; text: a line per check).
     #[command(flatten)]
     pub out: OutputArgs,
-    /// The same as `-o text` (kept for scripts written before `-o`).
-    #[arg(long, hide = true)]
+    /// The same as `-o text`; refused together with `-o`.
+    #[arg(long, hide = true, conflicts_with = "output")]
     pub human: bool,
     /// Diagnostics on stderr.
     #[command(flatten)]

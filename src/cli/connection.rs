@@ -83,11 +83,11 @@ impl ConnectionArgs {
     /// The typed config; reads the password file.
     pub fn to_config(&self) -> Result<ValkeyConfig, ConfigError> {
         let password = match &self.password_file {
-            Some(path) => Some(read_secret(path)?),
+            Some(path) => Some(read_secret(path, "password file")?),
             None => None,
         };
         let sentinel_password = match &self.sentinel_password_file {
-            Some(path) => Some(read_secret(path)?),
+            Some(path) => Some(read_secret(path, "Sentinel password file")?),
             None => None,
         };
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
@@ -178,10 +178,11 @@ impl ConnectionArgs {
 }
 
 /// Reads a secret file; one trailing newline is not part of the secret.
-pub fn read_secret(path: &std::path::Path) -> Result<Secret, ConfigError> {
+/// `what` names the kind of file in the error (`password file`).
+pub fn read_secret(path: &std::path::Path, what: &str) -> Result<Secret, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         ConfigError::new(format!(
-            "cannot read password file {}: {}",
+            "cannot read {what} {}: {}",
             path.display(),
             io_reason(&e)
         ))

@@ -79,7 +79,8 @@ pub struct TargetArgs {
     #[arg(long, env = "TARGETLEASE_TARGET")]
     pub target: String,
     /// The tenant (Kubernetes namespace) the target belongs to. Default: in
-    /// a pod, its namespace ($POD_NAMESPACE or its service account's); else `default`.
+    /// a pod, its namespace ($POD_NAMESPACE or its service account's); else
+    /// the kubeconfig's; else `default`.
     #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value_t = default_namespace(), hide_default_value = true)]
     pub namespace: String,
 }
@@ -262,10 +263,10 @@ pub struct ListArgs {
     #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value_t = default_namespace(), hide_default_value = true)]
     pub namespace: String,
     /// List every namespace (cluster-wide: every primary of a Valkey Cluster is scanned).
-    #[arg(short = 'A', long)]
+    #[arg(short = 'A', long, env = "TARGETLEASE_ALL_NAMESPACES")]
     pub all_namespaces: bool,
     /// Only targets whose names start with this.
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "TARGETLEASE_TARGET_PREFIX", default_value = "")]
     pub target_prefix: String,
     /// How to reach Valkey, and diagnostics.
     #[command(flatten)]

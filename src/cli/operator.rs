@@ -153,7 +153,9 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     logging::init(&args.log);
     let key_file = match &args.lease_id_key_file {
         Some(path) => {
-            match read_secret(path).and_then(|s| LeaseIdKey::new(s.expose().as_bytes())) {
+            match read_secret(path, "lease id key file")
+                .and_then(|s| LeaseIdKey::new(s.expose().as_bytes()))
+            {
                 Ok(k) => Some(k),
                 Err(e) => return usage(&e),
             }

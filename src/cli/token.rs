@@ -21,7 +21,7 @@ use serde::Serialize;
 
 mod file;
 
-use super::lease::DEFAULT_WAIT;
+use super::lease::{DEFAULT_WAIT, default_namespace};
 use super::output::{
     EXIT_BACKEND, EXIT_REFUSED, EXIT_USAGE, Format, OutputArgs, print_out, to_yaml,
 };
@@ -40,10 +40,10 @@ pub struct TokenArgs {
     /// The TargetLease to read.
     #[arg(long, env = "TARGETLEASE_LEASE")]
     lease: String,
-    /// Its namespace (default: $POD_NAMESPACE, then this pod's service
-    /// account's, then the kubeconfig's).
-    #[arg(long, env = "TARGETLEASE_NAMESPACE")]
-    namespace: Option<String>,
+    /// Its namespace. Default, as for every command: in a pod, its namespace
+    /// ($POD_NAMESPACE or its service account's); else the kubeconfig's; else `default`.
+    #[arg(long, env = "TARGETLEASE_NAMESPACE", default_value_t = default_namespace(), hide_default_value = true)]
+    namespace: String,
     /// The lease counts as held when it is tied to this pod (`status.holderPod`;
     /// default: $POD_NAME, then $HOSTNAME).
     #[arg(long, env = "POD_NAME")]
@@ -259,7 +259,7 @@ async fn read_once(api: &Api<TargetLease>, name: &str) -> Seen {
 pub async fn main(args: TokenArgs) -> ExitCode {
     let TokenArgs {
         lease,
-        namespace,
+        namespace: ns,
         pod,
         pod_uid,
         identity,
@@ -287,13 +287,6 @@ pub async fn main(args: TokenArgs) -> ExitCode {
             return ExitCode::from(EXIT_BACKEND);
         }
     };
-    let ns = namespace
-        .or_else(|| {
-            std::env::var("POD_NAMESPACE")
-                .ok()
-                .filter(|n| !n.is_empty())
-        })
-        .unwrap_or_else(|| client.default_namespace().to_owned());
     let api: Api<TargetLease> = Api::namespaced(client, &ns);
     let deadline = tokio::time::Instant::now() + wait;
     // One read first: `--wait 0s` answers from it, and a lease already held

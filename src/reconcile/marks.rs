@@ -38,9 +38,6 @@ pub fn keys(name: &str) -> MarkKeys {
     }
 }
 
-/// Annotation of the marks written before they were per TargetLease (removed on sight).
-const LEGACY_LEASE_ANNOTATION: &str = "targetlease.dev/lease";
-
 /// The marks a status calls for: its pod, its token and its published expiry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mark {
@@ -67,17 +64,12 @@ pub fn wanted(status: &TargetLeaseStatus) -> Option<Mark> {
     })
 }
 
-/// True when `pod` carries any mark of TargetLease `name` (current or legacy).
+/// True when `pod` carries any mark of TargetLease `name`.
 pub fn carries(pod: &CachedPod, name: &str) -> bool {
     let k = keys(name);
     pod.labels().contains_key(&k.leader)
         || pod.annotations().contains_key(&k.token)
         || pod.annotations().contains_key(&k.expires_at)
-        || pod
-            .annotations()
-            .get(LEGACY_LEASE_ANNOTATION)
-            .map(String::as_str)
-            == Some(name)
 }
 
 /// True when `pod` carries exactly `mark` for TargetLease `name`.
@@ -86,10 +78,9 @@ pub fn is_current(pod: &CachedPod, name: &str, mark: &Mark) -> bool {
     pod.labels().get(&k.leader).map(String::as_str) == Some("true")
         && pod.annotations().get(&k.token) == Some(&mark.token.to_string())
         && pod.annotations().get(&k.expires_at) == Some(&mark.expires_at)
-        && pod.annotations().get(LEGACY_LEASE_ANNOTATION).is_none()
 }
 
-/// Names of the TargetLeases whose marks `pod` carries (current or legacy).
+/// Names of the TargetLeases whose marks `pod` carries.
 pub fn marked_by(pod: &CachedPod) -> Vec<String> {
     let suffixes = [
         ".targetlease.dev/leader",
@@ -102,7 +93,6 @@ pub fn marked_by(pod: &CachedPod) -> Vec<String> {
         .chain(pod.annotations().keys())
         .filter_map(|k| suffixes.iter().find_map(|s| k.strip_suffix(s)))
         .map(str::to_owned)
-        .chain(pod.annotations().get(LEGACY_LEASE_ANNOTATION).cloned())
         .collect();
     names.sort();
     names.dedup();
@@ -205,16 +195,14 @@ pub async fn mark(
 }
 
 /// Removes every mark of this TargetLease from a pod, whoever wrote it (a
-/// merge patch setting the keys to null), plus the marks of earlier versions
-/// when they name this TargetLease. A pod that is already gone is fine.
+/// merge patch setting the keys to null). A pod that is already gone is fine.
 pub async fn unmark(
     client: &kube::Client,
     ns: &str,
     name: &str,
     pod: &str,
-    cached: Option<&CachedPod>,
 ) -> Result<(), kube::Error> {
-    send_unmark(client, ns, pod, unmark_patch(name, cached)).await
+    send_unmark(client, ns, pod, unmark_patch(name)).await
 }
 
 /// [`unmark`], only if the pod is still the version `cached` shows (the
@@ -225,7 +213,7 @@ pub async fn unmark_unchanged(
     name: &str,
     cached: &CachedPod,
 ) -> Result<bool, kube::Error> {
-    let mut patch = unmark_patch(name, Some(cached));
+    let mut patch = unmark_patch(name);
     patch["metadata"]["resourceVersion"] = cached.resource_version().into();
     match send_unmark(client, ns, &cached.name_any(), patch).await {
         Ok(()) => Ok(true),
@@ -234,25 +222,13 @@ pub async fn unmark_unchanged(
     }
 }
 
-fn unmark_patch(name: &str, cached: Option<&CachedPod>) -> serde_json::Value {
+fn unmark_patch(name: &str) -> serde_json::Value {
     let k = keys(name);
     let mut labels = serde_json::Map::new();
     let mut annotations = serde_json::Map::new();
     labels.insert(k.leader, serde_json::Value::Null);
     annotations.insert(k.token, serde_json::Value::Null);
     annotations.insert(k.expires_at, serde_json::Value::Null);
-    let legacy = cached.and_then(|p| p.annotations().get(LEGACY_LEASE_ANNOTATION).cloned());
-    if legacy.as_deref() == Some(name) {
-        labels.insert("targetlease.dev/leader".into(), serde_json::Value::Null);
-        for legacy in [
-            LEGACY_LEASE_ANNOTATION,
-            "targetlease.dev/holder",
-            "targetlease.dev/fencing-token",
-            "targetlease.dev/expires-at",
-        ] {
-            annotations.insert(legacy.into(), serde_json::Value::Null);
-        }
-    }
     serde_json::json!({ "metadata": { "labels": labels, "annotations": annotations } })
 }
 
@@ -334,17 +310,11 @@ mod tests {
         let k = keys("tl");
         let other = keys("other-election");
         let stale = pod("web-0", "u9", &[(&k.leader, "true")], &[(&k.token, "3")]);
-        let legacy = pod(
-            "web-2",
-            "u2",
-            &[("targetlease.dev/leader", "true")],
-            &[("targetlease.dev/lease", "tl")],
-        );
         let foreign = pod("web-3", "u3", &[(&other.leader, "true")], &[]);
         let holder = pod("web-1", "u0", &[], &[]);
-        let pods = [&stale, &legacy, &foreign, &holder];
+        let pods = [&stale, &foreign, &holder];
         let p = plan("tl", Some(&m), &pods, Some("web-4"));
-        assert_eq!(p.unmark, ["web-0", "web-2", "web-4"]);
+        assert_eq!(p.unmark, ["web-0", "web-4"]);
         assert_eq!(p.mark, Some(m.clone()));
 
         let marked = pod(
@@ -371,7 +341,7 @@ mod tests {
             &[(&a.leader, "true"), ("app", "web")],
             &[
                 ("b.targetlease.dev/fencing-token", "3"),
-                ("targetlease.dev/lease", "c"),
+                ("c.targetlease.dev/expires-at", "2026-01-01T00:00:00Z"),
             ],
         );
         assert_eq!(marked_by(&p), ["a", "b", "c"]);

@@ -283,9 +283,8 @@ impl<'a> Pass<'a> {
             .iter()
             .filter(|_| !mark_first || todo.mark.is_some())
         {
-            let cached = in_ns.iter().find(|p| p.name_any() == *pod).copied();
             self.ctx.leadership.check()?;
-            marks::unmark(&self.ctx.client, &ns, &name, pod, cached).await?;
+            marks::unmark(&self.ctx.client, &ns, &name, pod).await?;
         }
         // The annotation never shows a later expiry than status: when the
         // expiry moves earlier on the same pod and token, mark first.

@@ -202,7 +202,7 @@ mod tests {
                 "labels": { "app": "web", "tl.targetlease.dev/leader": "true" },
                 "annotations": {
                     "tl.targetlease.dev/fencing-token": "7",
-                    "targetlease.dev/lease": "old",
+                    "db.targetlease.dev/expires-at": "2026-01-01T00:00:00Z",
                     "kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z",
                 },
                 "finalizers": ["example.com/keep"],
@@ -234,7 +234,10 @@ mod tests {
         assert_eq!(pod.labels().len(), 2, "every label: selectors read them");
         assert_eq!(
             pod.annotations().keys().collect::<Vec<_>>(),
-            ["targetlease.dev/lease", "tl.targetlease.dev/fencing-token"],
+            [
+                "db.targetlease.dev/expires-at",
+                "tl.targetlease.dev/fencing-token"
+            ],
             "our annotations only"
         );
         assert!(meta.managed_fields.is_none() && meta.owner_references.is_none());

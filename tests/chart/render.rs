@@ -70,8 +70,6 @@ pub fn expected_role_rules(
                 "verbs": ["create", "list", "watch"] }),
         json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": buckets,
                 "verbs": ["get", "update"] }),
-        json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [floor],
-                "verbs": ["get", "delete"] }),
     ];
     if let Some(secret) = key_secret {
         rules.push(json!({ "apiGroups": [""], "resources": ["secrets"], "verbs": ["create"] }));

@@ -81,6 +81,31 @@ fn check_takes_the_same_output_flag_and_human_still_means_text() {
         check(&["--human"]).lines().count(),
         "--human is -o text"
     );
+    // With -o (or its variable) it is a contradiction: refused, not one
+    // silently winning.
+    let url = s.url();
+    let refused = |mut c: std::process::Command| {
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("'--human' cannot be used with"),
+            "{out:?}"
+        );
+        assert!(out.stdout.is_empty(), "{out:?}");
+    };
+    for format in ["json", "yaml", "text"] {
+        refused(targetlease(&[
+            "check",
+            "--valkey-url",
+            &url,
+            "--human",
+            "-o",
+            format,
+        ]));
+    }
+    let mut from_env = targetlease(&["check", "--valkey-url", &url, "--human"]);
+    from_env.env("TARGETLEASE_OUTPUT", "json");
+    refused(from_env);
 }
 
 #[test]
@@ -146,6 +171,54 @@ fn version_names_the_release_and_how_it_was_built() {
         "{line:?}"
     );
     assert!(std::path::Path::new(BIN).exists());
+}
+
+/// Every image build the documents give (README quick start, docs/*.md,
+/// the Dockerfile's own comment) passes the commit, so the image's
+/// `targetlease --version` names it: the build context has no `.git`.
+#[test]
+fn every_documented_image_build_passes_the_commit() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![repo.join("README.md"), repo.join("Dockerfile")];
+    for doc in std::fs::read_dir(repo.join("docs")).unwrap() {
+        let path = doc.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    let mut builds = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        // Commands as a shell reads them: continuation lines joined, a
+        // Dockerfile comment's `#` dropped.
+        let joined = text
+            .lines()
+            .map(|l| l.trim_start().trim_start_matches('#').trim())
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replace("\\\n", " ");
+        for line in joined.lines() {
+            let Some(at) = line
+                .find("docker build ")
+                .or(line.find("docker buildx build "))
+            else {
+                continue;
+            };
+            if line[..at].ends_with('`') {
+                continue; // prose naming the command, not a command
+            }
+            builds += 1;
+            assert!(
+                line.contains("--build-arg TARGETLEASE_COMMIT="),
+                "{}: {line}",
+                file.display()
+            );
+        }
+    }
+    assert!(
+        builds >= 4,
+        "the README, install.md (twice) and the Dockerfile"
+    );
 }
 
 /// Promise (docs/cli.md, Getting it): `targetlease completion bash|zsh|fish`
@@ -218,6 +291,31 @@ fn file_errors_name_the_file_and_why() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&dir.path().display().to_string()) && stderr.contains("directory"),
+        "{stderr}"
+    );
+    // Each file flag names its own kind of file.
+    let out = lease(&s.url(), "get")
+        .target("db")
+        .flag("sentinel-password-file", missing)
+        .output();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot read Sentinel password file {missing}: No such file or directory"
+        )),
+        "{stderr}"
+    );
+    let key = "/nonexistent/targetlease-lease-id-key";
+    let out = targetlease(&["operator", "--lease-id-key-file", key])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot read lease id key file {key}: No such file or directory"
+        )),
         "{stderr}"
     );
 }

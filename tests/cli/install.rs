@@ -114,3 +114,133 @@ fn cargo_install_from_the_checkout_gives_a_working_binary() {
     assert_eq!(j["outcome"], "acquired", "{j}");
     assert_eq!(j["lease"]["fencing_token"], 1, "{j}");
 }
+
+/// `cargo install --locked --git <URL> targetlease`, as docs/cli.md gives
+/// it, from a clone of HEAD by a `file://` URL (no network), and the
+/// commit that `--version` then names.
+///
+/// It builds with the release profile, as `cargo install` does, so build.rs
+/// asks git for the commit inside cargo's own checkout of the repository;
+/// only the optimiser is off (`profile.release.opt-level=0`), to keep the
+/// cost of a compile. Everything lives under `<target>/install-git`, kept
+/// between runs: the clone, a cargo home whose registry is the user's own
+/// (linked) and whose git sources are the test's, and a target directory of
+/// its own (one build of the dependencies the first time, then one compile
+/// of the crate per run).
+#[test]
+fn cargo_install_from_git_names_the_commit_it_was_built_from() {
+    let work = Path::new(BIN)
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in <target>/debug")
+        .join("install-git");
+    let clone = clean_checkout(&work);
+    let head = Command::new("git")
+        .arg("-C")
+        .arg(&clone)
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .expect("git runs");
+    let head = String::from_utf8(head.stdout).unwrap().trim().to_owned();
+    assert_eq!(head.len(), 12, "{head:?}");
+
+    let home = work.join("cargo-home");
+    let registry = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .expect("a cargo home")
+        .join("registry");
+    std::fs::create_dir_all(&home).unwrap();
+    if std::fs::symlink_metadata(home.join("registry")).is_err() {
+        std::os::unix::fs::symlink(&registry, home.join("registry")).unwrap();
+    }
+    // A checkout per commit would pile up; the fetched repository stays.
+    let _ = std::fs::remove_dir_all(home.join("git/checkouts"));
+    let url = format!("file://{}", clone.display());
+    // Cargo as a user runs it: nothing of this test's own cargo (its
+    // CARGO_MANIFEST_DIR, CARGO_PKG_…), and no network: a request would go
+    // to a closed port and fail the command.
+    let cargo = |dir: &Path| {
+        let mut c = Command::new(env!("CARGO"));
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy().into_owned();
+            if name.starts_with("CARGO_") || name == "OUT_DIR" {
+                c.env_remove(name);
+            }
+        }
+        c.current_dir(dir)
+            .env("CARGO_HOME", &home)
+            .env("CARGO_HTTP_PROXY", "http://127.0.0.1:9")
+            .env("CARGO_NET_RETRY", "0");
+        c
+    };
+    let ok = |what: &str, out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{what} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // `--offline` builds a git source only from cargo's copy of it, and
+    // `cargo install` fetches only online (with the registry): `cargo add
+    // --dry-run` fetches the local clone alone.
+    let probe = work.join("probe");
+    std::fs::create_dir_all(probe.join("src")).unwrap();
+    std::fs::write(
+        probe.join("Cargo.toml"),
+        "[package]\nname = \"probe\"\nversion = \"0.0.0\"\nedition = \"2024\"\n",
+    )
+    .unwrap();
+    std::fs::write(probe.join("src/lib.rs"), "").unwrap();
+    let fetched = cargo(&probe)
+        .args(["add", "--dry-run", "--git", &url, "targetlease"])
+        .output()
+        .expect("run cargo add");
+    ok("cargo add --dry-run --git", fetched);
+
+    // Cargo watches the files of path packages only: a reused target
+    // directory holding a build of this git package (any commit of it)
+    // counts as up to date. The crate's own artifacts go; the rest stays.
+    let target = work.join("target");
+    let cleaned = cargo(&work)
+        .args(["clean", "--offline", "--release", "-p", "targetlease"])
+        .arg("--manifest-path")
+        .arg(clone.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .expect("run cargo clean");
+    ok("cargo clean -p targetlease", cleaned);
+
+    let root = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let install = cargo(&work)
+        .args([
+            "install",
+            "--locked",
+            "--offline",
+            "--git",
+            &url,
+            "targetlease",
+        ])
+        .args(["--config", "profile.release.opt-level=0", "--root"])
+        .arg(root.path())
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .expect("run cargo install");
+    ok("cargo install --git", install);
+    eprintln!("cargo install --git (opt-level 0): {:?}", started.elapsed());
+
+    let version = Command::new(root.path().join("bin/targetlease"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(version.status.success());
+    assert_eq!(
+        String::from_utf8(version.stdout).unwrap(),
+        format!(
+            "targetlease {} (commit {head})\n",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}

@@ -25,7 +25,8 @@ pub fn product_bin() -> std::path::PathBuf {
 }
 
 /// A `targetlease` command with no `TARGETLEASE_*` or `RUST_LOG` leaking in
-/// from the test's environment.
+/// from the test's environment, and no kubeconfig (outside a pod, the
+/// default namespace is the kubeconfig's: a developer's own must not move it).
 pub fn targetlease<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
     let mut cmd = Command::new(BIN);
     for (k, _) in std::env::vars_os() {
@@ -34,6 +35,7 @@ pub fn targetlease<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
         }
     }
     cmd.env_remove("RUST_LOG");
+    cmd.env("KUBECONFIG", "/nonexistent/targetlease-tests/kubeconfig");
     cmd.args(args);
     cmd
 }

@@ -103,51 +103,29 @@ async fn corrupt_counters_are_refused_and_left_alone() {
     }
 }
 
+/// A request cache entry that is not the packed string (garbage, or a hash
+/// holding the fields a replay needs) is refused: never replayed, never
+/// taken as a new request.
 #[tokio::test]
 async fn an_unreadable_request_cache_entry_fails_closed() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
-    let t = Target::new("ns", "cache");
-    let req = acquire(&t, "a");
-    let key = s.keys().request(&t, "acquire", "a", &req.request_id);
-    server.conn().cmd(&["SET", &key, "garbage"]);
-    let r = s.acquire(&req).await.unwrap();
-    assert_eq!(r.outcome, Outcome::CorruptState);
-    assert_eq!(server.conn().cmd(&["EXISTS", &s.keys().lease(&t)]).int(), 0);
-}
-
-/// A request cache entry written as a hash (before the packed string format)
-/// still replays: an upgrade in the middle of a retry does not turn the
-/// retry into corrupt_state or a second token.
-#[tokio::test]
-async fn a_request_cache_entry_in_the_hash_format_still_replays() {
-    let server = ValkeyServer::start();
-    let s = store(&server).await;
-    let t = Target::new("ns", "legacy-cache");
-    let req = acquire(&t, "a");
-    let first = s.acquire(&req).await.unwrap().lease.unwrap();
-    let key = s.keys().request(&t, "acquire", "a", &req.request_id);
-    let mut c = server.conn();
-    let packed = c.cmd(&["GET", &key]).text();
-    let fields: Vec<&str> = packed.splitn(5, ':').collect();
-    assert_eq!(fields[0], "c1", "{packed}");
-    let (fp, token, lease_id) = (fields[1], fields[2], fields[4]);
-    assert_eq!(token, first.fencing_token.to_string());
-    c.cmd(&["DEL", &key]);
-    c.cmd(&[
-        "HSET", &key, "fp", fp, "lease_id", lease_id, "token", token, "outcome", "",
-    ]);
-    c.cmd(&["PEXPIRE", &key, "60000"]);
-    let again = s.acquire(&req).await.unwrap();
-    assert_eq!(again.outcome, Outcome::Acquired, "{}", again.message);
-    let lease = again.lease.unwrap();
-    assert_eq!(lease.fencing_token, first.fencing_token);
-    assert_eq!(lease.lease_id, first.lease_id);
-    // The same entry with other inputs is still a conflict, not a new lease.
-    let mut other = req.clone();
-    other.ttl = Duration::from_secs(31);
-    let r = s.acquire(&other).await.unwrap();
-    assert_eq!(r.outcome, Outcome::IdempotencyConflict);
+    let as_hash: &[&str] = &["HSET", "", "fp", "00", "lease_id", "x", "token", "1"];
+    for (name, write) in [("garbage", &["SET", "", "garbage"][..]), ("hash", as_hash)] {
+        let t = Target::new("ns", name);
+        let req = acquire(&t, "a");
+        let key = s.keys().request(&t, "acquire", "a", &req.request_id);
+        let mut write = write.to_vec();
+        write[1] = &key;
+        server.conn().cmd(&write);
+        let r = s.acquire(&req).await.unwrap();
+        assert_eq!(r.outcome, Outcome::CorruptState, "{name}: {}", r.message);
+        assert_eq!(
+            server.conn().cmd(&["EXISTS", &s.keys().lease(&t)]).int(),
+            0,
+            "{name}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -1,5 +1,7 @@
 //! Defaults and value parsers of the `lease` and `run` flags.
 
+use std::sync::LazyLock;
+
 use crate::store::{MAX_METADATA_BYTES, MAX_TOKEN};
 
 /// The owner named when `--owner` is not given: in a pod, the pod's name
@@ -17,18 +19,41 @@ pub fn default_owner() -> String {
     format!("{}@{host}:{}", user_name(), std::process::id())
 }
 
-/// The tenant when `--namespace` is not given: in a pod, the pod's
-/// namespace (`$POD_NAMESPACE`, else its service account's); elsewhere
-/// `default`.
+/// The tenant when `--namespace` is not given, the same rule for every
+/// command: in a pod, the pod's namespace (`$POD_NAMESPACE`, else its
+/// service account's); elsewhere the kubeconfig's current namespace, as
+/// kubectl takes it (`$KUBECONFIG`, else `~/.kube/config`); else `default`.
 pub fn default_namespace() -> String {
-    non_empty_var("POD_NAMESPACE")
-        .or_else(|| {
-            std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
-                .ok()
-                .map(|n| n.trim().to_owned())
-                .filter(|n| !n.is_empty())
-        })
-        .unwrap_or_else(|| "default".into())
+    // clap asks once per subcommand that has the flag: read the files once.
+    static NAMESPACE: LazyLock<String> = LazyLock::new(|| {
+        non_empty_var("POD_NAMESPACE")
+            .or_else(|| {
+                std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                    .ok()
+                    .map(|n| n.trim().to_owned())
+                    .filter(|n| !n.is_empty())
+            })
+            .or_else(kubeconfig_namespace)
+            .unwrap_or_else(|| "default".into())
+    });
+    NAMESPACE.clone()
+}
+
+/// The namespace of the kubeconfig's current context, if it names one. A
+/// kubeconfig that cannot be read names none (commands that talk to
+/// Kubernetes report it when they load it).
+fn kubeconfig_namespace() -> Option<String> {
+    let config = kube::config::Kubeconfig::read().ok()?;
+    let current = config.current_context.as_deref()?;
+    config
+        .contexts
+        .iter()
+        .find(|c| c.name == current)?
+        .context
+        .as_ref()?
+        .namespace
+        .clone()
+        .filter(|n| !n.trim().is_empty())
 }
 
 /// Where a pod's service account token volume names its namespace.

@@ -323,6 +323,33 @@ fn owner_namespace_and_ttl_defaults_say_who_and_where() {
         .flag("namespace", "shop")
         .ok("found", 0);
     lease(&u, "get").target("web").ok("not_found", 1);
+
+    // Outside a pod: the kubeconfig's current namespace, as kubectl and
+    // `token` take it; in a pod, the pod's namespace still wins.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("config");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: here\nclusters: []\nusers: []\n\
+         contexts:\n\
+         - {name: there, context: {cluster: c, user: u, namespace: team-x}}\n\
+         - {name: here, context: {cluster: c, user: u, namespace: team-k}}\n",
+    )
+    .unwrap();
+    for (target, pod_namespace, tenant) in [("k8s", None, "team-k"), ("pod", Some("shop"), "shop")]
+    {
+        let mut acquire = lease(&u, "acquire").target(target).command();
+        acquire.env("KUBECONFIG", &kubeconfig);
+        if let Some(ns) = pod_namespace {
+            acquire.env("POD_NAMESPACE", ns);
+        }
+        let r = Res::parse(acquire.output().unwrap());
+        assert_eq!(r.json["outcome"], "acquired", "{}", r.stderr);
+        lease(&u, "get")
+            .target(target)
+            .flag("namespace", tenant)
+            .ok("found", 0);
+    }
 }
 
 #[test]

@@ -195,6 +195,38 @@ fn env_fallbacks_replace_every_flag() {
         .unwrap();
     assert_eq!(Res::parse(out).json["outcome"], "renewed");
 
+    // `list`: every namespace (-A) and the target prefix come from it too.
+    for (ns, target) in [("team-b", "dbx"), ("team-b", "other")] {
+        lease(&s.url(), "acquire")
+            .target(target)
+            .flag("namespace", ns)
+            .flag("key-prefix", "tl-env")
+            .ok("acquired", 0);
+    }
+    let listed = |all: &str| -> Vec<(String, String)> {
+        let out = from_env("list")
+            .env("TARGETLEASE_ALL_NAMESPACES", all)
+            .env("TARGETLEASE_TARGET_PREFIX", "db")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let e: Value = serde_json::from_str(l).unwrap();
+                let s = |k: &str| e[k].as_str().unwrap().to_owned();
+                (s("namespace"), s("target"))
+            })
+            .collect()
+    };
+    let pair = |ns: &str, t: &str| (ns.to_owned(), t.to_owned());
+    assert_eq!(
+        listed("true"),
+        [pair("team-a", "db"), pair("team-b", "dbx")]
+    );
+    assert_eq!(listed("false"), [pair("team-a", "db")]);
+
     // Another namespace (the default) does not see it; flags beat env.
     let out = from_env("get")
         .args(["--namespace", "default"])

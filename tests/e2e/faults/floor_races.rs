@@ -250,8 +250,8 @@ async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() 
 }
 
 /// Promise (docs/operator.md "Token floor"): no bucket reaches the 1 MiB
-/// object limit. A bucket already near it (written by a version that kept
-/// every entry) takes one more floor: the write succeeds, the bucket shrinks
+/// object limit. A bucket already near it (written by hand, say, with every
+/// entry kept) takes one more floor: the write succeeds, the bucket shrinks
 /// below its budget, and no target's floor is lower than before.
 #[tokio::test]
 async fn a_bucket_near_the_object_limit_is_compacted_without_lowering_a_floor() {

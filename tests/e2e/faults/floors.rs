@@ -2,33 +2,15 @@
 
 use super::*;
 
-/// Defect 11: floors are sharded and legacy floors migrate; entries are kept
-/// (a write never drops one, live TargetLease or not).
+/// Defect 11: floors are sharded into buckets; entries are kept (a write
+/// never drops one, live TargetLease or not).
 #[tokio::test]
-async fn token_floors_are_sharded_migrated_and_kept() {
-    let mut env = OperatorEnv::start_without_operator("floors").await;
+async fn token_floors_are_sharded_and_kept() {
+    let env = OperatorEnv::start("floors").await;
     let cms: kube::Api<ConfigMap> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    // Floors an earlier version kept in one ConfigMap.
-    let mut data = serde_json::Map::new();
-    data.insert(targetlease::floor::floor_key(&env.ns, "old"), "41".into());
-    let legacy: ConfigMap = serde_json::from_value(json!({
-        "metadata": { "name": "targetlease-token-floors" },
-        "data": data,
-    }))
-    .unwrap();
-    cms.create(&Default::default(), &legacy).await.unwrap();
-    env.start_operator();
     env.create("old", lease_for("old").identity("old")).await;
     let tl = env.wait_phase("old", Phase::Held, SOON).await;
-    assert_eq!(summary(&tl).2, Some(42), "above the migrated floor");
-    eventually("the legacy ConfigMap migrated away", SOON, || async {
-        cms.get_opt("targetlease-token-floors")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    assert_eq!(summary(&tl).2, Some(1));
 
     // Two targets in the same bucket: deleting one keeps the other's entry,
     // though a live TargetLease's status covers it.
@@ -56,12 +38,12 @@ async fn token_floors_are_sharded_migrated_and_kept() {
         floors()
             .await
             .iter()
-            .any(|cm| cm.data.as_ref().unwrap().get(&entry).map(String::as_str) == Some("42"))
+            .any(|cm| cm.data.as_ref().unwrap().get(&entry).map(String::as_str) == Some("1"))
     );
     env.create("old-again", lease_for("old").identity("again"))
         .await;
     let again = env.wait_phase("old-again", Phase::Held, SOON).await;
-    assert_eq!(summary(&again).2, Some(43));
+    assert_eq!(summary(&again).2, Some(2));
     env.create(
         "p",
         json!({ "target": partner, "holder": { "identity": "p" } }),
@@ -73,7 +55,7 @@ async fn token_floors_are_sharded_migrated_and_kept() {
     let now = floors().await;
     assert!(
         now.iter()
-            .any(|cm| cm.data.as_ref().unwrap().get(&entry).map(String::as_str) == Some("42")),
+            .any(|cm| cm.data.as_ref().unwrap().get(&entry).map(String::as_str) == Some("1")),
         "the entry stays, covered by a live status or not"
     );
     assert!(

@@ -44,7 +44,7 @@ async fn wait_0s_reads_once_and_prints_a_token_that_is_there() {
     let kubeconfig = env.cp.kubeconfig_path();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("token");
-    // The predictable temporary name of earlier versions, planted as a link.
+    // A link planted at a predictable temporary name (`<file>.tmp`): never followed.
     let victim = dir.path().join("victim");
     std::fs::write(&victim, "precious").unwrap();
     std::os::unix::fs::symlink(&victim, dir.path().join("token.tmp")).unwrap();
