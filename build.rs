@@ -1,8 +1,10 @@
 //! Build information for `targetlease --version`: the commit it was built
 //! from. `TARGETLEASE_COMMIT` names it (an image build without `.git`);
-//! otherwise release builds (`cargo install`, the Dockerfile) ask git, and
-//! rebuild when HEAD moves. Debug builds do not ask: watching HEAD would
-//! recompile the crate after every commit, so they say "dev build".
+//! otherwise release builds (`cargo install`, the Dockerfile) and any build
+//! of cargo's own checkout of a git source (`cargo install --git`, also with
+//! `--debug`) ask git, and rebuild when HEAD moves. Other debug builds do not
+//! ask: watching HEAD would recompile the crate after every commit of a
+//! working tree, so they say "dev build".
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -15,7 +17,9 @@ fn main() {
         .filter(|c| !c.trim().is_empty());
     let commit = match given {
         Some(c) => Some(c.trim().to_owned()),
-        None if std::env::var("PROFILE").as_deref() == Ok("release") => git_commit(),
+        None if std::env::var("PROFILE").as_deref() == Ok("release") || from_git_source() => {
+            git_commit()
+        }
         None => None,
     };
     println!(
@@ -44,4 +48,9 @@ fn git_commit() -> Option<String> {
         println!("cargo:rerun-if-changed={}", PathBuf::from(path).display());
     }
     git(&["rev-parse", "--short=12", "HEAD"]).filter(|c| !c.is_empty())
+}
+
+/// Whether this is cargo's checkout of a git source (`<CARGO_HOME>/git/checkouts/…`).
+fn from_git_source() -> bool {
+    std::env::var("CARGO_MANIFEST_DIR").is_ok_and(|d| d.contains("/git/checkouts/"))
 }

@@ -40,8 +40,13 @@ fn git(dir: &Path, args: &[&str]) {
 
 /// A clean checkout of the repository's HEAD, kept under the target directory.
 fn clean_checkout() -> std::path::PathBuf {
+    clean_checkout_at(nested_cargo::nested_root().join("install-checkout"))
+}
+
+/// A clean checkout of the repository's HEAD at `checkout` (one per test:
+/// the tests run at once).
+fn clean_checkout_at(checkout: std::path::PathBuf) -> std::path::PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let checkout = nested_cargo::nested_root().join("install-checkout");
     if !checkout.join(".git").exists() {
         let _ = std::fs::remove_dir_all(&checkout);
         std::fs::create_dir_all(&checkout).unwrap();
@@ -119,14 +124,13 @@ fn cargo_install_from_the_checkout_gives_a_working_binary() {
 /// it, from a clone of HEAD by a `file://` URL (no network), and the
 /// commit that `--version` then names.
 ///
-/// It builds with the release profile, as `cargo install` does, so build.rs
-/// asks git for the commit inside cargo's own checkout of the repository;
-/// only the optimiser is off (`profile.release.opt-level=0`), to keep the
-/// cost of a compile. Everything lives under `<target>/install-git`, kept
-/// between runs: the clone, a cargo home whose registry is the user's own
-/// (linked) and whose git sources are the test's, and a target directory of
-/// its own (one build of the dependencies the first time, then one compile
-/// of the crate per run).
+/// build.rs asks git for the commit inside cargo's own checkout of a git
+/// source, in any profile, so the install is `--debug`: in a target directory
+/// of its own that starts with the test build's dependencies
+/// (`support::nested_cargo`), it costs one compile of the crate. The clone
+/// and a cargo home whose registry is the user's own (linked) and whose git
+/// sources are the test's live under `<target>/install-git`, kept between
+/// runs.
 #[test]
 fn cargo_install_from_git_names_the_commit_it_was_built_from() {
     let work = Path::new(BIN)
@@ -134,7 +138,7 @@ fn cargo_install_from_git_names_the_commit_it_was_built_from() {
         .and_then(Path::parent)
         .expect("the test binary lives in <target>/debug")
         .join("install-git");
-    let clone = clean_checkout(&work);
+    let clone = clean_checkout_at(work.join("install-test-checkout"));
     let head = Command::new("git")
         .arg("-C")
         .arg(&clone)
@@ -201,9 +205,9 @@ fn cargo_install_from_git_names_the_commit_it_was_built_from() {
     // Cargo watches the files of path packages only: a reused target
     // directory holding a build of this git package (any commit of it)
     // counts as up to date. The crate's own artifacts go; the rest stays.
-    let target = work.join("target");
+    let target = nested_cargo::target_dir("install-git");
     let cleaned = cargo(&work)
-        .args(["clean", "--offline", "--release", "-p", "targetlease"])
+        .args(["clean", "--offline", "-p", "targetlease"])
         .arg("--manifest-path")
         .arg(clone.join("Cargo.toml"))
         .arg("--target-dir")
@@ -219,17 +223,18 @@ fn cargo_install_from_git_names_the_commit_it_was_built_from() {
             "install",
             "--locked",
             "--offline",
+            "--debug",
             "--git",
             &url,
             "targetlease",
         ])
-        .args(["--config", "profile.release.opt-level=0", "--root"])
+        .arg("--root")
         .arg(root.path())
         .env("CARGO_TARGET_DIR", &target)
         .output()
         .expect("run cargo install");
     ok("cargo install --git", install);
-    eprintln!("cargo install --git (opt-level 0): {:?}", started.elapsed());
+    eprintln!("cargo install --debug --git: {:?}", started.elapsed());
 
     let version = Command::new(root.path().join("bin/targetlease"))
         .arg("--version")
