@@ -15,7 +15,12 @@ const LEASE: Duration = Duration::from_secs(8);
 /// Samples Valkey's record of `target` every 250 ms for `outage`: it must
 /// stay the lease with `token`, live, and its expiry must keep moving on.
 /// Returns how many times the expiry moved.
-async fn lease_stays_live(env: &OperatorEnv, target: &str, token: u64, outage: Duration) -> usize {
+pub(super) async fn lease_stays_live(
+    env: &OperatorEnv,
+    target: &str,
+    token: u64,
+    outage: Duration,
+) -> usize {
     let store = env.store().await;
     let target = Target::new(&env.ns, target);
     let started = Instant::now();

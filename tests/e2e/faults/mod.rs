@@ -5,6 +5,7 @@
 //! defect found in review (issue 10) on a real kube-apiserver and a real Valkey.
 
 mod api_outage;
+mod api_outage_handover;
 mod floor_races;
 mod floors;
 mod publish;
