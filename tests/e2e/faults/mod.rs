@@ -10,6 +10,7 @@ mod floor_races;
 mod floors;
 mod publish;
 mod restarts;
+mod sweep;
 
 pub(crate) use crate::support;
 pub(crate) use crate::support::spec::lease_for;
