@@ -93,11 +93,17 @@ async fn a_new_leader_after_an_api_outage_keeps_the_lease_held_and_its_marks() {
     let token = summary(&held).2.unwrap();
     env.wait_led_by("job", "w", token, SOON).await;
 
+    let published = env.api().get("job").await.unwrap().status.unwrap();
+    let published = ms(&published.expires_at).expect("a published expiry");
     env.pause_apiserver(true);
     let moved = lease_stays_live(&env, "t", token, LEASE * 5 / 2).await;
     to_a.cut();
     env.pause_apiserver(false);
     let back = Instant::now();
+    assert!(
+        published < now_ms(),
+        "the published expiry passed during the outage"
+    );
     eventually("the standby to lead", Duration::from_secs(30), || async {
         leads(&env, b).filter(|l| *l)
     })
