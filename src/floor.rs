@@ -106,12 +106,7 @@ impl FloorStore {
     /// the raise is forgotten then.
     pub fn get(&self, namespace: &str, target: &str) -> u64 {
         let key = floor_key(namespace, target);
-        let ns = self.api.namespace().unwrap_or_default().to_owned();
-        let cached = self
-            .cache
-            .get(&ObjectRef::new(&self.bucket_name(&key)).within(&ns))
-            .and_then(|cm| cm.data.as_ref().map(|d| bucket::floor_in(d, &key)))
-            .unwrap_or(0);
+        let cached = self.cached(&key);
         let mut raised = self.lock();
         match raised.get(&key).copied() {
             Some(r) if r > cached => r,
@@ -121,6 +116,26 @@ impl FloorStore {
             }
             None => cached,
         }
+    }
+
+    /// The floor of `key` as the cache shows it (0 when it shows none).
+    fn cached(&self, key: &str) -> u64 {
+        let ns = self.api.namespace().unwrap_or_default();
+        self.cache
+            .get(&ObjectRef::new(&self.bucket_name(key)).within(ns))
+            .and_then(|cm| cm.data.as_ref().map(|d| bucket::floor_in(d, key)))
+            .unwrap_or(0)
+    }
+
+    /// Forgets every raise of this process that the cache shows now (floors
+    /// never decrease from one version of a bucket to the next, so the cache
+    /// will always show it); a raise the cache does not show yet stays.
+    /// Returns how many stay. Without this, the raises of targets never asked
+    /// for again would be kept until the process ends.
+    pub fn prune(&self) -> usize {
+        let mut raised = self.lock();
+        raised.retain(|key, r| self.cached(key) < *r);
+        raised.len()
     }
 
     /// Raises in this process that the cache does not show yet.
@@ -242,6 +257,59 @@ pub fn figures(buckets: impl Iterator<Item = BTreeMap<String, String>>) -> Floor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::{reflector, watcher};
+
+    /// A floor store on a cache the test writes, whose client reaches no
+    /// API server (pruning reads only the cache).
+    fn on_cache(ns: &str) -> (FloorStore, reflector::store::Writer<ConfigMap>) {
+        let svc = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+            let refused = format!("no API server here: {} {}", req.method(), req.uri());
+            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(refused))
+        });
+        let client = kube::Client::new(svc, ns);
+        let (cache, writer) = reflector::store();
+        (FloorStore::new(client, ns, "floors", cache), writer)
+    }
+
+    fn bucket(store: &FloorStore, ns: &str, name: &str, data: &[(&str, u64)]) -> ConfigMap {
+        let data = data.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let mut cm = store.config_map(name, data.collect(), Some("1".into()));
+        cm.metadata.namespace = Some(ns.into());
+        cm
+    }
+
+    /// Raises are forgotten once the cache shows them (the entry or the
+    /// bucket's base at least as high), never before.
+    #[tokio::test]
+    async fn raises_are_pruned_once_the_cache_shows_them_and_never_before() {
+        let (store, mut writer) = on_cache("ops");
+        let (a, b) = (floor_key("team", "a"), floor_key("team", "b"));
+        store.remember(&a, 5);
+        store.remember(&b, 7);
+        assert_eq!(store.prune(), 2, "the cache shows neither yet");
+        assert_eq!((store.get("team", "a"), store.get("team", "b")), (5, 7));
+
+        // The cache shows a's raise, and b's entry lower than this process raised it.
+        let (name_a, name_b) = (store.bucket_name(&a), store.bucket_name(&b));
+        let mut seen = vec![(a.as_str(), 5), (b.as_str(), 6)];
+        if name_a != name_b {
+            let cm = bucket(&store, "ops", &name_b, &seen[1..]);
+            writer.apply_watcher_event(&watcher::Event::Apply(cm));
+            seen.truncate(1);
+        }
+        writer.apply_watcher_event(&watcher::Event::Apply(bucket(
+            &store, "ops", &name_a, &seen,
+        )));
+        assert_eq!(store.prune(), 1, "only b's raise is still pending");
+        assert_eq!(store.get("team", "a"), 5, "now from the cache");
+        assert_eq!(store.get("team", "b"), 7, "never the lower cached 6");
+
+        // A base that covers b counts as showing it.
+        let cm = bucket(&store, "ops", &name_b, &[(bucket::BASE_KEY, 9)]);
+        writer.apply_watcher_event(&watcher::Event::Apply(cm));
+        assert_eq!(store.prune(), 0);
+        assert_eq!(store.get("team", "b"), 9);
+    }
 
     #[test]
     fn keys_are_valid_configmap_keys_and_do_not_collide() {

@@ -2,7 +2,7 @@
 //! election among replicas, and shutdown.
 
 pub mod api_timeout;
-mod sweep;
+pub mod sweep;
 
 use std::future::Future;
 use std::sync::Arc;

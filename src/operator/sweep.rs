@@ -1,5 +1,6 @@
 //! The minute sweep of what no reconcile will clean up: marks of TargetLeases
-//! that are gone, and what this process remembers of them.
+//! that are gone, what this process remembers of them, and floor raises the
+//! floor cache shows.
 
 use std::collections::HashSet;
 use std::hash::Hash;
@@ -25,20 +26,43 @@ pub fn gone<T: Clone + Eq + Hash>(
     (gone, now)
 }
 
-/// Every minute: removes marks whose TargetLease is gone (a finalizer removed
-/// by hand, a crash between the status write of a deletion and its unmark),
-/// and forgets what this process remembered of such TargetLeases (the keeper
-/// stops renewing their leases, which then run out). Something is judged
-/// gone once it has been missing from the synced cache at two sweeps in a
-/// row ([`gone`]); a pod is unmarked only if it is still the version the
-/// sweep judged.
+/// How often the sweep runs.
+pub const EVERY: Duration = Duration::from_secs(60);
+
+/// Every [`EVERY`]: [`Sweep::once`], for as long as the controller runs.
 pub async fn sweep(ctx: Arc<Context>) {
-    let mut suspects: HashSet<(String, String, String)> = HashSet::new();
-    let mut missing: HashSet<ObjectRef<TargetLease>> = HashSet::new();
+    let mut sweep = Sweep::default();
     loop {
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        if !ctx.synced.load(Ordering::SeqCst) || ctx.leadership.check().is_err() {
-            continue;
+        tokio::time::sleep(EVERY).await;
+        sweep.once(&ctx).await;
+    }
+}
+
+/// What one sweep leaves the next: what was missing from the caches.
+#[derive(Default)]
+pub struct Sweep {
+    suspects: HashSet<(String, String, String)>,
+    missing: HashSet<ObjectRef<TargetLease>>,
+}
+
+impl Sweep {
+    /// Removes marks whose TargetLease is gone (a finalizer removed by hand,
+    /// a crash between the status write of a deletion and its unmark),
+    /// forgets what this process remembered of such TargetLeases (the keeper
+    /// stops renewing their leases, which then run out), and forgets the
+    /// floor raises the floor cache shows. Something is judged gone once it
+    /// has been missing from the synced cache at two sweeps in a row
+    /// ([`gone`]); a pod is unmarked only if it is still the version the
+    /// sweep judged (its resourceVersion is the patch's precondition).
+    /// Nothing before the caches synced, and nothing but the floor raises
+    /// once this replica cannot prove it leads.
+    pub async fn once(&mut self, ctx: &Context) {
+        if !ctx.synced.load(Ordering::SeqCst) {
+            return;
+        }
+        ctx.floors.prune();
+        if ctx.leadership.check().is_err() {
+            return;
         }
         let present: HashSet<ObjectRef<TargetLease>> = ctx
             .leases
@@ -54,10 +78,10 @@ pub async fn sweep(ctx: Arc<Context>) {
             .into_iter()
             .chain(ctx.keeper.keys())
             .filter(|k| !present.contains(k));
-        let (vanished, now) = gone(unseen, &missing);
+        let (vanished, now) = gone(unseen, &self.missing);
         ctx.forget_vanished(|k| !vanished.contains(k));
         ctx.keeper.retain(|k| !vanished.contains(k));
-        missing = now;
+        self.missing = now;
 
         let leases: HashSet<(String, String)> = present
             .iter()
@@ -72,8 +96,8 @@ pub async fn sweep(ctx: Arc<Context>) {
                 }
             }
         }
-        let (orphans, now) = gone(marked, &suspects);
-        suspects = now;
+        let (orphans, now) = gone(marked, &self.suspects);
+        self.suspects = now;
         for (ns, pod, name) in orphans {
             if ctx.leadership.check().is_err() {
                 break;

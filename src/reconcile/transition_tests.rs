@@ -201,144 +201,6 @@ fn store_failures_flag_the_backend_once_per_outage_and_keep_the_attempt() {
 }
 
 #[test]
-fn renewals_never_leave_a_later_expiry_published() {
-    let f = facts();
-    let far = NOW_MS + 60_000;
-    // A renewal that extends the lease: status is not rewritten.
-    let t = after_renew(
-        &f,
-        &held(far),
-        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 90_000))),
-    );
-    assert_eq!(t.status.expires_at, time_ms(far));
-    // A renewal with a shorter duration moves Valkey's expiry earlier: republished.
-    let t = after_renew(
-        &f,
-        &held(far),
-        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 6_000))),
-    );
-    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 6_000));
-    assert_eq!(t.status.phase, Some(Phase::Held));
-    assert_eq!(t.next, Next::Renewal);
-}
-
-#[test]
-fn a_renewal_that_finds_the_lease_gone_publishes_lost() {
-    let f = facts();
-    for outcome in [Outcome::Expired, Outcome::NotOwner] {
-        let t = after_renew(&f, &held(NOW_MS + 60_000), reply(outcome, None));
-        assert_eq!(t.status.phase, Some(Phase::Lost));
-        assert_eq!(t.status.acquisition_id, None);
-        assert_eq!(t.status.expires_at, None);
-        assert_eq!(t.status.fencing_token, Some(7));
-        assert_eq!(t.memory, Memory::Forget);
-        assert!(t.wake_waiters);
-        assert_eq!(t.notes[0].reason, Reason::LeaseLost);
-    }
-}
-
-#[test]
-fn held_is_withdrawn_when_the_store_is_silent_past_the_published_expiry() {
-    let f = facts();
-    let t = after_renew(&f, &held(NOW_MS + 5_000), down());
-    assert_eq!(t.status.phase, Some(Phase::Held));
-    assert_eq!(
-        t.next,
-        Next::Backoff {
-            not_after: Some(Duration::from_secs(4))
-        },
-        "wakes one margin before the published expiry"
-    );
-    let t = after_renew(&f, &held(NOW_MS + 1_000), down());
-    assert_eq!(t.status.phase, Some(Phase::Unknown));
-    assert_eq!(
-        condition(&t.status, HELD),
-        ("Unknown".into(), "Unconfirmed".into())
-    );
-    // The store answers again: Held, same token, expiry republished.
-    let back = after_renew(
-        &f,
-        &t.status,
-        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 90_000))),
-    );
-    assert_eq!(back.status.phase, Some(Phase::Held));
-    assert_eq!(back.status.expires_at, time_ms(NOW_MS + 90_000));
-    assert_eq!(condition(&back.status, BACKEND_AVAILABLE).0, "True");
-}
-
-/// The API could not be written while the keeper renewed the lease: its
-/// published expiry passed, Valkey's did not. A confirmation sent after the
-/// published expiry had passed keeps Held standing (Valkey has the lease), the
-/// next renewal republishes a fresh expiry in one write, and Held goes once
-/// that confirmation's expiry is about to pass.
-#[test]
-fn a_lease_the_keeper_kept_alive_stays_held_and_is_republished() {
-    let mut f = facts();
-    f.confirmed = Some(Confirmed {
-        sent_ms: NOW_MS - 1_000,
-        expires_ms: NOW_MS + 6_000,
-    });
-    let stale = held(NOW_MS - 2_000);
-    assert!(before_renew(&f, &stale, Duration::from_secs(90)).is_none());
-    assert!(published_left(&f, &stale).is_none(), "a renewal is due");
-    let t = after_renew(
-        &f,
-        &stale,
-        reply(Outcome::Renewed, Some(lease("job", 7, NOW_MS + 90_000))),
-    );
-    assert_eq!(t.status.phase, Some(Phase::Held));
-    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 90_000));
-    // The store is silent too: wait no later than Valkey's expiry less the margin.
-    let t = after_renew(&f, &stale, down());
-    assert_eq!(t.status.phase, Some(Phase::Held));
-    assert_eq!(
-        t.next,
-        Next::Backoff {
-            not_after: Some(Duration::from_secs(5))
-        }
-    );
-    f.confirmed = Some(Confirmed {
-        sent_ms: NOW_MS - 1_000,
-        expires_ms: NOW_MS + 900,
-    });
-    let t = before_renew(&f, &stale, Duration::from_secs(90)).unwrap();
-    assert_eq!(t.status.phase, Some(Phase::Unknown));
-}
-
-/// A confirmation sent before the published expiry passed (the last renewal
-/// before the store fell silent, however close) does not extend Held: it is
-/// withdrawn by the published expiry, though Valkey's expiry is later.
-#[test]
-fn an_earlier_confirmation_never_keeps_held_past_the_published_expiry() {
-    let mut f = facts();
-    f.confirmed = Some(Confirmed {
-        sent_ms: NOW_MS - 3_000,
-        expires_ms: NOW_MS + 5_000,
-    });
-    let t = before_renew(&f, &held(NOW_MS + 800), Duration::from_secs(9)).unwrap();
-    assert_eq!(t.status.phase, Some(Phase::Unknown));
-    // Sent within the margin of the published expiry, before it passed: the same.
-    f.confirmed = Some(Confirmed {
-        sent_ms: NOW_MS - 100,
-        expires_ms: NOW_MS + 5_000,
-    });
-    let t = before_renew(&f, &held(NOW_MS + 300), Duration::from_secs(9)).unwrap();
-    assert_eq!(t.status.phase, Some(Phase::Unknown));
-    f.confirmed = Some(Confirmed {
-        sent_ms: NOW_MS - 3_000,
-        expires_ms: NOW_MS + 5_000,
-    });
-    let t = after_renew(&f, &held(NOW_MS + 3_000), down());
-    assert_eq!(
-        t.next,
-        Next::Backoff {
-            not_after: Some(Duration::from_secs(2))
-        },
-        "wakes one margin before the published expiry, not Valkey's"
-    );
-}
-
-#[test]
 fn a_release_unpublishes_first_and_keeps_the_finalizer_until_confirmed() {
     let mut f = facts();
     let t = begin_release(&f, &held(NOW_MS + 60_000), Reason::PodNotReady, "gone");
@@ -472,18 +334,6 @@ fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
 }
 
 #[test]
-fn a_renewal_is_preceded_by_lowering_what_it_may_shorten() {
-    let f = facts();
-    let t = before_renew(&f, &held(NOW_MS + 60_000), Duration::from_secs(6)).unwrap();
-    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 6_000));
-    assert_eq!(t.status.phase, Some(Phase::Held));
-    assert!(before_renew(&f, &held(NOW_MS + 60_000), Duration::from_secs(90)).is_none());
-    // Too close to the published expiry for a reply to arrive in time: withdraw first.
-    let t = before_renew(&f, &held(NOW_MS + 500), Duration::from_secs(90)).unwrap();
-    assert_eq!(t.status.phase, Some(Phase::Unknown));
-}
-
-#[test]
 fn published_times_are_whole_seconds() {
     assert_eq!(time_ms(1_796_118_559_863), time_ms(1_796_118_559_000));
     assert_eq!(
@@ -491,3 +341,7 @@ fn published_times_are_whole_seconds() {
         1_796_118_559_000
     );
 }
+
+/// Renewals and withdrawing Held in time.
+#[path = "transition_hold_tests.rs"]
+mod hold;

@@ -104,8 +104,9 @@ fn left_until(f: &Facts, until_ms: i64) -> Option<Duration> {
 /// Before a renewal with `ttl`: nothing published may be later than what the
 /// renewal can set (a shorter `leaseDuration`: lower `expiresAt` and the pod
 /// annotation first, so a lost reply cannot leave them later than Valkey's),
-/// and `Held` is withdrawn if the published expiry is about to pass. `None`
-/// when nothing changes.
+/// and `Held` is withdrawn if the published expiry is about to pass — unless
+/// it has already passed and this process knows nothing newer of the lease
+/// ([`renews_first`]). `None` when nothing changes.
 pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Option<Transition> {
     if status.phase != Some(Phase::Held) {
         return None;
@@ -116,10 +117,29 @@ pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Opt
     if published.is_some_and(|p| p > floor as i64) {
         d.t.status.expires_at = time_ms(floor);
     }
-    if left_before_expiry(f, &d.t.status).is_none() {
+    if left_before_expiry(f, &d.t.status).is_none() && !renews_first(f, &d.t.status) {
         d.unconfirmed();
     }
     (d.t.status != *status).then(|| d.done(Next::PlanAgain))
+}
+
+/// Whether a `Held` whose published expiry has already passed is renewed
+/// before anything is withdrawn: when this process has no confirmation of
+/// the lease (another replica kept it alive through an API outage and this
+/// one just took over, or this process just started). Withdrawing first
+/// would come too late to keep `Held` within the expiry anyway, and would
+/// flap a lease that may well be live: the renewal, sent with the published
+/// lease handle, decides instead ([`after_renew`]) — renewed means Valkey
+/// had that exact lease all along (an ended lease never comes back), so
+/// `Held` stays with the new expiry; ended means `Lost`; no answer means
+/// `Unknown`. An expiry that is only *about* to pass is still withdrawn
+/// first, so `Held` never outlives it while a reply is awaited.
+pub fn renews_first(f: &Facts, status: &TargetLeaseStatus) -> bool {
+    f.confirmed.is_none()
+        && status
+            .expires_at
+            .as_ref()
+            .is_some_and(|t| t.0.as_millisecond() <= f.server_now_ms as i64)
 }
 
 /// [`plan::Step::Release`]: stop publishing the lease (status no longer Held,

@@ -15,7 +15,12 @@ const LEASE: Duration = Duration::from_secs(8);
 /// Samples Valkey's record of `target` every 250 ms for `outage`: it must
 /// stay the lease with `token`, live, and its expiry must keep moving on.
 /// Returns how many times the expiry moved.
-async fn lease_stays_live(env: &OperatorEnv, target: &str, token: u64, outage: Duration) -> usize {
+pub(super) async fn lease_stays_live(
+    env: &OperatorEnv,
+    target: &str,
+    token: u64,
+    outage: Duration,
+) -> usize {
     let store = env.store().await;
     let target = Target::new(&env.ns, target);
     let started = Instant::now();
@@ -196,7 +201,13 @@ async fn a_black_holed_api_connection_frees_its_reconcile_slot_in_time() {
         sample("targetlease_reconcile_errors_total{category=\"api_timeout\"}") >= 1.0,
         "a request was cut at its deadline:\n{metrics}"
     );
+    // The histogram's bucket just above the 3 s timeout: a reconcile whose
+    // request went into the hole ends within it (the timeout, plus what the
+    // reconcile did before that request), never after a second timeout.
     let all = sample("targetlease_reconcile_duration_seconds_count");
-    let within = sample("targetlease_reconcile_duration_seconds_bucket{le=\"8.192\"}");
-    assert_eq!(within, all, "no reconcile took longer than 8 s:\n{metrics}");
+    let within = sample("targetlease_reconcile_duration_seconds_bucket{le=\"4.096\"}");
+    assert_eq!(
+        within, all,
+        "a reconcile held its slot past the 3 s timeout (4.096 s bucket):\n{metrics}"
+    );
 }

@@ -5,10 +5,12 @@
 //! defect found in review (issue 10) on a real kube-apiserver and a real Valkey.
 
 mod api_outage;
+mod api_outage_handover;
 mod floor_races;
 mod floors;
 mod publish;
 mod restarts;
+mod sweep;
 
 pub(crate) use crate::support;
 pub(crate) use crate::support::spec::lease_for;

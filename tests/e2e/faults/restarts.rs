@@ -200,3 +200,99 @@ async fn a_recreated_pod_gets_a_new_lease() {
         .await;
     assert_eq!(summary(&again).2, Some(2), "a larger token for the new pod");
 }
+
+/// The first wall-clock instant operator `i` wrote in its log (Unix ms): what
+/// its clock said when it started.
+fn first_logged_ms(env: &OperatorEnv, i: usize) -> Option<i64> {
+    let log = env.operator_log(i);
+    let line = log.lines().next()?;
+    // Without the colour codes the log may carry around its timestamp.
+    let mut plain = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    let stamp = plain.split_whitespace().next()?;
+    stamp
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond())
+}
+
+/// Promise (docs/operator.md, "Crash safety"): a restarted operator judges
+/// expiry by Valkey's clock from its first pass on, so a node clock ahead of
+/// Valkey's withdraws nothing on restart. The operator restarts with its wall
+/// clock an hour ahead (libfaketime on its process alone). Judged by that
+/// clock, both published expiries have long passed and the lease with a
+/// `maxLifetime` has outlived it; judged by Valkey's, neither. Both stay Held
+/// with their tokens in every version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_clock_ahead_of_valkeys_withdraws_nothing_on_restart() {
+    let mut env = OperatorEnv::start("clock-ahead").await;
+    let history = History::record(&env);
+    env.create(
+        "rotating",
+        lease_for("t")
+            .identity("rotating")
+            .durations("20s", "4s")
+            .max_lifetime("10m"),
+    )
+    .await;
+    env.create(
+        "plain",
+        lease_for("u").identity("plain").durations("20s", "4s"),
+    )
+    .await;
+    let rotating = summary(&env.wait_phase("rotating", Phase::Held, SOON).await).2;
+    let plain = summary(&env.wait_phase("plain", Phase::Held, SOON).await).2;
+
+    env.kill_operator(0);
+    let lib = support::tools::tool("libfaketimeMT.so.1");
+    env.operator_env = vec![
+        ("LD_PRELOAD".into(), lib.display().to_string()),
+        ("FAKETIME".into(), "+1h".into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ];
+    let restarted = env.start_operator();
+    // Several renewals by the restarted operator.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let ahead = first_logged_ms(&env, restarted).expect("a timestamped log line") - now_ms() as i64;
+    assert!(
+        ahead > 50 * 60 * 1000,
+        "the restarted operator's clock is only {ahead} ms ahead"
+    );
+
+    for (name, token) in [("rotating", rotating), ("plain", plain)] {
+        let now = env.api().get(name).await.unwrap();
+        assert_eq!(summary(&now).0, Some(Phase::Held), "{name}");
+        let versions = history.of(name);
+        let first_held = versions
+            .iter()
+            .position(|tl| summary(tl).0 == Some(Phase::Held))
+            .unwrap();
+        let withdrawn: Vec<_> = versions[first_held..]
+            .iter()
+            .filter(|tl| summary(tl).0 != Some(Phase::Held) || summary(tl).2 != token)
+            .map(|tl| format!("{:?} {:?}", summary(tl), reason(tl)))
+            .collect();
+        assert!(
+            withdrawn.is_empty(),
+            "{name} after the restart: {withdrawn:?}"
+        );
+    }
+    let (_, metrics) = support::operator_env::http_get(env.admin_port(restarted), "/metrics")
+        .expect("/metrics of the restarted operator");
+    let renewed = r#"targetlease_store_calls_total{operation="renew",result="renewed"} "#;
+    let count = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(renewed)?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(
+        count >= 4.0,
+        "the restarted operator renewed both leases:\n{metrics}"
+    );
+}
