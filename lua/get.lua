@@ -1,6 +1,6 @@
 -- get: read the live lease, never its lease id.
 --
--- KEYS[1] lease      the lease record
+-- KEYS[1] target     the target's hash (fields: see lib.lua)
 --
 -- Read-only (no-writes, called with EVALSHA_RO): it runs on a full server,
 -- with min-replicas-to-write unmet, and on a replica.
@@ -9,7 +9,9 @@
 --   not_found                     none
 --   corrupt_state                 unreadable record; nothing changed
 local now = now_ms()
-local state, r, why = read_lease(KEYS[1], now)
+local f, bad = fields(KEYS[1], { 'lease' })
+if not f then return reply('corrupt_state', now, bad) end
+local state, r, why = read_lease(KEYS[1], f[1], now)
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'none' then return reply('not_found', now, 'target has no live lease') end
-return reply_lease('found', now, 'target is held', r, false)
+return reply_lease('found', now, 'target is held', r, '')

@@ -5,17 +5,24 @@
 --   { outcome, now_ms, message }                                    -- no lease
 --   { outcome, now_ms, message, lease_id, owner, token,
 --     acquired_ms, expires_ms, max_expires_ms, metadata }           -- with a lease
--- lease_id is "" whenever the caller is not proven to be the holder.
+-- lease_id is "" whenever the caller is not proven to be the holder (it is
+-- never stored, so a script can only echo the one its caller proved).
 -- max_expires_ms and metadata are "" when absent. Numbers are decimal strings:
 -- tokens are kept as strings end to end because Lua numbers are doubles.
 -- Everything echoed from storage is checked by read_lease before a script
 -- writes, so a reply the client cannot decode never follows a write.
 --
--- Lease record (hash, with a TTL equal to its stored expiry):
---   v=1, lease_id, owner, token, acquired_ms, expires_ms, max_expires_ms, meta
--- Request cache (string, TTL = idempotency window), one GET / one SET PX:
---   "c1:<fp>:<token>:<outcome>:<lease_id>"   (lease_id last: it may hold ':')
--- Anything else under a request key is unreadable (corrupt_state).
+-- One hash per target, KEYS[1] = "<prefix>:{<ns>:<target>}": every script
+-- touches that one key, so a Cluster slot migration moves a target whole
+-- (never some of its state on each node, which Valkey answers TRYAGAIN).
+-- Fields (hash-field expiry and HSETEX: Valkey 9.0 or newer):
+--   fence         the fencing counter, a decimal; no expiry, never deleted
+--   lease         the live lease, expiring with it:
+--                 "1:<token>:<acquired_ms>:<expires_ms>:<max_expires_ms>:<id_sha>:<owner bytes>:<owner><metadata>"
+--                 id_sha is the SHA-1 of the lease id: the id itself is not stored
+--   q:<op>:<scope>:<request id>   the request cache, expiring after its window:
+--                 "<fp>:<token>:<outcome>:<id_sha>"
+--   c:<key>       the last fenced commit under <key>: "<token>:<committed_ms>:<value>"
 --
 -- Only the helpers a script names (and what they name) are sent with it
 -- (src/store/valkey/scripts.rs): each helper starts at a line
@@ -106,15 +113,23 @@ local function is_metadata(s)
   return ok and type(v) == 'table' and finite_numbers(v)
 end
 
-local function hash_of(flat)
-  local h = {}
-  for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
-  return h
-end
-
 -- The type of a key that answered a read with an error (WRONGTYPE).
 local function type_of(key)
   return redis.call('TYPE', key).ok
+end
+
+-- The target's fields named in `names`, in order (false where absent), by one
+-- HMGET; nil and why when the key is not a hash (nothing may be written then).
+local function fields(key, names)
+  local v = redis.pcall('HMGET', key, unpack(names))
+  if v.err then return nil, 'target key holds a ' .. type_of(key) end
+  return v
+end
+
+-- The remaining life in ms of the target's fields named in `names`, by one
+-- HPTTL: -1 for a field without expiry.
+local function field_ttls(key, names)
+  return redis.call('HPTTL', key, 'FIELDS', #names, unpack(names))
 end
 
 -- The next canonical decimal after `s`, exact at any size.
@@ -129,105 +144,113 @@ local function reply(outcome, now, message)
   return { outcome, str(now), message }
 end
 
-local function reply_lease(outcome, now, message, r, show_id)
-  return { outcome, str(now), message, show_id and r.lease_id or '', r.owner, r.token,
-           r.acquired_ms, r.expires_ms, r.max_expires_ms or '', r.meta or '' }
+-- A reply with the lease `r`; `id` is the lease id the caller proved ("" when
+-- it proved none).
+local function reply_lease(outcome, now, message, r, id)
+  return { outcome, str(now), message, id, r.owner, r.token,
+           r.acquired_ms, r.expires_ms, r.max_expires_ms, r.meta }
 end
 
--- Reads the lease record at `key` as of `now`.
--- Returns 'none' | 'live', record | 'corrupt', identity-or-nil, why.
--- An expired record still present (same millisecond) counts as 'none', with
--- `present` true (the caller deletes it before writing a new one).
--- One HGETALL (a wrong type is an error reply, caught) and, for a record,
--- one PTTL.
-local function read_lease(key, now)
-  local flat = redis.pcall('HGETALL', key)
-  if flat.err then return 'corrupt', nil, 'lease key holds a ' .. type_of(key) end
-  if #flat == 0 then return 'none' end
-  local r = hash_of(flat)
+-- The lease field packed from a record.
+local function pack_lease(r)
+  return '1:' .. r.token .. ':' .. r.acquired_ms .. ':' .. r.expires_ms .. ':'
+    .. r.max_expires_ms .. ':' .. r.id_sha .. ':' .. #r.owner .. ':' .. r.owner .. r.meta
+end
+
+-- Reads the lease field `packed` (false when absent) of the target `key` as
+-- of `now`. Returns 'none' | 'live', record | 'corrupt', identity-or-nil, why.
+-- The identity (token, id_sha, owner) is given when it reads cleanly even
+-- though the rest does not, so that its holder can still end it. An
+-- expired field still present (same millisecond) counts as 'none'. One
+-- HPTTL for a present field.
+local function read_lease(key, packed, now)
+  if not packed then return 'none' end
+  local v, body = string.match(packed, '^(%w+):(.*)$')
+  if v ~= '1' then return 'corrupt', nil, 'lease record has an unknown version' end
+  local token, acquired, expires, max_expires, id_sha, olen, rest =
+    string.match(body, '^(%d+):(%d+):(%d+):(%d*):(%x*):(%d+):(.*)$')
+  if not token or tonumber(olen) > #rest then
+    return 'corrupt', nil, 'lease record is unparsable'
+  end
+  local r = {
+    token = token, acquired_ms = acquired, expires_ms = expires,
+    max_expires_ms = max_expires, id_sha = id_sha,
+    owner = string.sub(rest, 1, tonumber(olen)), meta = string.sub(rest, tonumber(olen) + 1),
+  }
   local ident = nil
-  if r.lease_id and r.owner and is_uint(r.token) and r.token ~= '0' then ident = r end
-  if r.v ~= '1' then return 'corrupt', ident, 'lease record has an unknown version' end
-  if redis.call('PTTL', key) < 0 then return 'corrupt', ident, 'lease record has no expiry' end
-  if not (ident and is_uint(r.acquired_ms) and is_uint(r.expires_ms)
-          and (r.max_expires_ms == nil or r.max_expires_ms == '' or is_uint(r.max_expires_ms))
-          and is_utf8(r.lease_id) and is_utf8(r.owner)) then
+  if is_uint(token) and token ~= '0' and #id_sha == 40 and is_utf8(r.owner) then ident = r end
+  if field_ttls(key, { 'lease' })[1] < 0 then
+    return 'corrupt', ident, 'lease record has no expiry'
+  end
+  if not (ident and is_uint(acquired) and is_uint(expires)
+          and (max_expires == '' or is_uint(max_expires))) then
     return 'corrupt', ident, 'lease record is unparsable'
   end
-  r.meta = r.meta or ''
   if not is_metadata(r.meta) then return 'corrupt', ident, 'lease record has unreadable metadata' end
-  if tonumber(r.expires_ms) <= now then return 'none', nil, nil, true end
-  r.max_expires_ms = r.max_expires_ms or ''
+  if tonumber(expires) <= now then return 'none' end
   return 'live', r
 end
 
-local function holder_matches(r, owner, lease_id, token)
-  return r.owner == owner and r.lease_id == lease_id and r.token == token
+local function holder_matches(r, owner, id_sha, token)
+  return r.owner == owner and r.id_sha == id_sha and r.token == token
 end
 
--- One SET with the window as TTL (the key held no entry: replay() said so).
-local function remember(key, fp, lease_id, token, window_ms, outcome)
-  redis.call('SET', key, 'c1:' .. fp .. ':' .. token .. ':' .. (outcome or '') .. ':' .. lease_id,
-    'PX', window_ms)
+-- Writes the request cache entry `field` (it held none: replay() said so),
+-- expiring after `window_ms`, by one HSETEX. Every writing script's first
+-- write sets a field with its expiry (HSETEX), so a server without
+-- hash-field expiry refuses the script before it changed anything.
+local function remember(key, field, fp, id_sha, token, window_ms, outcome)
+  redis.call('HSETEX', key, 'PX', window_ms, 'FIELDS', 1, field,
+    fp .. ':' .. token .. ':' .. (outcome or '') .. ':' .. id_sha)
 end
 
 -- Tells subscribers of "<prefix>:events" that a target may be free, with the
--- target's key base "<prefix>:{<ns>:<target>}" as the message. Best effort:
+-- target's key "<prefix>:{<ns>:<target>}" as the message. Best effort:
 -- pcall, so a user without pub/sub permission still releases.
-local function notify_free(lease_key)
-  local base = string.sub(lease_key, 1, #lease_key - #':lease')
-  local prefix = string.match(base, '^(.*):{')
-  if prefix then redis.pcall('PUBLISH', prefix .. ':events', base) end
+local function notify_free(key)
+  local prefix = string.match(key, '^(.*):{')
+  if prefix then redis.pcall('PUBLISH', prefix .. ':events', key) end
 end
 
 -- A write that changes nothing: a replayed request rewrites its cache entry's
 -- expiry, so a durability WAIT after the replay (on any connection) also
 -- covers the original write, which precedes it in the replication stream.
-local function touch(key)
-  local ttl = redis.call('PTTL', key)
-  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+local function touch(key, field)
+  local ttl = field_ttls(key, { field })[1]
+  if ttl > 0 then redis.call('HPEXPIRE', key, ttl, 'FIELDS', 1, field) end
 end
 
 local function fingerprint(...)
   return redis.sha1hex(table.concat({ ... }, '\0'))
 end
 
--- The request cache entry at `key`: nil when there is none; else a table
--- with fp, lease_id, token, outcome (fp nil when unreadable).
-local function cached(key)
-  local v = redis.pcall('GET', key)
-  if not v then return nil end
-  -- Another type (GET failed) is unreadable: no fp.
-  if type(v) ~= 'string' then return {} end
-  local fp, token, outcome, lease_id = string.match(v, '^c1:(%x+):(%d*):([%a_]*):(.*)$')
-  return { fp = fp, token = token, outcome = outcome, lease_id = lease_id }
-end
-
 -- The one replay rule, shared by every mutating script (MemoryStore::replay
--- in src/store/memory.rs is the same rule). Returns nil when the request id
+-- in src/store/memory.rs is the same rule). `entry` is the request cache
+-- field `field` as read (false when absent). Returns nil when the request id
 -- is new; otherwise the reply to return, without any other write than touch:
 --   unreadable entry -> corrupt_state; other inputs -> idempotency_conflict;
 --   rule.done (release, revoke, commit): the original outcome again, final;
 --   else revalidated: the live lease with the cached lease id AND token ->
---   rule.live with the lease; a corrupt record -> corrupt_state; another live
---   lease -> rule.superseded(now, r); no live lease -> expired.
-local function replay(key, fp, now, state, r, why, rule)
-  local c = cached(key)
-  if not c then return nil end
-  if not c.fp then return reply('corrupt_state', now, 'request cache entry is unreadable') end
-  if c.fp ~= fp then
+--   rule.live with the lease and the caller's id; a corrupt record ->
+--   corrupt_state; another live lease -> rule.superseded(now, r); no live
+--   lease -> expired.
+local function replay(key, field, entry, fp, now, state, r, why, rule)
+  if not entry then return nil end
+  local c_fp, c_token, c_outcome, c_id = string.match(entry, '^(%x+):(%d*):([%a_]*):(%x*)$')
+  if not c_fp then return reply('corrupt_state', now, 'request cache entry is unreadable') end
+  if c_fp ~= fp then
     return reply('idempotency_conflict', now, 'request id was used with different inputs')
   end
   if rule.done then
     local outcome = rule.done
-    if c.outcome and c.outcome ~= '' then outcome = c.outcome end
-    touch(key)
+    if c_outcome ~= '' then outcome = c_outcome end
+    touch(key, field)
     return reply(outcome, now, rule.done_msg[outcome] or (outcome .. ' (replayed request)'))
   end
   if state == 'corrupt' then return reply('corrupt_state', now, why) end
-  if state == 'live' and r.lease_id == c.lease_id and r.token == c.token then
-    touch(key)
-    return reply_lease(rule.live, now, rule.live_msg, r, true)
+  if state == 'live' and r.id_sha == c_id and r.token == c_token then
+    touch(key, field)
+    return reply_lease(rule.live, now, rule.live_msg, r, rule.id)
   end
   if state == 'live' then return rule.superseded(now, r) end
   return reply('expired', now, rule.ended)

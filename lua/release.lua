@@ -1,14 +1,14 @@
 -- release: end the exact current lease. The fence counter is untouched.
 --
--- KEYS[1] lease      the lease record
--- KEYS[2] request    request cache for (release, target, owner, request id)
+-- KEYS[1] target     the target's hash (fields: see lib.lua)
 -- ARGV[1] owner      the holder's owner
 -- ARGV[2] lease_id   the holder's lease id
 -- ARGV[3] token      the holder's fencing token
 -- ARGV[4] window     idempotency window ms
+-- ARGV[5] request    the request cache field, q:release:<owner>:<request id>
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
--- Publishes the key base "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
+-- Publishes the target's key "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
 -- Returns:
@@ -17,33 +17,37 @@
 --   expired                       no live lease
 --   idempotency_conflict          the request id was used with other inputs
 --   corrupt_state                 unreadable record; nothing changed
--- Cleanup rule: a corrupt record (no expiry, unknown version, bad fields) whose
--- lease_id, owner and token fields still read exactly as given is deleted and
+-- Cleanup rule: a corrupt lease record (no expiry, unknown fields) whose
+-- token, lease id and owner still read exactly as given is removed and
 -- reported as released: only the holder can prove that identity.
-local owner, lease_id, token = ARGV[1], ARGV[2], ARGV[3]
+local key, owner, lease_id, token = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local request = ARGV[5]
 local now = now_ms()
+local id_sha = redis.sha1hex(lease_id)
 local fp = fingerprint(lease_id, token)
 
-local state, r, why = read_lease(KEYS[1], now)
-local replayed = replay(KEYS[2], fp, now, state, r, why, {
+local f, bad = fields(key, { 'lease', request })
+if not f then return reply('corrupt_state', now, bad) end
+local state, r, why = read_lease(key, f[1], now)
+local replayed = replay(key, request, f[2], fp, now, state, r, why, {
   done = 'released', done_msg = { released = 'lease released (replayed request)' },
 })
 if replayed then return replayed end
 
 local out
 if state == 'corrupt' then
-  if not (r and holder_matches(r, owner, lease_id, token)) then
+  if not (r and holder_matches(r, owner, id_sha, token)) then
     return reply('corrupt_state', now, why)
   end
   out = reply('released', now, 'corrupt lease record removed by its holder')
 elseif state == 'none' then
   return reply('expired', now, 'the lease has ended')
-elseif not holder_matches(r, owner, lease_id, token) then
+elseif not holder_matches(r, owner, id_sha, token) then
   return reply('not_owner', now, 'the lease is not held by this lease id, owner and token')
 else
-  out = reply_lease('released', now, 'lease released', r, true)
+  out = reply_lease('released', now, 'lease released', r, lease_id)
 end
-redis.call('DEL', KEYS[1])
-notify_free(KEYS[1])
-remember(KEYS[2], fp, lease_id, token, tonumber(ARGV[4]))
+remember(key, request, fp, id_sha, token, tonumber(ARGV[4]))
+redis.call('HDEL', key, 'lease')
+notify_free(key)
 return out

@@ -1,12 +1,12 @@
 -- renew: extend the exact current lease (never past its max lifetime).
 --
--- KEYS[1] lease      the lease record
--- KEYS[2] request    request cache for (renew, target, owner, request id)
+-- KEYS[1] target     the target's hash (fields: see lib.lua)
 -- ARGV[1] owner      the holder's owner
 -- ARGV[2] lease_id   the holder's lease id
 -- ARGV[3] token      the holder's fencing token
 -- ARGV[4] ttl        ttl_ms (> 0), counted from the server's now
 -- ARGV[5] window     idempotency window ms
+-- ARGV[6] request    the request cache field, q:renew:<owner>:<request id>
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -16,13 +16,17 @@
 --   expired                       no live lease
 --   idempotency_conflict          the request id was used with other inputs
 --   corrupt_state                 unreadable record or cache; nothing changed
-local owner, lease_id, token, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local key, owner, lease_id, token, ttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local request = ARGV[6]
 local now = now_ms()
+local id_sha = redis.sha1hex(lease_id)
 local fp = fingerprint(lease_id, token, ARGV[4])
 
-local state, r, why = read_lease(KEYS[1], now)
-local replayed = replay(KEYS[2], fp, now, state, r, why, {
-  live = 'renewed', live_msg = 'lease renewed (replayed request)',
+local f, bad = fields(key, { 'lease', request })
+if not f then return reply('corrupt_state', now, bad) end
+local state, r, why = read_lease(key, f[1], now)
+local replayed = replay(key, request, f[2], fp, now, state, r, why, {
+  live = 'renewed', live_msg = 'lease renewed (replayed request)', id = lease_id,
   superseded = function(t) return reply('not_owner', t, 'the lease was superseded') end,
   ended = 'the lease has ended',
 })
@@ -30,7 +34,7 @@ if replayed then return replayed end
 
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'none' then return reply('expired', now, 'the lease has ended') end
-if not holder_matches(r, owner, lease_id, token) then
+if not holder_matches(r, owner, id_sha, token) then
   return reply('not_owner', now, 'the lease is not held by this lease id, owner and token')
 end
 
@@ -39,7 +43,6 @@ if r.max_expires_ms ~= '' and tonumber(r.max_expires_ms) < expires then
   expires = tonumber(r.max_expires_ms)
 end
 r.expires_ms = str(expires)
-redis.call('HSET', KEYS[1], 'expires_ms', r.expires_ms)
-redis.call('PEXPIREAT', KEYS[1], expires)
-remember(KEYS[2], fp, lease_id, token, tonumber(ARGV[5]))
-return reply_lease('renewed', now, 'lease renewed', r, true)
+redis.call('HSETEX', key, 'PXAT', expires, 'FIELDS', 1, 'lease', pack_lease(r))
+remember(key, request, fp, id_sha, token, tonumber(ARGV[5]))
+return reply_lease('renewed', now, 'lease renewed', r, lease_id)

@@ -1,28 +1,30 @@
 -- revoke: administratively end the lease on a target (no owner check).
 -- The fence counter is untouched, so the next token is still higher.
 --
--- KEYS[1] lease      the lease record
--- KEYS[2] request    request cache for (revoke, target, "", request id)
--- ARGV[1] reason     informational; not stored
--- ARGV[2] token      expected fencing token ("" = whatever record is there)
--- ARGV[3] window     idempotency window ms
+-- KEYS[1] target     the target's hash (fields: see lib.lua)
+-- ARGV[1] token      expected fencing token ("" = whatever record is there)
+-- ARGV[2] window     idempotency window ms
+-- ARGV[3] request    the request cache field, q:revoke::<request id>
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
--- Publishes the key base "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
+-- Publishes the target's key "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
 -- The result is remembered, not_found included, so a retry with the same
 -- request id never ends a lease acquired after the first attempt.
 -- Returns:
---   revoked [+ lease without id]  a live or corrupt record was deleted (a replay: no lease)
+--   revoked [+ lease without id]  a live or corrupt lease record was removed (a replay: no lease)
 --   not_found                     nothing live was there
 --   not_owner                     with a token: the live lease has another one (not remembered)
 --   idempotency_conflict          the request id was used with another token
---   corrupt_state                 with a token: an unreadable record whose token is not it
+--   corrupt_state                 the target's key is not a hash, or with a token: an
+--                                 unreadable record whose token is not it; nothing changed
+local key, token, request = KEYS[1], ARGV[1], ARGV[3]
 local now = now_ms()
-local token = ARGV[2]
 local fp = fingerprint(token)
 
-local state, r, why = read_lease(KEYS[1], now)
-local replayed = replay(KEYS[2], fp, now, state, r, why, {
+local f, bad = fields(key, { 'lease', request })
+if not f then return reply('corrupt_state', now, bad) end
+local state, r, why = read_lease(key, f[1], now)
+local replayed = replay(key, request, f[2], fp, now, state, r, why, {
   done = 'revoked',
   done_msg = {
     revoked = 'lease revoked (replayed request)',
@@ -45,11 +47,11 @@ if state == 'none' then
 elseif state == 'corrupt' then
   out = reply('revoked', now, 'corrupt lease record removed')
 else
-  out = reply_lease('revoked', now, 'lease revoked', r, false)
+  out = reply_lease('revoked', now, 'lease revoked', r, '')
 end
-redis.call('DEL', KEYS[1])
-if state ~= 'none' then notify_free(KEYS[1]) end
 local id, tok = '', ''
-if r then id, tok = r.lease_id or '', r.token or '' end
-remember(KEYS[2], fp, id, tok, tonumber(ARGV[3]), out[1])
+if r then id, tok = r.id_sha, r.token end
+remember(key, request, fp, id, tok, tonumber(ARGV[2]), out[1])
+if f[1] then redis.call('HDEL', key, 'lease') end
+if state ~= 'none' then notify_free(key) end
 return out

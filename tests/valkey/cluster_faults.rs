@@ -66,7 +66,7 @@ struct Proxied {
 }
 
 async fn proxied(t: &Target) -> Proxied {
-    let lease_key = KeySpace::new("targetlease").unwrap().lease(t);
+    let lease_key = KeySpace::new("targetlease").unwrap().target(t);
     let lk = lease_key.clone();
     let (c, proxy, owner) =
         tokio::task::spawn_blocking(move || cluster_with_proxied_owner(|_| lk.clone()))
@@ -156,7 +156,7 @@ fn partial_cluster() -> (cluster::Cluster, Vec<Target>) {
             (0..)
                 .map(|k| target(&format!("shard-{i}-{k}")))
                 .find(|t| {
-                    let slot = c.keyslot(&ks.lease(t));
+                    let slot = c.keyslot(&ks.target(t));
                     let (from, to) = cluster::RANGES[i];
                     (from..=to).contains(&slot)
                 })
@@ -264,7 +264,7 @@ async fn cluster_a_node_that_leaves_the_slot_map_loses_its_connections() {
         .cmd(&["CLUSTER", "ADDSLOTSRANGE", &from, &to]);
     assert_eq!(reply.text(), "OK");
     let moved = Instant::now() + Duration::from_secs(20);
-    let slot = c.keyslot(&KeySpace::new("targetlease").unwrap().lease(&targets[2]));
+    let slot = c.keyslot(&KeySpace::new("targetlease").unwrap().target(&targets[2]));
     while !c.all_say_owner(slot, 1) {
         assert!(Instant::now() < moved, "the slots did not move");
         tokio::time::sleep(Duration::from_millis(50)).await;

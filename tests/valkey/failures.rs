@@ -130,9 +130,9 @@ async fn reply_lost_after_commit_is_unknown_and_the_retry_returns_the_committed_
         other => panic!("expected outcome_unknown, got {other:?}"),
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let fence = store.keys().fence(&t);
+    let key = store.keys().target(&t);
     assert_eq!(
-        server.conn().cmd(&["GET", &fence]).text(),
+        server.conn().cmd(&["HGET", &key, "fence"]).text(),
         "1",
         "it did commit"
     );
@@ -140,7 +140,11 @@ async fn reply_lost_after_commit_is_unknown_and_the_retry_returns_the_committed_
     assert_eq!(replay.outcome, Outcome::Acquired);
     let lease = replay.lease.unwrap();
     assert_eq!(lease.fencing_token, 1);
-    assert_eq!(server.conn().cmd(&["GET", &fence]).text(), "1", "one token");
+    assert_eq!(
+        server.conn().cmd(&["HGET", &key, "fence"]).text(),
+        "1",
+        "one token"
+    );
     // Nobody else gets it: the committed lease is live.
     let other = store
         .acquire(&AcquireRequest::new(t, "bob", TTL))
@@ -196,7 +200,10 @@ async fn server_killed_mid_operation_is_unknown_and_the_retry_allocates_one_toke
     let again = retry_until_connected(&store, &req).await.expect("replay");
     assert_eq!(again.lease, replay.lease, "a replay returns the same lease");
     assert_eq!(
-        server.conn().cmd(&["GET", &store.keys().fence(&t)]).text(),
+        server
+            .conn()
+            .cmd(&["HGET", &store.keys().target(&t), "fence"])
+            .text(),
         "2",
         "exactly one token was allocated for the retried request"
     );

@@ -198,9 +198,12 @@ async fn a_full_connection_refuses_at_once_and_sends_nothing() {
                         took < Duration::from_secs(1),
                         "{name}: refused after {took:?}"
                     );
-                    let fence = store.keys().fence(&target(&name));
+                    let key = store.keys().target(&target(&name));
                     assert!(
-                        matches!(server.conn().cmd(&["GET", &fence]), Resp::Bulk(None)),
+                        matches!(
+                            server.conn().cmd(&["HGET", &key, "fence"]),
+                            Resp::Bulk(None)
+                        ),
                         "{name} was refused but ran"
                     );
                     refused += 1;
@@ -384,9 +387,12 @@ async fn a_call_past_its_deadline_before_its_turn_is_never_sent() {
     )
     .await;
     assert_own_lease("next", "next-owner", next);
-    let fence = store.keys().fence(&target("waiting"));
+    let key = store.keys().target(&target("waiting"));
     assert!(
-        matches!(server.conn().cmd(&["GET", &fence]), Resp::Bulk(None)),
+        matches!(
+            server.conn().cmd(&["HGET", &key, "fence"]),
+            Resp::Bulk(None)
+        ),
         "the refused call ran"
     );
     assert_eq!(

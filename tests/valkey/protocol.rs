@@ -3,12 +3,10 @@
 //! counters or request-cache entries refused without being touched, and
 //! stored fields the client could not decode refused before any write.
 
-use crate::support::resp;
 use crate::support::valkey_server;
 
 use std::time::Duration;
 
-use resp::Resp;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireRequest, CommitRequest, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Target,
@@ -28,18 +26,36 @@ fn acquire(t: &Target, owner: &str) -> AcquireRequest {
     AcquireRequest::new(t.clone(), owner, Duration::from_secs(30))
 }
 
+/// The target's hash field `field`, as stored (`None` when absent).
+fn field(server: &ValkeyServer, s: &ValkeyStore, t: &Target, field: &str) -> Option<String> {
+    let key = s.keys().target(t);
+    server.conn().cmd(&["HMGET", &key, field]).texts().remove(0)
+}
+
+/// The remaining life of the target's hash field `field` in ms (-1: none,
+/// -2: no such field).
+fn field_ttl(server: &ValkeyServer, s: &ValkeyStore, t: &Target, field: &str) -> i64 {
+    let key = s.keys().target(t);
+    server
+        .conn()
+        .cmd(&["HPTTL", &key, "FIELDS", "1", field])
+        .ints()[0]
+}
+
 #[tokio::test]
 async fn tokens_are_exact_beyond_2_pow_53() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
     let t = Target::new("ns", "big");
-    let fence = s.keys().fence(&t);
-    server.conn().cmd(&["SET", &fence, "9007199254740993"]);
+    let key = s.keys().target(&t);
+    server
+        .conn()
+        .cmd(&["HSET", &key, "fence", "9007199254740993"]);
     let lease = s.acquire(&acquire(&t, "a")).await.unwrap().lease.unwrap();
     assert_eq!(lease.fencing_token, 9_007_199_254_740_994);
     assert_eq!(
-        server.conn().cmd(&["GET", &fence]).text(),
-        "9007199254740994"
+        field(&server, &s, &t, "fence").as_deref(),
+        Some("9007199254740994")
     );
     // The exact tuple still renews and releases.
     let released = s
@@ -54,77 +70,161 @@ async fn a_counter_at_its_maximum_fails_closed_instead_of_wrapping() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
     let t = Target::new("ns", "max");
-    let fence = s.keys().fence(&t);
+    let key = s.keys().target(&t);
     let max = i64::MAX.to_string();
-    server.conn().cmd(&["SET", &fence, &max]);
+    server.conn().cmd(&["HSET", &key, "fence", &max]);
     let r = s.acquire(&acquire(&t, "a")).await.unwrap();
     assert_eq!(r.outcome, Outcome::CorruptState);
     assert!(r.message.contains("exhausted"), "{}", r.message);
     assert_eq!(
-        server.conn().cmd(&["GET", &fence]).text(),
-        max,
+        field(&server, &s, &t, "fence"),
+        Some(max),
         "counter untouched"
     );
-    assert_eq!(
-        server.conn().cmd(&["EXISTS", &s.keys().lease(&t)]).int(),
-        0,
-        "no lease written"
-    );
+    assert_eq!(field(&server, &s, &t, "lease"), None, "no lease written");
 }
 
 #[tokio::test]
 async fn corrupt_counters_are_refused_and_left_alone() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
-    let cases: [(&str, &[&str]); 3] = [
-        ("not-a-number", &["SET", "{fence}", "twelve"]),
-        ("with-expiry", &["SET", "{fence}", "5", "PX", "600000"]),
-        ("wrong-type", &["HSET", "{fence}", "token", "5"]),
+    let cases: [(&str, &[&[&str]]); 2] = [
+        ("not-a-number", &[&["HSET", "{key}", "fence", "twelve"]]),
+        (
+            "with-expiry",
+            &[&[
+                "HSETEX", "{key}", "PX", "600000", "FIELDS", "1", "fence", "5",
+            ]],
+        ),
     ];
-    for (name, cmd) in cases {
+    for (name, cmds) in cases {
         let t = Target::new("ns", name);
-        let fence = s.keys().fence(&t);
-        let args: Vec<String> = cmd.iter().map(|a| a.replace("{fence}", &fence)).collect();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        server.conn().cmd(&args);
-        let before = server.conn().cmd(&["DUMP", &fence]);
+        let key = s.keys().target(&t);
+        for cmd in cmds {
+            let args: Vec<String> = cmd.iter().map(|a| a.replace("{key}", &key)).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            server.conn().cmd(&args);
+        }
+        let before = server.conn().cmd(&["DUMP", &key]);
         let r = s.acquire(&acquire(&t, "a")).await.unwrap();
         assert_eq!(r.outcome, Outcome::CorruptState, "{name}");
         assert_eq!(
-            server.conn().cmd(&["DUMP", &fence]),
+            server.conn().cmd(&["DUMP", &key]),
             before,
-            "{name}: counter untouched"
-        );
-        assert_eq!(
-            server.conn().cmd(&["EXISTS", &s.keys().lease(&t)]).int(),
-            0,
-            "{name}"
+            "{name}: counter untouched, nothing written"
         );
     }
 }
 
-/// A request cache entry that is not the packed string (garbage, or a hash
-/// holding the fields a replay needs) is refused: never replayed, never
-/// taken as a new request.
+/// Something else's key at a target's name (another application, a hand
+/// edit) holds no counter this store can trust: every operation is refused
+/// and the key is left exactly as it was, never overwritten or deleted.
+#[tokio::test]
+async fn a_target_key_of_another_type_fails_every_operation_closed() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "wrong-type");
+    let key = s.keys().target(&t);
+    let handle = targetlease::store::LeaseHandle {
+        owner: "a".into(),
+        lease_id: "0123456789abcdef0123456789abcdef".into(),
+        token: 1,
+    };
+    let ttl = Duration::from_secs(30);
+    for planted in [
+        &["SET", &key, "a string"][..],
+        &["RPUSH", &key, "a list"][..],
+    ] {
+        server.conn().cmd(&["DEL", &key]);
+        server.conn().cmd(planted);
+        let before = server.conn().cmd(&["DUMP", &key]);
+        let mut revoke = targetlease::store::RevokeRequest::new(t.clone());
+        revoke.request_id = "revoke-1".into();
+        let answers = [
+            ("acquire", s.acquire(&acquire(&t, "a")).await),
+            (
+                "renew",
+                s.renew(&RenewRequest::new(t.clone(), handle.clone(), ttl))
+                    .await,
+            ),
+            (
+                "release",
+                s.release(&ReleaseRequest::new(t.clone(), handle.clone()))
+                    .await,
+            ),
+            ("revoke", s.revoke(&revoke).await),
+            (
+                "commit",
+                s.commit(&CommitRequest::new(t.clone(), 1, "k", "v")).await,
+            ),
+            ("get", s.get(&t).await),
+        ];
+        for (op, r) in answers {
+            let r = r.unwrap_or_else(|e| panic!("{op}: a definite answer, got {e:?}"));
+            assert_eq!(r.outcome, Outcome::CorruptState, "{op}: {r:?}");
+            assert!(
+                r.message.contains("target key holds a"),
+                "{op}: {}",
+                r.message
+            );
+        }
+        let read = s.read(&t, "k").await.unwrap();
+        assert_eq!(read.outcome, Outcome::CorruptState, "read: {read:?}");
+        assert_eq!(server.conn().cmd(&["DUMP", &key]), before, "{planted:?}");
+    }
+}
+
 #[tokio::test]
 async fn an_unreadable_request_cache_entry_fails_closed() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
-    let as_hash: &[&str] = &["HSET", "", "fp", "00", "lease_id", "x", "token", "1"];
-    for (name, write) in [("garbage", &["SET", "", "garbage"][..]), ("hash", as_hash)] {
-        let t = Target::new("ns", name);
-        let req = acquire(&t, "a");
-        let key = s.keys().request(&t, "acquire", "a", &req.request_id);
-        let mut write = write.to_vec();
-        write[1] = &key;
-        server.conn().cmd(&write);
-        let r = s.acquire(&req).await.unwrap();
-        assert_eq!(r.outcome, Outcome::CorruptState, "{name}: {}", r.message);
-        assert_eq!(
-            server.conn().cmd(&["EXISTS", &s.keys().lease(&t)]).int(),
-            0,
-            "{name}"
-        );
+    let t = Target::new("ns", "cache");
+    let req = acquire(&t, "a");
+    let key = s.keys().target(&t);
+    let entry = format!("q:acquire:a:{}", req.request_id);
+    server.conn().cmd(&["HSET", &key, &entry, "garbage"]);
+    let r = s.acquire(&req).await.unwrap();
+    assert_eq!(r.outcome, Outcome::CorruptState);
+    assert_eq!(field(&server, &s, &t, "lease"), None);
+}
+
+/// The store keeps a hash of the lease id, never the id: whoever can read
+/// the server's memory (a dump, a replica, a read-only user) learns nothing
+/// that renews, releases or commits.
+#[tokio::test]
+async fn the_lease_id_is_never_stored() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "hashed");
+    let mut req = acquire(&t, "a");
+    req.lease_id = Some("chosen-lease-id-0123456789".into());
+    let first = s.acquire(&req).await.unwrap().lease.unwrap();
+    let other = Target::new("ns", "hashed-random");
+    let second = s
+        .acquire(&acquire(&other, "a"))
+        .await
+        .unwrap()
+        .lease
+        .unwrap();
+    for (t, lease) in [(&t, first), (&other, second)] {
+        let id = lease.lease_id.clone().unwrap();
+        let key = s.keys().target(t);
+        let stored = server.conn().cmd(&["HGETALL", &key]).texts();
+        let dump = format!("{:?}", server.conn().cmd(&["DUMP", &key]));
+        for text in stored.iter().flatten().chain([&dump]) {
+            assert!(!text.contains(&id), "the lease id {id} is stored: {text}");
+        }
+        // And the hash kept is enough to prove it.
+        let renewed = s
+            .renew(&RenewRequest::new(
+                t.clone(),
+                lease.handle().unwrap(),
+                Duration::from_secs(30),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(renewed.outcome, Outcome::Renewed);
+        assert_eq!(renewed.lease.unwrap().lease_id, Some(id));
     }
 }
 
@@ -134,41 +234,66 @@ async fn the_lease_record_carries_its_expiry_as_a_backend_ttl() {
     let s = store(&server).await;
     let t = Target::new("ns", "ttl");
     let lease = s.acquire(&acquire(&t, "a")).await.unwrap().lease.unwrap();
-    let mut c = server.conn();
-    let key = s.keys().lease(&t);
-    let pexpiretime = c.cmd(&["PEXPIRETIME", &key]).int();
+    let key = s.keys().target(&t);
+    let expires = server
+        .conn()
+        .cmd(&["HPEXPIRETIME", &key, "FIELDS", "1", "lease"])
+        .ints()[0];
     assert_eq!(
-        pexpiretime as u64, lease.expires_at_ms,
-        "TTL and stored expiry agree"
+        expires as u64, lease.expires_at_ms,
+        "field TTL and stored expiry agree"
     );
     assert_eq!(
-        c.cmd(&["PTTL", &s.keys().fence(&t)]).int(),
+        field_ttl(&server, &s, &t, "fence"),
         -1,
         "the counter never expires"
     );
-    let fields = match c.cmd(&["HGETALL", &key]) {
-        Resp::Array(Some(items)) => items.iter().map(Resp::text).collect::<Vec<_>>(),
-        other => panic!("{other:?}"),
-    };
-    assert!(
-        fields.windows(2).any(|w| w[0] == "v" && w[1] == "1"),
-        "{fields:?}"
-    );
+    assert_eq!(server.conn().cmd(&["PTTL", &key]).int(), -1, "nor the key");
+    let record = field(&server, &s, &t, "lease").unwrap();
+    assert!(record.starts_with("1:"), "{record}");
 }
 
-/// Everything a write could change: the lease record and its TTL, the
-/// commit record, and the number of keys (request cache entries).
+/// Everything a write could change: the target's whole hash, the expiry of
+/// its lease field, and the number of keys.
 fn state(server: &ValkeyServer, s: &ValkeyStore, t: &Target) -> String {
     let mut c = server.conn();
-    let lease = s.keys().lease(t);
-    let commit = s.keys().commit(t, "k");
+    let key = s.keys().target(t);
     format!(
-        "{:?} {:?} {:?} {:?}",
-        c.cmd(&["DUMP", &lease]),
-        c.cmd(&["PEXPIRETIME", &lease]),
-        c.cmd(&["DUMP", &commit]),
+        "{:?} {:?} {:?}",
+        c.cmd(&["DUMP", &key]),
+        c.cmd(&["HPEXPIRETIME", &key, "FIELDS", "1", "lease"]),
         c.cmd(&["DBSIZE"])
     )
+}
+
+/// The lease record of `t` with one part replaced, keeping its expiry.
+fn replace_in_record(server: &ValkeyServer, s: &ValkeyStore, t: &Target, part: &str, value: &[u8]) {
+    let key = s.keys().target(t);
+    let record = field(server, s, t, "lease").unwrap();
+    // 1:<token>:<acquired>:<expires>:<max>:<id_sha>:<owner bytes>:<owner><meta>
+    let parts: Vec<&str> = record.splitn(8, ':').collect();
+    let olen: usize = parts[6].parse().unwrap();
+    let (owner, meta) = parts[7].split_at(olen);
+    let (owner, meta) = match part {
+        "owner" => (value.to_vec(), meta.as_bytes().to_vec()),
+        "meta" => (owner.as_bytes().to_vec(), value.to_vec()),
+        other => panic!("{other}"),
+    };
+    let mut out = format!("{}:{}:", parts[..6].join(":"), owner.len()).into_bytes();
+    out.extend_from_slice(&owner);
+    out.extend_from_slice(&meta);
+    server
+        .conn()
+        .try_cmd_bytes(&[
+            b"HSETEX",
+            key.as_bytes(),
+            b"KEEPTTL",
+            b"FIELDS",
+            b"1",
+            b"lease",
+            &out,
+        ])
+        .unwrap();
 }
 
 #[tokio::test]
@@ -184,7 +309,7 @@ async fn stored_fields_the_client_cannot_decode_are_refused_before_any_write() {
         ("infinite number", "meta", b"{\"a\":1e400}".to_vec()),
         ("non-UTF-8 owner", "owner", b"al\xffce".to_vec()),
     ];
-    for (i, (what, field, value)) in cases.into_iter().enumerate() {
+    for (i, (what, part, value)) in cases.into_iter().enumerate() {
         let t = Target::new("ns", format!("undecodable-{i}"));
         let lease = s
             .acquire(&acquire(&t, "alice"))
@@ -198,11 +323,7 @@ async fn stored_fields_the_client_cannot_decode_are_refused_before_any_write() {
             .await
             .unwrap();
         assert_eq!(c.outcome, Outcome::Committed);
-        let key = s.keys().lease(&t);
-        server
-            .conn()
-            .try_cmd_bytes(&[b"HSET", key.as_bytes(), field.as_bytes(), &value])
-            .unwrap();
+        replace_in_record(&server, &s, &t, part, &value);
         let before = state(&server, &s, &t);
 
         let ttl = Duration::from_secs(300);
@@ -237,7 +358,7 @@ async fn stored_fields_the_client_cannot_decode_are_refused_before_any_write() {
             .release(&ReleaseRequest::new(t.clone(), holder))
             .await
             .unwrap_or_else(|e| panic!("{what}: release: {e:?}"));
-        if field == "owner" {
+        if part == "owner" {
             assert_eq!(release.outcome, Outcome::CorruptState, "{what}");
             assert_eq!(
                 state(&server, &s, &t),
@@ -247,7 +368,7 @@ async fn stored_fields_the_client_cannot_decode_are_refused_before_any_write() {
         } else {
             assert_eq!(release.outcome, Outcome::Released, "{what}");
             assert!(release.lease.is_none());
-            assert_eq!(server.conn().cmd(&["EXISTS", &key]).int(), 0);
+            assert_eq!(field(&server, &s, &t, "lease"), None);
         }
     }
 }
@@ -296,34 +417,16 @@ async fn unreadable_commit_records_read_as_corrupt_and_stay_untouched() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
     let t = Target::new("ns", "read");
-    let key = s.keys().commit(&t, "k");
+    let key = s.keys().target(&t);
     let cases: [&[&str]; 5] = [
-        &["SET", &key, "a string"],
-        &[
-            "HSET",
-            &key,
-            "token",
-            "seven",
-            "value",
-            "v",
-            "committed_ms",
-            "1",
-        ],
-        &["HSET", &key, "token", "7", "committed_ms", "1"],
-        &[
-            "HSET",
-            &key,
-            "token",
-            "0",
-            "value",
-            "v",
-            "committed_ms",
-            "1",
-        ],
+        &["HSET", &key, "c:k", "a string"],
+        &["HSET", &key, "c:k", "seven:1:v"],
+        &["HSET", &key, "c:k", "7:v"],
+        &["HSET", &key, "c:k", "0:1:v"],
         // A value that is not UTF-8 (byte 0xFF).
         &[
             "EVAL",
-            "redis.call('HSET', KEYS[1], 'token', '7', 'value', string.char(255), 'committed_ms', '1')",
+            "redis.call('HSET', KEYS[1], 'c:k', '7:1:' .. string.char(255))",
             "1",
             &key,
         ],
@@ -344,34 +447,67 @@ async fn a_lease_record_with_token_zero_is_corrupt_not_live() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
     let t = Target::new("ns", "zero");
-    let key = s.keys().lease(&t);
+    let key = s.keys().target(&t);
     let far = (std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis()
         + 600_000)
         .to_string();
+    let record = format!("1:0:1:{far}::{}:1:o", "0".repeat(40));
     server.conn().cmd(&[
-        "HSET",
-        &key,
-        "v",
-        "1",
-        "lease_id",
-        "0123456789abcdef",
-        "owner",
-        "o",
-        "token",
-        "0",
-        "acquired_ms",
-        "1",
-        "expires_ms",
-        &far,
+        "HSETEX", &key, "PX", "600000", "FIELDS", "1", "lease", &record,
     ]);
-    server.conn().cmd(&["PEXPIRE", &key, "600000"]);
     let got = s.get(&t).await.unwrap();
     assert_eq!(
         got.outcome,
         Outcome::CorruptState,
         "tokens start at 1: {got:?}"
     );
+    // The same record with token 1 is live: the refusal was the token.
+    let record = format!("1:1:1:{far}::{}:1:o", "0".repeat(40));
+    server.conn().cmd(&[
+        "HSETEX", &key, "PX", "600000", "FIELDS", "1", "lease", &record,
+    ]);
+    assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::Found);
+}
+
+/// A server without hash-field expiry (apt's Redis 7.0 here; Valkey before
+/// 9.0 alike) cannot keep a lease's expiry with it: connecting refuses with
+/// a message that names the server and what is needed, before any call.
+#[tokio::test]
+async fn a_server_without_hash_field_expiry_is_refused_at_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = valkey_server::free_port();
+    let mut child = std::process::Command::new(crate::support::tools::tool("redis-server"))
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("cannot start redis-server");
+    valkey_server::wait_until_answering(port, Duration::from_secs(10));
+    let connected = ValkeyStore::connect(&ValkeyConfig {
+        url: format!("redis://127.0.0.1:{port}"),
+        ..ValkeyConfig::default()
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    match connected {
+        Err(targetlease::store::StoreError::BackendUnavailable(why)) => {
+            assert!(why.contains("runs Redis 7."), "{why}");
+            assert!(why.contains("Valkey 9.0 or newer"), "{why}");
+        }
+        Err(e) => panic!("a refusal that names the server: {e:?}"),
+        Ok(_) => panic!("connected to a server the scripts cannot run on"),
+    }
 }

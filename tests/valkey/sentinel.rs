@@ -29,8 +29,8 @@ async fn acquire_lands_on(url: String, primary: &ValkeyServer, name: &str) {
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Acquired);
-    let fence = store.keys().fence(&t);
-    assert_eq!(primary.conn().cmd(&["GET", &fence]).text(), "1");
+    let key = store.keys().target(&t);
+    assert_eq!(primary.conn().cmd(&["HGET", &key, "fence"]).text(), "1");
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::errors::Effect;
-use super::keys::KeySpace;
+use super::keys::{KeySpace, commit_field, request_field};
 use super::scripts::{SCRIPTS, Script};
 use crate::store::{
     AcquireRequest, CommitRequest, IDEMPOTENCY_WINDOW, ReleaseRequest, RenewRequest, RevokeRequest,
@@ -38,16 +38,13 @@ fn ms(d: Duration) -> String {
 
 pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
     let t = &req.target;
+    let lease_id = req
+        .lease_id
+        .clone()
+        .unwrap_or_else(|| derived_lease_id(t, &req.owner, &req.request_id));
     Call {
         script: &SCRIPTS.acquire,
-        keys: vec![
-            ("lease", ks.lease(t)),
-            ("fence", ks.fence(t)),
-            (
-                "request",
-                ks.request(t, "acquire", &req.owner, &req.request_id),
-            ),
-        ],
+        keys: vec![("target", ks.target(t))],
         args: vec![
             ("owner", req.owner.clone()),
             ("ttl", ms(req.ttl)),
@@ -55,18 +52,13 @@ pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
                 "max_life",
                 req.max_lifetime.map(ms).unwrap_or_else(|| "0".into()),
             ),
-            (
-                "lease_id",
-                req.lease_id
-                    .clone()
-                    .unwrap_or_else(crate::store::new_request_id),
-            ),
+            ("lease_id", lease_id),
             ("metadata", req.metadata_json()),
             ("floor", req.token_floor.unwrap_or(0).to_string()),
             ("window", window_ms(Duration::ZERO)),
             (
-                "chosen",
-                if req.lease_id.is_some() { "1" } else { "" }.into(),
+                "request",
+                request_field("acquire", &req.owner, &req.request_id),
             ),
         ],
         effect: Effect::Write,
@@ -74,20 +66,42 @@ pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
     }
 }
 
+/// The lease id of an acquire whose caller chose none: derived from what
+/// identifies the request, so that a retry of it (same request id) asks for
+/// the same lease id, and the store never needs to keep the id itself (it
+/// keeps its hash). Knowing the request id is knowing this lease id: a request
+/// id is a capability (docs/protocol.md).
+fn derived_lease_id(t: &Target, owner: &str, request_id: &str) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in [
+        "targetlease lease id v1",
+        &t.namespace,
+        &t.name,
+        owner,
+        request_id,
+    ] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part.as_bytes());
+    }
+    let digest = ctx.finish();
+    digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
     let (t, h) = (&req.target, &req.handle);
     Call {
         script: &SCRIPTS.renew,
-        keys: vec![
-            ("lease", ks.lease(t)),
-            ("request", ks.request(t, "renew", &h.owner, &req.request_id)),
-        ],
+        keys: vec![("target", ks.target(t))],
         args: vec![
             ("owner", h.owner.clone()),
             ("lease_id", h.lease_id.clone()),
             ("token", h.token.to_string()),
             ("ttl", ms(req.ttl)),
             ("window", window_ms(Duration::ZERO)),
+            ("request", request_field("renew", &h.owner, &req.request_id)),
         ],
         effect: Effect::Write,
         may_wait: true,
@@ -98,18 +112,16 @@ pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> Call {
     let (t, h) = (&req.target, &req.handle);
     Call {
         script: &SCRIPTS.release,
-        keys: vec![
-            ("lease", ks.lease(t)),
-            (
-                "request",
-                ks.request(t, "release", &h.owner, &req.request_id),
-            ),
-        ],
+        keys: vec![("target", ks.target(t))],
         args: vec![
             ("owner", h.owner.clone()),
             ("lease_id", h.lease_id.clone()),
             ("token", h.token.to_string()),
             ("window", window_ms(Duration::ZERO)),
+            (
+                "request",
+                request_field("release", &h.owner, &req.request_id),
+            ),
         ],
         effect: Effect::Write,
         may_wait: false,
@@ -119,7 +131,7 @@ pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> Call {
 pub(super) fn get(ks: &KeySpace, t: &Target) -> Call {
     Call {
         script: &SCRIPTS.get,
-        keys: vec![("lease", ks.lease(t))],
+        keys: vec![("target", ks.target(t))],
         args: vec![],
         effect: Effect::Read,
         may_wait: false,
@@ -129,8 +141,8 @@ pub(super) fn get(ks: &KeySpace, t: &Target) -> Call {
 pub(super) fn read(ks: &KeySpace, t: &Target, key: &str) -> Call {
     Call {
         script: &SCRIPTS.read,
-        keys: vec![("commit", ks.commit(t, key))],
-        args: vec![],
+        keys: vec![("target", ks.target(t))],
+        args: vec![("commit", commit_field(key))],
         effect: Effect::Read,
         may_wait: false,
     }
@@ -140,17 +152,14 @@ pub(super) fn revoke(ks: &KeySpace, req: &RevokeRequest) -> Call {
     let t = &req.target;
     Call {
         script: &SCRIPTS.revoke,
-        keys: vec![
-            ("lease", ks.lease(t)),
-            ("request", ks.request(t, "revoke", "", &req.request_id)),
-        ],
+        keys: vec![("target", ks.target(t))],
         args: vec![
-            ("reason", req.reason.clone().unwrap_or_default()),
             (
                 "token",
                 req.token.map(|n| n.to_string()).unwrap_or_default(),
             ),
             ("window", window_ms(Duration::ZERO)),
+            ("request", request_field("revoke", "", &req.request_id)),
         ],
         effect: Effect::Write,
         may_wait: false,
@@ -161,16 +170,14 @@ pub(super) fn commit(ks: &KeySpace, req: &CommitRequest) -> Call {
     let t = &req.target;
     Call {
         script: &SCRIPTS.commit,
-        keys: vec![
-            ("lease", ks.lease(t)),
-            ("commit", ks.commit(t, &req.key)),
-            ("request", ks.request(t, "commit", "", &req.request_id)),
-        ],
+        keys: vec![("target", ks.target(t))],
         args: vec![
             ("token", req.token.to_string()),
             ("key", req.key.clone()),
             ("value", req.value.clone()),
             ("window", window_ms(Duration::ZERO)),
+            ("commit", commit_field(&req.key)),
+            ("request", request_field("commit", "", &req.request_id)),
         ],
         effect: Effect::Write,
         may_wait: true,
@@ -246,6 +253,27 @@ mod tests {
                     s.name
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_derived_lease_id_names_its_request_and_nothing_else() {
+        let t = Target::new("ns", "t");
+        let id = derived_lease_id(&t, "o", "r");
+        assert_eq!(
+            id,
+            derived_lease_id(&t, "o", "r"),
+            "a retry asks for the same id"
+        );
+        assert_eq!(id.len(), 32);
+        for other in [
+            derived_lease_id(&Target::new("ns", "u"), "o", "r"),
+            derived_lease_id(&Target::new("nst", ""), "o", "r"),
+            derived_lease_id(&t, "o2", "r"),
+            derived_lease_id(&t, "o", "r2"),
+            derived_lease_id(&t, "or", ""),
+        ] {
+            assert_ne!(id, other);
         }
     }
 }

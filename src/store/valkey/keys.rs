@@ -1,15 +1,18 @@
-//! Key layout: every key of one target shares one hash tag, so one cluster slot.
+//! Key layout: one hash per target, so a target's state always lives in one
+//! key (one cluster slot, and a slot migration never splits it).
 //!
 //! ```text
-//! <prefix>:{<ns>:<target>}:lease                 lease record (hash, TTL = lease expiry)
-//! <prefix>:{<ns>:<target>}:fence                 fencing counter (string, no TTL, never deleted)
-//! <prefix>:{<ns>:<target>}:req:<op>:<scope>:<id> request cache (string, TTL = idempotency window)
-//! <prefix>:{<ns>:<target>}:commit:<key>          fenced commit (hash, no TTL)
+//! <prefix>:{<ns>:<target>}          the target's hash (no key expiry, never deleted)
+//!   fence                           fencing counter (no field expiry)
+//!   lease                           the live lease (field expiry = lease expiry)
+//!   q:<op>:<scope>:<request id>     request cache (field expiry = idempotency window)
+//!   c:<key>                         fenced commit (no field expiry)
 //! ```
 //!
-//! Namespace, target, owner, request id and commit key are escaped so that
-//! `%`, `:`, `{` and `}` never appear raw: `("a:b", "c")` and `("a", "b:c")`
-//! cannot collide, and no user string can end the hash tag early.
+//! The fields' contents are described in `lua/lib.lua`. Namespace, target,
+//! owner, request id and commit key are escaped so that `%`, `:`, `{` and `}`
+//! never appear raw: `("a:b", "c")` and `("a", "b:c")` cannot collide, and no
+//! user string can end the hash tag early.
 
 use crate::store::{StoreError, Target};
 
@@ -51,57 +54,47 @@ impl KeySpace {
         )
     }
 
-    /// The lease record.
-    pub fn lease(&self, t: &Target) -> String {
-        format!("{}:lease", self.base(t))
+    /// The target's hash: every field of one target lives in it.
+    pub fn target(&self, t: &Target) -> String {
+        self.base(t)
     }
+}
 
-    /// The fencing counter.
-    pub fn fence(&self, t: &Target) -> String {
-        format!("{}:fence", self.base(t))
-    }
+/// The request cache field of one operation, scoped (owner or "") and request id.
+pub fn request_field(op: &str, scope: &str, request_id: &str) -> String {
+    format!("q:{op}:{}:{}", escape(scope), escape(request_id))
+}
 
-    /// The request cache entry of one operation, scoped (owner or "") and request id.
-    pub fn request(&self, t: &Target, op: &str, scope: &str, request_id: &str) -> String {
-        format!(
-            "{}:req:{op}:{}:{}",
-            self.base(t),
-            escape(scope),
-            escape(request_id)
-        )
-    }
-
-    /// The fenced commit record of `key`.
-    pub fn commit(&self, t: &Target, key: &str) -> String {
-        format!("{}:commit:{}", self.base(t), escape(key))
-    }
+/// The fenced commit field of `key`.
+pub fn commit_field(key: &str) -> String {
+    format!("c:{}", escape(key))
 }
 
 /// Percent-escapes the characters that carry meaning in a key.
 impl KeySpace {
-    /// A SCAN pattern for the lease records of `namespace` (every namespace
+    /// A SCAN pattern for the target keys of `namespace` (every namespace
     /// when `None`) whose target names start with `target_prefix`.
-    pub fn lease_pattern(&self, namespace: Option<&str>, target_prefix: &str) -> String {
+    pub fn target_pattern(&self, namespace: Option<&str>, target_prefix: &str) -> String {
         let ns = namespace.map_or_else(|| "*".to_owned(), |n| glob_escape(&escape(n)));
         format!(
-            "{}:{{{ns}:{}*}}:lease",
+            "{}:{{{ns}:{}*}}",
             glob_escape(&self.prefix),
             glob_escape(&escape(target_prefix))
         )
     }
 
-    /// The target a lease record's key belongs to (`None` for any other key,
-    /// also one [`KeySpace::lease`] cannot have built, such as a raw `:` or
-    /// `{` in the target: no lease operation reads or writes that key).
-    pub fn target_of_lease_key(&self, key: &str) -> Option<Target> {
-        let target = parse_base(&self.prefix, key.strip_suffix(":lease")?)?;
-        (self.lease(&target) == key).then_some(target)
+    /// The target a key belongs to (`None` for any other key, also one
+    /// [`KeySpace::target`] cannot have built, such as a raw `:` or `{` in
+    /// the target: no lease operation reads or writes that key).
+    pub fn target_of_key(&self, key: &str) -> Option<Target> {
+        let target = parse_base(&self.prefix, key)?;
+        (self.target(&target) == key).then_some(target)
     }
 }
 
-/// Reads a key base `<prefix>:{<ns>:<target>}` (what the release and revoke
-/// scripts publish) back into its target; `None` for text [`escape`] cannot
-/// produce.
+/// Reads a target key `<prefix>:{<ns>:<target>}` (what the release and
+/// revoke scripts publish) back into its target; `None` for text [`escape`]
+/// cannot produce.
 pub fn parse_base(prefix: &str, base: &str) -> Option<Target> {
     let tag = base
         .strip_prefix(prefix)?
@@ -166,48 +159,43 @@ mod tests {
     }
 
     #[test]
-    fn lease_keys_name_their_target_back_and_patterns_escape_globs() {
+    fn target_keys_name_their_target_back_and_patterns_escape_globs() {
         for t in [
             Target::new("ns", "db"),
             Target::new("a:b%", "{c}:d"),
             Target::new("x", "*?[]\\"),
         ] {
-            assert_eq!(ks().target_of_lease_key(&ks().lease(&t)), Some(t));
+            assert_eq!(ks().target_of_key(&ks().target(&t)), Some(t));
         }
-        assert_eq!(ks().target_of_lease_key("tl:{ns:db}:fence"), None);
-        assert_eq!(ks().target_of_lease_key("tl:{ns:d%ZZb}:lease"), None);
-        assert_eq!(ks().target_of_lease_key("tl:{ns:a:b}:lease"), None);
-        assert_eq!(ks().target_of_lease_key("tl:{ns:a{b}:lease"), None);
-        assert_eq!(ks().target_of_lease_key("tl:{ns:%3a}:lease"), None);
-        assert_eq!(ks().lease_pattern(None, ""), "tl:{*:*}:lease");
+        assert_eq!(ks().target_of_key("tl:{ns:db}:fence"), None);
+        assert_eq!(ks().target_of_key("tl:{ns:d%ZZb}"), None);
+        assert_eq!(ks().target_of_key("tl:{ns:a:b}"), None);
+        assert_eq!(ks().target_of_key("tl:{ns:a{b}"), None);
+        assert_eq!(ks().target_of_key("tl:{ns:%3a}"), None);
+        assert_eq!(ks().target_of_key("other:{ns:db}"), None);
+        assert_eq!(ks().target_pattern(None, ""), "tl:{*:*}");
         assert_eq!(
-            ks().lease_pattern(Some("team:a"), "job*"),
-            "tl:{team%3Aa:job\\**}:lease"
+            ks().target_pattern(Some("team:a"), "job*"),
+            "tl:{team%3Aa:job\\**}"
         );
     }
 
     #[test]
     fn namespace_and_target_never_collide() {
-        let a = ks().lease(&Target::new("a:b", "c"));
-        let b = ks().lease(&Target::new("a", "b:c"));
+        let a = ks().target(&Target::new("a:b", "c"));
+        let b = ks().target(&Target::new("a", "b:c"));
         assert_ne!(a, b);
-        assert_eq!(a, "tl:{a%3Ab:c}:lease");
+        assert_eq!(a, "tl:{a%3Ab:c}");
     }
 
     #[test]
-    fn every_key_of_a_target_shares_one_hash_tag() {
-        let t = Target::new("ns}x", "{weird}");
-        let tag = |k: &str| {
-            let open = k.find('{').unwrap();
-            let close = open + k[open..].find('}').unwrap();
-            k[open + 1..close].to_owned()
-        };
-        let ks = ks();
-        let lease = tag(&ks.lease(&t));
-        assert_eq!(lease, tag(&ks.fence(&t)));
-        assert_eq!(lease, tag(&ks.request(&t, "acquire", "o}", "r{")));
-        assert_eq!(lease, tag(&ks.commit(&t, "k}")));
-        assert_eq!(lease, "ns%7Dx:%7Bweird%7D");
+    fn fields_escape_what_separates_them() {
+        assert_ne!(
+            request_field("acquire", "a:b", "c"),
+            request_field("acquire", "a", "b:c")
+        );
+        assert_eq!(request_field("renew", "o:1", "r%"), "q:renew:o%3A1:r%25");
+        assert_eq!(commit_field("k:v"), "c:k%3Av");
     }
 
     #[test]

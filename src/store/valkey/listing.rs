@@ -1,5 +1,5 @@
-//! `list`: every lease record under a SCAN pattern, on every primary, each
-//! read through the get script.
+//! `list`: every target key under a SCAN pattern, on every primary, each
+//! read through the get script; targets without a lease record are left out.
 
 use futures::{StreamExt, TryStreamExt};
 use tokio::time::Instant;
@@ -21,7 +21,7 @@ pub(super) async fn list(
     if let Some(ns) = namespace {
         crate::store::check_name("namespace", ns)?;
     }
-    let pattern = store.keys.lease_pattern(namespace, target_prefix);
+    let pattern = store.keys.target_pattern(namespace, target_prefix);
     let deadline = Instant::now() + store.timeout;
     let keys = store
         .client
@@ -30,7 +30,7 @@ pub(super) async fn list(
         .map_err(|e| unanswered(e, Effect::Read, store.timeout))?;
     let mut targets: Vec<Target> = keys
         .iter()
-        .filter_map(|k| store.keys.target_of_lease_key(k))
+        .filter_map(|k| store.keys.target_of_key(k))
         .filter(|t| namespace.is_none_or(|n| t.namespace == n))
         .filter(|t| t.name.starts_with(target_prefix))
         .collect();
@@ -49,12 +49,15 @@ pub(super) async fn list(
                     server_time_ms: 0,
                     message: format!("the record's key names no valid target ({why})"),
                 };
-                return Ok(Listed { target, reply });
+                return Ok(Some(Listed { target, reply }));
             }
+            // Every target ever used keeps its key (its fence counter):
+            // one without a lease record is not listed.
             let reply = store.get(&target).await?;
-            Ok(Listed::from_get(target, reply))
+            Ok((reply.outcome != Outcome::NotFound).then(|| Listed::from_get(target, reply)))
         })
         .buffered(IN_FLIGHT)
+        .try_filter_map(|listed| async move { Ok(listed) })
         .try_collect()
         .await
 }

@@ -174,6 +174,53 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     read: Script::new("read", "no-writes", include_str!("../../../lua/read.lua")),
 });
 
+/// Why a server that answered `INFO server` with `info` cannot run the
+/// scripts, if it cannot: they keep each lease and request cache entry as a
+/// hash field with its own expiry (`HSETEX`, `HPTTL`, `HPEXPIRE`), which
+/// Valkey has since 9.0 (and Redis since 8.0). A server that hides its
+/// version is given the benefit of the doubt (its first script would fail
+/// before it wrote).
+pub(super) fn lacks_field_expiry(info: &str) -> Option<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let (server, version, needed) = match (field("valkey_version"), field("redis_version")) {
+        (Some(v), _) => ("Valkey", v, 9),
+        (None, Some(v)) => ("Redis", v, 8),
+        (None, None) => return None,
+    };
+    let major: u32 = version.split('.').next()?.parse().ok()?;
+    (major < needed).then(|| {
+        format!(
+            "runs {server} {version}: targetlease needs hash-field expiry, \
+             Valkey 9.0 or newer"
+        )
+    })
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::lacks_field_expiry;
+
+    #[test]
+    fn servers_without_hash_field_expiry_are_named() {
+        let valkey = |v: &str| format!("# Server\r\nredis_version:7.2.4\r\nvalkey_version:{v}\r\n");
+        assert_eq!(lacks_field_expiry(&valkey("9.0.0")), None);
+        assert_eq!(lacks_field_expiry(&valkey("9.1.2")), None);
+        let old = lacks_field_expiry(&valkey("8.1.1")).unwrap();
+        assert!(
+            old.contains("Valkey 8.1.1") && old.contains("9.0 or newer"),
+            "{old}"
+        );
+        let redis = lacks_field_expiry("redis_version:7.0.15\r\n").unwrap();
+        assert!(redis.contains("Redis 7.0.15"), "{redis}");
+        assert_eq!(lacks_field_expiry("redis_version:8.2.0\r\n"), None);
+        assert_eq!(lacks_field_expiry("# Server\r\n"), None);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,7 +46,7 @@ async fn cluster_moved_to_an_empty_endpoint_is_followed_not_unknown() {
     let c = cluster::Cluster::start();
     let store = ValkeyStore::connect(&config(c.url())).await.unwrap();
     let t = target("moved-empty-endpoint");
-    let lease_key = store.keys().lease(&t);
+    let lease_key = store.keys().target(&t);
     let slot = c.keyslot(&lease_key);
     let from = c.owner_of_slot(slot);
     let to = (from + 1) % 3;
@@ -96,7 +96,7 @@ async fn a_plain_url_at_a_cluster_node_reports_moved_as_unknown() {
     // A target whose slot lives on another node.
     let t = (0..)
         .map(|i| target(&format!("elsewhere-{i}")))
-        .find(|t| c.owner_of_slot(c.keyslot(&store.keys().lease(t))) != 0)
+        .find(|t| c.owner_of_slot(c.keyslot(&store.keys().target(t))) != 0)
         .unwrap();
     let before: u64 = c
         .nodes

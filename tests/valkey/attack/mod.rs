@@ -53,9 +53,10 @@ pub(crate) fn target(name: &str) -> Target {
     Target::new("attack", name)
 }
 
-pub(crate) fn get_key(server: &ValkeyServer, key: &str) -> Option<String> {
-    match server.conn().cmd(&["GET", key]) {
+/// A target's fencing counter as stored (`None` before its first grant).
+pub(crate) fn fence_of(server: &ValkeyServer, key: &str) -> Option<String> {
+    match server.conn().cmd(&["HGET", key, "fence"]) {
         Resp::Bulk(b) => b,
-        other => panic!("GET {key}: {other:?}"),
+        other => panic!("HGET {key} fence: {other:?}"),
     }
 }
