@@ -23,6 +23,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use targetlease::store::valkey::KeySpace;
+use targetlease::store::valkey::keys::{commit_field, request_field};
 use targetlease::store::valkey::scripts::{SCRIPTS, Script};
 use targetlease::store::{IDEMPOTENCY_WINDOW, Target};
 
@@ -77,16 +78,12 @@ fn evalsha(script: &Script, keys: &[String], args: &[&str]) -> Vec<String> {
 /// The acquire our client sends for `t` (the baselines' owner and lease id),
 /// under request id `rid`.
 fn acquire_call(ks: &KeySpace, t: &Target, rid: &str) -> Vec<String> {
-    let keys = [
-        ks.lease(t),
-        ks.fence(t),
-        ks.request(t, "acquire", OWNER, rid),
-    ];
     let ttl = TTL_MS.to_string();
+    let request = request_field("acquire", OWNER, rid);
     evalsha(
         &SCRIPTS.acquire,
-        &keys,
-        &[OWNER, &ttl, "0", LEASE_ID, "", "0", &window()],
+        &[ks.target(t)],
+        &[OWNER, &ttl, "0", LEASE_ID, "", "0", &window(), &request],
     )
 }
 
@@ -226,11 +223,11 @@ fn hold(server: &ValkeyServer, stem: &str, count: usize) {
 /// How many of `count` leases on `<stem>…` are still there.
 fn still_held(server: &ValkeyServer, stem: &str, count: usize) -> usize {
     let ks = ks();
-    let key = ks.lease(&Target::new(NS, format!("{stem}#")));
+    let key = ks.target(&Target::new(NS, format!("{stem}#")));
     let (head, tail) = key.split_once('#').expect("placeholder");
     let count_script = "local n = 0 for i = 0, tonumber(ARGV[3]) - 1 do \
-        if redis.call('EXISTS', ARGV[1] .. string.format('%012d', i) .. ARGV[2]) == 1 then \
-        n = n + 1 end end return n";
+        if redis.call('HEXISTS', ARGV[1] .. string.format('%012d', i) .. ARGV[2], 'lease') == 1 \
+        then n = n + 1 end end return n";
     cli(
         server,
         &["EVAL", count_script, "0", head, tail, &count.to_string()],
@@ -265,18 +262,22 @@ pub fn ours_by_redis_benchmark(
             (measured(server, c, n, 100_000_000, &cmd), 1.0)
         }
         "renew" => {
-            let keys = [ks.lease(&live), ks.request(&live, "renew", OWNER, &rid())];
-            let cmd = evalsha(&SCRIPTS.renew, &keys, &[OWNER, LEASE_ID, "1", &ttl, &w]);
+            let request = request_field("renew", OWNER, &rid());
+            let cmd = evalsha(
+                &SCRIPTS.renew,
+                &[ks.target(&live)],
+                &[OWNER, LEASE_ID, "1", &ttl, &w, &request],
+            );
             (measured(server, c, n, RENEW_LEASES, &cmd), 1.0)
         }
         "commit" => {
             let value = format!("v{R}");
-            let keys = [
-                ks.lease(&live),
-                ks.commit(&live, "offset"),
-                ks.request(&live, "commit", "", &rid()),
-            ];
-            let cmd = evalsha(&SCRIPTS.commit, &keys, &["1", "offset", &value, &w]);
+            let (commit, request) = (commit_field("offset"), request_field("commit", "", &rid()));
+            let cmd = evalsha(
+                &SCRIPTS.commit,
+                &[ks.target(&live)],
+                &["1", "offset", &value, &w, &commit, &request],
+            );
             (measured(server, c, n, RENEW_LEASES, &cmd), 1.0)
         }
         "release" => {
@@ -284,8 +285,12 @@ pub fn ours_by_redis_benchmark(
             let leases = 4 * n;
             hold(server, &stem, leases);
             let t = Target::new(NS, format!("{stem}{R}"));
-            let keys = [ks.lease(&t), ks.request(&t, "release", OWNER, &rid())];
-            let cmd = evalsha(&SCRIPTS.release, &keys, &[OWNER, LEASE_ID, "1", &w]);
+            let request = request_field("release", OWNER, &rid());
+            let cmd = evalsha(
+                &SCRIPTS.release,
+                &[ks.target(&t)],
+                &[OWNER, LEASE_ID, "1", &w, &request],
+            );
             let fig = measured(server, c, n, leases, &cmd);
             let released = leases - still_held(server, &stem, leases);
             (fig, released as f64 / n as f64)

@@ -221,9 +221,6 @@ pub struct GetArgs {
 pub struct RevokeArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// Why the lease is revoked (informational).
-    #[arg(long, env = "TARGETLEASE_REVOKE_REASON")]
-    reason: Option<String>,
     /// Only end the lease with this fencing token (refused as not_owner otherwise).
     #[arg(long, env = "TARGETLEASE_FENCING_TOKEN", value_parser = parse_token, allow_negative_numbers = true)]
     token: Option<u64>,
@@ -365,7 +362,6 @@ fn build(cmd: &LeaseCommand) -> Result<Op, String> {
         LeaseCommand::Get(a) => Op::Get(a.target.target()),
         LeaseCommand::Revoke(a) => {
             let mut req = RevokeRequest::new(a.target.target());
-            req.reason = a.reason.clone();
             req.token = a.token;
             req.request_id = request_id(&a.request_id);
             Op::Revoke(req)

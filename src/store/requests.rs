@@ -172,8 +172,6 @@ impl ReleaseRequest {
 pub struct RevokeRequest {
     /// The target to clear.
     pub target: Target,
-    /// Why (informational; never stored).
-    pub reason: Option<String>,
     /// Only end the lease with this fencing token (`not_owner` otherwise).
     /// Without it, whatever record sits on the target is removed.
     pub token: Option<u64>,
@@ -187,7 +185,6 @@ impl RevokeRequest {
     pub fn new(target: Target) -> Self {
         Self {
             target,
-            reason: None,
             token: None,
             request_id: new_request_id(),
         }
@@ -199,13 +196,6 @@ impl RevokeRequest {
         check_name("request id", &self.request_id)?;
         if let Some(token) = self.token {
             check_token(token)?;
-        }
-        if let Some(reason) = &self.reason
-            && reason.len() > MAX_METADATA_BYTES
-        {
-            return Err(StoreError::Invalid(format!(
-                "reason is longer than {MAX_METADATA_BYTES} bytes"
-            )));
         }
         Ok(())
     }

@@ -81,10 +81,11 @@ pub type Primary = Arc<dyn Fn(&[&str]) -> Option<Resp> + Send + Sync>;
 /// Reads each target's fenced-commit value from the primary (retrying while
 /// it is unreachable: a fault may have just ended).
 async fn final_commits(primary: Primary, store: &ValkeyStore) -> Vec<CommitState> {
+    let field = targetlease::store::valkey::keys::commit_field(COMMIT_KEY);
     let keys: Vec<(String, String)> = TARGETS
         .iter()
         .map(|t| {
-            let key = store.keys().commit(&Target::new(NAMESPACE, *t), COMMIT_KEY);
+            let key = store.keys().target(&Target::new(NAMESPACE, *t));
             (t.to_string(), key)
         })
         .collect();
@@ -93,21 +94,29 @@ async fn final_commits(primary: Primary, store: &ValkeyStore) -> Vec<CommitState
         let mut out = Vec::new();
         for (target, key) in keys {
             let reply = loop {
-                if let Some(r) = primary(&["HMGET", &key, "token", "value"]) {
+                if let Some(r) = primary(&["HGET", &key, &field]) {
                     break r;
                 }
                 assert!(Instant::now() < deadline, "valkey never came back");
                 std::thread::sleep(Duration::from_millis(100));
             };
-            let Resp::Array(Some(fields)) = reply else {
-                panic!("HMGET {key}: {reply:?}");
-            };
-            if let [Resp::Bulk(Some(token)), Resp::Bulk(Some(value))] = fields.as_slice() {
-                out.push(CommitState {
-                    resource: target,
-                    token: token.parse().expect("a numeric commit token"),
-                    write_id: value.clone(),
-                });
+            // "<token>:<committed_ms>:<value>" (lua/lib.lua)
+            match reply {
+                Resp::Bulk(None) => {}
+                Resp::Bulk(Some(record)) => {
+                    let mut parts = record.splitn(3, ':');
+                    let (Some(token), Some(_), Some(value)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        panic!("commit record {key}: {record:?}");
+                    };
+                    out.push(CommitState {
+                        resource: target,
+                        token: token.parse().expect("a numeric commit token"),
+                        write_id: value.to_owned(),
+                    });
+                }
+                other => panic!("HGET {key} {field}: {other:?}"),
             }
         }
         out

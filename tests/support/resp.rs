@@ -135,3 +135,30 @@ impl Conn {
         })
     }
 }
+
+/// A lease record as the scripts store it in a target's `lease` field
+/// (`lua/lib.lua`), for tests that plant records by hand; the lease id's
+/// hash is a placeholder no real id has.
+pub fn lease_record(
+    token: &str,
+    acquired_ms: u64,
+    expires_ms: u64,
+    owner: &str,
+    meta: &str,
+) -> String {
+    format!(
+        "1:{token}:{acquired_ms}:{expires_ms}::{}:{}:{owner}{meta}",
+        "0".repeat(40),
+        owner.len()
+    )
+}
+
+impl Conn {
+    /// Writes `record` as the `lease` field of the target hash `key`,
+    /// expiring in `ttl_ms`.
+    pub fn plant_lease(&mut self, key: &str, record: &str, ttl_ms: u64) {
+        let ttl = ttl_ms.to_string();
+        let r = self.cmd(&["HSETEX", key, "PX", &ttl, "FIELDS", "1", "lease", record]);
+        assert_eq!(r, Resp::Int(1), "HSETEX {key}: {r:?}");
+    }
+}

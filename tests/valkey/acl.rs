@@ -92,7 +92,6 @@ async fn every_lease_operation_works_with_the_documented_user() {
         .unwrap();
     let r = store
         .revoke(&RevokeRequest {
-            reason: Some("test".into()),
             ..RevokeRequest::new(t.clone())
         })
         .await

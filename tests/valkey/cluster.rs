@@ -57,7 +57,7 @@ async fn each_target_is_one_key_in_one_slot() {
         {
             Resp::Array(Some(found)) => {
                 let found: Vec<String> = found.iter().map(Resp::text).collect();
-                assert_eq!(found, [key.clone()], "the slot of {name}");
+                assert_eq!(found, std::slice::from_ref(&key), "the slot of {name}");
             }
             other => panic!("GETKEYSINSLOT: {other:?}"),
         }
@@ -103,7 +103,11 @@ async fn leases_keep_working_while_their_slot_migrates() {
         Resp::Array(Some(keys)) => keys.iter().map(Resp::text).collect::<Vec<_>>(),
         other => panic!("GETKEYSINSLOT: {other:?}"),
     };
-    assert_eq!(keys, [lease_key.clone()], "one key for the target");
+    assert_eq!(
+        keys,
+        std::slice::from_ref(&lease_key),
+        "one key for the target"
+    );
     let port = cluster.nodes[dst].port.to_string();
     let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
     migrate.extend(keys.iter().map(String::as_str));

@@ -91,7 +91,6 @@ async fn a_lost_revoke_reply_is_unknown_and_the_revoke_ran_once() {
     proxy.cut_before_reply("EVALSHA");
     let revoked = store
         .revoke(&RevokeRequest {
-            reason: None,
             ..RevokeRequest::new(t.clone())
         })
         .await;

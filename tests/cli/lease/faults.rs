@@ -47,7 +47,7 @@ fn a_server_that_stops_answering_gives_outcome_unknown_then_the_same_request_id_
     // Whether or not the paused attempt ran, the retry ends with one lease, one token.
     let again = acquire.ok("acquired", 0);
     assert_eq!(again.json["lease"]["fencing_token"], 1);
-    let fence = s.conn().cmd(&["GET", "targetlease:{default:db}:fence"]);
+    let fence = s.conn().cmd(&["HGET", "targetlease:{default:db}", "fence"]);
     assert_eq!(fence.text(), "1");
 }
 

@@ -180,7 +180,9 @@ fn env_fallbacks_replace_every_flag() {
     assert_eq!(r.json["lease"]["owner"], "env-owner");
     assert_eq!(r.json["lease"]["metadata"]["from"], "env");
     assert_eq!(
-        s.conn().cmd(&["EXISTS", "tl-env:{team-a:db}:lease"]).int(),
+        s.conn()
+            .cmd(&["HEXISTS", "tl-env:{team-a:db}", "lease"])
+            .int(),
         1
     );
     let (_, id, token) = holder_args(&r.json);

@@ -37,7 +37,7 @@ fn names(entries: &[Value]) -> Vec<(String, String, String)> {
 }
 
 #[test]
-fn list_shows_live_expired_and_corrupt_records_without_lease_ids() {
+fn list_shows_live_and_corrupt_records_without_lease_ids_and_skips_ended_ones() {
     let s = ValkeyServer::start();
     let u = s.url();
     let live = acquire(&u, "db-1", "alice", "60s");
@@ -47,34 +47,19 @@ fn list_shows_live_expired_and_corrupt_records_without_lease_ids() {
         .flag("namespace", "team-b")
         .ok("acquired", 0);
     acquire(&u, "cache", "carol", "60s");
-    // A record whose lease has ended but whose key is still there, and a corrupt one.
-    s.conn().cmd(&[
-        "HSET",
-        "targetlease:{default:db-3}:lease",
-        "v",
-        "1",
-        "lease_id",
-        "0123456789abcdef",
-        "owner",
-        "dave",
-        "token",
-        "1",
-        "acquired_ms",
-        "1",
-        "expires_ms",
-        "2",
-    ]);
+    // A record whose lease has ended but which is still there (only a hand
+    // edit keeps one past its expiry), and a corrupt one.
+    let ended = resp::lease_record("1", 1, 2, "dave", "");
     s.conn()
-        .cmd(&["PEXPIRE", "targetlease:{default:db-3}:lease", "600000"]);
+        .plant_lease("targetlease:{default:db-3}", &ended, 600_000);
     s.conn()
-        .cmd(&["SET", "targetlease:{default:db-4}:lease", "garbage"]);
+        .cmd(&["HSET", "targetlease:{default:db-4}", "lease", "garbage"]);
 
     let entries = listed(&u, &["--target-prefix", "db-"]);
     assert_eq!(
         names(&entries),
         [
             row("default", "db-1", "found"),
-            row("default", "db-3", "expired"),
             row("default", "db-4", "corrupt_state"),
         ]
     );
@@ -90,7 +75,7 @@ fn list_shows_live_expired_and_corrupt_records_without_lease_ids() {
     }
     let id = live["lease"]["lease_id"].as_str().unwrap();
     let all = listed(&u, &["--all-namespaces"]);
-    assert_eq!(all.len(), 5, "{all:?}");
+    assert_eq!(all.len(), 4, "{all:?}");
     assert!(names(&all).contains(&row("team-b", "db-2", "found")));
     assert!(!serde_json::to_string(&all).unwrap().contains(id));
 
@@ -100,7 +85,7 @@ fn list_shows_live_expired_and_corrupt_records_without_lease_ids() {
         lines[0],
         "NAMESPACE\tTARGET\tSTATE\tOWNER\tTOKEN\tEXPIRES IN"
     );
-    assert_eq!(lines.len(), 6, "{text}");
+    assert_eq!(lines.len(), 5, "{text}");
     assert!(
         lines[1].starts_with("default\tcache\tfound\tcarol\t"),
         "{text}"
@@ -123,7 +108,7 @@ fn list_scans_every_primary_of_a_cluster() {
     }
     let mut nodes_holding = std::collections::HashSet::new();
     for n in &names_wanted {
-        let key = format!("targetlease:{{default:{n}}}:lease");
+        let key = format!("targetlease:{{default:{n}}}");
         nodes_holding.insert(format!("{:?}", c.conn_for(&key).cmd(&["CLUSTER", "MYID"])));
     }
     assert!(
@@ -163,13 +148,13 @@ fn list_shows_records_under_invalid_names_as_corrupt_and_lists_the_rest() {
     acquire(&u, "db-1", "alice", "60s");
     let long = "x".repeat(300);
     let bad_keys = [
-        "targetlease:{default:}:lease".to_owned(),
-        format!("targetlease:{{default:{long}}}:lease"),
-        "targetlease:{default:bad\u{1}}:lease".to_owned(),
-        "targetlease:{:db-1}:lease".to_owned(),
+        "targetlease:{default:}".to_owned(),
+        format!("targetlease:{{default:{long}}}"),
+        "targetlease:{default:bad\u{1}}".to_owned(),
+        "targetlease:{:db-1}".to_owned(),
     ];
     for k in &bad_keys {
-        s.conn().cmd(&["HSET", k, "v", "1"]);
+        s.conn().cmd(&["HSET", k, "lease", "1:"]);
     }
     let entries = listed(&u, &[]);
     assert_eq!(
@@ -195,7 +180,7 @@ fn list_as_text_cannot_be_forged_by_a_name_with_a_line_break() {
     let u = s.url();
     s.conn().cmd(&[
         "SET",
-        "targetlease:{default:x\ndefault\tforged\tfound\tmallory\t7\t99.0s}:lease",
+        "targetlease:{default:x\ndefault\tforged\tfound\tmallory\t7\t99.0s}",
         "garbage",
     ]);
     let (code, text) = as_text(lease(&u, "list"));
@@ -216,9 +201,9 @@ fn list_ignores_keys_that_are_not_in_canonical_form() {
     let s = ValkeyServer::start();
     let u = s.url();
     s.conn()
-        .cmd(&["SET", "targetlease:{default:a:b}:lease", "garbage"]);
+        .cmd(&["SET", "targetlease:{default:a:b}", "garbage"]);
     s.conn()
-        .cmd(&["SET", "targetlease:{default:c{d}:lease", "garbage"]);
+        .cmd(&["SET", "targetlease:{default:c{d}", "garbage"]);
     let entries = listed(&u, &["-A"]);
     assert!(
         names(&entries).is_empty(),

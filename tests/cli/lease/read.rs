@@ -86,24 +86,15 @@ fn read_as_text_is_one_line_whatever_the_value_holds() {
 fn get_and_list_as_text_escape_control_characters_in_stored_owners() {
     let s = ValkeyServer::start();
     let u = s.url();
-    s.conn().cmd(&[
-        "HSET",
-        "targetlease:{default:db}:lease",
-        "v",
-        "1",
-        "lease_id",
-        "0123456789abcdef",
-        "owner",
-        "alice\ndefault\tforged\tfound\tmallory",
-        "token",
+    let record = resp::lease_record(
         "3",
-        "acquired_ms",
-        "1",
-        "expires_ms",
-        "4102444800000",
-    ]);
+        1,
+        4_102_444_800_000,
+        "alice\ndefault\tforged\tfound\tmallory",
+        "",
+    );
     s.conn()
-        .cmd(&["PEXPIRE", "targetlease:{default:db}:lease", "600000"]);
+        .plant_lease("targetlease:{default:db}", &record, 600_000);
     let (code, text) = as_text(lease(&u, "get").target("db"));
     assert_eq!(code, Some(0));
     assert_eq!(text.lines().count(), 1, "{text:?}");

@@ -156,8 +156,5 @@ pub(crate) fn spawn(mut cmd: Command) -> Child {
 }
 
 pub(crate) fn revoke(url: &str, target: &str) {
-    lease(url, "revoke")
-        .target(target)
-        .flag("reason", "test")
-        .ok("revoked", 0);
+    lease(url, "revoke").target(target).ok("revoked", 0);
 }

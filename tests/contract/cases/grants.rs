@@ -219,7 +219,6 @@ pub async fn revoke_ends_the_lease_but_never_lowers_the_token(h: &impl Harness) 
     let l = held(&*s, &t, "alice", LONG).await;
     let r = s
         .revoke(&RevokeRequest {
-            reason: Some("maintenance".into()),
             ..RevokeRequest::new(t.clone())
         })
         .await
@@ -233,7 +232,6 @@ pub async fn revoke_ends_the_lease_but_never_lowers_the_token(h: &impl Harness) 
     assert_eq!(renew.outcome, Outcome::Expired);
     let again = s
         .revoke(&RevokeRequest {
-            reason: None,
             ..RevokeRequest::new(t.clone())
         })
         .await
@@ -304,7 +302,6 @@ pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
     ];
     replies.push(
         s.revoke(&RevokeRequest {
-            reason: None,
             ..RevokeRequest::new(t.clone())
         })
         .await

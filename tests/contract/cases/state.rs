@@ -74,7 +74,6 @@ pub async fn holder_release_and_admin_revoke_clean_up_corrupt_records(h: &impl H
     assert_eq!(r.outcome, Outcome::CorruptState);
     let r = s
         .revoke(&RevokeRequest {
-            reason: Some("cleanup".into()),
             ..RevokeRequest::new(t.clone())
         })
         .await

@@ -147,7 +147,6 @@ async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
     let store = env.store().await;
     let revoked = store
         .revoke(&targetlease::store::RevokeRequest {
-            reason: Some("repair".into()),
             ..targetlease::store::RevokeRequest::new(Target::new(&env.ns, "t"))
         })
         .await

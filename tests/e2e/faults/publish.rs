@@ -168,16 +168,15 @@ async fn pod_marks_always_match_status() {
     assert_eq!(env.marks("m-0", "el").await.0.as_deref(), Some("true"));
 
     // Corrupt state in Valkey: Error, and the leader is unmarked.
-    let key = format!("targetlease:{{{}:t}}:lease", env.ns);
-    env.valkey.conn().cmd(&["SET", &key, "garbage"]);
+    let key = format!("targetlease:{{{}:t}}", env.ns);
+    env.valkey.conn().cmd(&["HSET", &key, "lease", "garbage"]);
     env.wait_phase("el", Phase::Error, SOON).await;
     eventually("unmarked on Error", SOON, || async {
         (env.marks("m-0", "el").await == (None, None, None)).then_some(())
     })
     .await;
     // Repaired the documented way: a revoke wakes the lease through pub/sub.
-    let mut repair = targetlease::store::RevokeRequest::new(Target::new(&env.ns, "t"));
-    repair.reason = Some("repair".into());
+    let repair = targetlease::store::RevokeRequest::new(Target::new(&env.ns, "t"));
     let revoked = env.store().await.revoke(&repair).await.unwrap();
     assert_eq!(revoked.outcome, Outcome::Revoked);
     env.wait_phase("el", Phase::Held, SOON).await;

@@ -41,7 +41,6 @@ pub async fn run(
         let view = view_of(&lease);
         let mut req = RevokeRequest::new(t.clone());
         req.token = Some(lease.fencing_token);
-        req.reason = Some("fault matrix".into());
         req.request_id = new_request_id();
         for attempt in 1..=ATTEMPTS {
             let invoke_ms = now_ms();
