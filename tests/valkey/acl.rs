@@ -252,3 +252,81 @@ async fn the_documented_user_follows_ask_during_a_slot_migration() {
         "without +asking the same read cannot succeed: {refused:?}"
     );
 }
+
+/// The per-tenant rule of docs/valkey.md, as written: its user works in its
+/// own namespace and is refused, before anything runs, in any other.
+#[tokio::test]
+async fn a_tenant_user_reaches_only_its_namespace() {
+    let doc = include_str!("../../docs/valkey.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER team-a "))
+        .expect("docs/valkey.md has an `ACL SETUSER team-a …` line");
+    let rule: Vec<String> = line
+        .replace(">CHANGE-ME", &format!(">{PASSWORD}"))
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let server = ValkeyServer::start();
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert_eq!(server.conn().cmd(&args).text(), "OK", "the rule applies");
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        url: server.url(),
+        username: Some("team-a".into()),
+        password: Some(Secret::new(PASSWORD)),
+        ..ValkeyConfig::default()
+    })
+    .await
+    .expect("connect and load scripts as the tenant user");
+    let ttl = Duration::from_secs(30);
+
+    let own = Target::new("team-a", "db");
+    let r = store
+        .acquire(&AcquireRequest::new(own.clone(), "alice", ttl))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    let holder = r.lease.unwrap().handle().unwrap();
+    let r = store
+        .renew(&RenewRequest::new(own.clone(), holder.clone(), ttl))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Renewed);
+    let r = store
+        .commit(&CommitRequest::new(own.clone(), holder.token, "k", "v"))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Committed);
+    let r = store
+        .release(&ReleaseRequest::new(own.clone(), holder))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Released);
+    let r = store.revoke(&RevokeRequest::new(own.clone())).await.unwrap();
+    assert_eq!(r.outcome, Outcome::NotFound);
+
+    // Another namespace, and one whose name merely starts like it.
+    for ns in ["team-b", "team-ab"] {
+        let other = Target::new(ns, "db");
+        let refused = [
+            (
+                "acquire",
+                store
+                    .acquire(&AcquireRequest::new(other.clone(), "mallory", ttl))
+                    .await,
+            ),
+            ("get", store.get(&other).await),
+            ("revoke", store.revoke(&RevokeRequest::new(other.clone())).await),
+        ];
+        for (op, r) in refused {
+            match r {
+                Err(targetlease::store::StoreError::BackendUnavailable(why)) => {
+                    assert!(why.contains("NOPERM"), "{ns} {op}: {why}")
+                }
+                other => panic!("{ns} {op}: a definite refusal, got {other:?}"),
+            }
+        }
+        let key = store.keys().target(&other);
+        assert_eq!(server.conn().cmd(&["EXISTS", &key]).int(), 0, "{ns}");
+    }
+}
