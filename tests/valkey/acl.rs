@@ -302,7 +302,10 @@ async fn a_tenant_user_reaches_only_its_namespace() {
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Released);
-    let r = store.revoke(&RevokeRequest::new(own.clone())).await.unwrap();
+    let r = store
+        .revoke(&RevokeRequest::new(own.clone()))
+        .await
+        .unwrap();
     assert_eq!(r.outcome, Outcome::NotFound);
 
     // Another namespace, and one whose name merely starts like it.
@@ -316,7 +319,10 @@ async fn a_tenant_user_reaches_only_its_namespace() {
                     .await,
             ),
             ("get", store.get(&other).await),
-            ("revoke", store.revoke(&RevokeRequest::new(other.clone())).await),
+            (
+                "revoke",
+                store.revoke(&RevokeRequest::new(other.clone())).await,
+            ),
         ];
         for (op, r) in refused {
             match r {

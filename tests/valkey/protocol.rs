@@ -479,22 +479,23 @@ async fn a_lease_record_with_token_zero_is_corrupt_not_live() {
 async fn a_server_without_hash_field_expiry_is_refused_at_connect() {
     let dir = tempfile::tempdir().unwrap();
     let port = valkey_server::free_port();
-    let mut child = std::process::Command::new(crate::support::tools::tool("redis-server"))
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("cannot start redis-server");
-    valkey_server::wait_until_answering(port, Duration::from_secs(10));
+    let mut child = crate::support::process::start_ready(
+        &format!("redis-server on port {port}"),
+        std::process::Command::new(crate::support::tools::tool("redis-server"))
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir.path()),
+        &dir.path().join("redis-server.log"),
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
     let connected = ValkeyStore::connect(&ValkeyConfig {
         url: format!("redis://127.0.0.1:{port}"),
         ..ValkeyConfig::default()
