@@ -27,7 +27,9 @@ pub struct AcquireRequest {
     /// The issued token must be greater than this (a durable floor kept by the caller).
     pub token_floor: Option<u64>,
     /// The lease id to assign, for callers that derive it (it must be unguessable:
-    /// it is the capability to renew and release). Default: a fresh random id.
+    /// it is the capability to renew and release). Default: one the backend
+    /// picks, the same again for a retry of the same request id (Valkey derives
+    /// it from the target, owner and request id; it never stores it).
     pub lease_id: Option<String>,
 }
 

@@ -30,7 +30,7 @@ fn lease_commands_print_json_text_or_yaml_with_one_flag() {
     let acquired = yaml(&stdout(&out));
     assert_eq!(acquired["outcome"], "acquired");
     assert_eq!(acquired["lease"]["fencing_token"], 1);
-    assert_eq!(acquired["lease"]["lease_id"].as_str().unwrap().len(), 36);
+    assert_eq!(acquired["lease"]["lease_id"].as_str().unwrap().len(), 32);
 
     let text = lease(&u, "acquire")
         .target("db")

@@ -48,7 +48,7 @@ fn the_child_gets_the_token_its_exit_code_is_returned_and_the_lease_released() {
     // Success, and a second run gets a larger token; asked for, the lease id.
     let out = run(&u, "db", "alice", "10s")
         .with(&["--namespace", "team-a", "--export-lease-id"])
-        .sh("test \"$TARGETLEASE_FENCING_TOKEN\" = 2 && test ${#TARGETLEASE_LEASE_ID} = 36")
+        .sh("test \"$TARGETLEASE_FENCING_TOKEN\" = 2 && test ${#TARGETLEASE_LEASE_ID} = 32")
         .output()
         .unwrap();
     assert_exit(&out, 0);
