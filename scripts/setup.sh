@@ -3,7 +3,8 @@
 # machine or a warm one (each step is skipped when already done), and puts
 # every tool in the tools directory, where scripts and tests look for it and
 # nowhere else (the rule: scripts/lib/tools.sh):
-#   apt:  redis-server (TLS-capable second server), redis-tools (redis-cli,
+#   apt:  redis-server (Redis 7: a server too old for the scripts, which must
+#         be refused), redis-tools (redis-cli,
 #         redis-benchmark), stunnel4 (TLS in front of valkey), openssl (test
 #         certificates), postgresql (the fenced downstream of the fault matrix),
 #         faketime (libfaketime: Valkey clock jumps in the fault matrix),
@@ -14,6 +15,9 @@
 #   go:   kube-apiserver, etcd, kube-controller-manager, kubectl, kubelet,
 #         kube-scheduler, helm, lua-health, actionlint, promtool, containerd
 #         and the CNI plugins (scripts/build-controlplane.sh)
+#   cargo: cargo-fuzz (the fuzz run of scripts/test.sh; it needs the nightly
+#         toolchain, which rustup must already have: `rustup toolchain
+#         install nightly`)
 # Packages are chosen by what dpkg and pip say is installed, never by what
 # PATH happens to hold. Ends by checking that every tool is in the tools
 # directory and that kubectl is the API server's minor version.
@@ -95,6 +99,22 @@ if [ "$WHAT" = all ]; then
   file -L "$TOOLS/busybox" | grep -q 'statically linked' || die "$TOOLS/busybox is not statically linked"
 fi
 step_done link
+
+if [ "$WHAT" = all ]; then
+  rustup run nightly rustc --version >/dev/null 2>&1 \
+    || die "the fuzz run needs Rust's nightly toolchain: rustup toolchain install nightly"
+  if ! "$TOOLS/cargo-fuzz" --version 2>/dev/null | grep -q " $CARGO_FUZZ_VERSION\$"; then
+    log "cargo install cargo-fuzz $CARGO_FUZZ_VERSION"
+    root="$TOOLS/.cargo-fuzz"   # cargo install puts the binary in $root/bin
+    # Its own target directory: the tests' build (running meanwhile) holds
+    # the lock of theirs, and waiting for it would hold up the Go builds.
+    CARGO_TARGET_DIR="$root/target" cargo install --quiet --locked --force cargo-fuzz \
+      --version "$CARGO_FUZZ_VERSION" --root "$root" >&2
+    rm -rf "$root/target"
+    ln -sfn "$root/bin"/cargo-fuzz "$TOOLS/cargo-fuzz"
+  fi
+fi
+step_done cargo
 
 export PATH="$PATH:/usr/local/go/bin"
 for group in "${groups[@]}"; do

@@ -64,4 +64,23 @@ mark tests $((SECONDS - s))
 s=$SECONDS
 cargo test --locked --features failpoints --test faults "$@" || rc=$?
 mark faults $((SECONDS - s))
+# The fuzz run (fuzz/): each target for a fixed time with libFuzzer, seeded
+# from fuzz/seeds; an allocation past -malloc_limit_mb is a failure (a
+# hostile length prefix must not make the decoder allocate what it says).
+s=$SECONDS
+for target in resp_decoder; do
+  mkdir -p "fuzz/corpus/$target"
+  fuzz_log="$(mktemp)"
+  if ! RUSTUP_TOOLCHAIN=nightly "$TARGETLEASE_TOOLS_DIR/cargo-fuzz" fuzz run "$target" \
+    "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+    -max_total_time="${FUZZ_SECS:-30}" -malloc_limit_mb=16 -rss_limit_mb=1024 >"$fuzz_log" 2>&1; then
+    tail -n 40 "$fuzz_log" >&2
+    echo "test: the fuzz target $target failed (its input is in fuzz/artifacts/$target)" >&2
+    rc=1
+  else
+    grep -E '^Done' "$fuzz_log" | sed "s/^/test: fuzz $target: /" >&2 || true
+  fi
+  rm -f "$fuzz_log"
+done
+mark fuzz $((SECONDS - s))
 exit "$rc"

@@ -35,7 +35,12 @@ TOOLS_LINKED=(
   libfaketimeMT.so.1                          # apt faketime
   jq runc socat busybox                       # apt jq, runc, socat, busybox-static
 )
-TOOLS_ALL=("${TOOLS_BUILT[@]}" "${TOOLS_LINKED[@]}")
+# Built from crates.io by scripts/setup.sh (cargo install, pinned version).
+TOOLS_CARGO=(
+  cargo-fuzz                                  # the RESP decoder's fuzz run (fuzz/)
+)
+CARGO_FUZZ_VERSION=0.13.2
+TOOLS_ALL=("${TOOLS_BUILT[@]}" "${TOOLS_LINKED[@]}" "${TOOLS_CARGO[@]}")
 
 # The path of tool NAME, or a message saying how to get it (status 1).
 tool() { # NAME
