@@ -9,7 +9,7 @@
 -- ARGV[5] metadata   JSON object ("" = none), validated by the client
 -- ARGV[6] floor      the token issued is > this ("0" = none)
 -- ARGV[7] window     idempotency window ms (added to the ttl for the cache entry)
--- ARGV[8] request    the request cache field, q:acquire:<owner>:<request id>
+-- ARGV[8] request    the request cache field, q:acquire:<owner>:<request id hash>
 --
 -- The request id's fingerprint is every input but the owner (part of the
 -- cache field): ttl, max life, metadata, floor and the lease id. A replay
@@ -30,9 +30,10 @@ local now = now_ms()
 local id_sha = redis.sha1hex(lease_id)
 local fp = fingerprint(ARGV[2], ARGV[3], ARGV[5], ARGV[6], lease_id)
 
+if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
 local f, bad = fields(key, { 'lease', 'fence', request })
 if not f then return reply('corrupt_state', now, bad) end
-local state, r, why = read_lease(key, f[1], now)
+local state, r, why = read_lease(key, f[1], f[2], now)
 local replayed = replay(key, request, f[3], fp, now, state, r, why, {
   live = 'acquired', live_msg = 'lease acquired (replayed request)', id = lease_id,
   superseded = function(t, held)
@@ -46,10 +47,12 @@ if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'live' then return reply_lease('held', now, 'target is held', r, '') end
 
 -- The counter, computed exactly as a decimal string (Lua numbers are doubles).
+-- A key with an expiry would take the counter with it (and is evictable).
+if redis.call('PTTL', key) >= 0 then return reply('corrupt_state', now, 'target key has an expiry') end
 local counter = f[2]
 if counter then
   if not is_uint(counter) then return reply('corrupt_state', now, 'fence counter is not a number') end
-  if field_ttls(key, { 'fence' })[1] ~= -1 then
+  if field_expiry(key, { 'fence' })[1] ~= -1 then
     return reply('corrupt_state', now, 'fence counter has an expiry')
   end
 else

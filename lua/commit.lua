@@ -6,7 +6,7 @@
 -- ARGV[3] value      the value
 -- ARGV[4] window     idempotency window ms
 -- ARGV[5] commit     the commit field, c:<key>
--- ARGV[6] request    the request cache field, q:commit::<request id>
+-- ARGV[6] request    the request cache field, q:commit::<request id hash>
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -20,9 +20,12 @@ local key, token, commit, request = KEYS[1], ARGV[1], ARGV[5], ARGV[6]
 local now = now_ms()
 local fp = fingerprint(token, ARGV[2], ARGV[3])
 
-local f, bad = fields(key, { 'lease', commit, request })
+if not (field_of('q:', request) and field_of('c:', commit)) then
+  return reply('corrupt_state', now, 'not a request or commit field')
+end
+local f, bad = fields(key, { 'lease', commit, request, 'fence' })
 if not f then return reply('corrupt_state', now, bad) end
-local state, r, why = read_lease(key, f[1], now)
+local state, r, why = read_lease(key, f[1], f[4], now)
 local replayed = replay(key, request, f[3], fp, now, state, r, why, {
   done = 'committed', done_msg = { committed = 'value committed (replayed request)' },
 })

@@ -9,9 +9,9 @@
 --   not_found                     none
 --   corrupt_state                 unreadable record; nothing changed
 local now = now_ms()
-local f, bad = fields(KEYS[1], { 'lease' })
+local f, bad = fields(KEYS[1], { 'lease', 'fence' })
 if not f then return reply('corrupt_state', now, bad) end
-local state, r, why = read_lease(KEYS[1], f[1], now)
+local state, r, why = read_lease(KEYS[1], f[1], f[2], now)
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'none' then return reply('not_found', now, 'target has no live lease') end
 return reply_lease('found', now, 'target is held', r, '')

@@ -20,8 +20,9 @@
 --   lease         the live lease, expiring with it:
 --                 "1:<token>:<acquired_ms>:<expires_ms>:<max_expires_ms>:<id_sha>:<owner bytes>:<owner><metadata>"
 --                 id_sha is the SHA-1 of the lease id: the id itself is not stored
---   q:<op>:<scope>:<request id>   the request cache, expiring after its window:
---                 "<fp>:<token>:<outcome>:<id_sha>"
+--   q:<op>:<scope>:<request id hash>   the request cache, expiring after its
+--                 window: "<fp>:<token>:<outcome>:<id_sha>" (the request id is
+--                 hashed by the client: a derived lease id follows from it)
 --   c:<key>       the last fenced commit under <key>: "<token>:<committed_ms>:<value>"
 --
 -- Only the helpers a script names (and what they name) are sent with it
@@ -93,11 +94,35 @@ local function finite_numbers(v)
   return true
 end
 
+-- JSON as strict as the client's decoder (serde_json), which cjson is not:
+-- cjson takes 01, 0x10, +1, 1. and raw control characters in strings. Checks
+-- the escapes, that no string holds a byte below 0x20, and that every bare
+-- token is a JSON number or literal; cjson then checks the structure.
+local function is_strict_json(s)
+  if string.find(s, '\\[^"\\/bfnrtu]') then return false end
+  if string.find((string.gsub(s, '\\u%x%x%x%x', '')), '\\u') then return false end
+  local plain = string.gsub(s, '\\.', 'e')
+  for str in string.gmatch(plain, '"[^"]*"') do
+    if string.find(str, '[%z\1-\31]') then return false end
+  end
+  local bare = string.gsub(string.gsub(plain, '"[^"]*"', '"'), '[ \t\n\r]', '')
+  for tok in string.gmatch(bare, '[^{}%[%],:]+') do
+    if tok ~= '"' and tok ~= 'true' and tok ~= 'false' and tok ~= 'null' then
+      local int, rest = string.match(tok, '^%-?(%d+)(.*)$')
+      if not int or (#int > 1 and string.sub(int, 1, 1) == '0') then return false end
+      rest = string.gsub(rest, '^%.%d+', '', 1)
+      rest = string.gsub(rest, '^[eE][+-]?%d+', '', 1)
+      if rest ~= '' then return false end
+    end
+  end
+  return true
+end
+
 -- Stored metadata the client can decode: "" or a JSON object in UTF-8, at
 -- most META_DEPTH deep, with finite numbers.
 local function is_metadata(s)
   if s == '' then return true end
-  if not is_utf8(s) or not string.find(s, '^%s*{') then return false end
+  if not is_utf8(s) or not string.find(s, '^%s*{') or not is_strict_json(s) then return false end
   local bare = string.gsub(string.gsub(s, '\\.', ''), '"[^"]*"', '')
   local depth, deepest = 0, 0
   for ch in string.gmatch(bare, '[%[%]{}]') do
@@ -126,10 +151,10 @@ local function fields(key, names)
   return v
 end
 
--- The remaining life in ms of the target's fields named in `names`, by one
--- HPTTL: -1 for a field without expiry.
-local function field_ttls(key, names)
-  return redis.call('HPTTL', key, 'FIELDS', #names, unpack(names))
+-- The expiry (Unix ms) of each of the target's fields named in `names`, by
+-- one HPEXPIRETIME: -1 for a field without expiry, -2 for no such field.
+local function field_expiry(key, names)
+  return redis.call('HPEXPIRETIME', key, 'FIELDS', #names, unpack(names))
 end
 
 -- The next canonical decimal after `s`, exact at any size.
@@ -158,12 +183,15 @@ local function pack_lease(r)
 end
 
 -- Reads the lease field `packed` (false when absent) of the target `key` as
--- of `now`. Returns 'none' | 'live', record | 'corrupt', identity-or-nil, why.
--- The identity (token, id_sha, owner) is given when it reads cleanly even
--- though the rest does not, so that its holder can still end it. An
--- expired field still present (same millisecond) counts as 'none'. One
--- HPTTL for a present field.
-local function read_lease(key, packed, now)
+-- of `now`, with the target's counter `fence` (false when absent). Returns
+-- 'none' | 'live', record | 'corrupt', identity-or-nil, why. The identity
+-- (token, id_sha, owner) is given when the record reads cleanly enough to
+-- name its holder, so that the holder can still end it. A record whose field
+-- expiry is not its stored expiry, or whose counter is missing or behind its
+-- token, is corrupt (the counter is not the record's fault: no identity).
+-- An expired field still present (same millisecond) counts as 'none'. One
+-- HPEXPIRETIME for a present field.
+local function read_lease(key, packed, fence, now)
   if not packed then return 'none' end
   local v, body = string.match(packed, '^(%w+):(.*)$')
   if v ~= '1' then return 'corrupt', nil, 'lease record has an unknown version' end
@@ -179,12 +207,18 @@ local function read_lease(key, packed, now)
   }
   local ident = nil
   if is_uint(token) and token ~= '0' and #id_sha == 40 and is_utf8(r.owner) then ident = r end
-  if field_ttls(key, { 'lease' })[1] < 0 then
-    return 'corrupt', ident, 'lease record has no expiry'
-  end
   if not (ident and is_uint(acquired) and is_uint(expires)
           and (max_expires == '' or is_uint(max_expires))) then
     return 'corrupt', ident, 'lease record is unparsable'
+  end
+  if not (is_uint(fence or '') and not dec_lt(fence, token)) then
+    return 'corrupt', nil, 'fence counter is missing or behind the lease'
+  end
+  local at = field_expiry(key, { 'lease' })[1]
+  if at < 0 then return 'corrupt', ident, 'lease record has no expiry' end
+  if at ~= tonumber(expires) or tonumber(acquired) > tonumber(expires)
+     or (max_expires ~= '' and tonumber(expires) > tonumber(max_expires)) then
+    return 'corrupt', ident, "lease record's expiry disagrees with itself"
   end
   if not is_metadata(r.meta) then return 'corrupt', ident, 'lease record has unreadable metadata' end
   if tonumber(expires) <= now then return 'none' end
@@ -216,8 +250,14 @@ end
 -- expiry, so a durability WAIT after the replay (on any connection) also
 -- covers the original write, which precedes it in the replication stream.
 local function touch(key, field)
-  local ttl = field_ttls(key, { field })[1]
-  if ttl > 0 then redis.call('HPEXPIRE', key, ttl, 'FIELDS', 1, field) end
+  local at = field_expiry(key, { field })[1]
+  if at >= 0 then redis.call('HPEXPIREAT', key, at, 'FIELDS', 1, field) end
+end
+
+-- True when `field` (from ARGV) is a field of the kind `prefix` ("q:" for
+-- the request cache, "c:" for commits), never the counter or the lease.
+local function field_of(prefix, field)
+  return string.sub(field, 1, #prefix) == prefix
 end
 
 local function fingerprint(...)

@@ -9,6 +9,7 @@
 --   not_found                             nothing committed under this key
 --   corrupt_state                         unreadable record; nothing changed
 local now = now_ms()
+if not field_of('c:', ARGV[1]) then return reply('corrupt_state', now, 'not a commit field') end
 local f, bad = fields(KEYS[1], { ARGV[1] })
 if not f then return reply('corrupt_state', now, bad) end
 if not f[1] then return reply('not_found', now, 'nothing committed under this key') end

@@ -5,7 +5,7 @@
 -- ARGV[2] lease_id   the holder's lease id
 -- ARGV[3] token      the holder's fencing token
 -- ARGV[4] window     idempotency window ms
--- ARGV[5] request    the request cache field, q:release:<owner>:<request id>
+-- ARGV[5] request    the request cache field, q:release:<owner>:<request id hash>
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
 -- Publishes the target's key "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
@@ -26,10 +26,11 @@ local now = now_ms()
 local id_sha = redis.sha1hex(lease_id)
 local fp = fingerprint(lease_id, token)
 
-local f, bad = fields(key, { 'lease', request })
+if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
+local f, bad = fields(key, { 'lease', 'fence', request })
 if not f then return reply('corrupt_state', now, bad) end
-local state, r, why = read_lease(key, f[1], now)
-local replayed = replay(key, request, f[2], fp, now, state, r, why, {
+local state, r, why = read_lease(key, f[1], f[2], now)
+local replayed = replay(key, request, f[3], fp, now, state, r, why, {
   done = 'released', done_msg = { released = 'lease released (replayed request)' },
 })
 if replayed then return replayed end

@@ -6,7 +6,7 @@
 -- ARGV[3] token      the holder's fencing token
 -- ARGV[4] ttl        ttl_ms (> 0), counted from the server's now
 -- ARGV[5] window     idempotency window ms
--- ARGV[6] request    the request cache field, q:renew:<owner>:<request id>
+-- ARGV[6] request    the request cache field, q:renew:<owner>:<request id hash>
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -22,10 +22,11 @@ local now = now_ms()
 local id_sha = redis.sha1hex(lease_id)
 local fp = fingerprint(lease_id, token, ARGV[4])
 
-local f, bad = fields(key, { 'lease', request })
+if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
+local f, bad = fields(key, { 'lease', 'fence', request })
 if not f then return reply('corrupt_state', now, bad) end
-local state, r, why = read_lease(key, f[1], now)
-local replayed = replay(key, request, f[2], fp, now, state, r, why, {
+local state, r, why = read_lease(key, f[1], f[2], now)
+local replayed = replay(key, request, f[3], fp, now, state, r, why, {
   live = 'renewed', live_msg = 'lease renewed (replayed request)', id = lease_id,
   superseded = function(t) return reply('not_owner', t, 'the lease was superseded') end,
   ended = 'the lease has ended',

@@ -1,10 +1,12 @@
 -- revoke: administratively end the lease on a target (no owner check).
--- The fence counter is untouched, so the next token is still higher.
+-- The fence counter is never lowered, so the next token is still higher; a
+-- record whose counter went missing or fell behind (corrupt) is removed and
+-- leaves the counter at its token.
 --
 -- KEYS[1] target     the target's hash (fields: see lib.lua)
 -- ARGV[1] token      expected fencing token ("" = whatever record is there)
 -- ARGV[2] window     idempotency window ms
--- ARGV[3] request    the request cache field, q:revoke::<request id>
+-- ARGV[3] request    the request cache field, q:revoke::<request id hash>
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
 -- Publishes the target's key "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
@@ -21,10 +23,11 @@ local key, token, request = KEYS[1], ARGV[1], ARGV[3]
 local now = now_ms()
 local fp = fingerprint(token)
 
-local f, bad = fields(key, { 'lease', request })
+if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
+local f, bad = fields(key, { 'lease', 'fence', request })
 if not f then return reply('corrupt_state', now, bad) end
-local state, r, why = read_lease(key, f[1], now)
-local replayed = replay(key, request, f[2], fp, now, state, r, why, {
+local state, r, why = read_lease(key, f[1], f[2], now)
+local replayed = replay(key, request, f[3], fp, now, state, r, why, {
   done = 'revoked',
   done_msg = {
     revoked = 'lease revoked (replayed request)',
@@ -53,5 +56,11 @@ local id, tok = '', ''
 if r then id, tok = r.id_sha, r.token end
 remember(key, request, fp, id, tok, tonumber(ARGV[2]), out[1])
 if f[1] then redis.call('HDEL', key, 'lease') end
+-- Removing a record never lowers the counter: one whose counter went
+-- missing or fell behind leaves it at the record's token at least.
+local seen = string.match(f[1] or '', '^1:(%d+):')
+if is_uint(seen or '') and not (is_uint(f[2] or '') and not dec_lt(f[2], seen)) then
+  redis.call('HSET', key, 'fence', seen)
+end
 if state ~= 'none' then notify_free(key) end
 return out

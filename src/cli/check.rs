@@ -299,9 +299,15 @@ fn version(f: &Fields) -> Check {
             );
         }
     };
+    let mode = field(f, "server_mode").unwrap_or("standalone");
+    if let Some(why) = crate::store::valkey::scripts::lacks_field_expiry_in(
+        field(f, "valkey_version"),
+        field(f, "redis_version"),
+    ) {
+        return check("server-version", Verdict::Fail, format!("it {why}"));
+    }
     let parts: Vec<u32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
     let at_least_7_2 = parts.as_slice() >= [7, 2].as_slice();
-    let mode = field(f, "server_mode").unwrap_or("standalone");
     if product == "Valkey" && at_least_7_2 {
         check(
             "server-version",
@@ -345,10 +351,10 @@ fn eviction(f: &Fields) -> Check {
     } else if policy.starts_with("volatile-") {
         check(
             "maxmemory-policy",
-            Verdict::Warn,
+            Verdict::Ok,
             format!(
-                "maxmemory-policy is {policy}: live leases (keys with a TTL) may be evicted early; \
-                 noeviction is safer"
+                "maxmemory-policy is {policy}: a target's key carries no expiry, so it is never \
+                 evicted (writes are refused instead, as with noeviction)"
             ),
         )
     } else {
@@ -442,7 +448,7 @@ mod tests {
         let v = |p: &str| eviction(&f(&format!("# Memory\r\nmaxmemory_policy:{p}\r\n"))).status;
         assert_eq!(v("allkeys-lru"), Verdict::Fail);
         assert_eq!(v("allkeys-random"), Verdict::Fail);
-        assert_eq!(v("volatile-ttl"), Verdict::Warn);
+        assert_eq!(v("volatile-ttl"), Verdict::Ok);
         assert_eq!(v("noeviction"), Verdict::Ok);
         assert_eq!(eviction(&f("")).status, Verdict::Warn);
     }
@@ -467,6 +473,9 @@ mod tests {
     #[test]
     fn versions() {
         assert_eq!(version(&f("valkey_version:9.1.0")).status, Verdict::Ok);
-        assert_eq!(version(&f("redis_version:7.0.15")).status, Verdict::Warn);
+        let old = version(&f("redis_version:7.2.4\r\nvalkey_version:8.1.1"));
+        assert_eq!(old.status, Verdict::Fail);
+        assert_eq!(version(&f("redis_version:7.0.15")).status, Verdict::Fail);
+        assert_eq!(version(&f("redis_version:8.2.0")).status, Verdict::Warn);
     }
 }

@@ -221,6 +221,46 @@ fn every_documented_image_build_passes_the_commit() {
     );
 }
 
+/// Promise (docs/valkey.md): Valkey 9.0 or newer. Every Valkey image the
+/// docs tell a user to run is one the store accepts.
+#[test]
+fn every_valkey_image_in_the_docs_is_one_the_store_accepts() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![repo.join("README.md")];
+    for dir in ["docs", "examples", "charts/targetlease"] {
+        for entry in std::fs::read_dir(repo.join(dir)).unwrap().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "md" || e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    let mut seen = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (at, _) in text.match_indices("valkey/valkey:") {
+            let tag: String = text[at + "valkey/valkey:".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '-')
+                .collect();
+            seen += 1;
+            let major: u32 = tag
+                .split('.')
+                .next()
+                .and_then(|m| m.parse().ok())
+                .unwrap_or_else(|| {
+                    panic!("{}: valkey/valkey:{tag} names no version", file.display())
+                });
+            assert!(
+                major >= 9,
+                "{}: valkey/valkey:{tag} is older than 9.0, which the store refuses",
+                file.display()
+            );
+        }
+    }
+    assert!(seen >= 2, "the README and install.md start a Valkey");
+}
+
 /// Promise (docs/cli.md, Getting it): `targetlease completion bash|zsh|fish`
 /// prints a completion script for that shell.
 #[test]

@@ -74,8 +74,11 @@ pub fn target_dir(name: &str) -> PathBuf {
 /// Copies `from` into `to` (what `to` already has stays): compiled outputs,
 /// which rustc and the linker replace rather than rewrite, as hard links;
 /// everything else (fingerprints, dep-info, build-script output, which cargo
-/// rewrites in place) as copies. This crate's own units are left out.
+/// rewrites in place) as copies. This crate's own units are left out, and so
+/// are the executables in `deps` (test binaries: nothing depends on them,
+/// and copies of them would cost gigabytes).
 fn seed(from: &Path, to: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
     let Ok(entries) = std::fs::read_dir(from) else {
         return;
     };
@@ -93,6 +96,13 @@ fn seed(from: &Path, to: &Path) {
         let Ok(kind) = entry.file_type() else {
             continue;
         };
+        let executable = kind.is_file()
+            && entry
+                .metadata()
+                .is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+        if executable && from.ends_with("deps") && !name.contains('.') {
+            continue;
+        }
         if kind.is_dir() {
             seed(&src, &dst);
         } else if kind.is_symlink() {
@@ -100,9 +110,10 @@ fn seed(from: &Path, to: &Path) {
                 let _ = std::os::unix::fs::symlink(target, &dst);
             }
         } else {
-            let replaced_whole = [".rlib", ".rmeta", ".so", ".a"]
-                .iter()
-                .any(|ext| name.ends_with(ext));
+            let replaced_whole = executable
+                || [".rlib", ".rmeta", ".so", ".a"]
+                    .iter()
+                    .any(|ext| name.ends_with(ext));
             if !(replaced_whole && std::fs::hard_link(&src, &dst).is_ok()) {
                 copy_keeping_time(&src, &dst);
             }

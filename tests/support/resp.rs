@@ -154,11 +154,15 @@ pub fn lease_record(
 }
 
 impl Conn {
-    /// Writes `record` as the `lease` field of the target hash `key`,
-    /// expiring in `ttl_ms`.
-    pub fn plant_lease(&mut self, key: &str, record: &str, ttl_ms: u64) {
-        let ttl = ttl_ms.to_string();
-        let r = self.cmd(&["HSETEX", key, "PX", &ttl, "FIELDS", "1", "lease", record]);
-        assert_eq!(r, Resp::Int(1), "HSETEX {key}: {r:?}");
+    /// Plants a lease record in the target hash `key` as the scripts write
+    /// one: the counter at its token, the `lease` field expiring at its
+    /// stored expiry.
+    pub fn plant_lease(&mut self, key: &str, token: &str, expires_ms: u64, owner: &str) {
+        let record = lease_record(token, 1, expires_ms, owner, "");
+        self.cmd(&["HSET", key, "fence", token]);
+        let at = expires_ms.to_string();
+        // 1, or 2 for an expiry already past (the field is gone at once).
+        let r = self.cmd(&["HSETEX", key, "PXAT", &at, "FIELDS", "1", "lease", &record]);
+        assert!(matches!(r, Resp::Int(1 | 2)), "HSETEX {key}: {r:?}");
     }
 }

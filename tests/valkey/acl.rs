@@ -52,11 +52,17 @@ fn as_user(server: &ValkeyServer) -> Conn {
 
 #[tokio::test]
 async fn every_lease_operation_works_with_the_documented_user() {
-    let server = server_with_user();
+    // With an append-only file, so that `--durability aof` (WAITAOF) runs
+    // too; the URL names a database (SELECT).
+    let server = ValkeyServer::start_with(&["--appendonly", "yes"]);
+    let rule = documented_rule();
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert_eq!(server.conn().cmd(&args).text(), "OK", "the rule applies");
     let cfg = ValkeyConfig {
-        url: server.url(),
+        url: format!("{}/0", server.url()),
         username: Some("targetlease".into()),
         password: Some(Secret::new(PASSWORD)),
+        durability: targetlease::store::valkey::Durability::Aof,
         ..ValkeyConfig::default()
     };
     let store = ValkeyStore::connect(&cfg)
@@ -64,12 +70,13 @@ async fn every_lease_operation_works_with_the_documented_user() {
         .expect("connect and load scripts as the ACL user");
     let t = Target::new("acl", "t");
     let ttl = Duration::from_secs(30);
-    let r = store
-        .acquire(&AcquireRequest::new(t.clone(), "alice", ttl))
-        .await
-        .unwrap();
+    let first = AcquireRequest::new(t.clone(), "alice", ttl);
+    let r = store.acquire(&first).await.unwrap();
     assert_eq!(r.outcome, Outcome::Acquired);
     let holder = r.lease.unwrap().handle().unwrap();
+    // A replay rewrites its cache entry's expiry (HPEXPIREAT).
+    let r = store.acquire(&first).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired, "{}", r.message);
     let r = store
         .renew(&RenewRequest::new(t.clone(), holder.clone(), ttl))
         .await
@@ -81,6 +88,16 @@ async fn every_lease_operation_works_with_the_documented_user() {
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Committed);
+    let read = store.read(&t, "k").await.unwrap();
+    assert_eq!(read.outcome, Outcome::Found);
+    // A key of another type at a target's name is refused in words (TYPE).
+    let other = Target::new("acl", "wrong-type");
+    server
+        .conn()
+        .cmd(&["SET", &store.keys().target(&other), "x"]);
+    let r = store.get(&other).await.unwrap();
+    assert_eq!(r.outcome, Outcome::CorruptState, "{}", r.message);
+    assert!(r.message.contains("holds a string"), "{}", r.message);
     let r = store
         .release(&ReleaseRequest::new(t.clone(), holder))
         .await

@@ -7,6 +7,7 @@ use crate::support::valkey_server;
 
 use std::time::Duration;
 
+use crate::support::resp;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireRequest, CommitRequest, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Target,
@@ -181,18 +182,19 @@ async fn an_unreadable_request_cache_entry_fails_closed() {
     let t = Target::new("ns", "cache");
     let req = acquire(&t, "a");
     let key = s.keys().target(&t);
-    let entry = format!("q:acquire:a:{}", req.request_id);
+    let entry = targetlease::store::valkey::keys::request_field("acquire", "a", &req.request_id);
     server.conn().cmd(&["HSET", &key, &entry, "garbage"]);
     let r = s.acquire(&req).await.unwrap();
     assert_eq!(r.outcome, Outcome::CorruptState);
     assert_eq!(field(&server, &s, &t, "lease"), None);
 }
 
-/// The store keeps a hash of the lease id, never the id: whoever can read
-/// the server's memory (a dump, a replica, a read-only user) learns nothing
-/// that renews, releases or commits.
+/// The store keeps a hash of the lease id and of the request id, never the
+/// ids: whoever can read the server's memory (a dump, a replica, a read-only
+/// user) learns nothing that renews, releases or commits — not the lease id,
+/// nor the request id a lease id the store picked follows from.
 #[tokio::test]
-async fn the_lease_id_is_never_stored() {
+async fn neither_the_lease_id_nor_the_request_id_is_stored() {
     let server = ValkeyServer::start();
     let s = store(&server).await;
     let t = Target::new("ns", "hashed");
@@ -200,19 +202,22 @@ async fn the_lease_id_is_never_stored() {
     req.lease_id = Some("chosen-lease-id-0123456789".into());
     let first = s.acquire(&req).await.unwrap().lease.unwrap();
     let other = Target::new("ns", "hashed-random");
-    let second = s
-        .acquire(&acquire(&other, "a"))
-        .await
-        .unwrap()
-        .lease
-        .unwrap();
-    for (t, lease) in [(&t, first), (&other, second)] {
+    let picked = acquire(&other, "a");
+    let second = s.acquire(&picked).await.unwrap().lease.unwrap();
+    for (t, lease, rid) in [
+        (&t, first, &req.request_id),
+        (&other, second, &picked.request_id),
+    ] {
         let id = lease.lease_id.clone().unwrap();
         let key = s.keys().target(t);
         let stored = server.conn().cmd(&["HGETALL", &key]).texts();
         let dump = format!("{:?}", server.conn().cmd(&["DUMP", &key]));
         for text in stored.iter().flatten().chain([&dump]) {
             assert!(!text.contains(&id), "the lease id {id} is stored: {text}");
+            assert!(
+                !text.contains(rid.as_str()),
+                "the request id {rid} is stored: {text}"
+            );
         }
         // And the hash kept is enough to prove it.
         let renewed = s
@@ -307,6 +312,12 @@ async fn stored_fields_the_client_cannot_decode_are_refused_before_any_write() {
         ("array meta", "meta", b"[1]".to_vec()),
         ("too deep meta", "meta", deep.into_bytes()),
         ("infinite number", "meta", b"{\"a\":1e400}".to_vec()),
+        ("leading zero", "meta", b"{\"a\":01}".to_vec()),
+        ("hex number", "meta", b"{\"a\":0x10}".to_vec()),
+        ("plus sign", "meta", b"{\"a\":+1}".to_vec()),
+        ("bare dot", "meta", b"{\"a\":1.}".to_vec()),
+        ("control in string", "meta", b"{\"a\":\"x\x01y\"}".to_vec()),
+        ("bad escape", "meta", b"{\"a\":\"\\q\"}".to_vec()),
         ("non-UTF-8 owner", "owner", b"al\xffce".to_vec()),
     ];
     for (i, (what, part, value)) in cases.into_iter().enumerate() {
@@ -454,10 +465,14 @@ async fn a_lease_record_with_token_zero_is_corrupt_not_live() {
         .as_millis()
         + 600_000)
         .to_string();
-    let record = format!("1:0:1:{far}::{}:1:o", "0".repeat(40));
-    server.conn().cmd(&[
-        "HSETEX", &key, "PX", "600000", "FIELDS", "1", "lease", &record,
-    ]);
+    server.conn().cmd(&["HSET", &key, "fence", "1"]);
+    let plant = |token: &str| {
+        let record = format!("1:{token}:1:{far}::{}:1:o", "0".repeat(40));
+        server.conn().cmd(&[
+            "HSETEX", &key, "PXAT", &far, "FIELDS", "1", "lease", &record,
+        ]);
+    };
+    plant("0");
     let got = s.get(&t).await.unwrap();
     assert_eq!(
         got.outcome,
@@ -465,10 +480,7 @@ async fn a_lease_record_with_token_zero_is_corrupt_not_live() {
         "tokens start at 1: {got:?}"
     );
     // The same record with token 1 is live: the refusal was the token.
-    let record = format!("1:1:1:{far}::{}:1:o", "0".repeat(40));
-    server.conn().cmd(&[
-        "HSETEX", &key, "PX", "600000", "FIELDS", "1", "lease", &record,
-    ]);
+    plant("1");
     assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::Found);
 }
 
@@ -511,4 +523,150 @@ async fn a_server_without_hash_field_expiry_is_refused_at_connect() {
         Err(e) => panic!("a refusal that names the server: {e:?}"),
         Ok(_) => panic!("connected to a server the scripts cannot run on"),
     }
+}
+
+/// The counter is the one thing a lease's token must never go below: a
+/// record whose counter is missing or behind it is corrupt for every
+/// operation (the holder cannot clean it up: the counter is not the record's
+/// fault), until an administrator's revoke removes it and leaves the counter
+/// at the record's token — so the next token is still larger.
+#[tokio::test]
+async fn a_lease_whose_counter_is_missing_or_behind_fails_closed_until_revoked() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let ttl = Duration::from_secs(30);
+    let plants: [&[&str]; 2] = [
+        &["HDEL", "{key}", "fence"],
+        &["HSET", "{key}", "fence", "1"],
+    ];
+    for (i, planted) in plants.into_iter().enumerate() {
+        let t = Target::new("ns", format!("fence-{i}"));
+        let key = s.keys().target(&t);
+        server.conn().cmd(&["HSET", &key, "fence", "41"]);
+        let lease = s.acquire(&acquire(&t, "a")).await.unwrap().lease.unwrap();
+        assert_eq!(lease.fencing_token, 42);
+        let args: Vec<String> = planted.iter().map(|a| a.replace("{key}", &key)).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        server.conn().cmd(&args);
+        let before = server.conn().cmd(&["DUMP", &key]);
+        let h = lease.handle().unwrap();
+        let answers = [
+            ("get", s.get(&t).await),
+            (
+                "renew",
+                s.renew(&RenewRequest::new(t.clone(), h.clone(), ttl)).await,
+            ),
+            (
+                "commit",
+                s.commit(&CommitRequest::new(t.clone(), 42, "k", "v")).await,
+            ),
+            (
+                "release",
+                s.release(&ReleaseRequest::new(t.clone(), h.clone())).await,
+            ),
+            ("acquire", s.acquire(&acquire(&t, "b")).await),
+        ];
+        for (op, r) in answers {
+            let r = r.unwrap_or_else(|e| panic!("{planted:?} {op}: {e:?}"));
+            assert_eq!(r.outcome, Outcome::CorruptState, "{planted:?} {op}: {r:?}");
+        }
+        assert_eq!(server.conn().cmd(&["DUMP", &key]), before, "{planted:?}");
+        let revoked = s
+            .revoke(&targetlease::store::RevokeRequest::new(t.clone()))
+            .await
+            .unwrap();
+        assert_eq!(revoked.outcome, Outcome::Revoked, "{planted:?}");
+        let next = s.acquire(&acquire(&t, "b")).await.unwrap().lease.unwrap();
+        assert_eq!(
+            next.fencing_token, 43,
+            "{planted:?}: never below the record's token"
+        );
+    }
+}
+
+/// A target's key carries no expiry: one that has been given one (by hand)
+/// would take the counter with it when it fires, so acquire refuses it.
+#[tokio::test]
+async fn a_target_key_with_an_expiry_is_refused() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "key-ttl");
+    let first = s.acquire(&acquire(&t, "a")).await.unwrap().lease.unwrap();
+    s.release(&ReleaseRequest::new(t.clone(), first.handle().unwrap()))
+        .await
+        .unwrap();
+    let key = s.keys().target(&t);
+    assert_eq!(server.conn().cmd(&["PEXPIRE", &key, "600000"]).int(), 1);
+    let r = s.acquire(&acquire(&t, "b")).await.unwrap();
+    assert_eq!(r.outcome, Outcome::CorruptState, "{r:?}");
+    assert!(r.message.contains("expiry"), "{}", r.message);
+}
+
+/// A record whose field expiry is not its stored expiry (a hand edit, or a
+/// record written by something else) would let the store publish a later
+/// expiry than the one the server enforces: it is corrupt.
+#[tokio::test]
+async fn a_lease_whose_field_expiry_disagrees_with_its_record_is_corrupt() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "expiry");
+    s.acquire(&acquire(&t, "a")).await.unwrap();
+    let key = s.keys().target(&t);
+    // The field now expires in 2 s while the record still says 30 s.
+    let r = server
+        .conn()
+        .cmd(&["HPEXPIRE", &key, "2000", "FIELDS", "1", "lease"]);
+    assert_eq!(r.ints(), [1]);
+    let got = s.get(&t).await.unwrap();
+    assert_eq!(got.outcome, Outcome::CorruptState, "{got:?}");
+}
+
+/// Calls that name fields of another kind (the counter, the lease) where a
+/// request-cache or commit field belongs are refused by the scripts
+/// themselves, so no hand-made call can overwrite the counter through them.
+#[tokio::test]
+async fn scripts_refuse_field_names_of_another_kind() {
+    let server = ValkeyServer::start();
+    let s = store(&server).await;
+    let t = Target::new("ns", "fields");
+    let lease = s.acquire(&acquire(&t, "a")).await.unwrap().lease.unwrap();
+    let key = s.keys().target(&t);
+    let scripts = &targetlease::store::valkey::scripts::SCRIPTS;
+    let token = lease.fencing_token.to_string();
+    let before = server.conn().cmd(&["DUMP", &key]);
+    let commit = server.conn().cmd(&[
+        "EVALSHA",
+        &scripts.commit.sha,
+        "1",
+        &key,
+        &token,
+        "k",
+        "9",
+        "60000",
+        "fence",
+        "q:x",
+    ]);
+    let read = server
+        .conn()
+        .cmd(&["EVALSHA_RO", &scripts.read.sha, "1", &key, "lease"]);
+    let renew = server.conn().cmd(&[
+        "EVALSHA",
+        &scripts.renew.sha,
+        "1",
+        &key,
+        "a",
+        "x",
+        &token,
+        "1000",
+        "60000",
+        "lease",
+    ]);
+    for (op, r) in [("commit", commit), ("read", read), ("renew", renew)] {
+        let first = match &r {
+            resp::Resp::Array(Some(items)) => items[0].text(),
+            other => panic!("{op}: {other:?}"),
+        };
+        assert_eq!(first, "corrupt_state", "{op}: {r:?}");
+    }
+    assert_eq!(server.conn().cmd(&["DUMP", &key]), before);
 }

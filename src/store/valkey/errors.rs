@@ -66,6 +66,15 @@ pub(super) fn refused_before_running(error: &str) -> bool {
 /// The server answered `error` to a request sent once.
 pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
     let said = first_words(error);
+    // A server without hash-field expiry (one that joined after the version
+    // check at connect, say): every script calls one of those commands
+    // before its first write (lua/lib.lua), so nothing ran.
+    if error.contains("Unknown Redis command called from script") {
+        return StoreError::BackendUnavailable(format!(
+            "valkey refused the operation ({said}): the server lacks hash-field expiry; \
+             targetlease needs Valkey 9.0 or newer"
+        ));
+    }
     if refused_before_running(error) {
         StoreError::BackendUnavailable(format!("valkey refused the operation: {said}"))
     } else if effect == Effect::Read {
@@ -132,6 +141,15 @@ mod tests {
                 server_error(e, Effect::Read),
                 StoreError::BackendUnavailable(_)
             ));
+        }
+    }
+
+    #[test]
+    fn a_server_too_old_for_the_scripts_refuses_definitely() {
+        let e = "ERR Unknown Redis command called from script script: 441a6f7106d98a682c04fd6d333b7b06a89e99f1, on @user_script:318.";
+        match server_error(e, Effect::Write) {
+            StoreError::BackendUnavailable(m) => assert!(m.contains("Valkey 9.0"), "{m}"),
+            other => panic!("{other:?}"),
         }
     }
 

@@ -60,9 +60,18 @@ impl KeySpace {
     }
 }
 
-/// The request cache field of one operation, scoped (owner or "") and request id.
+/// The request cache field of one operation, scoped (owner or "") and request
+/// id. The request id is hashed: it is a capability (a lease id the store
+/// picks follows from it), and whoever reads the store must not learn it.
 pub fn request_field(op: &str, scope: &str, request_id: &str) -> String {
-    format!("q:{op}:{}:{}", escape(scope), escape(request_id))
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(b"targetlease request id v1\0");
+    ctx.update(request_id.as_bytes());
+    let hashed: String = ctx.finish().as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("q:{op}:{}:{hashed}", escape(scope))
 }
 
 /// The fenced commit field of `key`.
@@ -194,7 +203,14 @@ mod tests {
             request_field("acquire", "a:b", "c"),
             request_field("acquire", "a", "b:c")
         );
-        assert_eq!(request_field("renew", "o:1", "r%"), "q:renew:o%3A1:r%25");
+        let field = request_field("renew", "o:1", "secret-request-id");
+        assert!(field.starts_with("q:renew:o%3A1:"), "{field}");
+        assert!(
+            !field.contains("secret"),
+            "the request id is not stored: {field}"
+        );
+        assert_eq!(field, request_field("renew", "o:1", "secret-request-id"));
+        assert_ne!(field, request_field("renew", "o:1", "secret-request-id2"));
         assert_eq!(commit_field("k:v"), "c:k%3Av");
     }
 

@@ -175,18 +175,24 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 });
 
 /// Why a server that answered `INFO server` with `info` cannot run the
-/// scripts, if it cannot: they keep each lease and request cache entry as a
-/// hash field with its own expiry (`HSETEX`, `HPTTL`, `HPEXPIRE`), which
-/// Valkey has since 9.0 (and Redis since 8.0). A server that hides its
-/// version is given the benefit of the doubt (its first script would fail
-/// before it wrote).
+/// scripts, if it cannot ([`lacks_field_expiry_in`]).
 pub(super) fn lacks_field_expiry(info: &str) -> Option<String> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .map(str::trim)
     };
-    let (server, version, needed) = match (field("valkey_version"), field("redis_version")) {
+    lacks_field_expiry_in(field("valkey_version"), field("redis_version"))
+}
+
+/// Why a server of these versions (`INFO server`'s `valkey_version` and
+/// `redis_version`) cannot run the scripts, if it cannot: they keep each
+/// lease and request cache entry as a hash field with its own expiry
+/// (`HSETEX`, `HPEXPIRETIME`, `HPEXPIRE`), which Valkey has since 9.0 (and
+/// Redis since 8.0). A server that hides its version is given the benefit of
+/// the doubt (its first script would fail before it wrote).
+pub fn lacks_field_expiry_in(valkey: Option<&str>, redis: Option<&str>) -> Option<String> {
+    let (server, version, needed) = match (valkey, redis) {
         (Some(v), _) => ("Valkey", v, 9),
         (None, Some(v)) => ("Redis", v, 8),
         (None, None) => return None,

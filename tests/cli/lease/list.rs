@@ -49,9 +49,8 @@ fn list_shows_live_and_corrupt_records_without_lease_ids_and_skips_ended_ones() 
     acquire(&u, "cache", "carol", "60s");
     // A record whose lease has ended but which is still there (only a hand
     // edit keeps one past its expiry), and a corrupt one.
-    let ended = resp::lease_record("1", 1, 2, "dave", "");
     s.conn()
-        .plant_lease("targetlease:{default:db-3}", &ended, 600_000);
+        .plant_lease("targetlease:{default:db-3}", "1", 2, "dave");
     s.conn()
         .cmd(&["HSET", "targetlease:{default:db-4}", "lease", "garbage"]);
 

@@ -18,7 +18,7 @@ pub use serde_json::Value;
 pub use crate::support::cli::{Lease, Res, lease, run, targetlease};
 pub use crate::support::deadline;
 pub use crate::support::fault_proxy;
-pub use crate::support::resp::{self, Resp};
+pub use crate::support::resp::Resp;
 pub use crate::support::valkey_server::{ValkeyServer, free_port};
 
 pub fn lease_keys(l: &Value) -> BTreeSet<String> {

@@ -86,15 +86,12 @@ fn read_as_text_is_one_line_whatever_the_value_holds() {
 fn get_and_list_as_text_escape_control_characters_in_stored_owners() {
     let s = ValkeyServer::start();
     let u = s.url();
-    let record = resp::lease_record(
+    s.conn().plant_lease(
+        "targetlease:{default:db}",
         "3",
-        1,
         4_102_444_800_000,
         "alice\ndefault\tforged\tfound\tmallory",
-        "",
     );
-    s.conn()
-        .plant_lease("targetlease:{default:db}", &record, 600_000);
     let (code, text) = as_text(lease(&u, "get").target("db"));
     assert_eq!(code, Some(0));
     assert_eq!(text.lines().count(), 1, "{text:?}");
