@@ -31,6 +31,7 @@ use crate::metrics::OperatorMetrics;
 use crate::reconcile::clock::ServerClock;
 use crate::reconcile::keeper::Keeper;
 use crate::reconcile::pods::CachedPod;
+use crate::reconcile::selectors::Selectors;
 use crate::reconcile::{self, Context, pods, queue};
 use crate::store::{LeaseStore, Target};
 
@@ -177,11 +178,13 @@ pub async fn control(
         })
     };
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    let selectors = Arc::new(Selectors::default());
     let ctx = Arc::new(Context {
         client: client.clone(),
         store: cfg.store.clone(),
         leases: leases.clone(),
         pods: pod_reader,
+        selectors: selectors.clone(),
         floors,
         recorder: Recorder::new(
             client.clone(),
@@ -213,7 +216,10 @@ pub async fn control(
             // The pod's own TargetLeases, and every lease queued on their targets:
             // a head of queue that stops wanting the lease must wake the next one.
             let all = leases.state();
-            let concerned: Vec<_> = all.iter().filter(|tl| pods::concerns(tl, &pod)).collect();
+            let concerned: Vec<_> = all
+                .iter()
+                .filter(|tl| pods::concerns(tl, &pod, &selectors))
+                .collect();
             all.iter()
                 .filter(|tl| concerned.iter().any(|c| queue::same_target(c, tl)))
                 .map(|tl| ObjectRef::from_obj(&**tl))

@@ -17,6 +17,7 @@ mod pass;
 pub mod plan;
 pub mod pods;
 pub mod queue;
+pub mod selectors;
 pub mod spec;
 pub mod transition;
 
@@ -54,6 +55,8 @@ pub struct Context {
     pub leases: Store<TargetLease>,
     /// Cache of pods (for holders tied to pods and for candidates).
     pub pods: Store<pods::CachedPod>,
+    /// Candidate selectors, compiled once per TargetLease version.
+    pub selectors: Arc<selectors::Selectors>,
     /// Tokens of deleted leases.
     pub floors: FloorStore,
     /// Publishes Events.
