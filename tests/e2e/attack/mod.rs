@@ -14,6 +14,7 @@ mod expiry;
 mod lifetime;
 mod order;
 mod pauses;
+mod tenants;
 mod wakeups;
 
 pub(crate) use crate::support;
