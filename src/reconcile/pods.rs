@@ -431,6 +431,30 @@ mod tests {
     }
 
     #[test]
+    fn candidates_and_named_pods_come_only_from_the_leases_namespace() {
+        let mut elsewhere = pod(
+            "web-0",
+            1,
+            &[("app", "web"), ("tl.targetlease.dev/candidate", "true")],
+        );
+        elsewhere.metadata.namespace = Some("other".into());
+        let pods = cache(vec![elsewhere]);
+        let (named, spec) = lease(
+            "tl",
+            serde_json::json!({"target": "t", "holder": {"identity": "w", "podName": "web-0"}}),
+        );
+        let (reason, message) = holder_of(&desired_holder(&named, &spec, &pods)).unwrap_err();
+        assert_eq!(reason, Reason::PodNotReady);
+        assert!(message.contains("does not exist"), "{message}");
+        let (elected, spec) = lease(
+            "tl",
+            serde_json::json!({"target": "t", "candidates": {"podSelector": {"matchLabels": {"app": "web"}}}}),
+        );
+        let (reason, _) = holder_of(&desired_holder(&elected, &spec, &pods)).unwrap_err();
+        assert_eq!(reason, Reason::NoReadyCandidate);
+    }
+
+    #[test]
     fn a_pod_is_in_another_election_only_if_it_opted_in_to_it() {
         let election = |name: &str, uid: &str| {
             let (mut tl, _) = lease(
