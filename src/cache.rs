@@ -1,10 +1,17 @@
-//! What the operator's watch caches decode: objects without `managedFields`.
+//! What the operator's watch caches decode: objects without `managedFields`,
+//! and TargetLeases without labels and annotations.
 //!
 //! The API server sends every object with its managed fields, a tree of
 //! field paths per writer that the operator never reads and that decodes
 //! into several KB of maps per object. The caches' types skip it while
 //! decoding, so it is neither kept nor allocated on every list page and
-//! watch event.
+//! watch event. The same goes for a TargetLease's labels and annotations:
+//! the operator never reads them (it plans from spec and status, and writes
+//! only status and its finalizer), and whoever may create TargetLeases
+//! chooses their size (annotations up to 256 KiB per object), so they would
+//! let one tenant grow the shared operator's memory. Pods keep their labels
+//! (selectors read them); [`crate::reconcile::pods::CachedPod::slim`] drops
+//! what else they carry.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +41,48 @@ struct Metadata {
     uid: Option<String>,
 }
 
+/// A TargetLease's metadata as the cache keeps it: no managed fields, labels
+/// or annotations (skipped unread).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeaseMetadata {
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+/// Decodes a TargetLease's metadata without its managed fields, labels and
+/// annotations.
+pub fn lease_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = LeaseMetadata::deserialize(d)?;
+    Ok(ObjectMeta {
+        annotations: None,
+        creation_timestamp: m.creation_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        deletion_timestamp: m.deletion_timestamp,
+        finalizers: m.finalizers,
+        generate_name: m.generate_name,
+        generation: m.generation,
+        labels: None,
+        managed_fields: None,
+        name: m.name,
+        namespace: m.namespace,
+        owner_references: m.owner_references,
+        resource_version: m.resource_version,
+        self_link: m.self_link,
+        uid: m.uid,
+    })
+}
+
 /// Decodes an object's metadata without its managed fields.
 pub fn without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     let m = Metadata::deserialize(d)?;
@@ -61,8 +110,8 @@ pub fn without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectM
 #[derive(kube::Resource, Clone, Debug, Deserialize)]
 #[resource(inherit = "TargetLease")]
 pub struct WatchedLease {
-    /// The metadata, without managed fields.
-    #[serde(deserialize_with = "without_managed_fields")]
+    /// The metadata, without managed fields, labels and annotations.
+    #[serde(deserialize_with = "lease_metadata")]
     pub metadata: ObjectMeta,
     /// The spec.
     pub spec: TargetLeaseSpec,
@@ -98,7 +147,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lease_decodes_whole_but_for_its_managed_fields() {
+    fn a_lease_decodes_whole_but_for_its_managed_fields_labels_and_annotations() {
         let json = serde_json::json!({
             "apiVersion": "targetlease.dev/v1alpha1",
             "kind": "TargetLease",
@@ -119,9 +168,17 @@ mod tests {
         let watched: WatchedLease = serde_json::from_value(json).unwrap();
         let cached = TargetLease::from(watched);
         assert!(full.metadata.managed_fields.is_some());
+        assert!(full.metadata.labels.is_some() && full.metadata.annotations.is_some());
         assert_eq!(cached.metadata.managed_fields, None);
+        assert_eq!(cached.metadata.labels, None, "labels are not kept");
+        assert_eq!(
+            cached.metadata.annotations, None,
+            "annotations are not kept"
+        );
         let mut expected = full;
         expected.metadata.managed_fields = None;
+        expected.metadata.labels = None;
+        expected.metadata.annotations = None;
         assert_eq!(
             cached.metadata, expected.metadata,
             "the rest as the API server sent it"

@@ -26,6 +26,9 @@ pub enum Reason {
     PodNotReady,
     /// No candidate pod is Ready.
     NoReadyCandidate,
+    /// The named pod, or every Ready pod the selector matches, has not opted
+    /// in to this TargetLease (the label `<name>.targetlease.dev/candidate`).
+    PodNotOptedIn,
     /// The elected or named holder changed (or its pod was recreated); the old
     /// lease is given back.
     HolderChanged,
@@ -61,6 +64,7 @@ impl Reason {
             Reason::Queued => "Queued",
             Reason::PodNotReady => "PodNotReady",
             Reason::NoReadyCandidate => "NoReadyCandidate",
+            Reason::PodNotOptedIn => "PodNotOptedIn",
             Reason::HolderChanged => "HolderChanged",
             Reason::LeaseLost => "LeaseLost",
             Reason::MaxLifetimeReached => "MaxLifetimeReached",

@@ -123,6 +123,12 @@ pub struct HolderSpec {
 
     /// Optional pod in this namespace the lease is tied to: while it is missing or
     /// not Ready the lease is not held, and when it is deleted the lease is released.
+    /// The pod must opt in: it carries the label
+    /// `<name>.targetlease.dev/candidate: "true"`, where `<name>` is this
+    /// TargetLease's name (set it in the pod's template). A pod without it is
+    /// never marked and never holds the lease: the lease stays Pending with
+    /// the reason PodNotOptedIn (and a Warning Event), so whoever may create
+    /// TargetLeases cannot put labels on pods they may not edit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub pod_name: Option<String>,
@@ -132,11 +138,16 @@ pub struct HolderSpec {
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CandidatesSpec {
-    /// Pods in this namespace that may lead. Only Ready pods are elected. Must not
-    /// be empty (`{}` would make every pod of the namespace a candidate): select
-    /// exactly one application's pods, e.g. `matchLabels: {app: web}`. The elected
-    /// pod gets the label `<name>.targetlease.dev/leader: "true"`, where `<name>`
-    /// is this TargetLease's name, so a Service can route to this election's leader only.
+    /// Pods in this namespace that may lead. Only Ready pods that opted in are
+    /// elected: a pod opts in with the label `<name>.targetlease.dev/candidate: "true"`,
+    /// where `<name>` is this TargetLease's name (set it in the pods' template;
+    /// the selector may require that label itself). Matching pods without it are
+    /// never marked; when no Ready matching pod has it the lease stays Pending
+    /// with the reason PodNotOptedIn. Must not be empty (`{}` would make every pod
+    /// of the namespace a candidate): select exactly one application's pods, e.g.
+    /// `matchLabels: {app: web}`. The elected pod gets the label
+    /// `<name>.targetlease.dev/leader: "true"`, so a Service can route to this
+    /// election's leader only.
     /// At most 32 `matchLabels` (keys up to 317 characters, values up to 63) and
     /// 16 `matchExpressions` of up to 32 values each.
     #[x_kube(validation = Rule::new("(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)").message("spec.candidates.podSelector must not be empty"))]

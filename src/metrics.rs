@@ -48,6 +48,7 @@ pub struct BuildLabels {
 #[derive(Clone)]
 pub struct OperatorMetrics {
     reconcile_duration: Histogram,
+    reconcile_queue: Histogram,
     reconcile_errors: Family<ErrorLabels, Counter>,
     leases: Family<PhaseLabels, Gauge>,
     leases_lost: Counter,
@@ -70,6 +71,7 @@ impl Default for OperatorMetrics {
             .set(1);
         Self {
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            reconcile_queue: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             reconcile_errors: Family::default(),
             leases: Family::default(),
             leases_lost: Counter::default(),
@@ -107,6 +109,11 @@ impl OperatorMetrics {
             self.reconcile_duration.clone(),
         );
         registry.register(
+            "reconcile_queue_seconds",
+            "Time a due reconcile waited for one of the --concurrency slots (shared fairly among namespaces)",
+            self.reconcile_queue.clone(),
+        );
+        registry.register(
             "reconcile_errors",
             "Reconciles that failed, by error category",
             self.reconcile_errors.clone(),
@@ -142,6 +149,11 @@ impl OperatorMetrics {
                 .get_or_create(&ErrorLabels { category })
                 .inc();
         }
+    }
+
+    /// Records how long a reconcile waited for its slot.
+    pub fn queued(&self, waited: Duration) {
+        self.reconcile_queue.observe(waited.as_secs_f64());
     }
 
     /// Records a lease that ended in the store without being given back.
@@ -198,6 +210,7 @@ mod tests {
         let store = StoreMetrics::default();
         operator.count_phases(std::iter::empty());
         operator.reconciled(Duration::from_millis(1), Some("kube"));
+        operator.queued(Duration::from_millis(1));
         operator.lease_lost();
         operator.api_writes.count(api_writes::WriteKind::Status);
         let names = exposed_names(&registry(&operator, &store));
@@ -214,6 +227,7 @@ mod tests {
             "targetlease_process_open_fds",
             "targetlease_reconcile_errors_total",
             "targetlease_reconcile_duration_seconds_count",
+            "targetlease_reconcile_queue_seconds_count",
             "targetlease_leases",
             "targetlease_backend_up",
             "targetlease_leader",

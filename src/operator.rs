@@ -31,6 +31,8 @@ use crate::metrics::OperatorMetrics;
 use crate::reconcile::clock::ServerClock;
 use crate::reconcile::keeper::Keeper;
 use crate::reconcile::pods::CachedPod;
+use crate::reconcile::selectors::Selectors;
+use crate::reconcile::slots::FairSlots;
 use crate::reconcile::{self, Context, pods, queue};
 use crate::store::{LeaseStore, Target};
 
@@ -46,7 +48,7 @@ pub struct OperatorConfig {
     pub floor_configmap: String,
     /// Key for deriving lease ids.
     pub lease_ids: LeaseIdKey,
-    /// Reconciles running at once.
+    /// Reconciles running at once (shared fairly among namespaces).
     pub concurrency: u16,
     /// Only watch this namespace (all namespaces when absent).
     pub watch_namespace: Option<String>,
@@ -177,11 +179,14 @@ pub async fn control(
         })
     };
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    let selectors = Arc::new(Selectors::default());
     let ctx = Arc::new(Context {
         client: client.clone(),
         store: cfg.store.clone(),
         leases: leases.clone(),
         pods: pod_reader,
+        selectors: selectors.clone(),
+        slots: FairSlots::new(cfg.concurrency.into()),
         floors,
         recorder: Recorder::new(
             client.clone(),
@@ -207,13 +212,20 @@ pub async fn control(
         release_notices.flat_map(move |target| futures::stream::iter(ctx.released(&target)))
     };
     controller
-        .with_config(ControllerConfig::default().concurrency(cfg.concurrency))
+        // Every due reconcile starts at once and waits for one of the
+        // `concurrency` slots in its namespace's turn (`FairSlots`): the
+        // controller's own limit would serve them by due time, letting one
+        // namespace's backlog delay every other namespace's renewals.
+        .with_config(ControllerConfig::default())
         .trigger_backoff(backoff())
         .watches_stream(pod_stream, move |pod: CachedPod| {
             // The pod's own TargetLeases, and every lease queued on their targets:
             // a head of queue that stops wanting the lease must wake the next one.
             let all = leases.state();
-            let concerned: Vec<_> = all.iter().filter(|tl| pods::concerns(tl, &pod)).collect();
+            let concerned: Vec<_> = all
+                .iter()
+                .filter(|tl| pods::concerns(tl, &pod, &selectors))
+                .collect();
             all.iter()
                 .filter(|tl| concerned.iter().any(|c| queue::same_target(c, tl)))
                 .map(|tl| ObjectRef::from_obj(&**tl))

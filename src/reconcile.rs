@@ -17,6 +17,8 @@ mod pass;
 pub mod plan;
 pub mod pods;
 pub mod queue;
+pub mod selectors;
+pub mod slots;
 pub mod spec;
 pub mod transition;
 
@@ -54,6 +56,10 @@ pub struct Context {
     pub leases: Store<TargetLease>,
     /// Cache of pods (for holders tied to pods and for candidates).
     pub pods: Store<pods::CachedPod>,
+    /// Candidate selectors, compiled once per TargetLease version.
+    pub selectors: Arc<selectors::Selectors>,
+    /// The reconcile slots (`--concurrency`), shared fairly among namespaces.
+    pub slots: Arc<slots::FairSlots>,
     /// Tokens of deleted leases.
     pub floors: FloorStore,
     /// Publishes Events.
@@ -199,8 +205,15 @@ impl Context {
     }
 }
 
-/// Entry point for the controller.
+/// Entry point for the controller: waits for a slot in its namespace's turn
+/// ([`slots`]), then reconciles the newest cached version of the object.
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use kube::ResourceExt;
+    let queued = Instant::now();
+    let _slot = ctx.slots.acquire(&tl.namespace().unwrap_or_default()).await;
+    ctx.metrics.queued(queued.elapsed());
+    // It may have changed while it waited.
+    let tl = ctx.leases.get(&ObjectRef::from_obj(&*tl)).unwrap_or(tl);
     let started = Instant::now();
     let result = reconcile_inner(&tl, &ctx).await;
     ctx.metrics.reconciled(

@@ -72,7 +72,8 @@ pub struct OperatorArgs {
         default_value = "targetlease-token-floors"
     )]
     pub floor_configmap: String,
-    /// Reconciles running at once.
+    /// Reconciles running at once; when all are busy, the namespaces waiting
+    /// for one take turns.
     #[arg(long, env = "TARGETLEASE_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
     /// Watch only this namespace (default: all namespaces).

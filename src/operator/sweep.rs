@@ -1,6 +1,6 @@
 //! The minute sweep of what no reconcile will clean up: marks of TargetLeases
-//! that are gone, what this process remembers of them, and floor raises the
-//! floor cache shows.
+//! that are gone, what this process remembers of them (their compiled
+//! selectors too), and floor raises the floor cache shows.
 
 use std::collections::HashSet;
 use std::hash::Hash;
@@ -61,6 +61,13 @@ impl Sweep {
             return;
         }
         ctx.floors.prune();
+        let uids: HashSet<String> = ctx
+            .leases
+            .state()
+            .iter()
+            .filter_map(|tl| tl.uid())
+            .collect();
+        ctx.selectors.retain(|uid| uids.contains(uid));
         if ctx.leadership.check().is_err() {
             return;
         }

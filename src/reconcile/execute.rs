@@ -449,7 +449,12 @@ impl Pass<'_> {
         let Some(pod) = self.ctx.pods.get(&ObjectRef::new(pod_name).within(&ns)) else {
             return;
         };
-        let others = pods::overlapping_elections(&self.tl, &pod, &self.ctx.leases.state());
+        let others = pods::overlapping_elections(
+            &self.tl,
+            &pod,
+            &self.ctx.leases.state(),
+            &self.ctx.selectors,
+        );
         if !others.is_empty() {
             t.notes.push(Note {
                 warning: true,

@@ -245,18 +245,23 @@ impl Keeper {
         }
     }
 
-    /// The published leases due for a keeper renewal, marked in flight. A
-    /// lease whose reconcile is renewing it right now is not late.
+    /// The published leases due for a keeper renewal, marked in flight, the
+    /// one closest to its expiry first (however many one namespace has due,
+    /// the most urgent renewal goes out first). A lease whose reconcile is
+    /// renewing it right now is not late.
     fn take_due(&self, now: Instant) -> Vec<(ObjectRef<TargetLease>, Kept)> {
         let mut all = self.lock();
-        all.iter_mut()
+        let mut due: Vec<_> = all
+            .iter_mut()
             .filter(|(_, k)| k.published && !k.in_flight && now >= due_at(k))
             .filter(|(_, k)| k.serial.try_lock().is_ok())
             .map(|(key, k)| {
                 k.in_flight = true;
                 (key.clone(), k.clone())
             })
-            .collect()
+            .collect();
+        due.sort_by_key(|(_, k)| k.expires_ms);
+        due
     }
 
     async fn keep(&self, key: ObjectRef<TargetLease>, kept: Kept, leading: bool) {

@@ -69,6 +69,28 @@ fn the_keeper_waits_for_the_reconcile_then_for_the_retry_time() {
 }
 
 #[test]
+fn the_lease_closest_to_its_expiry_is_renewed_first() {
+    let keeper = Keeper::new(
+        Arc::new(MemoryStore::default()),
+        Arc::new(ServerClock::new()),
+    );
+    let t0 = Instant::now();
+    for (name, expires_ms) in [("later", 9_000), ("soonest", 2_000), ("middle", 5_000)] {
+        let mut k = kept(9 * S, 3 * S, t0);
+        k.expires_ms = expires_ms;
+        keeper.confirmed(&key(name), k);
+        keeper.published(&key(name), Some(7), true);
+    }
+    let due: Vec<_> = keeper
+        .take_due(t0 + 10 * S)
+        .into_iter()
+        .map(|(k, _)| k.name)
+        .collect();
+    assert_eq!(due, ["soonest", "middle", "later"]);
+    assert!(keeper.take_due(t0 + 10 * S).is_empty(), "now in flight");
+}
+
+#[test]
 fn retries_back_off_but_never_past_half_the_time_left() {
     let long = 60 * S;
     let table = [

@@ -279,7 +279,9 @@ pub fn recheck_after(reason: Reason) -> Option<Duration> {
         // Woken when the one ahead (or the sibling published as Held) lets go;
         // the recheck only covers a wake-up that never came.
         Reason::Queued | Reason::TargetHeld => Some(Duration::from_secs(30)),
-        Reason::PodNotReady | Reason::NoReadyCandidate => Some(Duration::from_secs(300)),
+        Reason::PodNotReady | Reason::NoReadyCandidate | Reason::PodNotOptedIn => {
+            Some(Duration::from_secs(300))
+        }
         _ => None,
     }
 }

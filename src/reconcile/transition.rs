@@ -175,6 +175,17 @@ impl<'f> Draft<'f> {
         });
     }
 
+    /// A Warning Event when the lease stops being held (or waits) for a
+    /// reason only the user can fix, once: when the Held condition takes
+    /// that reason, not on every pass that keeps it.
+    fn warn_on_entering(&mut self, reason: Reason, message: &str) {
+        let already = conditions::get(&self.t.status.conditions, HELD)
+            .is_some_and(|c| c.reason == reason.as_str());
+        if reason == Reason::PodNotOptedIn && !already {
+            self.note(true, reason, message.to_owned());
+        }
+    }
+
     /// The spec as of this pass is what status now describes.
     fn applied(&mut self) {
         self.t.status.observed_generation = self.f.generation;

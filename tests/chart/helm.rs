@@ -108,7 +108,7 @@ impl Rendered {
     }
 
     /// The admission policy whose name ends with `-{which}`
-    /// (`status-writers`, `pod-marks`), if rendered.
+    /// (`status-writers`, `pod-marks`, `lease-metadata`), if rendered.
     pub fn find_policy(&self, kind: &str, which: &str) -> Option<&Value> {
         let suffix = format!("-{which}");
         let mut all = self.0.iter().filter(|d| {

@@ -19,6 +19,7 @@ mod helm;
 mod lease_id_key;
 mod observability;
 mod operator;
+mod policies;
 mod release;
 mod render;
 mod render_ha;

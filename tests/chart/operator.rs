@@ -17,6 +17,12 @@ use crate::cluster::{SOON, install_identity, service_account_kubeconfig, wait_po
 use crate::support::kube_env::eventually;
 use crate::support::operator_env::{OperatorEnv, apply_example, summary};
 
+/// The pods of the example's election, opted in to TargetLease `web-leader`.
+const WEB: &[(&str, &str)] = &[
+    ("app", "web"),
+    ("web-leader.targetlease.dev/candidate", "true"),
+];
+
 /// The end-to-end flows with the operator authenticated as the chart's
 /// ServiceAccount, holding only the chart's RBAC, under the chart's policy.
 #[tokio::test]
@@ -103,9 +109,9 @@ async fn the_operator_runs_as_the_chart_service_account() {
     );
 
     // Leader election among pods: mark one, fail over with a larger token.
-    env.create_pod("web-0", &[("app", "web")], true).await;
+    env.create_pod("web-0", WEB, true).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
-    env.create_pod("web-1", &[("app", "web")], true).await;
+    env.create_pod("web-1", WEB, true).await;
     apply_example(&env, "leader-election.yaml").await;
     env.wait_led_by("web-leader", "web-0", 1, SOON).await;
     Api::<Pod>::namespaced(cp.client(), &ns)

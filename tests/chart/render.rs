@@ -167,7 +167,7 @@ fn default_values_render_a_restricted_highly_available_operator() {
             "RoleBinding",
             "Service",
             "ServiceAccount",
-            "ValidatingAdmissionPolicy", // status writers and pod marks
+            "ValidatingAdmissionPolicy", // status writers, pod marks, lease metadata
             "ValidatingAdmissionPolicyBinding"
         ],
         "no ServiceMonitor by default; the policy without any --api-versions; \

@@ -89,7 +89,7 @@ fn the_admission_policy_renders_under_plain_helm_template_unless_turned_off() {
         policy["spec"]["validations"][0]["expression"],
         r#"request.userInfo.username in ["system:serviceaccount:tl-system:tl-targetlease"]"#
     );
-    for which in ["status-writers", "pod-marks"] {
+    for which in ["status-writers", "pod-marks", "lease-metadata"] {
         let binding = r.policy_binding(which);
         assert_eq!(
             binding["spec"]["policyName"],
@@ -101,6 +101,31 @@ fn the_admission_policy_renders_under_plain_helm_template_unless_turned_off() {
             "all namespaces when the operator watches all"
         );
     }
+    // The lease-metadata policy judges every TargetLease write but status.
+    let metadata = r.policy("lease-metadata");
+    assert_eq!(metadata["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        metadata["spec"]["matchConstraints"]["resourceRules"],
+        json!([{ "apiGroups": ["targetlease.dev"], "apiVersions": ["*"],
+                 "operations": ["CREATE", "UPDATE"], "resources": ["targetleases"] }])
+    );
+    assert!(
+        metadata["spec"]["validations"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .starts_with("variables.bytes <= 65536 ")
+    );
+    let lower = template(
+        "tl",
+        "tl-system",
+        &["--set", "admissionPolicy.maxLeaseMetadataBytes=4096"],
+    );
+    assert!(
+        lower.policy("lease-metadata")["spec"]["validations"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .starts_with("variables.bytes <= 4096 ")
+    );
     // The pod-marks policy judges only the operator's own pod updates.
     let marks = r.policy("pod-marks");
     assert_eq!(marks["spec"]["failurePolicy"], "Fail");
@@ -124,7 +149,7 @@ fn the_admission_policy_renders_under_plain_helm_template_unless_turned_off() {
             "operator.watchNamespace=apps,admissionPolicy.extraAllowedUsers[0]=break-glass",
         ],
     );
-    for which in ["status-writers", "pod-marks"] {
+    for which in ["status-writers", "pod-marks", "lease-metadata"] {
         assert_eq!(
             r.policy_binding(which)["spec"]["matchResources"],
             json!({ "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "apps" } } })
@@ -164,7 +189,7 @@ fn assert_side_by_side(first: (&str, &str), second: (&str, &str)) {
     };
     let (a, b) = (render(first), render(second));
     let (names_a, names_b) = (cluster_scoped_names(&a), cluster_scoped_names(&b));
-    assert_eq!(names_a.len(), 5, "{names_a:?}"); // with the read-only view role
+    assert_eq!(names_a.len(), 7, "{names_a:?}"); // with the read-only view role
     assert!(
         names_a.is_disjoint(&names_b),
         "{first:?} and {second:?} share {:?}",

@@ -34,6 +34,9 @@ pub struct OperatorEnv {
     pub operator_env: Vec<(String, String)>,
     /// `cp` is this env's own, stopped with it (`start_on_own_control_plane`).
     owns_control_plane: bool,
+    /// Operators started from now on watch every namespace (only on a
+    /// control plane of the env's own: `watch_every_namespace`).
+    watch_all: bool,
 }
 
 /// Installs (or updates) the generated CRD and waits until it is Established.
@@ -92,6 +95,7 @@ impl OperatorEnv {
             operator_kubeconfig: None,
             operator_env: Vec::new(),
             owns_control_plane: false,
+            watch_all: false,
         }
     }
 
@@ -126,7 +130,12 @@ impl OperatorEnv {
             .args(["--valkey-url", valkey_url])
             .arg("--lease-id-key-file")
             .arg(self.key_file())
-            .args(["--floor-namespace", &self.ns, "--watch-namespace", &self.ns])
+            .args(["--floor-namespace", &self.ns])
+            .args(if self.watch_all {
+                vec![]
+            } else {
+                vec!["--watch-namespace", &self.ns]
+            })
             .args(extra)
             .env(
                 "KUBECONFIG",

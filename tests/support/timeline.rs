@@ -105,7 +105,8 @@ impl Timeline {
             .collect()
     }
 
-    /// Replays every revision and returns each instant at which a pod carried
+    /// Replays every revision and returns each instant at which a pod got
+    /// marks of a TargetLease it had not opted in to, carried
     /// marks its TargetLease's status did not name, two pods carried one
     /// election's leader label, an expires-at annotation was later than the
     /// status's, or a published token went below one published before for
@@ -119,6 +120,12 @@ impl Timeline {
         for e in self.entries() {
             match &e.change {
                 Change::Pod(n, Some(p)) => {
+                    for lease in marked_without_opting_in(pods.get(n), p) {
+                        out.push(format!(
+                            "rv {}: pod {n} got marks of TargetLease {lease} without the label {lease}.targetlease.dev/candidate: \"true\"",
+                            e.rv
+                        ));
+                    }
                     pods.insert(n.clone(), p.clone());
                 }
                 Change::Pod(n, None) => {
@@ -184,6 +191,36 @@ const SUFFIXES: [&str; 3] = [
 
 fn owner_of(key: &str) -> Option<&str> {
     SUFFIXES.iter().find_map(|s| key.strip_suffix(s))
+}
+
+/// The TargetLeases whose marks `now` gained or changed since `before`
+/// (a new pod: every mark it carries) although `now` has not opted in to
+/// them. Marks a pod keeps after losing its opt-in label are not counted:
+/// taking them off takes the operator a moment.
+pub fn marked_without_opting_in(before: Option<&Pod>, now: &Pod) -> Vec<String> {
+    let keys = |p: &Pod| -> BTreeMap<String, String> {
+        p.labels()
+            .iter()
+            .chain(p.annotations().iter())
+            .filter(|(k, _)| owner_of(k).is_some())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let old = before.map(keys).unwrap_or_default();
+    let mut out: Vec<String> = keys(now)
+        .into_iter()
+        .filter(|(k, v)| old.get(k) != Some(v))
+        .filter_map(|(k, _)| owner_of(&k).map(str::to_owned))
+        .filter(|lease| {
+            now.labels()
+                .get(&format!("{lease}.targetlease.dev/candidate"))
+                .map(String::as_str)
+                != Some("true")
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn ms(rfc3339: &str) -> Option<i64> {

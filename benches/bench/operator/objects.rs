@@ -81,11 +81,13 @@ pub(super) async fn renew_lease_every_2s(
     writes
 }
 
+/// A Ready pod labelled `app`, opted in to the election of the same name.
 pub(super) async fn candidate_pod(pods: &Api<Pod>, name: &str, app: &str) {
+    let opt_in = format!("{app}.targetlease.dev/candidate");
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": { "name": name, "labels": { "app": app } },
+        "metadata": { "name": name, "labels": { "app": app, opt_in: "true" } },
         "spec": { "containers": [{ "name": "app", "image": "registry.example/app:1.0" }] },
     }))
     .unwrap();

@@ -160,6 +160,7 @@ pub fn begin_release(
     // Keep holder and token: they name the lease being released.
     d.t.status.phase = Some(phase);
     d.t.status.expires_at = None;
+    d.warn_on_entering(reason, message);
     d.condition(HELD, ConditionStatus::False, reason, message);
     d.t.memory = Memory::Forget;
     d.done(Next::PlanAgain)
@@ -219,6 +220,7 @@ pub fn wait(f: &Facts, status: &TargetLeaseStatus, reason: Reason, message: &str
     } else {
         Phase::Pending
     };
+    d.warn_on_entering(reason, message);
     d.not_held(phase, reason, message);
     d.applied();
     let next = plan::recheck_after(reason).map_or(Next::AwaitChange, Next::Requeue);

@@ -134,8 +134,15 @@ async fn held_is_withdrawn_when_the_published_expiry_passes_during_a_partition()
 #[tokio::test]
 async fn a_shorter_duration_never_leaves_the_pod_annotation_later_than_status() {
     let env = OperatorEnv::start("shrinkorder").await;
-    env.create_pod("web-0", &[("app", "shrinkorder")], true)
-        .await;
+    env.create_pod(
+        "web-0",
+        &[
+            ("app", "shrinkorder"),
+            ("web.targetlease.dev/candidate", "true"),
+        ],
+        true,
+    )
+    .await;
     let timeline = Timeline::record(&env.client, &env.ns);
     env.create(
         "web",

@@ -65,7 +65,12 @@ async fn max_lifetime_added_to_a_held_lease_is_enforced() {
 #[tokio::test]
 async fn a_restarted_operator_never_shows_held_past_max_lifetime() {
     let mut env = OperatorEnv::start("maxrestart").await;
-    env.create_pod("w", &[("app", "w")], true).await;
+    env.create_pod(
+        "w",
+        &[("app", "w"), ("rot.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
     env.create(
         "rot",
         lease_for("t")

@@ -14,6 +14,7 @@ mod expiry;
 mod lifetime;
 mod order;
 mod pauses;
+mod tenants;
 mod wakeups;
 
 pub(crate) use crate::support;
@@ -134,7 +135,9 @@ pub(crate) async fn held_for_pod_w(
     lease: &str,
     renew: &str,
 ) -> TargetLease {
-    env.create_pod("w", &[("app", "w")], true).await;
+    let opt_in = format!("{name}.targetlease.dev/candidate");
+    env.create_pod("w", &[("app", "w"), (&opt_in, "true")], true)
+        .await;
     let spec = lease_for("t")
         .identity("w")
         .pod("w")

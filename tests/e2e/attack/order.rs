@@ -16,6 +16,13 @@ impl Rng {
     }
 }
 
+/// The churned election's pods: candidates of both `el` and `el2`.
+const CH: &[(&str, &str)] = &[
+    ("app", "ch"),
+    ("el.targetlease.dev/candidate", "true"),
+    ("el2.targetlease.dev/candidate", "true"),
+];
+
 /// Promises: "no pod carries marks its TargetLease's status does not name",
 /// "at most one pod per election carries that election's marks", "a published
 /// token is never lower than one published before for the same target" —
@@ -30,9 +37,18 @@ async fn marks_and_tokens_hold_at_every_revision_through_churn_and_crashes() {
     let seed = (now_ms() as u64) | 1;
     let mut rng = Rng(seed);
     for p in ["c-0", "c-1", "c-2"] {
-        env.create_pod(p, &[("app", "ch")], true).await;
+        env.create_pod(p, CH, true).await;
     }
-    env.create_pod("solo", &[("app", "solo")], true).await;
+    env.create_pod(
+        "solo",
+        &[
+            ("app", "solo"),
+            ("tied.targetlease.dev/candidate", "true"),
+            ("el2.targetlease.dev/candidate", "true"),
+        ],
+        true,
+    )
+    .await;
     let timeline = Timeline::record(&env.client, &env.ns);
     let timing = json!({ "leaseDuration": "4s", "renewInterval": "1s" });
     let with = |mut spec: serde_json::Value| {
@@ -86,7 +102,7 @@ async fn marks_and_tokens_hold_at_every_revision_through_churn_and_crashes() {
                             .then_some(())
                     })
                     .await;
-                    env.create_pod(&leader, &[("app", "ch")], true).await;
+                    env.create_pod(&leader, CH, true).await;
                     log.push(format!("recreate {leader}"));
                 }
             }
@@ -238,7 +254,12 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
 #[tokio::test]
 async fn a_holder_newly_tied_to_a_pod_gets_a_new_token() {
     let env = OperatorEnv::start("tie").await;
-    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create_pod(
+        "worker",
+        &[("app", "worker"), ("job.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
     env.create(
         "job",
         lease_for("t").identity("worker").durations("6s", "2s"),

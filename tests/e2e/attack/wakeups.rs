@@ -74,8 +74,18 @@ async fn release_notifications_resume_after_the_subscriber_could_not_connect() {
 #[tokio::test]
 async fn the_next_waiter_is_woken_whenever_the_head_leaves_the_queue() {
     let env = OperatorEnv::start("heads").await;
-    env.create_pod("b-pod", &[("app", "b")], true).await;
-    env.create_pod("d-pod", &[("app", "d")], true).await;
+    env.create_pod(
+        "b-pod",
+        &[("app", "b"), ("b.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
+    env.create_pod(
+        "d-pod",
+        &[("app", "d"), ("d.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
     let specs = [
         ("a", lease_for("q").identity("a")),
         ("b", lease_for("q").identity("b").pod("b-pod")),
@@ -133,7 +143,12 @@ async fn the_next_waiter_is_woken_whenever_the_head_leaves_the_queue() {
 #[tokio::test]
 async fn a_revoked_lease_is_not_published_as_held_next_to_its_successor() {
     let env = OperatorEnv::start("revoke").await;
-    env.create_pod("y-pod", &[("app", "y")], false).await;
+    env.create_pod(
+        "y-pod",
+        &[("app", "y"), ("y.targetlease.dev/candidate", "true")],
+        false,
+    )
+    .await;
     let y = lease_for("t").identity("y").pod("y-pod");
     env.create("y", y.durations("60s", "20s")).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;

@@ -97,7 +97,12 @@ async fn a_hung_api_server_costs_no_published_lease() {
         "1s",
     ]);
     let history = History::record(&env);
-    env.create_pod("w", &[("app", "w")], true).await;
+    env.create_pod(
+        "w",
+        &[("app", "w"), ("job.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
     env.create(
         "job",
         lease_for("t").identity("w").pod("w").durations("8s", "2s"),

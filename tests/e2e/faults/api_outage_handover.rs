@@ -81,7 +81,12 @@ async fn a_new_leader_after_an_api_outage_keeps_the_lease_held_and_its_marks() {
     .await;
 
     let timeline = Timeline::record(&env.client, &ns);
-    env.create_pod("w", &[("app", "w")], true).await;
+    env.create_pod(
+        "w",
+        &[("app", "w"), ("job.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
     env.create(
         "job",
         lease_for("t").identity("w").pod("w").durations("8s", "2s"),

@@ -8,7 +8,12 @@ use super::*;
 #[tokio::test]
 async fn a_shorter_lease_duration_is_published_before_the_pass_ends() {
     let env = OperatorEnv::start("shrink").await;
-    env.create_pod("web-0", &[("app", "shrink")], true).await;
+    env.create_pod(
+        "web-0",
+        &[("app", "shrink"), ("web.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
     env.create("web", lease_for("t").elect("shrink").durations("60s", "5s"))
         .await;
     env.wait_phase("web", Phase::Held, SOON).await;
@@ -97,7 +102,15 @@ async fn status_writes_from_an_older_version_are_refused() {
 async fn published_tokens_never_go_down_through_rapid_handoffs() {
     let env = OperatorEnv::start("churn").await;
     for name in ["w-0", "w-1", "w-2"] {
-        env.create_pod(name, &[("app", "churn")], true).await;
+        env.create_pod(
+            name,
+            &[
+                ("app", "churn"),
+                ("churn.targetlease.dev/candidate", "true"),
+            ],
+            true,
+        )
+        .await;
     }
     let history = History::record(&env);
     env.create("churn", lease_for("t").elect("churn").durations("4s", "1s"))
@@ -131,14 +144,17 @@ async fn published_tokens_never_go_down_through_rapid_handoffs() {
     assert!(marked.iter().filter(|m| **m).count() <= 1, "{marked:?}");
 }
 
+/// The pods of election `el`, opted in to it.
+const MARKS: &[(&str, &str)] = &[("app", "marks"), ("el.targetlease.dev/candidate", "true")];
+
 /// Defect 4: marks follow status — a pod carrying marks status does not name
 /// is unmarked, corrupt state unmarks, deletion unmarks.
 #[tokio::test]
 async fn pod_marks_always_match_status() {
     let env = OperatorEnv::start("marks").await;
-    env.create_pod("m-0", &[("app", "marks")], true).await;
+    env.create_pod("m-0", MARKS, true).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    env.create_pod("m-1", &[("app", "marks")], true).await;
+    env.create_pod("m-1", MARKS, true).await;
     env.create("el", lease_for("t").elect("marks").durations("6s", "1s"))
         .await;
     env.wait_for("el", "led by m-0", SOON, |tl| {
@@ -199,8 +215,13 @@ async fn pod_marks_always_match_status() {
 #[tokio::test]
 async fn overlapping_elections_never_share_a_leader_label() {
     let env = OperatorEnv::start("overlap").await;
-    env.create_pod("o-0", &[("app", "shared")], true).await;
-    env.create_pod("o-1", &[("app", "shared")], true).await;
+    let shared = [
+        ("app", "shared"),
+        ("alpha.targetlease.dev/candidate", "true"),
+        ("beta.targetlease.dev/candidate", "true"),
+    ];
+    env.create_pod("o-0", &shared, true).await;
+    env.create_pod("o-1", &shared, true).await;
     for name in ["alpha", "beta"] {
         env.create(
             name,

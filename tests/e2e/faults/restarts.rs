@@ -24,9 +24,23 @@ async fn a_restart_among_many_pods_keeps_every_lease_and_leader() {
         .buffer_unordered(16)
         .collect::<Vec<_>>()
         .await;
-    env.create_pod("worker", &[("app", "worker")], true).await;
-    env.create_pod("web-0", &[("app", "web")], true).await;
-    env.create_pod("web-1", &[("app", "web")], true).await;
+    env.create_pod(
+        "worker",
+        &[
+            ("app", "worker"),
+            ("tied.targetlease.dev/candidate", "true"),
+        ],
+        true,
+    )
+    .await;
+    for web in ["web-0", "web-1"] {
+        env.create_pod(
+            web,
+            &[("app", "web"), ("elect.targetlease.dev/candidate", "true")],
+            true,
+        )
+        .await;
+    }
     env.create("tied", lease_for("tied").identity("worker").pod("worker"))
         .await;
     env.create("elect", lease_for("elect").elect("web")).await;
@@ -77,7 +91,12 @@ async fn a_waiter_is_not_stranded_when_the_head_of_the_queue_leaves() {
         Duration::from_secs(15),
     )
     .await;
-    env.create_pod("q1-pod", &[("app", "q1")], true).await;
+    env.create_pod(
+        "q1-pod",
+        &[("app", "q1"), ("q1.targetlease.dev/candidate", "true")],
+        true,
+    )
+    .await;
     env.create("q1", lease_for("q").identity("q1").pod("q1-pod"))
         .await;
     env.wait_reason("q1", "TargetHeld", SOON).await;
@@ -180,7 +199,15 @@ async fn an_unpublished_acquisition_of_our_own_is_reclaimed_at_once() {
 #[tokio::test]
 async fn a_recreated_pod_gets_a_new_lease() {
     let mut env = OperatorEnv::start("recreated").await;
-    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create_pod(
+        "worker",
+        &[
+            ("app", "worker"),
+            ("tied.targetlease.dev/candidate", "true"),
+        ],
+        true,
+    )
+    .await;
     env.create("tied", lease_for("t").identity("worker").pod("worker"))
         .await;
     let held = env.wait_phase("tied", Phase::Held, SOON).await;
@@ -189,7 +216,15 @@ async fn a_recreated_pod_gets_a_new_lease() {
     // The operator is down while the pod is replaced (a StatefulSet would do this).
     env.kill_operator(0);
     env.delete_pod("worker").await;
-    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create_pod(
+        "worker",
+        &[
+            ("app", "worker"),
+            ("tied.targetlease.dev/candidate", "true"),
+        ],
+        true,
+    )
+    .await;
     env.start_operator();
     let again = env
         .wait_for("tied", "held for the new pod", SOON, |tl| {

@@ -86,6 +86,8 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         store: store.clone(),
         leases,
         pods,
+        selectors: Default::default(),
+        slots: targetlease::reconcile::slots::FairSlots::new(1),
         floors: FloorStore::new(client.clone(), &env.ns, "floors", floor_cache),
         recorder: Recorder::new(
             client.clone(),

@@ -28,9 +28,11 @@ async fn acquired_events(env: &OperatorEnv, lease: &str) -> Vec<Event> {
 #[tokio::test]
 async fn two_grants_of_one_targetlease_are_two_events_with_their_tokens() {
     let env = OperatorEnv::start("events").await;
-    env.create_pod("web-0", &[("app", "web")], true).await;
+    env.create_pod("web-0", &[("app", "web"), WEB_LEADER_CANDIDATE], true)
+        .await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
-    env.create_pod("web-1", &[("app", "web")], true).await;
+    env.create_pod("web-1", &[("app", "web"), WEB_LEADER_CANDIDATE], true)
+        .await;
     env.create("web-leader", lease_for("web-leader").elect("web"))
         .await;
     env.wait_for("web-leader", "led by web-0", SOON, |tl| {

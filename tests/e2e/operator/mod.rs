@@ -4,6 +4,7 @@
 mod admission;
 mod events;
 mod leases;
+mod opt_in;
 mod pods;
 mod token;
 
@@ -19,3 +20,8 @@ pub(crate) use targetlease::crd::Phase;
 pub(crate) use targetlease::store::{LeaseStore, Outcome, ReleaseRequest, Target};
 
 pub(crate) const SOON: Duration = Duration::from_secs(20);
+
+/// The label by which a pod opts in to TargetLease `web-leader` (the
+/// examples' election).
+pub(crate) const WEB_LEADER_CANDIDATE: (&str, &str) =
+    ("web-leader.targetlease.dev/candidate", "true");

@@ -13,7 +13,8 @@ async fn leader_election_marks_one_ready_pod_and_fails_over_with_larger_tokens()
     let env = OperatorEnv::start("election").await;
     for (i, name) in ["web-0", "web-1", "web-2"].into_iter().enumerate() {
         let _ = i;
-        env.create_pod(name, &[("app", "web")], true).await;
+        env.create_pod(name, &[("app", "web"), WEB_LEADER_CANDIDATE], true)
+            .await;
         tokio::time::sleep(Duration::from_millis(1100)).await; // distinct creation times
     }
     let applied = apply_example(&env, "leader-election.yaml").await;
@@ -94,7 +95,12 @@ async fn the_job_lease_example_holds_one_and_queues_the_other() {
 #[tokio::test]
 async fn a_holder_tied_to_a_pod_follows_its_readiness() {
     let env = OperatorEnv::start("pod-holder").await;
-    env.create_pod("worker", &[("app", "web")], false).await;
+    env.create_pod(
+        "worker",
+        &[("app", "web"), ("tied.targetlease.dev/candidate", "true")],
+        false,
+    )
+    .await;
     env.create("tied", lease_for("t").identity("worker").pod("worker"))
         .await;
     let pending = env.wait_reason("tied", "PodNotReady", SOON).await;
@@ -170,7 +176,15 @@ async fn the_token_subcommand_hands_a_job_its_token_with_read_only_rights() {
 #[tokio::test]
 async fn the_token_sidecar_keeps_its_file_true_to_status() {
     let env = OperatorEnv::start("token-follow").await;
-    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create_pod(
+        "worker",
+        &[
+            ("app", "worker"),
+            ("tied.targetlease.dev/candidate", "true"),
+        ],
+        true,
+    )
+    .await;
     env.create(
         "tied",
         lease_for("t")
@@ -218,7 +232,15 @@ async fn the_token_sidecar_keeps_its_file_true_to_status() {
 #[tokio::test]
 async fn the_token_subcommand_refuses_another_incarnation_of_its_pod() {
     let env = OperatorEnv::start("token-uid").await;
-    env.create_pod("worker", &[("app", "worker")], true).await;
+    env.create_pod(
+        "worker",
+        &[
+            ("app", "worker"),
+            ("tied.targetlease.dev/candidate", "true"),
+        ],
+        true,
+    )
+    .await;
     env.create("tied", lease_for("t").identity("worker").pod("worker"))
         .await;
     let held = env.wait_phase("tied", Phase::Held, SOON).await;

@@ -305,7 +305,9 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     }
     let (tls, pods) = (env.api(), env.pods());
     for p in PODS {
-        env.create_pod(p, &[("app", "el")], true).await;
+        let opt_in = format!("{ELECTION}.targetlease.dev/candidate");
+        env.create_pod(p, &[("app", "el"), (&opt_in, "true")], true)
+            .await;
     }
     for name in HANDOFF {
         env.create(name, handoff_spec(name)).await;

@@ -36,6 +36,16 @@ impl OperatorEnv {
         env
     }
 
+    /// Operators started from now on watch every namespace of this env's
+    /// own control plane (a shared one has other tests' namespaces).
+    pub fn watch_every_namespace(&mut self) {
+        assert!(
+            self.owns_control_plane,
+            "only an env's own control plane may be watched whole"
+        );
+        self.watch_all = true;
+    }
+
     fn apiserver_pid(&self) -> i32 {
         read(self.cp.dir(), "kube-apiserver.pid")
             .parse()

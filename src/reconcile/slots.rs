@@ -1,0 +1,240 @@
+//! Reconcile slots shared fairly among namespaces (no client required).
+//!
+//! `--concurrency` reconciles run at once. The controller's own queue hands
+//! out work by due time, so one namespace with many TargetLeases (or a
+//! burst of spec edits) puts everything due before another namespace's
+//! renewal ahead of it: that renewal waits for the whole backlog, and its
+//! published expiry can pass meanwhile. Here a reconcile that finds every
+//! slot taken waits in its namespace's line, and a freed slot goes to the
+//! next namespace in turn (round robin over the namespaces that wait; first
+//! come, first served within one). A namespace alone uses every slot; with
+//! others waiting it gets its turn like each of them, so a renewal waits for
+//! about one reconcile per waiting namespace, whatever the backlog of the
+//! others.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+/// The slots and the lines waiting for them.
+pub struct FairSlots {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Slots not handed out. Never positive while anyone waits.
+    free: usize,
+    /// Namespaces with someone waiting, in the order they get the next slot.
+    turns: VecDeque<String>,
+    /// Who waits, per namespace, in arrival order.
+    lines: HashMap<String, VecDeque<oneshot::Sender<Slot>>>,
+}
+
+impl State {
+    /// The next waiter in turn; its namespace goes to the back of the turns
+    /// while it has more waiting.
+    fn next_waiter(&mut self) -> Option<oneshot::Sender<Slot>> {
+        let ns = self.turns.pop_front()?;
+        let line = self.lines.get_mut(&ns)?;
+        let waiter = line.pop_front();
+        if line.is_empty() {
+            self.lines.remove(&ns);
+        } else {
+            self.turns.push_back(ns);
+        }
+        waiter
+    }
+}
+
+/// One slot, held while a reconcile runs; dropping it hands it on.
+pub struct Slot {
+    slots: Option<Arc<FairSlots>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(slots) = self.slots.take() {
+            slots.hand_on();
+        }
+    }
+}
+
+impl FairSlots {
+    /// `n` slots (at least one).
+    pub fn new(n: usize) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                free: n.max(1),
+                ..State::default()
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a reconcile in `namespace`: at once when one is free,
+    /// otherwise when its namespace's turn comes.
+    pub async fn acquire(self: &Arc<Self>, namespace: &str) -> Slot {
+        let rx = {
+            let mut state = self.lock();
+            if state.free > 0 {
+                state.free -= 1;
+                return Slot {
+                    slots: Some(self.clone()),
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            match state.lines.get_mut(namespace) {
+                Some(line) => line.push_back(tx),
+                None => {
+                    state
+                        .lines
+                        .insert(namespace.to_owned(), VecDeque::from([tx]));
+                    state.turns.push_back(namespace.to_owned());
+                }
+            }
+            rx
+        };
+        // The sender is only ever dropped by sending (the slots outlive
+        // every waiter: each waiter holds them).
+        rx.await.unwrap_or(Slot { slots: None })
+    }
+
+    /// A slot came free: to the next waiter in turn, or back to the free ones.
+    fn hand_on(self: Arc<Self>) {
+        loop {
+            let next = {
+                let mut state = self.lock();
+                match state.next_waiter() {
+                    Some(tx) => tx,
+                    None => {
+                        state.free += 1;
+                        return;
+                    }
+                }
+            };
+            let slot = Slot {
+                slots: Some(self.clone()),
+            };
+            match next.send(slot) {
+                Ok(()) => return,
+                // That waiter gave up (its reconcile was dropped): the next one.
+                Err(mut unwanted) => {
+                    unwanted.slots = None;
+                }
+            }
+        }
+    }
+
+    /// Reconciles waiting for a slot, per namespace (for tests and metrics).
+    pub fn waiting(&self) -> usize {
+        self.lock().lines.values().map(VecDeque::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    type Order = Arc<Mutex<Vec<String>>>;
+
+    /// Starts a waiter that records `label` when it gets a slot and holds
+    /// the slot until told to let go.
+    fn waiter(
+        slots: &Arc<FairSlots>,
+        ns: &'static str,
+        label: String,
+        order: &Order,
+    ) -> oneshot::Sender<()> {
+        let (done_tx, done_rx) = oneshot::channel::<()>();
+        let (slots, order) = (slots.clone(), order.clone());
+        tokio::spawn(async move {
+            let _slot = slots.acquire(ns).await;
+            order.lock().unwrap().push(label);
+            let _ = done_rx.await;
+        });
+        done_tx
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flooding_namespace_waits_its_turn_like_any_other() {
+        let slots = FairSlots::new(2);
+        let order: Order = Default::default();
+        let mut done = HashMap::new();
+        // Both slots taken, then a flood of 50 from "noisy" before "quiet" asks.
+        for label in ["r0", "r1"] {
+            done.insert(
+                label.to_string(),
+                waiter(&slots, "noisy", label.into(), &order),
+            );
+        }
+        settle().await;
+        for i in 0..50 {
+            done.insert(
+                format!("n{i}"),
+                waiter(&slots, "noisy", format!("n{i}"), &order),
+            );
+            settle().await;
+        }
+        for label in ["q1", "q2"] {
+            done.insert(
+                label.to_string(),
+                waiter(&slots, "quiet", label.into(), &order),
+            );
+            settle().await;
+        }
+        assert_eq!(slots.waiting(), 52);
+        // Slots are let go in the order they were taken; each goes to the
+        // next namespace in turn.
+        for i in 0..6 {
+            let holder = order.lock().unwrap()[i].clone();
+            let _ = done.remove(&holder).unwrap().send(());
+            settle().await;
+        }
+        let got: Vec<_> = order
+            .lock()
+            .unwrap()
+            .iter()
+            .skip(2)
+            .take(6)
+            .cloned()
+            .collect();
+        assert_eq!(got, ["n0", "q1", "n1", "q2", "n2", "n3"]);
+    }
+
+    #[tokio::test]
+    async fn one_namespace_alone_uses_every_slot_and_dropped_waiters_pass_theirs_on() {
+        let slots = FairSlots::new(3);
+        let a = slots.acquire("a").await;
+        let b = slots.acquire("a").await;
+        let c = slots.acquire("a").await;
+        // A waiter that gives up (its reconcile dropped) never keeps a slot.
+        let gave_up = tokio::time::timeout(Duration::from_millis(10), slots.acquire("b")).await;
+        assert!(gave_up.is_err());
+        let next = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.acquire("c").await })
+        };
+        settle().await;
+        drop(a);
+        let _d = tokio::time::timeout(Duration::from_secs(1), next)
+            .await
+            .expect("the slot skips the waiter that left")
+            .unwrap();
+        drop((b, c));
+        // All free again: three at once, without waiting.
+        let all: Vec<_> = futures::future::join_all((0..2).map(|_| slots.acquire("z"))).await;
+        assert_eq!((all.len(), slots.waiting()), (2, 0));
+    }
+}
