@@ -123,7 +123,7 @@ fn the_image_build_copies_every_file_the_compile_reads() {
         let path =
             std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let top = path
-            .strip_prefix(std::fs::canonicalize(&root).unwrap())
+            .strip_prefix(std::fs::canonicalize(root).unwrap())
             .unwrap()
             .components()
             .next()
