@@ -17,6 +17,7 @@ FROM ${RUST_IMAGE} AS build
 ARG TARGETLEASE_COMMIT=""
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
+COPY build ./build
 COPY src ./src
 COPY lua ./lua
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \

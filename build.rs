@@ -9,15 +9,23 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "build/commit_rule.rs"]
+mod commit_rule;
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=build/commit_rule.rs");
     println!("cargo:rerun-if-env-changed=TARGETLEASE_COMMIT");
     let given = std::env::var("TARGETLEASE_COMMIT")
         .ok()
         .filter(|c| !c.trim().is_empty());
     let commit = match given {
         Some(c) => Some(c.trim().to_owned()),
-        None if std::env::var("PROFILE").as_deref() == Ok("release") || from_git_source() => {
+        None if commit_rule::asks_git(
+            std::env::var("PROFILE").ok().as_deref(),
+            std::env::var("CARGO_MANIFEST_DIR").ok().as_deref(),
+        ) =>
+        {
             git_commit()
         }
         None => None,
@@ -48,9 +56,4 @@ fn git_commit() -> Option<String> {
         println!("cargo:rerun-if-changed={}", PathBuf::from(path).display());
     }
     git(&["rev-parse", "--short=12", "HEAD"]).filter(|c| !c.is_empty())
-}
-
-/// Whether this is cargo's checkout of a git source (`<CARGO_HOME>/git/checkouts/…`).
-fn from_git_source() -> bool {
-    std::env::var("CARGO_MANIFEST_DIR").is_ok_and(|d| d.contains("/git/checkouts/"))
 }

@@ -108,3 +108,73 @@ fn every_action_is_pinned_by_commit() {
         );
     }
 }
+
+/// The image build copies every file the compile reads: what build.rs pulls
+/// in by `#[path]` and what the sources pull in by `include_str!`, by top
+/// directory, each COPYed by the Dockerfile and not left out by
+/// .dockerignore (no Docker engine here to build it; a missing file would
+/// fail only the release).
+#[test]
+fn the_image_build_copies_every_file_the_compile_reads() {
+    let root = repo();
+    let mut needed = std::collections::BTreeSet::new();
+    let mut note = |from: &std::path::Path, rel: &str| {
+        let path = from.parent().unwrap().join(rel);
+        let path =
+            std::fs::canonicalize(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let top = path
+            .strip_prefix(std::fs::canonicalize(root).unwrap())
+            .unwrap()
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .into_owned();
+        needed.insert(top);
+    };
+    let build = root.join("build.rs");
+    for line in std::fs::read_to_string(&build).unwrap().lines() {
+        if let Some(rest) = line.trim().strip_prefix("#[path = \"") {
+            note(&build, rest.split('"').next().unwrap());
+        }
+    }
+    let mut dirs = vec![root.join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (at, _) in text.match_indices("include_str!(\"") {
+                    let rel = text[at + "include_str!(\"".len()..]
+                        .split('"')
+                        .next()
+                        .unwrap();
+                    note(&path, rel);
+                }
+            }
+        }
+    }
+    assert!(
+        needed.contains("lua") && needed.contains("build"),
+        "{needed:?}"
+    );
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let ignored = std::fs::read_to_string(root.join(".dockerignore")).unwrap();
+    for top in &needed {
+        assert!(
+            dockerfile.lines().any(|l| l.starts_with("COPY ")
+                && !l.contains("--from")
+                && l.split_whitespace().any(|w| w == top)),
+            "the Dockerfile does not COPY {top}"
+        );
+        assert!(
+            !ignored
+                .lines()
+                .any(|l| l.trim().trim_end_matches('/') == top),
+            ".dockerignore leaves out {top}"
+        );
+    }
+}

@@ -249,3 +249,21 @@ fn cargo_install_from_git_names_the_commit_it_was_built_from() {
         )
     );
 }
+
+#[path = "../../build/commit_rule.rs"]
+mod commit_rule;
+
+/// build.rs's rule: `cargo install --locked --path .` (a release build, as
+/// docs/cli.md gives it) and any build of a git source name their commit;
+/// a debug build of a working tree does not (it would rebuild per commit).
+#[test]
+fn release_builds_and_git_sources_ask_git_for_the_commit() {
+    use commit_rule::asks_git;
+    assert!(asks_git(Some("release"), Some("/src/targetlease")));
+    assert!(asks_git(
+        Some("debug"),
+        Some("/root/.cargo/git/checkouts/targetlease-1a2b/0c1d2e3")
+    ));
+    assert!(!asks_git(Some("debug"), Some("/src/targetlease")));
+    assert!(!asks_git(None, None));
+}

@@ -56,6 +56,21 @@ fn by_default_run_waits_for_a_held_target_and_then_runs() {
     let cmd = run(&u, "db", "alice", "10s").sh(&script);
     released_while_waiting(&u, &held, cmd, &file, Duration::from_millis(1500));
     assert_eq!(file.read().trim(), "2");
+    // And it is what --help shows for `run` and `token` alike.
+    for command in ["run", "token"] {
+        let help = crate::support::cli::targetlease(&[command, "--help"])
+            .env_remove("TARGETLEASE_WAIT")
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout).into_owned();
+        let wait = help
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("--wait"))
+            .take_while(|l| !l.trim_start().starts_with("-n") || l.contains("--wait"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(wait.contains("[default: 1m]"), "{command} --help: {wait}");
+    }
 }
 
 /// Runs `cmd` (a `run` whose CMD writes `file`), checks it waits `pause`
