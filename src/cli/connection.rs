@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::output::io_reason;
 use crate::config_error::ConfigError;
-use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig};
+use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig, check_url};
 
 /// How to reach Valkey.
 #[derive(Args, Clone, Debug)]
@@ -19,6 +19,8 @@ pub struct ConnectionArgs {
     /// Valkey URL: valkey:// or redis://, valkeys:// or rediss:// (TLS),
     /// valkey-cluster:// (extra seeds as ?node=host:port&node=…),
     /// valkey-sentinel://; a `-cluster`/`-sentinel` scheme ending in `s` uses TLS.
+    /// A user name may be in it (`valkey://user@host`), a password may not:
+    /// use --password-file.
     #[arg(
         long,
         env = "TARGETLEASE_VALKEY_URL",
@@ -80,8 +82,11 @@ pub struct ConnectionArgs {
 }
 
 impl ConnectionArgs {
-    /// The typed config; reads the password file.
+    /// The typed config; reads the password file. A URL that cannot be
+    /// used (one with a password inside, above all) is refused here, before
+    /// anything connects.
     pub fn to_config(&self) -> Result<ValkeyConfig, ConfigError> {
+        check_url(&self.valkey_url).map_err(|why| ConfigError::of("--valkey-url", why))?;
         let password = match &self.password_file {
             Some(path) => Some(read_secret(path, "password file")?),
             None => None,

@@ -54,6 +54,13 @@ pub struct ValkeyStore {
     timeout: Duration,
 }
 
+/// Whether `url` can be used, before anything connects: a known scheme, a
+/// host, a port and database, and no password inside it (the reason never
+/// quotes the URL).
+pub fn check_url(url: &str) -> Result<(), String> {
+    endpoint::parse(url).map(|_| ())
+}
+
 /// The parsed URL and how to open connections for it (credentials, TLS).
 fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
     let endpoint = endpoint::parse(&cfg.url).map_err(|why| {
@@ -86,10 +93,7 @@ fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
     let dialer = Dialer {
         tls,
         username: cfg.username.clone().or_else(|| endpoint.username.clone()),
-        password: cfg
-            .password
-            .clone()
-            .or_else(|| endpoint.password.clone().map(Secret::new)),
+        password: cfg.password.clone(),
         sentinel_username: cfg.sentinel_username.clone(),
         sentinel_password: cfg.sentinel_password.clone(),
         db: endpoint.db,

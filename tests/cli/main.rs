@@ -10,3 +10,4 @@ mod habits;
 mod install;
 mod lease;
 mod run;
+mod url_password;

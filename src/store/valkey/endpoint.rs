@@ -1,11 +1,16 @@
 //! What a `--valkey-url` names: one server, a Sentinel-managed primary, or a
-//! Cluster, plus TLS and credentials. Parsed once, before anything connects.
+//! Cluster, plus TLS and the ACL user. Parsed once, before anything connects.
 //!
 //! ```text
-//! redis[s]://[user[:password]@]host[:6379][/db]
-//! redis[s]-cluster://[user[:password]@]host:port[?node=host:port&node=…]
-//! redis[s]-sentinel://[user[:password]@]host[:26379][/db]?sentinelServiceName=NAME[&node=host:port…]
+//! redis[s]://[user@]host[:6379][/db]
+//! redis[s]-cluster://[user@]host:port[?node=host:port&node=…]
+//! redis[s]-sentinel://[user@]host[:26379][/db]?sentinelServiceName=NAME[&node=host:port…]
 //! ```
+//!
+//! A password inside the URL is refused: a URL travels in flags and
+//! environment variables, which the process table, shell histories and
+//! manifests show to others. The password comes from a file instead
+//! (`--password-file`). A user name alone is accepted: it is not a secret.
 
 use std::fmt;
 
@@ -59,8 +64,9 @@ pub enum Topology {
     Cluster(Vec<Addr>),
 }
 
-/// Everything the URL says.
-#[derive(Clone, PartialEq, Eq)]
+/// Everything the URL says. It holds no secret: a URL with a password is
+/// refused by [`parse`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     /// Where the servers are.
     pub topology: Topology,
@@ -68,31 +74,14 @@ pub struct Endpoint {
     pub tls: bool,
     /// ACL user from the URL.
     pub username: Option<String>,
-    /// Password from the URL.
-    pub password: Option<String>,
     /// Database to `SELECT` (standalone and Sentinel only).
     pub db: Option<u32>,
 }
 
-impl fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Destructured, so a new field cannot be left out unseen.
-        let Self {
-            topology,
-            tls,
-            username,
-            password,
-            db,
-        } = self;
-        f.debug_struct("Endpoint")
-            .field("topology", topology)
-            .field("tls", tls)
-            .field("username", username)
-            .field("password", &password.as_ref().map(|_| "<redacted>"))
-            .field("db", db)
-            .finish()
-    }
-}
+/// Why a URL with a password is refused, and what to do instead.
+pub const PASSWORD_IN_URL: &str = "a password inside the URL is refused (the process table, \
+     logs and manifests would show it): remove it from the URL and put it in a file named by \
+     --password-file (TARGETLEASE_PASSWORD_FILE; with the Helm chart, valkey.auth.existingSecret)";
 
 /// Parses a Valkey URL; the error says why, without echoing a password.
 pub fn parse(url: &str) -> Result<Endpoint, String> {
@@ -114,6 +103,10 @@ pub fn parse(url: &str) -> Result<Endpoint, String> {
         }
     };
     let parsed = url::Url::parse(url).map_err(|e| format!("unparsable ({e})"))?;
+    // Before anything else is read from it: no later message may quote it.
+    if parsed.password().is_some() {
+        return Err(PASSWORD_IN_URL.into());
+    }
     let host = parsed
         .host_str()
         .filter(|h| !h.is_empty())
@@ -126,13 +119,9 @@ pub fn parse(url: &str) -> Result<Endpoint, String> {
     let first = Addr { host, port };
     let decode = |s: &str| {
         percent_decode(s)
-            .ok_or_else(|| "credentials are not valid percent-encoded UTF-8".to_owned())
+            .ok_or_else(|| "the user name is not valid percent-encoded UTF-8".to_owned())
     };
     let username = Some(decode(parsed.username())?).filter(|u| !u.is_empty());
-    let password = match parsed.password() {
-        Some(p) => Some(decode(p)?).filter(|p| !p.is_empty()),
-        None => None,
-    };
     let mut nodes = Vec::new();
     let mut service = None;
     for (k, v) in parsed.query_pairs() {
@@ -166,7 +155,6 @@ pub fn parse(url: &str) -> Result<Endpoint, String> {
         topology,
         tls,
         username,
-        password,
         db,
     })
 }
@@ -199,19 +187,15 @@ mod tests {
     }
 
     #[test]
-    fn standalone_with_credentials_and_database() {
-        let e = parse("rediss://u%40x:p%3Aw@db.example:6380/2").unwrap();
+    fn standalone_with_a_user_and_database() {
+        let e = parse("rediss://u%40x@db.example:6380/2").unwrap();
         assert_eq!(e.topology, Topology::Standalone(addr("db.example", 6380)));
         assert!(e.tls);
         assert_eq!(e.username.as_deref(), Some("u@x"));
-        assert_eq!(e.password.as_deref(), Some("p:w"));
         assert_eq!(e.db, Some(2));
         let e = parse("redis://127.0.0.1").unwrap();
         assert_eq!(e.topology, Topology::Standalone(addr("127.0.0.1", 6379)));
-        assert_eq!(
-            (e.tls, e.db, e.username, e.password),
-            (false, None, None, None)
-        );
+        assert_eq!((e.tls, e.db, e.username), (false, None, None));
         let e = parse("redis://h:80").unwrap();
         assert_eq!(e.topology, Topology::Standalone(addr("h", 80)));
     }
@@ -237,7 +221,7 @@ mod tests {
     #[test]
     fn valkey_schemes_mean_what_the_redis_ones_do() {
         for (valkey, redis) in [
-            ("valkey://u:p@h:7/1", "redis://u:p@h:7/1"),
+            ("valkey://u@h:7/1", "redis://u@h:7/1"),
             ("valkeys://h", "rediss://h"),
             (
                 "valkey-cluster://a:1?node=b:2",
@@ -266,11 +250,33 @@ mod tests {
         assert!(parse("redis-cluster://a?node=b").is_err());
     }
 
+    /// A password in any scheme's URL, with or without a user, percent-encoded
+    /// or not, is refused with a message that names `--password-file` and
+    /// quotes nothing of the URL; an empty password shows no secret and is
+    /// not refused, nor is a user name alone.
     #[test]
-    fn debug_never_shows_the_password_from_the_url() {
-        let e = parse("redis://u:s3cret@h:1").unwrap();
-        let shown = format!("{e:?}");
-        assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("<redacted>"), "{shown}");
+    fn a_password_inside_the_url_is_refused_without_showing_it() {
+        for url in [
+            "redis://:s3cret-canary@h:1",
+            "redis://u:s3cret-canary@h:1/0",
+            "valkeys://u:s3cret%2Dcanary@h",
+            "rediss-cluster://u:s3cret-canary@h:1?node=h:2",
+            "valkey-cluster://:s3cret-canary@h:1",
+            "redis-sentinel://u:s3cret-canary@h?sentinelServiceName=m",
+            "valkeys-sentinel://:s3cret-canary@h:26379/0?sentinelServiceName=m&node=x:1",
+            // Refused before the rest is read: a later mistake does not
+            // make the message quote the URL.
+            "redis://u:s3cret-canary@h:1/notanumber",
+            "redis-cluster://u:s3cret-canary@h:1?node=s3cret-canary",
+        ] {
+            let why = parse(url).expect_err(url);
+            assert_eq!(why, PASSWORD_IN_URL, "{url}");
+            assert!(!why.contains("s3cret"), "{url}: {why}");
+            assert!(why.contains("--password-file"), "{why}");
+        }
+        for url in ["redis://u@h:1", "redis://u:@h:1", "redis://:@h:1"] {
+            let e = parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(e.topology, Topology::Standalone(addr("h", 1)), "{url}");
+        }
     }
 }
