@@ -28,7 +28,7 @@ use crate::reconcile::clock::ServerClock;
 use crate::reconcile::keeper::Keeper;
 use crate::store::metrics::{MeteredStore, StoreMetrics};
 use crate::store::valkey::{ValkeyConfig, ValkeyStore, notices};
-use crate::store::{LeaseStore, Target};
+use crate::store::{LeaseStore, StoreError, Target};
 
 /// Flags of `targetlease operator`.
 #[derive(Args, Debug)]
@@ -130,20 +130,22 @@ fn usage(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Connects to Valkey, retrying with capped backoff until it answers or shutdown.
+/// Connects to Valkey, retrying with capped backoff until it answers or
+/// shutdown (`Ok(None)`); settings that can never work end it at once.
 async fn connect(
     config: &ValkeyConfig,
     shutdown: &mut watch::Receiver<bool>,
-) -> Option<ValkeyStore> {
+) -> Result<Option<ValkeyStore>, String> {
     let mut delay = Duration::from_millis(200);
     loop {
         match ValkeyStore::connect(config).await {
-            Ok(store) => return Some(store),
+            Ok(store) => return Ok(Some(store)),
+            Err(StoreError::Invalid(why)) => return Err(why),
             Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "lease store not reachable"),
         }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {},
-            _ = shutdown.wait_for(|s| *s) => return None,
+            _ = shutdown.wait_for(|s| *s) => return Ok(None),
         }
         delay = (delay * 2).min(Duration::from_secs(10));
     }
@@ -236,8 +238,10 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         }
     };
 
-    let Some(valkey) = connect(&config, &mut shutdown).await else {
-        return ExitCode::SUCCESS;
+    let valkey = match connect(&config, &mut shutdown).await {
+        Ok(Some(valkey)) => valkey,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(why) => return usage(why),
     };
     let store_metrics =
         StoreMetrics::default().with_connections_opened(valkey.connections_counter());

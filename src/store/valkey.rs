@@ -82,6 +82,22 @@ fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
     } else {
         None
     };
+    if endpoint.tls
+        && matches!(endpoint.topology, endpoint::Topology::Sentinel { .. })
+        && cfg.tls.ca_file.is_none()
+        && cfg.tls.server_name.is_none()
+    {
+        // The primary's address comes from a Sentinel: with the system roots
+        // and the name it gives, any server with a public certificate for a
+        // name of the Sentinel's choosing would be sent the password.
+        return Err(StoreError::Invalid(format!(
+            "bad valkey url {}: TLS through Sentinels needs --tls-ca-file (the CA of the data \
+             nodes) or --tls-server-name (the name their certificates carry): with the system \
+             roots alone, a Sentinel could name any server holding a public certificate for a \
+             name of its choosing, and that server would be sent the password",
+            redact_url(&cfg.url)
+        )));
+    }
     if (cfg.sentinel_username.is_some() || cfg.sentinel_password.is_some())
         && !matches!(endpoint.topology, endpoint::Topology::Sentinel { .. })
     {

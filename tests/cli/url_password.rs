@@ -30,7 +30,14 @@ fn counting_listener() -> (u16, Arc<AtomicUsize>) {
 fn commands(url: &str) -> Vec<Vec<String>> {
     let tail = |v: Vec<&str>| {
         v.into_iter()
-            .chain(["--valkey-url", url, "--timeout", "1s", "--connect-timeout", "1s"])
+            .chain([
+                "--valkey-url",
+                url,
+                "--timeout",
+                "1s",
+                "--connect-timeout",
+                "1s",
+            ])
             .map(String::from)
             .collect::<Vec<_>>()
     };
@@ -41,10 +48,12 @@ fn commands(url: &str) -> Vec<Vec<String>> {
         ]),
         tail(vec!["lease", "list"]),
         tail(vec!["check"]),
-        tail(vec!["run", "--target", "db", "--ttl", "10s", "--wait", "0s"])
-            .into_iter()
-            .chain(["--", "true"].map(String::from))
-            .collect(),
+        tail(vec![
+            "run", "--target", "db", "--ttl", "10s", "--wait", "0s",
+        ])
+        .into_iter()
+        .chain(["--", "true"].map(String::from))
+        .collect(),
         tail(vec!["operator", "--admin-addr", "127.0.0.1:0"]),
     ]
 }
@@ -78,12 +87,18 @@ fn a_password_inside_the_url_is_refused_before_anything_connects() {
                 let out = cmd.output().unwrap();
                 let stdout = String::from_utf8_lossy(&out.stdout);
                 let stderr = String::from_utf8_lossy(&out.stderr);
-                let shown = format!("{args:?} (url from env: {}): {stdout} {stderr}", env.is_some());
+                let shown = format!(
+                    "{args:?} (url from env: {}): {stdout} {stderr}",
+                    env.is_some()
+                );
                 assert_eq!(out.status.code(), Some(2), "{shown}");
                 assert!(stderr.contains("--valkey-url"), "{shown}");
                 assert!(stderr.contains("--password-file"), "{shown}");
                 assert!(stderr.contains("password inside the URL"), "{shown}");
-                assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY), "{shown}");
+                assert!(
+                    !stdout.contains(CANARY) && !stderr.contains(CANARY),
+                    "{shown}"
+                );
             }
         }
     }

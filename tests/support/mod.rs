@@ -16,6 +16,7 @@ pub mod operator_store;
 pub mod pods;
 pub mod postgres;
 pub mod process;
+pub mod recording_server;
 pub mod resp;
 pub mod sentinel;
 pub mod spec;

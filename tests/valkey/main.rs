@@ -18,6 +18,7 @@ mod protocol;
 mod read_and_free;
 mod redaction;
 mod sentinel;
+mod sentinel_trust;
 mod tls;
 
 use support::resp::Resp;

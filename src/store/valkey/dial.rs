@@ -187,11 +187,19 @@ impl Dialer {
     }
 
     /// Asks the Sentinels in order for the primary of `service` and connects
-    /// to it; the primary must say it is one (`ROLE`), when the ACL lets us
-    /// ask. Each Sentinel in turn, with the primary it names, gets an equal
-    /// share of the time left, so one that hangs, names a server that is
-    /// gone, or names one that is no longer the primary, does not keep the
-    /// next Sentinel from being asked.
+    /// to it; the primary must say it is one (`ROLE`, or `INFO replication`
+    /// when the ACL does not grant `ROLE`) before the connection is used.
+    /// Each Sentinel in turn, with the primary it names, gets an equal share
+    /// of the time left, so one that hangs, names a server that is gone, or
+    /// names one that is no longer the primary, does not keep the next
+    /// Sentinel from being asked.
+    ///
+    /// What a Sentinel names is not trusted with the data nodes' password
+    /// by itself: with TLS the named server must first complete a handshake
+    /// with a certificate the TLS settings accept for the name (the named
+    /// host, or `--tls-server-name`), and only then gets `AUTH`
+    /// ([`Dialer::connect`]); without TLS nothing can prove who answers
+    /// at that address (docs/security.md).
     pub async fn connect_primary(
         &self,
         sentinels: &[Addr],
@@ -214,7 +222,9 @@ impl Dialer {
         )))
     }
 
-    /// The primary `sentinel` names for `service`, connected and checked, by `deadline`.
+    /// The primary `sentinel` names for `service`, connected and checked, by
+    /// `deadline`. Nothing but the handshake and the role question is sent
+    /// before the server says it is a primary.
     async fn primary_named_by(
         &self,
         sentinel: &Addr,
@@ -227,20 +237,38 @@ impl Dialer {
             .connect(&addr, deadline)
             .await
             .map_err(|e| named(e.0))?;
-        let role =
-            tokio::time::timeout_at(deadline, exchange(&mut conn.stream, &[Cmd::new("ROLE")]))
+        let stream = &mut conn.stream;
+        let role = match ask_one(stream, Cmd::new("ROLE"), deadline)
+            .await
+            .map_err(named)?
+        {
+            Value::Array(r) => r.first().and_then(Value::text),
+            // Not granted (the documented ACL rule grants INFO, not ROLE).
+            Value::Error(_) => match ask_one(stream, Cmd::new("INFO").arg("replication"), deadline)
                 .await
-                .map_err(|_| named("no answer to ROLE in time".into()))?
-                .map_err(named)?;
-        match role.first() {
-            Some(Value::Array(r))
-                if r.first().and_then(Value::text).as_deref() != Some("master") =>
+                .map_err(named)?
             {
-                Err(named("it is not a primary".into()))
-            }
-            // Refused (e.g. the ACL does not grant ROLE): writes there
-            // would be refused with READONLY anyway, so go on.
-            _ => Ok((addr, conn)),
+                Value::Error(_) => None,
+                info => Some(
+                    info.text()
+                        .as_deref()
+                        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("role:")))
+                        .map(|r| r.trim().to_owned())
+                        .unwrap_or_default(),
+                ),
+            },
+            _ => Some(String::new()),
+        };
+        match role.as_deref() {
+            Some("master") => Ok((addr, conn)),
+            // Neither question allowed: writes there would be refused with
+            // READONLY, and the connection dropped, if it is not the primary.
+            None => Ok((addr, conn)),
+            Some("") => Err(named("its role cannot be read".into())),
+            Some(other) => Err(named(format!(
+                "it is not a primary (its role: {})",
+                first_words(other)
+            ))),
         }
     }
 
@@ -280,6 +308,18 @@ impl Dialer {
             _ => Err(DialError(format!("sentinel {s}: unexpected reply"))),
         }
     }
+}
+
+/// One command and its one reply, by `deadline`.
+async fn ask_one(stream: &mut Stream, cmd: Cmd, deadline: Instant) -> Result<Value, String> {
+    let what = cmd.name().to_owned();
+    let reply = tokio::time::timeout_at(deadline, exchange(stream, &[cmd]))
+        .await
+        .map_err(|_| format!("no answer to {what} in time"))??;
+    reply
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("no reply to {what}"))
 }
 
 /// The first words of a server error, enough to name it without quoting arguments.
