@@ -1,4 +1,5 @@
-//! The admin HTTP server: `/livez`, `/readyz`, `/metrics`.
+//! The admin HTTP server: `/livez`, `/readyz`, `/metrics`; over HTTPS only
+//! when given a certificate ([`tls`]).
 //!
 //! Live while the process serves; ready when the lease store answers and, on
 //! the leader, the informer caches have synced (a standby replica is ready as
@@ -11,6 +12,8 @@
 //! `targetlease_leader` follows the write gate, and only a replica whose gate
 //! is open counts leases by phase: every other replica reports zeros, so a
 //! sum over replicas counts each lease once.
+
+pub mod tls;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,16 +118,26 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves until `shutdown` resolves: HTTPS only with `tls`, HTTP without.
 pub async fn serve(
     addr: SocketAddr,
+    tls: Option<tls::AdminTls>,
     state: Arc<AdminState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(bind(addr)?)?;
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    match tls {
+        None => {
+            axum::serve(listener, router(state))
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(tls) => {
+            axum::serve(tls.listen(listener)?, router(state))
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
 }
 
 /// Whether the store answers, probing it only when the last answer is older

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use super::connection::{ConnectionArgs, read_secret};
 use super::logging::{self, LogArgs};
+use crate::admin::tls::AdminTls;
 use crate::admin::{self, AdminState, RuntimeStatus};
 use crate::election::Timings;
 use crate::election::write_gate::WriteGateLayer;
@@ -84,10 +85,26 @@ pub struct OperatorArgs {
     pub instance: String,
     /// Address of the admin server (/livez, /readyz, /metrics): `IP:PORT`,
     /// `[IPv6]:PORT` or a bare IPv6 address and port (what `$(POD_IP):PORT`
-    /// expands to in an IPv6 pod). `[::]:PORT` listens on IPv6 and IPv4 (IPv4
-    /// only where the node has no IPv6); the chart binds the pod's own IP.
-    #[arg(long, env = "TARGETLEASE_ADMIN_ADDR", default_value = "[::]:8080", value_parser = parse_listen_addr)]
+    /// expands to in an IPv6 pod). The default is reachable from this host
+    /// only; the chart binds the pod's own IP. `[::]:PORT` listens on every
+    /// address, IPv6 and IPv4 (IPv4 only where the node has no IPv6).
+    #[arg(long, env = "TARGETLEASE_ADMIN_ADDR", default_value = "127.0.0.1:8080", value_parser = parse_listen_addr)]
     pub admin_addr: SocketAddr,
+    /// PEM certificate chain: the admin server then speaks HTTPS only (probes
+    /// included) and refuses plain HTTP. Read again when the file changes.
+    #[arg(
+        long,
+        env = "TARGETLEASE_ADMIN_TLS_CERT_FILE",
+        requires = "admin_tls_key_file"
+    )]
+    pub admin_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of that certificate.
+    #[arg(
+        long,
+        env = "TARGETLEASE_ADMIN_TLS_KEY_FILE",
+        requires = "admin_tls_cert_file"
+    )]
+    pub admin_tls_key_file: Option<PathBuf>,
     /// Elect one active replica on a coordination.k8s.io Lease (for several replicas).
     #[arg(long, env = "TARGETLEASE_LEADER_ELECTION", default_value_t = false)]
     pub leader_election: bool,
@@ -168,6 +185,17 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     let config = match args.connection.to_config() {
         Ok(c) => c,
         Err(e) => return usage(&e),
+    };
+    let admin_tls = match (&args.admin_tls_cert_file, &args.admin_tls_key_file) {
+        (Some(cert), Some(key)) => match AdminTls::from_files(cert, key) {
+            Ok(tls) => Some(tls),
+            Err(why) => {
+                return usage(format!(
+                    "--admin-tls-cert-file, --admin-tls-key-file: {why}"
+                ));
+            }
+        },
+        _ => None,
     };
     let timings = Timings {
         lease_duration: args.leader_election_duration,
@@ -268,7 +296,13 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let admin = tokio::spawn(admin::serve(args.admin_addr, admin_state, admin_shutdown));
+    let admin_https = admin_tls.is_some();
+    let admin = tokio::spawn(admin::serve(
+        args.admin_addr,
+        admin_tls,
+        admin_state,
+        admin_shutdown,
+    ));
 
     let cfg = OperatorConfig {
         client,
@@ -290,7 +324,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         let config = config.clone();
         move || release_notices(config.clone())
     };
-    tracing::info!(admin = %args.admin_addr, leader_election = args.leader_election, "operator starting");
+    tracing::info!(admin = %args.admin_addr, admin_https, leader_election = args.leader_election, "operator starting");
     if args.leader_election {
         let election = Election {
             client: election_client,
@@ -412,7 +446,23 @@ fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 
 #[cfg(test)]
 mod listen_addr_tests {
-    use super::parse_listen_addr;
+    use super::{OperatorArgs, parse_listen_addr};
+
+    /// Outside the chart (which binds the pod's IP), the admin server is
+    /// reachable from this host only unless told otherwise.
+    #[test]
+    fn the_default_admin_address_is_reachable_from_this_host_only() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: OperatorArgs,
+        }
+        let cli = Cli::try_parse_from(["t"]).unwrap();
+        assert_eq!(cli.args.admin_addr.to_string(), "127.0.0.1:8080");
+        assert!(cli.args.admin_tls_cert_file.is_none());
+        assert!(Cli::try_parse_from(["t", "--admin-tls-cert-file", "c"]).is_err());
+    }
 
     #[test]
     fn pod_ips_of_either_family_with_a_port() {

@@ -167,3 +167,50 @@ impl Drop for Stunnel {
         let _ = self.child.wait();
     }
 }
+
+/// `GET path` over HTTPS on loopback, trusting only `ca_file`: (status code,
+/// body), or why the request failed (a refused certificate, no answer).
+pub fn https_get(port: u16, path: &str, ca_file: &Path) -> Result<(u16, String), String> {
+    use std::io::{Read, Write};
+    use std::sync::Arc;
+
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_file).map_err(|e| e.to_string())? {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(tls, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    // A server that closes without close_notify still gave its answer.
+    if let Err(e) = tls.read_to_end(&mut raw)
+        && raw.is_empty()
+    {
+        return Err(e.to_string());
+    }
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {text}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}

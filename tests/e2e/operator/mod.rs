@@ -1,6 +1,7 @@
 //! The operator end to end: the real `targetlease operator` binary against a
 //! real kube-apiserver + etcd and a real valkey-server.
 
+mod admin_tls;
 mod admission;
 mod events;
 mod leases;
