@@ -23,5 +23,6 @@ mod policies;
 mod release;
 mod render;
 mod render_ha;
+mod render_security;
 mod render_values;
 mod schema;
