@@ -37,6 +37,13 @@ pub struct PhaseLabels {
     pub phase: &'static str,
 }
 
+/// Label of the release notice counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NoticeLabels {
+    /// `woke`, `folded` or `unknown_target` (`operator::wakeups::Fate`).
+    pub result: &'static str,
+}
+
 /// Labels of `targetlease_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -52,6 +59,7 @@ pub struct OperatorMetrics {
     reconcile_errors: Family<ErrorLabels, Counter>,
     leases: Family<PhaseLabels, Gauge>,
     leases_lost: Counter,
+    release_notices: Family<NoticeLabels, Counter>,
     build_info: Family<BuildLabels, Gauge>,
     /// Kubernetes API writes by kind (counted in the client, see [`api_writes`]).
     pub api_writes: api_writes::ApiWrites,
@@ -75,6 +83,7 @@ impl Default for OperatorMetrics {
             reconcile_errors: Family::default(),
             leases: Family::default(),
             leases_lost: Counter::default(),
+            release_notices: Family::default(),
             build_info,
             api_writes: api_writes::ApiWrites::default(),
             backend_up: Gauge::default(),
@@ -129,6 +138,11 @@ impl OperatorMetrics {
             self.leases_lost.clone(),
         );
         registry.register(
+            "release_notices",
+            "Release notices received on <prefix>:events, by what became of them: woke (a wake at once), folded (into a wake already due), unknown_target (no TargetLease names it)",
+            self.release_notices.clone(),
+        );
+        registry.register(
             "backend_up",
             "1 when the lease store answered its last health probe (probed at most every few seconds)",
             self.backend_up.clone(),
@@ -154,6 +168,13 @@ impl OperatorMetrics {
     /// Records how long a reconcile waited for its slot.
     pub fn queued(&self, waited: Duration) {
         self.reconcile_queue.observe(waited.as_secs_f64());
+    }
+
+    /// Records what became of one release notice.
+    pub fn release_notice(&self, result: &'static str) {
+        self.release_notices
+            .get_or_create(&NoticeLabels { result })
+            .inc();
     }
 
     /// Records a lease that ended in the store without being given back.
@@ -212,6 +233,7 @@ mod tests {
         operator.reconciled(Duration::from_millis(1), Some("kube"));
         operator.queued(Duration::from_millis(1));
         operator.lease_lost();
+        operator.release_notice("woke");
         operator.api_writes.count(api_writes::WriteKind::Status);
         let names = exposed_names(&registry(&operator, &store));
         for name in &names {
@@ -220,6 +242,7 @@ mod tests {
         for expected in [
             "targetlease_build_info",
             "targetlease_leases_lost_total",
+            "targetlease_release_notices_total",
             "targetlease_api_writes_total",
             "targetlease_process_cpu_seconds_total",
             "targetlease_process_resident_memory_bytes",

@@ -3,6 +3,7 @@
 
 pub mod api_timeout;
 pub mod sweep;
+pub mod wakeups;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -134,6 +135,8 @@ pub async fn control(
     let floor_task = tokio::spawn(floor_stream);
 
     let (leases, lease_writer) = reflector::store::<TargetLease>();
+    // The targets release notices may wake (see `wakeups`).
+    let known = wakeups::Known::default();
     let lease_stream = reflector::reflector(
         lease_writer,
         watcher(
@@ -142,7 +145,11 @@ pub async fn control(
         )
         .map_ok(lease_event),
     )
-    .touched_objects();
+    .touched_objects()
+    .inspect_ok({
+        let known = known.clone();
+        move |tl| known.saw(tl)
+    });
     let controller = Controller::for_stream(lease_stream, leases.clone());
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = Some(leases.clone());
@@ -209,7 +216,15 @@ pub async fn control(
     let sweeper = tokio::spawn(sweep::sweep(ctx.clone()));
     let released = {
         let ctx = ctx.clone();
-        release_notices.flat_map(move |target| futures::stream::iter(ctx.released(&target)))
+        // Anyone allowed to publish can send notices: bounded before they wake anything.
+        wakeups::bounded(
+            release_notices,
+            known,
+            leases.clone(),
+            cfg.metrics.clone(),
+            wakeups::Limits::default(),
+        )
+        .flat_map(move |target| futures::stream::iter(ctx.released(&target)))
     };
     controller
         // Every due reconcile starts at once and waits for one of the

@@ -11,6 +11,7 @@
 
 mod clock;
 mod expiry;
+mod flood;
 mod lifetime;
 mod order;
 mod pauses;

@@ -1,0 +1,331 @@
+//! Release notices, bounded. Whoever may `PUBLISH` on `<prefix>:events`
+//! (every user of the documented ACL rule: the scripts publish there) can
+//! send any number of them, and each would make the leader reconcile the
+//! TargetLeases on its target. Before a notice wakes anything:
+//!
+//! - a notice for a target no TargetLease names is dropped (a set of the
+//!   targets in the cache, kept as the cache changes: no scan per notice);
+//! - a target is woken at once, then at most once per [`Limits::per_target`]:
+//!   notices in between are folded into one wake at the end of that time,
+//!   so a real release among forged ones is seen within it;
+//! - at most [`Limits::per_second`] targets are woken per second in all
+//!   (a token bucket); the rest wait their turn, none is dropped.
+//!
+//! So a flood costs a hash lookup per message, and at most one reconcile
+//! per [`Limits::per_target`] of the TargetLeases on each target it names.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::crd::TargetLease;
+use crate::metrics::OperatorMetrics;
+use crate::store::Target;
+
+/// How often the set of known targets forgets targets no TargetLease names.
+const FORGET_EVERY: Duration = Duration::from_secs(60);
+
+/// What a flood of notices may cost.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Shortest time between two wakes of one target.
+    pub per_target: Duration,
+    /// Targets woken per second, in all (also the burst).
+    pub per_second: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            per_target: Duration::from_millis(500),
+            per_second: 200,
+        }
+    }
+}
+
+/// The targets the TargetLease cache names: learned as the watch delivers
+/// each object ([`Known::saw`]), forgotten once no cached object names them.
+#[derive(Clone, Default)]
+pub struct Known(Arc<Mutex<HashSet<Target>>>);
+
+impl Known {
+    /// Records the target of a TargetLease the cache has just taken in.
+    pub fn saw(&self, tl: &TargetLease) {
+        let target = Target::new(tl.namespace().unwrap_or_default(), &tl.spec.target);
+        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !set.contains(&target) {
+            set.insert(target);
+        }
+    }
+
+    fn contains(&self, t: &Target) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).contains(t)
+    }
+
+    /// Keeps only the targets `leases` names. Read under the lock: an object
+    /// the cache takes in meanwhile is in `leases` or is recorded after.
+    fn forget_unnamed(&self, leases: &Store<TargetLease>) {
+        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *set = leases
+            .state()
+            .iter()
+            .map(|tl| Target::new(tl.namespace().unwrap_or_default(), &tl.spec.target))
+            .collect();
+    }
+}
+
+/// What became of one notice (the `result` label of
+/// `targetlease_release_notices_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Woke the target at once.
+    Woke,
+    /// Folded into a wake still to come.
+    Folded,
+    /// No TargetLease names the target.
+    UnknownTarget,
+}
+
+impl Fate {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Fate::Woke => "woke",
+            Fate::Folded => "folded",
+            Fate::UnknownTarget => "unknown_target",
+        }
+    }
+}
+
+/// The pure part: which targets to wake when (times are given, so it is
+/// tested without waiting).
+pub struct Gate {
+    limits: Limits,
+    /// Per target: when it was last woken, and whether a wake is due.
+    slots: HashMap<Target, (Instant, bool)>,
+    /// Wakes to come, in time order (the number keeps equal times apart).
+    due: BTreeMap<(Instant, u64), Target>,
+    seq: u64,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Gate {
+    /// A gate with a full token bucket at `now`.
+    pub fn new(limits: Limits, now: Instant) -> Self {
+        Self {
+            limits,
+            slots: HashMap::new(),
+            due: BTreeMap::new(),
+            seq: 0,
+            tokens: f64::from(limits.per_second),
+            refilled: now,
+        }
+    }
+
+    fn take_token(&mut self, now: Instant) -> bool {
+        let rate = f64::from(self.limits.per_second);
+        let refill = now.saturating_duration_since(self.refilled).as_secs_f64() * rate;
+        self.tokens = (self.tokens + refill).min(rate);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn schedule(&mut self, at: Instant, t: Target) {
+        self.seq += 1;
+        self.due.insert((at, self.seq), t);
+    }
+
+    /// One notice for a known target at `now`: whether to wake it now.
+    pub fn notice(&mut self, t: &Target, now: Instant) -> Fate {
+        let per_target = self.limits.per_target;
+        match self.slots.get(t).copied() {
+            Some((_, true)) => Fate::Folded,
+            Some((last, false)) if now.saturating_duration_since(last) < per_target => {
+                self.slots.insert(t.clone(), (last, true));
+                self.schedule(last + per_target, t.clone());
+                Fate::Folded
+            }
+            _ if self.take_token(now) => {
+                self.slots.insert(t.clone(), (now, false));
+                Fate::Woke
+            }
+            _ => {
+                self.slots.insert(t.clone(), (now, true));
+                self.schedule(now + self.pause(), t.clone());
+                Fate::Folded
+            }
+        }
+    }
+
+    /// How long until the bucket holds another token.
+    fn pause(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / f64::from(self.limits.per_second.max(1)))
+    }
+
+    /// When the next folded wake is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.due.keys().next().map(|(at, _)| *at)
+    }
+
+    /// The folded wakes due by `now` that the bucket allows; the others move
+    /// to when it will.
+    pub fn take_due(&mut self, now: Instant) -> Vec<Target> {
+        let mut woken = Vec::new();
+        while let Some(entry) = self.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let t = entry.remove();
+            if self.take_token(now) {
+                self.slots.insert(t.clone(), (now, false));
+                woken.push(t);
+            } else {
+                let at = now + self.pause();
+                self.schedule(at, t);
+                break;
+            }
+        }
+        woken
+    }
+
+    /// Forgets targets not woken for a while and with nothing due.
+    pub fn prune(&mut self, now: Instant) {
+        let per_target = self.limits.per_target;
+        self.slots
+            .retain(|_, (last, due)| *due || now.saturating_duration_since(*last) < per_target);
+    }
+
+    /// Targets the gate keeps state for.
+    pub fn tracked(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+/// The notices that should wake something, bounded as the module says.
+/// Ends when `notices` ends or the returned stream is dropped.
+pub fn bounded(
+    mut notices: BoxStream<'static, Target>,
+    known: Known,
+    leases: Store<TargetLease>,
+    metrics: OperatorMetrics,
+    limits: Limits,
+) -> BoxStream<'static, Target> {
+    let (tx, rx) = mpsc::channel::<Target>(1024);
+    tokio::spawn(async move {
+        let mut gate = Gate::new(limits, Instant::now());
+        let mut forget_at = Instant::now() + FORGET_EVERY;
+        loop {
+            let wake_at = gate.next_due().unwrap_or(forget_at).min(forget_at);
+            tokio::select! {
+                notice = notices.next() => {
+                    let Some(t) = notice else { return };
+                    let fate = if known.contains(&t) {
+                        gate.notice(&t, Instant::now())
+                    } else {
+                        Fate::UnknownTarget
+                    };
+                    metrics.release_notice(fate.label());
+                    if fate == Fate::Woke && tx.send(t).await.is_err() {
+                        return;
+                    }
+                }
+                _ = tokio::time::sleep_until(wake_at) => {
+                    let now = Instant::now();
+                    for t in gate.take_due(now) {
+                        if tx.send(t).await.is_err() {
+                            return;
+                        }
+                    }
+                    if now >= forget_at {
+                        known.forget_unnamed(&leases);
+                        gate.prune(now);
+                        forget_at = now + FORGET_EVERY;
+                    }
+                }
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|t| (t, rx)) }).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_target_is_woken_at_once_then_at_most_once_per_interval() {
+        let t0 = Instant::now();
+        let limits = Limits {
+            per_target: ms(500),
+            per_second: 1000,
+        };
+        let mut g = Gate::new(limits, t0);
+        let q = Target::new("ns", "q");
+        assert_eq!(g.notice(&q, t0), Fate::Woke);
+        // A thousand more within the interval: one wake, at its end.
+        for i in 0..1000 {
+            assert_eq!(g.notice(&q, t0 + ms(i % 400)), Fate::Folded);
+        }
+        assert_eq!(g.next_due(), Some(t0 + ms(500)));
+        assert!(g.take_due(t0 + ms(499)).is_empty());
+        assert_eq!(g.take_due(t0 + ms(500)), vec![q.clone()]);
+        assert_eq!(g.next_due(), None);
+        // Quiet for an interval: the next notice wakes at once again.
+        assert_eq!(g.notice(&q, t0 + ms(1000)), Fate::Woke);
+        // Another target is not held up by this one.
+        assert_eq!(g.notice(&Target::new("ns", "r"), t0 + ms(1001)), Fate::Woke);
+        g.prune(t0 + ms(5000));
+        assert_eq!(g.tracked(), 0);
+    }
+
+    #[test]
+    fn the_bucket_bounds_wakes_in_all_and_drops_none() {
+        let t0 = Instant::now();
+        let limits = Limits {
+            per_target: ms(500),
+            per_second: 10,
+        };
+        let mut g = Gate::new(limits, t0);
+        let targets: Vec<_> = (0..30)
+            .map(|i| Target::new("ns", format!("t{i}")))
+            .collect();
+        let woke = targets
+            .iter()
+            .filter(|t| g.notice(t, t0) == Fate::Woke)
+            .count();
+        assert_eq!(woke, 10, "the burst");
+        // The other 20 come out at the bucket's rate, each exactly once.
+        let mut later = Vec::new();
+        let mut now = t0;
+        while let Some(at) = g.next_due() {
+            now = at;
+            later.extend(g.take_due(now));
+            assert!(now <= t0 + Duration::from_secs(3), "{now:?}");
+        }
+        assert_eq!(later.len(), 20);
+        let distinct: HashSet<_> = later.iter().collect();
+        assert_eq!(distinct.len(), 20);
+        assert!(
+            now >= t0 + ms(1900),
+            "20 more at 10 a second take 2s: {now:?}"
+        );
+    }
+}
