@@ -139,6 +139,7 @@ async fn a_flood_of_forged_notices_costs_bounded_reconciles_and_a_real_release_s
         "the flood names the waiter's target as the scripts do"
     );
     let (before, woke_before) = (reconciles(&env), notices(&env, "woke"));
+    let cpu_before = sample(&env, "targetlease_process_cpu_seconds_total");
     let (stop, sent) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicU64::new(0)),
@@ -161,6 +162,7 @@ async fn a_flood_of_forged_notices_costs_bounded_reconciles_and_a_real_release_s
     // Let the last notices arrive before counting.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let during = reconciles(&env) - before;
+    let cpu = sample(&env, "targetlease_process_cpu_seconds_total") - cpu_before;
     let (woke, folded, unknown) = (
         notices(&env, "woke") - woke_before,
         notices(&env, "folded"),
@@ -169,8 +171,8 @@ async fn a_flood_of_forged_notices_costs_bounded_reconciles_and_a_real_release_s
     let sent = sent.load(Ordering::SeqCst);
     eprintln!(
         "flood: {sent} notices in {seconds:.1}s; the operator counted woke {woke}, folded \
-         {folded}, unknown_target {unknown}; {during} reconciles meanwhile; wake-up after a \
-         release: {calm} ms calm, {storm} ms in the flood"
+         {folded}, unknown_target {unknown}; {during} reconciles and {cpu:.2}s of operator CPU \
+         meanwhile; wake-up after a release: {calm} ms calm, {storm} ms in the flood"
     );
     // One wake per 500 ms of the flood's target (its one TargetLease), the
     // real acquisition's own passes, and slack for the sweep and renewals.
