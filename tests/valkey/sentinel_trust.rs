@@ -13,7 +13,7 @@ use targetlease::store::{AcquireRequest, LeaseStore, Outcome, StoreError, Target
 use crate::support::process::start_ready;
 use crate::support::recording_server::{RecordingServer, bulk};
 use crate::support::tls::{TestCa, TlsServer, tls_server_binary};
-use crate::support::valkey_server::free_port;
+use crate::support::valkey_server::{ValkeyServer, free_port};
 
 const PASSWORD: &str = "data-node-pw-canary";
 
@@ -217,6 +217,56 @@ async fn a_named_server_that_is_not_the_primary_is_sent_nothing_after_the_questi
             "{role:?}/{info}: {seen:?}"
         );
     }
+}
+
+/// The same on real servers with the documented ACL user, which may ask
+/// `INFO` but not `ROLE`: a Sentinel naming a replica gets no lease on it,
+/// one naming the primary does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_user_checks_the_role_of_a_real_replica() {
+    let rule = include_str!("../../docs/valkey.md")
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER targetlease "))
+        .expect("docs/valkey.md has the rule")
+        .replace(">CHANGE-ME", &format!(">{PASSWORD}"));
+    let rule: Vec<&str> = rule.split_whitespace().collect();
+    let primary = ValkeyServer::start();
+    let replica =
+        ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    for server in [&primary, &replica] {
+        assert_eq!(server.conn().cmd(&rule).text(), "OK");
+    }
+    // So the answer comes from INFO: the documented user may not ask ROLE.
+    let mut user = replica.conn();
+    assert_eq!(user.cmd(&["AUTH", "targetlease", PASSWORD]).text(), "OK");
+    assert!(
+        matches!(user.cmd(&["ROLE"]), crate::support::resp::Resp::Error(_)),
+        "the documented rule grants ROLE: this test no longer covers INFO"
+    );
+    let config = |port: u16| ValkeyConfig {
+        username: Some("targetlease".into()),
+        ..sentinel_config(port, None)
+    };
+    let to_replica = RecordingServer::start(None, names(replica.port));
+    match ValkeyStore::connect(&config(to_replica.port)).await {
+        Err(StoreError::BackendUnavailable(msg)) => {
+            assert!(msg.contains("not a primary (its role: slave)"), "{msg}")
+        }
+        other => panic!("a replica was used: {:?}", other.err()),
+    }
+    let to_primary = RecordingServer::start(None, names(primary.port));
+    let store = ValkeyStore::connect(&config(to_primary.port))
+        .await
+        .expect("the primary, with the documented user");
+    let r = store
+        .acquire(&AcquireRequest::new(
+            Target::new("sentinel", "acl"),
+            "a",
+            Duration::from_secs(30),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
 }
 
 /// A real Sentinel over TLS (`redis-server --sentinel` with TLS, as the
