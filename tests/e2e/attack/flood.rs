@@ -91,7 +91,7 @@ async fn held_after(env: &OperatorEnv, name: &str, release: impl AsyncFnOnce()) 
     panic!("{name} was not Held within 20s of the release");
 }
 
-/// Promise (docs/security.md, "Forged wake-ups"): a flood of notices costs
+/// Promise (docs/operator.md, "Queues and wake-ups"): a flood of notices costs
 /// at most one wake per target per 500 ms (a reconcile of the TargetLeases
 /// on it) and nothing for targets no TargetLease names; a real release
 /// during the flood is seen within that time.

@@ -6,7 +6,7 @@ use super::*;
 use crate::support::operator_env::http_get;
 use crate::support::tls::{TestCa, https_get};
 
-/// Promise (docs/operator.md, the admin server): with a certificate the
+/// Promise (docs/install.md, "Metrics over TLS"): with a certificate the
 /// admin server speaks HTTPS only. A Prometheus trusting the CA scrapes
 /// `/metrics`, the kubelet's HTTPS probes get `/livez` and `/readyz`; a
 /// plain HTTP scrape gets no HTTP answer, and a client trusting another CA
