@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 #[path = "fault_frames.rs"]
-mod frames;
+pub mod frames;
 use frames::{split_command, split_reply};
 
 /// What happens to traffic until the next [`FaultProxy::set`].

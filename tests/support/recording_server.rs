@@ -12,11 +12,8 @@ use std::sync::{Arc, Mutex};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use super::fault_proxy::frames::split_command;
 use super::tls::Issued;
-
-#[path = "fault_frames.rs"]
-mod frames;
-use frames::split_command;
 
 /// What a [`RecordingServer`] received, over all its connections.
 #[derive(Default)]

@@ -12,7 +12,8 @@ use targetlease::store::{AcquireRequest, LeaseStore, Outcome, StoreError, Target
 
 use crate::support::process::start_ready;
 use crate::support::recording_server::{RecordingServer, bulk};
-use crate::support::tls::{TestCa, TlsServer, tls_server_binary};
+use crate::support::tls::{TestCa, TlsServer};
+use crate::support::tools::tool;
 use crate::support::valkey_server::{ValkeyServer, free_port};
 
 const PASSWORD: &str = "data-node-pw-canary";
@@ -269,9 +270,10 @@ async fn the_documented_user_checks_the_role_of_a_real_replica() {
     assert_eq!(r.outcome, Outcome::Acquired);
 }
 
-/// A real Sentinel over TLS (`redis-server --sentinel` with TLS, as the
-/// data node), each with a certificate from the configured CA: leases work
-/// through `valkeys-sentinel://`, with the data nodes' password.
+/// A real Sentinel over TLS (apt's `redis-server --sentinel`, built with
+/// TLS, watching over TLS a `valkey-server` behind `stunnel`), each with a
+/// certificate from the configured CA: leases work through
+/// `valkeys-sentinel://`, with the data nodes' password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_work_through_sentinels_over_tls() {
     let dir = tempfile::tempdir().unwrap();
@@ -296,7 +298,7 @@ async fn leases_work_through_sentinels_over_tls() {
     .unwrap();
     let mut sentinel = start_ready(
         &format!("TLS sentinel on port {port}"),
-        Command::new(tls_server_binary())
+        Command::new(tool("redis-server"))
             .arg(&conf)
             .arg("--sentinel"),
         &dir.path().join("sentinel.log"),
