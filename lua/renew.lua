@@ -7,6 +7,8 @@
 -- ARGV[4] ttl        ttl_ms (> 0), counted from the server's now
 -- ARGV[5] window     idempotency window ms
 -- ARGV[6] request    the request cache field, q:renew:<owner>:<request id hash>
+-- ARGV[7] extend     '1': never move the expiry earlier (the later of the
+--                    current expiry and now + ttl); '0': now + ttl
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -20,7 +22,9 @@ local key, owner, lease_id, token, ttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ton
 local request = ARGV[6]
 local now = now_ms()
 local id_sha = redis.sha1hex(lease_id)
-local fp = fingerprint(lease_id, token, ARGV[4])
+local extend = ARGV[7] == '1'
+-- A plain renewal keeps the fingerprint it always had.
+local fp = extend and fingerprint(lease_id, token, ARGV[4], 'extend') or fingerprint(lease_id, token, ARGV[4])
 
 if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
 local f, bad = fields(key, { 'lease', 'fence', request })
@@ -40,6 +44,7 @@ if not holder_matches(r, owner, id_sha, token) then
 end
 
 local expires = now + ttl
+if extend and tonumber(r.expires_ms) > expires then expires = tonumber(r.expires_ms) end
 if r.max_expires_ms ~= '' and tonumber(r.max_expires_ms) < expires then
   expires = tonumber(r.max_expires_ms)
 end

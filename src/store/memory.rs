@@ -195,7 +195,10 @@ impl LeaseStore for MemoryStore {
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let (t, h) = (&req.target, &req.handle);
-        let inputs: &[&str] = &[&h.lease_id, &h.token.to_string(), &ms(req.ttl).to_string()];
+        let (token, ttl) = (h.token.to_string(), ms(req.ttl).to_string());
+        let plain: &[&str] = &[&h.lease_id, &token, &ttl];
+        let extend: &[&str] = &[&h.lease_id, &token, &ttl, "extend"];
+        let inputs = if req.extend_only { extend } else { plain };
         let call = self.call("renew", t, &h.owner, &req.request_id, inputs);
         let now = call.now;
         let mut st = self.lock();
@@ -213,7 +216,11 @@ impl LeaseStore for MemoryStore {
             Ok(r) => r,
             Err((outcome, message)) => return Ok(bare(now, outcome, message)),
         };
-        rec.expires_ms = (now + ms(req.ttl)).min(rec.max_expires_ms.unwrap_or(u64::MAX));
+        let mut expires = now + ms(req.ttl);
+        if req.extend_only {
+            expires = expires.max(rec.expires_ms);
+        }
+        rec.expires_ms = expires.min(rec.max_expires_ms.unwrap_or(u64::MAX));
         st.leases.insert(t.clone(), Slot::Live(rec.clone()));
         st.remember(
             call,

@@ -116,6 +116,10 @@ pub struct RenewRequest {
     pub handle: LeaseHandle,
     /// New remaining life, counted from the server's now.
     pub ttl: Duration,
+    /// Never move the expiry earlier: the lease then expires at the later of
+    /// its current expiry and now + `ttl` (still capped by its max lifetime).
+    /// For a renewal that may race one asking for a longer life.
+    pub extend_only: bool,
     /// Retrying with the same id returns the original result.
     pub request_id: String,
 }
@@ -127,8 +131,15 @@ impl RenewRequest {
             target,
             handle,
             ttl,
+            extend_only: false,
             request_id: new_request_id(),
         }
+    }
+
+    /// The same renewal, never moving the expiry earlier ([`Self::extend_only`]).
+    pub fn extending_only(mut self) -> Self {
+        self.extend_only = true;
+        self
     }
 
     /// Checks every bound; backends call this before touching state.

@@ -278,6 +278,7 @@ all_backends!(
     corrupt_records_fail_closed_and_change_nothing,
     holder_release_and_admin_revoke_clean_up_corrupt_records,
     max_lifetime_caps_every_renewal,
+    an_extend_only_renewal_never_shortens_a_lease,
     input_bounds_are_enforced_and_nothing_is_written,
     fenced_commit_accepts_only_the_live_token,
     revoke_ends_the_lease_but_never_lowers_the_token,

@@ -102,6 +102,7 @@ pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
             ("ttl", ms(req.ttl)),
             ("window", window_ms(Duration::ZERO)),
             ("request", request_field("renew", &h.owner, &req.request_id)),
+            ("extend", if req.extend_only { "1" } else { "0" }.into()),
         ],
         effect: Effect::Write,
         may_wait: true,

@@ -176,6 +176,64 @@ pub async fn release_frees_the_target_and_keeps_the_counter(h: &impl Harness) {
     assert_next_token_follows(&*s, &t, &l).await;
 }
 
+/// An extend-only renewal never moves the expiry earlier: asking for less
+/// than the lease has left keeps what it has; asking for more extends it
+/// like any renewal; the max lifetime still caps it; it needs the exact
+/// tuple; and a replay with the same request id is the same renewal (a
+/// plain renewal with that id is another one).
+pub async fn an_extend_only_renewal_never_shortens_a_lease(h: &impl Harness) {
+    let s = h.store();
+    let t = target("extend-only");
+    let l = held(&*s, &t, "alice", LONG).await;
+    let short = RenewRequest::new(t.clone(), holder(&l), Duration::from_secs(5)).extending_only();
+    let r = s.renew(&short).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Renewed);
+    let kept = r.lease.unwrap();
+    assert_eq!(kept.expires_at_ms, l.expires_at_ms, "never earlier");
+    assert_eq!(kept.fencing_token, l.fencing_token);
+    let got = s.get(&t).await.unwrap().lease.unwrap();
+    assert_eq!(got.expires_at_ms, l.expires_at_ms, "the store kept it");
+
+    let replay = s.renew(&short).await.unwrap();
+    assert_eq!(replay.outcome, Outcome::Renewed);
+    let mut plain = RenewRequest::new(t.clone(), holder(&l), Duration::from_secs(5));
+    plain.request_id = short.request_id.clone();
+    let conflict = s.renew(&plain).await.unwrap();
+    assert_eq!(conflict.outcome, Outcome::IdempotencyConflict);
+
+    let longer = 2 * LONG;
+    let r = s
+        .renew(&RenewRequest::new(t.clone(), holder(&l), longer).extending_only())
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Renewed);
+    assert_eq!(
+        r.lease.unwrap().expires_at_ms,
+        r.server_time_ms + longer.as_millis() as u64
+    );
+
+    let wrong = LeaseHandle {
+        token: l.fencing_token + 1,
+        ..holder(&l)
+    };
+    let r = s
+        .renew(&RenewRequest::new(t.clone(), wrong, LONG).extending_only())
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::NotOwner);
+
+    // The max lifetime caps it as it caps every renewal.
+    let capped = target("extend-only-capped");
+    let mut req = AcquireRequest::new(capped.clone(), "alice", Duration::from_millis(1000));
+    req.max_lifetime = Some(Duration::from_millis(1500));
+    let l = s.acquire(&req).await.unwrap().lease.unwrap();
+    let r = s
+        .renew(&RenewRequest::new(capped, holder(&l), LONG).extending_only())
+        .await
+        .unwrap();
+    assert_eq!(r.lease.unwrap().expires_at_ms, l.acquired_at_ms + 1500);
+}
+
 pub async fn max_lifetime_caps_every_renewal(h: &impl Harness) {
     let s = h.store();
     let t = target("max-lifetime");
