@@ -78,8 +78,9 @@ impl Timings {
 
 /// The outcome of one round against the Lease.
 enum Round {
-    /// This replica holds the Lease; the write left at `sent`.
-    Holds { sent: Instant },
+    /// This replica holds the Lease; the write left at `sent`. `took_over`:
+    /// the write claimed it from another holder or from a released record.
+    Holds { sent: Instant, took_over: bool },
     /// Someone else holds it and may still be alive.
     Other(String),
     /// Someone wrote between our read and our write (the next round reads who).
@@ -97,6 +98,8 @@ pub struct Elector {
     failing: bool,
     /// Called whenever a round finds another replica holding the Lease.
     on_other: Option<Box<dyn Fn() + Send + Sync>>,
+    /// Called whenever this replica claims the Lease from another holder.
+    on_takeover: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Elector {
@@ -118,6 +121,7 @@ impl Elector {
             observed: None,
             failing: false,
             on_other: None,
+            on_takeover: None,
         }
     }
 
@@ -125,6 +129,14 @@ impl Elector {
     /// (this replica's leases are that replica's to renew then).
     pub fn on_other_leader(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_other = Some(Box::new(f));
+        self
+    }
+
+    /// Calls `f` whenever this replica claims the Lease from another holder
+    /// or from a released record (whoever held it last, another replica may
+    /// have led since this one last did, even if this one never saw it).
+    pub fn on_takeover(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_takeover = Some(Box::new(f));
         self
     }
 
@@ -140,7 +152,7 @@ impl Elector {
         loop {
             let round = tokio::time::timeout(self.timings.renew_deadline, self.round()).await;
             match self.settle(round) {
-                Some(Round::Holds { sent }) => {
+                Some(Round::Holds { sent, .. }) => {
                     let until = sent + self.timings.renew_deadline;
                     gate.lead_until(until);
                     return until;
@@ -171,7 +183,7 @@ impl Elector {
             }
             let round = tokio::time::timeout_at(valid_until.into(), self.round()).await;
             match self.settle(round) {
-                Some(Round::Holds { sent }) => {
+                Some(Round::Holds { sent, .. }) => {
                     valid_until = sent + self.timings.renew_deadline;
                     gate.lead_until(valid_until);
                 }
@@ -219,6 +231,15 @@ impl Elector {
                 if let (Round::Other(_), Some(f)) = (&r, &self.on_other) {
                     f();
                 }
+                if let (
+                    Round::Holds {
+                        took_over: true, ..
+                    },
+                    Some(f),
+                ) = (&r, &self.on_takeover)
+                {
+                    f();
+                }
                 return Some(r);
             }
             Ok(Err(e)) => e.to_string(),
@@ -248,15 +269,17 @@ impl Elector {
             record.write_to(&mut lease);
             let sent = Instant::now();
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(created) => Ok(self.wrote(&created, sent)),
+                Ok(created) => Ok(self.wrote(&created, sent, true)),
                 Err(e) if conflict(&e) => Ok(Round::Contended),
                 Err(e) => Err(e),
             };
         };
         let now = Instant::now();
+        let record = Record::of(&lease);
+        let took_over = record.taken_over_by(&self.identity);
         let observed = Observed::update(
             self.observed.as_ref(),
-            Record::of(&lease),
+            record,
             lease.metadata.resource_version.clone(),
             now,
         );
@@ -279,20 +302,20 @@ impl Elector {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(written) => Ok(self.wrote(&written, sent)),
+            Ok(written) => Ok(self.wrote(&written, sent, took_over)),
             Err(e) if conflict(&e) => Ok(Round::Contended),
             Err(e) => Err(e),
         }
     }
 
-    fn wrote(&mut self, lease: &Lease, sent: Instant) -> Round {
+    fn wrote(&mut self, lease: &Lease, sent: Instant, took_over: bool) -> Round {
         self.observed = Some(Observed::update(
             None,
             Record::of(lease),
             lease.metadata.resource_version.clone(),
             Instant::now(),
         ));
-        Round::Holds { sent }
+        Round::Holds { sent, took_over }
     }
 }
 

@@ -318,7 +318,7 @@ pub async fn control_while_leading(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let timings = election.timings;
-    let keeper = cfg.keeper.clone();
+    let (handing, taking) = (cfg.keeper.clone(), cfg.keeper.clone());
     let mut elector = Elector::new(
         election.client,
         &election.namespace,
@@ -326,7 +326,8 @@ pub async fn control_while_leading(
         &cfg.instance,
         timings,
     )
-    .on_other_leader(move || keeper.forget_all());
+    .on_other_leader(move || handing.hand_over())
+    .on_takeover(move || taking.forget_all());
     tracing::info!(identity = %elector.identity(), lease = %election.lease_name, "joining the leader election");
     loop {
         let valid_until = tokio::select! {

@@ -281,7 +281,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     // replica's leadership terms): the keeper renews them meanwhile.
     let clock = Arc::new(ServerClock::new());
     let keeper = Arc::new(Keeper::new(store.clone(), clock.clone()));
-    let keeping = tokio::spawn(keeper.clone().run(leadership.clone()));
+    let keeping = tokio::spawn(keeper.clone().run());
 
     let admin_state = Arc::new(AdminState::new(
         registry,

@@ -40,6 +40,14 @@ impl Record {
         }
     }
 
+    /// Whether `me` claiming this record takes the Lease over from someone
+    /// else: another holder, or a released record (whoever gave it up, and
+    /// another replica may have led in between without `me` seeing it). Only
+    /// `me`'s own renewal is not a takeover.
+    pub fn taken_over_by(&self, me: &str) -> bool {
+        self.holder.as_deref() != Some(me)
+    }
+
     /// A first record: `me` holds a Lease nobody had created.
     pub fn first(me: &str, duration: Duration, wall: Timestamp) -> Self {
         Self {
@@ -268,6 +276,18 @@ mod tests {
             panic!("a released Lease is free");
         };
         assert_eq!(taken.holder.as_deref(), Some("b"));
+    }
+
+    /// Only the holder's own renewal keeps what it confirmed before; a claim
+    /// of another's record or of a released one (even one `me` released, or
+    /// that another replica took and released meanwhile) is a takeover.
+    #[test]
+    fn a_claim_is_a_takeover_unless_the_record_names_the_claimant() {
+        let wall = Timestamp::now();
+        let mine = held_by("a", wall);
+        assert!(!mine.taken_over_by("a"), "a renewal");
+        assert!(mine.taken_over_by("b"), "another holder's record");
+        assert!(mine.released(wall).taken_over_by("a"), "a released record");
     }
 
     #[test]

@@ -96,6 +96,7 @@ impl Pass<'_> {
                 self.flush().await?;
                 self.remove_finalizer().await?;
                 self.forget_published();
+                self.ctx.keeper.forget(&self.key);
                 self.ctx.forget(&self.key);
                 self.wake_waiters();
                 return Ok(Action::await_change());

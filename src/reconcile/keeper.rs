@@ -8,13 +8,20 @@
 //! (owner, lease id, token, duration): no API call, and not held back by the
 //! write gate. A renewal extends only the exact current lease (its lease id,
 //! owner and token), so it can never take a target from anyone, issue a
-//! token, or bring back a lease that ended; acquires and releases, which can,
-//! stay behind the gate. docs/consistency.md has the argument in full,
-//! including why a renewal from a replica that no longer leads is harmless.
+//! token, or bring back a lease that ended; and a keeper renewal only ever
+//! extends it (never moves its expiry earlier). Acquires and releases, which
+//! can move a lease, stay behind the gate. docs/consistency.md has the
+//! argument in full, including why a renewal from a replica that no longer
+//! leads is harmless.
 //!
-//! The keeper stops renewing a lease when the reconciler gives it up (a
-//! release begins, the lease is lost), when Valkey says it ended, and for
-//! every lease when this replica sees another one lead.
+//! A lease counts as published from the moment this process sends a write
+//! that may publish it (a status write or a pod mark: its reply can be lost
+//! while the write took effect) or sees it published, until a write of its
+//! own that withdraws it is acknowledged. The keeper stops renewing a lease
+//! then, when the reconciler gives it up after Valkey ended it, when Valkey
+//! says it ended, and — once this replica sees another one lead — as soon as
+//! Valkey shows that the new leader renewed it. When this replica takes the
+//! lead over from another, it starts afresh.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,9 +31,13 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
 
 use super::clock::ServerClock;
-use crate::crd::TargetLease;
-use crate::leadership::Leadership;
-use crate::store::{LeaseHandle, LeaseStore, Outcome, RenewRequest, Reply, StoreError, Target};
+use super::plan;
+use crate::crd::{TargetLease, TargetLeaseStatus};
+use crate::store::{LeaseHandle, LeaseStore, RenewRequest, Target};
+
+mod policy;
+
+pub use policy::*;
 
 /// How often the keeper looks for overdue leases.
 const TICK: Duration = Duration::from_millis(100);
@@ -52,8 +63,18 @@ pub struct Kept {
     pub expires_ms: u64,
     /// Its hard end (`maxLifetime`), when it has one.
     pub max_expires_ms: Option<u64>,
-    /// Its TargetLease's status publishes it: only then does the keeper renew it.
+    /// The store's clock when that request was sent (estimated), once known.
+    pub confirmed_sent_ms: Option<u64>,
+    /// Its TargetLease's status (or a pod mark) may publish it: it was seen
+    /// published, or a write that publishes it was sent, and no write of
+    /// this process withdrawing it was acknowledged since. Only then does
+    /// the keeper renew it.
     pub published: bool,
+    /// The expiries (server milliseconds, as status shows them) status may
+    /// publish for it: the keeper renews once one passes ([`expiry_passed`]).
+    pub publishes: Vec<u64>,
+    /// Another replica leads: renewed only until Valkey shows that one renewed it.
+    pub handing_over: bool,
     failures: u32,
     retry_at: Option<Instant>,
     in_flight: bool,
@@ -79,7 +100,10 @@ impl Kept {
             confirmed_at: sent,
             expires_ms,
             max_expires_ms,
+            confirmed_sent_ms: None,
             published: false,
+            publishes: Vec::new(),
+            handing_over: false,
             failures: 0,
             retry_at: None,
             in_flight: false,
@@ -133,40 +157,88 @@ impl Keeper {
         *self.wake.lock().unwrap_or_else(|p| p.into_inner()) = tx;
     }
 
-    /// Valkey confirmed `kept` for `key` (an acquire or a renewal). The same
-    /// lease stays published; another lease replaces the one kept.
+    /// Valkey confirmed `kept` for `key` (an acquire or a renewal by its
+    /// reconcile). The same lease stays published; another lease replaces
+    /// the one kept.
     pub fn confirmed(&self, key: &ObjectRef<TargetLease>, mut kept: Kept) {
+        kept.confirmed_sent_ms = self.clock.at(kept.confirmed_at);
         let mut all = self.lock();
         if let Some(old) = all.get(key)
             && old.handle == kept.handle
         {
             kept.published = old.published;
+            kept.publishes = old.publishes.clone();
+            kept.handing_over = old.handing_over;
             kept.serial = old.serial.clone();
             kept.in_flight = old.in_flight;
         }
         all.insert(key.clone(), kept);
     }
 
-    /// Whether `key`'s status (as the API server last showed it) publishes
-    /// the lease with `token` as held.
-    pub fn published(&self, key: &ObjectRef<TargetLease>, token: Option<u64>, held: bool) {
-        if let Some(k) = self.lock().get_mut(key) {
-            k.published = held && token == Some(k.handle.token);
+    /// `key`'s status, as the API server showed it (possibly from a cache
+    /// older than a write of ours) or as a write about to be sent may
+    /// publish it: a status that publishes the kept lease makes it published
+    /// from now on; one that does not changes nothing (the write that
+    /// published it may still be in flight, or land after the read).
+    pub fn may_publish(&self, key: &ObjectRef<TargetLease>, status: &TargetLeaseStatus) {
+        if let Some(k) = self.lock().get_mut(key)
+            && let Some(expiry) = publication(k, status)
+        {
+            k.published = true;
+            if let Some(e) = expiry {
+                let covered = k.confirmed_sent_ms;
+                k.publishes
+                    .retain(|p| *p != e && covered.is_none_or(|s| *p >= s));
+                k.publishes.push(e);
+            }
         }
     }
 
-    /// The lease of `key` is given up (released, lost, or no longer this process's).
+    /// A write of ours was acknowledged, and the API server's copy after it
+    /// has `status`: whether it publishes the kept lease (and with which
+    /// expiry) is now known for certain.
+    pub fn acknowledged(&self, key: &ObjectRef<TargetLease>, status: &TargetLeaseStatus) {
+        if let Some(k) = self.lock().get_mut(key) {
+            let publication = publication(k, status);
+            k.published = publication.is_some();
+            k.publishes = publication.flatten().into_iter().collect();
+        }
+    }
+
+    /// The lease of `key` is given up (Valkey ended it, or its release was
+    /// published and sent, or its TargetLease is gone).
     pub fn forget(&self, key: &ObjectRef<TargetLease>) {
         self.lock().remove(key);
     }
 
-    /// Another replica leads: it renews the leases now.
+    /// Another replica leads: it renews the leases now. Each lease is still
+    /// renewed from here until Valkey shows that the new leader renewed it
+    /// ([`still_ours`]), so the lease never waits on the new leader's first
+    /// reconcile of it.
+    pub fn hand_over(&self) {
+        let mut all = self.lock();
+        let fresh = all.values().filter(|k| !k.handing_over).count();
+        if fresh > 0 {
+            tracing::info!(
+                leases = fresh,
+                "another replica leads; renewing the leases only until it does"
+            );
+        }
+        for k in all.values_mut() {
+            k.handing_over = true;
+        }
+    }
+
+    /// This replica took the lead over from another (or from a released
+    /// record): what it kept from before may be stale (another replica may
+    /// have renewed, republished or ended the leases since), so it forgets
+    /// it all; each reconcile confirms its lease afresh.
     pub fn forget_all(&self) {
         let mut all = self.lock();
         if !all.is_empty() {
             tracing::info!(
                 leases = all.len(),
-                "another replica leads; leaving the leases' renewals to it"
+                "took over the lead from another replica; confirming every lease afresh"
             );
         }
         all.clear();
@@ -207,10 +279,10 @@ impl Keeper {
         self.lock().is_empty()
     }
 
-    /// Renews overdue published leases until the process ends. Never gated:
-    /// `gate` only says whether this replica leads (when it does not, a
-    /// renewal never shortens what Valkey has).
-    pub async fn run(self: Arc<Self>, gate: Leadership) {
+    /// Renews overdue published leases until the process ends. Never gated,
+    /// and never shortening a lease: whichever replica leads, a keeper
+    /// renewal keeps the later of Valkey's expiry and now + the duration.
+    pub async fn run(self: Arc<Self>) {
         let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
         loop {
             tokio::time::sleep(TICK).await;
@@ -236,10 +308,9 @@ impl Keeper {
                     return;
                 };
                 let this = self.clone();
-                let leading = gate.is_leading();
                 tokio::spawn(async move {
                     let _permit = permit;
-                    this.keep(key, kept, leading).await;
+                    this.keep(key, kept).await;
                 });
             }
         }
@@ -250,10 +321,11 @@ impl Keeper {
     /// the most urgent renewal goes out first). A lease whose reconcile is
     /// renewing it right now is not late.
     fn take_due(&self, now: Instant) -> Vec<(ObjectRef<TargetLease>, Kept)> {
+        let now_ms = self.clock.now_ms();
         let mut all = self.lock();
         let mut due: Vec<_> = all
             .iter_mut()
-            .filter(|(_, k)| k.published && !k.in_flight && now >= due_at(k))
+            .filter(|(_, k)| k.published && !k.in_flight && is_due(k, now, now_ms))
             .filter(|(_, k)| k.serial.try_lock().is_ok())
             .map(|(key, k)| {
                 k.in_flight = true;
@@ -264,7 +336,7 @@ impl Keeper {
         due
     }
 
-    async fn keep(&self, key: ObjectRef<TargetLease>, kept: Kept, leading: bool) {
+    async fn keep(&self, key: ObjectRef<TargetLease>, kept: Kept) {
         // A reconcile that started renewing it meanwhile goes on alone.
         let Ok(_serial) = kept.serial.clone().try_lock_owned() else {
             self.settle(&key, &kept.handle, Instant::now(), After::NotDue);
@@ -275,28 +347,26 @@ impl Keeper {
         let Some(current) = current.filter(|c| c.handle == kept.handle) else {
             return;
         };
-        if !current.published || Instant::now() < due_at(&current) {
+        if !current.published || !is_due(&current, Instant::now(), self.clock.now_ms()) {
             self.settle(&key, &kept.handle, Instant::now(), After::NotDue);
             return;
         }
-        let mut ttl = current.ttl;
-        if !leading {
-            // Another replica may lead by now and may have renewed the lease
-            // for longer (a spec edit): read it, and never ask for less.
+        if current.handing_over {
+            // Another replica leads: renew only while nobody else has.
             let sent = Instant::now();
             let read = self.store.get(&current.target).await;
             if let Ok(r) = &read {
                 self.clock.anchor(r.server_time_ms, sent);
             }
-            match keep_ttl(ttl, &current.handle, read) {
-                Ok(longer) => ttl = longer,
-                Err(after) => {
-                    self.settle(&key, &kept.handle, sent, after);
-                    return;
-                }
+            if let Err(after) = still_ours(&current, read) {
+                self.settle(&key, &kept.handle, sent, after);
+                return;
             }
         }
-        let req = RenewRequest::new(current.target.clone(), current.handle.clone(), ttl);
+        // Extend-only: another replica (a new leader) may have renewed it
+        // for longer meanwhile (a spec edit lengthened it).
+        let req = RenewRequest::new(current.target.clone(), current.handle.clone(), current.ttl)
+            .extending_only();
         let sent = Instant::now();
         let reply = self.store.renew(&req).await;
         if let Ok(r) = &reply {
@@ -310,7 +380,7 @@ impl Keeper {
             After::Ended => {
                 tracing::info!(lease = %key, outcome = ?reply.as_ref().map(|r| r.outcome), "a published lease ended in the store")
             }
-            After::Retry | After::NotDue => {}
+            After::Retry | After::NotDue | After::HandedOver => {}
         }
         self.settle(&key, &kept.handle, sent, after);
     }
@@ -334,10 +404,15 @@ impl Keeper {
                 max_expires_ms,
             } => {
                 k.confirmed_at = sent;
+                k.confirmed_sent_ms = self.clock.at(sent);
                 k.expires_ms = expires_ms;
                 k.max_expires_ms = max_expires_ms;
                 k.failures = 0;
                 k.retry_at = None;
+            }
+            After::HandedOver => {
+                tracing::debug!(lease = %key, "the new leader renewed the lease; leaving it to that replica");
+                all.remove(key);
             }
             After::Retry => {
                 k.failures = k.failures.saturating_add(1);
@@ -355,79 +430,15 @@ impl Keeper {
     }
 }
 
-/// What a keeper renewal found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum After {
-    /// Extended until `expires_ms`.
-    Renewed {
-        /// The new expiry (server milliseconds).
-        expires_ms: u64,
-        /// The hard end, when there is one.
-        max_expires_ms: Option<u64>,
-    },
-    /// The lease is not there any more (or cannot be read): stop, and tell its reconcile.
-    Ended,
-    /// The store did not answer: try again soon.
-    Retry,
-    /// A reconcile renewed it meanwhile.
-    NotDue,
-}
-
-/// When the keeper renews a lease: once its reconcile is late by a quarter
-/// of the slack a renewal interval leaves before the lease runs out (the
-/// reconcile goes first), or at the retry time after a failure.
-pub fn due_at(k: &Kept) -> Instant {
-    let slack = k.ttl.saturating_sub(k.renew) / 4;
-    k.retry_at.unwrap_or(k.confirmed_at + k.renew + slack)
-}
-
-/// Delay before the next attempt after `failures` failed ones: 200 ms
-/// doubling to 5 s, but at most half the time `left` before the lease runs
-/// out, so a few attempts still fit before it does.
-pub fn retry_after(failures: u32, left: Duration) -> Duration {
-    let backoff = Duration::from_millis(200).saturating_mul(1 << failures.min(5).saturating_sub(1));
-    backoff
-        .min(Duration::from_secs(5))
-        .min(left / 2)
-        .max(Duration::from_millis(50))
-}
-
-/// The duration a renewal from a replica that may no longer lead asks for,
-/// from a read of the lease: never less than what Valkey has left (another
-/// replica may have renewed it for longer), or why not to renew at all.
-pub fn keep_ttl(
-    ttl: Duration,
-    handle: &LeaseHandle,
-    read: Result<Reply, StoreError>,
-) -> Result<Duration, After> {
-    let r = read.map_err(|_| After::Retry)?;
-    match (r.outcome, r.lease) {
-        (Outcome::Found, Some(l)) if l.fencing_token == handle.token && l.owner == handle.owner => {
-            let left = Duration::from_millis(l.expires_at_ms.saturating_sub(r.server_time_ms));
-            Ok(ttl.max(left))
-        }
-        (Outcome::Found | Outcome::NotFound | Outcome::CorruptState, _) => Err(After::Ended),
-        _ => Err(After::Retry),
-    }
-}
-
-/// What a renewal reply means for the keeper.
-pub fn after_renew(reply: &Result<Reply, StoreError>) -> After {
-    match reply {
-        Ok(r) => match (r.outcome, &r.lease) {
-            (Outcome::Renewed, Some(l)) => After::Renewed {
-                expires_ms: l.expires_at_ms,
-                max_expires_ms: l.max_expires_at_ms,
-            },
-            (
-                Outcome::NotOwner | Outcome::Expired | Outcome::NotFound | Outcome::CorruptState,
-                _,
-            ) => After::Ended,
-            _ => After::Retry,
-        },
-        Err(StoreError::Invalid(_)) => After::Ended,
-        Err(_) => After::Retry,
-    }
+/// Whether `status` publishes the kept lease `k` (held or unknown, its
+/// token), and with which expiry (server milliseconds), if any.
+fn publication(k: &Kept, status: &TargetLeaseStatus) -> Option<Option<u64>> {
+    (plan::holds_lease(status) && status.fencing_token == Some(k.handle.token)).then(|| {
+        status
+            .expires_at
+            .as_ref()
+            .and_then(|t| u64::try_from(t.0.as_millisecond()).ok())
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 use super::*;
+use crate::crd::Phase;
 use crate::store::memory::MemoryStore;
-use crate::store::{AcquireRequest, Lease, ReleaseRequest};
+use crate::store::{AcquireRequest, Lease, Outcome, ReleaseRequest, Reply, StoreError};
 
 const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
@@ -79,7 +80,7 @@ fn the_lease_closest_to_its_expiry_is_renewed_first() {
         let mut k = kept(9 * S, 3 * S, t0);
         k.expires_ms = expires_ms;
         keeper.confirmed(&key(name), k);
-        keeper.published(&key(name), Some(7), true);
+        keeper.may_publish(&key(name), &status(7, Phase::Held));
     }
     let due: Vec<_> = keeper
         .take_due(t0 + 10 * S)
@@ -105,38 +106,65 @@ fn retries_back_off_but_never_past_half_the_time_left() {
         assert_eq!(retry_after(failures, long), ms * MS, "{failures}");
     }
     assert_eq!(retry_after(5, 2 * S), S);
-    assert_eq!(retry_after(5, Duration::ZERO), 50 * MS, "at least 50 ms");
+    assert_eq!(retry_after(5, 60 * MS), 50 * MS, "at least 50 ms");
+    // Past the expiry: the plain backoff, never below a second.
+    assert_eq!(retry_after(1, Duration::ZERO), S);
+    assert_eq!(retry_after(5, Duration::ZERO), 3200 * MS);
+    assert_eq!(retry_after(9, Duration::ZERO), 3200 * MS);
 }
 
+/// While another replica takes over, a lease is renewed from here only as
+/// long as Valkey shows the expiry this process set: another expiry means
+/// the new leader renewed it.
 #[test]
-fn a_replica_that_may_not_lead_never_shortens_the_lease() {
-    let ttl = 5 * S;
-    // Another replica renewed it for 60s: ask for what is left of that.
+fn a_handed_over_lease_is_renewed_until_the_new_leader_renews_it() {
+    let k = kept(9 * S, 3 * S, Instant::now()); // expires_ms 1_000
+    assert_eq!(still_ours(&k, found(7, 1_000, 500)), Ok(()));
     assert_eq!(
-        keep_ttl(ttl, &handle(7), found(7, 100_000 + 42_000, 100_000)),
-        Ok(42 * S)
-    );
-    assert_eq!(
-        keep_ttl(ttl, &handle(7), found(7, 100_000 + 1_000, 100_000)),
-        Ok(ttl)
+        still_ours(&k, found(7, 1_200, 500)),
+        Err(After::HandedOver),
+        "renewed by the new leader"
     );
     // Another lease (a new token) or none: this one ended.
+    assert_eq!(still_ours(&k, found(8, 1_000, 500)), Err(After::Ended));
     assert_eq!(
-        keep_ttl(ttl, &handle(7), found(8, 200_000, 100_000)),
+        still_ours(&k, outcome(Outcome::NotFound)),
         Err(After::Ended)
     );
     assert_eq!(
-        keep_ttl(ttl, &handle(7), outcome(Outcome::NotFound)),
-        Err(After::Ended)
-    );
-    assert_eq!(
-        keep_ttl(
-            ttl,
-            &handle(7),
-            Err(StoreError::BackendUnavailable("down".into()))
-        ),
+        still_ours(&k, Err(StoreError::BackendUnavailable("down".into()))),
         Err(After::Retry)
     );
+}
+
+/// The keeper renews as soon as an expiry status may publish has passed
+/// without a confirmation sent after it, not only on its own schedule.
+#[test]
+fn the_keeper_renews_once_a_published_expiry_passes_unconfirmed() {
+    let t0 = Instant::now();
+    let mut k = kept(9 * S, 3 * S, t0);
+    k.confirmed_sent_ms = Some(10_000);
+    k.publishes = vec![19_000];
+    let early = t0 + S;
+    assert!(!is_due(&k, early, 18_000), "before the expiry, not due");
+    assert!(!is_due(&k, early, 19_000), "at it, not yet");
+    assert!(is_due(&k, early, 19_001), "past it, due at once");
+    // A confirmation sent after it covers it.
+    k.confirmed_sent_ms = Some(19_050);
+    assert!(!is_due(&k, early, 19_100));
+    // Any of several candidate expiries counts.
+    k.publishes = vec![19_000, 25_000];
+    assert!(is_due(&k, early, 25_001));
+    // A failed renewal waits for its retry time.
+    k.confirmed_sent_ms = Some(10_000);
+    k.retry_at = Some(t0 + 2 * S);
+    assert!(!is_due(&k, early, 19_001));
+    assert!(is_due(&k, t0 + 2 * S, 19_001));
+    // Nothing published: only the schedule.
+    let mut k = kept(9 * S, 3 * S, t0);
+    k.confirmed_sent_ms = Some(10_000);
+    assert!(!is_due(&k, early, 99_000));
+    assert!(is_due(&k, t0 + 4500 * MS, 99_000));
 }
 
 #[test]
@@ -178,7 +206,7 @@ fn a_new_lease_replaces_the_kept_one_and_the_same_lease_stays_published() {
     let keeper = Keeper::new(store, Arc::new(ServerClock::new()));
     let t0 = Instant::now();
     keeper.confirmed(&key("a"), kept(9 * S, 3 * S, t0));
-    keeper.published(&key("a"), Some(7), true);
+    keeper.may_publish(&key("a"), &status(7, Phase::Held));
     let mut again = kept(9 * S, 3 * S, t0 + S);
     again.published = false;
     keeper.confirmed(&key("a"), again);
@@ -199,12 +227,60 @@ fn a_new_lease_replaces_the_kept_one_and_the_same_lease_stays_published() {
         !keeper.lock()[&key("a")].published,
         "a new token is not published yet"
     );
-    keeper.published(&key("a"), Some(7), true);
+    keeper.may_publish(&key("a"), &status(7, Phase::Held));
     assert!(
         !keeper.lock()[&key("a")].published,
         "status names the old token"
     );
     assert_eq!(keeper.confirmation(&key("a")).unwrap().token, 8);
+}
+
+fn status(token: u64, phase: Phase) -> TargetLeaseStatus {
+    TargetLeaseStatus {
+        phase: Some(phase),
+        holder: Some("job".into()),
+        acquisition_id: Some("a1".into()),
+        fencing_token: Some(token),
+        expires_at: crate::reconcile::transition::time_ms(20_000),
+        ..Default::default()
+    }
+}
+
+/// A lease counts as published from the write that may publish it (its
+/// reply may be lost) until a write withdrawing it is acknowledged; a read
+/// that does not show it (a stale cache) withdraws nothing.
+#[test]
+fn a_lease_is_published_from_the_write_until_its_withdrawal_is_acknowledged() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::default());
+    let keeper = Keeper::new(store, Arc::new(ServerClock::new()));
+    let mut k = kept(9 * S, 3 * S, Instant::now());
+    k.published = false;
+    keeper.confirmed(&key("a"), k);
+    let published = || keeper.lock()[&key("a")].published;
+    let pending = TargetLeaseStatus {
+        phase: Some(Phase::Pending),
+        ..status(7, Phase::Pending)
+    };
+    keeper.may_publish(&key("a"), &pending);
+    assert!(!published(), "nothing publishes it yet");
+    // The status write that publishes Held is about to be sent.
+    keeper.may_publish(&key("a"), &status(7, Phase::Held));
+    assert!(published());
+    assert_eq!(keeper.lock()[&key("a")].publishes, vec![20_000]);
+    // Its reply was lost; the cache still shows the old status.
+    keeper.may_publish(&key("a"), &pending);
+    assert!(published(), "a read never withdraws it");
+    // A release: withdrawing Held is sent, its reply lost: still published.
+    keeper.may_publish(&key("a"), &pending);
+    assert!(published());
+    // Acknowledged: now it is not.
+    keeper.acknowledged(&key("a"), &pending);
+    assert!(!published());
+    assert!(keeper.lock()[&key("a")].publishes.is_empty());
+    // An acknowledged write that publishes it, with its expiry.
+    keeper.acknowledged(&key("a"), &status(7, Phase::Unknown));
+    assert!(published(), "Unknown still publishes the lease");
+    assert_eq!(keeper.lock()[&key("a")].publishes, vec![20_000]);
 }
 
 /// The keeper alone keeps a published lease alive in the store for many
@@ -237,7 +313,7 @@ async fn published_leases_are_kept_alive_without_their_reconcile() {
         keeper.confirmed(&key(name), k);
         leases.push(handle);
     }
-    let task = tokio::spawn(keeper.clone().run(Leadership::always()));
+    let task = tokio::spawn(keeper.clone().run());
     tokio::time::sleep(3 * S).await;
     let live = |name: &'static str| {
         let store = store.clone();
@@ -287,17 +363,17 @@ async fn a_lease_that_ended_is_dropped_and_its_reconcile_woken() {
         .release(&ReleaseRequest::new(target.clone(), handle))
         .await
         .unwrap();
-    // Not leading: the keeper reads first, finds nothing, and stops.
-    let gate = Leadership::elected();
-    let task = tokio::spawn(keeper.clone().run(gate));
+    // The renewal finds nothing, and the keeper stops.
+    let task = tokio::spawn(keeper.clone().run());
     let woken = tokio::time::timeout(2 * S, futures::StreamExt::next(&mut rx)).await;
     assert_eq!(woken.ok().flatten(), Some(key("a")));
     assert!(keeper.is_empty());
     task.abort();
 }
 
-/// Not leading, the keeper renews for at least what another replica left:
-/// a longer renewal made by the new leader is never cut short.
+/// A keeper renewal never shortens a lease: a longer renewal made by the
+/// new leader (a spec edit lengthened it) is never cut short, even by a
+/// replica that never saw that leader.
 #[tokio::test]
 async fn a_keeper_renewal_never_cuts_short_a_longer_one() {
     let store = Arc::new(MemoryStore::default());
@@ -328,7 +404,7 @@ async fn a_keeper_renewal_never_cuts_short_a_longer_one() {
         .await
         .unwrap();
     let promised = long.lease.unwrap().expires_at_ms;
-    let task = tokio::spawn(keeper.clone().run(Leadership::elected()));
+    let task = tokio::spawn(keeper.clone().run());
     tokio::time::sleep(S).await;
     let c = keeper.confirmation(&key("a")).unwrap();
     assert!(c.at.elapsed() < S, "the keeper renewed");
@@ -340,5 +416,64 @@ async fn a_keeper_renewal_never_cuts_short_a_longer_one() {
         .unwrap()
         .expires_at_ms;
     assert!(now >= promised, "{now} < {promised}");
+    task.abort();
+}
+
+/// After another replica takes the lead, each lease is still renewed from
+/// here until Valkey shows that the new leader renewed it; then it is left
+/// to that replica for good, and nobody's reconcile is woken.
+#[tokio::test]
+async fn a_former_leader_renews_each_lease_until_the_new_leader_does() {
+    let store = Arc::new(MemoryStore::default());
+    let dyn_store: Arc<dyn LeaseStore> = store.clone();
+    let keeper = Arc::new(Keeper::new(dyn_store, Arc::new(ServerClock::new())));
+    let (tx, mut rx) = futures::channel::mpsc::unbounded();
+    keeper.wake_through(Some(tx));
+    let ttl = 600 * MS;
+    let mut handles = Vec::new();
+    for name in ["renewed-by-the-new-leader", "not-yet"] {
+        let target = Target::new("ns", name);
+        let sent = Instant::now();
+        let lease = store
+            .acquire(&AcquireRequest::new(target.clone(), "job", ttl))
+            .await
+            .unwrap()
+            .lease
+            .unwrap();
+        let mut k = Kept::new(
+            target,
+            lease.handle().unwrap(),
+            (ttl, 200 * MS),
+            sent,
+            (lease.expires_at_ms, None),
+        );
+        k.published = true;
+        keeper.confirmed(&key(name), k);
+        handles.push(lease.handle().unwrap());
+    }
+    keeper.hand_over();
+    let task = tokio::spawn(keeper.clone().run());
+    tokio::time::sleep(100 * MS).await;
+    // The new leader's reconcile renews one of them.
+    let target = Target::new("ns", "renewed-by-the-new-leader");
+    store
+        .renew(&RenewRequest::new(target.clone(), handles[0].clone(), ttl))
+        .await
+        .unwrap();
+    tokio::time::sleep(3 * S).await;
+    let live = |name: &'static str| {
+        let store = store.clone();
+        async move { store.get(&Target::new("ns", name)).await.unwrap().outcome == Outcome::Found }
+    };
+    assert!(live("not-yet").await, "kept alive for 5 durations");
+    assert!(
+        !live("renewed-by-the-new-leader").await,
+        "left to the new leader (which renewed it once, then stopped)"
+    );
+    assert_eq!(keeper.keys(), vec![key("not-yet")]);
+    assert!(rx.try_recv().is_err(), "nobody woken");
+    // Taking the lead over again starts afresh.
+    keeper.forget_all();
+    assert!(keeper.is_empty());
     task.abort();
 }

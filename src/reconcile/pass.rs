@@ -73,7 +73,7 @@ impl<'a> Pass<'a> {
             notes: Vec::new(),
             wake: false,
         };
-        pass.note_published();
+        pass.ctx.keeper.may_publish(&pass.key, &pass.published());
         Ok(Some(pass))
     }
 
@@ -113,15 +113,6 @@ impl<'a> Pass<'a> {
             .keeper
             .confirmation(&self.key)
             .filter(|c| c.token == token)
-    }
-
-    /// Tells the keeper whether the object as the API server last showed it
-    /// publishes the lease kept for it.
-    fn note_published(&self) {
-        let status = self.published();
-        self.ctx
-            .keeper
-            .published(&self.key, status.fencing_token, plan::holds_lease(&status));
     }
 
     pub(super) fn renew_interval(&self) -> Duration {
@@ -182,12 +173,13 @@ impl<'a> Pass<'a> {
         Ok(())
     }
 
-    /// The server's copy after a write of ours becomes the one we plan from.
+    /// The server's copy after a write of ours becomes the one we plan from
+    /// (and tells the keeper for certain whether the lease is published).
     fn adopt(&mut self, updated: TargetLease) {
         self.ctx
             .remember(&self.key, |m| m.known_version = updated.resource_version());
         self.tl = updated;
-        self.note_published();
+        self.ctx.keeper.acknowledged(&self.key, &self.published());
     }
 
     /// Takes in a transition: its status becomes the working status; Events
@@ -253,7 +245,7 @@ impl<'a> Pass<'a> {
             (expires_ms, max_expires_ms),
         );
         self.ctx.keeper.confirmed(&self.key, kept);
-        self.note_published();
+        self.ctx.keeper.may_publish(&self.key, &self.published());
     }
 
     /// Publishes the working status, in the one safe order.
@@ -274,6 +266,9 @@ impl<'a> Pass<'a> {
             .map(|p| &**p)
             .collect();
         let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
+        // Every write below may publish the working status (its token and
+        // expiry) even if its reply is lost: the keeper renews the lease from now.
+        self.ctx.keeper.may_publish(&self.key, &self.working);
         let mark_first = crate::failpoints::on("mark-before-unmark");
         if let (true, Some(m)) = (mark_first, &todo.mark) {
             marks::mark(&self.ctx.client, &ns, &name, m).await?;

@@ -143,7 +143,10 @@ pub fn renews_first(f: &Facts, status: &TargetLeaseStatus) -> bool {
 }
 
 /// [`plan::Step::Release`]: stop publishing the lease (status no longer Held,
-/// pod marks removed) before the store is asked to release it.
+/// pod marks removed) before the store is asked to release it. The keeper
+/// goes on renewing the lease until that withdrawal is acknowledged (a
+/// status write whose reply is lost may have published nothing new), and
+/// forgets it once the store was asked ([`after_release`]).
 pub fn begin_release(
     f: &Facts,
     status: &TargetLeaseStatus,
@@ -162,7 +165,6 @@ pub fn begin_release(
     d.t.status.expires_at = None;
     d.warn_on_entering(reason, message);
     d.condition(HELD, ConditionStatus::False, reason, message);
-    d.t.memory = Memory::Forget;
     d.done(Next::PlanAgain)
 }
 
@@ -187,6 +189,7 @@ pub fn after_release(
                 s.acquired_at = None;
             }
             d.t.wake_waiters = true;
+            d.t.memory = Memory::Forget;
         };
         match reply.outcome {
             Outcome::Released => {

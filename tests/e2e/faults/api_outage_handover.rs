@@ -4,7 +4,7 @@
 //! has passed. It renews each lease with its published handle before it
 //! withdraws anything, so the lease stays Held with the same token and its
 //! pod keeps its marks; the former leader's keeper lets go once it sees the
-//! new leader.
+//! new leader renew the lease.
 
 use std::time::Instant;
 
@@ -42,7 +42,7 @@ fn renewals(env: &OperatorEnv, i: usize) -> f64 {
 /// its published expiry long passed. Every version of the TargetLease is
 /// Held with the same token and every version of the holder pod carries its
 /// marks; once the former leader reaches the API server again it sees the
-/// new leader and stops renewing.
+/// new leader, and stops renewing once Valkey shows the new leader's renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_leader_after_an_api_outage_keeps_the_lease_held_and_its_marks() {
     let mut env = OperatorEnv::start_on_own_control_plane("api-handover").await;
@@ -141,7 +141,7 @@ async fn a_new_leader_after_an_api_outage_keeps_the_lease_held_and_its_marks() {
         Duration::from_secs(30),
         || async {
             env.operator_log(a)
-                .contains("another replica leads; leaving the leases' renewals to it")
+                .contains("the new leader renewed the lease; leaving it to that replica")
                 .then_some(())
         },
     )
