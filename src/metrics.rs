@@ -235,6 +235,7 @@ mod tests {
         operator.lease_lost();
         operator.release_notice("woke");
         operator.api_writes.count(api_writes::WriteKind::Status);
+        operator.api_writes.conflict(api_writes::WriteKind::Floor);
         let names = exposed_names(&registry(&operator, &store));
         for name in &names {
             assert!(name.starts_with("targetlease_"), "{name}");
@@ -244,6 +245,7 @@ mod tests {
             "targetlease_leases_lost_total",
             "targetlease_release_notices_total",
             "targetlease_api_writes_total",
+            "targetlease_api_write_conflicts_total",
             "targetlease_process_cpu_seconds_total",
             "targetlease_process_resident_memory_bytes",
             "targetlease_process_start_time_seconds",

@@ -15,13 +15,21 @@
 //! | `event` | an Event |
 //! | `other` | anything else |
 //!
+//! `targetlease_api_write_conflicts_total{kind}` counts the writes of each
+//! kind the API server refused with a conflict (409): a write conditional on
+//! a version someone else changed first (two deletions raising floors in one
+//! bucket, a status planned from a version the watch had not shown yet). The
+//! operator reads again and retries; a steady rate is worth a look.
+//!
 //! With the defaults a held lease costs about one `status` write per minute
 //! (docs/operator.md, "Status write budget"): compare
 //! `rate(targetlease_api_writes_total[10m])` with `targetlease_leases{phase="Held"}`.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::{Method, Request, header};
+use http::{Method, Request, Response, StatusCode, header};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -109,18 +117,43 @@ struct KindLabels {
     kind: &'static str,
 }
 
-/// The counter family; cheap to clone.
+/// The counter families; cheap to clone.
 #[derive(Clone, Debug, Default)]
-pub struct ApiWrites(Family<KindLabels, Counter>);
+pub struct ApiWrites(Family<KindLabels, Counter>, Family<KindLabels, Counter>);
 
 impl ApiWrites {
-    /// Registers `api_writes` (`targetlease_api_writes_total` under the prefix).
+    /// Registers `api_writes` and `api_write_conflicts`
+    /// (`targetlease_api_writes_total`, `targetlease_api_write_conflicts_total`
+    /// under the prefix).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "api_writes",
             "Kubernetes API writes sent by the operator, by kind: status, finalizer, pod_mark, pod_unmark, floor, event, other",
             self.0.clone(),
         );
+        registry.register(
+            "api_write_conflicts",
+            "Kubernetes API writes the API server refused with a conflict (409), by kind",
+            self.1.clone(),
+        );
+    }
+
+    /// Counts one write refused with a conflict.
+    pub fn conflict(&self, kind: WriteKind) {
+        self.1
+            .get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+
+    /// Writes of `kind` refused with a conflict so far.
+    pub fn conflicts(&self, kind: WriteKind) -> u64 {
+        self.1
+            .get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            })
+            .get()
     }
 
     /// Counts one write.
@@ -148,7 +181,7 @@ impl ApiWrites {
 }
 
 /// Counts each write request that reaches it (put it inside the write gate,
-/// so refused writes are not counted).
+/// so refused writes are not counted), and each answered with a conflict.
 #[derive(Clone, Debug)]
 pub struct ApiWritesLayer(ApiWrites);
 
@@ -170,23 +203,34 @@ pub struct CountWrites<S> {
     writes: ApiWrites,
 }
 
-impl<S, B> Service<Request<B>> for CountWrites<S>
+impl<S, B, R> Service<Request<B>> for CountWrites<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> S::Future {
-        if let Some(kind) = WriteKind::of(&req) {
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let kind = WriteKind::of(&req);
+        if let Some(kind) = kind {
             self.writes.count(kind);
         }
-        self.inner.call(req)
+        let (writes, sent) = (self.writes.clone(), self.inner.call(req));
+        Box::pin(async move {
+            let response = sent.await?;
+            if let Some(kind) = kind
+                && response.status() == StatusCode::CONFLICT
+            {
+                writes.conflict(kind);
+            }
+            Ok(response)
+        })
     }
 }
 
@@ -201,6 +245,39 @@ mod tests {
             .header(header::CONTENT_TYPE, content_type)
             .body(())
             .unwrap()
+    }
+
+    /// Every write is counted once, and once more as a conflict when the
+    /// API server answers 409; reads are not counted.
+    #[tokio::test]
+    async fn writes_and_their_conflicts_are_counted_in_the_client() {
+        use tower::ServiceExt;
+        let writes = ApiWrites::default();
+        let server = tower::service_fn(|req: Request<()>| async move {
+            let status = if req.uri().path().ends_with("floors-0a") {
+                StatusCode::CONFLICT
+            } else {
+                StatusCode::OK
+            };
+            Ok::<_, std::convert::Infallible>(Response::builder().status(status).body(()).unwrap())
+        });
+        let client = writes.layer().layer(server);
+        let configmaps = "/api/v1/namespaces/tl-system/configmaps";
+        for (method, path) in [
+            (Method::PUT, format!("{configmaps}/floors-0a")),
+            (Method::PUT, format!("{configmaps}/floors-0b")),
+            (Method::GET, format!("{configmaps}/floors-0a")),
+        ] {
+            let reply = client
+                .clone()
+                .oneshot(req(method, &path, "application/json"))
+                .await
+                .unwrap();
+            assert!(reply.status().is_success() || reply.status() == StatusCode::CONFLICT);
+        }
+        assert_eq!(writes.get(WriteKind::Floor), 2);
+        assert_eq!(writes.conflicts(WriteKind::Floor), 1);
+        assert_eq!(writes.conflicts(WriteKind::Status), 0);
     }
 
     #[test]
@@ -284,7 +361,7 @@ mod tests {
     async fn the_layer_counts_writes_and_passes_every_request_on() {
         let writes = ApiWrites::default();
         let echo = tower::service_fn(|r: Request<()>| async move {
-            Ok::<_, std::convert::Infallible>(r.method().clone())
+            Ok::<_, std::convert::Infallible>(Response::new(r.method().clone()))
         });
         let mut svc = writes.layer().layer(echo);
         let pod = "/api/v1/namespaces/a/pods/p";
@@ -293,7 +370,7 @@ mod tests {
                 .call(req(Method::PATCH, pod, "application/apply-patch+yaml"))
                 .await
                 .unwrap();
-            assert_eq!(m, Method::PATCH);
+            assert_eq!(m.into_body(), Method::PATCH);
         }
         svc.call(req(Method::GET, pod, "")).await.unwrap();
         assert_eq!(writes.get(WriteKind::PodMark), 3);

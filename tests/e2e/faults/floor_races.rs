@@ -13,13 +13,32 @@ const NAME: &str = "floors";
 
 /// Two targets whose floors share a bucket.
 fn same_bucket_pair(ns: &str) -> (String, String) {
-    let first = "t-0".to_string();
-    let bucket = floor::bucket_of(&floor_key(ns, &first));
-    let second = (1..)
+    let mut both = same_bucket(ns, 2).into_iter();
+    (both.next().unwrap(), both.next().unwrap())
+}
+
+/// `n` targets whose floors share one bucket (`t-0` first).
+fn same_bucket(ns: &str, n: usize) -> Vec<String> {
+    let bucket = floor::bucket_of(&floor_key(ns, "t-0"));
+    (0..)
         .map(|i| format!("t-{i}"))
-        .find(|t| floor::bucket_of(&floor_key(ns, t)) == bucket)
-        .unwrap();
-    (first, second)
+        .filter(|t| floor::bucket_of(&floor_key(ns, t)) == bucket)
+        .take(n)
+        .collect()
+}
+
+/// Floor writes operator `i` had refused with a conflict.
+fn floor_conflicts(env: &OperatorEnv, i: usize) -> f64 {
+    let (_, metrics) = support::operator_env::http_get(env.admin_port(i), "/metrics")
+        .expect("the operator's /metrics");
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("targetlease_api_write_conflicts_total{kind=\"floor\"} ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
 }
 
 /// Holds the next ConfigMap write (create or replace) of a client until
@@ -202,14 +221,16 @@ async fn concurrent_deletions_sharing_a_floor_bucket_keep_both_floors() {
 }
 
 /// The same promise end to end: a bulk delete (`kubectl delete tl --all`) of
-/// TargetLeases whose floors share buckets, then Valkey forgets everything and
-/// a fresh operator starts: every target's next token is above the last one
-/// it published.
+/// TargetLeases, eight of whose floors share one bucket — so their cleanups
+/// race on it, and the operator's own count shows a floor write refused with
+/// a conflict and retried — then Valkey forgets everything and a fresh
+/// operator starts: every target's next token is above the last one it
+/// published.
 #[tokio::test]
 async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() {
     let mut env = OperatorEnv::start("floor-bulk").await;
-    let (t, u) = same_bucket_pair(&env.ns);
-    let targets = [t.clone(), u.clone(), "a".into(), "b".into(), "c".into()];
+    let mut targets = same_bucket(&env.ns, 8);
+    targets.extend(["a".into(), "b".into(), "c".into()]);
     for (i, target) in targets.iter().enumerate() {
         env.create(&format!("l{i}"), lease_for(target).identity("job"))
             .await;
@@ -226,6 +247,12 @@ async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() 
     for i in 0..targets.len() {
         env.wait_gone(&format!("l{i}"), SOON).await;
     }
+    let conflicts = floor_conflicts(&env, 0);
+    assert!(
+        conflicts >= 1.0,
+        "the cleanups raced on the shared bucket: {conflicts} floor write conflicts"
+    );
+    println!("{conflicts} floor write conflicts in the bulk delete");
     for (target, token) in targets.iter().zip(&tokens) {
         let key = floor_key(&env.ns, target);
         let data = bucket_of(&env, "targetlease-token-floors", &key).await;
