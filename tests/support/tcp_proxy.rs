@@ -9,10 +9,17 @@
 //! lost, as after a partition long enough for both ends to reset — and
 //! forwards new connections again.
 //!
+//! A trap ([`TcpProxy::trap`]) is a black hole that falls at the next request:
+//! everything passes until a client next sends a byte, then nothing passes
+//! any more, either way, on any connection — except (if asked) that one
+//! request on its way in, so it reaches the server and its reply is lost.
+//!
 //! The proxy runs on its own thread and runtime, so a test that blocks its
 //! own runtime never stalls the traffic it proxies.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,7 +31,25 @@ pub struct TcpProxy {
     cut: watch::Sender<bool>,
     /// Connections accepted before the latest `hang_open` forward nothing.
     hung: watch::Sender<u64>,
+    trap: Arc<Mutex<Trap>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// How long the bytes of the request that springs a trap keep passing.
+const ONE_REQUEST: Duration = Duration::from_millis(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trap {
+    Off,
+    /// The next byte a client sends springs it; `pass`: that request goes through.
+    Armed {
+        pass: bool,
+    },
+    /// Nothing passes, but (until `until`) what connection `conn` sends.
+    Sprung {
+        conn: u64,
+        until: Instant,
+    },
 }
 
 impl TcpProxy {
@@ -35,6 +60,8 @@ impl TcpProxy {
         let port = listener.local_addr().unwrap().port();
         let (cut, cut_rx) = watch::channel(false);
         let (hung, hung_rx) = watch::channel(0u64);
+        let trap = Arc::new(Mutex::new(Trap::Off));
+        let trap_in = trap.clone();
         let (stop, stop_rx) = tokio::sync::oneshot::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -44,7 +71,7 @@ impl TcpProxy {
             rt.block_on(async move {
                 let listener = TcpListener::from_std(listener).expect("proxy listener");
                 tokio::select! {
-                    _ = accept_loop(listener, upstream, cut_rx, hung_rx) => {},
+                    _ = accept_loop(listener, upstream, cut_rx, hung_rx, trap_in) => {},
                     _ = stop_rx => {},
                 }
             });
@@ -53,8 +80,24 @@ impl TcpProxy {
             port,
             cut,
             hung,
+            trap,
             stop: Some(stop),
         }
+    }
+
+    /// Everything passes until a client next sends a byte (a request); from
+    /// then on nothing passes, either way, on any connection, old or new —
+    /// except, with `let_it_through`, the rest of that request (for a moment),
+    /// which reaches the server while its reply is lost. `restore` ends it.
+    pub fn trap(&self, let_it_through: bool) {
+        *self.trap.lock().unwrap() = Trap::Armed {
+            pass: let_it_through,
+        };
+    }
+
+    /// Whether a trap has sprung.
+    pub fn sprung(&self) -> bool {
+        matches!(*self.trap.lock().unwrap(), Trap::Sprung { .. })
     }
 
     /// Every connection open now becomes a black hole for good (kept open,
@@ -68,8 +111,10 @@ impl TcpProxy {
         self.cut.send_replace(true);
     }
 
-    /// Closes the connections that lived through the cut; new ones pass again.
+    /// Closes the connections that lived through the cut (or a trap); new
+    /// ones pass again.
     pub fn restore(&self) {
+        *self.trap.lock().unwrap() = Trap::Off;
         self.cut.send_replace(false);
     }
 }
@@ -87,12 +132,39 @@ async fn accept_loop(
     upstream: SocketAddr,
     cut: watch::Receiver<bool>,
     hung: watch::Receiver<u64>,
+    trap: Arc<Mutex<Trap>>,
 ) {
+    let mut id = 0;
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        tokio::spawn(connection(client, upstream, cut.clone(), hung.clone()));
+        id += 1;
+        tokio::spawn(connection(
+            client,
+            upstream,
+            cut.clone(),
+            hung.clone(),
+            (trap.clone(), id),
+        ));
+    }
+}
+
+/// Whether bytes read now pass (`up`: from the client): always unless a trap
+/// is set, which a client's bytes spring.
+fn passes(trap: &Mutex<Trap>, conn: u64, up: bool) -> bool {
+    let mut trap = trap.lock().unwrap();
+    match *trap {
+        Trap::Off => true,
+        Trap::Armed { .. } if !up => true,
+        Trap::Armed { pass } => {
+            *trap = Trap::Sprung {
+                conn: if pass { conn } else { 0 },
+                until: Instant::now() + ONE_REQUEST,
+            };
+            pass
+        }
+        Trap::Sprung { conn: c, until } => up && c == conn && Instant::now() < until,
     }
 }
 
@@ -101,6 +173,7 @@ async fn connection(
     upstream: SocketAddr,
     mut cut: watch::Receiver<bool>,
     mut hung: watch::Receiver<u64>,
+    (trap, id): (Arc<Mutex<Trap>>, u64),
 ) {
     let born = *hung.borrow_and_update();
     // Accepted during a cut: the upstream is unreachable, so nothing to dial.
@@ -121,13 +194,21 @@ async fn connection(
         tokio::select! {
             n = cr.read(&mut up) => match n {
                 Ok(0) | Err(_) => return,
-                Ok(n) if !broken => if sw.write_all(&up[..n]).await.is_err() { return },
-                Ok(_) => {} // into the hole
+                Ok(n) => {
+                    broken |= !passes(&trap, id, true);
+                    if !broken && sw.write_all(&up[..n]).await.is_err() {
+                        return;
+                    }
+                }
             },
             n = sr.read(&mut down) => match n {
                 Ok(0) | Err(_) => return,
-                Ok(n) if !broken => if cw.write_all(&down[..n]).await.is_err() { return },
-                Ok(_) => {}
+                Ok(n) => {
+                    broken |= !passes(&trap, id, false);
+                    if !broken && cw.write_all(&down[..n]).await.is_err() {
+                        return;
+                    }
+                }
             },
             changed = hung.changed() => {
                 if changed.is_err() {

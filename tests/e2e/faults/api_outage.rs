@@ -50,7 +50,7 @@ pub(super) async fn lease_stays_live(
 
 /// After the outage: Held again with the same token and a fresh expiry, and
 /// no version of it the watch saw was Lost, Unknown or carried another token.
-async fn held_as_before(env: &OperatorEnv, history: &History, name: &str, token: u64) {
+pub(super) async fn held_as_before(env: &OperatorEnv, history: &History, name: &str, token: u64) {
     env.wait_for(
         name,
         "Held with a fresh expiry",

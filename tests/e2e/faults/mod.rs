@@ -6,6 +6,7 @@
 
 mod api_outage;
 mod api_outage_handover;
+mod api_outage_writes;
 mod floor_races;
 mod floors;
 mod publish;
