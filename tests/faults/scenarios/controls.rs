@@ -128,7 +128,13 @@ pub fn all() -> Vec<Scenario> {
                 Fault::SentinelFailover,
                 &[("skip-durability-wait", "return")],
                 true,
-                const { &[Expect::of(Property::Tokens, Scope::Lease)] },
+                // (d): the lag-window holder's renewal, acknowledged and lost.
+                const {
+                    &[
+                        Expect::of(Property::Tokens, Scope::Lease),
+                        Expect::of(Property::Exclusion, Scope::Lease),
+                    ]
+                },
             )
         },
         Scenario {
