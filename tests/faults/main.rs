@@ -240,8 +240,9 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
                 parts::rows(dir, &scenarios::all()),
                 format!(
                     "every run recorded by `scripts/faults.sh long` in \
-                     [`docs/faults/runs/`](faults/runs/) (per scenario, the runs of its longest \
-                     recorded length; the full long mode is {FULL_RUNS} runs x {FULL_SECS} s)"
+                     [`docs/faults/runs/`](faults/runs/) (per scenario and checker version, the runs \
+                     of its longest recorded length; the full long mode is {FULL_RUNS} runs x \
+                     {FULL_SECS} s)"
                 ),
             ),
             None => (

@@ -75,9 +75,12 @@ impl Row {
             Some(v) => {
                 cell += &format!(
                     "<br>**checker v{v}**, older than the current v{}: not evidence for \
-                     the current rules ({} with a kept history: `rejudge` re-checks those)",
+                     the current rules ({})",
                     crate::check::CHECKER,
-                    self.kept
+                    match self.kept {
+                        0 => "none kept its history: they wait for new runs".to_string(),
+                        n => format!("{n} with a kept history, for `rejudge` to re-check"),
+                    }
                 );
             }
             None => {}
