@@ -13,13 +13,19 @@
 #                                      run recorded there (FAULTS_REPORT=path elsewhere).
 #                                      The full run is ~22 h: split it by WORD across days.
 #                                      FAULTS_RUNS=0 only re-renders docs/faults.md.
+#                                      Every failed run, and the first FAULTS_KEEP_HISTORIES
+#                                      (default 1) passing runs of a scenario per checker version
+#                                      and length, keep their whole history, packed and
+#                                      xz-compressed, next to the record
+#                                      (docs/faults/runs/<scenario>/), so a clone can re-judge it.
 #   scripts/faults.sh rejudge [WORD…]  the current checker on every record whose history was
-#                                      kept (FAULTS_HISTORIES, default ~/.cache/targetlease/
-#                                      faults-histories): figures, failures and the checker
+#                                      kept next to it: figures, failures and the checker
 #                                      version rewritten in the records; then docs/faults.md
+#                                      (works from a fresh clone: needs only cargo and xz)
 #   scripts/faults.sh fill P [WORD…]   long mode, topped up: runs each chosen scenario (in the
 #                                      order of the WORDs) only as often as it lacks FAULTS_RUNS
-#                                      records of FAULTS_SECS seconds, P scenarios at a time, each
+#                                      records of FAULTS_SECS seconds judged by the current
+#                                      checker version, P scenarios at a time, each
 #                                      its own harness process with its own Valkey, PostgreSQL
 #                                      and control plane (the records say P); binaries pinned,
 #                                      logs and failed runs' histories kept in
@@ -36,19 +42,26 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
-# Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
-setup_env="$(scripts/setup.sh)"
-eval "$setup_env"
-# shellcheck source=lib/tools.sh
-source "$REPO/scripts/lib/tools.sh"
-JQ="$(tool jq)"
+# The tools every mode but `rejudge` needs (re-judging reads records and
+# histories only, so a fresh clone can do it without them).
+setup() {
+  # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
+  local setup_env
+  setup_env="$(scripts/setup.sh)"
+  eval "$setup_env"
+  # shellcheck source=lib/tools.sh
+  source "$REPO/scripts/lib/tools.sh"
+  JQ="$(tool jq)"
+}
 mode="${1:-quick}"
 [ $# -gt 0 ] && shift
 case "$mode" in
   quick)
+    setup
     exec cargo test --locked --features failpoints --test faults -- "$@"
     ;;
   long)
+    setup
     export FAULTS_REPORT="${FAULTS_REPORT:-$REPO/docs/faults.md}"
     export FAULTS_REPORT_NOTE="${FAULTS_REPORT_NOTE:-}"
     # This tree's records: the harness's own default is the tree it was
@@ -57,8 +70,10 @@ case "$mode" in
     exec cargo test --locked --features failpoints --test faults -- long "$@"
     ;;
   rejudge)
-    # The current checker on every record that kept its history; the page
-    # is rendered again from the records (FAULTS_REPORT=path elsewhere).
+    # The current checker on every record that kept its history (next to
+    # the record); the page is rendered again from the records
+    # (FAULTS_REPORT=path elsewhere). Nothing runs, so no tools are set up.
+    command -v xz >/dev/null || { echo "faults rejudge: xz reads the kept histories; install xz-utils" >&2; exit 1; }
     export FAULTS_PARTS="${FAULTS_PARTS:-$REPO/docs/faults/runs}"
     cargo test --locked --features failpoints --test faults -- rejudge "$@"
     FAULTS_RUNS=0 FAULTS_REPORT="${FAULTS_REPORT:-$REPO/docs/faults.md}" \
@@ -71,6 +86,7 @@ case "$mode" in
       exit 2
     fi
     shift
+    setup
     runs="${FAULTS_RUNS:-10}"
     secs="${FAULTS_SECS:-300}"
     parts="${FAULTS_PARTS:-$REPO/docs/faults/runs}"
@@ -133,21 +149,27 @@ case "$mode" in
       fi
       unset "running[$pid]"
     }
+    # Only runs the current checker judged count: a record of an older
+    # version is not evidence for the current rules (records without a
+    # version were judged by v1).
+    checker="$("$exe" checker)"
+    [[ "$checker" =~ ^[0-9]+$ ]] || { echo "faults fill: no checker version from $exe" >&2; exit 1; }
     recorded() {
       [ -f "$1" ] || { echo 0; return; }
       # Lines that do not parse (a torn last line) are not runs.
-      "$JQ" -R --argjson s "$secs" 'fromjson? | select(.secs == $s) | 1' "$1" | wc -l
+      "$JQ" -R --argjson s "$secs" --argjson c "$checker" \
+        'fromjson? | select(.secs == $s and (.checker // 1) == $c) | 1' "$1" | wc -l
     }
     names="$("$exe" list "$@")"
     for name in $names; do
       have="$(recorded "$parts/$name.jsonl")"
       missing=$((runs - have))
       if [ "$missing" -le 0 ]; then
-        echo "faults fill: $name has $have run(s) of ${secs}s"
+        echo "faults fill: $name has $have run(s) of ${secs}s by checker v$checker"
         continue
       fi
       while [ "${#running[@]}" -ge "$at_once" ]; do reap_one; done
-      echo "faults fill: $name, $missing run(s) of ${secs}s, from $(date -u +%H:%M:%S)"
+      echo "faults fill: $name, $missing run(s) of ${secs}s (checker v$checker), from $(date -u +%H:%M:%S)"
       FAULTS_RUNS="$missing" setsid "$exe" long "$name" >"$logs/$name.log" 2>&1 &
       running[$!]="$name"
     done

@@ -3,8 +3,9 @@
 //! the positive controls break (a reissued token, an unguarded table, a
 //! lost write, lies of every operation, a second Held status, two marked
 //! pods, marks the status does not name, Held kept after the lease ended,
-//! watch gaps), and the power cut's record of what is on the disk (the
-//! shim preloaded into real processes). The matrix itself runs as the
+//! watch gaps), recovery per part, the packed form histories are kept in,
+//! and the power cut's record of what is on the disk and its slow disk
+//! (the shim preloaded into real processes). The matrix itself runs as the
 //! `faults` test target (`scripts/faults.sh`, built with the product's fail
 //! points).
 
@@ -14,6 +15,8 @@ mod args;
 mod check;
 #[path = "faults/history.rs"]
 mod history;
+#[path = "faults/pack.rs"]
+mod pack;
 #[allow(dead_code)] // the matrix uses the rest
 #[path = "faults/valkey/powerloss.rs"]
 mod powerloss;
@@ -162,4 +165,110 @@ fn a_power_cut_keeps_what_was_fsynced_and_nothing_after_it() {
     let cut = powerloss::cut(dir.path(), &log, powerloss::Disk::CacheLosesFsyncs);
     assert_eq!(len(&incr), 100);
     assert_eq!(cut.bytes, 10);
+}
+
+/// A packed history reads back as the history it was, its request ids
+/// renamed consistently (the checker compares them only with each other):
+/// the checker finds the same violations in both.
+#[test]
+fn a_packed_history_reads_back_whole_and_is_judged_the_same() {
+    use check::fixtures::{H, said, view};
+    use history::{Answer, Sink};
+    let (a, b) = (
+        "0b8d4c8e-6a3f-4c1e-9d2a-5f7e8a9b0c1d",
+        "7f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0",
+    );
+    let h = H::new()
+        .at(1_796_410_000_000)
+        .acquired("lib0", "t0", a, 7, 1_796_410_000_001, 1_796_410_010_001)
+        .acquire_answer(
+            "lib1",
+            "t0",
+            b,
+            said("held"),
+            Some(view("lib0", 7, a, 1, 9)),
+            5,
+        )
+        .acquire_answer("cli0", "t1", "r3", Answer::Unknown, None, 0)
+        .renew(
+            "lib0",
+            "t0",
+            (a, 7),
+            said("renewed"),
+            1_796_410_000_050,
+            1_796_410_010_050,
+        )
+        .write(Sink::Postgres, "t0", 7, "lib0-1", said("accepted"), 0)
+        .write(
+            Sink::Commit,
+            "t0",
+            7,
+            "lib0-1",
+            said("committed"),
+            1_796_410_000_060,
+        )
+        // The same token granted again: a violation the packed form must keep.
+        .acquired("lib1", "t0", b, 7, 1_796_410_000_070, 1_796_410_010_070)
+        .look("t0", None, 1_796_410_000_080)
+        .read("t0", Some((7, "lib0-1")), 1_796_410_000_090)
+        .publish("x", "op", 3, Some(2), Some(("first-x", 100, 900)))
+        .pod("p1", 4, &[("el", 2, 900)])
+        .lossy_fault()
+        .fault("restart", 1_796_410_000_100, 1_796_410_000_200)
+        .rows(&[("t0", 1, 7, "lib0-1")])
+        .commits(&[("t0", 7, "lib0-1")])
+        .stopped(1_796_410_009_000)
+        .build();
+    let packed = pack::pack(&h);
+    let text = serde_json::to_string(&packed).unwrap();
+    assert!(
+        !text.contains(a) && !text.contains(b),
+        "request ids renamed"
+    );
+    let back = pack::unpack(serde_json::from_str(&text).unwrap()).expect("unpack");
+    let mut want = serde_json::to_value(&h).unwrap();
+    let ids = [(a, "~0"), (b, "~1")];
+    fn renamed(v: &mut serde_json::Value, ids: &[(&str, &str)]) {
+        match v {
+            serde_json::Value::String(s) => {
+                if let Some((_, to)) = ids.iter().find(|(from, _)| from == s) {
+                    *s = to.to_string();
+                }
+            }
+            serde_json::Value::Array(x) => x.iter_mut().for_each(|x| renamed(x, ids)),
+            serde_json::Value::Object(m) => m.values_mut().for_each(|x| renamed(x, ids)),
+            _ => {}
+        }
+    }
+    renamed(&mut want, &ids);
+    assert_eq!(serde_json::to_value(&back).unwrap(), want);
+    let counts = |h: &history::History| check::check(h).counts();
+    assert!(!counts(&h).is_empty());
+    assert_eq!(counts(&back), counts(&h));
+}
+
+/// The slow disk of the `restart-slow-fsync-*` rows: every fsync of an
+/// append-only file takes the shim's delay, other files' fsyncs do not.
+#[test]
+fn a_slow_disk_takes_its_time_over_each_fsync_of_an_append_only_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let aof = dir.path().join("appendonlydir");
+    std::fs::create_dir(&aof).unwrap();
+    let log = dir.path().join("durable.log");
+    let timed = |file: &std::path::Path| {
+        let started = std::time::Instant::now();
+        let status = std::process::Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", file.display()))
+            .args(["bs=10", "count=1", "status=none", "conv=fsync"])
+            .envs(powerloss::env_on(&log, powerloss::Disk::SlowFsync))
+            .status()
+            .expect("run dd");
+        assert!(status.success());
+        started.elapsed()
+    };
+    let slow = timed(&aof.join("appendonly.aof.1.incr.aof"));
+    assert!(slow >= powerloss::SLOW_FSYNC, "{slow:?}");
+    let other = timed(&dir.path().join("other"));
+    assert!(other < powerloss::SLOW_FSYNC, "{other:?}");
 }

@@ -18,6 +18,9 @@ use targetlease::store::{
 pub enum Control {
     /// (b) A downstream table without the guard, with a paused holder.
     Unguarded,
+    /// (b) The PostgreSQL recipe with its guard's comparison removed, with a
+    /// paused holder.
+    BrokenRecipe,
     /// (b) A downstream that acknowledges before its commit and then rolls back.
     LoseAckedWrites,
     /// (d) A second writer that marks a waiting TargetLease Held.

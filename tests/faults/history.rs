@@ -255,6 +255,10 @@ pub struct History {
     /// (`errorstat_NOSCRIPT`, `proxy cuts`, …): a fault must show its effect.
     #[serde(default)]
     pub effects: std::collections::BTreeMap<String, u64>,
+    /// When the workload was told to stop (local ms; 0 in histories from
+    /// before it was kept): the end of the last fault-free gap.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stopped_ms: u64,
 }
 
 /// One line a worker process prints: an event to append to the history.
@@ -357,6 +361,12 @@ impl Recorder {
 
     pub fn set_relists(&self, n: u64) {
         self.with(|h| h.relists = n);
+    }
+
+    /// The workload is told to stop now.
+    pub fn stopped(&self) {
+        let at = now_ms();
+        self.with(|h| h.stopped_ms = at);
     }
 
     pub fn set_commits(&self, commits: Vec<CommitState>) {

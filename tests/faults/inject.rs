@@ -1,8 +1,10 @@
 //! Injects one scenario's fault over and over until the run stops; every
 //! injection is recorded in the history (the "faults injected" figure).
+//! Injections come in bursts with fault-free gaps between them ([`Pace`]),
+//! so that recovery can be judged against its bound.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::history::Recorder;
 use crate::scenarios::Fault;
@@ -11,6 +13,7 @@ use crate::support::resp::Resp;
 use crate::valkey::Valkey;
 use crate::workload::Stop;
 use crate::workload::holder::Holder;
+use crate::workload::lag::{Cue, TAKE_AHEAD};
 
 /// How long the replica misses the primary's writes before the primary dies.
 const REPLICA_LAG: Duration = Duration::from_millis(500);
@@ -26,6 +29,44 @@ pub struct Targets {
     pub holder: Option<Holder>,
     /// Lease time-to-live of the workload (pauses and clock jumps exceed it).
     pub ttl: Duration,
+    /// Tells the failover's lag-window holder when to take a target and
+    /// when to renew it (`workload/lag.rs`).
+    pub lag: Option<tokio::sync::watch::Sender<Option<Cue>>>,
+}
+
+/// The schedule of a fault: an injection every so often, and after every
+/// burst of them a fault-free gap of `quiet` (longer than the recovery
+/// bound), so that the bound judges the fault before each gap
+/// (`check/recovery.rs`); a fault followed sooner by the next is only
+/// counted as not recovered before it.
+pub struct Pace {
+    stop: Stop,
+    quiet: Duration,
+    burst: Duration,
+    since: tokio::time::Instant,
+}
+
+impl Pace {
+    /// Bursts of three times `quiet`, each followed by `quiet` without a fault.
+    pub fn new(stop: Stop, quiet: Duration) -> Self {
+        Self {
+            stop,
+            quiet,
+            burst: quiet * 3,
+            since: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Waits before the next injection: `every`, or the quiet gap once the
+    /// burst is over. True when the run is stopping (inject no more).
+    pub async fn wait(&mut self, every: Duration) -> bool {
+        if self.since.elapsed() >= self.burst {
+            let stopped = self.stop.sleep(self.quiet).await;
+            self.since = tokio::time::Instant::now();
+            return stopped;
+        }
+        self.stop.sleep(every).await
+    }
 }
 
 async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
@@ -34,24 +75,37 @@ async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> 
         .expect("fault task panicked")
 }
 
-/// Runs until `stop`; returns what it acted on (so the caller can clean up).
-pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Targets {
+/// Runs until the pace's stop; returns what it acted on (so the caller can
+/// clean up).
+pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, mut pace: Pace) -> Targets {
     let valkey = || {
         t.valkey
             .clone()
             .expect("a Valkey fault needs a Valkey deployment")
     };
     match fault {
-        Fault::None => while !stop.sleep(Duration::from_secs(1)).await {},
+        Fault::None => while !pace.wait(Duration::from_secs(1)).await {},
         Fault::SentinelFailover => {
             let v = valkey();
             let start = v.epoch();
             let mut planned = 0;
-            while !stop.sleep(Duration::from_secs(1)).await {
+            while !pace.wait(Duration::from_secs(1)).await {
+                // The lag-window holder takes a target ahead of the lag.
+                if let Some(lag) = &t.lag {
+                    let _ = lag.send(Some(Cue::Take(Instant::now() + TAKE_AHEAD)));
+                    tokio::time::sleep(TAKE_AHEAD).await;
+                }
                 rec.lossy_fault("replica 500 ms behind, primary SIGKILL + Sentinel failover");
                 planned += 1;
-                let v = v.clone();
-                blocking(move || v.failover(REPLICA_LAG)).await;
+                let (v, lag) = (v.clone(), t.lag.clone());
+                blocking(move || {
+                    v.failover(REPLICA_LAG, || {
+                        if let Some(lag) = lag {
+                            let _ = lag.send(Some(Cue::Renew(Instant::now() + REPLICA_LAG)));
+                        }
+                    })
+                })
+                .await;
                 rec.healed();
             }
             // Promotions nobody asked for (a primary wrongly judged down) are faults too.
@@ -63,7 +117,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         }
         Fault::Restart => {
             let v = valkey();
-            while !stop.sleep(Duration::from_millis(2500)).await {
+            while !pace.wait(Duration::from_millis(2500)).await {
                 rec.lossy_fault("SIGKILL + restart");
                 let before = v.pids();
                 let v2 = v.clone();
@@ -74,9 +128,30 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
                 }
             }
         }
+        Fault::KillUnwritten => {
+            let v = valkey();
+            while !pace.wait(Duration::from_millis(2500)).await {
+                let before = v.pids();
+                let (v2, r) = (v.clone(), rec.clone());
+                let buffered = blocking(move || {
+                    v2.kill_unwritten(|| {
+                        r.lossy_fault("SIGKILL with the AOF write postponed, restart")
+                    })
+                })
+                .await;
+                rec.healed();
+                if v.pids() != before {
+                    rec.effect("restarts (a new server process)", 1);
+                }
+                if buffered > 0 {
+                    rec.effect(crate::scenarios::POSTPONED_KILLS, 1);
+                }
+                rec.effect(crate::scenarios::UNWRITTEN, buffered);
+            }
+        }
         Fault::PowerCut => {
             let v = valkey();
-            while !stop.sleep(Duration::from_millis(2500)).await {
+            while !pace.wait(Duration::from_millis(2500)).await {
                 rec.lossy_fault("power cut: SIGKILL, AOF cut back to its last fsync, restart");
                 let before = v.pids();
                 let v2 = v.clone();
@@ -92,7 +167,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         Fault::ClockJump => {
             let v = valkey();
             let by = t.ttl + Duration::from_secs(3);
-            while !stop.sleep(Duration::from_secs(3)).await {
+            while !pace.wait(Duration::from_secs(3)).await {
                 rec.fault("clock jump");
                 let before = v.clock_offset_ms();
                 v.jump_clock(by);
@@ -120,7 +195,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         }
         Fault::ScriptFlush => {
             let v = valkey();
-            while !stop.sleep(Duration::from_millis(500)).await {
+            while !pace.wait(Duration::from_millis(500)).await {
                 rec.fault("SCRIPT FLUSH");
                 let v = v.clone();
                 let ok = blocking(move || v.on_primary(&["SCRIPT", "FLUSH"])).await;
@@ -132,7 +207,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         }
         Fault::Busy => {
             let v = valkey();
-            while !stop.sleep(Duration::from_secs(2)).await {
+            while !pace.wait(Duration::from_secs(2)).await {
                 rec.fault("BUSY script");
                 let v = v.clone();
                 let ran = blocking(move || v.on_primary(&["EVAL", BUSY_SCRIPT, "0"])).await;
@@ -144,7 +219,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         }
         Fault::Oom => {
             let v = valkey();
-            while !stop.sleep(Duration::from_secs(2)).await {
+            while !pace.wait(Duration::from_secs(2)).await {
                 rec.fault("OOM");
                 let v2 = v.clone();
                 let set =
@@ -163,9 +238,25 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         Fault::ProxyCut => {
             let v = valkey();
             let proxy = v.proxy.as_ref().expect("a proxied deployment");
-            while !stop.sleep(Duration::from_millis(300)).await {
+            while !pace.wait(Duration::from_millis(300)).await {
                 rec.fault("reset after forwarding EVALSHA");
                 proxy.cut_before_reply("EVALSHA");
+                rec.healed();
+            }
+        }
+        Fault::ProxyLoseWrites => {
+            let v = valkey();
+            let proxy = v.proxy.as_ref().expect("a proxied deployment");
+            let scripts = &targetlease::store::valkey::scripts::SCRIPTS;
+            let lost = [&scripts.renew, &scripts.release, &scripts.commit];
+            let mut next = lost.iter().cycle();
+            while !pace.wait(Duration::from_millis(200)).await {
+                let script = next.next().expect("a cycle");
+                rec.fault(&format!(
+                    "the next {} call lost before it runs",
+                    script.name
+                ));
+                proxy.silence_from(&format!("EVALSHA {}", script.sha));
                 rec.healed();
             }
         }
@@ -183,7 +274,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
                 ),
                 _ => ("blackhole", ProxyFault::Silent),
             };
-            while !stop.sleep(Duration::from_millis(500)).await {
+            while !pace.wait(Duration::from_millis(500)).await {
                 rec.fault(name);
                 proxy.set(standing);
                 tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -194,7 +285,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, stop: Stop) -> Tar
         Fault::PauseHolder => {
             let pause = t.ttl + Duration::from_millis(1500);
             let holder = t.holder.as_mut().expect("a holder to pause");
-            while !stop.sleep(Duration::from_millis(500)).await {
+            while !pace.wait(Duration::from_millis(500)).await {
                 if holder.pause_after_renewal(Duration::from_secs(5)).await {
                     rec.fault("holder SIGSTOP past its lease");
                     tokio::time::sleep(pause).await;

@@ -15,13 +15,15 @@
 //! … -- recheck F.json        # the current checker on a saved history
 //! … -- rejudge [WORD…]       # the current checker on every record's kept history
 //! … -- list [WORD…]          # the chosen scenarios' names
+//! … -- checker               # the checker's version (what `fill` counts)
 //! ```
 //!
 //! Environment: `FAULTS_QUICK_SECS` (default 8), `FAULTS_QUICK_AT_ONCE`
 //! (default 3), `FAULTS_RUNS` (10), `FAULTS_SECS` (300), `FAULTS_PARTS`
 //! (where long mode records each run, default `docs/faults/runs`),
-//! `FAULTS_HISTORIES` (where it keeps each run's compressed history,
-//! default `~/.cache/targetlease/faults-histories`), `FAULTS_REPORT` (write
+//! `FAULTS_KEEP_HISTORIES` (how many passing runs of a scenario, per
+//! checker version and run length, keep their history next to their
+//! record; default 1, every failed run keeps its own), `FAULTS_REPORT` (write
 //! docs/faults.md to this path), `FAULTS_REPORT_NOTE` (a line for its
 //! header), `FAULTS_DUMP` (save every run's history, not only failed ones),
 //! `FAULTS_GDB` (a hung CLI's backtrace in the failure message),
@@ -45,6 +47,8 @@ mod control_plane;
 mod controls;
 mod history;
 mod inject;
+mod pack;
+mod page;
 mod parts;
 mod report;
 mod run;
@@ -63,7 +67,7 @@ use std::time::Instant;
 
 use futures::FutureExt as _;
 
-use report::Row;
+use page::Row;
 use scenarios::Scenario;
 
 /// The full long mode: runs and seconds per scenario.
@@ -93,6 +97,10 @@ fn main() -> ExitCode {
     }
     if args.first().map(String::as_str) == Some("rejudge") {
         return rejudge(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("checker") {
+        println!("{}", check::CHECKER);
+        return ExitCode::SUCCESS;
     }
     if args.first().map(String::as_str) == Some("list") {
         let args::Words { words, skips } = args::words(&args[1..]);
@@ -165,21 +173,29 @@ fn alone(s: &Scenario) -> bool {
 async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize {
     // The power-loss shim is compiled before anything runs: without gcc the
     // matrix fails at once, not minutes in.
-    if chosen.iter().any(|s| {
-        matches!(
-            s.backend,
-            scenarios::Backend::Valkey(valkey::Setup::PowerLoss(..))
-        )
-    }) {
+    if runs > 0
+        && chosen.iter().any(|s| {
+            matches!(
+                s.backend,
+                scenarios::Backend::Valkey(valkey::Setup::PowerLoss(..))
+            )
+        })
+    {
         tokio::task::spawn_blocking(valkey::powerloss::shim)
             .await
             .expect("compile the power-loss shim");
     }
-    let pg = Arc::new(
-        tokio::task::spawn_blocking(support::postgres::Postgres::start)
-            .await
-            .unwrap(),
-    );
+    // No runs (rendering the page from the records): no PostgreSQL either,
+    // so a clone without the tools can re-judge and render.
+    let pg = if runs > 0 {
+        Some(Arc::new(
+            tokio::task::spawn_blocking(support::postgres::Postgres::start)
+                .await
+                .unwrap(),
+        ))
+    } else {
+        None
+    };
     // Long mode records every run, so the full run can be split across days.
     let parts_dir = long.then(|| {
         std::env::var_os("FAULTS_PARTS")
@@ -224,8 +240,9 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
                 parts::rows(dir, &scenarios::all()),
                 format!(
                     "every run recorded by `scripts/faults.sh long` in \
-                     [`docs/faults/runs/`](faults/runs/) (per scenario, the runs of its longest \
-                     recorded length; the full long mode is {FULL_RUNS} runs x {FULL_SECS} s)"
+                     [`docs/faults/runs/`](faults/runs/) (per scenario and checker version, the runs \
+                     of its longest recorded length; the full long mode is {FULL_RUNS} runs x \
+                     {FULL_SECS} s)"
                 ),
             ),
             None => (
@@ -235,9 +252,11 @@ async fn run_all(chosen: &[Scenario], runs: u64, secs: u64, long: bool) -> usize
         };
         let header = format!(
             "{}\n\nParameters of these figures: {parameters}. {note}\n",
-            include_str!("doc_header.md").trim_end(),
+            include_str!("doc_header.md")
+                .trim_end()
+                .replace("{CHECKER}", &check::CHECKER.to_string()),
         );
-        let mut doc = report::render(&header, &rows);
+        let mut doc = page::render(&header, &rows);
         if let Some(dir) = &parts_dir {
             let orphans = parts::orphans(dir, &scenarios::all());
             if !orphans.is_empty() {
@@ -260,7 +279,7 @@ async fn run_scenario(
     s: &Scenario,
     runs: u64,
     secs: u64,
-    pg: Arc<support::postgres::Postgres>,
+    pg: Option<Arc<support::postgres::Postgres>>,
     seq: &std::sync::atomic::AtomicUsize,
     parts_dir: Option<&std::path::Path>,
 ) -> Row {
@@ -273,7 +292,10 @@ async fn run_scenario(
         // that does not start) is recorded as failed before the panic
         // goes on: otherwise the record would only ever hold the runs
         // that finished.
-        let result = match std::panic::AssertUnwindSafe(run::run(s, secs, pg.clone(), n))
+        let pg = pg
+            .clone()
+            .expect("PostgreSQL runs whenever a scenario does");
+        let result = match std::panic::AssertUnwindSafe(run::run(s, secs, pg, n))
             .catch_unwind()
             .await
         {
@@ -300,10 +322,21 @@ async fn run_scenario(
             }
         };
         let (fig, failures) = report::judge(s, &result);
-        let was_caught = s.caught(&result.report) > 0;
+        let was_caught = s.caught(&result.report);
         caught += usize::from(was_caught);
         if let Some(dir) = parts_dir {
-            let kept = parts::keep_history(s, n, &result.history);
+            let kept = if parts::keeps_history(dir, s, secs, !failures.is_empty()) {
+                let kept = parts::keep_history(dir, s, n, &result.history);
+                if kept.is_none() {
+                    println!(
+                        "  {}: its history could not be kept next to its record",
+                        s.name
+                    );
+                }
+                kept
+            } else {
+                None
+            };
             parts::append(
                 dir,
                 s,
@@ -334,11 +367,7 @@ async fn run_scenario(
         }
         if failures.is_empty() && !result.report.violations.is_empty() {
             for v in result.report.violations.iter().take(3) {
-                let how = if s.expect.is_some() {
-                    "caught"
-                } else {
-                    "measured"
-                };
+                let how = if s.is_control() { "caught" } else { "measured" };
                 lines.push(format!("      {how}: {v}"));
             }
         }
@@ -357,7 +386,9 @@ async fn run_scenario(
         other_failed: 0,
         at_once: 1,
         unreadable: 0,
-        checkers: Vec::new(),
+        // Judged now, by this checker.
+        checker: Some(check::CHECKER),
+        kept: 0,
     }
 }
 
@@ -382,7 +413,7 @@ fn rejudge(words: &[String]) -> ExitCode {
                 kept_none += 1;
                 continue;
             };
-            let history = match parts::load_history(&name) {
+            let history = match parts::load_history(&dir, &name) {
                 Ok(h) => h,
                 Err(e) => {
                     println!("  {}: {e}", s.name);
@@ -397,7 +428,7 @@ fn rejudge(words: &[String]) -> ExitCode {
                 elapsed: r.figures.elapsed,
             };
             let (fig, failures) = report::judge(&s, &result);
-            r.caught = s.caught(&result.report) > 0;
+            r.caught = s.caught(&result.report);
             failed += usize::from(!failures.is_empty());
             r.figures = fig;
             r.failures = failures;

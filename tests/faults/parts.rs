@@ -10,7 +10,8 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::{Figures, Row};
+use crate::page::Row;
+use crate::report::Figures;
 use crate::scenarios::Scenario;
 
 /// One finished run of one scenario.
@@ -35,7 +36,8 @@ pub struct Record {
     /// The checker version that judged the figures ([`crate::check::CHECKER`]).
     #[serde(default = "first_checker")]
     pub checker: u32,
-    /// The run's kept history, a file under [`histories`], for `rejudge`.
+    /// The run's kept history, a file next to the record (its name relative
+    /// to the records' directory), for `rejudge`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<String>,
 }
@@ -48,55 +50,106 @@ fn first_checker() -> u32 {
     1
 }
 
-/// Where long-mode runs keep their compressed histories
-/// (`FAULTS_HISTORIES`, default `~/.cache/targetlease/faults-histories`):
-/// about 1 MB per 300 s run, so outside the repository unless asked.
-pub fn histories() -> PathBuf {
-    std::env::var_os("FAULTS_HISTORIES")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/targetlease/faults-histories")
-        })
-}
-
-/// Saves a history as gzip'd JSON under [`histories`]; its file name there.
-pub fn keep_history(s: &Scenario, seq: usize, h: &crate::history::History) -> Option<String> {
-    use std::io::Write as _;
-    let name = format!(
-        "{}/{}-{}-{seq}.json.gz",
+/// Where a run's history is kept: next to its record, in a directory named
+/// after the scenario (`<dir>/<scenario>/<finished>-<process>-<n>.json.xz`),
+/// so that a clone of the repository can re-judge every record. The name is
+/// relative to the records' directory.
+fn history_name(s: &Scenario, seq: usize) -> String {
+    format!(
+        "{}/{}-{}-{seq}.json.xz",
         s.name,
         humantime::format_rfc3339_seconds(SystemTime::now()),
         std::process::id()
     )
-    .replace(':', "");
-    let path = histories().join(&name);
+    .replace(':', "")
+}
+
+/// Saves a history, packed (`pack.rs`) and xz-compressed, next to the
+/// scenario's record in `dir`; its name there (relative to `dir`), or
+/// `None` when it could not be saved.
+pub fn keep_history(
+    dir: &Path,
+    s: &Scenario,
+    seq: usize,
+    h: &crate::history::History,
+) -> Option<String> {
+    let name = history_name(s, seq);
+    let path = dir.join(&name);
     std::fs::create_dir_all(path.parent()?).ok()?;
-    let out = std::fs::File::create(&path).ok()?;
-    let mut gz = Command::new("gzip")
-        .arg("-6")
+    let text = serde_json::to_vec(&crate::pack::pack(h)).ok()?;
+    compress(&text, &path).then_some(name)
+}
+
+/// `xz -9` of `text` into `path` (whole or not at all).
+fn compress(text: &[u8], path: &Path) -> bool {
+    use std::io::Write as _;
+    let tmp = path.with_extension("xz.tmp");
+    let Ok(out) = std::fs::File::create(&tmp) else {
+        return false;
+    };
+    let Ok(mut xz) = Command::new("xz")
+        .args(["-9", "-T1", "-c"])
         .stdin(std::process::Stdio::piped())
         .stdout(out)
         .spawn()
-        .ok()?;
-    let text = serde_json::to_vec(h).ok()?;
-    gz.stdin.take()?.write_all(&text).ok()?;
-    gz.wait().ok()?.success().then_some(name)
+    else {
+        return false;
+    };
+    let written = xz
+        .stdin
+        .take()
+        .is_some_and(|mut i| i.write_all(text).is_ok());
+    let ok = xz.wait().is_ok_and(|s| s.success()) && written;
+    ok && std::fs::rename(&tmp, path).is_ok()
 }
 
-/// A kept history, read back.
-pub fn load_history(name: &str) -> Result<crate::history::History, String> {
-    let path = histories().join(name);
-    let out = Command::new("gzip")
+/// How many passing runs of one scenario (of one checker version and run
+/// length) keep their history (`FAULTS_KEEP_HISTORIES`, default 1): a
+/// packed history of a 300 s run is about half a megabyte, all of them
+/// together far too much for the repository (docs/faults.md says why).
+fn histories_kept() -> usize {
+    std::env::var("FAULTS_KEEP_HISTORIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Whether the next run of `s` of `secs` seconds keeps its history: every
+/// failed run does; a passing one while fewer than [`histories_kept`]
+/// passing runs of the current checker and that length have.
+pub fn keeps_history(dir: &Path, s: &Scenario, secs: u64, failed: bool) -> bool {
+    if failed {
+        return true;
+    }
+    let (records, _) = load(dir, s);
+    let kept = records
+        .iter()
+        .filter(|r| r.checker == crate::check::CHECKER && r.secs == secs)
+        .filter(|r| r.failures.is_empty() && r.history.is_some())
+        .count();
+    kept < histories_kept()
+}
+
+/// A kept history, read back from `dir` (the records' directory).
+pub fn load_history(dir: &Path, name: &str) -> Result<crate::history::History, String> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return Err(format!(
+            "{}: no such history (histories are kept next to the records)",
+            path.display()
+        ));
+    }
+    let out = Command::new("xz")
         .arg("-dc")
         .arg(&path)
         .output()
-        .map_err(|e| format!("gzip -dc {}: {e}", path.display()))?;
+        .map_err(|e| format!("xz -dc {}: {e}", path.display()))?;
     if !out.status.success() {
         return Err(format!("{}: unreadable", path.display()));
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("{}: {e}", path.display()))
+    let packed =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{}: {e}", path.display()))?;
+    crate::pack::unpack(packed).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Rewrites a scenario's record file with `records` (in order).
@@ -228,48 +281,63 @@ pub fn longest(records: &[Record]) -> Vec<&Record> {
     records.iter().filter(|r| r.secs == secs).collect()
 }
 
-/// One row per scenario, from everything recorded in `dir`.
+/// The rows of one scenario, from everything recorded in `dir`: one per
+/// checker version that judged runs of it, the current version first (its
+/// row even when it judged none); figures never mix versions, so runs a
+/// weaker checker passed are never counted as evidence for the current one.
 pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
-    all.iter()
-        .map(|s| {
-            let (recorded, unreadable) = load(dir, s);
-            let runs = longest(&recorded);
-            let mut commits: Vec<&str> = Vec::new();
-            for r in &runs {
-                if !commits.contains(&r.commit.as_str()) {
-                    commits.push(&r.commit);
-                }
+    let mut out = Vec::new();
+    for s in all {
+        let (recorded, unreadable) = load(dir, s);
+        let mut versions: Vec<u32> = recorded.iter().map(|r| r.checker).collect();
+        versions.push(crate::check::CHECKER);
+        versions.sort_unstable_by(|a, b| b.cmp(a));
+        versions.dedup();
+        for v in versions {
+            let mine: Vec<Record> = recorded
+                .iter()
+                .filter(|r| r.checker == v)
+                .cloned()
+                .collect();
+            if mine.is_empty() && v != crate::check::CHECKER {
+                continue;
             }
-            let secs = runs.first().map_or(0, |r| r.secs);
-            let others: Vec<&Record> = recorded.iter().filter(|r| r.secs != secs).collect();
-            Row {
-                scenario: s.clone(),
-                secs,
-                runs: runs.iter().map(|r| r.figures.clone()).collect(),
-                caught: runs.iter().filter(|r| r.caught).count(),
-                failed: runs.iter().filter(|r| !r.failures.is_empty()).count(),
-                commits: commits.join(", "),
-                other_runs: others.len(),
-                other_failed: others.iter().filter(|r| !r.failures.is_empty()).count(),
-                at_once: runs.iter().map(|r| r.at_once).max().unwrap_or(1),
-                unreadable,
-                checkers: {
-                    let mut c: Vec<(u32, usize, usize)> = Vec::new();
-                    for r in &runs {
-                        match c.iter_mut().find(|(v, _, _)| *v == r.checker) {
-                            Some(e) => {
-                                e.1 += 1;
-                                e.2 += usize::from(r.history.is_some());
-                            }
-                            None => c.push((r.checker, 1, usize::from(r.history.is_some()))),
-                        }
-                    }
-                    c.sort();
-                    c
-                },
+            let mut row = row(s, &mine);
+            if v == crate::check::CHECKER {
+                row.unreadable = unreadable;
             }
-        })
-        .collect()
+            row.checker = (!mine.is_empty()).then_some(v);
+            out.push(row);
+        }
+    }
+    out
+}
+
+/// One scenario's row from records of one checker version.
+fn row(s: &Scenario, recorded: &[Record]) -> Row {
+    let runs = longest(recorded);
+    let mut commits: Vec<&str> = Vec::new();
+    for r in &runs {
+        if !commits.contains(&r.commit.as_str()) {
+            commits.push(&r.commit);
+        }
+    }
+    let secs = runs.first().map_or(0, |r| r.secs);
+    let others: Vec<&Record> = recorded.iter().filter(|r| r.secs != secs).collect();
+    Row {
+        scenario: s.clone(),
+        secs,
+        runs: runs.iter().map(|r| r.figures.clone()).collect(),
+        caught: runs.iter().filter(|r| r.caught).count(),
+        failed: runs.iter().filter(|r| !r.failures.is_empty()).count(),
+        commits: commits.join(", "),
+        other_runs: others.len(),
+        other_failed: others.iter().filter(|r| !r.failures.is_empty()).count(),
+        at_once: runs.iter().map(|r| r.at_once).max().unwrap_or(1),
+        unreadable: 0,
+        checker: None,
+        kept: runs.iter().filter(|r| r.history.is_some()).count(),
+    }
 }
 
 /// Record files in `dir` that belong to no scenario (renamed or removed):

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use targetlease::store::valkey::{Durability, ValkeyConfig, ValkeyStore};
@@ -13,7 +14,7 @@ use targetlease::store::{LeaseStore, Target};
 use crate::check::{self, Report};
 use crate::controls::{self, Control};
 use crate::history::{CommitState, History, Recorder};
-use crate::inject::{self, Targets};
+use crate::inject::{self, Pace, Targets};
 use crate::scenarios::{Backend, Fault, Scenario};
 use crate::sink::{Guard, PgSink};
 use crate::support::postgres::Postgres;
@@ -23,13 +24,11 @@ use crate::workload::Stop;
 use crate::workload::cli::CliStore;
 use crate::workload::client::{COMMIT_KEY, Client};
 use crate::workload::holder::{Holder, HolderConfig};
-use crate::workload::{observer, revoker};
+use crate::workload::lag::Cue;
+use crate::workload::{LAG_HOLDER, observer, revoker};
 
 /// Per-operation deadline of library clients (the CLI uses the same).
 const TIMEOUT: Duration = Duration::from_millis(500);
-/// After the last fault ends (its injection finishes), the workload goes on
-/// this long, so recovery is part of the history.
-pub const SETTLE: Duration = Duration::from_secs(3);
 /// Library clients and CLI clients per run.
 const LIB_CLIENTS: usize = 3;
 const CLI_CLIENTS: usize = 1;
@@ -70,6 +69,7 @@ async fn connect(url: &str, durability: Durability) -> ValkeyStore {
 fn guard(control: Option<Control>) -> Guard {
     match control {
         Some(Control::Unguarded) => Guard::Unguarded,
+        Some(Control::BrokenRecipe) => Guard::BrokenRecipe,
         Some(Control::LoseAckedWrites) => Guard::AckBeforeCommit,
         _ => Guard::Recipe,
     }
@@ -159,7 +159,8 @@ pub struct Urls {
 
 /// The lease clients (library and CLI), the administrator revoking their
 /// leases and the observer; `extra` are more targets to observe (the
-/// operator's, which carry no commit key).
+/// operator's, which carry no commit key). With a `lag` cue (failovers),
+/// also the lag-window holder.
 pub async fn clients(
     urls: &Urls,
     s: &Scenario,
@@ -167,6 +168,7 @@ pub async fn clients(
     rec: &Recorder,
     stop: &Stop,
     extra: &[Target],
+    lag: Option<watch::Receiver<Option<Cue>>>,
 ) -> Vec<JoinHandle<()>> {
     let url = urls.clients.as_str();
     let targets: Vec<Target> = TARGETS.iter().map(|t| Target::new(NAMESPACE, *t)).collect();
@@ -195,6 +197,19 @@ pub async fn clients(
             stop: stop.clone(),
         };
         tasks.push(tokio::spawn(client.run()));
+    }
+    if let Some(cue) = lag {
+        let store: Arc<dyn LeaseStore> = Arc::new(connect(url, s.durability).await);
+        let holder = Client {
+            pg: Some(sink.writer(LAG_HOLDER).await),
+            name: LAG_HOLDER.into(),
+            store,
+            targets: targets.clone(),
+            ttl: s.ttl,
+            rec: rec.clone(),
+            stop: stop.clone(),
+        };
+        tasks.push(tokio::spawn(holder.hold_across_failovers(cue)));
     }
     let admin: Arc<dyn LeaseStore> = Arc::new(connect(url, Durability::None).await);
     tasks.push(tokio::spawn(revoker::run(
@@ -275,7 +290,13 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
     };
     let rec = Recorder::default();
     let stop = Stop::default();
-    let tasks = clients(&urls, s, &sink, &rec, &stop, &[]).await;
+    let (lag, cue) = if s.fault == Fault::SentinelFailover {
+        let (tx, rx) = watch::channel(None);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let tasks = clients(&urls, s, &sink, &rec, &stop, &[], cue).await;
     let holder = (s.fault == Fault::PauseHolder).then(|| {
         let cfg = HolderConfig {
             name: "paused".into(),
@@ -294,14 +315,17 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
             valkey: Some(valkey.clone()),
             holder,
             ttl: s.ttl,
+            lag,
         },
         rec.clone(),
-        faults.clone(),
+        Pace::new(faults.clone(), s.quiet()),
     ));
     tokio::time::sleep(Duration::from_secs(secs)).await;
     faults.set();
     let back = fault.await.expect("fault task");
-    tokio::time::sleep(SETTLE).await;
+    // Longer than the recovery bound: the last fault is always judged.
+    tokio::time::sleep(s.quiet()).await;
+    rec.stopped();
     stop.set();
     if let Some(h) = back.holder {
         h.stop().await;

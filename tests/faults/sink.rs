@@ -1,8 +1,9 @@
 //! The PostgreSQL downstream: every workload write goes through the fencing
 //! recipe users copy (`examples/fencing/postgresql.sql`), in one transaction
-//! with the data row. Two deliberately broken variants are positive
-//! controls: a table without the guard, and a writer that acknowledges
-//! before its transaction commits (and then rolls it back).
+//! with the data row. Three deliberately broken variants are positive
+//! controls: a table without the guard, the recipe itself broken (its
+//! guard's comparison removed), and a writer that acknowledges before its
+//! transaction commits (and then rolls it back).
 
 use std::sync::Arc;
 
@@ -22,8 +23,27 @@ pub enum Guard {
     Recipe,
     /// Control: no fence call at all.
     Unguarded,
+    /// Control: the recipe's own function with the comparison of its guard
+    /// removed, so that every token, lower ones too, becomes the floor.
+    BrokenRecipe,
     /// Control: says "accepted" and then rolls the transaction back.
     AckBeforeCommit,
+}
+
+/// The recipe as `guard` loads it: as users copy it, or broken.
+fn recipe(guard: Guard) -> String {
+    let text = fencing_recipe();
+    if guard != Guard::BrokenRecipe {
+        return text;
+    }
+    // The line that keeps a lower token from becoming the floor.
+    const CHECK: &str = "\n        WHERE f.token <= EXCLUDED.token;";
+    assert!(
+        text.contains(CHECK),
+        "examples/fencing/postgresql.sql no longer has {CHECK:?}: control-recipe-broken \
+         must break the recipe's guard as it is now"
+    );
+    text.replace(CHECK, ";")
 }
 
 /// One database for one run.
@@ -39,7 +59,7 @@ impl PgSink {
     pub async fn create(pg: Arc<Postgres>, db: &str, guard: Guard) -> Self {
         pg.create_database(db).await;
         let c = pg.client(db).await;
-        c.batch_execute(&fencing_recipe())
+        c.batch_execute(&recipe(guard))
             .await
             .expect("load the fencing recipe");
         c.batch_execute(TABLE).await.expect("create the data table");

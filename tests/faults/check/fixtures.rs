@@ -196,6 +196,29 @@ impl H {
         self
     }
 
+    /// A fault that began at `at_ms` and healed at `healed_ms` (local times;
+    /// the clock of the records is not moved).
+    pub fn fault(mut self, name: &str, at_ms: u64, healed_ms: u64) -> Self {
+        self.h.faults.push(FaultRecord {
+            name: name.into(),
+            at_ms,
+            loses_data: false,
+            healed_ms,
+        });
+        self
+    }
+
+    /// The workload was told to stop at `ms`.
+    pub fn stopped(mut self, ms: u64) -> Self {
+        self.h.stopped_ms = ms;
+        self
+    }
+
+    /// `f` applied to this builder (a helper in the middle of a chain).
+    pub fn pipe(self, f: impl FnOnce(Self) -> Self) -> Self {
+        f(self)
+    }
+
     pub fn sighting(mut self, target: &str, lease: LeaseView) -> Self {
         let (at_ms, _) = self.tick();
         self.h.sightings.push(Sighting {

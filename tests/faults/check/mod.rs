@@ -1,5 +1,6 @@
 //! The checker: pure functions from a recorded [`History`] to the violations
-//! of the four properties of issue 12, per target or resource.
+//! of the four properties, per target or resource, and to what recovery
+//! after each fault looked like ([`recovery`]).
 //!
 //! - (a) [`tokens`]: tokens strictly increase in issue order and no token is
 //!   issued twice (client leases, operator status, pod marks).
@@ -21,6 +22,7 @@ pub mod fixtures;
 pub mod honesty;
 pub mod liveness;
 pub mod published;
+pub mod recovery;
 pub mod tokens;
 pub mod withdrawn;
 
@@ -30,11 +32,17 @@ use serde::{Deserialize, Serialize};
 
 use super::history::History;
 
-/// The checker's version, recorded with every run it judged: 1 judged
-/// acquires only for (c), claims to the last reply for (d), and liveness as
-/// one success per part; 2 judges every operation, claims to the holder's
-/// deadline, watch gaps, fault effects and recovery.
-pub const CHECKER: u32 = 2;
+/// The checker's version, recorded with every run it judged (and raised
+/// whenever a rule changes, so that records judged by different rules are
+/// never counted together): 1 judged acquires only for (c), claims to the
+/// last reply for (d), and liveness as one success per part; 2 judges every
+/// operation, claims to the holder's deadline, watch gaps, fault effects and
+/// recovery; 3: a lease nobody was told of binds its token only until a
+/// fault that can lose state, recovery is judged per part (each client,
+/// each sink, status, marks) against its bound after every fault followed
+/// by a fault-free gap that long, the lossy modes must show their cost, and
+/// a control must be caught by every violation it expects.
+pub const CHECKER: u32 = 3;
 
 /// One of the four checked properties.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

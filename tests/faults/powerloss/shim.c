@@ -19,6 +19,11 @@
  *
  * (`ms`: the wall clock, in milliseconds, when the line was written.)
  *
+ * With POWERLOSS_SLOW_FSYNC_MS set, every fsync/fdatasync of a tracked file
+ * first sleeps that long: a slow disk. Under `appendfsync everysec` Valkey
+ * then finds its background fsync still running whenever it flushes, and
+ * postpones writing its AOF buffer (up to 2 s) while it replies anyway.
+ *
  * Tracked: regular files under an `appendonlydir/` directory, and Valkey's
  * rewrite temporaries (`temp-rewriteaof-*`, renamed into it). Files are
  * known by inode, so a rename keeps what was fsynced under the old name.
@@ -40,8 +45,13 @@
 #include <unistd.h>
 
 static int log_fd = -1;
+static long slow_fsync_ms = 0;
 
 __attribute__((constructor)) static void powerloss_init(void) {
+    const char *slow = getenv("POWERLOSS_SLOW_FSYNC_MS");
+    if (slow != NULL) {
+        slow_fsync_ms = strtol(slow, NULL, 10);
+    }
     const char *path = getenv("POWERLOSS_LOG");
     if (path == NULL) {
         return;
@@ -180,6 +190,12 @@ FOPEN_WRAPPER(fopen64)
         if (!real) real = next(#name);                                      \
         struct stat st;                                                     \
         int track = tracked(fd, &st);                                       \
+        if (track && slow_fsync_ms > 0) {                                   \
+            struct timespec d = {slow_fsync_ms / 1000,                      \
+                                 (slow_fsync_ms % 1000) * 1000000L};        \
+            while (nanosleep(&d, &d) != 0) {                                \
+            }                                                               \
+        }                                                                   \
         int rc = real(fd);                                                  \
         if (rc == 0 && track) record('S', &st, (long long)st.st_size);      \
         return rc;                                                          \

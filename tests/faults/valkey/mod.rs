@@ -64,7 +64,12 @@ fn info_field(n: &Node, section: &str, field: &str) -> String {
         Some(Resp::Bulk(Some(t))) => t,
         _ => return String::new(),
     };
-    text.lines()
+    field_of(&text, field)
+}
+
+/// One `field:value` of an `INFO` reply ("" when absent).
+fn field_of(info: &str, field: &str) -> String {
+    info.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
         .map(|v| v.trim().to_string())
         .unwrap_or_default()
@@ -113,7 +118,8 @@ impl Valkey {
             }
             Setup::PowerLoss(args, disk) => {
                 let dir = tempfile::tempdir().expect("tempdir");
-                let node = Node::server(args, &powerloss::env(&dir.path().join("durable.log")));
+                let log = dir.path().join("durable.log");
+                let node = Node::server(args, &powerloss::env_on(&log, *disk));
                 Self {
                     nodes: Mutex::new(vec![node]),
                     sentinel: None,
@@ -292,7 +298,8 @@ impl Valkey {
     /// (SIGSTOP) and the primary drops its link, so every write of the last
     /// `lag` exists only on the primary when it dies; the replica resumes
     /// before Sentinel judges the primary down, so it is the one promoted.
-    pub fn failover(&self, lag: Duration) {
+    /// `on_lag` runs as the lag begins.
+    pub fn failover(&self, lag: Duration, on_lag: impl FnOnce()) {
         let old = self.primary_port().expect("sentinel names a primary");
         let idx = self.lock().iter().position(|n| n.port == old).unwrap();
         self.lock()
@@ -306,6 +313,7 @@ impl Valkey {
             matches!(cut, Some(Resp::Int(n)) if n >= 1),
             "the primary dropped no replica link ({cut:?}): the failover would have no lag"
         );
+        on_lag();
         std::thread::sleep(lag);
         self.lock()[idx].kill();
         self.lock().iter().for_each(|n| n.freeze(false));
@@ -339,6 +347,53 @@ impl Valkey {
         let cut = powerloss::cut(node.dir(), &dir.path().join("durable.log"), *disk);
         node.start();
         cut
+    }
+
+    /// SIGKILL the (only) server at a moment its AOF buffer holds writes it
+    /// executed but has not written to the file, and start it again from
+    /// its files. Under `appendfsync everysec` Valkey postpones writing that
+    /// buffer while its background fsync runs (up to 2 s; a slow disk makes
+    /// one run most of the time) and replies anyway: what is in the buffer
+    /// then was acknowledged, unless the client waits for `WAITAOF`. No
+    /// power cut: everything written to the file survives (page cache).
+    /// `before_kill` runs right before the SIGKILL. Returns the buffer's
+    /// length when the kill came (0: no such moment within 5 s; the server
+    /// is killed anyway).
+    pub fn kill_unwritten(&self, before_kill: impl FnOnce()) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut nodes = self.lock();
+        let node = &mut nodes[0];
+        // A fsync in progress and bytes waiting: the write was postponed
+        // (the bytes of the INFO's own event-loop turn would be written
+        // before any reply of that turn).
+        let postponed = |node: &Node| {
+            let Some(Resp::Bulk(Some(info))) = node.try_cmd(&["INFO", "persistence"]) else {
+                return 0;
+            };
+            let num = |f: &str| field_of(&info, f).parse::<u64>().unwrap_or(0);
+            if num("aof_pending_bio_fsync") > 0 {
+                num("aof_buffer_length")
+            } else {
+                0
+            }
+        };
+        let mut buffered = 0;
+        while Instant::now() < deadline {
+            if postponed(node) > 0 {
+                // Let the buffer fill for most of the slow fsync, then kill
+                // if the write is still postponed.
+                std::thread::sleep(powerloss::SLOW_FSYNC / 2);
+                buffered = postponed(node);
+                if buffered > 0 {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        before_kill();
+        node.kill_all();
+        node.start();
+        buffered
     }
 
     /// Moves the server's clock forward by `by` (libfaketime).

@@ -61,10 +61,29 @@ pub fn env(log: &Path) -> Vec<(String, String)> {
 pub enum Disk {
     /// Everything fsynced (or fdatasynced) before the cut.
     Honest,
+    /// Like [`Disk::Honest`], but every fsync of an append-only file takes
+    /// [`SLOW_FSYNC`] (the shim sleeps first): Valkey's background fsync
+    /// under `everysec` is then running most of the time.
+    SlowFsync,
     /// (control) A write cache that acknowledges fsync and loses its last
     /// [`CACHE_LOSES`] when the power goes: only what was fsynced before
     /// that is kept.
     CacheLosesFsyncs,
+}
+
+/// How long each fsync of an append-only file takes on a [`Disk::SlowFsync`].
+pub const SLOW_FSYNC: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The shim's environment for a server on `disk` whose log is `log`.
+pub fn env_on(log: &Path, disk: Disk) -> Vec<(String, String)> {
+    let mut env = env(log);
+    if disk == Disk::SlowFsync {
+        env.push((
+            "POWERLOSS_SLOW_FSYNC_MS".into(),
+            SLOW_FSYNC.as_millis().to_string(),
+        ));
+    }
+    env
 }
 
 /// How much of what was fsynced a [`Disk::CacheLosesFsyncs`] loses.
@@ -83,7 +102,7 @@ pub struct Cut {
 /// The durable length of every file the log names, by (device, inode).
 fn durable(log: &str, disk: Disk) -> HashMap<(u64, u64), u64> {
     let kept_until = match disk {
-        Disk::Honest => u64::MAX,
+        Disk::Honest | Disk::SlowFsync => u64::MAX,
         Disk::CacheLosesFsyncs => {
             crate::history::now_ms().saturating_sub(CACHE_LOSES.as_millis() as u64)
         }

@@ -35,12 +35,12 @@ pub struct Client {
 }
 
 /// A lease this client believes it holds, until `deadline` (local clock).
-struct Held {
-    target: Target,
+pub(super) struct Held {
+    pub target: Target,
     handle: LeaseHandle,
     /// The acquire's request id.
     issue: String,
-    deadline: Instant,
+    pub deadline: Instant,
 }
 
 impl Client {
@@ -119,7 +119,7 @@ impl Client {
         .await
     }
 
-    async fn acquire(&self, target: &Target) -> Option<Held> {
+    pub(super) async fn acquire(&self, target: &Target) -> Option<Held> {
         let mut req = AcquireRequest::new(target.clone(), &self.name, self.ttl);
         req.request_id = new_request_id();
         let mut meta = serde_json::Map::new();
@@ -161,7 +161,7 @@ impl Client {
         self.release(&held).await;
     }
 
-    async fn write(&mut self, held: &Held, id: &str) {
+    pub(super) async fn write(&mut self, held: &Held, id: &str) {
         let token = held.handle.token;
         if let Some(pg) = &mut self.pg {
             match tokio::time::timeout(HANG, pg.write(&held.target.name, token, id)).await {
@@ -195,7 +195,7 @@ impl Client {
     }
 
     /// The new local deadline, or None when the lease is lost or unknown.
-    async fn renew(&self, held: &Held) -> Option<Instant> {
+    pub(super) async fn renew(&self, held: &Held) -> Option<Instant> {
         let req = RenewRequest::new(held.target.clone(), held.handle.clone(), self.ttl);
         let started = Instant::now();
         let reply = self
@@ -211,7 +211,7 @@ impl Client {
         (reply.outcome == targetlease::store::Outcome::Renewed).then_some(started + self.ttl)
     }
 
-    async fn release(&self, held: &Held) {
+    pub(super) async fn release(&self, held: &Held) {
         let req = ReleaseRequest::new(held.target.clone(), held.handle.clone());
         let _ = self
             .call(

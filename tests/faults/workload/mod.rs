@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod client;
 pub mod holder;
+pub mod lag;
 pub mod observer;
 pub mod operator;
 pub mod revoker;
@@ -17,6 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use targetlease::store::{Lease, Reply, StoreError, Target};
 
 use crate::history::{Answer, LeaseView, OpKind, OpRecord, now_ms};
+
+/// The failover's lag-window holder (`lag.rs`): not a part judged for
+/// recovery (it acts only around failovers), and its lease is never revoked.
+pub const LAG_HOLDER: &str = "lagholder";
 
 /// A call without an answer this long (its deadline is 500 ms; the CLI is cut off sooner) is a hang:
 /// recorded, and the run fails.

@@ -24,6 +24,7 @@ use super::{Stop, revoker};
 use crate::control_plane;
 use crate::controls::Control;
 use crate::history::Recorder;
+use crate::inject::Pace;
 use crate::run::{self, Primary, RunResult};
 use crate::scenarios::{Backend, Fault, Scenario};
 use crate::sink::PgSink;
@@ -209,13 +210,13 @@ async fn inject(
     mut live: Vec<usize>,
     flags: Vec<String>,
     rec: Recorder,
-    stop: Stop,
+    mut pace: Pace,
 ) -> OperatorEnv {
     let dir = env.cp.dir().to_path_buf();
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
     let tls = env.api();
     loop {
-        if stop.sleep(Duration::from_secs(2)).await {
+        if pace.wait(Duration::from_secs(2)).await {
             break;
         }
         match fault {
@@ -347,7 +348,7 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     .map(|t| Target::new(env.ns.clone(), *t))
     .collect();
     let mut tasks: Vec<JoinHandle<()>> =
-        run::clients(&urls, s, &sink, &rec, &stop, &observed).await;
+        run::clients(&urls, s, &sink, &rec, &stop, &observed, None).await;
     let admin: Arc<dyn LeaseStore> = Arc::new(env.store().await);
     tasks.push(tokio::spawn(revoker::run(
         admin,
@@ -383,13 +384,15 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
         live,
         flags,
         rec.clone(),
-        faults.clone(),
+        Pace::new(faults.clone(), s.quiet()),
     ));
 
     tokio::time::sleep(Duration::from_secs(secs)).await;
     faults.set();
     let env = fault.await.expect("fault task");
-    tokio::time::sleep(run::SETTLE).await;
+    // Longer than the recovery bound: the last fault is always judged.
+    tokio::time::sleep(s.quiet()).await;
+    rec.stopped();
     stop.set();
     let relists = lease_watch.await.unwrap_or(0) + pod_watch.await.unwrap_or(0);
     rec.set_relists(relists);

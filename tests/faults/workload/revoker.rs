@@ -38,6 +38,10 @@ pub async fn run(
         let Some(lease) = seen.lease.filter(|_| seen.outcome == Outcome::Found) else {
             continue;
         };
+        // The lag-window holder's lease must live into the failover (lag.rs).
+        if lease.owner == super::LAG_HOLDER {
+            continue;
+        }
         let view = view_of(&lease);
         let mut req = RevokeRequest::new(t.clone());
         req.token = Some(lease.fencing_token);

@@ -178,8 +178,19 @@ where
     // The last version of every live object, and what the current list delivered.
     let mut known: std::collections::HashMap<String, K> = Default::default();
     let mut listed: HashSet<String> = HashSet::new();
+    // Back within half a second once the API server is: kube's default
+    // backoff grows to 30 s over an outage, and the recorder would then see
+    // the operator's work again long after the operator did it (recovery
+    // is judged on what these watches see).
+    let backoff = watcher::ExponentialBackoff::from(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_millis(500))
+            .with_factor(2.0)
+            .without_max_times(),
+    );
     let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(backoff)
         .boxed();
     while !stop.is_set() {
         let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(200), events.next()).await
