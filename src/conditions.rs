@@ -52,6 +52,11 @@ pub enum Reason {
     InvalidSpec,
     /// Another election in the namespace selects some of the same pods.
     OverlappingCandidates,
+    /// A deletion cannot record its token in the token floor; its finalizer stays.
+    FloorNotWritten,
+    /// The namespace's token floors reached their cap: the oldest were folded
+    /// into the namespace's base.
+    FloorsFolded,
 }
 
 impl Reason {
@@ -76,6 +81,8 @@ impl Reason {
             Reason::Valid => "Valid",
             Reason::InvalidSpec => "InvalidSpec",
             Reason::OverlappingCandidates => "OverlappingCandidates",
+            Reason::FloorNotWritten => "FloorNotWritten",
+            Reason::FloorsFolded => "FloorsFolded",
         }
     }
 }

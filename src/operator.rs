@@ -2,6 +2,7 @@
 //! election among replicas, and shutdown.
 
 pub mod api_timeout;
+pub mod retention;
 pub mod sweep;
 pub mod wakeups;
 
@@ -25,7 +26,7 @@ use crate::admin::RuntimeStatus;
 use crate::cache::{WatchedLease, lease_event};
 use crate::crd::TargetLease;
 use crate::election::{Elector, Timings};
-use crate::floor::FloorStore;
+use crate::floor::{FloorPolicy, FloorStore};
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
@@ -43,10 +44,12 @@ pub struct OperatorConfig {
     pub client: kube::Client,
     /// The lease store.
     pub store: Arc<dyn LeaseStore>,
-    /// Namespace of the ConfigMap keeping tokens of deleted leases.
+    /// Namespace of the ConfigMaps keeping tokens of deleted leases.
     pub floor_namespace: String,
-    /// Name of that ConfigMap.
+    /// What the names of those ConfigMaps (one per namespace) start with.
     pub floor_configmap: String,
+    /// How many floors a namespace keeps, and for how long.
+    pub floor_policy: FloorPolicy,
     /// Key for deriving lease ids.
     pub lease_ids: LeaseIdKey,
     /// Reconciles running at once (shared fairly among namespaces).
@@ -160,7 +163,8 @@ pub async fn control(
         &cfg.floor_namespace,
         &cfg.floor_configmap,
         floor_reader.clone(),
-    );
+    )
+    .with_policy(cfg.floor_policy);
     let sync_task = {
         let (leases, pods, floor_cache) = (leases.clone(), pod_reader.clone(), floor_reader);
         let (runtime, synced) = (cfg.runtime.clone(), synced.clone());
@@ -214,6 +218,7 @@ pub async fn control(
     });
     cfg.keeper.wake_through(Some(ctx.wake.clone()));
     let sweeper = tokio::spawn(sweep::sweep(ctx.clone()));
+    let retention = tokio::spawn(retention::expire_floors(ctx.clone(), cfg.floor_policy));
     let released = {
         let ctx = ctx.clone();
         // Anyone allowed to publish can send notices: bounded before they wake anything.
@@ -260,6 +265,7 @@ pub async fn control(
     sync_task.abort();
     floor_task.abort();
     sweeper.abort();
+    retention.abort();
     cfg.runtime.synced.store(false, Ordering::SeqCst);
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = None;

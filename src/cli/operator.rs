@@ -20,6 +20,7 @@ use crate::admin::tls::AdminTls;
 use crate::admin::{self, AdminState, RuntimeStatus};
 use crate::election::Timings;
 use crate::election::write_gate::WriteGateLayer;
+use crate::floor::FloorPolicy;
 use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::{self, OperatorMetrics};
@@ -59,20 +60,35 @@ pub struct OperatorArgs {
     /// installation, so someone else made it and knows the key.
     #[arg(long, env = "POD_SERVICE_ACCOUNT")]
     pub service_account: Option<String>,
-    /// Namespace of the ConfigMap that keeps the last token of deleted leases.
+    /// Namespace of the ConfigMaps that keep the last token of deleted leases.
     #[arg(
         long,
         env = "TARGETLEASE_FLOOR_NAMESPACE",
         default_value = "targetlease-system"
     )]
     pub floor_namespace: String,
-    /// Name of that ConfigMap.
+    /// Those ConfigMaps' names start with this: one `<name>.<namespace>` per
+    /// namespace that deleted a TargetLease.
     #[arg(
         long,
         env = "TARGETLEASE_FLOOR_CONFIGMAP",
         default_value = "targetlease-token-floors"
     )]
     pub floor_configmap: String,
+    /// Token floors one namespace keeps at most (one per deleted target); a
+    /// deletion that would pass it folds the namespace's oldest quarter into
+    /// the namespace's base floor, with a Warning Event.
+    #[arg(
+        long,
+        env = "TARGETLEASE_FLOOR_MAX_ENTRIES",
+        default_value_t = 4000,
+        value_parser = clap::value_parser!(u64).range(1..=crate::floor::MAX_ENTRIES_LIMIT as u64)
+    )]
+    pub floor_max_entries: u64,
+    /// A target's floor raised this long ago, whose target no TargetLease
+    /// names, is folded into its namespace's base floor.
+    #[arg(long, env = "TARGETLEASE_FLOOR_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub floor_retention: Duration,
     /// Reconciles running at once; when all are busy, the namespaces waiting
     /// for one take turns.
     #[arg(long, env = "TARGETLEASE_CONCURRENCY", default_value_t = 16)]
@@ -212,6 +228,9 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     if args.api_timeout.is_zero() || args.watch_timeout < Duration::from_secs(1) {
         return usage("--api-timeout must be more than zero and --watch-timeout at least 1s");
     }
+    if args.floor_retention < Duration::from_secs(1) {
+        return usage("--floor-retention must be at least 1s");
+    }
     let leadership = if args.leader_election {
         Leadership::elected()
     } else {
@@ -309,6 +328,10 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         store,
         floor_namespace: args.floor_namespace.clone(),
         floor_configmap: args.floor_configmap,
+        floor_policy: FloorPolicy {
+            max_entries: args.floor_max_entries as usize,
+            retention: args.floor_retention,
+        },
         lease_ids,
         concurrency: args.concurrency,
         watch_namespace: args.watch_namespace,

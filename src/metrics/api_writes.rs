@@ -11,7 +11,7 @@
 //! | `finalizer` | a patch of a TargetLease itself (the operator writes only its finalizer there) |
 //! | `pod_mark` | a server-side apply of a pod (the leader label and token annotations) |
 //! | `pod_unmark` | any other pod patch (a merge patch that removes them) |
-//! | `floor` | a ConfigMap write (the token-floor buckets) |
+//! | `floor` | a ConfigMap write (a namespace's token floors) |
 //! | `event` | an Event |
 //! | `other` | anything else |
 //!

@@ -418,8 +418,26 @@ impl Pass<'_> {
             return Ok(());
         }
         self.ctx.leadership.check()?;
-        self.ctx.floors.raise(&ns, &target, token).await?;
-        Ok(())
+        match self.ctx.floors.raise(&ns, &target, token).await {
+            Ok(None) => Ok(()),
+            Ok(Some(fold)) => {
+                let t = transition::floors_folded(&self.facts(), &self.working, &ns, &fold);
+                self.absorb(t);
+                Ok(())
+            }
+            Err(e) => {
+                let e = Error::Kube(e);
+                let why = unwritten(&e);
+                tracing::warn!(namespace = %ns, token, error = %e, "cannot raise the token floor; the finalizer stays");
+                let t = transition::floor_unwritten(&self.facts(), &self.working, &ns, token, &why);
+                self.absorb(t);
+                // Say so on the resource (best effort: the API may be what fails).
+                if let Err(shown) = self.flush().await {
+                    tracing::debug!(error = %shown, "cannot show why the floor was not written");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The floor now covers what this process published for the target.
@@ -487,6 +505,18 @@ where
                     "this replica stopped leading before the store answered".into(),
                 ))
             })),
+    }
+}
+
+/// Why a floor write failed, in one sentence that stays the same from one
+/// retry to the next (the condition is rewritten only when it changes).
+fn unwritten(e: &Error) -> String {
+    match e {
+        Error::Kube(kube::Error::Api(s)) => {
+            format!("the API server answered {} ({})", s.code, s.message)
+        }
+        e if e.category() == "api_timeout" => "the API server did not answer in time".into(),
+        _ => "the API server could not be reached".into(),
     }
 }
 

@@ -291,9 +291,11 @@ impl<'f> Draft<'f> {
 }
 
 mod acquire;
+mod floor;
 mod hold;
 
 pub use acquire::*;
+pub use floor::*;
 pub use hold::*;
 
 /// Runs `then` on a draft for a store reply that arrived (the store answered);

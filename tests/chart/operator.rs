@@ -100,11 +100,12 @@ async fn the_operator_runs_as_the_chart_service_account() {
         )
         .await
         .expect("the token floor ConfigMaps, written by the operator");
+    let key = targetlease::floor::floor_key(&ns, "orders-db");
     assert!(
-        floors
-            .items
-            .into_iter()
-            .any(|cm| cm.data.unwrap_or_default().values().any(|v| v == "2")),
+        floors.items.into_iter().any(|cm| {
+            let data = cm.data.unwrap_or_default();
+            data.contains_key(&key) && targetlease::floor::ledger::floor_in(&data, &key) == 2
+        }),
         "floor records token 2"
     );
 

@@ -1,30 +1,19 @@
-//! Token floors under concurrent deletions and near the object size limit.
+//! Token floors under concurrent deletions and past a namespace's cap.
 
 use std::sync::{Arc, Mutex};
 
 use http::{Method, Request, Response};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{reflector, watcher};
-use targetlease::floor::{self, FloorStore, MAX_BUCKET_BYTES, bucket, floor_key};
+use targetlease::floor::{FloorPolicy, FloorStore, floor_key, ledger};
 
 use super::*;
 
 const NAME: &str = "floors";
 
-/// Two targets whose floors share a bucket.
-fn same_bucket_pair(ns: &str) -> (String, String) {
-    let mut both = same_bucket(ns, 2).into_iter();
-    (both.next().unwrap(), both.next().unwrap())
-}
-
-/// `n` targets whose floors share one bucket (`t-0` first).
-fn same_bucket(ns: &str, n: usize) -> Vec<String> {
-    let bucket = floor::bucket_of(&floor_key(ns, "t-0"));
-    (0..)
-        .map(|i| format!("t-{i}"))
-        .filter(|t| floor::bucket_of(&floor_key(ns, t)) == bucket)
-        .take(n)
-        .collect()
+/// Two targets of one namespace: their floors share its ConfigMap.
+fn same_namespace_pair() -> (String, String) {
+    ("t-0".to_string(), "t-1".to_string())
 }
 
 /// Floor writes operator `i` had refused with a conflict.
@@ -118,7 +107,7 @@ where
 }
 
 /// A floor store whose client holds writes on `hold`, with an empty cache
-/// (every raise reads the bucket from the API server).
+/// (every raise reads the ConfigMap from the API server).
 fn floor_store(env: &OperatorEnv, hold: &HoldNextWrite) -> FloorStore {
     let client = kube::client::ClientBuilder::try_from(env.cp.config())
         .unwrap()
@@ -142,34 +131,27 @@ async fn fresh_reader(env: &OperatorEnv) -> (FloorStore, tokio::task::JoinHandle
     )
 }
 
-async fn bucket_data(env: &OperatorEnv, key: &str) -> std::collections::BTreeMap<String, String> {
-    bucket_of(env, NAME, key).await
-}
-
-async fn bucket_of(
-    env: &OperatorEnv,
-    prefix: &str,
-    key: &str,
-) -> std::collections::BTreeMap<String, String> {
-    let name = format!("{prefix}-{:02x}", floor::bucket_of(key));
+/// The data of the floor ConfigMap `<prefix>.<namespace>` in the env's namespace.
+async fn floors_of(env: &OperatorEnv, prefix: &str) -> std::collections::BTreeMap<String, String> {
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let name = format!("{prefix}.{}", env.ns);
     cms.get(&name).await.unwrap().data.unwrap_or_default()
 }
 
 /// Promise: "a published token is never lower than one published before for
-/// the same target", across deletions. Two TargetLeases on two targets whose
-/// floors share a bucket are deleted at once: each deletion reads the
-/// bucket, and the second writer's write (created or replaced from what it
+/// the same target", across deletions. Two TargetLeases on two targets of
+/// one namespace (their floors share its ConfigMap) are deleted at once: each
+/// deletion reads the ConfigMap, and the second writer's write (created or replaced from what it
 /// read) is refused with a conflict. Whichever goes first, the retry re-reads
 /// and keeps the other's floor; a fresh reader sees both.
 #[tokio::test]
-async fn concurrent_deletions_sharing_a_floor_bucket_keep_both_floors() {
+async fn concurrent_deletions_in_one_namespace_keep_both_floors() {
     let env = OperatorEnv::start_without_operator("floor-race").await;
-    let (t, u) = same_bucket_pair(&env.ns);
+    let (t, u) = same_namespace_pair();
     let (hold_t, hold_u) = (HoldNextWrite::default(), HoldNextWrite::default());
     let stores = Arc::new((floor_store(&env, &hold_t), floor_store(&env, &hold_u)));
     // (held target, its token, the other target, its token): the first round
-    // creates the bucket, the others replace it; both orders.
+    // creates the ConfigMap, the others replace it; both orders.
     let rounds = [(&t, 5, &u, 8), (&u, 9, &t, 6), (&t, 7, &u, 10)];
     for (i, (held, held_token, other, other_token)) in rounds.into_iter().enumerate() {
         let hold = if held == &t { &hold_t } else { &hold_u };
@@ -185,7 +167,7 @@ async fn concurrent_deletions_sharing_a_floor_bucket_keep_both_floors() {
             };
             store.raise(&ns, &held_target, held_token).await
         });
-        // The held deletion read the bucket and is about to write it.
+        // The held deletion read the ConfigMap and is about to write it.
         hold.arrived.notified().await;
         let other_store = if other == &t { &stores.0 } else { &stores.1 };
         other_store
@@ -202,10 +184,10 @@ async fn concurrent_deletions_sharing_a_floor_bucket_keep_both_floors() {
             1,
             "round {i}: the held write was refused once and retried"
         );
-        let data = bucket_data(&env, &floor_key(&env.ns, &t)).await;
+        let data = floors_of(&env, NAME).await;
         for (target, token) in [(held, held_token), (other, other_token)] {
             assert_eq!(
-                bucket::floor_in(&data, &floor_key(&env.ns, target)),
+                ledger::floor_in(&data, &floor_key(&env.ns, target)),
                 token,
                 "round {i}: floor of {target} in {data:?}"
             );
@@ -221,15 +203,15 @@ async fn concurrent_deletions_sharing_a_floor_bucket_keep_both_floors() {
 }
 
 /// The same promise end to end: a bulk delete (`kubectl delete tl --all`) of
-/// TargetLeases, eight of whose floors share one bucket — so their cleanups
-/// race on it, and the operator's own count shows a floor write refused with
-/// a conflict and retried — then Valkey forgets everything and a fresh
-/// operator starts: every target's next token is above the last one it
-/// published.
+/// TargetLeases, eight of whose floors share one ConfigMap (all of the
+/// namespace's do) — so their cleanups race on it, and the operator's own
+/// count shows a floor write refused with a conflict and retried — then
+/// Valkey forgets everything and a fresh operator starts: every target's
+/// next token is above the last one it published.
 #[tokio::test]
 async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() {
     let mut env = OperatorEnv::start("floor-bulk").await;
-    let mut targets = same_bucket(&env.ns, 8);
+    let mut targets: Vec<String> = (0..8).map(|i| format!("t-{i}")).collect();
     targets.extend(["a".into(), "b".into(), "c".into()]);
     for (i, target) in targets.iter().enumerate() {
         env.create(&format!("l{i}"), lease_for(target).identity("job"))
@@ -250,14 +232,14 @@ async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() 
     let conflicts = floor_conflicts(&env, 0);
     assert!(
         conflicts >= 1.0,
-        "the cleanups raced on the shared bucket: {conflicts} floor write conflicts"
+        "the cleanups raced on the namespace's ConfigMap: {conflicts} floor write conflicts"
     );
     println!("{conflicts} floor write conflicts in the bulk delete");
     for (target, token) in targets.iter().zip(&tokens) {
         let key = floor_key(&env.ns, target);
-        let data = bucket_of(&env, "targetlease-token-floors", &key).await;
+        let data = floors_of(&env, "targetlease-token-floors").await;
         assert!(
-            bucket::floor_in(&data, &key) >= *token,
+            ledger::floor_in(&data, &key) >= *token,
             "the floor of {target} covers token {token}: {data:?}"
         );
     }
@@ -276,59 +258,68 @@ async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() 
     }
 }
 
-/// Promise (docs/operator.md "Token floor"): no bucket reaches the 1 MiB
-/// object limit. A bucket already near it (written by hand, say, with every
-/// entry kept) takes one more floor: the write succeeds, the bucket shrinks
-/// below its budget, and no target's floor is lower than before.
+/// Promise (docs/operator.md "Token floor"): a namespace's ConfigMap stays
+/// under its cap, and so far below the 1 MiB object limit. One already past
+/// it and near that limit (written by hand, say, every entry without a
+/// time, so the oldest) takes one more floor: the write succeeds, folds the
+/// oldest entries into the namespace's base down to three quarters of the
+/// cap, says what it folded, and no target's floor is lower than before.
 #[tokio::test]
-async fn a_bucket_near_the_object_limit_is_compacted_without_lowering_a_floor() {
+async fn a_namespace_past_its_cap_is_folded_by_its_next_write_without_lowering_a_floor() {
     let env = OperatorEnv::start_without_operator("floor-full").await;
     let target = "the-last-one";
     let key = floor_key(&env.ns, target);
-    let prefix = &key[..4];
     let mut data = std::collections::BTreeMap::new();
     let mut i = 0u64;
-    while bucket::bytes(&data) < 1_000_000 {
+    while ledger::bytes(&data) < 1_000_000 {
         data.insert(
-            format!("{prefix}{i:038x}"),
+            format!("t-{i:040x}"),
             (1_000_000_000_000 + (i * 7919) % 1_000_003).to_string(),
         );
         i += 1;
     }
     let before = data.clone();
-    let name = format!("{NAME}-{:02x}", floor::bucket_of(&key));
     let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": { "name": name, "labels": { floor::FLOOR_LABEL: NAME } },
+        "metadata": {
+            "name": format!("{NAME}.{}", env.ns),
+            "labels": { targetlease::floor::FLOOR_LABEL: NAME },
+        },
         "data": data,
     }))
     .unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
     cms.create(&PostParams::default(), &cm).await.unwrap();
 
-    let store = floor_store(&env, &HoldNextWrite::default());
-    store.raise(&env.ns, target, 5).await.unwrap();
-    let after = bucket_data(&env, &key).await;
-    assert!(
-        bucket::bytes(&after) <= MAX_BUCKET_BYTES,
-        "{} bytes after the raise",
-        bucket::bytes(&after)
+    let policy = FloorPolicy {
+        max_entries: 1_000,
+        ..FloorPolicy::default()
+    };
+    let store = floor_store(&env, &HoldNextWrite::default()).with_policy(policy);
+    let fold = store.raise(&env.ns, target, 5).await.unwrap();
+    let after = floors_of(&env, NAME).await;
+    assert_eq!(ledger::entries(&after), 750, "three quarters of the cap");
+    assert_eq!(
+        fold.map(|f| (f.folded, f.kept)),
+        Some((before.len() + 1 - 750, 750)),
+        "the raise says what it folded"
     );
     let (fresh, task) = fresh_reader(&env).await;
     assert!(fresh.get(&env.ns, target) >= 5);
+    assert!(ledger::floor_in(&after, &key) >= 5);
     for (k, v) in &before {
         let was: u64 = v.parse().unwrap();
         assert!(
-            bucket::floor_in(&after, k) >= was,
+            ledger::floor_in(&after, k) >= was,
             "{k} lowered below {was}"
         );
     }
     println!(
-        "bucket of {} entries ({} bytes) compacted to {} entries ({} bytes), base {:?}",
+        "a namespace of {} entries ({} bytes) folded to {} entries ({} bytes), base {:?}",
         before.len(),
-        bucket::bytes(&before),
-        after.len(),
-        bucket::bytes(&after),
-        after.get(bucket::BASE_KEY)
+        ledger::bytes(&before),
+        ledger::entries(&after),
+        ledger::bytes(&after),
+        after.get(ledger::BASE_KEY)
     );
     task.abort();
 }

@@ -2,29 +2,19 @@
 
 use super::*;
 
-/// Defect 11: floors are sharded into buckets; entries are kept (a write
-/// never drops one, live TargetLease or not).
+/// Defect 11: a namespace's floors live in its own ConfigMap
+/// (`targetlease-token-floors.<namespace>`); entries are kept (a write never
+/// drops one, live TargetLease or not).
 #[tokio::test]
-async fn token_floors_are_sharded_and_kept() {
+async fn token_floors_are_kept_in_the_namespaces_own_configmap() {
     let env = OperatorEnv::start("floors").await;
     let cms: kube::Api<ConfigMap> = kube::Api::namespaced(env.client.clone(), &env.ns);
     env.create("old", lease_for("old").identity("old")).await;
     let tl = env.wait_phase("old", Phase::Held, SOON).await;
     assert_eq!(summary(&tl).2, Some(1));
 
-    // Two targets in the same bucket: deleting one keeps the other's entry,
+    // Another target of the namespace: deleting it keeps old's entry,
     // though a live TargetLease's status covers it.
-    let bucket = |t: &str| targetlease::floor::floor_key(&env.ns, t)[2..4].to_string();
-    let mut i = 0;
-    let partner = loop {
-        let t = format!("p-{i}");
-        if u8::from_str_radix(&bucket(&t), 16).unwrap() % 64
-            == u8::from_str_radix(&bucket("old"), 16).unwrap() % 64
-        {
-            break t;
-        }
-        i += 1;
-    };
     env.delete("old").await;
     env.wait_gone("old", SOON).await;
     let entry = targetlease::floor::floor_key(&env.ns, "old");
@@ -34,33 +24,38 @@ async fn token_floors_are_sharded_and_kept() {
             .unwrap()
             .items
     };
-    assert!(
-        floors()
-            .await
-            .iter()
-            .any(|cm| cm.data.as_ref().unwrap().get(&entry).map(String::as_str) == Some("1"))
-    );
+    let floor_of = |cms: &[ConfigMap], key: &str| {
+        cms.iter()
+            .filter_map(|cm| cm.data.as_ref())
+            .find(|d| d.contains_key(key))
+            .map(|d| targetlease::floor::ledger::floor_in(d, key))
+    };
+    assert_eq!(floor_of(&floors().await, &entry), Some(1));
     env.create("old-again", lease_for("old").identity("again"))
         .await;
     let again = env.wait_phase("old-again", Phase::Held, SOON).await;
     assert_eq!(summary(&again).2, Some(2));
     env.create(
         "p",
-        json!({ "target": partner, "holder": { "identity": "p" } }),
+        json!({ "target": "partner", "holder": { "identity": "p" } }),
     )
     .await;
     env.wait_phase("p", Phase::Held, SOON).await;
     env.delete("p").await;
     env.wait_gone("p", SOON).await;
     let now = floors().await;
-    assert!(
-        now.iter()
-            .any(|cm| cm.data.as_ref().unwrap().get(&entry).map(String::as_str) == Some("1")),
+    assert_eq!(
+        floor_of(&now, &entry),
+        Some(1),
         "the entry stays, covered by a live status or not"
     );
-    assert!(
-        now.iter()
-            .all(|cm| cm.name_any().starts_with("targetlease-token-floors-"))
+    let partner = targetlease::floor::floor_key(&env.ns, "partner");
+    assert_eq!(floor_of(&now, &partner), Some(1));
+    let names: Vec<_> = now.iter().map(|cm| cm.name_any()).collect();
+    assert_eq!(
+        names,
+        [format!("targetlease-token-floors.{}", env.ns)],
+        "one ConfigMap for the namespace"
     );
 }
 

@@ -7,7 +7,10 @@
 mod api_outage;
 mod api_outage_handover;
 mod api_outage_writes;
+mod floor_failure;
 mod floor_races;
+mod floor_retention;
+mod floor_tenants;
 mod floors;
 mod publish;
 mod restarts;
