@@ -54,6 +54,11 @@ pub async fn install_release_identity(cp: &ControlPlane, release: &str, ns: &str
         .filter(|d| d["kind"] != "Deployment")
         .cloned()
         .collect();
+    assert!(
+        rendered
+            .find_policy("ValidatingAdmissionPolicy", "token-floors")
+            .is_some()
+    );
     assert_eq!(
         identity.len(),
         11,

@@ -100,6 +100,6 @@ fn an_existing_secret_is_mounted_and_grants_no_secret_access() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules(DEFAULT_FLOORS, Some(DEFAULT_ELECTION_LEASE), None)
+        expected_role_rules(DEFAULT_FLOORS, None, Some(DEFAULT_ELECTION_LEASE), None)
     );
 }

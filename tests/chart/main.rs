@@ -14,6 +14,7 @@ mod support;
 mod alert_rules;
 mod argocd;
 mod cluster;
+mod floors;
 mod gitops;
 mod helm;
 mod lease_id_key;

@@ -57,19 +57,25 @@ pub const DEFAULT_FLOORS: &str = "targetlease-token-floors";
 /// The chart's default leader-election Lease (`leaderElection.leaseName`).
 pub const DEFAULT_ELECTION_LEASE: &str = "targetlease-operator";
 
-/// The Role's rules; `key_secret`: the lease-id key Secret the operator
-/// creates (none with `leaseIdKey.existingSecret`).
+/// The Role's rules; `watch`: `operator.watchNamespace` (then the operator
+/// may update only that namespace's floor ConfigMap; otherwise any, narrowed
+/// by the token-floors admission policy); `key_secret`: the lease-id key
+/// Secret the operator creates (none with `leaseIdKey.existingSecret`).
 pub fn expected_role_rules(
     floor: &str,
+    watch: Option<&str>,
     election_lease: Option<&str>,
     key_secret: Option<&str>,
 ) -> Value {
-    let buckets: Vec<String> = (0..64).map(|i| format!("{floor}-{i:02x}")).collect();
+    let mut floors = json!({ "apiGroups": [""], "resources": ["configmaps"],
+                             "verbs": ["get", "update"] });
+    if let Some(ns) = watch {
+        floors["resourceNames"] = json!([format!("{floor}.{ns}")]);
+    }
     let mut rules = vec![
         json!({ "apiGroups": [""], "resources": ["configmaps"],
                 "verbs": ["create", "list", "watch"] }),
-        json!({ "apiGroups": [""], "resources": ["configmaps"], "resourceNames": buckets,
-                "verbs": ["get", "update"] }),
+        floors,
     ];
     if let Some(secret) = key_secret {
         rules.push(json!({ "apiGroups": [""], "resources": ["secrets"], "verbs": ["create"] }));
@@ -306,6 +312,7 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
         r.get("Role")["rules"],
         expected_role_rules(
             DEFAULT_FLOORS,
+            None,
             Some(DEFAULT_ELECTION_LEASE),
             Some("tl-targetlease-lease-id-key")
         )
@@ -338,7 +345,12 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules("floors", Some("le"), Some("tl-targetlease-lease-id-key"))
+        expected_role_rules(
+            "floors",
+            None,
+            Some("le"),
+            Some("tl-targetlease-lease-id-key")
+        )
     );
     let r = template(
         "tl",
@@ -347,7 +359,12 @@ fn rbac_grants_exactly_the_verbs_the_operator_uses() {
     );
     assert_eq!(
         r.get("Role")["rules"],
-        expected_role_rules(DEFAULT_FLOORS, None, Some("tl-targetlease-lease-id-key"))
+        expected_role_rules(
+            DEFAULT_FLOORS,
+            None,
+            None,
+            Some("tl-targetlease-lease-id-key")
+        )
     );
     assert!(!r.args().iter().any(|a| a.starts_with("--leader-election")));
 }
@@ -387,6 +404,7 @@ fn with_a_watched_namespace_rbac_is_namespaced_and_nothing_is_cluster_wide() {
         r.release_role()["rules"],
         expected_role_rules(
             DEFAULT_FLOORS,
+            Some("apps"),
             Some(DEFAULT_ELECTION_LEASE),
             Some("tl-targetlease-lease-id-key")
         ),
@@ -434,7 +452,12 @@ fn non_default_values_render_tls_an_existing_password_and_a_service_monitor() {
     assert!(r.find("Secret").is_none(), "an existing lease-id key");
     assert_eq!(
         r.release_role()["rules"],
-        expected_role_rules(DEFAULT_FLOORS, Some(DEFAULT_ELECTION_LEASE), None),
+        expected_role_rules(
+            DEFAULT_FLOORS,
+            Some("apps"),
+            Some(DEFAULT_ELECTION_LEASE),
+            None
+        ),
         "with an existing key Secret the operator gets no access to Secrets"
     );
     assert_restricted(&r);
