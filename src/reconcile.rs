@@ -11,6 +11,7 @@
 
 pub mod clock;
 mod execute;
+mod floor;
 pub mod keeper;
 pub mod marks;
 mod pass;

@@ -54,3 +54,75 @@ pub fn floors_folded(
     );
     d.done(Next::PlanAgain)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::crd::Phase;
+
+    fn facts() -> Facts {
+        Facts {
+            generation: Some(1),
+            now: Time(Timestamp::from_second(1_750_000_000).unwrap()),
+            server_now_ms: 1_750_000_000_000,
+            me: "team/job".into(),
+            deleting: true,
+            renew_interval: Duration::from_secs(30),
+            expiry_margin: Duration::from_secs(1),
+            confirmed: None,
+        }
+    }
+
+    /// The reason is written once: a retry with the same answer changes
+    /// nothing in status (no rewrite per retry), and Held stays withdrawn.
+    #[test]
+    fn an_unwritten_floor_says_why_once_and_keeps_held_withdrawn() {
+        let withdrawn = TargetLeaseStatus {
+            phase: Some(Phase::Released),
+            fencing_token: Some(7),
+            ..Default::default()
+        };
+        let why = "the API server answered 403 (denied)";
+        let t = floor_unwritten(&facts(), &withdrawn, "team", 7, why);
+        assert_eq!(t.status.phase, Some(Phase::Released));
+        let held = t
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == HELD)
+            .unwrap();
+        assert_eq!(
+            (held.status.as_str(), held.reason.as_str()),
+            ("False", "FloorNotWritten")
+        );
+        assert!(held.message.contains("fencing token 7") && held.message.contains(why));
+        assert!(
+            t.notes
+                .iter()
+                .all(|n| n.warning && n.reason == Reason::FloorNotWritten)
+        );
+        assert_eq!(t.next, Next::Backoff { not_after: None });
+        let again = floor_unwritten(&facts(), &t.status, "team", 7, why);
+        assert_eq!(again.status, t.status, "nothing to rewrite");
+    }
+
+    #[test]
+    fn a_fold_is_a_warning_that_changes_no_status() {
+        let status = TargetLeaseStatus::default();
+        let fold = Fold {
+            folded: 1000,
+            kept: 3000,
+            base: 42,
+        };
+        let t = floors_folded(&facts(), &status, "team", &fold);
+        assert_eq!(t.status, status);
+        let note = &t.notes[0];
+        assert!(note.warning && note.reason == Reason::FloorsFolded);
+        assert!(note.message.contains("the 1000 oldest") && note.message.contains("above 42"));
+    }
+}
