@@ -41,7 +41,7 @@ pub async fn install_release_identity(cp: &ControlPlane, release: &str, ns: &str
             .find_policy("ValidatingAdmissionPolicy", "status-writers")
             .is_some()
     );
-    for which in ["pod-marks", "lease-metadata"] {
+    for which in ["pod-marks", "lease-metadata", "token-floors"] {
         assert!(
             rendered
                 .find_policy("ValidatingAdmissionPolicy", which)
@@ -54,15 +54,10 @@ pub async fn install_release_identity(cp: &ControlPlane, release: &str, ns: &str
         .filter(|d| d["kind"] != "Deployment")
         .cloned()
         .collect();
-    assert!(
-        rendered
-            .find_policy("ValidatingAdmissionPolicy", "token-floors")
-            .is_some()
-    );
     assert_eq!(
         identity.len(),
-        11,
-        "SA, 2 roles, 2 bindings (watched and release namespace), 3 policies, 3 bindings"
+        13,
+        "SA, 2 roles, 2 bindings (watched and release namespace), 4 policies, 4 bindings"
     );
     apply(&cp.client(), &identity).await;
     let service_account = rendered.get("ServiceAccount")["metadata"]["name"]

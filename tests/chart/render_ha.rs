@@ -189,7 +189,7 @@ fn assert_side_by_side(first: (&str, &str), second: (&str, &str)) {
     };
     let (a, b) = (render(first), render(second));
     let (names_a, names_b) = (cluster_scoped_names(&a), cluster_scoped_names(&b));
-    assert_eq!(names_a.len(), 7, "{names_a:?}"); // with the read-only view role
+    assert_eq!(names_a.len(), 9, "{names_a:?}"); // with the read-only view role
     assert!(
         names_a.is_disjoint(&names_b),
         "{first:?} and {second:?} share {:?}",
