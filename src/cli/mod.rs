@@ -63,7 +63,7 @@ pub enum Command {
     /// Print the TargetLease CustomResourceDefinition as YAML (committed under crds/).
     Crd(crd::CrdArgs),
     /// Run the operator: reconcile TargetLeases against Valkey.
-    Operator(operator::OperatorArgs),
+    Operator(Box<operator::OperatorArgs>),
     /// Check that a Valkey deployment is safe for leases (JSON on stdout; -o text for people).
     Check(check::CheckArgs),
     /// Wait until a TargetLease is Held for this pod (or identity) and print its
@@ -82,7 +82,7 @@ pub async fn main() -> ExitCode {
         Command::Lease(args) => lease::main(args).await,
         Command::Run(args) => run::main(args).await,
         Command::Crd(args) => crd::main(args),
-        Command::Operator(args) => operator::main(args).await,
+        Command::Operator(args) => operator::main(*args).await,
         Command::Check(args) => check::main(args).await,
         Command::Token(args) => token::main(args).await,
         Command::Completion { shell } => {
