@@ -18,7 +18,7 @@
 //! `targetlease_api_write_conflicts_total{kind}` counts the writes of each
 //! kind the API server refused with a conflict (409): a write conditional on
 //! a version someone else changed first (two deletions raising floors in one
-//! bucket, a status planned from a version the watch had not shown yet). The
+//! namespace, a status planned from a version the watch had not shown yet). The
 //! operator reads again and retries; a steady rate is worth a look.
 //!
 //! With the defaults a held lease costs about one `status` write per minute
