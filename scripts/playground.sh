@@ -156,9 +156,11 @@ wait_for 60 "the operator was not ready" curl -fsS --max-time 2 "http://127.0.0.
 
 kubectl apply -f examples/job-lease.yaml >/dev/null
 kubectl apply -f examples/leader-election.yaml >/dev/null
-# No kubelet runs here: stand in for the Deployment's pods and mark them Ready.
+# No kubelet runs here: stand in for the Deployment's pods (with its labels, the
+# candidate opt-in among them) and mark them Ready.
 for i in 0 1 2; do
-  kubectl run "web-$i" --image=registry.example/web:1.0 --labels=app=web --restart=Never >/dev/null
+  kubectl run "web-$i" --image=registry.example/web:1.0 --restart=Never \
+    --labels=app=web,web-leader.targetlease.dev/candidate=true >/dev/null
   kubectl patch pod "web-$i" --subresource=status --type=merge \
     -p '{"status":{"conditions":[{"type":"Ready","status":"True"}]}}' >/dev/null
 done
