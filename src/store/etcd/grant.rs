@@ -206,7 +206,14 @@ pub(super) async fn acquire(s: &EtcdStore, req: &AcquireRequest) -> Result<Reply
 
 pub(super) async fn renew(s: &EtcdStore, req: &RenewRequest) -> Result<Reply, StoreError> {
     let (t, h) = (&req.target, &req.handle);
-    let fp = fingerprint(&[&h.lease_id, &h.token.to_string(), &ms(req.ttl).to_string()]);
+    let (token, ttl) = (h.token.to_string(), ms(req.ttl).to_string());
+    // A plain renewal keeps the fingerprint it always had; an extend-only
+    // one is another request (the other stores' rule).
+    let fp = if req.extend_only {
+        fingerprint(&[&h.lease_id, &token, &ttl, "extend"])
+    } else {
+        fingerprint(&[&h.lease_id, &token, &ttl])
+    };
     let keys = vec![
         s.keys.fence(t),
         s.keys.lease(t),
@@ -239,7 +246,12 @@ pub(super) async fn renew(s: &EtcdStore, req: &RenewRequest) -> Result<Reply, St
         };
         let bucket = s.kv.bucket(IDEMPOTENCY_WINDOW, snap.now, deadline).await?;
         let now = now_ms();
-        let expires = (now + ms(req.ttl)).min(rec.max_expires_ms.unwrap_or(u64::MAX));
+        let mut expires = now + ms(req.ttl);
+        if req.extend_only {
+            // Never earlier than the deadline the holder already has.
+            expires = expires.max(rec.expires_ms);
+        }
+        let expires = expires.min(rec.max_expires_ms.unwrap_or(u64::MAX));
         if expires <= now {
             return Ok(bare(now, Outcome::Expired, "the lease has ended"));
         }
