@@ -81,6 +81,9 @@ step_done apt
 mkdir -p "$TOOLS"
 link() { # NAME TARGET
   [ -e "$2" ] || die "$1: $2 does not exist (the package that ships it is installed?)"
+  # Already there: left alone, so a build running meanwhile (scripts/test.sh
+  # starts compiling once protoc is linked) never finds it missing.
+  [ "$(readlink "$TOOLS/$1" 2>/dev/null)" = "$2" ] && return 0
   ln -sfn "$2" "$TOOLS/$1"
 }
 link protoc /usr/bin/protoc
