@@ -278,6 +278,7 @@ macro_rules! all_backends {
 all_backends!(
     acquire_grants_a_token_and_then_reports_held,
     concurrent_acquires_have_exactly_one_winner,
+    acquire_release_races_never_repeat_a_token,
     expiry_then_reacquire_gives_a_larger_token,
     stale_owner_can_do_nothing_after_a_reacquire,
     renew_extends_and_requires_the_exact_tuple,

@@ -1,10 +1,12 @@
 //! Contract cases: each asserts one promise of the lease protocol.
 
 mod grants;
+mod races;
 mod replays;
 mod state;
 
 pub use grants::*;
+pub use races::*;
 pub use replays::*;
 use state::assert_invalid;
 pub use state::*;
