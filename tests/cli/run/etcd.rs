@@ -53,14 +53,28 @@ fn run_against_etcd_fences_waits_and_releases_like_valkey() {
         "not_found",
         "released at the end"
     );
+    // With --export-connection the child reaches the same etcd (not the
+    // Valkey URL in its environment) and commits with its token.
     let out = on_etcd("carol")
-        .sh("echo $TARGETLEASE_FENCING_TOKEN")
+        .with(&["--export-connection"])
+        .sh(&format!(
+            "echo $TARGETLEASE_FENCING_TOKEN; echo \"$TARGETLEASE_STORE_URL\"; \
+             {BIN} lease commit --key k --value from-the-child"
+        ))
         .output()
         .unwrap();
     assert_exit(&out, 0);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "3\n",
-        "tokens only grow"
-    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"3"), "tokens only grow: {stdout}");
+    assert_eq!(lines.get(1), Some(&url.as_str()), "{stdout}");
+    let committed: Value = serde_json::from_str(lines.get(2).expect("commit output")).unwrap();
+    assert_eq!(committed["outcome"], "committed", "{committed}");
+    let read = tl(&url, &["lease", "read", "--target", "db", "--key", "k"])
+        .output()
+        .unwrap();
+    assert_exit(&read, 0);
+    let read: Value = serde_json::from_slice(&read.stdout).unwrap();
+    assert_eq!(read["committed"]["value"], "from-the-child", "{read}");
+    assert_eq!(read["committed"]["fencing_token"], 3, "{read}");
 }
