@@ -15,6 +15,11 @@ FROM ${RUST_IMAGE} AS build
 # The commit `targetlease --version` names (.git is not in the build context):
 #   docker build --build-arg TARGETLEASE_COMMIT="$(git rev-parse --short=12 HEAD)" .
 ARG TARGETLEASE_COMMIT=""
+# protoc: the etcd client's build compiles etcd's protos.
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends protobuf-compiler libprotobuf-dev \
+ && rm -rf /var/lib/apt/lists/*
+ENV PROTOC=/usr/bin/protoc
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY build ./build

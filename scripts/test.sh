@@ -22,6 +22,9 @@ breakdown() {
 # The build runs in its own process group (set -m) so that stopping it stops
 # its rustc and build-script processes too: a background job of a script
 # ignores Ctrl-C, and SIGTERM to cargo alone leaves them running.
+# The one thing the build needs besides Rust (protoc, for the etcd client's
+# protos; .cargo/config.toml finds it in the tools directory) comes first.
+scripts/setup.sh protoc
 build_log="$(mktemp)"
 set -m
 # The fault matrix (its own build, with the product's fail points) after the rest.

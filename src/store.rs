@@ -5,6 +5,7 @@
 //! [`StoreError`] is reserved for the backend failing or the caller sending
 //! input that can never be valid.
 
+pub mod etcd;
 pub mod memory;
 pub mod metrics;
 mod requests;

@@ -34,6 +34,7 @@ TOOLS_LINKED=(
   postgresql                                  # apt postgresql: its bin directory
   libfaketimeMT.so.1                          # apt faketime
   jq runc socat busybox                       # apt jq, runc, socat, busybox-static
+  protoc                                      # apt protobuf-compiler, libprotobuf-dev (etcd-client's build)
 )
 # Built from crates.io by scripts/setup.sh (cargo install, pinned version).
 TOOLS_CARGO=(

@@ -1,4 +1,5 @@
-//! `targetlease check`: is this Valkey deployment safe for leases?
+//! `targetlease check`: is this Valkey deployment safe for leases? (For
+//! etcd: `check/etcd.rs`.)
 //!
 //! Connects with the shared flags and reports each finding as ok, warn or
 //! fail. Exit codes: 0 nothing failed, 1 a check failed, 2 bad arguments,
@@ -14,11 +15,13 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
-use super::connection::ConnectionArgs;
+use super::connection::{ConnectionArgs, StoreConfig};
 use super::logging::{self, LogArgs};
 use super::output::{self, Format, OutputArgs};
 use crate::store::valkey::{Durability, ValkeyStore};
 use crate::store::{LeaseHandle, LeaseStore, ReleaseRequest, StoreError, Target};
+
+mod etcd;
 
 /// Arguments of `targetlease check`.
 #[derive(Args, Debug)]
@@ -85,8 +88,9 @@ fn check(name: &'static str, status: Verdict, detail: impl Into<String>) -> Chec
 /// Runs `targetlease check`.
 pub async fn main(args: CheckArgs) -> ExitCode {
     logging::init(&args.log);
-    let config = match args.conn.to_config() {
-        Ok(c) => c,
+    let config = match args.conn.to_store_config() {
+        Ok(StoreConfig::Valkey(c)) => c,
+        Ok(StoreConfig::Etcd(c)) => return print(&args, etcd::checks(&c).await),
         Err(msg) => return output::usage_error(&msg),
     };
     let (checks, code) = match ValkeyStore::connect_only(&config).await {
@@ -109,6 +113,11 @@ pub async fn main(args: CheckArgs) -> ExitCode {
             (checks, code)
         }
     };
+    print(&args, (checks, code))
+}
+
+/// Prints the report of `checks` as asked; exits with `code`.
+fn print(args: &CheckArgs, (checks, code): (Vec<Check>, u8)) -> ExitCode {
     let report = CheckReport {
         ok: checks.iter().all(|c| c.status != Verdict::Fail),
         checks,

@@ -1,37 +1,58 @@
-//! Connection flags shared by every command that talks to Valkey.
+//! Connection flags shared by every command that talks to the store.
 //!
 //! Each flag has a `TARGETLEASE_…` environment fallback and is parsed once
-//! into a [`ValkeyConfig`]; nothing below the CLI reads the environment.
+//! into a [`StoreConfig`] (the URL's scheme picks Valkey or etcd); nothing
+//! below the CLI reads the environment.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 
 use super::output::io_reason;
 use crate::config_error::ConfigError;
-use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig, check_url};
+use crate::store::etcd::{EtcdConfig, EtcdStore, is_etcd_url};
+use crate::store::metrics::StoreMetrics;
+use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig, ValkeyStore, check_url};
+use crate::store::{LeaseStore, StoreError};
 
-/// How to reach Valkey.
+/// The store URL when none is given.
+pub const DEFAULT_STORE_URL: &str = "redis://127.0.0.1:6379";
+
+/// The flag a bad URL is blamed on (it has two names).
+const URL_FLAG: &str = "--store-url (--valkey-url)";
+
+/// How to reach the store.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Connection")]
 pub struct ConnectionArgs {
-    /// Valkey URL: valkey:// or redis://, valkeys:// or rediss:// (TLS),
-    /// valkey-cluster:// (extra seeds as ?node=host:port&node=…),
-    /// valkey-sentinel://; a `-cluster`/`-sentinel` scheme ending in `s` uses TLS.
+    /// Store URL. Valkey: valkey:// or redis://, valkeys:// or rediss://
+    /// (TLS), valkey-cluster:// (extra seeds as ?node=host:port&node=…),
+    /// valkey-sentinel://; a `-cluster`/`-sentinel` scheme ending in `s` uses
+    /// TLS. etcd: etcd://host:port[,host:port…], etcds://… (TLS).
     /// A user name may be in it (`valkey://user@host`), a password may not:
-    /// use --password-file.
+    /// use --password-file. [default: redis://127.0.0.1:6379]
     #[arg(
-        long,
-        env = "TARGETLEASE_VALKEY_URL",
-        hide_env_values = true,
-        default_value = "redis://127.0.0.1:6379"
+        long = "store-url",
+        visible_alias = "valkey-url",
+        env = "TARGETLEASE_STORE_URL",
+        hide_env_values = true
     )]
-    pub valkey_url: String,
-    /// ACL user name.
+    pub store_url: Option<String>,
+    /// The store URL under its former variable, read when
+    /// TARGETLEASE_STORE_URL and --store-url are not given.
+    #[arg(
+        long = "legacy-valkey-url",
+        hide = true,
+        env = "TARGETLEASE_VALKEY_URL",
+        hide_env_values = true
+    )]
+    pub legacy_valkey_url: Option<String>,
+    /// ACL user name (Valkey), or etcd user name.
     #[arg(long, env = "TARGETLEASE_USERNAME")]
     pub username: Option<String>,
-    /// File holding the ACL password (never pass the password itself as a flag).
+    /// File holding the ACL (or etcd) password (never pass the password itself as a flag).
     #[arg(long, env = "TARGETLEASE_PASSWORD_FILE")]
     pub password_file: Option<PathBuf>,
     /// ACL user of the Sentinels (redis-sentinel:// only).
@@ -41,7 +62,8 @@ pub struct ConnectionArgs {
     /// it the Sentinels get no AUTH; the data nodes' password is never sent to them.
     #[arg(long, env = "TARGETLEASE_SENTINEL_PASSWORD_FILE")]
     pub sentinel_password_file: Option<PathBuf>,
-    /// Prefix of every key (the ACL key pattern is `<prefix>:*`).
+    /// Prefix of every key (Valkey's ACL key pattern is `<prefix>:*`; etcd
+    /// keys are `<prefix>/…`).
     #[arg(long, env = "TARGETLEASE_KEY_PREFIX", default_value = "targetlease")]
     pub key_prefix: String,
     /// Deadline for one operation, e.g. 500ms or 2s.
@@ -81,12 +103,133 @@ pub struct ConnectionArgs {
     pub durability: Durability,
 }
 
+/// Where the store is, parsed: the URL's scheme decides the backend.
+#[derive(Clone, Debug)]
+pub enum StoreConfig {
+    /// Valkey (standalone, Sentinel or Cluster).
+    Valkey(ValkeyConfig),
+    /// An etcd cluster.
+    Etcd(EtcdConfig),
+}
+
+impl StoreConfig {
+    /// The deadline of one operation.
+    pub fn timeout(&self) -> Duration {
+        match self {
+            StoreConfig::Valkey(c) => c.timeout,
+            StoreConfig::Etcd(c) => c.timeout,
+        }
+    }
+
+    /// The backend's name, for messages.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            StoreConfig::Valkey(_) => "valkey",
+            StoreConfig::Etcd(_) => "etcd",
+        }
+    }
+
+    /// Connects the store (for Valkey: its scripts loaded).
+    pub async fn connect(&self) -> Result<Arc<dyn LeaseStore>, StoreError> {
+        Ok(match self {
+            StoreConfig::Valkey(c) => Arc::new(ValkeyStore::connect(c).await?),
+            StoreConfig::Etcd(c) => Arc::new(EtcdStore::connect(c).await?),
+        })
+    }
+}
+
+impl StoreConfig {
+    /// Connects the store, with the metrics its backend offers (Valkey
+    /// counts the connections it opens).
+    pub async fn connect_with_metrics(
+        &self,
+    ) -> Result<(Arc<dyn LeaseStore>, StoreMetrics), StoreError> {
+        match self {
+            StoreConfig::Valkey(c) => {
+                let valkey = ValkeyStore::connect(c).await?;
+                let metrics =
+                    StoreMetrics::default().with_connections_opened(valkey.connections_counter());
+                Ok((Arc::new(valkey), metrics))
+            }
+            StoreConfig::Etcd(_) => Ok((self.connect().await?, StoreMetrics::default())),
+        }
+    }
+}
+
 impl ConnectionArgs {
-    /// The typed config; reads the password file. A URL that cannot be
+    /// The store URL as given (flag, `TARGETLEASE_STORE_URL`, then
+    /// `TARGETLEASE_VALKEY_URL`), or the default.
+    pub fn url(&self) -> &str {
+        self.store_url
+            .as_deref()
+            .or(self.legacy_valkey_url.as_deref())
+            .unwrap_or(DEFAULT_STORE_URL)
+    }
+
+    /// The typed config of whichever store the URL names; reads the
+    /// password file. Settings only one backend has are refused for the
+    /// other, here, before anything connects.
+    pub fn to_store_config(&self) -> Result<StoreConfig, ConfigError> {
+        if !is_etcd_url(self.url()) {
+            return self.to_config().map(StoreConfig::Valkey);
+        }
+        crate::store::etcd::check_url(self.url()).map_err(|why| ConfigError::of(URL_FLAG, why))?;
+        if self.sentinel_username.is_some() || self.sentinel_password_file.is_some() {
+            return Err(ConfigError::new(
+                "Sentinel credentials are for redis-sentinel:// URLs, not etcd",
+            ));
+        }
+        if self.durability != Durability::None {
+            return Err(ConfigError::of(
+                "--durability",
+                "is for Valkey: etcd acknowledges a write once a quorum has it",
+            ));
+        }
+        self.check_common()?;
+        let password = match &self.password_file {
+            Some(path) => Some(read_secret(path, "password file")?),
+            None => None,
+        };
+        Ok(StoreConfig::Etcd(EtcdConfig {
+            url: self.url().to_owned(),
+            username: self.username.clone(),
+            password,
+            key_prefix: self.key_prefix.clone(),
+            timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
+            tls: self.tls_files(),
+        }))
+    }
+
+    fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.tls_ca_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+            server_name: self.tls_server_name.clone(),
+        }
+    }
+
+    fn check_common(&self) -> Result<(), ConfigError> {
+        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "--timeout and --connect-timeout must be positive",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Valkey config; reads the password file. A URL that cannot be
     /// used (one with a password inside, above all) is refused here, before
-    /// anything connects.
+    /// anything connects; so is an etcd URL (for the Valkey-only paths).
     pub fn to_config(&self) -> Result<ValkeyConfig, ConfigError> {
-        check_url(&self.valkey_url).map_err(|why| ConfigError::of("--valkey-url", why))?;
+        if is_etcd_url(self.url()) {
+            return Err(ConfigError::of(
+                URL_FLAG,
+                "this needs a Valkey URL, not etcd",
+            ));
+        }
+        check_url(self.url()).map_err(|why| ConfigError::of(URL_FLAG, why))?;
         let password = match &self.password_file {
             Some(path) => Some(read_secret(path, "password file")?),
             None => None,
@@ -95,11 +238,7 @@ impl ConnectionArgs {
             Some(path) => Some(read_secret(path, "Sentinel password file")?),
             None => None,
         };
-        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err(ConfigError::new(
-                "--timeout and --connect-timeout must be positive",
-            ));
-        }
+        self.check_common()?;
         if self.pool_size == 0 || self.pool_size > 128 {
             return Err(ConfigError::of("--pool-size", "must be between 1 and 128"));
         }
@@ -116,7 +255,7 @@ impl ConnectionArgs {
             ));
         }
         Ok(ValkeyConfig {
-            url: self.valkey_url.clone(),
+            url: self.url().to_owned(),
             username: self.username.clone(),
             password,
             sentinel_username: self.sentinel_username.clone(),
@@ -127,12 +266,7 @@ impl ConnectionArgs {
             pool_size: self.pool_size,
             durable_pool_size: self.durable_pool_size,
             max_in_flight: self.max_in_flight,
-            tls: TlsFiles {
-                ca_file: self.tls_ca_file.clone(),
-                cert_file: self.tls_cert_file.clone(),
-                key_file: self.tls_key_file.clone(),
-                server_name: self.tls_server_name.clone(),
-            },
+            tls: self.tls_files(),
             durability: self.durability,
         })
     }
@@ -144,7 +278,9 @@ impl ConnectionArgs {
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         let duration = |d: Duration| humantime::format_duration(d).to_string();
         let vars = [
-            ("TARGETLEASE_VALKEY_URL", Some(self.valkey_url.clone())),
+            ("TARGETLEASE_STORE_URL", Some(self.url().to_owned())),
+            // The former name, for a child that runs an older targetlease.
+            ("TARGETLEASE_VALKEY_URL", Some(self.url().to_owned())),
             ("TARGETLEASE_USERNAME", self.username.clone()),
             ("TARGETLEASE_PASSWORD_FILE", path(&self.password_file)),
             (

@@ -18,7 +18,6 @@ pub use parse::{
 use super::connection::ConnectionArgs;
 use super::logging::{self, LogArgs};
 use super::output::{self, Envelope, Format, OutputArgs, Report};
-use crate::store::valkey::ValkeyStore;
 use crate::store::{
     AcquireRequest, CommitRequest, LeaseHandle, LeaseStore, ReleaseRequest, RenewRequest,
     RevokeRequest, StoreError, Target,
@@ -412,26 +411,27 @@ pub async fn main(LeaseArgs { command: cmd }: LeaseArgs) -> ExitCode {
         Ok(op) => op,
         Err(msg) => return output::usage_error(&msg),
     };
-    let config = match cmd.client().conn.to_config() {
+    let config = match cmd.client().conn.to_store_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
     };
     let format = cmd.client().out.or(Format::Json);
     // (client required)
-    let store = match ValkeyStore::connect(&config).await {
+    let store = match config.connect().await {
         Ok(s) => s,
         Err(e) => return output::emit_as(Report::from(e), format),
     };
     // The store enforces `--timeout`; this is a backstop should a reply never come.
-    let backstop = config.timeout + Duration::from_secs(1);
-    let result = match tokio::time::timeout(backstop, op.send(&store)).await {
+    let backstop = config.timeout() + Duration::from_secs(1);
+    let backend = config.backend();
+    let result = match tokio::time::timeout(backstop, op.send(&*store)).await {
         Ok(r) => r,
-        Err(_) if op.is_write() => Err(StoreError::OutcomeUnknown(
-            "no reply from valkey in time; retry with the same request id".into(),
-        )),
-        Err(_) => Err(StoreError::BackendUnavailable(
-            "no reply from valkey in time".into(),
-        )),
+        Err(_) if op.is_write() => Err(StoreError::OutcomeUnknown(format!(
+            "no reply from {backend} in time; retry with the same request id"
+        ))),
+        Err(_) => Err(StoreError::BackendUnavailable(format!(
+            "no reply from {backend} in time"
+        ))),
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
     // The caller needs the id to resolve an unknown outcome, even when it was generated.

@@ -11,8 +11,7 @@ use serde::Serialize;
 
 use super::lease::ListArgs;
 use super::output::{self, EXIT_OK, Format, Report, for_people, human_ms};
-use crate::store::valkey::ValkeyStore;
-use crate::store::{Lease, LeaseStore, Listed, StoreError};
+use crate::store::{Lease, Listed, StoreError};
 
 /// One line of `lease list`.
 #[derive(Serialize)]
@@ -63,7 +62,7 @@ fn table(listed: &[Listed]) -> String {
 
 /// Runs `lease list`; exit 0 with the entries (possibly none), 3 on backend trouble.
 pub async fn main(args: &ListArgs) -> ExitCode {
-    let config = match args.client.conn.to_config() {
+    let config = match args.client.conn.to_store_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
     };
@@ -74,20 +73,22 @@ pub async fn main(args: &ListArgs) -> ExitCode {
         return output::usage_error(&msg);
     }
     let format = args.client.out.or(Format::Json);
-    let store = match ValkeyStore::connect(&config).await {
+    let store = match config.connect().await {
         Ok(s) => s,
         Err(e) => return output::emit_as(Report::from(e), format),
     };
     // Scanning and reading every record can take longer than one call.
-    let budget = config.timeout * 4 + Duration::from_secs(1);
+    let budget = config.timeout() * 4 + Duration::from_secs(1);
     let listed = tokio::time::timeout(budget, store.list(namespace, &args.target_prefix)).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
     let listed = match listed {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => return output::emit_as(Report::from(e), format),
         Err(_) => {
-            let e =
-                StoreError::BackendUnavailable("no complete listing from valkey in time".into());
+            let e = StoreError::BackendUnavailable(format!(
+                "no complete listing from {} in time",
+                config.backend()
+            ));
             return output::emit_as(Report::from(e), format);
         }
     };

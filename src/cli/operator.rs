@@ -14,7 +14,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::watch;
 
-use super::connection::{ConnectionArgs, read_secret};
+use super::connection::{ConnectionArgs, StoreConfig, read_secret};
 use super::logging::{self, LogArgs};
 use crate::admin::tls::AdminTls;
 use crate::admin::{self, AdminState, RuntimeStatus};
@@ -29,7 +29,7 @@ use crate::operator::{self, Election, OperatorConfig};
 use crate::reconcile::clock::ServerClock;
 use crate::reconcile::keeper::Keeper;
 use crate::store::metrics::{MeteredStore, StoreMetrics};
-use crate::store::valkey::{ValkeyConfig, ValkeyStore, notices};
+use crate::store::valkey::{ValkeyConfig, notices};
 use crate::store::{LeaseStore, StoreError, Target};
 
 /// Flags of `targetlease operator`.
@@ -163,15 +163,15 @@ fn usage(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Connects to Valkey, retrying with capped backoff until it answers or
+/// Connects to the store, retrying with capped backoff until it answers or
 /// shutdown (`Ok(None)`); settings that can never work end it at once.
 async fn connect(
-    config: &ValkeyConfig,
+    config: &StoreConfig,
     shutdown: &mut watch::Receiver<bool>,
-) -> Result<Option<ValkeyStore>, String> {
+) -> Result<Option<(Arc<dyn LeaseStore>, StoreMetrics)>, String> {
     let mut delay = Duration::from_millis(200);
     loop {
-        match ValkeyStore::connect(config).await {
+        match config.connect_with_metrics().await {
             Ok(store) => return Ok(Some(store)),
             Err(StoreError::Invalid(why)) => return Err(why),
             Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "lease store not reachable"),
@@ -198,7 +198,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         }
         None => None,
     };
-    let config = match args.connection.to_config() {
+    let config = match args.connection.to_store_config() {
         Ok(c) => c,
         Err(e) => return usage(&e),
     };
@@ -285,15 +285,12 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
         }
     };
 
-    let valkey = match connect(&config, &mut shutdown).await {
-        Ok(Some(valkey)) => valkey,
+    let (store, store_metrics) = match connect(&config, &mut shutdown).await {
+        Ok(Some(connected)) => connected,
         Ok(None) => return ExitCode::SUCCESS,
         Err(why) => return usage(why),
     };
-    let store_metrics =
-        StoreMetrics::default().with_connections_opened(valkey.connections_counter());
-    let store: Arc<dyn LeaseStore> =
-        Arc::new(MeteredStore::new(Arc::new(valkey), store_metrics.clone()));
+    let store: Arc<dyn LeaseStore> = Arc::new(MeteredStore::new(store, store_metrics.clone()));
     let registry = metrics::registry(&metrics, &store_metrics);
     let runtime = Arc::new(RuntimeStatus::default());
     // Published leases outlive trouble with the API server (and this
@@ -345,7 +342,11 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     };
     let subscribe = {
         let config = config.clone();
-        move || release_notices(config.clone())
+        move || match &config {
+            StoreConfig::Valkey(c) => release_notices(c.clone()),
+            // Waiters re-check on their own (release notices are Valkey's pub/sub).
+            StoreConfig::Etcd(_) => futures::stream::pending().boxed(),
+        }
     };
     tracing::info!(admin = %args.admin_addr, admin_https, leader_election = args.leader_election, "operator starting");
     if args.leader_election {

@@ -30,10 +30,10 @@ use holding::{Granted, NotAcquired, acquire_within, release, renew_until_lost};
 use report::{EXIT_FAILED, Reporter, ending, not_acquired};
 
 use super::connection::ConnectionArgs;
+use super::connection::StoreConfig;
 use super::lease::{AcquireFlags, ClientArgs, DEFAULT_WAIT};
 use super::logging;
 use super::output::{self, Answer, Envelope, Format, Report};
-use crate::store::valkey::ValkeyStore;
 use crate::store::{LeaseStore, Reply, StoreError, Target};
 
 pub use report::{EXIT_BUSY, EXIT_LOST};
@@ -160,7 +160,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
         Err(msg) => return output::usage_error(&msg),
     };
     let (target, ttl) = (req.target.clone(), req.ttl);
-    let config = match conn.to_config() {
+    let config = match conn.to_store_config() {
         Ok(c) => c,
         Err(msg) => return output::usage_error(&msg),
     };
@@ -172,21 +172,28 @@ pub async fn main(args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return output::usage_error(format!("cannot handle signals: {}", e.kind())),
     };
-    let backstop = config.timeout + Duration::from_secs(1);
+    let backstop = config.timeout() + Duration::from_secs(1);
 
     // (client required) connecting counts as part of the wait.
     let notices_config = config.clone();
     let subscribe =
         move || -> BoxFuture<'static, Result<BoxStream<'static, Target>, StoreError>> {
             let config = notices_config.clone();
-            Box::pin(async move { crate::store::valkey::notices::release_notices(&config).await })
+            Box::pin(async move {
+                match &config {
+                    StoreConfig::Valkey(c) => {
+                        crate::store::valkey::notices::release_notices(c).await
+                    }
+                    // Waiters poll etcd (release notices are Valkey's pub/sub).
+                    StoreConfig::Etcd(_) => Err(StoreError::BackendUnavailable(
+                        "etcd sends no release notices".into(),
+                    )),
+                }
+            })
         };
     let connect = move || -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> {
         let config = config.clone();
-        Box::pin(async move {
-            let store: Arc<dyn LeaseStore> = Arc::new(ValkeyStore::connect(&config).await?);
-            Ok(store)
-        })
+        Box::pin(async move { config.connect().await })
     };
     let mut waiting = report.waiting(wait);
     let acquired = acquire_within(

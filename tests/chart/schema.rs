@@ -187,6 +187,43 @@ fn braces_in_the_key_prefix_are_refused() {
     assert!(r.args().contains(&"--key-prefix=team-a:tl".to_string()));
 }
 
+/// The chart points the operator at etcd through the same URL value:
+/// `etcd://` and `etcds://` (with its TLS files) render as the store URL,
+/// and credentials in the URL are refused as for Valkey.
+#[test]
+fn an_etcd_url_renders_with_its_tls_files() {
+    let r = accepted(&[
+        "--set-string",
+        r"valkey.url=etcd://e0:2379\,e1:2379\,e2:2379",
+    ]);
+    assert!(
+        r.args()
+            .contains(&"--valkey-url=etcd://e0:2379,e1:2379,e2:2379".to_string()),
+        "{:?}",
+        r.args()
+    );
+    let r = accepted(&set(
+        "valkey.url=etcds://etcd.data.svc:2379,valkey.tls.enabled=true,valkey.tls.existingSecret=etcd-tls,valkey.tls.certKey=tls.crt,valkey.tls.keyKey=tls.key",
+    ));
+    for expected in [
+        "--valkey-url=etcds://etcd.data.svc:2379",
+        "--tls-ca-file=/etc/targetlease/valkey-tls/ca.crt",
+        "--tls-cert-file=/etc/targetlease/valkey-tls/tls.crt",
+        "--tls-key-file=/etc/targetlease/valkey-tls/tls.key",
+    ] {
+        assert!(
+            r.args().iter().any(|a| a == expected),
+            "{expected} in {:?}",
+            r.args()
+        );
+    }
+    refused(
+        &set("valkey.url=etcd://e0:2379,valkey.tls.enabled=true,valkey.tls.existingSecret=t"),
+        "at '/valkey/url'",
+    );
+    refused(&set("valkey.url=etcd://app:pw@e0:2379"), "at '/valkey/url'");
+}
+
 #[test]
 fn tls_settings_need_a_tls_url() {
     let tls = "valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls";

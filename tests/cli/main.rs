@@ -6,6 +6,7 @@
 mod support;
 
 mod crd;
+mod etcd;
 mod habits;
 mod install;
 mod lease;

@@ -3,17 +3,21 @@
 //! Each case in `cases.rs` is generic over [`Harness`]; the `contract!` macro
 //! instantiates every case once per backend, so the test names read
 //! `memory::concurrent_acquires_have_exactly_one_winner`,
-//! `valkey::concurrent_acquires_have_exactly_one_winner`, and so on. The Valkey
-//! run needs a real `valkey-server` and fails without one.
+//! `valkey::concurrent_acquires_have_exactly_one_winner`,
+//! `etcd::concurrent_acquires_have_exactly_one_winner`, and so on. The Valkey
+//! runs need a real `valkey-server`, the etcd run a real 3-member etcd
+//! cluster (`etcd` from the tools directory); each fails without it.
 
 #[allow(dead_code)] // each binary uses a part of the shared support
 #[path = "../support/mod.rs"]
 mod support;
 use crate::support::cluster;
+use crate::support::etcd_cluster;
 use crate::support::resp;
 use crate::support::valkey_server;
 
 mod cases;
+mod etcd_harness;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +54,15 @@ pub trait Harness: Send + Sync {
     /// Loses the target's counter and lease (a flush or an unreplicated failover);
     /// committed values survive, as they would downstream.
     async fn lose_counter(&self, target: &Target);
+    /// A lease ttl that ends soon: the shortest the backend really keeps.
+    fn short(&self) -> Duration {
+        cases::SHORT
+    }
+    /// How long to wait for a [`Harness::short`] lease to be gone from the
+    /// backend on any machine (its own expiry mechanism included).
+    fn past_short(&self) -> Duration {
+        cases::PAST_SHORT
+    }
 }
 
 /// The reference backend with a manual clock.
@@ -258,12 +271,14 @@ macro_rules! all_backends {
         contract!(memory, crate::MemoryHarness, [$($case),*]);
         contract!(valkey, crate::StandaloneHarness, [$($case),*]);
         contract!(valkey_cluster, crate::ClusterHarness, [$($case),*]);
+        contract!(etcd, crate::etcd_harness::EtcdHarness, [$($case),*]);
     };
 }
 
 all_backends!(
     acquire_grants_a_token_and_then_reports_held,
     concurrent_acquires_have_exactly_one_winner,
+    acquire_release_races_never_repeat_a_token,
     expiry_then_reacquire_gives_a_larger_token,
     stale_owner_can_do_nothing_after_a_reacquire,
     renew_extends_and_requires_the_exact_tuple,

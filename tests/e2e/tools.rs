@@ -224,7 +224,7 @@ fn no_script_or_test_finds_a_tool_by_luck() {
         .arg("-C")
         .arg(&repo)
         .args(["ls-files", "--cached", "--others", "--exclude-standard"])
-        .args(["scripts", "tests", ".ci"])
+        .args(["scripts", "tests", ".ci", "build"])
         .output()
         .unwrap();
     assert!(
@@ -270,5 +270,53 @@ fn no_script_or_test_finds_a_tool_by_luck() {
         "tools found by luck (take them from the tools directory: `tool NAME` in scripts, \
          support::tools::tool in tests):\n{}",
         bad.join("\n")
+    );
+}
+
+/// Cargo's `protoc` (the etcd client's build compiles etcd's protos) follows
+/// the rule too: `.cargo/config.toml` points `PROTOC` at `build/protoc`,
+/// which runs the tools directory's `protoc` and, without one there, fails
+/// loudly instead of taking one from PATH.
+#[test]
+fn cargo_takes_protoc_from_the_tools_directory() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(repo.join(".cargo/config.toml")).unwrap();
+    assert!(
+        config
+            .lines()
+            .any(|l| l.trim() == r#"PROTOC = { value = "build/protoc", relative = true }"#),
+        ".cargo/config.toml must set PROTOC to build/protoc:\n{config}"
+    );
+    let wrapper = repo.join("build/protoc");
+    let out = Command::new(&wrapper)
+        .arg("--version")
+        .env("TARGETLEASE_TOOLS_DIR", tools_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("libprotoc "),
+        "build/protoc --version with {}: {out:?}",
+        tools_dir().display()
+    );
+    // An empty tools directory, and a working protoc first on PATH: the
+    // wrapper must refuse, not find that one.
+    let empty = tempfile::tempdir().unwrap();
+    let on_path = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(tool("protoc"), on_path.path().join("protoc")).unwrap();
+    let mut path = vec![on_path.path().to_path_buf()];
+    path.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let out = Command::new(&wrapper)
+        .arg("--version")
+        .env("TARGETLEASE_TOOLS_DIR", empty.path())
+        .env("PATH", std::env::join_paths(path).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("missing") && stderr.contains("scripts/setup.sh"),
+        "{stderr}"
     );
 }

@@ -7,6 +7,7 @@ pub mod chart_identity;
 pub mod cli;
 pub mod cluster;
 pub mod deadline;
+pub mod etcd_cluster;
 pub mod fault_proxy;
 pub mod kube_env;
 pub mod link_proxy;

@@ -32,7 +32,7 @@ pub(super) async fn bounded(
         .await
         .unwrap_or_else(|_| {
             Err(StoreError::OutcomeUnknown(
-                "no reply from valkey in time".into(),
+                "no reply from the store in time".into(),
             ))
         })
 }

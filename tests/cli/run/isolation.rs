@@ -188,6 +188,7 @@ fn the_child_environment_names_neither_the_store_nor_its_credentials() {
     let env = seen.read();
     assert!(!env.contains(password), "{env}");
     for var in [
+        format!("TARGETLEASE_STORE_URL={u}"),
         format!("TARGETLEASE_VALKEY_URL={u}"),
         format!("TARGETLEASE_PASSWORD_FILE={password_path}"),
         "TARGETLEASE_KEY_PREFIX=tenant-x".to_string(),

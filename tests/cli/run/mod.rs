@@ -1,8 +1,10 @@
-//! `targetlease run … -- CMD`, on the real binary against a real `valkey-server`:
+//! `targetlease run … -- CMD`, on the real binary against a real `valkey-server`
+//! (and a real etcd cluster: `etcd.rs`):
 //! the child's environment and exit code, waiting for a held target, renewal,
 //! stopping the child when the lease is lost, signal forwarding, release.
 
 mod child;
+mod etcd;
 mod holding;
 mod isolation;
 mod waiting;

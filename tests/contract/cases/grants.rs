@@ -72,8 +72,8 @@ pub async fn concurrent_acquires_have_exactly_one_winner(h: &impl Harness) {
 pub async fn expiry_then_reacquire_gives_a_larger_token(h: &impl Harness) {
     let s = h.store();
     let t = target("expiring");
-    let first = held(&*s, &t, "alice", SHORT).await;
-    h.advance(PAST_SHORT).await;
+    let first = held(&*s, &t, "alice", h.short()).await;
+    h.advance(h.past_short()).await;
     assert_eq!(s.get(&t).await.unwrap().outcome, Outcome::NotFound);
     let second = held(&*s, &t, "bob", LONG).await;
     assert!(second.fencing_token > first.fencing_token);
@@ -83,8 +83,8 @@ pub async fn expiry_then_reacquire_gives_a_larger_token(h: &impl Harness) {
 pub async fn stale_owner_can_do_nothing_after_a_reacquire(h: &impl Harness) {
     let s = h.store();
     let t = target("stale");
-    let old = held(&*s, &t, "alice", SHORT).await;
-    h.advance(PAST_SHORT).await;
+    let old = held(&*s, &t, "alice", h.short()).await;
+    h.advance(h.past_short()).await;
     // The same owner name coming back gets a new lease; the old tuple stays dead.
     let new = held(&*s, &t, "alice", LONG).await;
     assert!(new.fencing_token > old.fencing_token);
@@ -420,10 +420,10 @@ pub async fn list_reads_every_record_like_get_and_never_shows_a_lease_id(h: &imp
     let two = held(&*s, &t("list-a", "job-2"), "bob", LONG).await;
     held(&*s, &t("list-a", "other"), "carol", LONG).await;
     held(&*s, &t("list-b", "job-3"), "dave", LONG).await;
-    held(&*s, &t("list-a", "job-x"), "erin", SHORT).await;
+    held(&*s, &t("list-a", "job-x"), "erin", h.short()).await;
     h.corrupt(&t("list-a", "job-2"), Corruption::Garbage, &holder(&two))
         .await;
-    h.advance(PAST_SHORT).await;
+    h.advance(h.past_short()).await;
 
     let listed = s.list(Some("list-a"), "job-").await.unwrap();
     let names: Vec<(&str, &str)> = listed

@@ -1,10 +1,12 @@
 //! Contract cases: each asserts one promise of the lease protocol.
 
 mod grants;
+mod races;
 mod replays;
 mod state;
 
 pub use grants::*;
+pub use races::*;
 pub use replays::*;
 use state::assert_invalid;
 pub use state::*;
@@ -22,9 +24,11 @@ pub(crate) use crate::{Corruption, Harness};
 
 pub(crate) const LONG: Duration = Duration::from_secs(30);
 
+/// A short lease, for backends that take one this short ([`Harness::short`]).
 pub(crate) const SHORT: Duration = Duration::from_millis(400);
 
-/// Sleep long enough for a `SHORT` lease to be gone on any machine.
+/// Sleep long enough for a `SHORT` lease to be gone on any machine
+/// ([`Harness::past_short`]).
 pub(crate) const PAST_SHORT: Duration = Duration::from_millis(700);
 
 pub(crate) fn target(name: &str) -> Target {

@@ -30,10 +30,10 @@ pub async fn acquire_replay_returns_the_original_lease(h: &impl Harness) {
 pub async fn acquire_replay_after_expiry_or_supersession_reports_no_active_lease(h: &impl Harness) {
     let s = h.store();
     let t = target("replay-expired");
-    let req = AcquireRequest::new(t.clone(), "alice", SHORT);
+    let req = AcquireRequest::new(t.clone(), "alice", h.short());
     let first = s.acquire(&req).await.unwrap();
     assert_eq!(first.outcome, Outcome::Acquired);
-    h.advance(PAST_SHORT).await;
+    h.advance(h.past_short()).await;
     let replay = s.acquire(&req).await.unwrap();
     assert_eq!(replay.outcome, Outcome::Expired);
     assert!(replay.lease.is_none());

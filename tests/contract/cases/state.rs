@@ -188,7 +188,7 @@ pub async fn fenced_commit_accepts_only_the_live_token(h: &impl Harness) {
         "no live lease"
     );
 
-    let first = held(&*s, &t, "alice", SHORT).await;
+    let first = held(&*s, &t, "alice", h.short()).await;
     assert_eq!(
         commit_k(&*s, &t, first.fencing_token, "from-first").await,
         Outcome::Committed
@@ -198,7 +198,7 @@ pub async fn fenced_commit_accepts_only_the_live_token(h: &impl Harness) {
         Outcome::StaleToken
     );
 
-    h.advance(PAST_SHORT).await;
+    h.advance(h.past_short()).await;
     assert_eq!(
         commit_k(&*s, &t, first.fencing_token, "late").await,
         Outcome::Expired

@@ -3,6 +3,7 @@
 
 mod admin_tls;
 mod admission;
+mod etcd;
 mod events;
 mod leases;
 mod opt_in;

@@ -1,0 +1,223 @@
+//! What a failed etcd call means for the caller, decided in one place.
+//!
+//! etcd answers some refusals before it proposes anything to Raft (no
+//! leader, too many requests, no space, authentication and permission
+//! errors, a request too large), and a transaction that names a lease that
+//! no longer exists is refused whole when applied: nothing was written, so
+//! every operation can answer `backend_unavailable`. A connection that was
+//! never made sent nothing either. Anything else that goes wrong once a
+//! write was sent (our deadline passed, the stream was reset, a proposal
+//! timed out in a leader change) may have been applied: `outcome_unknown`,
+//! retried by the caller with the same request id.
+//!
+//! | what happened | read | write |
+//! |---|---|---|
+//! | not sent (no connection, connect refused or timed out) | `backend_unavailable` | `backend_unavailable` |
+//! | refused before proposing (messages below, auth/permission/argument codes) | `backend_unavailable` | `backend_unavailable` |
+//! | sent, then deadline, reset or any other error | `backend_unavailable` | `outcome_unknown` |
+//!
+//! Messages name the cause and etcd's own words, never keys or values.
+
+use std::time::Duration;
+
+use tonic::Code;
+
+use crate::store::StoreError;
+
+/// Whether an operation can change state; decides what a lost reply means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Effect {
+    /// Reads only (or grants an etcd lease no key uses yet: harmless if lost).
+    Read,
+    /// May change the lease protocol's state.
+    Write,
+}
+
+/// etcd's messages for requests it refused before proposing them, or that
+/// were applied as a refusal (nothing written).
+const REFUSED: [&str; 14] = [
+    "etcdserver: no leader",
+    "etcdserver: too many requests",
+    "database space exceeded",
+    "etcdserver: requested lease not found",
+    "etcdserver: permission denied",
+    "etcdserver: invalid auth token",
+    "etcdserver: authentication failed",
+    "etcdserver: user name is empty",
+    "etcdserver: user name not found",
+    "etcdserver: request is too large",
+    "etcdserver: too many operations in txn request",
+    "etcdserver: duplicate key given in txn request",
+    "etcdserver: not capable",
+    "etcdserver: revision of auth store is old",
+];
+
+/// True when `e` says the transaction named an etcd lease that is gone
+/// (nothing was written: the caller may grant a new one and try again).
+pub(super) fn lease_not_found(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("requested lease not found"))
+}
+
+/// The meaning of `e`, an answer to a request sent once.
+pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
+    use etcd_client::Error as E;
+    let unknown = |why: String| match effect {
+        Effect::Read => StoreError::BackendUnavailable(why),
+        Effect::Write => StoreError::OutcomeUnknown(format!(
+            "{why}; the write may have been applied: retry with the same request id"
+        )),
+    };
+    match e {
+        E::GRpcStatus(s) => {
+            let said = first_words(s.message());
+            if refused(s) {
+                StoreError::BackendUnavailable(format!("etcd refused the operation: {said}"))
+            } else if never_connected(s) {
+                StoreError::BackendUnavailable(format!("cannot reach etcd: {said}"))
+            } else {
+                unknown(format!("etcd call failed ({:?}): {said}", s.code()))
+            }
+        }
+        E::TransportError(t) => {
+            StoreError::BackendUnavailable(format!("cannot reach etcd: {}", first_words(&chain(t))))
+        }
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
+            StoreError::BackendUnavailable(format!("cannot use the etcd endpoints: {e}"))
+        }
+        other => unknown(format!(
+            "etcd call failed: {}",
+            first_words(&other.to_string())
+        )),
+    }
+}
+
+/// Our deadline passed while a call was out.
+pub(super) fn late(effect: Effect, timeout: Duration) -> StoreError {
+    let why = format!(
+        "no answer from etcd within {}",
+        humantime::format_duration(timeout)
+    );
+    match effect {
+        Effect::Read => StoreError::BackendUnavailable(why),
+        Effect::Write => StoreError::OutcomeUnknown(format!(
+            "{why}; the write may have been applied: retry with the same request id"
+        )),
+    }
+}
+
+fn refused(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument
+    ) || REFUSED.iter().any(|m| s.message().contains(m))
+}
+
+/// A status the client made up because no connection could be opened: the
+/// request never left this process.
+fn never_connected(s: &tonic::Status) -> bool {
+    if s.code() != Code::Unavailable {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            )
+        {
+            return true;
+        }
+        let text = e.to_string();
+        if text.contains("tcp connect error") || text.contains("dns error") {
+            return true;
+        }
+        source = e.source();
+    }
+    let text = s.message();
+    text.contains("tcp connect error") || text.contains("error trying to connect")
+}
+
+/// `e` and its sources, joined.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// At most 160 characters of `text`, on one line.
+fn first_words(text: &str) -> String {
+    let line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    match line.char_indices().nth(160) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: Code, msg: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn refusals_are_definite_and_lost_writes_unknown() {
+        for (code, msg) in [
+            (Code::Unavailable, "etcdserver: no leader"),
+            (Code::ResourceExhausted, "etcdserver: too many requests"),
+            (
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+            (Code::NotFound, "etcdserver: requested lease not found"),
+            (Code::PermissionDenied, "etcdserver: permission denied"),
+        ] {
+            assert!(
+                matches!(
+                    classify(&status(code, msg), Effect::Write),
+                    StoreError::BackendUnavailable(_)
+                ),
+                "{msg}"
+            );
+        }
+        for (code, msg) in [
+            (Code::Unavailable, "etcdserver: request timed out"),
+            (Code::Unavailable, "etcdserver: leader changed"),
+            (Code::Unknown, "h2 protocol error: stream reset"),
+            (Code::Cancelled, "operation was canceled"),
+        ] {
+            assert!(
+                matches!(
+                    classify(&status(code, msg), Effect::Write),
+                    StoreError::OutcomeUnknown(_)
+                ),
+                "{msg}"
+            );
+            assert!(
+                matches!(
+                    classify(&status(code, msg), Effect::Read),
+                    StoreError::BackendUnavailable(_)
+                ),
+                "{msg}"
+            );
+        }
+        assert!(matches!(
+            late(Effect::Write, Duration::from_secs(1)),
+            StoreError::OutcomeUnknown(_)
+        ));
+        assert!(lease_not_found(&status(
+            Code::NotFound,
+            "etcdserver: requested lease not found"
+        )));
+    }
+}

@@ -1,0 +1,164 @@
+//! Starts a real 3-member etcd cluster on loopback ports for one test.
+//!
+//! The binary is the tools directory's `etcd` (`super::tools`), built by
+//! `scripts/build-controlplane.sh` (the same one the Kubernetes fixtures
+//! run). Members use `--heartbeat-interval=50 --election-timeout=500`: on a
+//! few loaded cores that keeps spurious elections away, and it makes etcd's
+//! minimum lease TTL 1 s (⌈1.5 × election timeout⌉). A member that dies or
+//! does not come up explains itself (`super::process`); a missing binary
+//! fails the test, never skips it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use super::process::{log_to, wait_ready};
+use super::valkey_server::free_port;
+
+/// How many members the cluster has.
+pub const MEMBERS: usize = 3;
+
+/// One member's ports.
+#[derive(Clone, Copy, Debug)]
+struct Ports {
+    client: u16,
+    peer: u16,
+}
+
+/// A running cluster, every member killed on drop.
+pub struct EtcdCluster {
+    children: Vec<Option<Child>>,
+    ports: Vec<Ports>,
+    dir: tempfile::TempDir,
+}
+
+/// Whether the member serving clients on `port` says it is healthy (it has
+/// a leader and serves linearizable reads): `GET /health`.
+pub fn healthy(port: u16) -> bool {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if conn.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    reply.starts_with("HTTP/1.1 200") && reply.contains("\"health\":\"true\"")
+}
+
+impl EtcdCluster {
+    /// A fresh, empty cluster, every member healthy. Ports found free can be
+    /// taken by anything before a member binds them (tests run in
+    /// parallel): a cluster whose member could not bind is started again
+    /// on new ports; any other failure is reported at once, with why.
+    pub fn start() -> Self {
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let mut cluster = Self {
+                children: Vec::new(),
+                ports: (0..MEMBERS)
+                    .map(|_| Ports {
+                        client: free_port(),
+                        peer: free_port(),
+                    })
+                    .collect(),
+                dir: tempfile::tempdir().expect("tempdir"),
+            };
+            match cluster.try_start() {
+                Ok(()) => return cluster,
+                Err(e) if e.contains("address already in use") => failures.push(e),
+                Err(e) => {
+                    failures.push(e);
+                    break;
+                }
+            }
+        }
+        panic!(
+            "the etcd cluster did not start:\n{}",
+            failures.join("\n----- and on other ports -----\n")
+        );
+    }
+
+    fn try_start(&mut self) -> Result<(), String> {
+        let initial: Vec<String> = self
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.peer))
+            .collect();
+        let token = format!("contract-{}", std::process::id());
+        for (i, p) in self.ports.clone().iter().enumerate() {
+            let data = self.dir.path().join(format!("m{i}"));
+            let client = format!("http://127.0.0.1:{}", p.client);
+            let peer = format!("http://127.0.0.1:{}", p.peer);
+            let mut cmd = Command::new(super::tools::tool("etcd"));
+            cmd.arg(format!("--name=m{i}"))
+                .arg(format!("--data-dir={}", data.display()))
+                .arg(format!("--listen-client-urls={client}"))
+                .arg(format!("--advertise-client-urls={client}"))
+                .arg(format!("--listen-peer-urls={peer}"))
+                .arg(format!("--initial-advertise-peer-urls={peer}"))
+                .arg(format!("--initial-cluster={}", initial.join(",")))
+                .arg("--initial-cluster-state=new")
+                .arg(format!("--initial-cluster-token={token}"))
+                .args(["--heartbeat-interval=50", "--election-timeout=500"])
+                .arg("--log-level=warn");
+            log_to(&mut cmd, &self.log_path(i));
+            let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
+            self.children.push(Some(child));
+        }
+        for i in 0..MEMBERS {
+            let port = self.ports[i].client;
+            let log = self.log_path(i);
+            let child = self.children[i].as_mut().expect("just started");
+            if let Err(e) = wait_ready(
+                &format!("etcd member m{i} (client port {port})"),
+                child,
+                &log,
+                Duration::from_secs(30),
+                || healthy(port),
+            ) {
+                self.kill_all();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Member `i`'s stdout and stderr.
+    pub fn log_path(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("m{i}.log"))
+    }
+
+    /// `host:port` of every member's client endpoint.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.client))
+            .collect()
+    }
+
+    /// The store URL naming every member: `etcd://h:p,h:p,h:p`.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.endpoints().join(","))
+    }
+
+    fn kill_all(&mut self) {
+        for child in self.children.iter_mut() {
+            if let Some(mut c) = child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
