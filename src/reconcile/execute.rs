@@ -306,6 +306,9 @@ impl Pass<'_> {
             },
         };
         self.saw(&reply, sent);
+        if matches!(reply, Err(StoreError::OutcomeUnknown(_))) {
+            self.ctx.keeper.maybe_renewed(&self.key, token);
+        }
         Ok(reply)
     }
 
