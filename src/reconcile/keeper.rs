@@ -20,8 +20,12 @@
 //! own that withdraws it is acknowledged. The keeper stops renewing a lease
 //! then, when the reconciler gives it up after Valkey ended it, when Valkey
 //! says it ended, and — once this replica sees another one lead — as soon as
-//! Valkey shows that the new leader renewed it. When this replica takes the
-//! lead over from another, it starts afresh.
+//! Valkey shows that the new leader renewed it (never judged from a renewal
+//! of its own whose reply was lost). When this replica takes the lead over
+//! from another, it keeps renewing what it kept, but no reconcile relies on
+//! what it confirmed before until Valkey confirms it again; and nothing a
+//! term started (the keeper's renewals, a reconcile's) acts or publishes
+//! once that term has ended.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
