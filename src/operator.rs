@@ -333,7 +333,7 @@ pub async fn control_while_leading(
         timings,
     )
     .on_other_leader(move || handing.hand_over())
-    .on_takeover(move || taking.forget_all());
+    .on_takeover(move || taking.take_over());
     tracing::info!(identity = %elector.identity(), lease = %election.lease_name, "joining the leader election");
     loop {
         let valid_until = tokio::select! {

@@ -16,7 +16,8 @@ use super::{Error, pods, queue, spec};
 use crate::conditions::Reason;
 use crate::leadership::{Leadership, NotLeader};
 use crate::store::{
-    AcquireRequest, LeaseHandle, ReleaseRequest, RenewRequest, Reply, StoreError, Target,
+    AcquireRequest, LeaseHandle, LeaseStore, ReleaseRequest, RenewRequest, Reply, StoreError,
+    Target,
 };
 
 /// Steps one pass may take before it yields (a release, a new attempt and an
@@ -284,17 +285,18 @@ impl Pass<'_> {
         // stop waiting then, so Held is withdrawn in time. The call itself runs
         // on (its outcome is unknown, which is what the transition assumes).
         // Renewals pass the write gate: they extend only this exact lease
-        // (docs/consistency.md). They never overlap the keeper's.
+        // (docs/consistency.md), and only extend it once this replica stops
+        // leading ([`renew_as`]). They never overlap the keeper's.
         let limit = transition::left_before_expiry(&self.facts(), &self.working);
         let serial = self.ctx.keeper.serial(&self.key);
-        let store = self.ctx.store.clone();
+        let (store, gate) = (self.ctx.store.clone(), self.ctx.leadership.clone());
         let sent = self.sending();
         let call = tokio::spawn(async move {
             let _serial = match serial {
                 Some(s) => Some(s.lock_owned().await),
                 None => None,
             };
-            store.renew(&req).await
+            renew_as(&gate, &*store, req).await
         });
         let reply = match limit {
             None => call.await.unwrap_or_else(|e| Err(lost(e))),
@@ -306,6 +308,9 @@ impl Pass<'_> {
             },
         };
         self.saw(&reply, sent);
+        if matches!(reply, Err(StoreError::OutcomeUnknown(_))) {
+            self.ctx.keeper.maybe_renewed(&self.key, token);
+        }
         Ok(reply)
     }
 
@@ -454,6 +459,22 @@ where
                     "this replica stopped leading before the store answered".into(),
                 ))
             })),
+    }
+}
+
+/// A reconcile's renewal, sent once its turn comes: plain while this
+/// replica leads (that is how a shorter `leaseDuration` takes effect), and
+/// no longer than it leads; extend-only, like the keeper's, once it does
+/// not — a pass still running after its replica stepped down must never
+/// shorten a lease the new leader renewed for longer.
+async fn renew_as(
+    gate: &Leadership,
+    store: &dyn LeaseStore,
+    req: RenewRequest,
+) -> Result<Reply, StoreError> {
+    match gated(gate, store.renew(&req)).await {
+        Ok(reply) => reply,
+        Err(NotLeader) => store.renew(&req.extending_only()).await,
     }
 }
 

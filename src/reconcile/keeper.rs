@@ -20,10 +20,15 @@
 //! own that withdraws it is acknowledged. The keeper stops renewing a lease
 //! then, when the reconciler gives it up after Valkey ended it, when Valkey
 //! says it ended, and — once this replica sees another one lead — as soon as
-//! Valkey shows that the new leader renewed it. When this replica takes the
-//! lead over from another, it starts afresh.
+//! Valkey shows that the new leader renewed it (never judged from a renewal
+//! of its own whose reply was lost). When this replica takes the lead over
+//! from another, it keeps renewing what it kept, but no reconcile relies on
+//! what it confirmed before until Valkey confirms it again; and nothing a
+//! term started (the keeper's renewals, a reconcile's) acts or publishes
+//! once that term has ended.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,10 +38,12 @@ use kube::runtime::reflector::ObjectRef;
 use super::clock::ServerClock;
 use super::plan;
 use crate::crd::{TargetLease, TargetLeaseStatus};
-use crate::store::{LeaseHandle, LeaseStore, RenewRequest, Target};
+use crate::store::{LeaseHandle, LeaseStore, RenewRequest};
 
+mod kept;
 mod policy;
 
+pub use kept::*;
 pub use policy::*;
 
 /// How often the keeper looks for overdue leases.
@@ -46,85 +53,6 @@ const IN_FLIGHT: usize = 32;
 /// How long without keeper renewals ends a spell of trouble (for logging).
 const QUIET: Duration = Duration::from_secs(60);
 
-/// One lease this process confirmed with Valkey.
-#[derive(Clone)]
-pub struct Kept {
-    /// Its target.
-    pub target: Target,
-    /// Its exact identity (the lease id is a secret: this type has no `Debug`).
-    pub handle: LeaseHandle,
-    /// The duration its last renewal asked for.
-    pub ttl: Duration,
-    /// How often its TargetLease renews it.
-    pub renew: Duration,
-    /// When the request that last confirmed it was sent.
-    pub confirmed_at: Instant,
-    /// Its expiry in Valkey per that confirmation (server milliseconds).
-    pub expires_ms: u64,
-    /// Its hard end (`maxLifetime`), when it has one.
-    pub max_expires_ms: Option<u64>,
-    /// The store's clock when that request was sent (estimated), once known.
-    pub confirmed_sent_ms: Option<u64>,
-    /// Its TargetLease's status (or a pod mark) may publish it: it was seen
-    /// published, or a write that publishes it was sent, and no write of
-    /// this process withdrawing it was acknowledged since. Only then does
-    /// the keeper renew it.
-    pub published: bool,
-    /// The expiries (server milliseconds, as status shows them) status may
-    /// publish for it: the keeper renews once one passes ([`expiry_passed`]).
-    pub publishes: Vec<u64>,
-    /// Another replica leads: renewed only until Valkey shows that one renewed it.
-    pub handing_over: bool,
-    failures: u32,
-    retry_at: Option<Instant>,
-    in_flight: bool,
-    /// Held by whoever renews the lease, so a reconcile and the keeper never
-    /// renew it at once (one of them could shorten what the other published).
-    serial: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl Kept {
-    /// A lease Valkey confirmed to a request sent at `sent`.
-    pub fn new(
-        target: Target,
-        handle: LeaseHandle,
-        (ttl, renew): (Duration, Duration),
-        sent: Instant,
-        (expires_ms, max_expires_ms): (u64, Option<u64>),
-    ) -> Self {
-        Self {
-            target,
-            handle,
-            ttl,
-            renew,
-            confirmed_at: sent,
-            expires_ms,
-            max_expires_ms,
-            confirmed_sent_ms: None,
-            published: false,
-            publishes: Vec::new(),
-            handing_over: false,
-            failures: 0,
-            retry_at: None,
-            in_flight: false,
-            serial: Arc::new(tokio::sync::Mutex::new(())),
-        }
-    }
-}
-
-/// What a reconcile needs of the last confirmation of its lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Confirmation {
-    /// When the confirming request was sent.
-    pub at: Instant,
-    /// The token of the lease confirmed.
-    pub token: u64,
-    /// Its expiry in Valkey (server milliseconds).
-    pub expires_ms: u64,
-    /// Its hard end, when it has one.
-    pub max_expires_ms: Option<u64>,
-}
-
 /// The published leases of one process, kept alive across leadership terms.
 pub struct Keeper {
     store: Arc<dyn LeaseStore>,
@@ -133,6 +61,14 @@ pub struct Keeper {
     wake: Mutex<Option<UnboundedSender<ObjectRef<TargetLease>>>>,
     /// When the keeper last renewed a lease in place of its reconcile.
     acted: Mutex<Option<Instant>>,
+    /// Which leader the keeper works for, counted: it changes (only while
+    /// `kept` is locked) when this process first sees another replica lead
+    /// and when it takes the lead over. Whatever was started under one term
+    /// — a keeper renewal, a reconcile's — neither publishes nor acts once
+    /// it has ended.
+    term: AtomicU64,
+    /// Another replica leads (as last seen).
+    following: AtomicBool,
 }
 
 impl Keeper {
@@ -144,7 +80,15 @@ impl Keeper {
             kept: Mutex::new(HashMap::new()),
             wake: Mutex::new(None),
             acted: Mutex::new(None),
+            term: AtomicU64::new(0),
+            following: AtomicBool::new(false),
         }
+    }
+
+    /// The current term ([`Keeper::confirmed`], [`Keeper::may_publish`]
+    /// take the term their pass started in).
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::SeqCst)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<TargetLease>, Kept>> {
@@ -158,11 +102,14 @@ impl Keeper {
     }
 
     /// Valkey confirmed `kept` for `key` (an acquire or a renewal by its
-    /// reconcile). The same lease stays published; another lease replaces
-    /// the one kept.
-    pub fn confirmed(&self, key: &ObjectRef<TargetLease>, mut kept: Kept) {
+    /// reconcile, in `term`). The same lease stays published; another lease
+    /// replaces the one kept. Nothing changes once `term` has ended.
+    pub fn confirmed(&self, key: &ObjectRef<TargetLease>, mut kept: Kept, term: u64) {
         kept.confirmed_sent_ms = self.clock.at(kept.confirmed_at);
         let mut all = self.lock();
+        if term != self.term() {
+            return;
+        }
         if let Some(old) = all.get(key)
             && old.handle == kept.handle
         {
@@ -180,8 +127,13 @@ impl Keeper {
     /// publish it: a status that publishes the kept lease makes it published
     /// from now on; one that does not changes nothing (the write that
     /// published it may still be in flight, or land after the read).
-    pub fn may_publish(&self, key: &ObjectRef<TargetLease>, status: &TargetLeaseStatus) {
-        if let Some(k) = self.lock().get_mut(key)
+    /// Nothing changes once `term`, the pass's, has ended.
+    pub fn may_publish(&self, key: &ObjectRef<TargetLease>, status: &TargetLeaseStatus, term: u64) {
+        let mut all = self.lock();
+        if term != self.term() {
+            return;
+        }
+        if let Some(k) = all.get_mut(key)
             && let Some(expiry) = publication(k, status)
         {
             k.published = true;
@@ -211,12 +163,27 @@ impl Keeper {
         self.lock().remove(key);
     }
 
+    /// A reconcile's renewal of the kept lease with `token` got no answer:
+    /// it may have taken effect, so Valkey's expiry is not known until a
+    /// renewal is answered ([`Kept::unsure`]).
+    pub fn maybe_renewed(&self, key: &ObjectRef<TargetLease>, token: u64) {
+        if let Some(k) = self.lock().get_mut(key)
+            && k.handle.token == token
+        {
+            k.unsure = true;
+        }
+    }
+
     /// Another replica leads: it renews the leases now. Each lease is still
     /// renewed from here until Valkey shows that the new leader renewed it
     /// ([`still_ours`]), so the lease never waits on the new leader's first
-    /// reconcile of it.
+    /// reconcile of it. The first sight of another leader ends this
+    /// replica's term (called on every election round that sees one).
     pub fn hand_over(&self) {
         let mut all = self.lock();
+        if !self.following.swap(true, Ordering::SeqCst) {
+            self.term.fetch_add(1, Ordering::SeqCst);
+        }
         let fresh = all.values().filter(|k| !k.handing_over).count();
         if fresh > 0 {
             tracing::info!(
@@ -230,18 +197,28 @@ impl Keeper {
     }
 
     /// This replica took the lead over from another (or from a released
-    /// record): what it kept from before may be stale (another replica may
-    /// have renewed, republished or ended the leases since), so it forgets
-    /// it all; each reconcile confirms its lease afresh.
-    pub fn forget_all(&self) {
+    /// record): a new term. What it confirmed before may be stale — the
+    /// other replica may have renewed a lease plainly for a shorter duration
+    /// — so no reconcile relies on it until Valkey confirms it again
+    /// ([`Kept::stale`]). But every lease it kept is still renewed: some of
+    /// them only this replica renews (the other one never reached them, or
+    /// crashed), and an extend-only renewal of the exact lease is harmless
+    /// whoever renewed it last; one that ended is dropped at its next
+    /// renewal, as always.
+    pub fn take_over(&self) {
         let mut all = self.lock();
+        self.following.store(false, Ordering::SeqCst);
+        self.term.fetch_add(1, Ordering::SeqCst);
         if !all.is_empty() {
             tracing::info!(
                 leases = all.len(),
-                "took over the lead from another replica; confirming every lease afresh"
+                "took over the lead from another replica; renewing what this replica kept until each lease is confirmed afresh"
             );
         }
-        all.clear();
+        for k in all.values_mut() {
+            k.handing_over = false;
+            k.stale = true;
+        }
     }
 
     /// The TargetLeases whose leases are kept.
@@ -254,14 +231,10 @@ impl Keeper {
         self.lock().retain(|k, _| keep(k));
     }
 
-    /// The last confirmation of `key`'s lease, if this process has one.
+    /// The last confirmation of `key`'s lease a reconcile may rely on, if
+    /// this process has one ([`Kept::confirmation`]).
     pub fn confirmation(&self, key: &ObjectRef<TargetLease>) -> Option<Confirmation> {
-        self.lock().get(key).map(|k| Confirmation {
-            at: k.confirmed_at,
-            token: k.handle.token,
-            expires_ms: k.expires_ms,
-            max_expires_ms: k.max_expires_ms,
-        })
+        self.lock().get(key).and_then(Kept::confirmation)
     }
 
     /// The lock a renewal of `key`'s lease holds while it is sent.
@@ -288,7 +261,7 @@ impl Keeper {
             tokio::time::sleep(TICK).await;
             let now = Instant::now();
             let due = self.take_due(now);
-            if due.is_empty() {
+            if due.1.is_empty() {
                 continue;
             }
             // Once per spell of trouble (a minute without keeper renewals ends one).
@@ -299,10 +272,11 @@ impl Keeper {
                 .replace(now);
             if last.is_none_or(|at| now.duration_since(at) > QUIET) {
                 tracing::warn!(
-                    leases = due.len(),
+                    leases = due.1.len(),
                     "renewing published leases whose reconcile is late (is the Kubernetes API slow or unreachable?)"
                 );
             }
+            let (term, due) = due;
             for (key, kept) in due {
                 let Ok(permit) = slots.clone().acquire_owned().await else {
                     return;
@@ -310,7 +284,7 @@ impl Keeper {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
-                    this.keep(key, kept).await;
+                    this.keep(key, kept, term).await;
                 });
             }
         }
@@ -319,10 +293,11 @@ impl Keeper {
     /// The published leases due for a keeper renewal, marked in flight, the
     /// one closest to its expiry first (however many one namespace has due,
     /// the most urgent renewal goes out first). A lease whose reconcile is
-    /// renewing it right now is not late.
-    fn take_due(&self, now: Instant) -> Vec<(ObjectRef<TargetLease>, Kept)> {
+    /// renewing it right now is not late. With the term they were taken in.
+    fn take_due(&self, now: Instant) -> (u64, Vec<(ObjectRef<TargetLease>, Kept)>) {
         let now_ms = self.clock.now_ms();
         let mut all = self.lock();
+        let term = self.term();
         let mut due: Vec<_> = all
             .iter_mut()
             .filter(|(_, k)| k.published && !k.in_flight && is_due(k, now, now_ms))
@@ -333,13 +308,15 @@ impl Keeper {
             })
             .collect();
         due.sort_by_key(|(_, k)| k.expires_ms);
-        due
+        (term, due)
     }
 
-    async fn keep(&self, key: ObjectRef<TargetLease>, kept: Kept) {
+    /// Renews `kept` (taken in `term`), unless that is not needed any more.
+    async fn keep(&self, key: ObjectRef<TargetLease>, kept: Kept, term: u64) {
+        let settle = |sent, after| self.settle(&key, &kept.handle, term, sent, after);
         // A reconcile that started renewing it meanwhile goes on alone.
         let Ok(_serial) = kept.serial.clone().try_lock_owned() else {
-            self.settle(&key, &kept.handle, Instant::now(), After::NotDue);
+            settle(Instant::now(), After::NotDue);
             return;
         };
         // A reconcile may have renewed it (or given it up) meanwhile.
@@ -348,18 +325,20 @@ impl Keeper {
             return;
         };
         if !current.published || !is_due(&current, Instant::now(), self.clock.now_ms()) {
-            self.settle(&key, &kept.handle, Instant::now(), After::NotDue);
+            settle(Instant::now(), After::NotDue);
             return;
         }
-        if current.handing_over {
-            // Another replica leads: renew only while nobody else has.
+        // Another replica leads: renew only while nobody else has. After a
+        // lost reply Valkey's expiry may be this replica's own unheard
+        // renewal: renew (the same lease id) until one is answered.
+        if current.handing_over && !current.unsure {
             let sent = Instant::now();
             let read = self.store.get(&current.target).await;
             if let Ok(r) = &read {
                 self.clock.anchor(r.server_time_ms, sent);
             }
             if let Err(after) = still_ours(&current, read) {
-                self.settle(&key, &kept.handle, sent, after);
+                settle(sent, after);
                 return;
             }
         }
@@ -380,15 +359,19 @@ impl Keeper {
             After::Ended => {
                 tracing::info!(lease = %key, outcome = ?reply.as_ref().map(|r| r.outcome), "a published lease ended in the store")
             }
-            After::Retry | After::NotDue | After::HandedOver => {}
+            After::Retry | After::Unknown | After::NotDue | After::HandedOver => {}
         }
-        self.settle(&key, &kept.handle, sent, after);
+        settle(sent, after);
     }
 
+    /// Applies what a keeper renewal of `handle`, taken in `term`, found —
+    /// unless that term has ended meanwhile: then it only makes the lease
+    /// due again (the new term decides afresh).
     fn settle(
         &self,
         key: &ObjectRef<TargetLease>,
         handle: &LeaseHandle,
+        term: u64,
         sent: Instant,
         after: After,
     ) {
@@ -397,6 +380,9 @@ impl Keeper {
             return;
         };
         k.in_flight = false;
+        if term != self.term() {
+            return;
+        }
         match after {
             After::NotDue => {}
             After::Renewed {
@@ -407,6 +393,8 @@ impl Keeper {
                 k.confirmed_sent_ms = self.clock.at(sent);
                 k.expires_ms = expires_ms;
                 k.max_expires_ms = max_expires_ms;
+                k.unsure = false;
+                k.stale = false;
                 k.failures = 0;
                 k.retry_at = None;
             }
@@ -414,7 +402,8 @@ impl Keeper {
                 tracing::debug!(lease = %key, "the new leader renewed the lease; leaving it to that replica");
                 all.remove(key);
             }
-            After::Retry => {
+            After::Retry | After::Unknown => {
+                k.unsure |= after == After::Unknown;
                 k.failures = k.failures.saturating_add(1);
                 let left = Duration::from_millis(k.expires_ms.saturating_sub(self.clock.now_ms()));
                 k.retry_at = Some(Instant::now() + retry_after(k.failures, left));
@@ -444,3 +433,7 @@ fn publication(k: &Kept, status: &TargetLeaseStatus) -> Option<Option<u64>> {
 #[cfg(test)]
 #[path = "keeper_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "keeper_term_tests.rs"]
+mod term_tests;

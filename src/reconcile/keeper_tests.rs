@@ -1,12 +1,12 @@
 use super::*;
 use crate::crd::Phase;
 use crate::store::memory::MemoryStore;
-use crate::store::{AcquireRequest, Lease, Outcome, ReleaseRequest, Reply, StoreError};
+use crate::store::{AcquireRequest, Lease, Outcome, ReleaseRequest, Reply, StoreError, Target};
 
-const S: Duration = Duration::from_secs(1);
-const MS: Duration = Duration::from_millis(1);
+pub(super) const S: Duration = Duration::from_secs(1);
+pub(super) const MS: Duration = Duration::from_millis(1);
 
-fn handle(token: u64) -> LeaseHandle {
+pub(super) fn handle(token: u64) -> LeaseHandle {
     LeaseHandle {
         owner: "job".into(),
         lease_id: "lease-id".into(),
@@ -14,7 +14,7 @@ fn handle(token: u64) -> LeaseHandle {
     }
 }
 
-fn kept(ttl: Duration, renew: Duration, at: Instant) -> Kept {
+pub(super) fn kept(ttl: Duration, renew: Duration, at: Instant) -> Kept {
     let mut k = Kept::new(
         Target::new("ns", "t"),
         handle(7),
@@ -26,11 +26,11 @@ fn kept(ttl: Duration, renew: Duration, at: Instant) -> Kept {
     k
 }
 
-fn key(name: &str) -> ObjectRef<TargetLease> {
+pub(super) fn key(name: &str) -> ObjectRef<TargetLease> {
     ObjectRef::new(name).within("ns")
 }
 
-fn found(token: u64, expires_ms: u64, now_ms: u64) -> Result<Reply, StoreError> {
+pub(super) fn found(token: u64, expires_ms: u64, now_ms: u64) -> Result<Reply, StoreError> {
     Ok(Reply {
         outcome: Outcome::Found,
         lease: Some(Lease {
@@ -48,7 +48,7 @@ fn found(token: u64, expires_ms: u64, now_ms: u64) -> Result<Reply, StoreError> 
     })
 }
 
-fn outcome(o: Outcome) -> Result<Reply, StoreError> {
+pub(super) fn outcome(o: Outcome) -> Result<Reply, StoreError> {
     Ok(Reply {
         outcome: o,
         lease: None,
@@ -79,16 +79,17 @@ fn the_lease_closest_to_its_expiry_is_renewed_first() {
     for (name, expires_ms) in [("later", 9_000), ("soonest", 2_000), ("middle", 5_000)] {
         let mut k = kept(9 * S, 3 * S, t0);
         k.expires_ms = expires_ms;
-        keeper.confirmed(&key(name), k);
-        keeper.may_publish(&key(name), &status(7, Phase::Held));
+        keeper.confirmed(&key(name), k, keeper.term());
+        keeper.may_publish(&key(name), &status(7, Phase::Held), keeper.term());
     }
     let due: Vec<_> = keeper
         .take_due(t0 + 10 * S)
+        .1
         .into_iter()
         .map(|(k, _)| k.name)
         .collect();
     assert_eq!(due, ["soonest", "middle", "later"]);
-    assert!(keeper.take_due(t0 + 10 * S).is_empty(), "now in flight");
+    assert!(keeper.take_due(t0 + 10 * S).1.is_empty(), "now in flight");
 }
 
 #[test]
@@ -192,6 +193,11 @@ fn renewal_replies_decide_between_keeping_stopping_and_retrying() {
     }
     assert_eq!(
         after_renew(&Err(StoreError::OutcomeUnknown("lost".into()))),
+        After::Unknown,
+        "a lost reply: it may have been renewed"
+    );
+    assert_eq!(
+        after_renew(&Err(StoreError::BackendUnavailable("down".into()))),
         After::Retry
     );
     assert_eq!(
@@ -205,11 +211,11 @@ fn a_new_lease_replaces_the_kept_one_and_the_same_lease_stays_published() {
     let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::default());
     let keeper = Keeper::new(store, Arc::new(ServerClock::new()));
     let t0 = Instant::now();
-    keeper.confirmed(&key("a"), kept(9 * S, 3 * S, t0));
-    keeper.may_publish(&key("a"), &status(7, Phase::Held));
+    keeper.confirmed(&key("a"), kept(9 * S, 3 * S, t0), keeper.term());
+    keeper.may_publish(&key("a"), &status(7, Phase::Held), keeper.term());
     let mut again = kept(9 * S, 3 * S, t0 + S);
     again.published = false;
-    keeper.confirmed(&key("a"), again);
+    keeper.confirmed(&key("a"), again, keeper.term());
     assert!(
         keeper.lock()[&key("a")].published,
         "same lease, still published"
@@ -222,12 +228,12 @@ fn a_new_lease_replaces_the_kept_one_and_the_same_lease_stays_published() {
         (9_000, None),
     );
     other.published = false;
-    keeper.confirmed(&key("a"), other);
+    keeper.confirmed(&key("a"), other, keeper.term());
     assert!(
         !keeper.lock()[&key("a")].published,
         "a new token is not published yet"
     );
-    keeper.may_publish(&key("a"), &status(7, Phase::Held));
+    keeper.may_publish(&key("a"), &status(7, Phase::Held), keeper.term());
     assert!(
         !keeper.lock()[&key("a")].published,
         "status names the old token"
@@ -235,7 +241,7 @@ fn a_new_lease_replaces_the_kept_one_and_the_same_lease_stays_published() {
     assert_eq!(keeper.confirmation(&key("a")).unwrap().token, 8);
 }
 
-fn status(token: u64, phase: Phase) -> TargetLeaseStatus {
+pub(super) fn status(token: u64, phase: Phase) -> TargetLeaseStatus {
     TargetLeaseStatus {
         phase: Some(phase),
         holder: Some("job".into()),
@@ -255,23 +261,23 @@ fn a_lease_is_published_from_the_write_until_its_withdrawal_is_acknowledged() {
     let keeper = Keeper::new(store, Arc::new(ServerClock::new()));
     let mut k = kept(9 * S, 3 * S, Instant::now());
     k.published = false;
-    keeper.confirmed(&key("a"), k);
+    keeper.confirmed(&key("a"), k, keeper.term());
     let published = || keeper.lock()[&key("a")].published;
     let pending = TargetLeaseStatus {
         phase: Some(Phase::Pending),
         ..status(7, Phase::Pending)
     };
-    keeper.may_publish(&key("a"), &pending);
+    keeper.may_publish(&key("a"), &pending, keeper.term());
     assert!(!published(), "nothing publishes it yet");
     // The status write that publishes Held is about to be sent.
-    keeper.may_publish(&key("a"), &status(7, Phase::Held));
+    keeper.may_publish(&key("a"), &status(7, Phase::Held), keeper.term());
     assert!(published());
     assert_eq!(keeper.lock()[&key("a")].publishes, vec![20_000]);
     // Its reply was lost; the cache still shows the old status.
-    keeper.may_publish(&key("a"), &pending);
+    keeper.may_publish(&key("a"), &pending, keeper.term());
     assert!(published(), "a read never withdraws it");
     // A release: withdrawing Held is sent, its reply lost: still published.
-    keeper.may_publish(&key("a"), &pending);
+    keeper.may_publish(&key("a"), &pending, keeper.term());
     assert!(published());
     // Acknowledged: now it is not.
     keeper.acknowledged(&key("a"), &pending);
@@ -310,7 +316,7 @@ async fn published_leases_are_kept_alive_without_their_reconcile() {
             (lease.expires_at_ms, None),
         );
         k.published = name == "published";
-        keeper.confirmed(&key(name), k);
+        keeper.confirmed(&key(name), k, keeper.term());
         leases.push(handle);
     }
     let task = tokio::spawn(keeper.clone().run());
@@ -358,7 +364,7 @@ async fn a_lease_that_ended_is_dropped_and_its_reconcile_woken() {
         (lease.expires_at_ms, None),
     );
     k.published = true;
-    keeper.confirmed(&key("a"), k);
+    keeper.confirmed(&key("a"), k, keeper.term());
     store
         .release(&ReleaseRequest::new(target.clone(), handle))
         .await
@@ -397,7 +403,7 @@ async fn a_keeper_renewal_never_cuts_short_a_longer_one() {
         (lease.expires_at_ms, None),
     );
     k.published = true;
-    keeper.confirmed(&key("a"), k);
+    keeper.confirmed(&key("a"), k, keeper.term());
     // The new leader renews it for 30s (a spec edit lengthened it).
     let long = store
         .renew(&RenewRequest::new(target.clone(), handle, 30 * S))
@@ -448,7 +454,7 @@ async fn a_former_leader_renews_each_lease_until_the_new_leader_does() {
             (lease.expires_at_ms, None),
         );
         k.published = true;
-        keeper.confirmed(&key(name), k);
+        keeper.confirmed(&key(name), k, keeper.term());
         handles.push(lease.handle().unwrap());
     }
     keeper.hand_over();
@@ -472,8 +478,5 @@ async fn a_former_leader_renews_each_lease_until_the_new_leader_does() {
     );
     assert_eq!(keeper.keys(), vec![key("not-yet")]);
     assert!(rx.try_recv().is_err(), "nobody woken");
-    // Taking the lead over again starts afresh.
-    keeper.forget_all();
-    assert!(keeper.is_empty());
     task.abort();
 }

@@ -32,6 +32,9 @@ pub(super) struct Pass<'a> {
     /// When the last store call of this pass was sent (what a reply's server
     /// time is anchored at).
     pub(super) sent: Option<Instant>,
+    /// The keeper's term this pass started in: once it ends, nothing this
+    /// pass learns reaches the keeper.
+    pub(super) term: u64,
     notes: Vec<Note>,
     wake: bool,
 }
@@ -46,6 +49,7 @@ impl<'a> Pass<'a> {
         let ns = cached.namespace().ok_or(Error::NoNamespace)?;
         let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
         let key = ObjectRef::from_obj(cached);
+        let term = ctx.keeper.term();
         let memory = ctx.recall(&key);
         let known = memory.known_version;
         let tl = if memory.reread || (known.is_some() && known != cached.resource_version()) {
@@ -70,10 +74,13 @@ impl<'a> Pass<'a> {
             spec,
             tl,
             sent: None,
+            term,
             notes: Vec::new(),
             wake: false,
         };
-        pass.ctx.keeper.may_publish(&pass.key, &pass.published());
+        pass.ctx
+            .keeper
+            .may_publish(&pass.key, &pass.published(), pass.term);
         Ok(Some(pass))
     }
 
@@ -244,8 +251,10 @@ impl<'a> Pass<'a> {
             self.sent.unwrap_or_else(Instant::now),
             (expires_ms, max_expires_ms),
         );
-        self.ctx.keeper.confirmed(&self.key, kept);
-        self.ctx.keeper.may_publish(&self.key, &self.published());
+        self.ctx.keeper.confirmed(&self.key, kept, self.term);
+        self.ctx
+            .keeper
+            .may_publish(&self.key, &self.published(), self.term);
     }
 
     /// Publishes the working status, in the one safe order.
@@ -267,8 +276,13 @@ impl<'a> Pass<'a> {
             .collect();
         let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
         // Every write below may publish the working status (its token and
-        // expiry) even if its reply is lost: the keeper renews the lease from now.
-        self.ctx.keeper.may_publish(&self.key, &self.working);
+        // expiry) even if its reply is lost: the keeper renews the lease from
+        // now. (A replica that may not write sends none of them.)
+        if self.ctx.leadership.is_leading() {
+            self.ctx
+                .keeper
+                .may_publish(&self.key, &self.working, self.term);
+        }
         let mark_first = crate::failpoints::on("mark-before-unmark");
         if let (true, Some(m)) = (mark_first, &todo.mark) {
             marks::mark(&self.ctx.client, &ns, &name, m).await?;

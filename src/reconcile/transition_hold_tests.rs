@@ -107,25 +107,52 @@ fn a_lease_the_keeper_kept_alive_stays_held_and_is_republished() {
     assert_eq!(t.status.phase, Some(Phase::Unknown));
 }
 
-/// A confirmation sent before the published expiry passed (the last renewal
-/// before the store fell silent, however close) does not extend Held: it is
-/// withdrawn by the published expiry, though Valkey's expiry is later.
+/// A confirmation sent before the published expiry passed, with a later
+/// expiry (the keeper renewed the lease while the API server was out, and
+/// it is back just before the published expiry; or a renewal that was not
+/// republished), is credited: as the published expiry is about to pass,
+/// the confirmed one is republished instead of withdrawing Held, so Held
+/// neither outlives what status publishes nor flaps to Unknown and back.
+/// A confirmation no later than what is published, or about to pass
+/// itself, withdraws Held as before.
 #[test]
-fn an_earlier_confirmation_never_keeps_held_past_the_published_expiry() {
+fn a_later_confirmation_is_republished_instead_of_withdrawing_held() {
     let mut f = facts();
     f.confirmed = Some(Confirmed {
         sent_ms: NOW_MS - 3_000,
         expires_ms: NOW_MS + 5_000,
     });
     let t = before_renew(&f, &held(NOW_MS + 800), Duration::from_secs(9)).unwrap();
-    assert_eq!(t.status.phase, Some(Phase::Unknown));
+    assert_eq!(t.status.phase, Some(Phase::Held), "no flap");
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 5_000));
+    assert!(!t.wake_waiters);
+    assert_eq!(
+        left_before_expiry(&f, &t.status),
+        Some(Duration::from_secs(4)),
+        "withdrawn by the republished expiry"
+    );
     // Sent within the margin of the published expiry, before it passed: the same.
     f.confirmed = Some(Confirmed {
         sent_ms: NOW_MS - 100,
         expires_ms: NOW_MS + 5_000,
     });
     let t = before_renew(&f, &held(NOW_MS + 300), Duration::from_secs(9)).unwrap();
-    assert_eq!(t.status.phase, Some(Phase::Unknown));
+    assert_eq!(t.status.phase, Some(Phase::Held));
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 5_000));
+    // Never later than what the renewal about to be sent can set.
+    let t = before_renew(&f, &held(NOW_MS + 300), Duration::from_secs(3)).unwrap();
+    assert_eq!(t.status.expires_at, time_ms(NOW_MS + 3_000));
+    // The confirmation is what status publishes (rounded down), or about
+    // to pass too: withdrawn.
+    for expires_ms in [NOW_MS + 800, NOW_MS + 1_500] {
+        f.confirmed = Some(Confirmed {
+            sent_ms: NOW_MS - 3_000,
+            expires_ms,
+        });
+        let t = before_renew(&f, &held(NOW_MS + 800), Duration::from_secs(9)).unwrap();
+        assert_eq!(t.status.phase, Some(Phase::Unknown), "{expires_ms}");
+    }
+    // Until the published expiry is about to pass, the published one counts.
     f.confirmed = Some(Confirmed {
         sent_ms: NOW_MS - 3_000,
         expires_ms: NOW_MS + 5_000,

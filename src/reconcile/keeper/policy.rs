@@ -22,8 +22,12 @@ pub enum After {
     /// Another replica leads and renewed the lease (Valkey shows an expiry
     /// this process did not set): stop, it is that replica's now.
     HandedOver,
-    /// The store did not answer: try again soon.
+    /// The store could not be asked: try again soon.
     Retry,
+    /// The renewal may have taken effect unheard (its reply was lost): try
+    /// again soon, and until one is answered, renew without reading
+    /// ([`super::Kept::unsure`]).
+    Unknown,
     /// A reconcile renewed it meanwhile.
     NotDue,
 }
@@ -77,14 +81,21 @@ pub fn retry_after(failures: u32, left: Duration) -> Duration {
 /// with the expiry this process last set (nobody else renewed it yet: the
 /// new leader has not confirmed it, and a renewal of the exact handle from
 /// here is harmless). Another expiry means another replica renewed it
-/// ([`After::HandedOver`]); another lease or none, that it ended.
+/// ([`After::HandedOver`]); another lease or none, that it ended. A lease
+/// whose expiry has reached its hard end (`maxLifetime`) shows the same
+/// expiry whoever renews it, and no renewal can extend it: it is left to
+/// the new leader, whose reconcile replaces it. Only asked while this
+/// process knows the expiry it set (not after a lost reply: [`Kept::unsure`]).
 pub fn still_ours(k: &Kept, read: Result<Reply, StoreError>) -> Result<(), After> {
     let r = read.map_err(|_| After::Retry)?;
     match (r.outcome, r.lease) {
         (Outcome::Found, Some(l))
             if l.fencing_token == k.handle.token && l.owner == k.handle.owner =>
         {
-            if l.expires_at_ms == k.expires_ms {
+            let capped = l
+                .max_expires_at_ms
+                .is_some_and(|end| l.expires_at_ms >= end);
+            if l.expires_at_ms == k.expires_ms && !capped {
                 Ok(())
             } else {
                 Err(After::HandedOver)
@@ -110,6 +121,7 @@ pub fn after_renew(reply: &Result<Reply, StoreError>) -> After {
             _ => After::Retry,
         },
         Err(StoreError::Invalid(_)) => After::Ended,
-        Err(_) => After::Retry,
+        Err(StoreError::OutcomeUnknown(_)) => After::Unknown,
+        Err(StoreError::BackendUnavailable(_)) => After::Retry,
     }
 }

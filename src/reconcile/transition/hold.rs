@@ -106,7 +106,9 @@ fn left_until(f: &Facts, until_ms: i64) -> Option<Duration> {
 /// annotation first, so a lost reply cannot leave them later than Valkey's),
 /// and `Held` is withdrawn if the published expiry is about to pass — unless
 /// it has already passed and this process knows nothing newer of the lease
-/// ([`renews_first`]). `None` when nothing changes.
+/// ([`renews_first`]), or Valkey confirmed a later expiry that has time left
+/// ([`later_confirmed`]): that one is published instead. `None` when nothing
+/// changes.
 pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Option<Transition> {
     if status.phase != Some(Phase::Held) {
         return None;
@@ -118,9 +120,31 @@ pub fn before_renew(f: &Facts, status: &TargetLeaseStatus, ttl: Duration) -> Opt
         d.t.status.expires_at = time_ms(floor);
     }
     if left_before_expiry(f, &d.t.status).is_none() && !renews_first(f, &d.t.status) {
-        d.unconfirmed();
+        match later_confirmed(f, &d.t.status, floor) {
+            Some(expiry) => d.t.status.expires_at = time_ms(expiry),
+            None => d.unconfirmed(),
+        }
     }
     (d.t.status != *status).then(|| d.done(Next::PlanAgain))
+}
+
+/// A confirmation of the lease whose expiry is later than the one status
+/// publishes and still leaves time (the margin deducted): the expiry to
+/// republish (no later than `floor`, what the renewal about to be sent can
+/// set) instead of withdrawing `Held` as the published one is about to
+/// pass. However it came — the keeper renewed the lease while the API
+/// server could not be written and is back just before the published
+/// expiry, or a renewal was not republished because the published expiry
+/// still had time — Valkey holds the lease at least until then: an
+/// extend-only renewal never shortens it, and a confirmation a plain one
+/// may have undone is not shown (a lost reply, another leader since). So
+/// `Held` stays, with an expiry that is true, and does not flap to
+/// `Unknown` and back.
+pub fn later_confirmed(f: &Facts, status: &TargetLeaseStatus, floor: u64) -> Option<u64> {
+    let published = status.expires_at.as_ref()?.0.as_millisecond();
+    let expiry = f.confirmed?.expires_ms.min(floor);
+    let shown = time_ms(expiry)?.0.as_millisecond();
+    (shown > published && left_until(f, shown).is_some()).then_some(expiry)
 }
 
 /// Whether a `Held` whose published expiry has already passed is renewed

@@ -73,13 +73,27 @@ async fn a_status_write_whose_reply_is_lost_still_keeps_its_lease() {
     held_as_before(&env, &history, "job", token).await;
 }
 
+/// Writes of `kind` operator `i` has sent (counted as they are sent, so a
+/// write into a black hole counts).
+fn writes_sent(env: &OperatorEnv, i: usize, kind: &str) -> f64 {
+    let (_, metrics) = http_get(env.admin_port(i), "/metrics").expect("the operator's /metrics");
+    let line = format!("targetlease_api_writes_total{{kind=\"{kind}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str())?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Promise: a lease whose release has begun is kept alive until Held is
 /// withdrawn. The holder pod stops being Ready, and the first write of the
 /// release (the pod's unmark, before status) goes into a black hole, as does
-/// every request after it, for 2.5 × leaseDuration: Held stays published all
-/// that time, and Valkey keeps the lease with its expiry moving. When the
-/// API server answers again the release completes: marks removed, status
-/// Pending, and the lease released in Valkey (not expired before that).
+/// every request after it, for 2.5 × leaseDuration — the operator's own
+/// count shows that the request the trap caught is that unmark, and that no
+/// status write was sent: the release began, and Held was never withdrawn.
+/// Held stays published all that time, and Valkey keeps the lease with its
+/// expiry moving. When the API server answers again the release completes:
+/// marks removed, status Pending, and the lease released in Valkey (not
+/// expired before that).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_keeps_its_lease_alive_until_held_is_withdrawn() {
     let (env, proxy) = behind_a_proxy("release-hung", &["--api-timeout", "2s"]).await;
@@ -98,13 +112,27 @@ async fn a_release_keeps_its_lease_alive_until_held_is_withdrawn() {
     let token = summary(&held).2.unwrap();
     env.wait_led_by("job", "w", token, SOON).await;
 
+    let (unmarks, statuses) = (
+        writes_sent(&env, 0, "pod_unmark"),
+        writes_sent(&env, 0, "status"),
+    );
     proxy.trap(false);
     env.set_ready("w", false).await;
     eventually("the release's first write to hang", SOON, || async {
         proxy.sprung().then_some(())
     })
     .await;
+    eventually("the release's unmark sent into the trap", SOON, || async {
+        (writes_sent(&env, 0, "pod_unmark") > unmarks).then_some(())
+    })
+    .await;
     let moved = lease_stays_live(&env, "t", token, LEASE * 5 / 2).await;
+    assert_eq!(
+        writes_sent(&env, 0, "status"),
+        statuses,
+        "no status write was sent: the release hung at its first write\nlog:\n{}",
+        env.operator_log(0)
+    );
     let still = env.api().get("job").await.unwrap();
     assert_eq!(
         summary(&still).0,

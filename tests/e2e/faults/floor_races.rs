@@ -203,25 +203,47 @@ async fn concurrent_deletions_in_one_namespace_keep_both_floors() {
 }
 
 /// The same promise end to end: a bulk delete (`kubectl delete tl --all`) of
-/// TargetLeases, eight of whose floors share one ConfigMap (all of the
-/// namespace's do) — so their cleanups race on it, and the operator's own
-/// count shows a floor write refused with a conflict and retried — then
-/// Valkey forgets everything and a fresh operator starts: every target's
-/// next token is above the last one it published.
+/// TargetLeases whose floors all share one ConfigMap (the namespace's,
+/// which an earlier deletion created, so every floor write of the bulk
+/// delete replaces it) — so their cleanups race on it, and the operator's
+/// own count shows floor writes refused with a conflict (another cleanup
+/// replaced the ConfigMap first, never a create racing a create) and
+/// retried — then Valkey forgets everything and a fresh operator starts:
+/// every target's next token is above the last one it published, the
+/// earlier deletion's too.
 #[tokio::test]
 async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() {
     let mut env = OperatorEnv::start("floor-bulk").await;
     let mut targets: Vec<String> = (0..8).map(|i| format!("t-{i}")).collect();
     targets.extend(["a".into(), "b".into(), "c".into()]);
-    for (i, target) in targets.iter().enumerate() {
+    let first = "first".to_string();
+    for (i, target) in targets.iter().chain([&first]).enumerate() {
         env.create(&format!("l{i}"), lease_for(target).identity("job"))
             .await;
     }
     let mut tokens = Vec::new();
-    for i in 0..targets.len() {
+    for i in 0..=targets.len() {
         let tl = env.wait_phase(&format!("l{i}"), Phase::Held, SOON).await;
         tokens.push(summary(&tl).2.unwrap());
     }
+    let first_token = tokens.pop().unwrap();
+    let last = format!("l{}", targets.len());
+    env.delete(&last).await;
+    env.wait_gone(&last, SOON).await;
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let floors = format!("targetlease-token-floors.{}", env.ns);
+    let before = cms
+        .get(&floors)
+        .await
+        .expect("the first deletion's ConfigMap");
+    assert!(
+        ledger::floor_in(
+            &before.data.clone().unwrap_or_default(),
+            &floor_key(&env.ns, &first)
+        ) >= first_token
+    );
+    let conflicts_before = floor_conflicts(&env, 0);
+
     env.api()
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
@@ -229,12 +251,19 @@ async fn a_bulk_delete_keeps_every_floor_and_a_fresh_operator_reads_them_back() 
     for i in 0..targets.len() {
         env.wait_gone(&format!("l{i}"), SOON).await;
     }
-    let conflicts = floor_conflicts(&env, 0);
+    let after = cms.get(&floors).await.unwrap();
+    assert_eq!(
+        after.metadata.uid, before.metadata.uid,
+        "the same ConfigMap, replaced, never created again"
+    );
+    let conflicts = floor_conflicts(&env, 0) - conflicts_before;
     assert!(
         conflicts >= 1.0,
         "the cleanups raced on the namespace's ConfigMap: {conflicts} floor write conflicts"
     );
     println!("{conflicts} floor write conflicts in the bulk delete");
+    targets.push(first);
+    tokens.push(first_token);
     for (target, token) in targets.iter().zip(&tokens) {
         let key = floor_key(&env.ns, target);
         let data = floors_of(&env, "targetlease-token-floors").await;

@@ -115,7 +115,8 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
             .lock()
             .unwrap()
             .insert(key.clone(), Memory::default());
-        ctx.keeper.confirmed(key, kept(&env, &key.name));
+        ctx.keeper
+            .confirmed(key, kept(&env, &key.name), ctx.keeper.term());
     }
     let remembered = |ctx: &Context| {
         let mut m: Vec<_> = ctx
