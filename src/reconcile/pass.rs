@@ -281,7 +281,7 @@ impl<'a> Pass<'a> {
         }
         let mark_first = crate::failpoints::on("mark-before-unmark");
         if let (true, Some(m)) = (mark_first, &todo.mark) {
-            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
         }
         for pod in todo
             .unmark
@@ -300,7 +300,7 @@ impl<'a> Pass<'a> {
         });
         if lowering && let Some(m) = &todo.mark {
             self.ctx.leadership.check()?;
-            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
         }
         // Withdrawing Held frees the target for a sibling waiting on it
         // (`held_elsewhere`), whatever the transition said.
@@ -312,7 +312,7 @@ impl<'a> Pass<'a> {
         }
         if !lowering && let Some(m) = &todo.mark {
             self.ctx.leadership.check()?;
-            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
         }
         for note in std::mem::take(&mut self.notes) {
             self.event(note).await;
