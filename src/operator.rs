@@ -94,6 +94,19 @@ where
     }
 }
 
+/// Objects per page of a watch's initial list (and of every relist): a
+/// cluster with many pods is listed in pages, never in one reply the API
+/// server and the operator would each hold whole.
+pub const LIST_PAGE: u32 = 500;
+
+/// How every cache watches: in pages of [`LIST_PAGE`], each watch ended by
+/// the API server after `timeout` (and made again).
+fn watching(timeout: Duration) -> watcher::Config {
+    watcher::Config::default()
+        .timeout(timeout.as_secs().clamp(1, 3600) as u32)
+        .page_size(LIST_PAGE)
+}
+
 /// Runs the controller until `stop` resolves. `release_notices` are targets that
 /// may have become free (releases from anywhere, including outside
 /// Kubernetes); their TargetLeases are woken at once.
@@ -103,8 +116,7 @@ pub async fn control(
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = cfg.client.clone();
-    let watching =
-        || watcher::Config::default().timeout(cfg.watch_timeout.as_secs().clamp(1, 3600) as u32);
+    let watching = || watching(cfg.watch_timeout);
     // Back on watching within seconds once the API server is back (kube's
     // default waits up to 30 s after a few failures, and pauses every
     // trigger of the controller meanwhile, leaving caches stale).
@@ -412,5 +424,18 @@ async fn give_up(elector: &mut Elector, timings: Timings) {
         Ok(Ok(false)) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "could not give the leader election Lease up"),
         Err(_) => tracing::warn!("giving the leader election Lease up timed out"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_watch_lists_in_pages() {
+        let c = watching(Duration::from_secs(290));
+        assert_eq!(c.page_size, Some(LIST_PAGE));
+        assert_eq!(c.timeout, Some(290));
+        assert_eq!(watching(Duration::ZERO).timeout, Some(1));
     }
 }
