@@ -13,6 +13,7 @@
 //! is open counts leases by phase: every other replica reports zeros, so a
 //! sum over replicas counts each lease once.
 
+pub mod limits;
 pub mod tls;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -126,14 +127,27 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(bind(addr)?)?;
+    serve_on(listener, tls, limits::Limits::default(), state, shutdown).await
+}
+
+/// [`serve`] on a bound listener, within `limits` ([`limits`]).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    tls: Option<tls::AdminTls>,
+    limits: limits::Limits,
+    state: Arc<AdminState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use limits::Bounded;
     match tls {
         None => {
-            axum::serve(listener, router(state))
+            axum::serve(Bounded::new(listener, limits), router(state))
                 .with_graceful_shutdown(shutdown)
                 .await
         }
         Some(tls) => {
-            axum::serve(tls.listen(listener)?, router(state))
+            let listener = Bounded::new(tls.listen(listener, limits)?, limits);
+            axum::serve(listener, router(state))
                 .with_graceful_shutdown(shutdown)
                 .await
         }

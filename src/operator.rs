@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -31,11 +32,13 @@ use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::OperatorMetrics;
 use crate::reconcile::clock::ServerClock;
+use crate::reconcile::index::LeaseIndex;
 use crate::reconcile::keeper::Keeper;
+use crate::reconcile::pod_index::{PodCache, PodIndex};
 use crate::reconcile::pods::CachedPod;
 use crate::reconcile::selectors::Selectors;
 use crate::reconcile::slots::FairSlots;
-use crate::reconcile::{self, Context, pods, queue};
+use crate::reconcile::{self, Context, pods};
 use crate::store::{LeaseStore, Target};
 
 /// Everything the controller needs, parsed once by the CLI.
@@ -91,6 +94,19 @@ where
     }
 }
 
+/// Objects per page of a watch's initial list (and of every relist): a
+/// cluster with many pods is listed in pages, never in one reply the API
+/// server and the operator would each hold whole.
+pub const LIST_PAGE: u32 = 500;
+
+/// How every cache watches: in pages of [`LIST_PAGE`], each watch ended by
+/// the API server after `timeout` (and made again).
+fn watching(timeout: Duration) -> watcher::Config {
+    watcher::Config::default()
+        .timeout(timeout.as_secs().clamp(1, 3600) as u32)
+        .page_size(LIST_PAGE)
+}
+
 /// Runs the controller until `stop` resolves. `release_notices` are targets that
 /// may have become free (releases from anywhere, including outside
 /// Kubernetes); their TargetLeases are woken at once.
@@ -100,8 +116,7 @@ pub async fn control(
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = cfg.client.clone();
-    let watching =
-        || watcher::Config::default().timeout(cfg.watch_timeout.as_secs().clamp(1, 3600) as u32);
+    let watching = || watching(cfg.watch_timeout);
     // Back on watching within seconds once the API server is back (kube's
     // default waits up to 30 s after a few failures, and pauses every
     // trigger of the controller meanwhile, leaving caches stale).
@@ -119,11 +134,17 @@ pub async fn control(
         )
     };
     let (pod_reader, pod_writer) = reflector::store::<CachedPod>();
+    let pod_index = Arc::new(PodIndex::default());
     let pod_stream = reflector::reflector(
         pod_writer,
         watcher(api::<CachedPod>(&client, &cfg.watch_namespace), watching())
             .modify(CachedPod::slim),
     )
+    // After the cache took the event (see `index`).
+    .inspect_ok({
+        let index = pod_index.clone();
+        move |event| index.apply(event)
+    })
     .touched_objects();
     let (floor_reader, floor_writer) = reflector::store::<ConfigMap>();
     let floor_stream = reflector::reflector(
@@ -138,6 +159,7 @@ pub async fn control(
     let floor_task = tokio::spawn(floor_stream);
 
     let (leases, lease_writer) = reflector::store::<TargetLease>();
+    let lease_index = Arc::new(LeaseIndex::default());
     // The targets release notices may wake (see `wakeups`).
     let known = wakeups::Known::default();
     let lease_stream = reflector::reflector(
@@ -148,6 +170,10 @@ pub async fn control(
         )
         .map_ok(lease_event),
     )
+    .inspect_ok({
+        let index = lease_index.clone();
+        move |event| index.apply(event)
+    })
     .touched_objects()
     .inspect_ok({
         let known = known.clone();
@@ -195,7 +221,11 @@ pub async fn control(
         client: client.clone(),
         store: cfg.store.clone(),
         leases: leases.clone(),
-        pods: pod_reader,
+        lease_index: lease_index.clone(),
+        pods: PodCache {
+            store: pod_reader,
+            index: pod_index,
+        },
         selectors: selectors.clone(),
         slots: FairSlots::new(cfg.concurrency.into()),
         floors,
@@ -239,16 +269,22 @@ pub async fn control(
         .with_config(ControllerConfig::default())
         .trigger_backoff(backoff())
         .watches_stream(pod_stream, move |pod: CachedPod| {
-            // The pod's own TargetLeases, and every lease queued on their targets:
-            // a head of queue that stops wanting the lease must wake the next one.
-            let all = leases.state();
-            let concerned: Vec<_> = all
+            // The pod's own TargetLeases (of its namespace), and every lease
+            // queued on their targets: a head of queue that stops wanting the
+            // lease must wake the next one.
+            let ns = pod.namespace().unwrap_or_default();
+            let mut targets: Vec<String> = lease_index
+                .in_namespace(&leases, &ns)
                 .iter()
                 .filter(|tl| pods::concerns(tl, &pod, &selectors))
+                .map(|tl| tl.spec.target.clone())
                 .collect();
-            all.iter()
-                .filter(|tl| concerned.iter().any(|c| queue::same_target(c, tl)))
-                .map(|tl| ObjectRef::from_obj(&**tl))
+            targets.sort();
+            targets.dedup();
+            targets
+                .iter()
+                .flat_map(|t| lease_index.on_target(&leases, &ns, t))
+                .map(|tl| ObjectRef::from_obj(&*tl))
                 .collect::<Vec<_>>()
         })
         .reconcile_on(futures::stream::select(wake_rx, released))
@@ -388,5 +424,18 @@ async fn give_up(elector: &mut Elector, timings: Timings) {
         Ok(Ok(false)) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "could not give the leader election Lease up"),
         Err(_) => tracing::warn!("giving the leader election Lease up timed out"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_watch_lists_in_pages() {
+        let c = watching(Duration::from_secs(290));
+        assert_eq!(c.page_size, Some(LIST_PAGE));
+        assert_eq!(c.timeout, Some(290));
+        assert_eq!(watching(Duration::ZERO).timeout, Some(1));
     }
 }

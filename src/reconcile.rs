@@ -12,10 +12,12 @@
 pub mod clock;
 mod execute;
 mod floor;
+pub mod index;
 pub mod keeper;
 pub mod marks;
 mod pass;
 pub mod plan;
+pub mod pod_index;
 pub mod pods;
 pub mod queue;
 pub mod selectors;
@@ -55,8 +57,10 @@ pub struct Context {
     pub store: Arc<dyn LeaseStore>,
     /// Cache of every TargetLease (for queues and token floors).
     pub leases: Store<TargetLease>,
-    /// Cache of pods (for holders tied to pods and for candidates).
-    pub pods: Store<pods::CachedPod>,
+    /// The TargetLeases of the cache by target and namespace.
+    pub lease_index: Arc<index::LeaseIndex>,
+    /// Cache of pods (for holders tied to pods and for candidates), indexed.
+    pub pods: pod_index::PodCache,
     /// Candidate selectors, compiled once per TargetLease version.
     pub selectors: Arc<selectors::Selectors>,
     /// The reconcile slots (`--concurrency`), shared fairly among namespaces.
@@ -173,14 +177,9 @@ impl Context {
     /// told to confirm their lease first): a holder whose lease was revoked
     /// unpublishes before it wakes the waiters, so two never show Held at once.
     pub fn released(&self, target: &crate::store::Target) -> Vec<ObjectRef<TargetLease>> {
-        use kube::ResourceExt;
-        let on_target: Vec<_> = self
-            .leases
-            .state()
-            .into_iter()
-            .filter(|tl| tl.namespace().as_deref() == Some(target.namespace.as_str()))
-            .filter(|tl| tl.spec.target == target.name)
-            .collect();
+        let on_target = self
+            .lease_index
+            .on_target(&self.leases, &target.namespace, &target.name);
         let holders: Vec<_> = on_target
             .iter()
             .filter(|tl| tl.status.as_ref().is_some_and(plan::holds_lease))

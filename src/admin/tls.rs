@@ -6,8 +6,9 @@
 //! rotated Secret, as cert-manager does it), checked at most once per
 //! [`RECHECK`]; a pair that cannot be used is logged and the previous one
 //! kept. Handshakes run beside the accept loop, each within
-//! [`HANDSHAKE_TIMEOUT`] and at most [`HANDSHAKES_AT_ONCE`] at a time, so a
-//! client that connects and says nothing holds up nobody.
+//! [`Limits::handshake_timeout`], at most [`Limits::handshakes`] at a time
+//! and [`Limits::handshakes_per_peer`] per client address, so a client that
+//! connects and says nothing holds up nobody else.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -25,12 +26,10 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use super::limits::{Limits, PerPeer};
+
 /// How often the certificate files are checked for a change, at most.
 pub const RECHECK: Duration = Duration::from_secs(1);
-/// How long one client has to complete its handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once; more connections wait to be accepted.
-pub const HANDSHAKES_AT_ONCE: usize = 64;
 
 /// The admin server's TLS settings, made from PEM files.
 #[derive(Clone)]
@@ -67,11 +66,13 @@ impl AdminTls {
         })
     }
 
-    /// A listener whose connections have completed the TLS handshake.
-    pub fn listen(&self, tcp: TcpListener) -> std::io::Result<Listener> {
+    /// A listener whose connections have completed the TLS handshake
+    /// within `limits`.
+    pub fn listen(&self, tcp: TcpListener, limits: Limits) -> std::io::Result<Listener> {
         let local = tcp.local_addr()?;
-        let (tx, rx) = mpsc::channel(HANDSHAKES_AT_ONCE);
-        tokio::spawn(accept(tcp, TlsAcceptor::from(self.config.clone()), tx));
+        let (tx, rx) = mpsc::channel(limits.handshakes);
+        let acceptor = TlsAcceptor::from(self.config.clone());
+        tokio::spawn(accept(tcp, acceptor, tx, limits));
         Ok(Listener { local, rx })
     }
 }
@@ -173,8 +174,10 @@ async fn accept(
     tcp: TcpListener,
     acceptor: TlsAcceptor,
     tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    limits: Limits,
 ) {
-    let slots = Arc::new(Semaphore::new(HANDSHAKES_AT_ONCE));
+    let slots = Arc::new(Semaphore::new(limits.handshakes));
+    let peers = PerPeer::default();
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
@@ -191,10 +194,15 @@ async fn accept(
             },
             _ = tx.closed() => return,
         };
+        let Some(peer_slot) = peers.take(peer.ip(), limits.handshakes_per_peer) else {
+            tracing::debug!(%peer, "admin server: too many handshakes from one address");
+            continue;
+        };
         let (acceptor, tx) = (acceptor.clone(), tx.clone());
         tokio::spawn(async move {
-            let _slot = slot;
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            let _slots = (slot, peer_slot);
+            let shake = acceptor.accept(stream);
+            match tokio::time::timeout(limits.handshake_timeout, shake).await {
                 Ok(Ok(tls)) => {
                     let _ = tx.send((tls, peer)).await;
                 }
@@ -233,6 +241,8 @@ impl axum::serve::Listener for Listener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin::limits::Bounded;
+    use crate::admin::limits::tests::{closed_within, connect_from};
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -250,9 +260,13 @@ mod tests {
     }
 
     async fn serve(tls: &AdminTls) -> u16 {
+        serve_within(tls, Limits::default()).await
+    }
+
+    async fn serve_within(tls: &AdminTls, limits: Limits) -> u16 {
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = tcp.local_addr().unwrap().port();
-        let listener = tls.listen(tcp).unwrap();
+        let listener = Bounded::new(tls.listen(tcp, limits).unwrap(), limits);
         let app = axum::Router::new().route("/livez", axum::routing::get(|| async { "ok" }));
         tokio::spawn(async move { axum::serve(listener, app).await });
         port
@@ -260,19 +274,29 @@ mod tests {
 
     /// `GET /livez` over TLS trusting `ca_pem`: the reply's first line.
     async fn https_get(port: u16, ca_pem: &str) -> Result<String, String> {
+        let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        https_get_on(tcp, ca_pem).await
+    }
+
+    fn client_config(ca_pem: &str) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
             roots.add(c.unwrap()).unwrap();
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        Arc::new(
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        )
+    }
+
+    /// [`https_get`] on a connection made already.
+    async fn https_get_on(tcp: TcpStream, ca_pem: &str) -> Result<String, String> {
         let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        let mut tls = tokio_rustls::TlsConnector::from(client_config(ca_pem))
             .connect(name, tcp)
             .await
             .map_err(|e| e.to_string())?;
@@ -314,6 +338,67 @@ mod tests {
         let (other_ca, _, _) = issue();
         let refused = https_get(port, &other_ca).await;
         assert!(refused.is_err(), "{refused:?}");
+    }
+
+    /// Clients that connect and never start a handshake, as many as the
+    /// server handshakes at once, all from one address: the kubelet's
+    /// HTTPS probe from another address is answered at once, and those
+    /// silent clients are closed after the handshake timeout. A client that
+    /// completes the handshake and then says nothing is closed after the
+    /// idle time.
+    #[tokio::test]
+    async fn silent_clients_before_or_after_the_handshake_block_no_probe() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = issue();
+        let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert_file, cert).unwrap();
+        std::fs::write(&key_file, key).unwrap();
+        let limits = Limits {
+            handshakes: 4,
+            handshakes_per_peer: 2,
+            handshake_timeout: Duration::from_secs(3),
+            idle: Duration::from_millis(500),
+            ..Limits::default()
+        };
+        let tls = AdminTls::from_files(&cert_file, &key_file).unwrap();
+        let port = serve_within(&tls, limits).await;
+        let mut silent = Vec::new();
+        for _ in 0..limits.handshakes {
+            silent.push(connect_from("127.0.0.1", port).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let probe = tokio::time::timeout(
+            Duration::from_secs(2),
+            https_get_on(connect_from("127.0.0.2", port).await, &ca),
+        )
+        .await
+        .expect("an HTTPS probe from another address is answered beside silent clients");
+        assert_eq!(probe.as_deref(), Ok("HTTP/1.1 200 OK"));
+        for c in &mut silent {
+            let closed = closed_within(c, Duration::from_secs(6)).await;
+            assert!(
+                closed.is_some_and(|d| d < Duration::from_secs(5)),
+                "a client that never shakes hands is closed: {closed:?}"
+            );
+        }
+
+        // Handshake done, then silence: closed after the idle time.
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let tcp = connect_from("127.0.0.3", port).await;
+        let mut quiet = tokio_rustls::TlsConnector::from(client_config(&ca))
+            .connect(name, tcp)
+            .await
+            .expect("handshake");
+        let mut sink = Vec::new();
+        let started = Instant::now();
+        let ended =
+            tokio::time::timeout(Duration::from_secs(5), quiet.read_to_end(&mut sink)).await;
+        assert!(
+            ended.is_ok() && started.elapsed() >= Duration::from_millis(400),
+            "closed after the idle time, not before: {:?} after {:?}",
+            ended,
+            started.elapsed()
+        );
     }
 
     /// A rotated certificate (new files, another CA) is served after the

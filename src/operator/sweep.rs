@@ -95,7 +95,7 @@ impl Sweep {
             .map(|r| (r.namespace.clone().unwrap_or_default(), r.name.clone()))
             .collect();
         let mut marked = Vec::new();
-        for pod in ctx.pods.state() {
+        for pod in ctx.pods.store.state() {
             let ns = pod.namespace().unwrap_or_default();
             for name in reconcile::marks::marked_by(&pod) {
                 if !leases.contains(&(ns.clone(), name.clone())) {
@@ -109,7 +109,7 @@ impl Sweep {
             if ctx.leadership.check().is_err() {
                 break;
             }
-            let Some(cached) = ctx.pods.get(&ObjectRef::new(&pod).within(&ns)) else {
+            let Some(cached) = ctx.pods.get(&ns, &pod) else {
                 continue;
             };
             match reconcile::marks::unmark_unchanged(&ctx.client, &ns, &name, &cached).await {

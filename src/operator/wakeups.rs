@@ -9,12 +9,15 @@
 //!   notices in between are folded into one wake at the end of that time,
 //!   so a real release among forged ones is seen within it;
 //! - at most [`Limits::per_second`] targets are woken per second in all
-//!   (a token bucket); the rest wait their turn, none is dropped.
+//!   (a token bucket); the rest wait their turn, none is dropped. Waiting
+//!   wakes are served one namespace after another, so one namespace's
+//!   flood delays another's wake by about one token, and the task sleeps
+//!   until the next token instead of looking again and again.
 //!
 //! So a flood costs a hash lookup per message, and at most one reconcile
 //! per [`Limits::per_target`] of the TargetLeases on each target it names.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -110,12 +113,21 @@ pub struct Gate {
     limits: Limits,
     /// Per target: when it was last woken, and whether a wake is due.
     slots: HashMap<Target, (Instant, bool)>,
-    /// Wakes to come, in time order (the number keeps equal times apart).
-    due: BTreeMap<(Instant, u64), Target>,
+    /// Wakes to come per namespace, in time order (the number keeps equal
+    /// times apart).
+    due: HashMap<String, BTreeMap<(Instant, u64), Target>>,
+    /// The namespaces with wakes to come, in the order they are served: one
+    /// wake per namespace in turn, so a namespace with thousands of targets
+    /// waiting delays another namespace's wake by one token, not thousands.
+    turns: VecDeque<String>,
     seq: u64,
     tokens: f64,
     refilled: Instant,
 }
+
+/// Rounding slack of the token bucket: at the instant [`Gate::next_due`]
+/// names, a token is there.
+const SLACK: f64 = 1e-6;
 
 impl Gate {
     /// A gate with a full token bucket at `now`.
@@ -123,32 +135,57 @@ impl Gate {
         Self {
             limits,
             slots: HashMap::new(),
-            due: BTreeMap::new(),
+            due: HashMap::new(),
+            turns: VecDeque::new(),
             seq: 0,
             tokens: f64::from(limits.per_second),
             refilled: now,
         }
     }
 
+    fn rate(&self) -> f64 {
+        f64::from(self.limits.per_second.max(1))
+    }
+
     fn take_token(&mut self, now: Instant) -> bool {
-        let rate = f64::from(self.limits.per_second);
+        let rate = self.rate();
         let refill = now.saturating_duration_since(self.refilled).as_secs_f64() * rate;
         self.tokens = (self.tokens + refill).min(rate);
         self.refilled = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
+        if self.tokens >= 1.0 - SLACK {
+            self.tokens = (self.tokens - 1.0).max(0.0);
             true
         } else {
             false
         }
     }
 
-    fn schedule(&mut self, at: Instant, t: Target) {
-        self.seq += 1;
-        self.due.insert((at, self.seq), t);
+    /// When the bucket holds a token again.
+    fn token_at(&self) -> Instant {
+        let missing = (1.0 - self.tokens).max(0.0);
+        self.refilled + Duration::from_secs_f64(missing / self.rate())
     }
 
-    /// One notice for a known target at `now`: whether to wake it now.
+    fn schedule(&mut self, at: Instant, t: Target) {
+        self.seq += 1;
+        let queue = self.due.entry(t.namespace.clone()).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(t.namespace.clone());
+        }
+        queue.insert((at, self.seq), t);
+    }
+
+    /// The earliest wake to come, in any namespace.
+    fn earliest(&self) -> Option<Instant> {
+        self.due
+            .values()
+            .filter_map(|q| q.keys().next().map(|(at, _)| *at))
+            .min()
+    }
+
+    /// One notice for a known target at `now`: whether to wake it now. A
+    /// target not woken lately is woken at once only when no other wake is
+    /// waiting for the bucket; otherwise it takes its namespace's turn.
     pub fn notice(&mut self, t: &Target, now: Instant) -> Fate {
         let per_target = self.limits.per_target;
         match self.slots.get(t).copied() {
@@ -158,45 +195,58 @@ impl Gate {
                 self.schedule(last + per_target, t.clone());
                 Fate::Folded
             }
-            _ if self.take_token(now) => {
+            _ if self.earliest().is_none_or(|at| at > now) && self.take_token(now) => {
                 self.slots.insert(t.clone(), (now, false));
                 Fate::Woke
             }
             _ => {
                 self.slots.insert(t.clone(), (now, true));
-                self.schedule(now + self.pause(), t.clone());
+                self.schedule(now, t.clone());
                 Fate::Folded
             }
         }
     }
 
-    /// How long until the bucket holds another token.
-    fn pause(&self) -> Duration {
-        Duration::from_secs_f64(1.0 / f64::from(self.limits.per_second.max(1)))
-    }
-
-    /// When the next folded wake is due.
+    /// When to call [`Gate::take_due`] next: when the earliest folded wake is
+    /// due and the bucket holds a token for it (never sooner, so a backlog
+    /// waiting for tokens costs one wake-up per token, not a spin).
     pub fn next_due(&self) -> Option<Instant> {
-        self.due.keys().next().map(|(at, _)| *at)
+        self.earliest().map(|at| at.max(self.token_at()))
     }
 
-    /// The folded wakes due by `now` that the bucket allows; the others move
-    /// to when it will.
+    /// The folded wakes due by `now` that the bucket allows, one namespace
+    /// after another in turn; the others stay where they are.
     pub fn take_due(&mut self, now: Instant) -> Vec<Target> {
         let mut woken = Vec::new();
-        while let Some(entry) = self.due.first_entry() {
-            if entry.key().0 > now {
+        loop {
+            let is_due = |ns: &String| {
+                self.due
+                    .get(ns)
+                    .and_then(|q| q.keys().next())
+                    .is_some_and(|(at, _)| *at <= now)
+            };
+            let Some(turn) = self.turns.iter().position(is_due) else {
+                break;
+            };
+            if !self.take_token(now) {
                 break;
             }
-            let t = entry.remove();
-            if self.take_token(now) {
-                self.slots.insert(t.clone(), (now, false));
-                woken.push(t);
+            let Some(ns) = self.turns.remove(turn) else {
+                break;
+            };
+            let Some(queue) = self.due.get_mut(&ns) else {
+                continue;
+            };
+            let Some((_, t)) = queue.pop_first() else {
+                continue;
+            };
+            if queue.is_empty() {
+                self.due.remove(&ns);
             } else {
-                let at = now + self.pause();
-                self.schedule(at, t);
-                break;
+                self.turns.push_back(ns);
             }
+            self.slots.insert(t.clone(), (now, false));
+            woken.push(t);
         }
         woken
     }
@@ -327,5 +377,83 @@ mod tests {
             now >= t0 + ms(1900),
             "20 more at 10 a second take 2s: {now:?}"
         );
+    }
+
+    /// A backlog waiting for tokens: every wake-up of the task wakes a
+    /// target (it sleeps until the next token instead of spinning through
+    /// the backlog), and the backlog drains at the bucket's rate.
+    #[test]
+    fn a_backlog_costs_one_wake_up_per_token() {
+        let t0 = Instant::now();
+        let limits = Limits {
+            per_target: ms(500),
+            per_second: 100,
+        };
+        let mut g = Gate::new(limits, t0);
+        for i in 0..1000 {
+            g.notice(&Target::new("ns", format!("t{i}")), t0);
+        }
+        let (mut wake_ups, mut woken, mut now) = (0, 0, t0);
+        while let Some(at) = g.next_due() {
+            assert!(at >= now, "a wake-up in the past: a spin");
+            now = at;
+            wake_ups += 1;
+            let n = g.take_due(now).len();
+            assert!(n > 0, "wake-up {wake_ups} at {:?} woke nothing", now - t0);
+            woken += n;
+        }
+        assert_eq!(woken, 900, "all but the burst, each once");
+        assert!(wake_ups <= 900, "{wake_ups} wake-ups for 900 wakes");
+        assert!(now - t0 >= ms(8900), "at 100 a second: {:?}", now - t0);
+    }
+
+    /// Wakes the gate allows up to `until`, as the task would, with their times.
+    fn drain_until(g: &mut Gate, until: Instant, out: &mut Vec<(Instant, Target)>) {
+        while let Some(at) = g.next_due().filter(|at| *at <= until) {
+            out.extend(g.take_due(at).into_iter().map(|t| (at, t)));
+        }
+    }
+
+    /// One namespace floods new targets without pause (ten a millisecond,
+    /// ten times what the bucket lets through); a notice of another
+    /// namespace in the middle of it is woken within a few tokens, not
+    /// after the flood's backlog, and the flood loses nothing.
+    #[test]
+    fn a_flooding_namespace_delays_another_by_about_one_token() {
+        let t0 = Instant::now();
+        let limits = Limits {
+            per_target: ms(500),
+            per_second: 100,
+        };
+        let mut g = Gate::new(limits, t0);
+        let quiet = Target::new("quiet", "q");
+        let mut woken = Vec::new();
+        let (mut sent, mut at_once) = (0, 0);
+        for step in 0..1000 {
+            let now = t0 + ms(step);
+            drain_until(&mut g, now, &mut woken);
+            for _ in 0..10 {
+                let fate = g.notice(&Target::new("flood", format!("t{sent}")), now);
+                at_once += usize::from(fate == Fate::Woke);
+                sent += 1;
+            }
+            if step == 100 {
+                assert_eq!(g.notice(&quiet, now), Fate::Folded, "the bucket is empty");
+            }
+        }
+        let at = woken.iter().find(|(_, t)| *t == quiet).map(|(at, _)| *at);
+        assert!(
+            at.is_some_and(|at| at <= t0 + ms(130)),
+            "noticed at 100ms, woken at {:?}",
+            at.map(|at| at - t0)
+        );
+        drain_until(&mut g, t0 + Duration::from_secs(600), &mut woken);
+        let flood = woken.iter().filter(|(_, t)| t.namespace == "flood").count();
+        assert_eq!(
+            flood + at_once,
+            sent,
+            "every flood target woken once ({at_once} at once)"
+        );
+        assert!(at_once <= 101, "the burst, and a token at most: {at_once}");
     }
 }

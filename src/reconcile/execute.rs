@@ -7,12 +7,11 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 
 use super::pass::Pass;
 use super::plan::{self, Desired, Observed, Step};
 use super::transition::{self, META_ACQUISITION, META_TARGETLEASE, Next, Note, Transition};
-use super::{Error, pods, queue, spec};
+use super::{Error, pods, spec};
 use crate::conditions::Reason;
 use crate::leadership::{Leadership, NotLeader};
 use crate::store::{
@@ -347,35 +346,37 @@ impl Pass<'_> {
     }
 
     fn queued_behind(&self) -> Option<String> {
-        let leases = self.ctx.leases.state();
         let pods = &self.ctx.pods;
-        queue::queued_behind(&self.tl, &leases, |other| {
-            spec::validate(other).is_ok_and(|v| {
-                matches!(
-                    pods::desired_holder(other, &v, pods),
-                    Desired::Holder { .. }
-                )
+        // Read before the pods `wants` reads: an answer is kept under it.
+        let epoch = pods.epoch(&self.tl.namespace().unwrap_or_default());
+        self.ctx
+            .lease_index
+            .queued_behind(&self.ctx.leases, &self.tl, epoch, |other| {
+                spec::validate(other).is_ok_and(|v| pods::qualifies(other, &v, pods))
             })
-        })
     }
 
     /// Another TargetLease on the target still published as Held, its
     /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]).
     fn held_elsewhere(&self) -> Option<plan::HeldElsewhere> {
         let now_ms = self.ctx.server_now_ms();
-        self.ctx
-            .leases
-            .state()
-            .into_iter()
-            .filter(|o| queue::same_target(o, &self.tl) && o.name_any() != self.tl.name_any())
-            .find_map(|o| {
-                let s = o.status.as_ref()?;
-                let expires = u64::try_from(s.expires_at.as_ref()?.0.as_millisecond()).ok()?;
-                (plan::is_published_held(s) && expires > now_ms).then(|| plan::HeldElsewhere {
-                    name: o.name_any(),
-                    recheck: plan::retry_after_held(expires, now_ms),
-                })
+        let me = self.tl.name_any();
+        self.siblings()
+            .held
+            .iter()
+            .find(|(name, expires)| *name != me && *expires > now_ms)
+            .map(|(name, expires)| plan::HeldElsewhere {
+                name: name.clone(),
+                recheck: plan::retry_after_held(*expires, now_ms),
             })
+    }
+
+    /// What the TargetLeases on this target publish (from the index).
+    fn siblings(&self) -> std::sync::Arc<super::index::Published> {
+        let ns = self.tl.namespace().unwrap_or_default();
+        self.ctx
+            .lease_index
+            .published(&self.ctx.leases, &ns, &self.tl.spec.target)
     }
 
     /// The token every new acquisition must exceed: the highest published for
@@ -384,15 +385,7 @@ impl Pass<'_> {
     fn token_floor(&self) -> u64 {
         let ns = self.tl.namespace().unwrap_or_default();
         let target = &self.tl.spec.target;
-        let cached = self
-            .ctx
-            .leases
-            .state()
-            .into_iter()
-            .filter(|o| queue::same_target(o, &self.tl))
-            .filter_map(|o| o.status.as_ref().and_then(|s| s.fencing_token))
-            .max()
-            .unwrap_or(0);
+        let cached = self.siblings().max_token;
         let own = self
             .ctx
             .published
@@ -419,13 +412,13 @@ impl Pass<'_> {
             return;
         };
         let ns = self.tl.namespace().unwrap_or_default();
-        let Some(pod) = self.ctx.pods.get(&ObjectRef::new(pod_name).within(&ns)) else {
+        let Some(pod) = self.ctx.pods.get(&ns, pod_name) else {
             return;
         };
         let others = pods::overlapping_elections(
             &self.tl,
             &pod,
-            &self.ctx.leases.state(),
+            &self.ctx.lease_index.in_namespace(&self.ctx.leases, &ns),
             &self.ctx.selectors,
         );
         if !others.is_empty() {

@@ -15,7 +15,8 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
 use super::plan::is_published_held;
-use super::pods::CachedPod;
+use super::pod_index::PodCache;
+use super::pods::{CachedPod, accepts};
 use crate::crd::TargetLeaseStatus;
 
 /// The keys one TargetLease marks its holder pod with.
@@ -155,14 +156,24 @@ fn field_manager(name: &str) -> String {
 }
 
 /// Marks the holder pod (server-side apply under this TargetLease's own field
-/// manager, with the pod's UID as a precondition). A pod that is gone or was
-/// recreated is left alone: the next pass sees it.
+/// manager), only if it still opted in to TargetLease `name` when the marks
+/// are written: `cached` (the pod as the cache has it, read just before the
+/// write) must carry the opt-in label, and the patch has the API server
+/// check that the pod is still that version (its UID and resourceVersion as
+/// preconditions), so a label removed since the pod was chosen — even one the
+/// cache has not seen yet — refuses the write. A pod that is gone, was
+/// recreated, changed or opted out is left alone (`Ok(false)`): its change
+/// wakes the TargetLease, whose next pass sees it.
 pub async fn mark(
     client: &kube::Client,
     ns: &str,
     name: &str,
     m: &Mark,
-) -> Result<(), kube::Error> {
+    cached: &CachedPod,
+) -> Result<bool, kube::Error> {
+    if !accepts(cached, name) || cached.name_any() != m.pod {
+        return Ok(false);
+    }
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let k = keys(name);
     let annotations = BTreeMap::from([
@@ -177,6 +188,7 @@ pub async fn mark(
     if let Some(uid) = &m.uid {
         metadata["uid"] = uid.clone().into();
     }
+    metadata["resourceVersion"] = cached.resource_version().into();
     let patch = serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": metadata });
     match api
         .patch(
@@ -186,12 +198,31 @@ pub async fn mark(
         )
         .await
     {
-        Ok(_) => Ok(()),
-        // Gone (404), recreated (409 on the UID precondition), or gone so that
-        // apply would have to create it (422): nothing to mark.
-        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(()),
+        Ok(_) => Ok(true),
+        // Gone (404), changed since `cached` (409 on the UID or the version),
+        // or gone so that apply would have to create it (422): not marked.
+        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409 | 422) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Marks the holder pod if it still opted in at this moment: the pod read
+/// from the cache now, and the API server checking that version ([`mark`]).
+pub async fn mark_now(
+    client: &kube::Client,
+    pods: &PodCache,
+    ns: &str,
+    name: &str,
+    m: &Mark,
+) -> Result<(), kube::Error> {
+    let marked = match pods.get(ns, &m.pod) {
+        Some(cached) => mark(client, ns, name, m, &cached).await?,
+        None => false,
+    };
+    if !marked {
+        tracing::debug!(pod = %m.pod, "not marked: the pod changed, is gone or opted out");
+    }
+    Ok(())
 }
 
 /// Removes every mark of this TargetLease from a pod, whoever wrote it (a

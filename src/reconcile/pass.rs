@@ -16,7 +16,7 @@ use kube::{Resource, ResourceExt};
 use super::keeper::{Confirmation, Kept};
 use super::spec::{self, ValidSpec};
 use super::transition::{self, Facts, Memory as Remembered, Next, Note, Transition};
-use super::{Context, Error, FIELD_MANAGER, FINALIZER, marks, plan, queue, with_jitter};
+use super::{Context, Error, FIELD_MANAGER, FINALIZER, marks, plan, with_jitter};
 use crate::crd::{TargetLease, TargetLeaseStatus};
 use crate::store::{LeaseHandle, Target};
 
@@ -268,12 +268,8 @@ impl<'a> Pass<'a> {
         let ns = self.tl.namespace().unwrap_or_default();
         let wanted = marks::wanted(&self.working);
         let previous = marks::wanted(&published).map(|m| m.pod);
-        let pods = self.ctx.pods.state();
-        let in_ns: Vec<_> = pods
-            .iter()
-            .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
-            .map(|p| &**p)
-            .collect();
+        let pods = self.ctx.pods.in_namespace(&ns);
+        let in_ns: Vec<_> = pods.iter().map(|p| &**p).collect();
         let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
         // Every write below may publish the working status (its token and
         // expiry) even if its reply is lost: the keeper renews the lease from
@@ -285,7 +281,7 @@ impl<'a> Pass<'a> {
         }
         let mark_first = crate::failpoints::on("mark-before-unmark");
         if let (true, Some(m)) = (mark_first, &todo.mark) {
-            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
         }
         for pod in todo
             .unmark
@@ -304,7 +300,7 @@ impl<'a> Pass<'a> {
         });
         if lowering && let Some(m) = &todo.mark {
             self.ctx.leadership.check()?;
-            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
         }
         // Withdrawing Held frees the target for a sibling waiting on it
         // (`held_elsewhere`), whatever the transition said.
@@ -316,7 +312,7 @@ impl<'a> Pass<'a> {
         }
         if !lowering && let Some(m) = &todo.mark {
             self.ctx.leadership.check()?;
-            marks::mark(&self.ctx.client, &ns, &name, m).await?;
+            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
         }
         for note in std::mem::take(&mut self.notes) {
             self.event(note).await;
@@ -388,8 +384,13 @@ impl<'a> Pass<'a> {
 
     /// Wakes the other TargetLeases on the same target (the queue may have moved).
     pub(super) fn wake_waiters(&self) {
-        for other in self.ctx.leases.state() {
-            if queue::same_target(&other, &self.tl) && ObjectRef::from_obj(&*other) != self.key {
+        let ns = self.tl.namespace().unwrap_or_default();
+        let on_target = self
+            .ctx
+            .lease_index
+            .on_target(&self.ctx.leases, &ns, &self.tl.spec.target);
+        for other in on_target {
+            if ObjectRef::from_obj(&*other) != self.key {
                 let _ = self.ctx.wake.unbounded_send(ObjectRef::from_obj(&*other));
             }
         }

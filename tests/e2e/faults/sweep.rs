@@ -77,7 +77,10 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
     let here = env.api().get("here").await.unwrap();
     lease_writer.apply_watcher_event(&watcher::Event::Apply(here));
     let (pods, mut pod_writer) = reflector::store::<CachedPod>();
-    pod_writer.apply_watcher_event(&watcher::Event::Apply(cached_pod(&env, "w").await));
+    let pod_index = Arc::new(targetlease::reconcile::pod_index::PodIndex::default());
+    let w = watcher::Event::Apply(cached_pod(&env, "w").await);
+    pod_writer.apply_watcher_event(&w);
+    pod_index.apply(&w);
     let (floor_cache, _) = reflector::store();
     let clock = Arc::new(ServerClock::new());
     let (wake, _woken) = futures::channel::mpsc::unbounded();
@@ -85,7 +88,11 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         client: client.clone(),
         store: store.clone(),
         leases,
-        pods,
+        lease_index: Default::default(),
+        pods: targetlease::reconcile::pod_index::PodCache {
+            store: pods,
+            index: pod_index,
+        },
         selectors: Default::default(),
         slots: targetlease::reconcile::slots::FairSlots::new(1),
         floors: FloorStore::new(client.clone(), &env.ns, "floors", floor_cache),

@@ -150,3 +150,73 @@ async fn a_pod_that_did_not_opt_in_is_never_marked() {
     let v = timeline.violations();
     assert!(v.is_empty(), "{v:#?}");
 }
+
+/// The opt-in is checked again when the marks are written, not only when
+/// the pod is chosen: a pod whose opt-in label was removed between the
+/// choice and the write gets no marks, even while the operator's cache still
+/// shows the label (the write carries the pod version it decided from, and
+/// the API server refuses it for a newer one). A pod that still opted in, at
+/// the version the cache shows, is marked.
+#[tokio::test]
+async fn a_pod_that_opted_out_before_the_write_gets_no_marks() {
+    use targetlease::reconcile::marks::{self, Mark};
+    use targetlease::reconcile::pods::CachedPod;
+    let env = OperatorEnv::start_without_operator("opt-out").await;
+    env.create_pod("web-0", &[("app", "web"), WEB_LEADER_CANDIDATE], true)
+        .await;
+    let cached_api: kube::Api<CachedPod> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let read = || async { cached_api.get("web-0").await.expect("read pod") };
+    let chosen = read().await;
+    let mark = Mark {
+        pod: "web-0".into(),
+        uid: chosen.metadata.uid.clone(),
+        token: 7,
+        expires_at: "2030-01-01T00:00:00Z".into(),
+    };
+    // The pod opts out after it was chosen; the cache has not seen it yet.
+    env.pods()
+        .patch(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {WEB_LEADER_CANDIDATE.0: null}}})),
+        )
+        .await
+        .expect("remove the opt-in label");
+    let marked = marks::mark(&env.client, &env.ns, "web-leader", &mark, &chosen)
+        .await
+        .expect("mark");
+    assert!(!marked, "a stale opted-in version was written to");
+    assert_eq!(our_keys(&env, "web-0").await, Vec::<String>::new());
+    // The cache catches up: the pod no longer opted in, nothing is sent.
+    let now = read().await;
+    let marked = marks::mark(&env.client, &env.ns, "web-leader", &mark, &now)
+        .await
+        .expect("mark");
+    assert!(!marked);
+    assert_eq!(our_keys(&env, "web-0").await, Vec::<String>::new());
+
+    // Opted in again, at the version the cache shows: marked.
+    env.pods()
+        .patch(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {WEB_LEADER_CANDIDATE.0: "true"}}})),
+        )
+        .await
+        .expect("add the opt-in label");
+    let again = read().await;
+    let marked = marks::mark(&env.client, &env.ns, "web-leader", &mark, &again)
+        .await
+        .expect("mark");
+    assert!(marked);
+    let mut keys = our_keys(&env, "web-0").await;
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "web-leader.targetlease.dev/expires-at",
+            "web-leader.targetlease.dev/fencing-token",
+            "web-leader.targetlease.dev/leader"
+        ]
+    );
+}

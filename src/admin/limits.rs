@@ -1,0 +1,218 @@
+//! What one client may hold of the admin server: connections at once (in
+//! all, and per client address) and how long a connection may stay silent.
+//!
+//! The admin server answers the kubelet's probes. Without bounds, a client
+//! that opens connections and says nothing (before or after the TLS
+//! handshake) holds a task and a file descriptor each, forever, and enough
+//! of them leave no room for the probes: the kubelet restarts the operator.
+//! Here a connection that sends nothing for [`Limits::idle`] is closed, one
+//! client address holds at most [`Limits::per_peer`] connections (and
+//! [`Limits::handshakes_per_peer`] TLS handshakes), so other addresses —
+//! the kubelet's, Prometheus's — always find room below the totals.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+/// Bounds on the admin server's connections.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once; more wait in the kernel's backlog.
+    pub connections: usize,
+    /// Connections one client address holds at once; more are closed at once.
+    pub per_peer: usize,
+    /// A connection that sends nothing for this long is closed.
+    pub idle: Duration,
+    /// How long a client has to complete its TLS handshake.
+    pub handshake_timeout: Duration,
+    /// TLS handshakes in progress at once.
+    pub handshakes: usize,
+    /// TLS handshakes one client address has in progress at once.
+    pub handshakes_per_peer: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 256,
+            per_peer: 16,
+            idle: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            handshakes: 64,
+            handshakes_per_peer: 8,
+        }
+    }
+}
+
+/// How many of something each client address holds.
+#[derive(Clone, Default)]
+pub struct PerPeer {
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One held by one address; given back when dropped.
+pub struct PeerSlot {
+    peer: IpAddr,
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl PerPeer {
+    /// One more for `peer`, unless it already holds `max`.
+    pub fn take(&self, peer: IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.entry(peer).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peer,
+            held: self.held.clone(),
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// A listener whose connections obey [`Limits`].
+pub struct Bounded<L> {
+    inner: L,
+    limits: Limits,
+    slots: Arc<Semaphore>,
+    peers: PerPeer,
+}
+
+impl<L> Bounded<L> {
+    /// Bounds the connections `inner` accepts.
+    pub fn new(inner: L, limits: Limits) -> Self {
+        Bounded {
+            inner,
+            limits,
+            slots: Arc::new(Semaphore::new(limits.connections)),
+            peers: PerPeer::default(),
+        }
+    }
+}
+
+impl<L> axum::serve::Listener for Bounded<L>
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    type Io = Guarded<L::Io>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                // The semaphore is never closed.
+                return std::future::pending().await;
+            };
+            let (io, peer) = self.inner.accept().await;
+            match self.peers.take(peer.ip(), self.limits.per_peer) {
+                Some(peer_slot) => {
+                    let io = Guarded {
+                        io,
+                        idle: self.limits.idle,
+                        deadline: Box::pin(tokio::time::sleep(self.limits.idle)),
+                        _slots: (slot, peer_slot),
+                    };
+                    return (io, peer);
+                }
+                None => {
+                    tracing::debug!(%peer, "admin server: too many connections from one address")
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that is closed after [`Limits::idle`] without a byte from
+/// its client, and gives its slots back when it ends.
+pub struct Guarded<T> {
+    io: T,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+    _slots: (OwnedSemaphorePermit, PeerSlot),
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    let next = Instant::now() + self.idle;
+                    self.deadline.as_mut().reset(next);
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                ready!(self.deadline.as_mut().poll(cx));
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sent nothing for too long",
+                )))
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+#[path = "limits_tests.rs"]
+pub(crate) mod tests;

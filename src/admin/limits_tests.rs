@@ -1,0 +1,107 @@
+use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// Serves `GET /livez` on 127.0.0.1 within `limits`; the port.
+pub(crate) async fn serve_plain(limits: Limits) -> u16 {
+    let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let app = axum::Router::new().route("/livez", axum::routing::get(|| async { "ok" }));
+    tokio::spawn(async move { axum::serve(Bounded::new(tcp, limits), app).await });
+    port
+}
+
+/// A connection to 127.0.0.1:`port` from the address `from`.
+pub(crate) async fn connect_from(from: &str, port: u16) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(([127, 0, 0, 1], port).into()).await.unwrap()
+}
+
+/// How long until the server closes `conn` (reads until EOF or an error).
+pub(crate) async fn closed_within(conn: &mut TcpStream, bound: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut sink = Vec::new();
+    tokio::time::timeout(bound, conn.read_to_end(&mut sink))
+        .await
+        .ok()
+        .map(|_| start.elapsed())
+}
+
+async fn get_from(from: &str, port: u16) -> String {
+    let mut c = connect_from(from, port).await;
+    c.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    let _ = c.read_to_string(&mut reply).await;
+    reply.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Silent clients from one address: beyond its share they are closed at
+/// once, within it they are closed after the idle time; meanwhile another
+/// address (the kubelet's) is answered at once.
+#[tokio::test]
+async fn silent_clients_of_one_address_hold_up_no_other_and_are_closed() {
+    let limits = Limits {
+        connections: 4,
+        per_peer: 2,
+        idle: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let port = serve_plain(limits).await;
+    // Each silent client notes when the server closed it, counted from its connect.
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        let mut c = connect_from("127.0.0.1", port).await;
+        silent.push(tokio::spawn(async move {
+            closed_within(&mut c, Duration::from_secs(5)).await
+        }));
+    }
+    // Give the server time to take them all in.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let probe = tokio::time::timeout(Duration::from_secs(2), get_from("127.0.0.2", port))
+        .await
+        .expect("another address is answered beside silent clients");
+    assert_eq!(probe, "HTTP/1.1 200 OK");
+    let mut closed = Vec::new();
+    for c in silent {
+        closed.push(c.await.unwrap());
+    }
+    let soon = closed
+        .iter()
+        .filter(|c| c.is_some_and(|d| d < Duration::from_millis(300)))
+        .count();
+    assert_eq!(soon, 2, "beyond its share, closed at once: {closed:?}");
+    assert!(
+        closed
+            .iter()
+            .all(|c| c.is_some_and(|d| d < Duration::from_secs(2))),
+        "every silent client is closed after the idle time: {closed:?}"
+    );
+    // Their slots are given back: the address is served again.
+    assert_eq!(get_from("127.0.0.1", port).await, "HTTP/1.1 200 OK");
+}
+
+/// A client that keeps talking is not cut off by the idle time.
+#[tokio::test]
+async fn a_client_that_keeps_asking_is_served_past_the_idle_time() {
+    let limits = Limits {
+        idle: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let port = serve_plain(limits).await;
+    let mut c = connect_from("127.0.0.1", port).await;
+    for _ in 0..4 {
+        c.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(2), c.read(&mut buf))
+            .await
+            .expect("answered")
+            .unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}

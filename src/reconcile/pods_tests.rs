@@ -1,0 +1,250 @@
+use super::*;
+
+/// A pod as the API server sends it: spec, managed fields, other tools'
+/// annotations, several conditions.
+fn full_pod() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "web-0", "namespace": "shop", "uid": "u-1",
+            "resourceVersion": "42", "generateName": "web-",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "deletionTimestamp": "2026-01-02T00:00:00Z",
+            "labels": { "app": "web", "tl.targetlease.dev/leader": "true" },
+            "annotations": {
+                "tl.targetlease.dev/fencing-token": "7",
+                "db.targetlease.dev/expires-at": "2026-01-01T00:00:00Z",
+                "kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z",
+            },
+            "finalizers": ["example.com/keep"],
+            "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s-1" }],
+            "managedFields": [{ "manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": { "f:status": {} } }],
+        },
+        "spec": { "containers": [{ "name": "app", "image": "registry.example/app:1" }] },
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                { "type": "PodScheduled", "status": "True" },
+                { "type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z" },
+            ],
+            "containerStatuses": [{ "name": "app", "ready": true, "restartCount": 0, "image": "x", "imageID": "y" }],
+        },
+    })
+}
+
+#[test]
+fn the_cache_keeps_what_the_planner_and_the_marks_read() {
+    let mut pod: CachedPod = serde_json::from_value(full_pod()).unwrap();
+    pod.slim();
+    let meta = &pod.metadata;
+    assert_eq!(pod.name_any(), "web-0");
+    assert_eq!(meta.namespace.as_deref(), Some("shop"));
+    assert_eq!(meta.uid.as_deref(), Some("u-1"));
+    assert_eq!(meta.resource_version.as_deref(), Some("42"));
+    assert!(meta.creation_timestamp.is_some() && meta.deletion_timestamp.is_some());
+    assert_eq!(pod.labels().len(), 2, "every label: selectors read them");
+    assert_eq!(
+        pod.annotations().keys().collect::<Vec<_>>(),
+        [
+            "db.targetlease.dev/expires-at",
+            "tl.targetlease.dev/fencing-token"
+        ],
+        "our annotations only"
+    );
+    assert!(meta.managed_fields.is_none() && meta.owner_references.is_none());
+    assert!(meta.finalizers.is_none() && meta.generate_name.is_none());
+    assert_eq!(
+        pod.status.and_then(|s| s.conditions),
+        Some(vec![CachedCondition {
+            type_: "Ready".into(),
+            status: "True".into()
+        }])
+    );
+}
+
+#[test]
+fn ready_means_a_true_ready_condition_and_no_deletion() {
+    let mut json = full_pod();
+    let deleting: CachedPod = serde_json::from_value(json.clone()).unwrap();
+    assert!(!is_ready(&deleting), "being deleted");
+    json["metadata"]["deletionTimestamp"] = serde_json::Value::Null;
+    let ready: CachedPod = serde_json::from_value(json.clone()).unwrap();
+    assert!(is_ready(&ready));
+    json["status"]["conditions"][1]["status"] = "False".into();
+    let not_ready: CachedPod = serde_json::from_value(json.clone()).unwrap();
+    assert!(!is_ready(&not_ready));
+    json["status"] = serde_json::Value::Null;
+    let no_status: CachedPod = serde_json::from_value(json).unwrap();
+    assert!(!is_ready(&no_status));
+}
+
+/// A Ready pod of namespace `shop` created at second `created` with these labels.
+fn pod(name: &str, created: i64, labels: &[(&str, &str)]) -> CachedPod {
+    let mut json = full_pod();
+    json["metadata"]["name"] = name.into();
+    json["metadata"]["uid"] = format!("uid-{name}").into();
+    json["metadata"]["deletionTimestamp"] = serde_json::Value::Null;
+    json["metadata"]["creationTimestamp"] = format!("2026-01-01T00:00:{created:02}Z").into();
+    let labels: serde_json::Map<_, _> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    json["metadata"]["labels"] = labels.into();
+    serde_json::from_value(json).unwrap()
+}
+
+fn cache(pods: Vec<CachedPod>) -> PodCache {
+    PodCache::of(pods)
+}
+
+fn lease(name: &str, spec: serde_json::Value) -> (TargetLease, ValidSpec) {
+    let spec = serde_json::from_value(spec).unwrap();
+    let mut tl = TargetLease::new(name, spec);
+    tl.metadata.namespace = Some("shop".into());
+    let valid = super::super::spec::validate(&tl).unwrap();
+    (tl, valid)
+}
+
+fn holder_of(desired: &Desired) -> Result<String, (Reason, String)> {
+    match desired {
+        Desired::Holder { pod, .. } => Ok(pod.as_ref().unwrap().name.clone()),
+        Desired::Nobody { reason, message } => Err((*reason, message.clone())),
+    }
+}
+
+#[test]
+fn only_a_pod_that_opted_in_can_hold_a_named_lease() {
+    let pods = cache(vec![
+        pod("bystander", 1, &[("app", "web")]),
+        pod(
+            "other-lease",
+            2,
+            &[("other.targetlease.dev/candidate", "true")],
+        ),
+        pod("worker", 3, &[("tied.targetlease.dev/candidate", "true")]),
+    ]);
+    let named = |pod: &str| {
+        lease(
+            "tied",
+            serde_json::json!({"target": "t", "holder": {"identity": "w", "podName": pod}}),
+        )
+    };
+    for refused in ["bystander", "other-lease"] {
+        let (tl, spec) = named(refused);
+        let (reason, message) = holder_of(&desired_holder(&tl, &spec, &pods)).unwrap_err();
+        assert_eq!(reason, Reason::PodNotOptedIn, "{refused}");
+        assert!(
+            message.contains("tied.targetlease.dev/candidate: \"true\""),
+            "the message names the label to add: {message}"
+        );
+    }
+    let (tl, spec) = named("worker");
+    assert_eq!(
+        holder_of(&desired_holder(&tl, &spec, &pods)),
+        Ok("worker".into())
+    );
+}
+
+#[test]
+fn an_election_elects_only_among_pods_that_opted_in() {
+    let spec = serde_json::json!({
+        "target": "t", "candidates": {"podSelector": {"matchLabels": {"app": "web"}}},
+    });
+    let opted = ("web-leader.targetlease.dev/candidate", "true");
+    // The oldest pod has not opted in: it is passed over.
+    let pods = cache(vec![
+        pod("web-0", 1, &[("app", "web")]),
+        pod(
+            "web-1",
+            2,
+            &[
+                ("app", "web"),
+                ("web-leader.targetlease.dev/candidate", "yes"),
+            ],
+        ),
+        pod("web-2", 3, &[("app", "web"), opted]),
+        pod("api-0", 0, &[("app", "api"), opted]),
+    ]);
+    let (tl, valid) = lease("web-leader", spec.clone());
+    assert_eq!(
+        holder_of(&desired_holder(&tl, &valid, &pods)),
+        Ok("web-2".into())
+    );
+
+    // Ready pods match, none opted in: a reason that says so, naming them.
+    let pods = cache(vec![
+        pod("web-0", 1, &[("app", "web")]),
+        pod("web-1", 2, &[("app", "web")]),
+    ]);
+    let (reason, message) = holder_of(&desired_holder(&tl, &valid, &pods)).unwrap_err();
+    assert_eq!(reason, Reason::PodNotOptedIn);
+    assert!(
+        message.starts_with("2 Ready pod(s)") && message.contains("web-0, web-1"),
+        "{message}"
+    );
+
+    // Nothing matches at all: no Ready candidate.
+    let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![]))).unwrap_err();
+    assert_eq!(reason, Reason::NoReadyCandidate);
+}
+
+#[test]
+fn candidates_and_named_pods_come_only_from_the_leases_namespace() {
+    let mut elsewhere = pod(
+        "web-0",
+        1,
+        &[("app", "web"), ("tl.targetlease.dev/candidate", "true")],
+    );
+    elsewhere.metadata.namespace = Some("other".into());
+    let pods = cache(vec![elsewhere]);
+    let (named, spec) = lease(
+        "tl",
+        serde_json::json!({"target": "t", "holder": {"identity": "w", "podName": "web-0"}}),
+    );
+    let (reason, message) = holder_of(&desired_holder(&named, &spec, &pods)).unwrap_err();
+    assert_eq!(reason, Reason::PodNotReady);
+    assert!(message.contains("does not exist"), "{message}");
+    let (elected, spec) = lease(
+        "tl",
+        serde_json::json!({"target": "t", "candidates": {"podSelector": {"matchLabels": {"app": "web"}}}}),
+    );
+    let (reason, _) = holder_of(&desired_holder(&elected, &spec, &pods)).unwrap_err();
+    assert_eq!(reason, Reason::NoReadyCandidate);
+}
+
+#[test]
+fn a_pod_is_in_another_election_only_if_it_opted_in_to_it() {
+    let election = |name: &str, uid: &str| {
+        let (mut tl, _) = lease(
+            name,
+            serde_json::json!({"target": name, "candidates": {"podSelector": {"matchLabels": {"app": "web"}}}}),
+        );
+        tl.metadata.uid = Some(uid.into());
+        tl.metadata.generation = Some(1);
+        std::sync::Arc::new(tl)
+    };
+    let leases = vec![
+        election("a", "u-a"),
+        election("b", "u-b"),
+        election("c", "u-c"),
+    ];
+    let p = pod(
+        "web-0",
+        1,
+        &[
+            ("app", "web"),
+            ("a.targetlease.dev/candidate", "true"),
+            ("b.targetlease.dev/candidate", "true"),
+        ],
+    );
+    let selectors = Selectors::default();
+    assert_eq!(
+        overlapping_elections(&leases[0], &p, &leases, &selectors),
+        ["b"]
+    );
+    assert!(
+        concerns(&leases[2], &p, &selectors),
+        "c is woken: the pod may opt in to it"
+    );
+}
