@@ -19,6 +19,7 @@ mod link;
 mod listing;
 pub mod notices;
 mod pool;
+mod preload;
 mod reply;
 mod resp;
 pub mod scripts;
@@ -39,7 +40,7 @@ pub use keys::KeySpace;
 use link::{Link, LinkError};
 use pool::Held;
 use resp::{Cmd, Value};
-use scripts::{SCRIPTS, Script, lacks_field_expiry};
+use scripts::Script;
 
 use super::{
     AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReadReply, ReleaseRequest,
@@ -190,76 +191,6 @@ impl ValkeyStore {
     /// it (`targetlease check`).
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
         self.preload_scripts(true).await
-    }
-
-    /// [`Self::load_scripts`]; unless `strict`, a primary that gives no answer
-    /// (no connection, no reply in time) is skipped with a warning, as long
-    /// as one primary answered. A refusal or a wrong hash always fails.
-    async fn preload_scripts(&self, strict: bool) -> Result<(), StoreError> {
-        let all = SCRIPTS.all();
-        // The server's version first: the scripts need hash-field expiry.
-        let cmds: Vec<Cmd> = std::iter::once(Cmd::new("INFO").arg("server"))
-            .chain(
-                all.iter()
-                    .map(|s| Cmd::new("SCRIPT").arg("LOAD").arg(&s.source)),
-            )
-            .collect();
-        let deadline = Instant::now() + self.timeout;
-        let per_node = self
-            .client
-            .send_to_primaries(&cmds, deadline)
-            .await
-            .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
-        let mut unreachable = Vec::new();
-        let nodes = per_node.len();
-        for (node, result) in per_node {
-            let sent = match result {
-                Ok(sent) => sent,
-                Err(e) => {
-                    let e = unanswered(e, Effect::Read, self.timeout);
-                    unreachable.push(format!("cannot load the scripts on {node}: {e}"));
-                    continue;
-                }
-            };
-            if let Some(Value::Bulk(info)) = sent.replies.first()
-                && let Some(why) = lacks_field_expiry(&String::from_utf8_lossy(info))
-            {
-                return Err(StoreError::BackendUnavailable(format!("{node} {why}")));
-            }
-            for (script, reply) in all.iter().zip(sent.replies.iter().skip(1)) {
-                match reply {
-                    Value::Error(e) => {
-                        return Err(StoreError::BackendUnavailable(format!(
-                            "cannot load script {} on {node}: {}",
-                            script.name,
-                            dial::first_words(e)
-                        )));
-                    }
-                    v if v.text().as_deref() == Some(script.sha.as_str()) => {}
-                    v => {
-                        return Err(StoreError::BackendUnavailable(format!(
-                            "script {} loaded on {node} with hash {}, expected {}",
-                            script.name,
-                            v.text().unwrap_or_default(),
-                            script.sha
-                        )));
-                    }
-                }
-            }
-        }
-        if unreachable.is_empty() {
-            return Ok(());
-        }
-        if strict || unreachable.len() == nodes {
-            return Err(StoreError::BackendUnavailable(unreachable.join("; ")));
-        }
-        for why in &unreachable {
-            tracing::warn!(
-                error = %why,
-                "a primary is unreachable; its scripts load on first use"
-            );
-        }
-        Ok(())
     }
 
     /// Closes every connection (locally: nothing is sent, so nothing can hang).
