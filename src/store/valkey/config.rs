@@ -173,12 +173,27 @@ impl Default for ValkeyConfig {
     }
 }
 
-/// The URL with any embedded password replaced, safe to log.
+/// The URL with any embedded password replaced, safe to log: the password,
+/// a `node=` value with a user or password in it, and every query key the
+/// client does not know (key and value: either may be a secret).
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("redacted"));
+            }
+            let shown =
+                |k: &str, v: &str| k == "sentinelServiceName" || (k == "node" && !v.contains('@'));
+            if u.query_pairs().any(|(k, v)| !shown(&k, &v)) {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| match (shown(&k, &v), k.as_ref()) {
+                        (true, _) => (k.into_owned(), v.into_owned()),
+                        (false, "node") => ("node".into(), "redacted".into()),
+                        (false, _) => ("redacted".into(), "redacted".into()),
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
             }
             u.to_string()
         }
@@ -206,6 +221,10 @@ mod tests {
             "rediss-cluster://u:hunter2@h:1?node=h:2",
             "redis-sentinel://:hunter2@h:26379/0?sentinelServiceName=m",
             "redis://u:hunter2@h:1,h:2/",
+            "redis-cluster://h:1?node=u:hunter2@h:2&node=h:3",
+            "redis-cluster://h:1?node=%3Ahunter2%40h%3A2",
+            "redis://h:1?password=hunter2",
+            "redis://h:1?hunter2",
         ] {
             let cfg = ValkeyConfig {
                 url: url.into(),
@@ -218,6 +237,13 @@ mod tests {
         assert_eq!(
             redact_url("redis://u:hunter2@h:1/"),
             "redis://u:redacted@h:1/"
+        );
+        // What names no secret is shown as written.
+        let plain = "redis-sentinel://s:1?sentinelServiceName=m&node=s2:2";
+        assert_eq!(redact_url(plain), plain);
+        assert_eq!(
+            redact_url("redis-cluster://h:1?node=u:hunter2@h:2&node=h:3"),
+            "redis-cluster://h:1?node=redacted&node=h%3A3"
         );
     }
 }
