@@ -107,8 +107,29 @@ fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
             redact_url(&cfg.url)
         )));
     }
+    let sentinel_tls = match (&endpoint.topology, &tls) {
+        (endpoint::Topology::Sentinel { .. }, Some(data)) if cfg.sentinel_tls.is_empty() => {
+            Some(data.clone())
+        }
+        (endpoint::Topology::Sentinel { .. }, Some(_)) => {
+            let files = cfg.sentinel_tls.or(&cfg.tls);
+            Some(Tls {
+                config: tls::client_config(&files)?,
+                server_name: files.server_name,
+            })
+        }
+        _ if !cfg.sentinel_tls.is_empty() => {
+            return Err(StoreError::Invalid(format!(
+                "bad valkey url {}: Sentinel TLS settings (--sentinel-tls-*) were given but the \
+                 URL does not use Sentinels over TLS (valkeys-sentinel://)",
+                redact_url(&cfg.url)
+            )));
+        }
+        _ => None,
+    };
     let dialer = Dialer {
         tls,
+        sentinel_tls,
         username: cfg.username.clone().or_else(|| endpoint.username.clone()),
         password: cfg.password.clone(),
         sentinel_username: cfg.sentinel_username.clone(),
