@@ -96,6 +96,30 @@ pub struct ConnectionArgs {
     /// Name to verify the server certificate against, instead of the URL host.
     #[arg(long, env = "TARGETLEASE_TLS_SERVER_NAME")]
     pub tls_server_name: Option<String>,
+    /// PEM CA bundle to trust for the Sentinels (valkeys-sentinel:// only);
+    /// default: --tls-ca-file. A CA of their own keeps a Sentinel's
+    /// certificate from passing for a data node's, and the other way round.
+    #[arg(long, env = "TARGETLEASE_SENTINEL_TLS_CA_FILE")]
+    pub sentinel_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain for mTLS to the Sentinels; default:
+    /// --tls-cert-file.
+    #[arg(
+        long,
+        env = "TARGETLEASE_SENTINEL_TLS_CERT_FILE",
+        requires = "sentinel_tls_key_file"
+    )]
+    pub sentinel_tls_cert_file: Option<PathBuf>,
+    /// PEM client private key for mTLS to the Sentinels; default: --tls-key-file.
+    #[arg(
+        long,
+        env = "TARGETLEASE_SENTINEL_TLS_KEY_FILE",
+        requires = "sentinel_tls_cert_file"
+    )]
+    pub sentinel_tls_key_file: Option<PathBuf>,
+    /// Name to verify the Sentinels' certificates against, instead of their
+    /// host in the URL; default: --tls-server-name.
+    #[arg(long, env = "TARGETLEASE_SENTINEL_TLS_SERVER_NAME")]
+    pub sentinel_tls_server_name: Option<String>,
     /// What must hold before an acquire is reported: none, replicas:N or aof
     /// (the primary's append-only file; it survives a power cut only with
     /// `appendfsync always` on the server, see docs/consistency.md).
@@ -174,9 +198,14 @@ impl ConnectionArgs {
             return self.to_config().map(StoreConfig::Valkey);
         }
         crate::store::etcd::check_url(self.url()).map_err(|why| ConfigError::of(URL_FLAG, why))?;
-        if self.sentinel_username.is_some() || self.sentinel_password_file.is_some() {
+        if self.sentinel_username.is_some()
+            || self.sentinel_password_file.is_some()
+            || self.sentinel_tls_ca_file.is_some()
+            || self.sentinel_tls_cert_file.is_some()
+            || self.sentinel_tls_server_name.is_some()
+        {
             return Err(ConfigError::new(
-                "Sentinel credentials are for redis-sentinel:// URLs, not etcd",
+                "Sentinel credentials and TLS settings are for redis-sentinel:// URLs, not etcd",
             ));
         }
         if self.durability != Durability::None {
@@ -267,6 +296,12 @@ impl ConnectionArgs {
             durable_pool_size: self.durable_pool_size,
             max_in_flight: self.max_in_flight,
             tls: self.tls_files(),
+            sentinel_tls: TlsFiles {
+                ca_file: self.sentinel_tls_ca_file.clone(),
+                cert_file: self.sentinel_tls_cert_file.clone(),
+                key_file: self.sentinel_tls_key_file.clone(),
+                server_name: self.sentinel_tls_server_name.clone(),
+            },
             durability: self.durability,
         })
     }
@@ -310,6 +345,22 @@ impl ConnectionArgs {
             ("TARGETLEASE_TLS_CERT_FILE", path(&self.tls_cert_file)),
             ("TARGETLEASE_TLS_KEY_FILE", path(&self.tls_key_file)),
             ("TARGETLEASE_TLS_SERVER_NAME", self.tls_server_name.clone()),
+            (
+                "TARGETLEASE_SENTINEL_TLS_CA_FILE",
+                path(&self.sentinel_tls_ca_file),
+            ),
+            (
+                "TARGETLEASE_SENTINEL_TLS_CERT_FILE",
+                path(&self.sentinel_tls_cert_file),
+            ),
+            (
+                "TARGETLEASE_SENTINEL_TLS_KEY_FILE",
+                path(&self.sentinel_tls_key_file),
+            ),
+            (
+                "TARGETLEASE_SENTINEL_TLS_SERVER_NAME",
+                self.sentinel_tls_server_name.clone(),
+            ),
             ("TARGETLEASE_DURABILITY", Some(self.durability.to_string())),
         ];
         vars.into_iter()

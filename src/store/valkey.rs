@@ -19,6 +19,8 @@ mod link;
 mod listing;
 pub mod notices;
 mod pool;
+mod preload;
+mod prepare;
 mod reply;
 mod resp;
 pub mod scripts;
@@ -32,14 +34,13 @@ use tokio::time::Instant;
 use calls::Call;
 use client::{Client, Route, SendError, Use};
 pub use config::{Durability, Secret, TlsFiles, ValkeyConfig, redact_url};
-use dial::{Dialer, Tls};
-use endpoint::Endpoint;
 use errors::{Effect, server_error, unanswered};
 pub use keys::KeySpace;
 use link::{Link, LinkError};
 use pool::Held;
+use prepare::prepare;
 use resp::{Cmd, Value};
-use scripts::{SCRIPTS, Script, lacks_field_expiry};
+use scripts::Script;
 
 use super::{
     AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReadReply, ReleaseRequest,
@@ -59,62 +60,6 @@ pub struct ValkeyStore {
 /// quotes the URL).
 pub fn check_url(url: &str) -> Result<(), String> {
     endpoint::parse(url).map(|_| ())
-}
-
-/// The parsed URL and how to open connections for it (credentials, TLS).
-fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
-    let endpoint = endpoint::parse(&cfg.url).map_err(|why| {
-        StoreError::Invalid(format!("bad valkey url {}: {why}", redact_url(&cfg.url)))
-    })?;
-    let tls = if endpoint.tls {
-        Some(Tls {
-            config: tls::client_config(&cfg.tls)?,
-            server_name: cfg.tls.server_name.clone(),
-        })
-    } else if cfg.tls.ca_file.is_some()
-        || cfg.tls.cert_file.is_some()
-        || cfg.tls.server_name.is_some()
-    {
-        return Err(StoreError::Invalid(format!(
-            "bad valkey url {}: TLS files or a TLS server name were given but the URL does not use TLS (rediss://)",
-            redact_url(&cfg.url)
-        )));
-    } else {
-        None
-    };
-    if endpoint.tls
-        && matches!(endpoint.topology, endpoint::Topology::Sentinel { .. })
-        && cfg.tls.ca_file.is_none()
-        && cfg.tls.server_name.is_none()
-    {
-        // The primary's address comes from a Sentinel: with the system roots
-        // and the name it gives, any server with a public certificate for a
-        // name of the Sentinel's choosing would be sent the password.
-        return Err(StoreError::Invalid(format!(
-            "bad valkey url {}: TLS through Sentinels needs --tls-ca-file (the CA of the data \
-             nodes) or --tls-server-name (the name their certificates carry): with the system \
-             roots alone, a Sentinel could name any server holding a public certificate for a \
-             name of its choosing, and that server would be sent the password",
-            redact_url(&cfg.url)
-        )));
-    }
-    if (cfg.sentinel_username.is_some() || cfg.sentinel_password.is_some())
-        && !matches!(endpoint.topology, endpoint::Topology::Sentinel { .. })
-    {
-        return Err(StoreError::Invalid(format!(
-            "bad valkey url {}: Sentinel credentials were given but the URL does not use Sentinel (redis-sentinel://)",
-            redact_url(&cfg.url)
-        )));
-    }
-    let dialer = Dialer {
-        tls,
-        username: cfg.username.clone().or_else(|| endpoint.username.clone()),
-        password: cfg.password.clone(),
-        sentinel_username: cfg.sentinel_username.clone(),
-        sentinel_password: cfg.sentinel_password.clone(),
-        db: endpoint.db,
-    };
-    Ok((endpoint, dialer))
 }
 
 impl ValkeyStore {
@@ -190,76 +135,6 @@ impl ValkeyStore {
     /// it (`targetlease check`).
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
         self.preload_scripts(true).await
-    }
-
-    /// [`Self::load_scripts`]; unless `strict`, a primary that gives no answer
-    /// (no connection, no reply in time) is skipped with a warning, as long
-    /// as one primary answered. A refusal or a wrong hash always fails.
-    async fn preload_scripts(&self, strict: bool) -> Result<(), StoreError> {
-        let all = SCRIPTS.all();
-        // The server's version first: the scripts need hash-field expiry.
-        let cmds: Vec<Cmd> = std::iter::once(Cmd::new("INFO").arg("server"))
-            .chain(
-                all.iter()
-                    .map(|s| Cmd::new("SCRIPT").arg("LOAD").arg(&s.source)),
-            )
-            .collect();
-        let deadline = Instant::now() + self.timeout;
-        let per_node = self
-            .client
-            .send_to_primaries(&cmds, deadline)
-            .await
-            .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
-        let mut unreachable = Vec::new();
-        let nodes = per_node.len();
-        for (node, result) in per_node {
-            let sent = match result {
-                Ok(sent) => sent,
-                Err(e) => {
-                    let e = unanswered(e, Effect::Read, self.timeout);
-                    unreachable.push(format!("cannot load the scripts on {node}: {e}"));
-                    continue;
-                }
-            };
-            if let Some(Value::Bulk(info)) = sent.replies.first()
-                && let Some(why) = lacks_field_expiry(&String::from_utf8_lossy(info))
-            {
-                return Err(StoreError::BackendUnavailable(format!("{node} {why}")));
-            }
-            for (script, reply) in all.iter().zip(sent.replies.iter().skip(1)) {
-                match reply {
-                    Value::Error(e) => {
-                        return Err(StoreError::BackendUnavailable(format!(
-                            "cannot load script {} on {node}: {}",
-                            script.name,
-                            dial::first_words(e)
-                        )));
-                    }
-                    v if v.text().as_deref() == Some(script.sha.as_str()) => {}
-                    v => {
-                        return Err(StoreError::BackendUnavailable(format!(
-                            "script {} loaded on {node} with hash {}, expected {}",
-                            script.name,
-                            v.text().unwrap_or_default(),
-                            script.sha
-                        )));
-                    }
-                }
-            }
-        }
-        if unreachable.is_empty() {
-            return Ok(());
-        }
-        if strict || unreachable.len() == nodes {
-            return Err(StoreError::BackendUnavailable(unreachable.join("; ")));
-        }
-        for why in &unreachable {
-            tracing::warn!(
-                error = %why,
-                "a primary is unreachable; its scripts load on first use"
-            );
-        }
-        Ok(())
     }
 
     /// Closes every connection (locally: nothing is sent, so nothing can hang).

@@ -169,13 +169,24 @@ async fn the_operator_may_change_nothing_on_a_pod_but_its_marks() {
 fn refused_by_metadata_policy(r: &Result<TargetLease, kube::Error>) -> bool {
     matches!(r, Err(kube::Error::Api(s)) if s.code == 422
         && s.message.contains("ValidatingAdmissionPolicy")
-        && s.message.contains("the labels and annotations of a TargetLease may hold at most 65536 bytes"))
+        && s.message.contains("the labels, annotations, finalizers and owner references of a TargetLease may hold at most 65536 bytes"))
 }
 
 fn lease(name: &str, labels: Value, annotations: Value) -> TargetLease {
     serde_json::from_value(json!({
         "apiVersion": "targetlease.dev/v1alpha1", "kind": "TargetLease",
         "metadata": { "name": name, "labels": labels, "annotations": annotations },
+        "spec": { "target": name, "holder": { "identity": "job" } },
+    }))
+    .unwrap()
+}
+
+/// A TargetLease with `metadata` (its name added).
+fn lease_with(name: &str, mut metadata: Value) -> TargetLease {
+    metadata["name"] = Value::from(name);
+    serde_json::from_value(json!({
+        "apiVersion": "targetlease.dev/v1alpha1", "kind": "TargetLease",
+        "metadata": metadata,
         "spec": { "target": name, "holder": { "identity": "job" } },
     }))
     .unwrap()
@@ -218,6 +229,41 @@ async fn a_targetlease_may_carry_only_so_much_metadata() {
     api.create(&PostParams::default(), &at)
         .await
         .expect("exactly 65536 bytes are admitted");
+    // The same bound over finalizers and owner references, which the
+    // operator's cache keeps: 1100 finalizers of 62 bytes, 300 owners of
+    // about 270 bytes; 1000 finalizers (62000 bytes) are admitted. The
+    // operator's own finalizer is not counted, so it can always be added.
+    let finalizers: Vec<String> = (0..1100)
+        .map(|i| format!("example.com/{i:04}{}", "f".repeat(46)))
+        .collect();
+    let owners: Vec<Value> = (0..300)
+        .map(|i| {
+            json!({ "apiVersion": "v1", "kind": "ConfigMap",
+                    "name": format!("{i:04}{}", "o".repeat(249)), "uid": format!("uid-{i}") })
+        })
+        .collect();
+    for (name, metadata) in [
+        (
+            "finalizers-under",
+            json!({ "finalizers": finalizers[..1000] }),
+        ),
+        (
+            "at-and-mine",
+            json!({ "annotations": { "note": "n".repeat(65_536 - 4) },
+                    "finalizers": ["targetlease.dev/release"] }),
+        ),
+    ] {
+        api.create(&PostParams::default(), &lease_with(name, metadata))
+            .await
+            .unwrap_or_else(|e| panic!("{name} is admitted: {e}"));
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .expect("dropping finalizers shrinks the metadata");
+    }
     // One byte over, as annotations, as labels, or both: refused.
     let many_labels: serde_json::Map<String, Value> = (0..1100)
         .map(|i| (format!("l{i:04}"), Value::from("v".repeat(55))))
@@ -243,6 +289,22 @@ async fn a_targetlease_may_carry_only_so_much_metadata() {
             "multi-byte characters counted in bytes",
             lease("utf8", json!({}), json!({ "note": "é".repeat(32_767) })),
         ),
+        (
+            "many finalizers",
+            lease_with("finalizers", json!({ "finalizers": finalizers })),
+        ),
+        (
+            "many owner references",
+            lease_with("owners", json!({ "ownerReferences": owners })),
+        ),
+        (
+            "a finalizer on top of annotations at the bound",
+            lease_with(
+                "at-and-finalizer",
+                json!({ "annotations": { "note": "n".repeat(65_536 - 4) },
+                        "finalizers": ["example.com/x"] }),
+            ),
+        ),
     ] {
         let r = api.create(&PostParams::default(), &tl).await;
         assert!(refused_by_metadata_policy(&r), "{what}: {r:?}");
@@ -256,6 +318,14 @@ async fn a_targetlease_may_carry_only_so_much_metadata() {
         )
         .await;
     assert!(refused_by_metadata_policy(&grow), "{grow:?}");
+    let grow = api
+        .patch(
+            "at",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": ["example.com/x"] } })),
+        )
+        .await;
+    assert!(refused_by_metadata_policy(&grow), "a finalizer: {grow:?}");
     // The old object is already over, and not growing: a finalizer comes and
     // goes (what the operator does), and shrinking is fine.
     for finalizers in [json!(["targetlease.dev/release"]), json!(null)] {

@@ -233,3 +233,42 @@ fn two_releases_share_no_cluster_scoped_name_and_no_policy_scope() {
     assert_side_by_side(("tl", "team-a"), ("tl", "team-b"));
     assert_side_by_side(("alpha", "team-a"), ("beta", "team-b"));
 }
+
+/// `admissionPolicy.namespaceSelector` narrows where the chart's policies on
+/// TargetLeases apply, and nothing else: the operator still watches every
+/// namespace (and the pod-marks policy still covers every pod it may patch),
+/// with its cluster-wide role, so a namespace left out of the selector has
+/// its TargetLeases served without the policies' protection (docs/operator.md,
+/// "What a tenant can reach"). Only `operator.watchNamespace` narrows what
+/// the operator watches and may touch.
+#[test]
+fn a_namespace_selector_narrows_the_policies_not_what_the_operator_watches() {
+    let selector = json!({ "matchLabels": { "tenants": "yes" } });
+    let r = template(
+        "tl",
+        "tl-system",
+        &[
+            "--set-json",
+            &format!("admissionPolicy.namespaceSelector={selector}"),
+        ],
+    );
+    for which in ["status-writers", "lease-metadata"] {
+        assert_eq!(
+            r.policy_binding(which)["spec"]["matchResources"]["namespaceSelector"],
+            selector,
+            "{which}"
+        );
+    }
+    // The operator may patch pods wherever it watches: their policy
+    // follows it, not the selector.
+    assert!(r.policy_binding("pod-marks")["spec"]["matchResources"].is_null());
+    assert!(
+        !r.args().iter().any(|a| a.starts_with("--watch-namespace")),
+        "{:?}",
+        r.args()
+    );
+    assert!(
+        r.find("ClusterRoleBinding").is_some(),
+        "the operator keeps its cluster-wide role"
+    );
+}

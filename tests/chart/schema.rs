@@ -110,6 +110,10 @@ fn mistakes_that_leak_secrets_or_do_not_exist_are_refused() {
         &set("valkey.url=valkey://user:secret@valkey:6379"),
         "/valkey/url",
     );
+    refused(
+        &set("valkey.url=valkey-cluster://a:7000?node=user:secret@b:7001"),
+        "/valkey/url",
+    );
     for url in [
         "valkey://valkey:6379",
         "valkey-cluster://a:7000",

@@ -31,6 +31,55 @@ fn documented_rule() -> Vec<String> {
         .collect()
 }
 
+/// The `ACL SETUSER team-a` line of docs/valkey.md, with the password filled in.
+fn tenant_rule() -> Vec<String> {
+    let doc = include_str!("../../docs/valkey.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER team-a "))
+        .expect("docs/valkey.md has an `ACL SETUSER team-a …` line");
+    line.replace(">CHANGE-ME", &format!(">{PASSWORD}"))
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A server with the tenant user of docs/valkey.md, and no script loaded.
+fn server_with_tenant() -> ValkeyServer {
+    let server = ValkeyServer::start();
+    let rule = tenant_rule();
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert_eq!(server.conn().cmd(&args).text(), "OK", "the rule applies");
+    server
+}
+
+fn tenant_config(server: &ValkeyServer) -> ValkeyConfig {
+    ValkeyConfig {
+        url: server.url(),
+        username: Some("team-a".into()),
+        password: Some(Secret::new(PASSWORD)),
+        ..ValkeyConfig::default()
+    }
+}
+
+/// What the operator does when it starts: load every script, with the
+/// deployment's user of docs/valkey.md.
+async fn load_scripts_as_the_deployment(server: &ValkeyServer) {
+    let rule = documented_rule();
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert_eq!(server.conn().cmd(&args).text(), "OK", "the rule applies");
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        url: server.url(),
+        username: Some("targetlease".into()),
+        password: Some(Secret::new(PASSWORD)),
+        ..ValkeyConfig::default()
+    })
+    .await
+    .expect("the deployment's user loads the scripts");
+    store.load_scripts().await.expect("load every script");
+    store.close().await;
+}
+
 fn server_with_user() -> ValkeyServer {
     // DEBUG enabled, so that refusing it is the ACL's doing.
     let server = ValkeyServer::start_with(&["--enable-debug-command", "yes"]);
@@ -274,27 +323,11 @@ async fn the_documented_user_follows_ask_during_a_slot_migration() {
 /// own namespace and is refused, before anything runs, in any other.
 #[tokio::test]
 async fn a_tenant_user_reaches_only_its_namespace() {
-    let doc = include_str!("../../docs/valkey.md");
-    let line = doc
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER team-a "))
-        .expect("docs/valkey.md has an `ACL SETUSER team-a …` line");
-    let rule: Vec<String> = line
-        .replace(">CHANGE-ME", &format!(">{PASSWORD}"))
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect();
-    let server = ValkeyServer::start();
-    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
-    assert_eq!(server.conn().cmd(&args).text(), "OK", "the rule applies");
-    let store = ValkeyStore::connect(&ValkeyConfig {
-        url: server.url(),
-        username: Some("team-a".into()),
-        password: Some(Secret::new(PASSWORD)),
-        ..ValkeyConfig::default()
-    })
-    .await
-    .expect("connect and load scripts as the tenant user");
+    let server = server_with_tenant();
+    load_scripts_as_the_deployment(&server).await;
+    let store = ValkeyStore::connect(&tenant_config(&server))
+        .await
+        .expect("connect as the tenant user, the scripts loaded by another");
     let ttl = Duration::from_secs(30);
 
     let own = Target::new("team-a", "db");
@@ -352,4 +385,100 @@ async fn a_tenant_user_reaches_only_its_namespace() {
         let key = store.keys().target(&other);
         assert_eq!(server.conn().cmd(&["EXISTS", &key]).int(), 0, "{ns}");
     }
+}
+
+/// The tenant's rule grants no Lua of its own: `EVAL`, `SCRIPT LOAD` and
+/// functions are refused, so it cannot block the server with a script that
+/// loops. It runs the lease scripts once a user that may has loaded them;
+/// before that, and after the server forgets them, it is refused in words
+/// that say who must load them, and nothing runs.
+#[tokio::test]
+async fn a_tenant_user_runs_no_lua_of_its_own_and_works_once_the_scripts_are_loaded() {
+    let server = server_with_tenant();
+    let mut c = server.conn();
+    assert_eq!(c.cmd(&["AUTH", "team-a", PASSWORD]).text(), "OK");
+    let own_key = "targetlease:{team-a:db}";
+    let lua: &[&[&str]] = &[
+        &["EVAL", "return 1", "0"],
+        &["EVAL", "return 1", "1", own_key],
+        &["EVAL_RO", "return 1", "1", own_key],
+        &["SCRIPT", "LOAD", "return 1"],
+        &["SCRIPT", "FLUSH"],
+        &[
+            "FUNCTION",
+            "LOAD",
+            "#!lua name=x\nredis.register_function('x', function() return 1 end)",
+        ],
+        &["FCALL", "x", "0"],
+    ];
+    for cmd in lua {
+        match c.cmd(cmd) {
+            Resp::Error(e) if e.starts_with("NOPERM") => {}
+            other => panic!("{:?} must be refused with NOPERM, got {other:?}", &cmd[..2]),
+        }
+    }
+
+    // Nothing loaded yet: the connect says which scripts are missing and
+    // who must load them.
+    let why = match ValkeyStore::connect(&tenant_config(&server)).await {
+        Err(targetlease::store::StoreError::BackendUnavailable(why)) => why,
+        Err(other) => panic!("backend_unavailable, got {other:?}"),
+        Ok(_) => panic!("the tenant cannot connect before the scripts are loaded"),
+    };
+    assert!(
+        why.contains("not loaded") && why.contains("may not load") && why.contains("acquire"),
+        "{why}"
+    );
+    assert!(!why.contains(PASSWORD), "{why}");
+
+    load_scripts_as_the_deployment(&server).await;
+    let store = ValkeyStore::connect(&tenant_config(&server))
+        .await
+        .expect("the tenant connects once the scripts are loaded");
+    let t = Target::new("team-a", "db");
+    let ttl = Duration::from_secs(30);
+    let r = store
+        .acquire(&AcquireRequest::new(t.clone(), "alice", ttl))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    let holder = r.lease.unwrap().handle().unwrap();
+
+    // The server forgets its scripts (a restart, a failover): the tenant is
+    // refused before anything runs, in words, and may not send the source.
+    assert_eq!(server.conn().cmd(&["SCRIPT", "FLUSH"]).text(), "OK");
+    let evals_before = server.calls("eval");
+    match store
+        .renew(&RenewRequest::new(t.clone(), holder.clone(), ttl))
+        .await
+    {
+        Err(targetlease::store::StoreError::BackendUnavailable(why)) => assert!(
+            why.contains("not loaded") && why.contains("may not load"),
+            "{why}"
+        ),
+        other => panic!("a definite refusal that says why, got {other:?}"),
+    }
+    assert_eq!(
+        server.calls("eval"),
+        evals_before,
+        "the tenant's EVAL ran nothing"
+    );
+    let r = store.get(&t).await;
+    assert!(
+        matches!(&r, Err(targetlease::store::StoreError::BackendUnavailable(why)) if why.contains("not loaded")),
+        "{r:?}"
+    );
+
+    // Loaded again by the deployment's user: the lease is still the tenant's.
+    load_scripts_as_the_deployment(&server).await;
+    let r = store
+        .renew(&RenewRequest::new(t.clone(), holder.clone(), ttl))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Renewed, "{}", r.message);
+    let r = store
+        .release(&ReleaseRequest::new(t, holder))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Released);
 }

@@ -154,3 +154,80 @@ async fn a_sentinel_naming_a_replica_does_not_hide_the_next_one() {
     );
     acquire_lands_on(url, &primary, "after-a-replica").await;
 }
+
+/// A Sentinel that names another Sentinel as the primary (a monitor line
+/// pointing at the wrong port) is refused in words, and the named Sentinel
+/// is never sent the data nodes' password: one that takes no password is
+/// asked its role before `AUTH`, one listed in the URL is not connected to
+/// as a data node at all (the next Sentinel is asked instead). Each
+/// Sentinel's ACL log would show an `AUTH` with the data nodes' user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_named_as_the_primary_is_refused_and_never_sent_the_password() {
+    use crate::support::resp::Resp;
+    let primary = ValkeyServer::start();
+    let user = [
+        "ACL", "SETUSER", "app", "on", ">data-pw", "~*", "&*", "+@all",
+    ];
+    assert_eq!(primary.conn().cmd(&user).text(), "OK");
+    let config = |url: String, sentinel_password: Option<&str>| ValkeyConfig {
+        url,
+        username: Some("app".into()),
+        password: Some(Secret::new("data-pw")),
+        sentinel_password: sentinel_password.map(Secret::new),
+        ..ValkeyConfig::default()
+    };
+    let acl_log = |port: u16, password: Option<&str>| {
+        let mut c = crate::support::resp::Conn::connect(&format!("127.0.0.1:{port}")).unwrap();
+        if let Some(pw) = password {
+            assert_eq!(c.cmd(&["AUTH", pw]).text(), "OK");
+        }
+        match c.cmd(&["ACL", "LOG"]) {
+            Resp::Array(Some(entries)) => entries,
+            other => panic!("ACL LOG: {other:?}"),
+        }
+    };
+
+    // An open Sentinel named by the only one in the URL.
+    let named = Sentinel::start(&primary);
+    let naming = Sentinel::watching(named.port, "");
+    let url = format!(
+        "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster",
+        naming.port
+    );
+    match ValkeyStore::connect(&config(url, None)).await {
+        Err(StoreError::BackendUnavailable(msg)) => {
+            assert!(msg.contains("it is a Sentinel, not a primary"), "{msg}");
+            assert!(!msg.contains("data-pw"), "{msg}");
+        }
+        other => panic!("a Sentinel was used as the primary: {:?}", other.err()),
+    }
+    assert_eq!(acl_log(named.port, None), [], "the named Sentinel got AUTH");
+
+    // Sentinels that take a password (which cannot be told from a data
+    // node before AUTH): the named one is in the URL, so it is skipped as a
+    // primary and asked in turn, and it names the real primary.
+    let extra = "requirepass sentinel-pw\n";
+    let named = Sentinel::watching(primary.port, extra);
+    let naming = Sentinel::watching(named.port, extra);
+    let url = format!(
+        "redis-sentinel://127.0.0.1:{}?sentinelServiceName=mymaster&node=127.0.0.1:{}",
+        naming.port, named.port
+    );
+    let store = ValkeyStore::connect(&config(url, Some("sentinel-pw")))
+        .await
+        .expect("the next Sentinel names the real primary");
+    let r = store
+        .acquire(&AcquireRequest::new(
+            Target::new("sentinel", "named-a-sentinel"),
+            "a",
+            Duration::from_secs(30),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    assert_eq!(
+        acl_log(named.port, Some("sentinel-pw")),
+        [],
+        "the named Sentinel got AUTH"
+    );
+}

@@ -12,7 +12,7 @@ use targetlease::store::{AcquireRequest, LeaseStore, Outcome, StoreError, Target
 
 use crate::support::process::start_ready;
 use crate::support::recording_server::{RecordingServer, bulk};
-use crate::support::tls::{TestCa, TlsServer};
+use crate::support::tls::{Issued, TestCa, TlsServer};
 use crate::support::tools::tool;
 use crate::support::valkey_server::{ValkeyServer, free_port};
 
@@ -271,55 +271,138 @@ async fn the_documented_user_checks_the_role_of_a_real_replica() {
 }
 
 /// A real Sentinel over TLS (apt's `redis-server --sentinel`, built with
-/// TLS, watching over TLS a `valkey-server` behind `stunnel`), each with a
-/// certificate from the configured CA: leases work through
-/// `valkeys-sentinel://`, with the data nodes' password.
+/// TLS) serving `cert`, watching over TLS the primary on `primary_port`,
+/// whose certificate it checks against `primary_ca`. Returns it and its port.
+fn tls_sentinel(
+    dir: &std::path::Path,
+    cert: &Issued,
+    primary_ca: &TestCa,
+    primary_port: u16,
+) -> (std::process::Child, u16) {
+    let port = free_port();
+    let conf = dir.join(format!("sentinel-{port}.conf"));
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {}\ntls-cert-file {}\ntls-key-file {}\n\
+             tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n\
+             sentinel monitor mymaster 127.0.0.1 {primary_port} 1\nsentinel auth-pass mymaster {PASSWORD}\n",
+            dir.display(),
+            cert.cert.display(),
+            cert.key.display(),
+            primary_ca.ca_file().display(),
+        ),
+    )
+    .unwrap();
+    let child = start_ready(
+        &format!("TLS sentinel on port {port}"),
+        Command::new(tool("redis-server"))
+            .arg(&conf)
+            .arg("--sentinel"),
+        &dir.join(format!("sentinel-{port}.log")),
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
+    (child, port)
+}
+
+async fn acquire_through(cfg: &ValkeyConfig, target: &str) -> Result<Outcome, StoreError> {
+    let store = ValkeyStore::connect(cfg).await?;
+    let r = store
+        .acquire(&AcquireRequest::new(
+            Target::new("sentinel", target),
+            "a",
+            Duration::from_secs(30),
+        ))
+        .await?;
+    store.close().await;
+    Ok(r.outcome)
+}
+
+/// A real Sentinel over TLS (watching over TLS a `valkey-server` behind
+/// `stunnel`), each with a certificate from the configured CA: leases work
+/// through `valkeys-sentinel://`, with the data nodes' password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_work_through_sentinels_over_tls() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "trusted");
     let primary = TlsServer::start(&ca, &["127.0.0.1"], false, &["--requirepass", PASSWORD]);
     let cert = ca.issue("sentinel", &["127.0.0.1"], false);
-    let port = free_port();
-    let conf = dir.path().join("sentinel.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {}\ntls-cert-file {}\ntls-key-file {}\n\
-             tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n\
-             sentinel monitor mymaster 127.0.0.1 {} 1\nsentinel auth-pass mymaster {PASSWORD}\n",
-            dir.path().display(),
-            cert.cert.display(),
-            cert.key.display(),
-            ca.ca_file().display(),
-            primary.port,
-        ),
-    )
-    .unwrap();
-    let mut sentinel = start_ready(
-        &format!("TLS sentinel on port {port}"),
-        Command::new(tool("redis-server"))
-            .arg(&conf)
-            .arg("--sentinel"),
-        &dir.path().join("sentinel.log"),
-        Duration::from_secs(10),
-        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-    );
-    let result = async {
-        let store = ValkeyStore::connect(&sentinel_config(port, trusting(&ca, None))).await?;
-        store
-            .acquire(&AcquireRequest::new(
-                Target::new("sentinel", "tls"),
-                "a",
-                Duration::from_secs(30),
-            ))
-            .await
-    }
-    .await;
+    let (mut sentinel, port) = tls_sentinel(dir.path(), &cert, &ca, primary.port);
+    let result = acquire_through(&sentinel_config(port, trusting(&ca, None)), "tls").await;
     let _ = sentinel.kill();
     let _ = sentinel.wait();
     match result {
-        Ok(r) => assert_eq!(r.outcome, Outcome::Acquired),
+        Ok(outcome) => assert_eq!(outcome, Outcome::Acquired),
         Err(e) => panic!("through a TLS Sentinel: {e}"),
+    }
+}
+
+/// Sentinels with certificates from a CA of their own, data nodes from
+/// another: the Sentinels are verified with their own settings
+/// (`--sentinel-tls-*`) and the data nodes with theirs, so neither CA
+/// vouches for the other kind of server. Without the Sentinels' own CA the
+/// data nodes' CA does not accept them; Sentinel TLS settings with a URL
+/// that is not `valkeys-sentinel://` are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_are_verified_with_tls_settings_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_ca = TestCa::new(dir.path(), "data");
+    let sentinel_ca = TestCa::new(dir.path(), "sentinels");
+    let primary = TlsServer::start(
+        &data_ca,
+        &["127.0.0.1"],
+        false,
+        &["--requirepass", PASSWORD],
+    );
+    let cert = sentinel_ca.issue("sentinel", &["127.0.0.1", "sentinel.internal"], false);
+    let (mut sentinel, port) = tls_sentinel(dir.path(), &cert, &data_ca, primary.port);
+    let own = |server_name: Option<&str>| ValkeyConfig {
+        sentinel_tls: TlsFiles {
+            ca_file: Some(sentinel_ca.ca_file()),
+            server_name: server_name.map(String::from),
+            ..TlsFiles::default()
+        },
+        ..sentinel_config(port, trusting(&data_ca, None))
+    };
+    let with_their_own = acquire_through(&own(None), "own-ca").await;
+    let pinned = acquire_through(&own(Some("sentinel.internal")), "own-name").await;
+    let wrong_name = acquire_through(&own(Some("valkey.internal")), "wrong-name").await;
+    let with_the_data_nodes_ca =
+        acquire_through(&sentinel_config(port, trusting(&data_ca, None)), "data-ca").await;
+    let _ = sentinel.kill();
+    let _ = sentinel.wait();
+    for (what, r) in [("their own CA", with_their_own), ("their own name", pinned)] {
+        match r {
+            Ok(outcome) => assert_eq!(outcome, Outcome::Acquired, "{what}"),
+            Err(e) => panic!("Sentinels verified with {what}: {e}"),
+        }
+    }
+    for (r, words) in [
+        (wrong_name, "not valid for"),
+        (
+            with_the_data_nodes_ca,
+            "not signed by a trusted certificate authority",
+        ),
+    ] {
+        match r {
+            Err(StoreError::BackendUnavailable(msg)) => {
+                assert!(msg.contains(words) && msg.contains("sentinel"), "{msg}");
+                assert!(!msg.contains(PASSWORD), "{msg}");
+            }
+            other => panic!("a Sentinel was accepted without proving itself: {other:?}"),
+        }
+    }
+
+    let not_tls = ValkeyConfig {
+        sentinel_tls: TlsFiles {
+            ca_file: Some(sentinel_ca.ca_file()),
+            ..TlsFiles::default()
+        },
+        ..sentinel_config(port, None)
+    };
+    match ValkeyStore::connect(&not_tls).await {
+        Err(StoreError::Invalid(msg)) => assert!(msg.contains("valkeys-sentinel://"), "{msg}"),
+        other => panic!("expected invalid settings, got {:?}", other.err()),
     }
 }

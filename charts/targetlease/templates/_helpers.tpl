@@ -68,3 +68,14 @@ separates the two unambiguously.
 {{- define "targetlease.clusterScopedName" -}}
 {{- printf "%s.%s" .Release.Namespace (include "targetlease.fullname" .) }}
 {{- end }}
+
+{{/*
+A CEL expression: the bytes of the labels, annotations, finalizers (but the
+operator's own, so that it can always add it) and owner references of the
+TargetLease named by the argument ("object" or "oldObject"), as the
+lease-metadata policy counts them.
+*/}}
+{{- define "targetlease.leaseMetadataBytes" -}}
+{{- $m := printf "%s.metadata" . -}}
+(has({{ $m }}.labels) ? {{ $m }}.labels.map(k, size(bytes(k)) + size(bytes({{ $m }}.labels[k]))).sum() : 0) + (has({{ $m }}.annotations) ? {{ $m }}.annotations.map(k, size(bytes(k)) + size(bytes({{ $m }}.annotations[k]))).sum() : 0) + (has({{ $m }}.finalizers) ? {{ $m }}.finalizers.filter(f, f != 'targetlease.dev/release').map(f, size(bytes(f))).sum() : 0) + (has({{ $m }}.ownerReferences) ? {{ $m }}.ownerReferences.map(o, size(bytes(o.apiVersion)) + size(bytes(o.kind)) + size(bytes(o.name)) + size(bytes(o.uid))).sum() : 0)
+{{- end }}

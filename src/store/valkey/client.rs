@@ -366,7 +366,7 @@ fn forget_if_not_primary(link: &Link, replies: &[Value]) -> bool {
     demoted
 }
 
-fn from_link(e: LinkError) -> SendError {
+pub(super) fn from_link(e: LinkError) -> SendError {
     match e {
         LinkError::NotSent(why) | LinkError::Requeue(why) => SendError::NotSent(why),
         LinkError::Lost(why) => SendError::Lost(why),

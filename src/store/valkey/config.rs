@@ -59,6 +59,10 @@ pub struct ValkeyConfig {
     pub max_in_flight: usize,
     /// TLS material; used with `rediss://` and `rediss-cluster://` URLs.
     pub tls: TlsFiles,
+    /// TLS material for the Sentinels (`valkeys-sentinel://` only): each
+    /// setting left unset is the data nodes' one in [`Self::tls`] (the
+    /// certificate and key as a pair).
+    pub sentinel_tls: TlsFiles,
     /// What must hold before an acquire is reported as held.
     pub durability: Durability,
 }
@@ -79,6 +83,7 @@ impl fmt::Debug for ValkeyConfig {
             durable_pool_size,
             max_in_flight,
             tls,
+            sentinel_tls,
             durability,
         } = self;
         f.debug_struct("ValkeyConfig")
@@ -94,6 +99,7 @@ impl fmt::Debug for ValkeyConfig {
             .field("durable_pool_size", durable_pool_size)
             .field("max_in_flight", max_in_flight)
             .field("tls", tls)
+            .field("sentinel_tls", sentinel_tls)
             .field("durability", durability)
             .finish()
     }
@@ -110,6 +116,32 @@ pub struct TlsFiles {
     pub key_file: Option<PathBuf>,
     /// Name to verify the server certificate against, instead of the URL host.
     pub server_name: Option<String>,
+}
+
+impl TlsFiles {
+    /// True when nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self.ca_file.is_none()
+            && self.cert_file.is_none()
+            && self.key_file.is_none()
+            && self.server_name.is_none()
+    }
+
+    /// These settings, each one left unset taken from `fallback` (the
+    /// certificate and key as a pair: both from here, or both from there).
+    pub fn or(&self, fallback: &TlsFiles) -> TlsFiles {
+        let own_pair = self.cert_file.is_some() || self.key_file.is_some();
+        let pair = if own_pair { self } else { fallback };
+        TlsFiles {
+            ca_file: self.ca_file.clone().or_else(|| fallback.ca_file.clone()),
+            cert_file: pair.cert_file.clone(),
+            key_file: pair.key_file.clone(),
+            server_name: self
+                .server_name
+                .clone()
+                .or_else(|| fallback.server_name.clone()),
+        }
+    }
 }
 
 /// How durable an acquired lease must be before it is reported.
@@ -168,17 +200,33 @@ impl Default for ValkeyConfig {
             durable_pool_size: 16,
             max_in_flight: 1024,
             tls: TlsFiles::default(),
+            sentinel_tls: TlsFiles::default(),
             durability: Durability::None,
         }
     }
 }
 
-/// The URL with any embedded password replaced, safe to log.
+/// The URL with any embedded password replaced, safe to log: the password,
+/// a `node=` value with a user or password in it, and every query key the
+/// client does not know (key and value: either may be a secret).
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("redacted"));
+            }
+            let shown =
+                |k: &str, v: &str| k == "sentinelServiceName" || (k == "node" && !v.contains('@'));
+            if u.query_pairs().any(|(k, v)| !shown(&k, &v)) {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| match (shown(&k, &v), k.as_ref()) {
+                        (true, _) => (k.into_owned(), v.into_owned()),
+                        (false, "node") => ("node".into(), "redacted".into()),
+                        (false, _) => ("redacted".into(), "redacted".into()),
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
             }
             u.to_string()
         }
@@ -206,6 +254,10 @@ mod tests {
             "rediss-cluster://u:hunter2@h:1?node=h:2",
             "redis-sentinel://:hunter2@h:26379/0?sentinelServiceName=m",
             "redis://u:hunter2@h:1,h:2/",
+            "redis-cluster://h:1?node=u:hunter2@h:2&node=h:3",
+            "redis-cluster://h:1?node=%3Ahunter2%40h%3A2",
+            "redis://h:1?password=hunter2",
+            "redis://h:1?hunter2",
         ] {
             let cfg = ValkeyConfig {
                 url: url.into(),
@@ -218,6 +270,13 @@ mod tests {
         assert_eq!(
             redact_url("redis://u:hunter2@h:1/"),
             "redis://u:redacted@h:1/"
+        );
+        // What names no secret is shown as written.
+        let plain = "redis-sentinel://s:1?sentinelServiceName=m&node=s2:2";
+        assert_eq!(redact_url(plain), plain);
+        assert_eq!(
+            redact_url("redis-cluster://h:1?node=u:hunter2@h:2&node=h:3"),
+            "redis-cluster://h:1?node=redacted&node=h%3A3"
         );
     }
 }

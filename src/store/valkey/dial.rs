@@ -38,8 +38,11 @@ pub struct Tls {
 /// How to open and authenticate a connection to any server of one deployment.
 #[derive(Clone)]
 pub struct Dialer {
-    /// TLS, when the URL asks for it.
+    /// TLS to the data nodes, when the URL asks for it.
     pub tls: Option<Tls>,
+    /// TLS to the Sentinels, when the URL asks for it: their own settings,
+    /// or the data nodes' where none are given.
+    pub sentinel_tls: Option<Tls>,
     /// ACL user of the data nodes.
     pub username: Option<String>,
     /// ACL password of the data nodes (or the legacy `requirepass` password
@@ -119,15 +122,22 @@ impl Dialer {
             username: self.username.as_deref(),
             password: self.password.as_ref(),
         };
-        self.connect_with(addr, deadline, self.db, login).await
+        self.connect_with(addr, deadline, self.db, login, self.tls.as_ref(), false)
+            .await
     }
 
+    /// Opens a connection and logs in. With `role_first`, `ROLE` is asked
+    /// before `AUTH`: a server that answers it is a Sentinel is left before
+    /// it is sent the password (a Sentinel that takes a password answers
+    /// `NOAUTH` like a data node, and is told apart only after `AUTH`).
     async fn connect_with(
         &self,
         addr: &Addr,
         deadline: Instant,
         db: Option<u32>,
         login: Login<'_>,
+        tls: Option<&Tls>,
+        role_first: bool,
     ) -> Result<Conn, DialError> {
         let fail = |why: String| DialError(format!("cannot connect to {addr}: {why}"));
         let open = async {
@@ -141,7 +151,7 @@ impl Dialer {
                 .with_interval(Duration::from_secs(10));
             let _ = SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
             let probe = Probe::of(&tcp);
-            let mut stream: Stream = match &self.tls {
+            let mut stream: Stream = match tls {
                 None => Box::new(tcp),
                 Some(tls) => {
                     let name = tls.server_name.clone().unwrap_or_else(|| addr.host.clone());
@@ -155,6 +165,14 @@ impl Dialer {
                     Box::new(s)
                 }
             };
+            if role_first
+                && let Value::Array(role) = ask_one(&mut stream, Cmd::new("ROLE"), deadline)
+                    .await
+                    .map_err(fail)?
+                && role.first().and_then(Value::text).as_deref() == Some("sentinel")
+            {
+                return Err(fail(NAMED_A_SENTINEL.into()));
+            }
             let mut hello = Vec::new();
             hello.push(match login.password {
                 Some(pw) => match login.username {
@@ -211,7 +229,7 @@ impl Dialer {
             let left = deadline.saturating_duration_since(Instant::now());
             let share = left / u32::try_from(sentinels.len() - i).unwrap_or(u32::MAX);
             let by = (Instant::now() + share).min(deadline);
-            match self.primary_named_by(s, service, by).await {
+            match self.primary_named_by(s, sentinels, service, by).await {
                 Ok(found) => return Ok(found),
                 Err(e) => why.push(e.0),
             }
@@ -224,17 +242,35 @@ impl Dialer {
 
     /// The primary `sentinel` names for `service`, connected and checked, by
     /// `deadline`. Nothing but the handshake and the role question is sent
-    /// before the server says it is a primary.
+    /// before the server says it is a primary; a Sentinel of the URL
+    /// (`sentinels`) named as the primary is not even connected to, so it
+    /// never gets the data nodes' password.
     async fn primary_named_by(
         &self,
         sentinel: &Addr,
+        sentinels: &[Addr],
         service: &str,
         deadline: Instant,
     ) -> Result<(Addr, Conn), DialError> {
         let addr = self.ask_sentinel(sentinel, service, deadline).await?;
         let named = |why: String| DialError(format!("sentinel {sentinel} named {addr}: {why}"));
+        if sentinels.contains(&addr) {
+            return Err(named(NAMED_A_SENTINEL.into()));
+        }
+        let login = Login {
+            username: self.username.as_deref(),
+            password: self.password.as_ref(),
+        };
+        let tls = self.tls.as_ref();
         let mut conn = self
-            .connect(&addr, deadline)
+            .connect_with(
+                &addr,
+                deadline,
+                self.db,
+                login,
+                tls,
+                login.password.is_some(),
+            )
             .await
             .map_err(|e| named(e.0))?;
         let stream = &mut conn.stream;
@@ -265,6 +301,7 @@ impl Dialer {
             // READONLY, and the connection dropped, if it is not the primary.
             None => Ok((addr, conn)),
             Some("") => Err(named("its role cannot be read".into())),
+            Some("sentinel") => Err(named(NAMED_A_SENTINEL.into())),
             Some(other) => Err(named(format!(
                 "it is not a primary (its role: {})",
                 first_words(other)
@@ -284,7 +321,9 @@ impl Dialer {
             username: self.sentinel_username.as_deref(),
             password: self.sentinel_password.as_ref(),
         };
-        let mut conn = self.connect_with(s, deadline, None, login).await?;
+        let mut conn = self
+            .connect_with(s, deadline, None, login, self.sentinel_tls.as_ref(), false)
+            .await?;
         let ask = [Cmd::new("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(service)];
@@ -309,6 +348,11 @@ impl Dialer {
         }
     }
 }
+
+/// Why a Sentinel named as the primary is refused.
+const NAMED_A_SENTINEL: &str = "it is a Sentinel, not a primary: the Sentinels must monitor the \
+     data nodes (check `sentinel monitor`), and a Sentinel is never sent the data nodes' password \
+     or used for leases";
 
 /// One command and its one reply, by `deadline`.
 async fn ask_one(stream: &mut Stream, cmd: Cmd, deadline: Instant) -> Result<Value, String> {

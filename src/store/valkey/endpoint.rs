@@ -125,10 +125,29 @@ pub fn parse(url: &str) -> Result<Endpoint, String> {
     let mut nodes = Vec::new();
     let mut service = None;
     for (k, v) in parsed.query_pairs() {
-        match k.as_ref() {
-            "node" => nodes.push(Addr::parse(&v).ok_or(format!("node {v:?} is not host:port"))?),
-            "sentinelServiceName" => service = Some(v.into_owned()),
-            _ => {}
+        match (k.as_ref(), kind) {
+            ("node", "cluster" | "sentinel") => nodes.push(node(&v, nodes.len() + 1)?),
+            ("node", _) => {
+                return Err(
+                    "the query key node is for more Cluster seeds or more Sentinels \
+                            (valkey-cluster://, valkey-sentinel://); a valkey:// URL names one \
+                            server"
+                        .into(),
+                );
+            }
+            ("sentinelServiceName", "sentinel") if service.is_some() => {
+                return Err("the query key sentinelServiceName is given twice".into());
+            }
+            ("sentinelServiceName", "sentinel") if v.is_empty() => {
+                return Err("the query key sentinelServiceName needs a name".into());
+            }
+            ("sentinelServiceName", "sentinel") => service = Some(v.into_owned()),
+            ("sentinelServiceName", _) => {
+                return Err("the query key sentinelServiceName is for Sentinel URLs \
+                            (valkey-sentinel://) only"
+                    .into());
+            }
+            (other, _) => return Err(unknown_key(other)),
         }
     }
     let db = match parsed.path().trim_matches('/') {
@@ -157,6 +176,55 @@ pub fn parse(url: &str) -> Result<Endpoint, String> {
         username,
         db,
     })
+}
+
+/// The `which`th `node=` value, a plain `host:port`. The reason never quotes
+/// the value: one written as `user:password@host:port` holds a password.
+fn node(value: &str, which: usize) -> Result<Addr, String> {
+    if value.contains('@') {
+        return Err(format!(
+            "node= value number {which} holds a user or a password (it has an `@`), which is \
+             refused: give it as host:port; the URL's user and --password-file apply to every \
+             node"
+        ));
+    }
+    let host_char = |c: char| c.is_ascii_alphanumeric() || ".-_:%".contains(c);
+    Addr::parse(value)
+        .filter(|a| a.host.chars().all(host_char))
+        .ok_or_else(|| {
+            format!(
+                "node= value number {which} is not host:port (a host name or IP address and a port)"
+            )
+        })
+}
+
+/// Why an unknown query key is refused. The key is named when it is a plain
+/// word (a query such as `?s3cret` is not quoted back).
+fn unknown_key(key: &str) -> String {
+    let word = !key.is_empty()
+        && key.len() <= 40
+        && key.starts_with(|c: char| c.is_ascii_alphabetic())
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let named = if word {
+        format!("the query key {key:?} is unknown")
+    } else {
+        "a query key that is not a plain word is unknown".to_owned()
+    };
+    let lower = key.to_ascii_lowercase();
+    let hint = if ["pass", "auth", "secret", "token", "cred"]
+        .iter()
+        .any(|w| lower.contains(w))
+    {
+        format!("; {PASSWORD_IN_URL}")
+    } else {
+        String::new()
+    };
+    format!(
+        "{named}: a URL takes only node (more Cluster seeds or Sentinels) and \
+         sentinelServiceName (Sentinel){hint}"
+    )
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -248,6 +316,76 @@ mod tests {
         assert!(parse("no-scheme").is_err());
         assert!(parse("redis://h/notanumber").is_err());
         assert!(parse("redis-cluster://a?node=b").is_err());
+    }
+
+    /// A `node=` value with a user or password, and every query key the
+    /// client does not know, are refused; the reason names the key and
+    /// quotes neither the value nor the URL.
+    #[test]
+    fn a_password_in_a_node_and_unknown_query_keys_are_refused_without_showing_them() {
+        for url in [
+            "redis-cluster://a:7000?node=u:s3cret-canary@b:7001",
+            "redis-cluster://a:7000?node=b:7001&node=:s3cret-canary@c:7002",
+            "valkeys-cluster://a:7000?node=u%3As3cret-canary%40b%3A7001",
+            "redis-sentinel://s1?sentinelServiceName=m&node=u:s3cret-canary@s2:26379",
+        ] {
+            let why = parse(url).expect_err(url);
+            assert!(!why.contains("s3cret"), "{url}: {why}");
+            assert!(
+                why.contains("node=") && why.contains("password"),
+                "{url}: {why}"
+            );
+            assert!(why.contains("--password-file"), "{url}: {why}");
+        }
+        let why = parse("redis-cluster://a:7000?node=b:7001&node=c/s3cret-canary:1").unwrap_err();
+        assert!(
+            why.contains("number 2") && why.contains("not host:port"),
+            "{why}"
+        );
+        assert!(!why.contains("s3cret"), "{why}");
+
+        for (url, key) in [
+            ("redis://h:1?password=s3cret-canary", "password"),
+            (
+                "redis-cluster://a:1?node=b:2&sentinelPassword=s3cret-canary",
+                "sentinelPassword",
+            ),
+            ("redis://h:1?protocol=3", "protocol"),
+            (
+                "redis-sentinel://s?sentinelServiceName=m&sentinelservicename=n",
+                "sentinelservicename",
+            ),
+            ("redis://h:1?tls=true", "tls"),
+        ] {
+            let why = parse(url).expect_err(url);
+            assert!(why.contains(&format!("{key:?}")), "{url}: {why}");
+            assert!(why.contains("is unknown"), "{url}: {why}");
+            assert!(!why.contains("s3cret"), "{url}: {why}");
+        }
+        let why = parse("redis://h:1?password=x").unwrap_err();
+        assert!(why.contains("--password-file"), "{why}");
+        let why = parse("redis://h:1?s3cret-canary!").unwrap_err();
+        assert!(
+            !why.contains("s3cret") && why.contains("is unknown"),
+            "{why}"
+        );
+
+        // Known keys where they do not apply, or twice.
+        for (url, words) in [
+            ("redis://a:1?node=b:2", "node is for"),
+            (
+                "redis-cluster://a:1?sentinelServiceName=m",
+                "for Sentinel URLs",
+            ),
+            (
+                "redis-sentinel://s?sentinelServiceName=m&sentinelServiceName=n",
+                "twice",
+            ),
+            ("redis-sentinel://s?sentinelServiceName=", "needs a name"),
+        ] {
+            let why = parse(url).expect_err(url);
+            assert!(why.contains(words), "{url}: {why}");
+        }
     }
 
     /// A password in any scheme's URL, with or without a user, percent-encoded

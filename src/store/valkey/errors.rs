@@ -75,6 +75,15 @@ pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
              targetlease needs Valkey 9.0 or newer"
         ));
     }
+    // `EVAL` is sent only after `NOSCRIPT`: a user refused it (a tenant's
+    // user, allowed `EVALSHA` only) needs someone else to load the scripts.
+    if error.starts_with("NOPERM") && (error.contains("'eval'") || error.contains("'eval_ro'")) {
+        return StoreError::BackendUnavailable(format!(
+            "valkey refused the operation: the lease script is not loaded on the server and \
+             this user may not load it ({said}); a user that may must load the scripts (the \
+             operator does when it starts, and so does `targetlease check` run with its user)"
+        ));
+    }
     if refused_before_running(error) {
         StoreError::BackendUnavailable(format!("valkey refused the operation: {said}"))
     } else if effect == Effect::Read {
