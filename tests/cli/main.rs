@@ -7,6 +7,7 @@ mod support;
 
 mod crd;
 mod etcd;
+mod etcd_tls;
 mod habits;
 mod install;
 mod lease;
