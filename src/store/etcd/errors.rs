@@ -159,14 +159,32 @@ fn closed_unanswered(s: &tonic::Status) -> bool {
 fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut source = Some(e);
     while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && io.get_ref().is_some_and(|i| i.is::<rustls::Error>())
-        {
-            return Some(crate::store::valkey::tls::describe_io(io, None));
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
+                return Some(crate::store::valkey::tls::describe_io(io, None));
+            }
+            // An alert read after the handshake reaches us as text only.
+            if let Some(alert) = alert_named(&io.to_string()) {
+                let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert);
+                return Some(crate::store::valkey::tls::describe_io(&io, None));
+            }
         }
         source = e.source();
     }
     None
+}
+
+/// The TLS alert `text` says was received ("received fatal alert: Name").
+fn alert_named(text: &str) -> Option<rustls::Error> {
+    let name = text
+        .split("received fatal alert: ")
+        .nth(1)?
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .next()?;
+    (0..=u8::MAX)
+        .map(rustls::AlertDescription::from)
+        .find(|a| format!("{a:?}") == name)
+        .map(rustls::Error::AlertReceived)
 }
 
 /// `e` and its sources, joined.
@@ -255,6 +273,18 @@ mod tests {
         match classify(&e, Effect::Write) {
             StoreError::BackendUnavailable(why) => {
                 assert!(why.contains("not signed by a trusted"), "{why}")
+            }
+            other => panic!("expected backend_unavailable, got {other:?}"),
+        }
+        // The same alert when it comes as text, after the handshake.
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: CertificateRequired",
+        );
+        let e = etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(alert)));
+        match classify(&e, Effect::Write) {
+            StoreError::BackendUnavailable(why) => {
+                assert!(why.contains("requires a client certificate"), "{why}")
             }
             other => panic!("expected backend_unavailable, got {other:?}"),
         }
