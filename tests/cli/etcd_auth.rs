@@ -173,6 +173,19 @@ fn wrong_passwords_missing_roles_and_no_credentials_are_refused_definitely() {
     let wrong = st.as_user("targetlease", "wrong");
     refused(&st.on("get", &wrong), "authentication failed");
     refused(&acquire(&wrong), "authentication failed");
+    // Not even the most verbose log shows either password.
+    let traced = st
+        .on("get", &wrong)
+        .command()
+        .env("RUST_LOG", "trace")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&traced.stderr);
+    assert!(stderr.len() > 1000, "trace logging is on: {stderr}");
+    for secret in [PASSWORD, WRONG] {
+        assert!(!stderr.contains(secret), "a password in the trace log");
+        assert!(!String::from_utf8_lossy(&traced.stdout).contains(secret));
+    }
     // With auth on, a client with no credentials is refused too.
     refused(&st.on("get", &[]), "user name is empty");
     refused(&acquire(&[]), "user name is empty");
