@@ -85,6 +85,23 @@ fn tls_options(cfg: &EtcdConfig) -> Result<TlsOptions, StoreError> {
     Ok(tls)
 }
 
+/// A member that closes a new TLS connection unanswered has most likely
+/// refused our client certificate, or its absence (with TLS 1.3 the refusal
+/// comes after the client's side of the handshake is done): say so.
+fn tls_hint(e: StoreError, endpoints: &config::Endpoints, cfg: &EtcdConfig) -> StoreError {
+    match e {
+        StoreError::BackendUnavailable(why) if endpoints.tls && why.contains(errors::CLOSED) => {
+            let hint = if cfg.tls.cert_file.is_some() {
+                "the members may not trust the authority that signed our client certificate"
+            } else {
+                "the members may require a client certificate (see --tls-cert-file and --tls-key-file)"
+            };
+            StoreError::BackendUnavailable(format!("{why}: {hint}"))
+        }
+        other => other,
+    }
+}
+
 impl EtcdStore {
     /// Connects and proves a leader answers (a linearizable read), within
     /// the connect timeout.
@@ -142,7 +159,8 @@ impl EtcdStore {
         store
             .kv
             .probe(&store.keys.health(), Deadline::after(cfg.connect_timeout))
-            .await?;
+            .await
+            .map_err(|e| tls_hint(e, &endpoints, cfg))?;
         Ok(store)
     }
 

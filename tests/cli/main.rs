@@ -7,6 +7,8 @@ mod support;
 
 mod crd;
 mod etcd;
+mod etcd_auth;
+mod etcd_tls;
 mod habits;
 mod install;
 mod lease;

@@ -7,6 +7,10 @@
 //! minimum lease TTL 1 s (⌈1.5 × election timeout⌉). A member that dies or
 //! does not come up explains itself (`super::process`); a missing binary
 //! fails the test, never skips it.
+//!
+//! [`EtcdCluster::start_tls`] serves clients over TLS only (peers stay on
+//! plain loopback), optionally with `--client-cert-auth`; health is then
+//! asked on a plain metrics listener, which needs no client certificate.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -25,12 +29,25 @@ pub const MEMBERS: usize = 3;
 struct Ports {
     client: u16,
     peer: u16,
+    /// Plain HTTP `/health` (and `/metrics`), when clients are served TLS.
+    metrics: Option<u16>,
+}
+
+/// TLS on the client port: the members' certificate and key, and with
+/// `client_ca` only clients with a certificate it issued get in
+/// (`--client-cert-auth --trusted-ca-file`).
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// A running cluster, every member killed on drop.
 pub struct EtcdCluster {
     children: Vec<Option<Child>>,
     ports: Vec<Ports>,
+    tls: Option<ClientTls>,
     dir: tempfile::TempDir,
 }
 
@@ -56,6 +73,15 @@ impl EtcdCluster {
     /// parallel): a cluster whose member could not bind is started again
     /// on new ports; any other failure is reported at once, with why.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`EtcdCluster::start`], serving clients over TLS only.
+    pub fn start_tls(tls: ClientTls) -> Self {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<ClientTls>) -> Self {
         let mut failures = Vec::new();
         for _ in 0..5 {
             let mut cluster = Self {
@@ -64,8 +90,10 @@ impl EtcdCluster {
                     .map(|_| Ports {
                         client: free_port(),
                         peer: free_port(),
+                        metrics: tls.is_some().then(free_port),
                     })
                     .collect(),
+                tls: tls.clone(),
                 dir: tempfile::tempdir().expect("tempdir"),
             };
             match cluster.try_start() {
@@ -93,7 +121,8 @@ impl EtcdCluster {
         let token = format!("contract-{}", std::process::id());
         for (i, p) in self.ports.clone().iter().enumerate() {
             let data = self.dir.path().join(format!("m{i}"));
-            let client = format!("http://127.0.0.1:{}", p.client);
+            let scheme = if self.tls.is_some() { "https" } else { "http" };
+            let client = format!("{scheme}://127.0.0.1:{}", p.client);
             let peer = format!("http://127.0.0.1:{}", p.peer);
             let mut cmd = Command::new(super::tools::tool("etcd"));
             cmd.arg(format!("--name=m{i}"))
@@ -107,16 +136,27 @@ impl EtcdCluster {
                 .arg(format!("--initial-cluster-token={token}"))
                 .args(["--heartbeat-interval=50", "--election-timeout=500"])
                 .arg("--log-level=warn");
+            if let Some(tls) = &self.tls {
+                cmd.arg(format!("--cert-file={}", tls.cert.display()))
+                    .arg(format!("--key-file={}", tls.key.display()));
+                if let Some(ca) = &tls.client_ca {
+                    cmd.arg("--client-cert-auth")
+                        .arg(format!("--trusted-ca-file={}", ca.display()));
+                }
+            }
+            if let Some(metrics) = p.metrics {
+                cmd.arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"));
+            }
             log_to(&mut cmd, &self.log_path(i));
             let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
             self.children.push(Some(child));
         }
         for i in 0..MEMBERS {
-            let port = self.ports[i].client;
+            let port = self.ports[i].metrics.unwrap_or(self.ports[i].client);
             let log = self.log_path(i);
             let child = self.children[i].as_mut().expect("just started");
             if let Err(e) = wait_ready(
-                &format!("etcd member m{i} (client port {port})"),
+                &format!("etcd member m{i} (health on port {port})"),
                 child,
                 &log,
                 Duration::from_secs(30),
@@ -142,9 +182,11 @@ impl EtcdCluster {
             .collect()
     }
 
-    /// The store URL naming every member: `etcd://h:p,h:p,h:p`.
+    /// The store URL naming every member: `etcd://h:p,h:p,h:p`, or
+    /// `etcds://…` when clients are served TLS.
     pub fn url(&self) -> String {
-        format!("etcd://{}", self.endpoints().join(","))
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.endpoints().join(","))
     }
 
     fn kill_all(&mut self) {

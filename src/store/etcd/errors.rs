@@ -12,7 +12,7 @@
 //!
 //! | what happened | read | write |
 //! |---|---|---|
-//! | not sent (no connection, connect refused or timed out) | `backend_unavailable` | `backend_unavailable` |
+//! | not sent (no connection, connect refused or timed out, TLS handshake refused) | `backend_unavailable` | `backend_unavailable` |
 //! | refused before proposing (messages below, auth/permission/argument codes) | `backend_unavailable` | `backend_unavailable` |
 //! | sent, then deadline, reset or any other error | `backend_unavailable` | `outcome_unknown` |
 //!
@@ -70,7 +70,12 @@ pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
     match e {
         E::GRpcStatus(s) => {
             let said = first_words(s.message());
-            if refused(s) {
+            if let Some(tls) = std::error::Error::source(s).and_then(tls_failure) {
+                // A TLS failure ends the handshake: no request was read.
+                StoreError::BackendUnavailable(format!("cannot reach etcd: {tls}"))
+            } else if closed_unanswered(s) {
+                unknown(format!("etcd {CLOSED}"))
+            } else if refused(s) {
                 StoreError::BackendUnavailable(format!("etcd refused the operation: {said}"))
             } else if never_connected(s) {
                 StoreError::BackendUnavailable(format!("cannot reach etcd: {said}"))
@@ -78,9 +83,10 @@ pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
                 unknown(format!("etcd call failed ({:?}): {said}", s.code()))
             }
         }
-        E::TransportError(t) => {
-            StoreError::BackendUnavailable(format!("cannot reach etcd: {}", first_words(&chain(t))))
-        }
+        E::TransportError(t) => StoreError::BackendUnavailable(format!(
+            "cannot reach etcd: {}",
+            tls_failure(t).unwrap_or_else(|| first_words(&chain(t)))
+        )),
         E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
             StoreError::BackendUnavailable(format!("cannot use the etcd endpoints: {e}"))
         }
@@ -136,6 +142,49 @@ fn never_connected(s: &tonic::Status) -> bool {
     }
     let text = s.message();
     text.contains("tcp connect error") || text.contains("error trying to connect")
+}
+
+/// What [`classify`] says of a connection closed before its answer came.
+pub(super) const CLOSED: &str = "closed the connection before answering";
+
+/// The connection under the call was closed before an answer came (with
+/// TLS 1.3 that is also how a member refuses a client certificate, or its
+/// absence: the client's handshake had already ended).
+fn closed_unanswered(s: &tonic::Status) -> bool {
+    s.code() == Code::Cancelled && chain(s).contains("connection closed")
+}
+
+/// The TLS failure among `e` and its sources, as a sentence (never the TLS
+/// library's variant names).
+fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source = Some(e);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
+                return Some(crate::store::valkey::tls::describe_io(io, None));
+            }
+            // An alert read after the handshake reaches us as text only.
+            if let Some(alert) = alert_named(&io.to_string()) {
+                let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert);
+                return Some(crate::store::valkey::tls::describe_io(&io, None));
+            }
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// The TLS alert `text` says was received ("received fatal alert: Name").
+fn alert_named(text: &str) -> Option<rustls::Error> {
+    let name = text
+        .split("received fatal alert: ")
+        .nth(1)?
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .next()?;
+    (0..=u8::MAX)
+        .map(rustls::AlertDescription::from)
+        .find(|a| format!("{a:?}") == name)
+        .map(rustls::Error::AlertReceived)
 }
 
 /// `e` and its sources, joined.
@@ -215,6 +264,30 @@ mod tests {
             late(Effect::Write, Duration::from_secs(1)),
             StoreError::OutcomeUnknown(_)
         ));
+        // A certificate refused in the handshake: nothing was sent, even for a write.
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(tls)));
+        match classify(&e, Effect::Write) {
+            StoreError::BackendUnavailable(why) => {
+                assert!(why.contains("not signed by a trusted"), "{why}")
+            }
+            other => panic!("expected backend_unavailable, got {other:?}"),
+        }
+        // The same alert when it comes as text, after the handshake.
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: CertificateRequired",
+        );
+        let e = etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(alert)));
+        match classify(&e, Effect::Write) {
+            StoreError::BackendUnavailable(why) => {
+                assert!(why.contains("requires a client certificate"), "{why}")
+            }
+            other => panic!("expected backend_unavailable, got {other:?}"),
+        }
         assert!(lease_not_found(&status(
             Code::NotFound,
             "etcdserver: requested lease not found"
