@@ -365,8 +365,9 @@ impl Keeper {
     }
 
     /// Applies what a keeper renewal of `handle`, taken in `term`, found —
-    /// unless that term has ended meanwhile: then it only makes the lease
-    /// due again (the new term decides afresh).
+    /// unless that term has ended meanwhile: then it only records the expiry
+    /// the renewal set (or that its reply was lost) and makes the lease due
+    /// again (the new term decides afresh).
     fn settle(
         &self,
         key: &ObjectRef<TargetLease>,
@@ -381,6 +382,21 @@ impl Keeper {
         };
         k.in_flight = false;
         if term != self.term() {
+            // Nothing from an ended term publishes or confirms, but what the
+            // renewal did in Valkey is still this replica's doing: an expiry
+            // it set is not the new leader's renewal, and a lost reply leaves
+            // the lease unsure (renewed without reading until answered).
+            match after {
+                After::Renewed {
+                    expires_ms,
+                    max_expires_ms,
+                } => {
+                    k.expires_ms = expires_ms;
+                    k.max_expires_ms = max_expires_ms;
+                }
+                After::Unknown => k.unsure = true,
+                _ => {}
+            }
             return;
         }
         match after {

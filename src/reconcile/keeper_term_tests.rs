@@ -244,3 +244,35 @@ fn a_capped_lease_is_handed_over() {
         "not capped yet"
     );
 }
+
+/// A keeper renewal sent while leading and answered after this replica first
+/// sees another leader: its answer publishes nothing, but the expiry it set
+/// is this replica's own, never taken for the new leader's renewal — the
+/// keeper goes on renewing until Valkey shows someone else did.
+#[tokio::test]
+async fn a_renewal_answered_after_the_term_ended_is_not_taken_for_the_new_leaders() {
+    let store = Arc::new(LosesReplies::default());
+    let (keeper, h) = keeping(store.clone(), 600 * MS).await;
+    let (term, due) = keeper.take_due(Instant::now() + 10 * S);
+    assert_eq!(due.len(), 1);
+    // The renewal takes effect in Valkey...
+    let req = RenewRequest::new(crate::store::Target::new("ns", "t"), h.clone(), 600 * MS)
+        .extending_only();
+    tokio::time::sleep(50 * MS).await;
+    let after = after_renew(&store.renew(&req).await);
+    // ...but another leader is seen before its answer is settled.
+    keeper.hand_over();
+    keeper.settle(&key("a"), &h, term, Instant::now(), after);
+    // Nobody else renews; the keeper runs on past the lease's duration.
+    let task = tokio::spawn(keeper.clone().run());
+    tokio::time::sleep(2 * S).await;
+    let kept = keeper.keys();
+    let alive = live(&store).await;
+    task.abort();
+    assert_eq!(
+        kept,
+        vec![key("a")],
+        "the keeper let go of a lease nobody else renews"
+    );
+    assert!(alive, "the lease ran out in the store");
+}

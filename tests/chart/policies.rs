@@ -230,10 +230,11 @@ async fn a_targetlease_may_carry_only_so_much_metadata() {
         .await
         .expect("exactly 65536 bytes are admitted");
     // The same bound over finalizers and owner references, which the
-    // operator's cache keeps: 1100 finalizers of 62 bytes, 300 owners of
-    // about 270 bytes; 1000 finalizers (62000 bytes) are admitted. The
-    // operator's own finalizer is not counted, so it can always be added.
-    let finalizers: Vec<String> = (0..1100)
+    // operator's cache keeps, each counting 64 and 256 bytes more than its
+    // text: 600 finalizers of 62 bytes (75600), 300 owners of about 270
+    // bytes; 500 finalizers (63000) are admitted. One copy of the operator's
+    // own finalizer is not counted, so it can always be added.
+    let finalizers: Vec<String> = (0..600)
         .map(|i| format!("example.com/{i:04}{}", "f".repeat(46)))
         .collect();
     let owners: Vec<Value> = (0..300)
@@ -245,7 +246,7 @@ async fn a_targetlease_may_carry_only_so_much_metadata() {
     for (name, metadata) in [
         (
             "finalizers-under",
-            json!({ "finalizers": finalizers[..1000] }),
+            json!({ "finalizers": finalizers[..500] }),
         ),
         (
             "at-and-mine",
@@ -296,6 +297,26 @@ async fn a_targetlease_may_carry_only_so_much_metadata() {
         (
             "many owner references",
             lease_with("owners", json!({ "ownerReferences": owners })),
+        ),
+        (
+            "thousands of one-byte finalizers",
+            lease_with("tiny-finalizers", json!({ "finalizers": vec!["a"; 2000] })),
+        ),
+        (
+            "copies of the operator's own finalizer",
+            lease_with(
+                "my-finalizer-copies",
+                json!({ "finalizers": vec!["targetlease.dev/release"; 1000] }),
+            ),
+        ),
+        (
+            "many tiny owner references",
+            lease_with(
+                "tiny-owners",
+                json!({ "ownerReferences": (0..300)
+                    .map(|i| json!({ "apiVersion": "v1", "kind": "A", "name": "a", "uid": format!("{i}") }))
+                    .collect::<Vec<_>>() }),
+            ),
         ),
         (
             "a finalizer on top of annotations at the bound",

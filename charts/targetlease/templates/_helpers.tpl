@@ -70,12 +70,15 @@ separates the two unambiguously.
 {{- end }}
 
 {{/*
-A CEL expression: the bytes of the labels, annotations, finalizers (but the
-operator's own, so that it can always add it) and owner references of the
-TargetLease named by the argument ("object" or "oldObject"), as the
-lease-metadata policy counts them.
+A CEL expression: the bytes of the labels, annotations, finalizers and owner
+references of the TargetLease named by the argument ("object" or
+"oldObject"), as the lease-metadata policy counts them. Each finalizer counts
+64 bytes more and each owner reference 256 more (what one costs the
+operator's cache once decoded, so a mass of tiny entries is bounded too); one
+copy of the operator's own finalizer is not counted, so that it can always be
+added (a second copy is).
 */}}
 {{- define "targetlease.leaseMetadataBytes" -}}
 {{- $m := printf "%s.metadata" . -}}
-(has({{ $m }}.labels) ? {{ $m }}.labels.map(k, size(bytes(k)) + size(bytes({{ $m }}.labels[k]))).sum() : 0) + (has({{ $m }}.annotations) ? {{ $m }}.annotations.map(k, size(bytes(k)) + size(bytes({{ $m }}.annotations[k]))).sum() : 0) + (has({{ $m }}.finalizers) ? {{ $m }}.finalizers.filter(f, f != 'targetlease.dev/release').map(f, size(bytes(f))).sum() : 0) + (has({{ $m }}.ownerReferences) ? {{ $m }}.ownerReferences.map(o, size(bytes(o.apiVersion)) + size(bytes(o.kind)) + size(bytes(o.name)) + size(bytes(o.uid))).sum() : 0)
+(has({{ $m }}.labels) ? {{ $m }}.labels.map(k, size(bytes(k)) + size(bytes({{ $m }}.labels[k]))).sum() : 0) + (has({{ $m }}.annotations) ? {{ $m }}.annotations.map(k, size(bytes(k)) + size(bytes({{ $m }}.annotations[k]))).sum() : 0) + (has({{ $m }}.finalizers) ? {{ $m }}.finalizers.map(f, size(bytes(f)) + 64).sum() - ({{ $m }}.finalizers.exists(f, f == 'targetlease.dev/release') ? size(bytes('targetlease.dev/release')) + 64 : 0) : 0) + (has({{ $m }}.ownerReferences) ? {{ $m }}.ownerReferences.map(o, size(bytes(o.apiVersion)) + size(bytes(o.kind)) + size(bytes(o.name)) + size(bytes(o.uid)) + 256).sum() : 0)
 {{- end }}
