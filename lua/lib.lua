@@ -33,6 +33,13 @@ local MAX_TOKEN = '9223372036854775807'
 -- Deepest metadata nesting (objects and arrays) accepted: the same limit as
 -- MAX_METADATA_DEPTH in src/store.rs (a test ties the two).
 local META_DEPTH = 64
+-- The largest lease record a script writes: an owner of at most
+-- MAX_NAME_BYTES and metadata of at most MAX_METADATA_BYTES (src/store.rs,
+-- a test ties them), its numbers and separators in 200 more. Anything
+-- larger was written by hand (a user with raw hash writes) and is refused
+-- as corrupt before any pattern or JSON scan runs over it, so one planted
+-- record cannot hold the server for seconds on every read.
+local RECORD_BYTES = 256 + 4096 + 200
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -193,6 +200,9 @@ end
 -- HPEXPIRETIME for a present field.
 local function read_lease(key, packed, fence, now)
   if not packed then return 'none' end
+  if #packed > RECORD_BYTES then
+    return 'corrupt', nil, 'lease record is larger than any a script writes'
+  end
   local v, body = string.match(packed, '^(%w+):(.*)$')
   if v ~= '1' then return 'corrupt', nil, 'lease record has an unknown version' end
   local token, acquired, expires, max_expires, id_sha, olen, rest =

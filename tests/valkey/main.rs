@@ -14,6 +14,7 @@ mod durability;
 mod failures;
 mod faults;
 mod load;
+mod oversized;
 mod protocol;
 mod read_and_free;
 mod redaction;

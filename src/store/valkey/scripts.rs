@@ -244,6 +244,23 @@ mod tests {
     }
 
     #[test]
+    fn the_scripts_bound_lease_records_by_the_clients_limits() {
+        let lib = include_str!("../../../lua/lib.lua");
+        let bound = lib
+            .lines()
+            .find_map(|l| l.strip_prefix("local RECORD_BYTES = "))
+            .expect("lib.lua declares RECORD_BYTES");
+        assert_eq!(
+            bound.trim(),
+            format!(
+                "{} + {} + 200",
+                crate::store::MAX_NAME_BYTES,
+                crate::store::MAX_METADATA_BYTES
+            )
+        );
+    }
+
+    #[test]
     fn each_script_carries_only_the_helpers_it_uses() {
         let s = &*SCRIPTS;
         assert!(s.acquire.source.contains("local function dec_incr("));
