@@ -128,9 +128,12 @@ pub(crate) fn loss_between(lossy: &[(u64, u64)], from: u64, to: u64) -> bool {
     lossy.iter().any(|&(at, healed)| at <= to && healed >= from)
 }
 
-/// True when `look` is evidence about the state after a reply at `acked_ms`.
-fn after(look: &Look, acked_ms: u64, lossy: &[(u64, u64)]) -> bool {
-    look.invoke_ms > acked_ms && !loss_between(lossy, acked_ms, look.complete_ms)
+/// True when `look` is evidence about the state after a reply at `acked_ms`
+/// to a request sent at `sent_ms`: sent after that reply, with no loss
+/// between the request's sending and the look (a request applied before a
+/// loss can be answered after it healed: its effect was lost, not denied).
+fn after(look: &Look, sent_ms: u64, acked_ms: u64, lossy: &[(u64, u64)]) -> bool {
+    look.invoke_ms > acked_ms && !loss_between(lossy, sent_ms, look.complete_ms)
 }
 
 pub fn check(h: &History) -> Vec<Violation> {
@@ -174,7 +177,7 @@ pub fn check(h: &History) -> Vec<Violation> {
             "renew"
         };
         for look in looks.get(o.target.as_str()).unwrap_or(&none) {
-            if !after(look, o.complete_ms, &lossy) {
+            if !after(look, o.invoke_ms, o.complete_ms, &lossy) {
                 continue;
             }
             let detail = match look.lease {
@@ -222,7 +225,7 @@ pub fn check(h: &History) -> Vec<Violation> {
             .unwrap_or(&none)
             .iter()
             .find(|look| {
-                after(look, ack.complete_ms, &lossy)
+                after(look, r.first_invoke(), ack.complete_ms, &lossy)
                     && look.lease.is_some_and(|l| same(l, issue, token))
             });
         if let Some(look) = seen {
@@ -405,7 +408,9 @@ fn commits(h: &History, lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
                 server_ms: r.server_ms,
                 lease: None,
             };
-            if r.resource != w.resource || !after(&look, w.complete_ms, lossy) {
+            if r.resource != w.resource
+                || !after(&look, times[w.write_id.as_str()].0, w.complete_ms, lossy)
+            {
                 return None;
             }
             match &r.committed {

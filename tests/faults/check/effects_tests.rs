@@ -106,6 +106,38 @@ fn refusals_that_took_effect_are_caught() {
     );
 }
 
+/// A write applied just before a loss and answered after the loss healed
+/// was lost, not misreported: no honesty violation (its loss is judged as
+/// durability). The same history without the loss is a lie.
+#[test]
+fn a_write_applied_before_a_loss_and_answered_after_it_is_no_lie() {
+    let commit = |h: H| {
+        h.at(1000)
+            .write(Sink::Commit, "t", 14, "c1", said("committed"), 1000)
+            .read("t", Some((1, "c2")), 1010)
+    };
+    let lost = commit(H::new().lossy_fault_at(1000, 1000)).build();
+    assert_eq!(found(&lost), Vec::<String>::new());
+    let lie = commit(H::new()).build();
+    assert!(
+        found(&lie)[0].contains("carried token 1"),
+        "{:?}",
+        found(&lie)
+    );
+    // A renewal: applied, then everything lost, answered after.
+    let renew = |h: H| {
+        h.acquired("a", "t", "r1", 1, 100, 900)
+            .at(1000)
+            .renew("a", "t", ("r1", 1), said("renewed"), 1000, 3000)
+            .look("t", None, 1010)
+    };
+    assert_eq!(
+        found(&renew(H::new().lossy_fault_at(1000, 1000)).build()),
+        Vec::<String>::new()
+    );
+    assert!(!found(&renew(H::new()).build()).is_empty());
+}
+
 #[test]
 fn a_commit_reported_done_that_never_landed_is_caught() {
     let h = H::new()

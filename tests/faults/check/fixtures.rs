@@ -196,6 +196,18 @@ impl H {
         self
     }
 
+    /// A fault that can lose acknowledged state, on from `at_ms` to
+    /// `healed_ms` (local times; the clock of the records is not moved).
+    pub fn lossy_fault_at(mut self, at_ms: u64, healed_ms: u64) -> Self {
+        self.h.faults.push(FaultRecord {
+            name: "restart".into(),
+            at_ms,
+            loses_data: true,
+            healed_ms,
+        });
+        self
+    }
+
     /// A fault that began at `at_ms` and healed at `healed_ms` (local times;
     /// the clock of the records is not moved).
     pub fn fault(mut self, name: &str, at_ms: u64, healed_ms: u64) -> Self {
