@@ -17,6 +17,7 @@ mod load;
 mod oversized;
 mod protocol;
 mod read_and_free;
+mod records;
 mod redaction;
 mod sentinel;
 mod sentinel_trust;

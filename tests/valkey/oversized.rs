@@ -4,19 +4,14 @@
 
 use std::time::Duration;
 
+use super::protocol::store;
 use crate::support::valkey_server::ValkeyServer;
-use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{LeaseStore, Outcome, Target};
 
 #[tokio::test]
 async fn a_planted_record_larger_than_any_script_writes_is_corrupt_and_untouched() {
     let server = ValkeyServer::start();
-    let s = ValkeyStore::connect(&ValkeyConfig {
-        url: server.url(),
-        ..ValkeyConfig::default()
-    })
-    .await
-    .expect("connect to the test valkey-server");
+    let s = store(&server).await;
     let t = Target::new("ns", "planted");
     let key = s.keys().target(&t);
     let far = (std::time::SystemTime::now()
