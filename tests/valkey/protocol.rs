@@ -27,12 +27,7 @@ pub(crate) fn acquire(t: &Target, owner: &str) -> AcquireRequest {
 }
 
 /// The target's hash field `field`, as stored (`None` when absent).
-fn field(
-    server: &ValkeyServer,
-    s: &ValkeyStore,
-    t: &Target,
-    field: &str,
-) -> Option<String> {
+fn field(server: &ValkeyServer, s: &ValkeyStore, t: &Target, field: &str) -> Option<String> {
     let key = s.keys().target(t);
     server.conn().cmd(&["HMGET", &key, field]).texts().remove(0)
 }
