@@ -27,12 +27,22 @@ breakdown() {
 scripts/setup.sh protoc
 build_log="$(mktemp)"
 set -m
-# The fault matrix (its own build, with the product's fail points) after the rest.
-{ cargo test --locked --all-targets --no-run &&
-  cargo test --locked --features failpoints --test faults --no-run; } >"$build_log" 2>&1 &
+# The fault matrix's build (with the product's fail points) first: its
+# `targetlease` is copied aside for the matrix (FAULTS_PRODUCT_BIN), then the
+# plain build links `<target>/debug/targetlease` back without them. The JSON
+# lines name every test executable: the targets run from those, not through
+# `cargo test`, so that three of them can run at once without a cargo
+# relinking a binary another one is starting.
+work="$(mktemp -d)"
+faults_bin="$work/targetlease-failpoints"
+{ cargo test --locked --features failpoints --test faults --no-run \
+  --message-format=json-render-diagnostics >"$work/faults.json" &&
+  cp "$(scripts/lib/test-executables.py bin <"$work/faults.json")" "$faults_bin" &&
+  cargo test --locked --all-targets --no-run \
+    --message-format=json-render-diagnostics >"$work/tests.json"; } >"$build_log" 2>&1 &
 build=$!
 set +m
-trap 'kill -TERM -- -"$build" 2>/dev/null || true; rm -f "$build_log" "$times"' EXIT
+trap 'kill -TERM -- -"$build" 2>/dev/null || true; rm -rf "$build_log" "$times" "$work"' EXIT
 # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever the substitution
 # exits with, so a failed setup went on to the tests.
 setup_env="$(SETUP_TIMES="$times" scripts/setup.sh)"
@@ -59,7 +69,7 @@ fi
 mark cargo-build-done-at $((SECONDS - t0))
 # The build is reaped: its pid (and group id) may be reused by anything the
 # tests start, so the exit trap must never signal it again.
-trap 'breakdown; rm -rf "$build_log" "$times" "${stubs:-}"' EXIT
+trap 'breakdown; rm -rf "$build_log" "$times" "${stubs:-}" "$work"' EXIT
 rm -f "$build_log"
 s=$SECONDS
 cargo fmt --check
@@ -68,35 +78,73 @@ s=$SECONDS
 cargo clippy --all-targets --locked -- -D warnings
 cargo clippy --locked --features failpoints --test faults -- -D warnings
 mark clippy $((SECONDS - s))
-# Every test target, then the fault matrix's quick mode (the `faults`
-# target, built with the product's fail points: every scenario and positive
-# control once, a few at a time; see scripts/faults.sh). Run last: its build
-# links target/debug/targetlease with the fail points, the plain build
-# before it without.
-s=$SECONDS
+# The tests run in three lanes at once, because most of their time is spent
+# waiting (on timers, elections, processes starting), not computing:
+#   - `e2e`, the longest target;
+#   - the fault matrix's quick mode (the `faults` target with the product's
+#     fail points: every scenario and positive control once, a few at a
+#     time; see scripts/faults.sh), on the binary copied aside above;
+#   - every other target one after the other, then the fuzz run.
+# Each lane's output is printed whole when it ends (its own log while it
+# runs); arguments to this script go to every test executable. The plain
+# build must have relinked `targetlease` without the fail points: checked.
+if cmp -s "$faults_bin" "$(scripts/lib/test-executables.py bin <"$work/tests.json")"; then
+  echo "test: <target>/debug/targetlease is still the fail-point build" >&2
+  exit 1
+fi
+faults_exe="$(scripts/lib/test-executables.py test faults <"$work/faults.json")"
+e2e_exe="$(scripts/lib/test-executables.py test e2e <"$work/tests.json")"
+mapfile -t others < <(scripts/lib/test-executables.py others e2e <"$work/tests.json")
 rc=0
-cargo test --locked --all-targets --no-fail-fast "$@" || rc=$?
-mark tests $((SECONDS - s))
+lane() { # NAME LOG COMMAND...: runs COMMAND, logging to LOG; marks its time
+  local name=$1 log=$2 s=$SECONDS lane_rc=0
+  shift 2
+  "$@" >"$log" 2>&1 || lane_rc=$?
+  mark "$name" $((SECONDS - s))
+  return "$lane_rc"
+}
 s=$SECONDS
-cargo test --locked --features failpoints --test faults "$@" || rc=$?
-mark faults $((SECONDS - s))
+lane tests-e2e "$work/e2e.log" "$e2e_exe" "$@" &
+e2e_lane=$!
+lane faults "$work/faults.log" env FAULTS_PRODUCT_BIN="$faults_bin" "$faults_exe" "$@" &
+faults_lane=$!
 # The fuzz run (fuzz/): each target for a fixed time with libFuzzer, seeded
 # from fuzz/seeds; an allocation past -malloc_limit_mb is a failure (a
 # hostile length prefix must not make the decoder allocate what it says).
-s=$SECONDS
-for target in resp_decoder; do
-  mkdir -p "fuzz/corpus/$target"
-  fuzz_log="$(mktemp)"
-  if ! RUSTUP_TOOLCHAIN=nightly "$TARGETLEASE_TOOLS_DIR/cargo-fuzz" fuzz run "$target" \
-    "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
-    -max_total_time="${FUZZ_SECS:-30}" -timeout=5 -malloc_limit_mb=16 -rss_limit_mb=1024 >"$fuzz_log" 2>&1; then
-    tail -n 40 "$fuzz_log" >&2
-    echo "test: the fuzz target $target failed (its input is in fuzz/artifacts/$target)" >&2
-    rc=1
-  else
-    grep -E '^Done' "$fuzz_log" | sed "s/^/test: fuzz $target: /" >&2 || true
-  fi
-  rm -f "$fuzz_log"
+fuzz() {
+  local target fuzz_log fuzz_rc=0
+  for target in resp_decoder; do
+    mkdir -p "fuzz/corpus/$target"
+    fuzz_log="$(mktemp)"
+    if ! RUSTUP_TOOLCHAIN=nightly "$TARGETLEASE_TOOLS_DIR/cargo-fuzz" fuzz run "$target" \
+      "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+      -max_total_time="${FUZZ_SECS:-30}" -timeout=5 -malloc_limit_mb=16 -rss_limit_mb=1024 >"$fuzz_log" 2>&1; then
+      tail -n 40 "$fuzz_log" >&2
+      echo "test: the fuzz target $target failed (its input is in fuzz/artifacts/$target)" >&2
+      fuzz_rc=1
+    else
+      grep -E '^Done' "$fuzz_log" | sed "s/^/test: fuzz $target: /" >&2 || true
+    fi
+    rm -f "$fuzz_log"
+  done
+  return "$fuzz_rc"
+}
+for entry in "${others[@]}"; do
+  name="${entry%% *}" exe="${entry#* }" t=$SECONDS
+  echo "     Running $name ($exe)"
+  "$exe" "$@" || rc=1
+  mark "test-$name" $((SECONDS - t))
 done
-mark fuzz $((SECONDS - s))
+t=$SECONDS
+fuzz || rc=1
+mark test-fuzz $((SECONDS - t))
+mark tests-others $((SECONDS - s))
+for l in "e2e $e2e_lane" "faults $faults_lane"; do
+  if ! wait "${l#* }"; then
+    rc=1
+  fi
+  echo "     Running ${l%% *}"
+  cat "$work/${l%% *}.log"
+done
+mark tests-all $((SECONDS - s))
 exit "$rc"
