@@ -80,7 +80,10 @@ pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
             } else if never_connected(s) {
                 StoreError::BackendUnavailable(format!("cannot reach etcd: {said}"))
             } else {
-                unknown(format!("etcd call failed ({:?}): {said}", s.code()))
+                // The status alone may say only "transport error": the
+                // causes under it are what a reader can act on.
+                let why = first_words(&chain(s));
+                unknown(format!("etcd call failed ({:?}): {why}", s.code()))
             }
         }
         E::TransportError(t) => StoreError::BackendUnavailable(format!(
@@ -147,11 +150,17 @@ fn never_connected(s: &tonic::Status) -> bool {
 /// What [`classify`] says of a connection closed before its answer came.
 pub(super) const CLOSED: &str = "closed the connection before answering";
 
-/// The connection under the call was closed before an answer came (with
-/// TLS 1.3 that is also how a member refuses a client certificate, or its
-/// absence: the client's handshake had already ended).
+/// The connection under the call was closed or reset before an answer came
+/// (with TLS 1.3 that is also how a member refuses a client certificate, or
+/// its absence: the client's handshake had already ended, and the member's
+/// close reaches the client as a clean close or, when the client had
+/// already sent its request, as a reset).
 fn closed_unanswered(s: &tonic::Status) -> bool {
-    s.code() == Code::Cancelled && chain(s).contains("connection closed")
+    let causes = chain(s).to_ascii_lowercase();
+    matches!(s.code(), Code::Cancelled | Code::Unknown)
+        && ["connection closed", "connection reset", "broken pipe"]
+            .iter()
+            .any(|w| causes.contains(w))
 }
 
 /// The TLS failure among `e` and its sources, as a sentence (never the TLS
@@ -217,6 +226,40 @@ mod tests {
 
     fn status(code: Code, msg: &str) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    /// A status that says only "transport error" over a reset connection
+    /// (how a member's refusal of our certificate can reach a client that
+    /// had already sent its request): a close before the answer, named.
+    #[test]
+    fn a_reset_under_a_transport_error_is_a_close_before_the_answer() {
+        let reset = || {
+            let mut s = tonic::Status::new(Code::Unknown, "transport error");
+            s.set_source(std::sync::Arc::new(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "Connection reset by peer (os error 104)",
+            )));
+            etcd_client::Error::GRpcStatus(s)
+        };
+        match classify(&reset(), Effect::Read) {
+            StoreError::BackendUnavailable(why) => assert!(why.contains(CLOSED), "{why}"),
+            other => panic!("expected backend_unavailable, got {other:?}"),
+        }
+        match classify(&reset(), Effect::Write) {
+            StoreError::OutcomeUnknown(why) => assert!(why.contains(CLOSED), "{why}"),
+            other => panic!("expected outcome_unknown, got {other:?}"),
+        }
+        // Any other cause is named, not only the status's two words.
+        let mut s = tonic::Status::new(Code::Unknown, "transport error");
+        s.set_source(std::sync::Arc::new(std::io::Error::other(
+            "frame too large",
+        )));
+        match classify(&etcd_client::Error::GRpcStatus(s), Effect::Read) {
+            StoreError::BackendUnavailable(why) => {
+                assert!(why.contains("frame too large"), "{why}")
+            }
+            other => panic!("expected backend_unavailable, got {other:?}"),
+        }
     }
 
     #[test]
