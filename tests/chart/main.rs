@@ -12,6 +12,7 @@
 mod support;
 
 mod alert_rules;
+mod etcd;
 mod argocd;
 mod cluster;
 mod floors;
@@ -23,6 +24,7 @@ mod operator;
 mod policies;
 mod release;
 mod render;
+mod render_etcd;
 mod render_ha;
 mod render_security;
 mod render_values;
