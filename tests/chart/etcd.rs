@@ -47,7 +47,10 @@ async fn the_charts_operator_holds_a_lease_in_etcd_over_tls_with_a_user() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "etcd");
     let member = ca.issue("etcd-member", &["127.0.0.1"], false);
-    let client = ca.issue("targetlease", &[], true);
+    // Its common name is no etcd user: etcd would take it for the user name
+    // of a request without a password's token, so only the password lets
+    // this certificate's holder in.
+    let client = ca.issue("operator-client", &[], true);
     let cluster = {
         let tls = ClientTls {
             cert: member.cert.clone(),
@@ -93,7 +96,11 @@ async fn the_charts_operator_holds_a_lease_in_etcd_over_tls_with_a_user() {
     mount_secrets(&env, &rendered, &root).await;
     let (url, args) = operator_args(&rendered, &root);
     assert!(url.starts_with("etcds://"), "{url}");
-    for expected in ["--username=targetlease", "--password-file=", "--tls-cert-file="] {
+    for expected in [
+        "--username=targetlease",
+        "--password-file=",
+        "--tls-cert-file=",
+    ] {
         assert!(
             args.iter().any(|a| a.starts_with(expected)),
             "{expected} in {args:?}"
@@ -122,6 +129,35 @@ async fn the_charts_operator_holds_a_lease_in_etcd_over_tls_with_a_user() {
     .await
     .expect("connect to etcd as the targetlease user");
     let target = Target::new(&ns, "ledger");
+    // The cluster does demand both: without the user's password, or without
+    // the client certificate, nothing is read.
+    let tls = |cert: bool| TlsFiles {
+        ca_file: Some(ca.ca_file()),
+        cert_file: cert.then(|| client.cert.clone()),
+        key_file: cert.then(|| client.key.clone()),
+        server_name: None,
+    };
+    for (what, username, password, tls) in [
+        ("no user", None, None, tls(true)),
+        (
+            "no client certificate",
+            Some("targetlease".to_string()),
+            Some(Password::new(PASSWORD)),
+            tls(false),
+        ),
+    ] {
+        let cfg = EtcdConfig {
+            url: url.clone(),
+            username,
+            password,
+            tls,
+            ..EtcdConfig::default()
+        };
+        if let Ok(other) = EtcdStore::connect(&cfg).await {
+            let got = other.get(&target).await;
+            assert!(got.is_err(), "{what}: read {got:?}");
+        }
+    }
     let spec = |id: &str| json!({ "target": "ledger", "holder": { "identity": id } });
     env.create("first", spec("first")).await;
     let first = env.wait_phase("first", Phase::Held, SOON).await;
@@ -177,7 +213,10 @@ fn documented_values(url: &str, ns: &str) -> String {
             }
         })
         .collect();
-    assert_eq!(urls, 1, "one etcds:// URL in the documented values:\n{block}");
+    assert_eq!(
+        urls, 1,
+        "one etcds:// URL in the documented values:\n{block}"
+    );
     values.push_str(&format!("operator: {{watchNamespace: \"{ns}\"}}\n"));
     values
 }
@@ -209,15 +248,13 @@ async fn enable_auth(cluster: &EtcdCluster, ca: &TestCa, client: &Issued) {
     .await
     .unwrap();
     c.user_add("targetlease", PASSWORD, None).await.unwrap();
-    c.user_grant_role("targetlease", "targetlease").await.unwrap();
+    c.user_grant_role("targetlease", "targetlease")
+        .await
+        .unwrap();
     c.auth_enable().await.expect("enable auth");
 }
 
-async fn create_secret<const N: usize>(
-    env: &OperatorEnv,
-    name: &str,
-    data: [(&str, Vec<u8>); N],
-) {
+async fn create_secret<const N: usize>(env: &OperatorEnv, name: &str, data: [(&str, Vec<u8>); N]) {
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),

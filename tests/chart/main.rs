@@ -12,9 +12,9 @@
 mod support;
 
 mod alert_rules;
-mod etcd;
 mod argocd;
 mod cluster;
+mod etcd;
 mod floors;
 mod gitops;
 mod helm;

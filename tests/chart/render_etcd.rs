@@ -34,10 +34,7 @@ fn an_etcd_store_gets_its_url_credentials_and_tls_files_from_secrets() {
         "--tls-cert-file=/etc/targetlease/store-tls/tls.crt",
         "--tls-key-file=/etc/targetlease/store-tls/tls.key",
     ] {
-        assert!(
-            args.iter().any(|a| a == expected),
-            "{expected} in {args:?}"
-        );
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
     }
     // Valkey's own settings are not passed: `--durability` other than none
     // is refused by the binary with an etcd URL, and the pool sizes mean
@@ -78,7 +75,10 @@ fn an_etcd_store_gets_its_url_credentials_and_tls_files_from_secrets() {
             .iter()
             .find(|m| m["name"] == name)
             .unwrap_or_else(|| panic!("no mount {name}: {mounts}"));
-        assert_eq!((mount["mountPath"].as_str(), &mount["readOnly"]), (Some(path), &json!(true)));
+        assert_eq!(
+            (mount["mountPath"].as_str(), &mount["readOnly"]),
+            (Some(path), &json!(true))
+        );
     }
 }
 
@@ -106,7 +106,9 @@ fn what_only_valkey_has_is_refused_with_an_etcd_url_in_words() {
     let words = "at '/valkey/durability': value must be 'none with an etcd URL (etcd acknowledges a write once a quorum has it)'";
     for mode in ["aof", "replicas:1"] {
         refused(
-            &set(&format!("store.url=etcd://e0:2379,valkey.durability={mode}")),
+            &set(&format!(
+                "store.url=etcd://e0:2379,valkey.durability={mode}"
+            )),
             words,
         );
     }
@@ -166,7 +168,10 @@ fn etcd_tls_settings_need_an_etcds_url_and_credentials_stay_out_of_it() {
         err.contains("at '/store/url'") && err.contains("or an etcd:// or etcds:// URL"),
         "{err}"
     );
-    assert!(!err.contains("etcd-pw-Kq2"), "the password is not echoed: {err}");
+    assert!(
+        !err.contains("etcd-pw-Kq2"),
+        "the password is not echoed: {err}"
+    );
 }
 
 /// The store's URL was `valkey.url` before it served etcd too; nothing was
@@ -196,7 +201,10 @@ fn egress_to_etcd_goes_to_the_named_members_and_port() {
         egress[2]["to"][0]["podSelector"]["matchLabels"]["app"],
         "etcd"
     );
-    assert_eq!(egress[2]["ports"], json!([{ "port": 2379, "protocol": "TCP" }]));
+    assert_eq!(
+        egress[2]["ports"],
+        json!([{ "port": 2379, "protocol": "TCP" }])
+    );
     refused(
         &set("store.url=etcd://e0:2379,networkPolicy.restrictEgress=true"),
         "networkPolicy.restrictEgress needs networkPolicy.apiServer.to",

@@ -197,7 +197,7 @@ fn tls_settings_need_a_tls_url() {
     // TLS material with a plain-text URL: the operator would connect in the clear.
     refused(
         &set(tls),
-        "at '/store/url': value must be 'a TLS URL (valkeys:// or rediss://, or its -cluster or -sentinel form)",
+        "at '/store/url': value must be 'a TLS URL (valkeys:// or rediss://, or its -cluster or -sentinel form; etcds:// for etcd)",
     );
     refused(
         &["--set", tls, "--skip-schema-validation"],
