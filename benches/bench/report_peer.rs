@@ -171,7 +171,7 @@ fn valkey_targets(o: &Results) -> Vec<Target> {
             let measured = o.peer_failures == 0 && c.etcd_errors == 0;
             Target {
                 what: format!(
-                    "peer: acquire+release cycles/s vs etcd's lock (c={})",
+                    "peer: our Valkey store's acquire+release cycles/s vs etcd's lock (c={})",
                     c.concurrency
                 ),
                 target: "say which is ahead, by how much".into(),
@@ -228,12 +228,17 @@ pub fn analysis(w: &mut String, o: &Results) {
         "**Our store in etcd** runs the same promises (dense per-target tokens, floors, \
          idempotent retries, fenced commits) on etcd's own replication. Its acquire+release cycle \
          runs at {} the bare lock's rate at concurrency {} ({:.0} against {:.0} cycles/s) and {} \
-         at {} ({:.0} against {:.0}). Per call the lock sends one request; our store sends a read \
-         of the target's keys and then one transaction guarded by their revisions, and an \
-         acquire grants the record's etcd lease before it. A renew through etcd runs at {} the \
-         Valkey store's rate at concurrency {} ({:.0} against {:.0}/s) and {} at {} ({:.0} \
-         against {:.0}/s): it moves the record to a freshly granted etcd lease in a write every \
-         member applies, where Valkey's script rewrites an expiry in one process's memory.\n",
+         at {} ({:.0} against {:.0}). A cycle of the lock is two writes through raft (Lock's Txn, \
+         Unlock's Delete; the session's etcd lease is granted once per worker, not per lock). \
+         Ours is four: the acquire grants the record's own etcd lease and writes in one guarded \
+         transaction, the release writes in one and then revokes that lease (off the caller's \
+         path, but on the same etcd); each call also reads the target's keys first. The etcd \
+         lease per acquisition is what lets etcd itself end a lease whose holder is gone, one \
+         lease at a time. A renew through etcd runs at {} the Valkey store's rate at concurrency \
+         {} ({:.0} against {:.0}/s) and {} at {} ({:.0} against {:.0}/s): it grants a fresh etcd \
+         lease, moves the record onto it in a guarded transaction and revokes the old one (three \
+         writes every member applies), where Valkey's script rewrites an expiry in one \
+         process's memory.\n",
         ratio(&first.ours_etcd, &first.etcd),
         first.concurrency,
         first.ours_etcd.ops_per_sec,
