@@ -19,9 +19,9 @@ fn helm_lint_passes_with_default_and_non_default_values() {
         KUBE_VERSION,
         &chart,
         "--set",
-        "replicaCount=3,valkey.url=rediss://valkey:6380,valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls",
+        "replicaCount=3,store.url=rediss://valkey:6380,store.tls.enabled=true,store.tls.existingSecret=valkey-tls",
         "--set",
-        "metrics.serviceMonitor.enabled=true,valkey.auth.existingSecret=valkey-auth",
+        "metrics.serviceMonitor.enabled=true,store.auth.existingSecret=valkey-auth",
     ]);
 }
 
@@ -231,7 +231,7 @@ fn default_values_render_a_restricted_highly_available_operator() {
     let args = r.args();
     for expected in [
         "operator",
-        "--valkey-url=redis://valkey:6379",
+        "--store-url=redis://valkey:6379",
         "--lease-id-key-secret=tl-targetlease-lease-id-key",
         "--floor-namespace=tl-system",
         "--floor-configmap=targetlease-token-floors",
@@ -418,13 +418,13 @@ const NON_DEFAULT: &[&str] = &[
     "--set",
     "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
     "--set",
-    "valkey.url=rediss://valkey.data.svc:6380,valkey.durability=replicas:1,valkey.keyPrefix=tl",
+    "store.url=rediss://valkey.data.svc:6380,valkey.durability=replicas:1,store.keyPrefix=tl",
     "--set",
-    "valkey.auth.username=targetlease,valkey.auth.existingSecret=valkey-auth,valkey.auth.passwordKey=pw",
+    "store.auth.username=targetlease,store.auth.existingSecret=valkey-auth,store.auth.passwordKey=pw",
     "--set",
-    "valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls,valkey.tls.certKey=tls.crt,valkey.tls.keyKey=tls.key",
+    "store.tls.enabled=true,store.tls.existingSecret=valkey-tls,store.tls.certKey=tls.crt,store.tls.keyKey=tls.key",
     "--set",
-    "valkey.tls.serverName=valkey.internal",
+    "store.tls.serverName=valkey.internal",
     "--set",
     "leaseIdKey.existingSecret=my-lease-id-key",
     "--set",
@@ -465,14 +465,14 @@ fn non_default_values_render_tls_an_existing_password_and_a_service_monitor() {
 
     let args = r.args();
     for expected in [
-        "--valkey-url=rediss://valkey.data.svc:6380",
+        "--store-url=rediss://valkey.data.svc:6380",
         "--durability=replicas:1",
         "--key-prefix=tl",
         "--username=targetlease",
-        "--password-file=/etc/targetlease/valkey-auth/password",
-        "--tls-ca-file=/etc/targetlease/valkey-tls/ca.crt",
-        "--tls-cert-file=/etc/targetlease/valkey-tls/tls.crt",
-        "--tls-key-file=/etc/targetlease/valkey-tls/tls.key",
+        "--password-file=/etc/targetlease/store-auth/password",
+        "--tls-ca-file=/etc/targetlease/store-tls/ca.crt",
+        "--tls-cert-file=/etc/targetlease/store-tls/tls.crt",
+        "--tls-key-file=/etc/targetlease/store-tls/tls.key",
         "--tls-server-name=valkey.internal",
         "--watch-namespace=apps",
         "--concurrency=4",
@@ -488,16 +488,16 @@ fn non_default_values_render_tls_an_existing_password_and_a_service_monitor() {
         assert_eq!(m["readOnly"], true, "{name}");
         m["mountPath"].as_str().unwrap().to_string()
     };
-    assert_eq!(mount("valkey-auth"), "/etc/targetlease/valkey-auth");
-    assert_eq!(mount("valkey-tls"), "/etc/targetlease/valkey-tls");
+    assert_eq!(mount("store-auth"), "/etc/targetlease/store-auth");
+    assert_eq!(mount("store-tls"), "/etc/targetlease/store-tls");
     assert_eq!(mount("lease-id-key"), "/etc/targetlease/lease-id");
     assert_eq!(
-        r.volume("valkey-auth")["secret"],
+        r.volume("store-auth")["secret"],
         json!({ "secretName": "valkey-auth", "defaultMode": 0o440,
                 "items": [{ "key": "pw", "path": "password" }] })
     );
     assert_eq!(
-        r.volume("valkey-tls")["secret"]["items"],
+        r.volume("store-tls")["secret"]["items"],
         json!([{ "key": "ca.crt", "path": "ca.crt" }, { "key": "tls.crt", "path": "tls.crt" },
                { "key": "tls.key", "path": "tls.key" }])
     );

@@ -123,16 +123,16 @@ fn sentinel_credentials_are_mounted_from_their_own_secret() {
         "tl-system",
         &[
             "--set",
-            "valkey.url=valkey-sentinel://sentinel:26379?sentinelServiceName=mymaster",
+            "store.url=valkey-sentinel://sentinel:26379?sentinelServiceName=mymaster",
             "--set",
-            "valkey.auth.existingSecret=data-pw,valkey.sentinelAuth.existingSecret=sentinel-pw",
+            "store.auth.existingSecret=data-pw,valkey.sentinelAuth.existingSecret=sentinel-pw",
             "--set",
             "valkey.sentinelAuth.username=watcher,valkey.sentinelAuth.passwordKey=pw",
         ],
     );
     let args = r.args();
     for flag in [
-        "--password-file=/etc/targetlease/valkey-auth/password",
+        "--password-file=/etc/targetlease/store-auth/password",
         "--sentinel-username=watcher",
         "--sentinel-password-file=/etc/targetlease/valkey-sentinel-auth/password",
     ] {
@@ -155,7 +155,7 @@ fn sentinel_credentials_are_mounted_from_their_own_secret() {
         "tl-system",
         &[
             "--set",
-            "valkey.url=valkey-sentinel://sentinel:26379?sentinelServiceName=mymaster",
+            "store.url=valkey-sentinel://sentinel:26379?sentinelServiceName=mymaster",
         ],
     );
     assert!(!r.args().iter().any(|a| a.starts_with("--sentinel")));
@@ -166,21 +166,21 @@ fn sentinel_credentials_are_mounted_from_their_own_secret() {
     );
     // TLS through Sentinels with the system roots alone is refused, as the
     // binary does.
-    let tls_sentinel = "valkey.url=valkeys-sentinel://sentinel:26379?sentinelServiceName=mymaster";
+    let tls_sentinel = "store.url=valkeys-sentinel://sentinel:26379?sentinelServiceName=mymaster";
     refused(
         &["--set", tls_sentinel],
-        "TLS through Sentinels needs valkey.tls.enabled with valkey.tls.caKey",
+        "TLS through Sentinels needs store.tls.enabled with store.tls.caKey",
     );
     accepted(&[
         "--set",
         tls_sentinel,
         "--set",
-        "valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-ca",
+        "store.tls.enabled=true,store.tls.existingSecret=valkey-ca",
     ]);
     accepted(&[
         "--set",
         tls_sentinel,
         "--set",
-        "valkey.tls.serverName=valkey.internal",
+        "store.tls.serverName=valkey.internal",
     ]);
 }

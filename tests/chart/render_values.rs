@@ -159,11 +159,11 @@ const POLICY: &[&str] = &[
     "--set-json",
     r#"networkPolicy.apiServer.to=[{"ipBlock":{"cidr":"10.0.0.1/32"}}]"#,
     "--set-json",
-    r#"networkPolicy.valkey.to=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"data"}},"podSelector":{"matchLabels":{"app":"valkey"}}}]"#,
+    r#"networkPolicy.store.to=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"data"}},"podSelector":{"matchLabels":{"app":"valkey"}}}]"#,
 ];
 
 #[test]
-fn the_network_policy_admits_the_admin_port_and_reaches_only_dns_the_api_and_valkey() {
+fn the_network_policy_admits_the_admin_port_and_reaches_only_dns_the_api_and_the_store() {
     // On by default: the admin port, from the monitoring namespace only.
     let r = template("tl", "tl-system", &[]);
     let np = r.get("NetworkPolicy");
@@ -190,7 +190,7 @@ fn the_network_policy_admits_the_admin_port_and_reaches_only_dns_the_api_and_val
         &["--set", "networkPolicy.restrictEgress=true"],
         "networkPolicy.apiServer.to",
     );
-    refused(&POLICY[..4], "networkPolicy.valkey.to");
+    refused(&POLICY[..4], "networkPolicy.store.to");
 
     let mut anyone = POLICY.to_vec();
     anyone.extend_from_slice(&["--set-json", "networkPolicy.ingressFrom=[]"]);

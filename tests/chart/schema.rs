@@ -29,20 +29,20 @@ fn refusals_state_the_rule_in_words() {
             "none, aof or replicas:N with N at least 1",
         ),
         (
-            "valkey.url=redis://user:secret@valkey:6379",
-            "/valkey/url",
+            "store.url=redis://user:secret@valkey:6379",
+            "/store/url",
             "without credentials",
         ),
         (
-            "valkey.url=http://valkey:6379",
-            "/valkey/url",
+            "store.url=http://valkey:6379",
+            "/store/url",
             "a valkey://, valkeys://, redis:// or rediss:// URL",
         ),
-        ("valkey.keyPrefix=tl{a}", "/valkey/keyPrefix", "no braces"),
-        ("valkey.timeout=0s", "/valkey/timeout", "more than zero"),
+        ("store.keyPrefix=tl{a}", "/store/keyPrefix", "no braces"),
+        ("store.timeout=0s", "/store/timeout", "more than zero"),
         (
-            "valkey.timeout=10",
-            "/valkey/timeout",
+            "store.timeout=10",
+            "/store/timeout",
             "a duration such as 500ms, 10s, 5m or 1h30m",
         ),
         (
@@ -71,8 +71,8 @@ fn refusals_state_the_rule_in_words() {
             "or an IP address",
         ),
         (
-            "valkey.tls.serverName=valkey.internal",
-            "/valkey/url",
+            "store.tls.serverName=valkey.internal",
+            "/store/url",
             "a TLS URL (valkeys:// or rediss://",
         ),
     ] {
@@ -103,35 +103,35 @@ fn refusals_state_the_rule_in_words() {
 #[test]
 fn mistakes_that_leak_secrets_or_do_not_exist_are_refused() {
     refused(
-        &set("valkey.url=redis://user:secret@valkey:6379"),
-        "/valkey/url",
+        &set("store.url=redis://user:secret@valkey:6379"),
+        "/store/url",
     );
     refused(
-        &set("valkey.url=valkey://user:secret@valkey:6379"),
-        "/valkey/url",
+        &set("store.url=valkey://user:secret@valkey:6379"),
+        "/store/url",
     );
     refused(
-        &set("valkey.url=valkey-cluster://a:7000?node=user:secret@b:7001"),
-        "/valkey/url",
+        &set("store.url=valkey-cluster://a:7000?node=user:secret@b:7001"),
+        "/store/url",
     );
     for url in [
         "valkey://valkey:6379",
         "valkey-cluster://a:7000",
         "redis://valkey:6379",
     ] {
-        accepted(&set(&format!("valkey.url={url}")));
+        accepted(&set(&format!("store.url={url}")));
     }
-    refused(&set("valkey.url=http://valkey:6379"), "/valkey/url");
+    refused(&set("store.url=http://valkey:6379"), "/store/url");
     refused(&set("replicas=3"), "replicas");
     refused(&set("replicaCount=0"), "/replicaCount");
     refused(&set("valkey.durability=sometimes"), "/valkey/durability");
     refused(
-        &set("valkey.url=rediss://v:6380,valkey.tls.enabled=true"),
-        "valkey.tls.enabled needs valkey.tls.existingSecret",
+        &set("store.url=rediss://v:6380,store.tls.enabled=true"),
+        "store.tls.enabled needs store.tls.existingSecret",
     );
     refused(
         &set(
-            "valkey.url=rediss://v:6380,valkey.tls.enabled=true,valkey.tls.existingSecret=s,valkey.tls.certKey=tls.crt",
+            "store.url=rediss://v:6380,store.tls.enabled=true,store.tls.existingSecret=s,store.tls.certKey=tls.crt",
         ),
         "go together",
     );
@@ -159,7 +159,7 @@ fn durability_needs_at_least_one_replica() {
 #[test]
 fn zero_durations_are_refused() {
     for field in [
-        "valkey.timeout",
+        "store.timeout",
         "leaderElection.leaseDuration",
         "leaderElection.renewDeadline",
         "leaderElection.retryPeriod",
@@ -171,9 +171,9 @@ fn zero_durations_are_refused() {
             refused(&set(&format!("{field}={zero}")), &path);
         }
     }
-    let r = accepted(&set("valkey.timeout=1500ms"));
+    let r = accepted(&set("store.timeout=1500ms"));
     assert!(r.args().contains(&"--timeout=1500ms".to_string()));
-    accepted(&set("valkey.timeout=10s,leaderElection.retryPeriod=1s"));
+    accepted(&set("store.timeout=10s,leaderElection.retryPeriod=1s"));
 }
 
 #[test]
@@ -182,80 +182,43 @@ fn braces_in_the_key_prefix_are_refused() {
     // of a target into another slot, or splits a target across slots.
     for prefix in ["tl{a}", "{tl}", "tl}", "tl{"] {
         refused(
-            &["--set-string", &format!("valkey.keyPrefix={prefix}")],
-            "/valkey/keyPrefix",
+            &["--set-string", &format!("store.keyPrefix={prefix}")],
+            "/store/keyPrefix",
         );
     }
-    refused(&["--set-string", "valkey.keyPrefix="], "/valkey/keyPrefix");
-    let r = accepted(&set("valkey.keyPrefix=team-a:tl"));
+    refused(&["--set-string", "store.keyPrefix="], "/store/keyPrefix");
+    let r = accepted(&set("store.keyPrefix=team-a:tl"));
     assert!(r.args().contains(&"--key-prefix=team-a:tl".to_string()));
-}
-
-/// The chart points the operator at etcd through the same URL value:
-/// `etcd://` and `etcds://` (with its TLS files) render as the store URL,
-/// and credentials in the URL are refused as for Valkey.
-#[test]
-fn an_etcd_url_renders_with_its_tls_files() {
-    let r = accepted(&[
-        "--set-string",
-        r"valkey.url=etcd://e0:2379\,e1:2379\,e2:2379",
-    ]);
-    assert!(
-        r.args()
-            .contains(&"--valkey-url=etcd://e0:2379,e1:2379,e2:2379".to_string()),
-        "{:?}",
-        r.args()
-    );
-    let r = accepted(&set(
-        "valkey.url=etcds://etcd.data.svc:2379,valkey.tls.enabled=true,valkey.tls.existingSecret=etcd-tls,valkey.tls.certKey=tls.crt,valkey.tls.keyKey=tls.key",
-    ));
-    for expected in [
-        "--valkey-url=etcds://etcd.data.svc:2379",
-        "--tls-ca-file=/etc/targetlease/valkey-tls/ca.crt",
-        "--tls-cert-file=/etc/targetlease/valkey-tls/tls.crt",
-        "--tls-key-file=/etc/targetlease/valkey-tls/tls.key",
-    ] {
-        assert!(
-            r.args().iter().any(|a| a == expected),
-            "{expected} in {:?}",
-            r.args()
-        );
-    }
-    refused(
-        &set("valkey.url=etcd://e0:2379,valkey.tls.enabled=true,valkey.tls.existingSecret=t"),
-        "at '/valkey/url'",
-    );
-    refused(&set("valkey.url=etcd://app:pw@e0:2379"), "at '/valkey/url'");
 }
 
 #[test]
 fn tls_settings_need_a_tls_url() {
-    let tls = "valkey.tls.enabled=true,valkey.tls.existingSecret=valkey-tls";
+    let tls = "store.tls.enabled=true,store.tls.existingSecret=valkey-tls";
     // TLS material with a plain-text URL: the operator would connect in the clear.
     refused(
         &set(tls),
-        "at '/valkey/url': value must be 'a TLS URL (valkeys:// or rediss://, or its -cluster or -sentinel form)",
+        "at '/store/url': value must be 'a TLS URL (valkeys:// or rediss://, or its -cluster or -sentinel form; etcds:// for etcd)",
     );
     refused(
         &["--set", tls, "--skip-schema-validation"],
-        "valkey.tls.enabled needs a TLS URL (valkeys://, rediss://",
+        "store.tls.enabled needs a TLS URL (valkeys://, rediss://",
     );
     // A server name for a connection without TLS would be ignored silently.
     refused(
-        &set("valkey.tls.serverName=valkey.internal"),
-        "at '/valkey/url'",
+        &set("store.tls.serverName=valkey.internal"),
+        "at '/store/url'",
     );
     refused(
-        &set("valkey.url=redis-cluster://valkey:6379,valkey.tls.serverName=valkey.internal"),
-        "at '/valkey/url'",
+        &set("store.url=redis-cluster://valkey:6379,store.tls.serverName=valkey.internal"),
+        "at '/store/url'",
     );
     refused(
         &[
             "--set",
-            "valkey.tls.serverName=valkey.internal",
+            "store.tls.serverName=valkey.internal",
             "--skip-schema-validation",
         ],
-        "valkey.tls.serverName needs a TLS URL",
+        "store.tls.serverName needs a TLS URL",
     );
     for url in [
         "rediss://valkey:6380",
@@ -264,7 +227,7 @@ fn tls_settings_need_a_tls_url() {
         "valkeys-sentinel://s:26379?sentinelServiceName=m",
     ] {
         let r = accepted(&set(&format!(
-            "valkey.url={url},{tls},valkey.tls.serverName=valkey.internal"
+            "store.url={url},{tls},store.tls.serverName=valkey.internal"
         )));
         assert!(
             r.args()
@@ -274,7 +237,7 @@ fn tls_settings_need_a_tls_url() {
     }
     // A rediss:// URL alone (system roots) may name the server too.
     let r = accepted(&set(
-        "valkey.url=rediss://valkey:6380,valkey.tls.serverName=valkey.internal",
+        "store.url=rediss://valkey:6380,store.tls.serverName=valkey.internal",
     ));
     assert!(
         r.args()

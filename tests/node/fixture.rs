@@ -161,7 +161,7 @@ impl Node {
         std::fs::write(
             &values,
             format!(
-                "valkey: {{url: \"{}\"}}\n\
+                "store: {{url: \"{}\"}}\n\
                  extraEnv:\n\
                  \x20 - {{name: KUBERNETES_SERVICE_HOST, value: \"{}\"}}\n\
                  \x20 - {{name: KUBERNETES_SERVICE_PORT, value: \"6443\"}}\n",

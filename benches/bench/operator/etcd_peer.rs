@@ -1,7 +1,9 @@
 //! The store's peer: etcd's own lock (`go.etcd.io/etcd/client/v3/concurrency`
 //! Mutex, driven by `etcd-lock` from tests/controlplane/etcdlock) against the
-//! control plane's etcd, beside acquire+release cycles of our client against
-//! the bench's valkey-server, at the same concurrencies in the same run.
+//! control plane's etcd, beside acquire+release cycles of our etcd store on
+//! the same etcd and of our Valkey store against the bench's valkey-server,
+//! at the same concurrencies in the same run; then each operation of both
+//! stores on its own (`etcd_store`).
 //!
 //! Both sides run closed-loop workers, each on its own lock (no waiting for
 //! another holder), on one load-generator thread (`GOMAXPROCS=1`; our
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use targetlease::store::{AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Target};
 
-use super::{Bench, PeerCell, Results};
+use super::{Bench, PeerCell, PeerOp, Results, etcd_store};
 use crate::stats::Figure;
 use crate::store::{connect, drive};
 use crate::support::tools::tools_dir;
@@ -33,7 +35,9 @@ pub(super) async fn etcd_peer(b: &Bench<'_>, results: &mut Results) {
         bin.display()
     );
     let store = connect(&b.valkey, b.p.peer_pool_size).await;
+    let etcd_store = etcd_store::connect(etcd_port.trim()).await;
     let failures = AtomicUsize::new(0);
+    let etcd_failures = AtomicUsize::new(0);
     for &c in &b.p.peer_concurrencies {
         let cycles = if c == 1 {
             b.p.peer_cycles_single
@@ -50,18 +54,49 @@ pub(super) async fn etcd_peer(b: &Bench<'_>, results: &mut Results) {
             async move { cycle(store, target).await }
         })
         .await;
+        let etcd_targets: Vec<Target> = (0..c)
+            .map(|k| Target::new("peer-etcd", format!("c{c}-w{k}")))
+            .collect();
+        let ours_etcd = drive(c, cycles, &etcd_failures, |k, _| {
+            let (store, target) = (&etcd_store, &etcd_targets[k]);
+            async move { cycle(store, target).await }
+        })
+        .await;
         eprintln!(
-            "bench: c={c}: etcd {:.0} cycles/s (p50 {:.0} µs), ours {:.0} cycles/s (p50 {:.0} µs)",
-            etcd.ops_per_sec, etcd.p50_us, ours.ops_per_sec, ours.p50_us
+            "bench: c={c}: etcd lock {:.0} cycles/s (p50 {:.0} µs), our etcd store {:.0} \
+             (p50 {:.0} µs), our valkey store {:.0} (p50 {:.0} µs)",
+            etcd.ops_per_sec,
+            etcd.p50_us,
+            ours_etcd.ops_per_sec,
+            ours_etcd.p50_us,
+            ours.ops_per_sec,
+            ours.p50_us
         );
         results.peer.push(PeerCell {
             concurrency: c,
             etcd,
             etcd_errors,
             ours,
+            ours_etcd,
         });
+        let tag = format!("c{c}");
+        let on_etcd = etcd_store::per_op(&etcd_store, &tag, c, cycles, &etcd_failures).await;
+        let on_valkey = etcd_store::per_op(&store, &tag, c, cycles, &failures).await;
+        for ((op, etcd), (_, valkey)) in on_etcd.into_iter().zip(on_valkey) {
+            eprintln!(
+                "bench: c={c} {op}: etcd store {:.0}/s (p50 {:.0} µs), valkey store {:.0}/s (p50 {:.0} µs)",
+                etcd.ops_per_sec, etcd.p50_us, valkey.ops_per_sec, valkey.p50_us
+            );
+            results.peer_ops.push(PeerOp {
+                concurrency: c,
+                op,
+                etcd,
+                valkey,
+            });
+        }
     }
     results.peer_failures = failures.into_inner();
+    results.peer_etcd_failures = etcd_failures.into_inner();
 }
 
 /// One acquire+release of our lease; true when both did their work.

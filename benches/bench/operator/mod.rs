@@ -5,6 +5,7 @@
 //! file; `run` calls them in order on one control plane.
 
 mod etcd_peer;
+mod etcd_store;
 mod failover;
 mod handoff;
 mod heap_profile;
@@ -83,7 +84,18 @@ pub struct PeerCell {
     pub concurrency: usize,
     pub etcd: crate::stats::Figure,
     pub etcd_errors: u64,
+    /// Our Valkey store.
     pub ours: crate::stats::Figure,
+    /// Our etcd store, on the same etcd as etcd's lock.
+    pub ours_etcd: crate::stats::Figure,
+}
+
+/// One operation at one concurrency, through our etcd store and our Valkey store.
+pub struct PeerOp {
+    pub concurrency: usize,
+    pub op: String,
+    pub etcd: crate::stats::Figure,
+    pub valkey: crate::stats::Figure,
 }
 
 pub struct Scale {
@@ -135,8 +147,12 @@ pub struct Results {
     pub peer: Vec<PeerCell>,
     /// Our client's pool size in the peer cells.
     pub peer_pool_size: usize,
-    /// Our cycles that did not acquire and release.
+    /// Operations of the peer step, one at a time, etcd store and Valkey store.
+    pub peer_ops: Vec<PeerOp>,
+    /// Our Valkey store's calls in the peer step that did not do their work.
     pub peer_failures: usize,
+    /// The same for our etcd store.
+    pub peer_etcd_failures: usize,
     pub unrelated_pods: Option<UnrelatedPods>,
     pub heap: Option<HeapProfile>,
     pub scales: Vec<Scale>,
@@ -187,7 +203,9 @@ pub async fn run(p: &Params) -> Results {
         apiserver_version,
         peer: Vec::new(),
         peer_pool_size: p.peer_pool_size,
+        peer_ops: Vec::new(),
         peer_failures: 0,
+        peer_etcd_failures: 0,
         unrelated_pods: None,
         heap: None,
         scales: Vec::new(),

@@ -81,7 +81,7 @@ pub struct Endpoint {
 /// Why a URL with a password is refused, and what to do instead.
 pub const PASSWORD_IN_URL: &str = "a password inside the URL is refused (the process table, \
      logs and manifests would show it): remove it from the URL and put it in a file named by \
-     --password-file (TARGETLEASE_PASSWORD_FILE; with the Helm chart, valkey.auth.existingSecret)";
+     --password-file (TARGETLEASE_PASSWORD_FILE; with the Helm chart, store.auth.existingSecret)";
 
 /// Parses a Valkey URL; the error says why, without echoing a password.
 pub fn parse(url: &str) -> Result<Endpoint, String> {

@@ -15,8 +15,8 @@ async fn the_operator_holds_hands_off_and_releases_leases_in_etcd() {
         .await
         .expect("start the etcd cluster");
     let url = cluster.url();
-    // Passed as `--valkey-url`, the flag's older name, as the chart passes
-    // it; the env's own Valkey must stay empty.
+    // Passed as `--valkey-url`, the flag's older name (the chart passes
+    // `--store-url`); the env's own Valkey must stay empty.
     env.start_operator_on(&url, &[]);
     let store = EtcdStore::connect(&EtcdConfig {
         url: url.clone(),
