@@ -78,9 +78,9 @@ s=$SECONDS
 cargo clippy --all-targets --locked -- -D warnings
 cargo clippy --locked --features failpoints --test faults -- -D warnings
 mark clippy $((SECONDS - s))
-# The tests run in three lanes at once, because most of their time is spent
+# The tests run in lanes at once, because most of their time is spent
 # waiting (on timers, elections, processes starting), not computing:
-#   - `e2e`, the longest target;
+#   - `e2e`, the longest target (its playground tests in a lane of their own);
 #   - the fault matrix's quick mode (the `faults` target with the product's
 #     fail points: every scenario and positive control once, a few at a
 #     time; see scripts/faults.sh), on the binary copied aside above;
@@ -104,8 +104,14 @@ lane() { # NAME LOG COMMAND...: runs COMMAND, logging to LOG; marks its time
   return "$lane_rc"
 }
 s=$SECONDS
-lane tests-e2e "$work/e2e.log" "$e2e_exe" "$@" &
+# `e2e` runs four tests at a time (they wait on the API server, timers and
+# processes far more than they compute); its playground tests, whose first
+# step is a cargo build of their own, run alongside from the start instead
+# of last (libtest runs tests in name order).
+lane tests-e2e "$work/e2e.log" env RUST_TEST_THREADS=4 "$e2e_exe" --skip playground:: "$@" &
 e2e_lane=$!
+lane tests-playground "$work/playground.log" "$e2e_exe" playground:: "$@" &
+playground_lane=$!
 lane faults "$work/faults.log" env FAULTS_PRODUCT_BIN="$faults_bin" "$faults_exe" "$@" &
 faults_lane=$!
 # The fuzz run (fuzz/): each target for a fixed time with libFuzzer, seeded
@@ -139,7 +145,7 @@ t=$SECONDS
 fuzz || rc=1
 mark test-fuzz $((SECONDS - t))
 mark tests-others $((SECONDS - s))
-for l in "e2e $e2e_lane" "faults $faults_lane"; do
+for l in "e2e $e2e_lane" "playground $playground_lane" "faults $faults_lane"; do
   if ! wait "${l#* }"; then
     rc=1
   fi
