@@ -10,6 +10,7 @@
 //! released, so a crash anywhere is resolved by the next pass.
 
 pub mod clock;
+mod desired;
 mod execute;
 mod floor;
 pub mod index;
@@ -105,6 +106,10 @@ pub struct Memory {
     /// A release was announced on the target this lease holds: confirm it with
     /// the store at once (it may have been revoked).
     pub confirm: bool,
+    /// Why nobody qualifies for this election, as last listed from the API
+    /// server: when, for which generation, and the answer
+    /// ([`pods::nobody_elected`]).
+    pub nobody: Option<(Instant, Option<i64>, plan::Desired)>,
 }
 
 /// Why a reconcile failed; each is retried with per-object backoff.

@@ -29,7 +29,7 @@ impl Pass<'_> {
         let check = self.spec.as_ref().map(|_| ()).map_err(Clone::clone);
         self.working = transition::spec_checked(&self.facts(), &self.working, &check);
         for _ in 0..MAX_STEPS {
-            let desired = self.desired();
+            let desired = self.desired().await;
             let observed = Observed {
                 status: &self.working,
                 generation: self.tl.metadata.generation,
@@ -332,17 +332,6 @@ impl Pass<'_> {
         let reply = gated(&self.ctx.leadership, self.ctx.store.release(&req)).await?;
         self.saw(&reply, sent);
         Ok(reply)
-    }
-
-    /// Who should hold the lease (nobody, for an invalid spec).
-    fn desired(&self) -> Desired {
-        match &self.spec {
-            Ok(valid) => pods::desired_holder(&self.tl, valid, &self.ctx.pods),
-            Err(message) => Desired::Nobody {
-                reason: Reason::InvalidSpec,
-                message: message.clone(),
-            },
-        }
     }
 
     fn queued_behind(&self) -> Option<String> {

@@ -18,9 +18,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 
-use super::pods::CachedPod;
-
-const OPT_IN_SUFFIX: &str = ".targetlease.dev/candidate";
+use super::pods::{CachedPod, OPT_IN_SUFFIX};
 
 /// The TargetLeases `pod` opted in to.
 fn opted_in_to(pod: &CachedPod) -> Vec<String> {

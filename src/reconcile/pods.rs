@@ -21,20 +21,34 @@ use super::spec::{Holders, ValidSpec};
 use crate::conditions::Reason;
 use crate::crd::TargetLease;
 
+/// Most labels the cache keeps of a pod that opted in (selectors read them).
+pub const MAX_KEPT_LABELS: usize = 64;
+/// Most bytes (keys and values) of labels the cache keeps of a pod that opted in.
+pub const MAX_KEPT_LABEL_BYTES: usize = 16 * 1024;
+
+const OUR_KEYS: &str = ".targetlease.dev/";
+
 /// A pod as the operator caches it: only what the planner and the marks
 /// read. The watch decodes nothing else (no spec, no container statuses), and
 /// [`CachedPod::slim`] drops what the metadata carries beyond that, so
-/// thousands of unrelated pods cost the cache little.
+/// thousands of unrelated pods, whatever labels they carry, cost the cache
+/// little.
 #[derive(kube::Resource, Clone, Debug, Default, Deserialize, PartialEq)]
 #[resource(inherit = "Pod")]
 pub struct CachedPod {
-    /// Name, namespace, UID, resourceVersion, labels, our annotations,
-    /// creation and deletion times.
+    /// Name, namespace, UID, resourceVersion, labels (every label of a pod
+    /// that opted in, only ours of any other), our annotations, creation and
+    /// deletion times.
     #[serde(deserialize_with = "crate::cache::without_managed_fields")]
     pub metadata: ObjectMeta,
     /// The pod's conditions (only Ready is kept).
     #[serde(default)]
     pub status: Option<CachedPodStatus>,
+    /// The pod opted in but carries more labels than the cache keeps
+    /// ([`MAX_KEPT_LABELS`], [`MAX_KEPT_LABEL_BYTES`]): only ours were kept,
+    /// so no selector can be matched against it and it is nobody's candidate.
+    #[serde(skip)]
+    pub labels_dropped: bool,
 }
 
 /// The part of a pod's status the planner reads.
@@ -57,19 +71,48 @@ pub struct CachedCondition {
 
 impl CachedPod {
     /// Drops what the planner never reads: owner references, finalizers,
-    /// other tools' annotations, every condition but Ready.
+    /// other tools' annotations, every condition but Ready, and the labels of
+    /// a pod that opted in to nothing but ours (whoever may create pods could
+    /// otherwise grow the operator's memory with labels it never reads).
+    /// A pod that opted in keeps its labels for the selectors, up to
+    /// [`MAX_KEPT_LABELS`] and [`MAX_KEPT_LABEL_BYTES`]; past them it keeps
+    /// only ours and is marked [`CachedPod::labels_dropped`].
     pub fn slim(&mut self) {
         let meta = &mut self.metadata;
         meta.owner_references = None;
         meta.generate_name = None;
         meta.finalizers = None;
         if let Some(annotations) = meta.annotations.as_mut() {
-            annotations.retain(|k, _| k.contains("targetlease.dev/"));
+            annotations.retain(|k, _| k.contains(OUR_KEYS));
+        }
+        if let Some(labels) = meta.labels.as_mut() {
+            let opted = labels
+                .iter()
+                .any(|(k, v)| v == "true" && k.ends_with(OPT_IN_SUFFIX));
+            let within = !over_bounds(labels);
+            if !(opted && within) {
+                labels.retain(|k, _| k.contains(OUR_KEYS));
+                self.labels_dropped = opted;
+            }
+            // Ours alone past the bounds: a pod opted in to that many
+            // TargetLeases is abuse; the first ones (by key) are kept.
+            while over_bounds(labels) {
+                labels.pop_last();
+                self.labels_dropped = true;
+            }
         }
         if let Some(conditions) = self.status.as_mut().and_then(|s| s.conditions.as_mut()) {
             conditions.retain(|c| c.type_ == "Ready");
         }
     }
+}
+
+/// How every opt-in label ends ([`opt_in_label`]).
+pub(super) const OPT_IN_SUFFIX: &str = ".targetlease.dev/candidate";
+
+fn over_bounds(labels: &std::collections::BTreeMap<String, String>) -> bool {
+    labels.len() > MAX_KEPT_LABELS
+        || labels.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > MAX_KEPT_LABEL_BYTES
 }
 
 /// The label by which a pod opts in to TargetLease `name`: only a pod
@@ -112,7 +155,9 @@ fn candidates(
 ) -> Vec<Arc<CachedPod>> {
     pods.opted_in(ns, name)
         .into_iter()
-        .filter(|p| accepts(p, name) && selector.matches(p.labels()) && is_ready(p))
+        .filter(|p| {
+            accepts(p, name) && !p.labels_dropped && selector.matches(p.labels()) && is_ready(p)
+        })
         .collect()
 }
 
@@ -185,41 +230,81 @@ pub fn desired_holder(tl: &TargetLease, spec: &ValidSpec, pods: &PodCache) -> De
                     pod: Some(pod_ref(p)),
                 };
             }
-            // Nobody qualifies: say whether pods match but did not opt in (a
-            // look at the namespace's pods, only for this message).
-            let mut names: Vec<_> = pods
-                .in_namespace(&ns)
-                .into_iter()
-                .filter(|p| selector.matches(p.labels()) && is_ready(p) && !accepts(p, &name))
-                .map(|p| p.name_any())
-                .collect();
-            if names.is_empty() {
-                return Desired::Nobody {
-                    reason: Reason::NoReadyCandidate,
-                    message: format!(
-                        "no pod matching spec.candidates.podSelector and labelled {}: \"true\" is Ready",
-                        opt_in_label(&name)
-                    ),
-                };
-            }
-            names.sort();
-            let shown = names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
-            let more = names.len().saturating_sub(3);
-            Desired::Nobody {
-                reason: Reason::PodNotOptedIn,
-                message: format!(
-                    "{} Ready pod(s) match spec.candidates.podSelector ({shown}{}) but none has opted in: \
-                     a candidate needs the label {}: \"true\"",
-                    names.len(),
-                    if more > 0 {
-                        format!(" and {more} more")
-                    } else {
-                        String::new()
-                    },
-                    opt_in_label(&name)
-                ),
-            }
+            // Nobody qualifies. Whether pods match but did not opt in is
+            // told by [`nobody_elected`], from the API server: the cache
+            // keeps no labels of pods that opted in to nothing.
+            no_ready_candidate(&name)
         }
+    }
+}
+
+fn no_ready_candidate(name: &str) -> Desired {
+    Desired::Nobody {
+        reason: Reason::NoReadyCandidate,
+        message: format!(
+            "no pod matching spec.candidates.podSelector and labelled {}: \"true\" is Ready",
+            opt_in_label(name)
+        ),
+    }
+}
+
+/// Why nobody qualifies for election `name`, from the pods of its namespace
+/// that its `selector` matches as the API server lists them (with every
+/// label): Ready pods that did not opt in (PodNotOptedIn, naming a few), or
+/// that opted in with more labels than the cache keeps, or none at all
+/// (NoReadyCandidate).
+pub fn nobody_elected(
+    name: &str,
+    selector: &kube::core::Selector,
+    listed: &[CachedPod],
+) -> Desired {
+    let matching = || {
+        listed
+            .iter()
+            .filter(|p| selector.matches(p.labels()) && is_ready(p))
+    };
+    let mut names: Vec<_> = matching()
+        .filter(|p| !accepts(p, name))
+        .map(|p| p.name_any())
+        .collect();
+    if names.is_empty() {
+        let mut too_big: Vec<_> = matching()
+            .filter(|p| over_bounds(p.labels()))
+            .map(|p| p.name_any())
+            .collect();
+        if too_big.is_empty() {
+            return no_ready_candidate(name);
+        }
+        too_big.sort();
+        return Desired::Nobody {
+            reason: Reason::NoReadyCandidate,
+            message: format!(
+                "{} Ready pod(s) opted in but carry more labels than the operator keeps \
+                 ({MAX_KEPT_LABELS} labels, {MAX_KEPT_LABEL_BYTES} bytes): {}",
+                too_big.len(),
+                shown(&too_big)
+            ),
+        };
+    }
+    names.sort();
+    Desired::Nobody {
+        reason: Reason::PodNotOptedIn,
+        message: format!(
+            "{} Ready pod(s) match spec.candidates.podSelector ({}) but none has opted in: \
+             a candidate needs the label {}: \"true\"",
+            names.len(),
+            shown(&names),
+            opt_in_label(name)
+        ),
+    }
+}
+
+/// The first three names, and how many more.
+fn shown(names: &[String]) -> String {
+    let first = names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+    match names.len().saturating_sub(3) {
+        0 => first,
+        more => format!("{first} and {more} more"),
     }
 }
 

@@ -11,7 +11,10 @@ fn full_pod() -> serde_json::Value {
             "resourceVersion": "42", "generateName": "web-",
             "creationTimestamp": "2026-01-01T00:00:00Z",
             "deletionTimestamp": "2026-01-02T00:00:00Z",
-            "labels": { "app": "web", "tl.targetlease.dev/leader": "true" },
+            "labels": {
+                "app": "web", "tl.targetlease.dev/leader": "true",
+                "tl.targetlease.dev/candidate": "true",
+            },
             "annotations": {
                 "tl.targetlease.dev/fencing-token": "7",
                 "db.targetlease.dev/expires-at": "2026-01-01T00:00:00Z",
@@ -43,7 +46,12 @@ fn the_cache_keeps_what_the_planner_and_the_marks_read() {
     assert_eq!(meta.uid.as_deref(), Some("u-1"));
     assert_eq!(meta.resource_version.as_deref(), Some("42"));
     assert!(meta.creation_timestamp.is_some() && meta.deletion_timestamp.is_some());
-    assert_eq!(pod.labels().len(), 2, "every label: selectors read them");
+    assert_eq!(
+        pod.labels().len(),
+        3,
+        "every label of a pod that opted in: selectors read them"
+    );
+    assert!(!pod.labels_dropped);
     assert_eq!(
         pod.annotations().keys().collect::<Vec<_>>(),
         [
@@ -61,6 +69,53 @@ fn the_cache_keeps_what_the_planner_and_the_marks_read() {
             status: "True".into()
         }])
     );
+}
+
+/// Labels anyone who may create pods can add, as many and as large as the
+/// API server takes: the cache keeps none of them for a pod that opted in to
+/// nothing, and for one that opted in only ours once they pass the bounds.
+#[test]
+fn the_cache_keeps_no_labels_the_operator_does_not_read() {
+    let mut json = full_pod();
+    let labels = json["metadata"]["labels"].as_object_mut().unwrap();
+    labels.remove("tl.targetlease.dev/candidate");
+    for i in 0..2000 {
+        labels.insert(format!("example.com/noise-{i:04}"), "x".repeat(63).into());
+    }
+    let mut bystander: CachedPod = serde_json::from_value(json.clone()).unwrap();
+    bystander.slim();
+    assert_eq!(
+        bystander.labels().keys().collect::<Vec<_>>(),
+        ["tl.targetlease.dev/leader"],
+        "a pod that opted in to nothing keeps only our labels"
+    );
+    assert!(!bystander.labels_dropped);
+
+    let opt_in = ("tl.targetlease.dev/candidate", "true");
+    json["metadata"]["labels"][opt_in.0] = opt_in.1.into();
+    let mut opted: CachedPod = serde_json::from_value(json).unwrap();
+    opted.slim();
+    assert_eq!(
+        opted.labels().keys().collect::<Vec<_>>(),
+        [opt_in.0, "tl.targetlease.dev/leader"],
+        "past the bounds, a pod that opted in keeps only ours"
+    );
+    assert!(opted.labels_dropped, "and is nobody's candidate");
+
+    // Ours alone, past the bounds (opted in to thousands of leases): the
+    // first ones are kept, within the bounds.
+    let mut many = pod("many", 1, &[]);
+    let ours = many.metadata.labels.get_or_insert_default();
+    for i in 0..5000 {
+        ours.insert(format!("l{i:04}.targetlease.dev/candidate"), "true".into());
+    }
+    many.slim();
+    assert_eq!(many.labels().len(), MAX_KEPT_LABELS);
+    assert!(
+        many.labels()
+            .contains_key("l0000.targetlease.dev/candidate")
+    );
+    assert!(many.labels_dropped);
 }
 
 #[test]
@@ -172,12 +227,21 @@ fn an_election_elects_only_among_pods_that_opted_in() {
         Ok("web-2".into())
     );
 
-    // Ready pods match, none opted in: a reason that says so, naming them.
-    let pods = cache(vec![
+    // Ready pods match, none opted in: the cache cannot tell (it keeps no
+    // labels of theirs), the API server's list can.
+    let listed = vec![
         pod("web-0", 1, &[("app", "web")]),
         pod("web-1", 2, &[("app", "web")]),
-    ]);
-    let (reason, message) = holder_of(&desired_holder(&tl, &valid, &pods)).unwrap_err();
+    ];
+    let mut slimmed = listed.clone();
+    slimmed.iter_mut().for_each(CachedPod::slim);
+    let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(slimmed))).unwrap_err();
+    assert_eq!(reason, Reason::NoReadyCandidate);
+    let Holders::Elected(selector) = &valid.holders else {
+        panic!("an election")
+    };
+    let (reason, message) =
+        holder_of(&nobody_elected("web-leader", selector, &listed)).unwrap_err();
     assert_eq!(reason, Reason::PodNotOptedIn);
     assert!(
         message.starts_with("2 Ready pod(s)") && message.contains("web-0, web-1"),
@@ -187,6 +251,25 @@ fn an_election_elects_only_among_pods_that_opted_in() {
     // Nothing matches at all: no Ready candidate.
     let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![]))).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
+    let (reason, _) = holder_of(&nobody_elected("web-leader", selector, &[])).unwrap_err();
+    assert_eq!(reason, Reason::NoReadyCandidate);
+
+    // Opted in with more labels than the cache keeps: not a candidate, and
+    // the reason says why.
+    let mut big = pod("web-9", 1, &[("app", "web"), opted]);
+    let labels = big.metadata.labels.as_mut().unwrap();
+    for i in 0..MAX_KEPT_LABELS {
+        labels.insert(format!("example.com/l{i}"), "x".into());
+    }
+    let mut cached = big.clone();
+    cached.slim();
+    let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![cached]))).unwrap_err();
+    assert_eq!(reason, Reason::NoReadyCandidate);
+    let (_, message) = holder_of(&nobody_elected("web-leader", selector, &[big])).unwrap_err();
+    assert!(
+        message.contains("more labels than the operator keeps"),
+        "{message}"
+    );
 }
 
 #[test]
