@@ -3,11 +3,15 @@
 //! needs.
 
 use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
+use nix::fcntl::{FcntlArg, FdFlag, fcntl};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use super::supervise::MARKER;
@@ -40,6 +44,12 @@ pub(super) struct Child {
     group: Pid,
     /// `run`'s own group, when it had the terminal before CMD started.
     terminal_owner: Option<Pid>,
+    /// The supervisor's report of how CMD ended ([`super::supervise`]),
+    /// until it is read whole.
+    report: Option<pipe::Receiver>,
+    reported: Vec<u8>,
+    /// The supervisor said CMD left processes behind it.
+    left: Option<bool>,
 }
 
 /// Starts CMD under the supervisor, in a new process group.
@@ -47,10 +57,16 @@ pub(super) fn spawn(command: &[String], env: &ChildEnv) -> std::io::Result<Child
     let stdin = std::io::stdin();
     let terminal_owner =
         (stdin.is_terminal() && tcgetpgrp(&stdin).ok() == Some(getpgrp())).then(getpgrp);
+    // The report pipe: its write end (not close-on-exec) is inherited by
+    // the supervisor alone, which closes it before CMD starts.
+    let (read, write) = nix::unistd::pipe()?;
+    fcntl(&read, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    let report = pipe::Receiver::from_owned_fd(read)?;
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     cmd.arg0("targetlease")
         .arg(MARKER)
         .arg(std::process::id().to_string())
+        .arg(write.as_raw_fd().to_string())
         .arg("--")
         .args(command)
         .process_group(0);
@@ -62,7 +78,9 @@ pub(super) fn spawn(command: &[String], env: &ChildEnv) -> std::io::Result<Child
     for (name, value) in &env.vars {
         cmd.env(name, value);
     }
-    let process = cmd.spawn()?;
+    let process = cmd.spawn();
+    drop(write);
+    let process = process?;
     let id = process
         .id()
         .and_then(|p| i32::try_from(p).ok())
@@ -71,6 +89,9 @@ pub(super) fn spawn(command: &[String], env: &ChildEnv) -> std::io::Result<Child
         process,
         group: Pid::from_raw(id),
         terminal_owner,
+        report: Some(report),
+        reported: Vec::new(),
+        left: None,
     })
 }
 
@@ -83,22 +104,60 @@ impl Child {
         }
     }
 
-    /// Waits for the supervisor, which ends the way CMD ended.
+    /// Waits until CMD ended: as the supervisor reports it, or, when the
+    /// supervisor ends without a report (killed), as the supervisor ended.
+    /// Cancel-safe (a `select!` branch).
     pub(super) async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        while let Some(report) = self.report.as_mut() {
+            let mut chunk = [0u8; 64];
+            match report.read(&mut chunk).await {
+                Ok(0) | Err(_) => self.report = None,
+                Ok(n) => self.reported.extend_from_slice(&chunk[..n]),
+            }
+            let line = String::from_utf8_lossy(&self.reported).into_owned();
+            if let Some((raw, left)) = line
+                .strip_suffix('\n')
+                .and_then(|l| l.split_once(' '))
+                .and_then(|(raw, left)| Some((raw.parse::<i32>().ok()?, left == "1")))
+            {
+                self.report = None;
+                self.left = Some(left);
+                return Ok(std::process::ExitStatus::from_raw(raw));
+            }
+        }
         self.process.wait().await
     }
 
     /// After CMD ended: takes the terminal back, then stops whatever CMD left
-    /// running in its group (SIGTERM, SIGKILL after `grace`), so nothing of
-    /// the job outlives the lease. Returns whether anything was left.
+    /// running (SIGTERM to its group, SIGKILL after `grace`), so nothing of
+    /// the job outlives the lease. The supervisor stays until all of it is
+    /// gone, so a SIGKILL of `run` meanwhile still stops it at once. Returns
+    /// whether anything was left.
     pub(super) async fn stop_leftovers(&mut self, grace: Duration) -> bool {
         self.take_terminal_back();
-        if !self.group_alive() {
-            return false;
-        }
-        tracing::warn!("the command left processes in its group; stopping them");
-        self.signal(Signal::SIGTERM);
         let deadline = Instant::now() + grace;
+        let left = match self.left {
+            Some(true) => {
+                self.stopping();
+                if tokio::time::timeout_at(deadline, self.process.wait())
+                    .await
+                    .is_err()
+                {
+                    self.signal(Signal::SIGKILL);
+                }
+                true
+            }
+            _ => false,
+        };
+        let _ = self.process.wait().await;
+        // Anything still in the group (without a report, or what made
+        // itself a subreaper): the same, from here.
+        if !self.group_alive() {
+            return left;
+        }
+        if !left {
+            self.stopping();
+        }
         while self.group_alive() && Instant::now() < deadline {
             tokio::time::sleep(LEFTOVER_POLL).await;
         }
@@ -106,6 +165,11 @@ impl Child {
             self.signal(Signal::SIGKILL);
         }
         true
+    }
+
+    fn stopping(&self) {
+        tracing::warn!("the command left processes in its group; stopping them");
+        self.signal(Signal::SIGTERM);
     }
 
     fn group_alive(&self) -> bool {

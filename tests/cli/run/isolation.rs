@@ -107,6 +107,94 @@ fn what_the_command_leaves_in_its_group_is_stopped_before_the_release() {
     );
 }
 
+/// CMD exits and leaves a process that ignores SIGTERM; `run` is SIGKILLed
+/// while it gives that process its `--kill-grace`: the process goes at once
+/// (the supervisor stays until everything CMD started is gone, and takes
+/// the group with it when `run` dies).
+#[test]
+fn what_the_command_left_dies_with_run_killed_during_the_kill_grace() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let cmd = Scratch::new("cmd");
+    let pids = Scratch::new("pids");
+    // CMD exits once the process it leaves ignores SIGTERM and said so.
+    let script = format!(
+        "echo $$ > {c}; sh -c 'trap \"\" TERM; sleep 600 & echo \"$$ $!\" > {p}; wait' & \
+         while [ ! -s {p} ]; do sleep 0.05; done; exit 0",
+        c = cmd.path().display(),
+        p = pids.path().display()
+    );
+    let mut child = spawn(
+        run(&u, "db", "alice", "10s")
+            .with(&["--kill-grace", "60s"])
+            .sh(&script),
+    );
+    let cmd: u32 = cmd.wait(Duration::from_secs(10)).trim().parse().unwrap();
+    let pids = read_pids(&pids);
+    let finished = all_gone(&[cmd], Duration::from_secs(10)).is_some();
+    // What CMD left ignores SIGTERM: `run` is in the grace period now.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(finished, "CMD exited");
+    assert!(pids.iter().all(|p| !gone(*p)), "what CMD left runs on");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "run waits out the grace"
+    );
+
+    child.kill().unwrap();
+    let took = all_gone(&pids, Duration::from_secs(2));
+    let _ = child.wait();
+    if took.is_none() {
+        for p in &pids {
+            let _ = Command::new("kill")
+                .args(["-KILL", &p.to_string()])
+                .status();
+        }
+    }
+    let took = took.unwrap_or_else(|| {
+        panic!("what the command left ({pids:?}) outlived a SIGKILLed run by 2s")
+    });
+    eprintln!("SIGKILL of run during the kill grace -> what CMD left gone: {took:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}
+
+/// What left CMD's group on purpose (`setsid`) is beyond reach: `run`
+/// neither waits its `--kill-grace` for it nor says it stopped it.
+#[test]
+fn a_process_that_left_the_group_does_not_hold_up_the_release() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let pid = Scratch::new("pid");
+    let p = pid.path().display();
+    let script = format!(
+        "setsid sh -c 'echo $$ > {p}; exec sleep 600' </dev/null >/dev/null 2>&1 & \
+         while [ ! -s {p} ]; do sleep 0.05; done; exit 0"
+    );
+    let started = Instant::now();
+    let out = run(&u, "db", "alice", "10s")
+        .with(&["--kill-grace", "30s"])
+        .sh(&script)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let daemon: u32 = pid.read().trim().parse().unwrap();
+    let alive = !gone(daemon);
+    let _ = Command::new("kill")
+        .args(["-KILL", &daemon.to_string()])
+        .status();
+    let j = ended(&out, 0);
+    assert!(alive, "the process that left the group is beyond reach");
+    assert!(
+        took < Duration::from_secs(10),
+        "run waited for it: {took:?}"
+    );
+    assert_eq!(j["outcome"], "released", "{j}");
+    assert!(
+        !j["message"].as_str().unwrap().contains("left in its group"),
+        "{j}"
+    );
+}
+
 #[test]
 fn a_lost_lease_stops_everything_the_command_started() {
     let s = ValkeyServer::start();
