@@ -184,3 +184,128 @@ fn sentinel_credentials_are_mounted_from_their_own_secret() {
         "store.tls.serverName=valkey.internal",
     ]);
 }
+
+/// The Sentinels' own TLS material comes from a Secret of its own, mounted
+/// as files the `--sentinel-tls-*` flags name; without values there are no
+/// such flags, and values that cannot work are refused.
+#[test]
+fn sentinel_tls_material_is_mounted_from_its_own_secret() {
+    let tls_sentinel = "store.url=valkeys-sentinel://sentinel:26379?sentinelServiceName=mymaster";
+    let data_tls = "store.tls.enabled=true,store.tls.existingSecret=valkey-ca";
+    let r = template(
+        "tl",
+        "tl-system",
+        &[
+            "--set",
+            tls_sentinel,
+            "--set",
+            data_tls,
+            "--set",
+            "valkey.sentinelTls.enabled=true,valkey.sentinelTls.existingSecret=sentinel-tls",
+            "--set",
+            "valkey.sentinelTls.caKey=sentinel-ca.pem,valkey.sentinelTls.certKey=c.pem,valkey.sentinelTls.keyKey=k.pem",
+            "--set",
+            "valkey.sentinelTls.serverName=sentinel.internal",
+        ],
+    );
+    let args = r.args();
+    for flag in [
+        "--tls-ca-file=/etc/targetlease/store-tls/ca.crt",
+        "--sentinel-tls-ca-file=/etc/targetlease/valkey-sentinel-tls/ca.crt",
+        "--sentinel-tls-cert-file=/etc/targetlease/valkey-sentinel-tls/tls.crt",
+        "--sentinel-tls-key-file=/etc/targetlease/valkey-sentinel-tls/tls.key",
+        "--sentinel-tls-server-name=sentinel.internal",
+    ] {
+        assert!(args.contains(&flag.to_string()), "{flag} missing: {args:?}");
+    }
+    the_binary_accepts(&r);
+    assert_eq!(
+        r.volume("valkey-sentinel-tls")["secret"],
+        json!({
+            "secretName": "sentinel-tls",
+            "defaultMode": 288,
+            "items": [
+                { "key": "sentinel-ca.pem", "path": "ca.crt" },
+                { "key": "c.pem", "path": "tls.crt" },
+                { "key": "k.pem", "path": "tls.key" },
+            ]
+        })
+    );
+    let mounts = r.container()["volumeMounts"].as_array().unwrap().clone();
+    let mount = mounts
+        .iter()
+        .find(|m| m["name"] == "valkey-sentinel-tls")
+        .unwrap();
+    assert_eq!(mount["mountPath"], "/etc/targetlease/valkey-sentinel-tls");
+    assert_eq!(mount["readOnly"], true);
+
+    // A CA alone: no client certificate flags.
+    let r = template(
+        "tl",
+        "tl-system",
+        &[
+            "--set",
+            tls_sentinel,
+            "--set",
+            data_tls,
+            "--set",
+            "valkey.sentinelTls.enabled=true,valkey.sentinelTls.existingSecret=sentinel-tls",
+        ],
+    );
+    let ours: Vec<_> = r
+        .args()
+        .into_iter()
+        .filter(|a| a.starts_with("--sentinel-tls"))
+        .collect();
+    assert_eq!(
+        ours,
+        ["--sentinel-tls-ca-file=/etc/targetlease/valkey-sentinel-tls/ca.crt"]
+    );
+    // Without values, none of them.
+    let r = template(
+        "tl",
+        "tl-system",
+        &["--set", tls_sentinel, "--set", data_tls],
+    );
+    assert!(!r.args().iter().any(|a| a.starts_with("--sentinel-tls")));
+    assert!(
+        r.container()["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["name"] != "valkey-sentinel-tls")
+    );
+
+    refused(
+        &[
+            "--set",
+            tls_sentinel,
+            "--set",
+            data_tls,
+            "--set",
+            "valkey.sentinelTls.enabled=true",
+        ],
+        "valkey.sentinelTls.enabled needs valkey.sentinelTls.existingSecret",
+    );
+    refused(
+        &[
+            "--set",
+            tls_sentinel,
+            "--set",
+            data_tls,
+            "--set",
+            "valkey.sentinelTls.enabled=true,valkey.sentinelTls.existingSecret=s,valkey.sentinelTls.certKey=c.pem",
+        ],
+        "valkey.sentinelTls.certKey and valkey.sentinelTls.keyKey go together",
+    );
+    refused(
+        &[
+            "--set",
+            "store.url=valkey-sentinel://sentinel:26379?sentinelServiceName=mymaster",
+            "--set",
+            "valkey.sentinelTls.serverName=sentinel.internal",
+        ],
+        "valkey.sentinelTls needs a TLS Sentinel URL",
+    );
+    refused(&["--set", "valkey.sentinelTls.bogus=1"], "sentinelTls");
+}
