@@ -37,6 +37,10 @@ pub struct OperatorEnv {
     /// Operators started from now on watch every namespace (only on a
     /// control plane of the env's own: `watch_every_namespace`).
     watch_all: bool,
+    /// The namespace operators started from now on run in, as the chart's
+    /// release namespace (floors, leader election, `POD_NAMESPACE`), when it
+    /// is not the watched one (`ns`).
+    pub release_namespace: Option<String>,
 }
 
 /// Installs (or updates) the generated CRD and waits until it is Established.
@@ -96,6 +100,7 @@ impl OperatorEnv {
             operator_env: Vec::new(),
             owns_control_plane: false,
             watch_all: false,
+            release_namespace: None,
         }
     }
 
@@ -123,6 +128,7 @@ impl OperatorEnv {
         )
         .expect("log file");
         let admin_port = super::valkey_server::free_port();
+        let home = self.release_namespace.as_deref().unwrap_or(&self.ns);
         let child = Command::new(super::cli::product_bin())
             .arg("operator")
             .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])
@@ -130,7 +136,7 @@ impl OperatorEnv {
             .args(["--valkey-url", valkey_url])
             .arg("--lease-id-key-file")
             .arg(self.key_file())
-            .args(["--floor-namespace", &self.ns])
+            .args(["--floor-namespace", home])
             .args(if self.watch_all {
                 vec![]
             } else {
@@ -146,7 +152,7 @@ impl OperatorEnv {
             .envs(
                 self.operator_kubeconfig
                     .as_ref()
-                    .map(|_| ("POD_NAMESPACE", self.ns.as_str())),
+                    .map(|_| ("POD_NAMESPACE", home)),
             )
             .env("RUST_LOG", "targetlease=debug")
             .envs(self.operator_env.iter().map(|(k, v)| (k, v)))
