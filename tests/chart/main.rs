@@ -29,3 +29,4 @@ mod render_ha;
 mod render_security;
 mod render_values;
 mod schema;
+mod scoped;
