@@ -38,6 +38,7 @@ use errors::{Effect, server_error, unanswered};
 pub use keys::KeySpace;
 use link::{Link, LinkError};
 use pool::Held;
+pub use preload::ScriptsReady;
 use prepare::prepare;
 use resp::{Cmd, Value};
 use scripts::Script;
@@ -133,7 +134,9 @@ impl ValkeyStore {
     /// Loads every script on every primary, in one round trip per primary,
     /// within the operation timeout; any primary that cannot be reached fails
     /// it (`targetlease check`).
-    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+    /// Says whether it loaded them or, for a user that may not, found them
+    /// loaded.
+    pub async fn load_scripts(&self) -> Result<ScriptsReady, StoreError> {
         self.preload_scripts(true).await
     }
 

@@ -185,6 +185,51 @@ fn the_least_privilege_user_can_run_every_check() {
     assert_eq!(status(&r, "permissions"), "fail", "{r}");
 }
 
+/// A tenant's user (docs/valkey.md: `+evalsha`, no `SCRIPT LOAD`) did not
+/// load the scripts: the check says it found them loaded, and says "load"
+/// only for a user that loaded them.
+#[test]
+fn a_user_that_may_not_load_scripts_is_told_it_found_them_loaded() {
+    let server = ValkeyServer::start();
+    let doc = include_str!("../../docs/valkey.md");
+    let rule = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER team-a "))
+        .expect("documented tenant rule")
+        .replace(">CHANGE-ME", ">tenant-pw");
+    let args: Vec<&str> = rule.split_whitespace().collect();
+    server.conn().cmd(&args);
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "tenant-pw\n").unwrap();
+    let tenant = [
+        "--username",
+        "team-a",
+        "--password-file",
+        pw.to_str().unwrap(),
+    ];
+    let detail = |r: &Value| find(r, "scripts")["detail"].as_str().unwrap().to_owned();
+
+    // Nothing loaded yet: the tenant cannot do it.
+    let (_, out) = check(&server.url(), &tenant);
+    let r = report(&out);
+    assert_eq!(status(&r, "scripts"), "fail", "{r}");
+
+    // The default user loads them.
+    let (_, out) = check(&server.url(), &[]);
+    let r = report(&out);
+    assert_eq!(status(&r, "scripts"), "ok", "{r}");
+    assert_eq!(detail(&r), "all lease scripts load", "{r}");
+
+    // The tenant finds them loaded, and is told so.
+    let (_, out) = check(&server.url(), &tenant);
+    let r = report(&out);
+    assert_eq!(status(&r, "scripts"), "ok", "{r}");
+    let said = detail(&r);
+    assert!(said.starts_with("all lease scripts found loaded"), "{r}");
+    assert!(!said.contains("scripts load"), "{r}");
+}
+
 #[test]
 fn unreachable_server_exits_3() {
     let (code, out) = check(

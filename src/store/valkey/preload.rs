@@ -19,12 +19,22 @@ use super::resp::{Cmd, Value};
 use super::scripts::{SCRIPTS, Script, lacks_field_expiry};
 use crate::store::StoreError;
 
+/// What [`ValkeyStore::load_scripts`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScriptsReady {
+    /// This user loaded every script on every primary that answered.
+    Loaded,
+    /// This user may not load scripts; on some primary it found every
+    /// script already loaded (by a user that may), and used them as they are.
+    FoundLoaded,
+}
+
 impl ValkeyStore {
     /// [`Self::load_scripts`]; unless `strict`, a primary that gives no answer
     /// (no connection, no reply in time) is skipped with a warning, as long
     /// as one primary answered. A refusal or a wrong hash always fails, but
     /// for a user that may not load scripts and finds them all loaded.
-    pub(super) async fn preload_scripts(&self, strict: bool) -> Result<(), StoreError> {
+    pub(super) async fn preload_scripts(&self, strict: bool) -> Result<ScriptsReady, StoreError> {
         let all = SCRIPTS.all();
         // The server's version first: the scripts need hash-field expiry.
         let cmds: Vec<Cmd> = std::iter::once(Cmd::new("INFO").arg("server"))
@@ -40,6 +50,7 @@ impl ValkeyStore {
             .await
             .map_err(|e| unanswered(e, Effect::Read, self.timeout))?;
         let mut unreachable = Vec::new();
+        let mut ready = ScriptsReady::Loaded;
         let nodes = per_node.len();
         for (node, result) in per_node {
             let sent = match result {
@@ -79,16 +90,18 @@ impl ValkeyStore {
                     }
                 }
             }
-            if let Some(refusal) = may_not_load
-                && let Err(unanswered) = self
+            if let Some(refusal) = may_not_load {
+                match self
                     .loaded(&all, &node, &refusal, &sent.link, deadline)
                     .await?
-            {
-                unreachable.push(unanswered);
+                {
+                    Ok(()) => ready = ScriptsReady::FoundLoaded,
+                    Err(unanswered) => unreachable.push(unanswered),
+                }
             }
         }
         if unreachable.is_empty() {
-            return Ok(());
+            return Ok(ready);
         }
         if strict || unreachable.len() == nodes {
             return Err(StoreError::BackendUnavailable(unreachable.join("; ")));
@@ -99,7 +112,7 @@ impl ValkeyStore {
                 "a primary is unreachable; its scripts load on first use"
             );
         }
-        Ok(())
+        Ok(ready)
     }
 
     /// For a user refused `SCRIPT LOAD` on `node`: `Ok(Ok(()))` when every
