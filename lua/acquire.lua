@@ -6,7 +6,10 @@
 -- ARGV[3] max_life   max_lifetime_ms ("0" = none)
 -- ARGV[4] lease_id   the lease id to assign: chosen by the caller, or derived
 --                    by the client from (target, owner, request id)
--- ARGV[5] metadata   JSON object ("" = none), validated by the client
+-- ARGV[5] metadata   JSON object ("" = none), validated by the client; an
+--                    owner or metadata past the client's limits (or metadata
+--                    that is not a JSON object) is refused with an error
+--                    reply, nothing written
 -- ARGV[6] floor      the token issued is > this ("0" = none)
 -- ARGV[7] window     idempotency window ms (added to the ttl for the cache entry)
 -- ARGV[8] request    the request cache field, q:acquire:<owner>:<request id hash>
@@ -24,7 +27,10 @@
 --   expired                       this request id's lease has ended
 --   idempotency_conflict          the request id was used with other inputs
 --   corrupt_state                 unreadable record/counter/cache, or counter exhausted
+--   (error reply) ERR <why>       owner or metadata the client would not send
 local key, owner, ttl, max_life = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local unfit = unwritable(owner, ARGV[5])
+if unfit then return redis.error_reply('ERR ' .. unfit) end
 local lease_id, request = ARGV[4], ARGV[8]
 local now = now_ms()
 local id_sha = redis.sha1hex(lease_id)

@@ -40,6 +40,12 @@ local META_DEPTH = 64
 -- as corrupt before any pattern or JSON scan runs over it, so one planted
 -- record cannot hold the server for seconds on every read.
 local RECORD_BYTES = 256 + 4096 + 200
+-- The longest owner and metadata a script accepts: MAX_NAME_BYTES and
+-- MAX_METADATA_BYTES of src/store.rs (a test ties them). The client never
+-- sends more; a raw EVALSHA that does is refused before anything is
+-- written, so no script writes a record larger than RECORD_BYTES.
+local NAME_BYTES = 256
+local META_BYTES = 4096
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -143,6 +149,20 @@ local function is_metadata(s)
   if deepest > META_DEPTH then return false end
   local ok, v = pcall(cjson.decode, s)
   return ok and type(v) == 'table' and finite_numbers(v)
+end
+
+-- Why a caller's owner and metadata cannot be written (nil when they can):
+-- too long (see NAME_BYTES and META_BYTES), or metadata that is not a JSON
+-- object the client can decode (every read would find the record corrupt).
+local function unwritable(owner, meta)
+  if #owner > NAME_BYTES then
+    return 'owner is ' .. #owner .. ' bytes; at most ' .. NAME_BYTES .. ' are allowed'
+  end
+  if #meta > META_BYTES then
+    return 'metadata is ' .. #meta .. ' bytes; at most ' .. META_BYTES .. ' are allowed'
+  end
+  if not is_metadata(meta) then return 'metadata is not a JSON object' end
+  return nil
 end
 
 -- The type of a key that answered a read with an error (WRONGTYPE).

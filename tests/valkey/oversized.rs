@@ -54,3 +54,91 @@ async fn a_planted_record_larger_than_any_script_writes_is_corrupt_and_untouched
     assert_eq!(acquired.outcome, Outcome::CorruptState, "{acquired:?}");
     assert_eq!(server.conn().cmd(&["DUMP", &key]), before);
 }
+
+/// A caller with EVALSHA (any tenant's user) but not the client: acquire
+/// refuses an owner or metadata past the client's limits, and metadata that
+/// is not a JSON object, with an error that says why and nothing written;
+/// metadata at the limit is granted and reads back whole.
+#[tokio::test]
+async fn acquire_refuses_a_raw_callers_oversized_metadata_and_writes_nothing() {
+    use crate::support::resp::Resp;
+    use targetlease::store::MAX_METADATA_BYTES;
+    use targetlease::store::valkey::keys::request_field;
+    use targetlease::store::valkey::scripts::SCRIPTS;
+
+    let server = ValkeyServer::start();
+    let s = store(&server).await; // loads the scripts
+    let t = Target::new("ns", "raw");
+    let key = s.keys().target(&t);
+    let sha = SCRIPTS.acquire.sha.clone();
+    // `{"n":"…"}` of exactly `bytes` bytes.
+    let meta_of = |bytes: usize| format!(r#"{{"n":"{}"}}"#, "x".repeat(bytes - 8));
+    let evalsha = |owner: &str, meta: &str| {
+        let field = request_field("acquire", owner, "raw-1");
+        server.conn().cmd(&[
+            "EVALSHA",
+            &sha,
+            "1",
+            &key,
+            owner,
+            "30000",
+            "0",
+            "raw-lease-id",
+            meta,
+            "0",
+            "0",
+            &field,
+        ])
+    };
+    let cases = [
+        (
+            "a",
+            meta_of(MAX_METADATA_BYTES + 1),
+            format!(
+                "metadata is {} bytes; at most {MAX_METADATA_BYTES} are allowed",
+                MAX_METADATA_BYTES + 1
+            ),
+        ),
+        (
+            "a",
+            meta_of(1 << 20),
+            "metadata is 1048576 bytes".to_string(),
+        ),
+        (
+            "a",
+            "not json".to_string(),
+            "metadata is not a JSON object".to_string(),
+        ),
+        (
+            &*"o".repeat(257),
+            String::new(),
+            "owner is 257 bytes; at most 256".to_string(),
+        ),
+    ];
+    for (owner, meta, why) in &cases {
+        match evalsha(owner, meta) {
+            Resp::Error(e) => assert!(e.contains(why), "{e} (expected {why})"),
+            other => panic!("{} bytes of metadata were accepted: {other:?}", meta.len()),
+        }
+        assert_eq!(
+            server.conn().cmd(&["EXISTS", &key]),
+            Resp::Int(0),
+            "nothing written"
+        );
+    }
+    // At the limit: granted, and it reads back whole, not corrupt.
+    let at_limit = meta_of(MAX_METADATA_BYTES);
+    assert_eq!(at_limit.len(), MAX_METADATA_BYTES);
+    match evalsha("a", &at_limit) {
+        Resp::Array(Some(reply)) => assert_eq!(reply[0].text(), "acquired", "{reply:?}"),
+        other => panic!("metadata at the limit refused: {other:?}"),
+    }
+    let got = s.get(&t).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Found, "{got:?}");
+    let lease = got.lease.unwrap();
+    assert_eq!(
+        serde_json::to_string(&lease.metadata).unwrap().len(),
+        MAX_METADATA_BYTES,
+        "{lease:?}"
+    );
+}

@@ -258,6 +258,15 @@ mod tests {
                 crate::store::MAX_METADATA_BYTES
             )
         );
+        // What acquire accepts from a caller: the same limits.
+        let limit = |name: &str| -> usize {
+            lib.lines()
+                .find_map(|l| l.strip_prefix(&format!("local {name} = ")))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("lib.lua declares {name}"))
+        };
+        assert_eq!(limit("NAME_BYTES"), crate::store::MAX_NAME_BYTES);
+        assert_eq!(limit("META_BYTES"), crate::store::MAX_METADATA_BYTES);
     }
 
     #[test]
