@@ -19,6 +19,7 @@ pub use requests::{
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 use serde::Serialize;
 
 /// Longest accepted target, owner, lease id, request id or commit key, in bytes.
@@ -294,6 +295,21 @@ impl StoreError {
     }
 }
 
+/// Why a waiter should ask again for the target it waits on (see [`LeaseStore::notices`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// The store announced that the target's lease ended: a release, a
+    /// revoke, or an expiry where the store sees expiry happen (etcd).
+    Freed,
+    /// The subscription broke and was made again: an announcement may have
+    /// been missed in between.
+    Resubscribed,
+}
+
+/// Release notices for one target, as [`LeaseStore::notices`] returns them.
+/// The stream ends only when the store can no longer announce anything.
+pub type Notices = BoxStream<'static, Notice>;
+
 /// The lease protocol every backend implements; one contract suite checks them all.
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
@@ -322,6 +338,17 @@ pub trait LeaseStore: Send + Sync {
     ) -> Result<Vec<Listed>, StoreError>;
     /// Probes the backend.
     async fn health(&self) -> Result<Health, StoreError>;
+    /// Release notices for `target`, so a waiter asks again when the target
+    /// may have become free instead of polling. The subscription is in place
+    /// when this returns: a lease that ends later is announced, one that
+    /// ended before is not (ask once more after subscribing). `Err` when the
+    /// store cannot announce (the waiter polls then). Default: no notices.
+    async fn notices(&self, target: &Target) -> Result<Notices, StoreError> {
+        let _ = target;
+        Err(StoreError::BackendUnavailable(
+            "this store sends no release notices".into(),
+        ))
+    }
     /// Closes connections (sends nothing that could change state). Default: nothing to close.
     async fn close(&self) {}
 }

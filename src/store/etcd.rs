@@ -20,7 +20,8 @@
 //!
 //! Files: keys in [`keys`], stored values in `records.rs`, the etcd calls in
 //! `kv.rs`, error meaning in `errors.rs`, the replay rule in `replay.rs`,
-//! acquire and renew in `grant.rs`, release, revoke and commit in `end.rs`.
+//! acquire and renew in `grant.rs`, release, revoke and commit in `end.rs`,
+//! release notices (a Watch of the lease record) in `watch.rs`.
 
 pub mod config;
 mod end;
@@ -30,6 +31,7 @@ pub mod keys;
 mod kv;
 mod records;
 mod replay;
+mod watch;
 
 use std::time::Instant;
 
@@ -305,6 +307,12 @@ impl LeaseStore for EtcdStore {
             (&a.target.namespace, &a.target.name).cmp(&(&b.target.namespace, &b.target.name))
         });
         Ok(listed)
+    }
+
+    async fn notices(&self, target: &Target) -> Result<super::Notices, StoreError> {
+        target.validate()?;
+        let key = self.keys.lease(target);
+        watch::notices(self.kv.watch_client(), key, self.timeout).await
     }
 
     async fn health(&self) -> Result<Health, StoreError> {

@@ -9,10 +9,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use futures::StreamExt;
+use tokio::sync::broadcast;
+
 use super::{
     AcquireRequest, CommitRequest, Health, IDEMPOTENCY_WINDOW, Lease, LeaseHandle, LeaseStore,
-    MAX_TOKEN, Outcome, ReadReply, ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError,
-    Target,
+    MAX_TOKEN, Notice, Notices, Outcome, ReadReply, ReleaseRequest, RenewRequest, Reply,
+    RevokeRequest, StoreError, Target,
 };
 
 mod clock;
@@ -27,6 +30,9 @@ use state::{Call, Record, Rule, Slot, State};
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    /// Targets whose lease a release or revoke ended (expiry is computed on
+    /// read, so nothing announces it: waiters also ask at the holder's expiry).
+    freed: broadcast::Sender<Target>,
 }
 
 impl Default for MemoryStore {
@@ -41,6 +47,7 @@ impl MemoryStore {
         Self {
             clock,
             state: Mutex::new(State::default()),
+            freed: broadcast::channel(1024).0,
         }
     }
 
@@ -260,6 +267,7 @@ impl LeaseStore for MemoryStore {
             },
         };
         st.leases.remove(t);
+        let _ = self.freed.send(t.clone());
         st.remember(
             call,
             &h.lease_id,
@@ -315,6 +323,7 @@ impl LeaseStore for MemoryStore {
             }
         }
         st.leases.remove(t);
+        let _ = self.freed.send(t.clone());
         let (out, id, tok) = match slot {
             Some(Slot::Live(r)) => {
                 let shown = Some(r.lease(t).without_lease_id());
@@ -433,5 +442,24 @@ impl LeaseStore for MemoryStore {
             server_time_ms: now,
             latency: started.elapsed(),
         })
+    }
+
+    async fn notices(&self, target: &Target) -> Result<Notices, StoreError> {
+        target.validate()?;
+        let rx = self.freed.subscribe();
+        let stream = futures::stream::unfold((rx, target.clone()), |(mut rx, t)| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(freed) if freed == t => return Some((Notice::Freed, (rx, t))),
+                    Ok(_) => {}
+                    // Too far behind: some notice was dropped, maybe ours.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        return Some((Notice::Resubscribed, (rx, t)));
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(stream.boxed())
     }
 }

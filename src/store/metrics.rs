@@ -174,6 +174,9 @@ impl LeaseStore for MeteredStore {
     async fn close(&self) {
         self.inner.close().await
     }
+    async fn notices(&self, target: &Target) -> Result<super::Notices, StoreError> {
+        self.inner.notices(target).await
+    }
 
     async fn health(&self) -> Result<Health, StoreError> {
         let started = Instant::now();

@@ -54,6 +54,8 @@ pub struct ValkeyStore {
     keys: KeySpace,
     durability: Durability,
     timeout: Duration,
+    /// Where waiters subscribe to release notices.
+    notices: notices::Source,
 }
 
 /// Whether `url` can be used, before anything connects: a known scheme, a
@@ -88,6 +90,7 @@ impl ValkeyStore {
             durable: cfg.durable_pool_size,
             max_in_flight: cfg.max_in_flight,
         };
+        let notices = notices::Source::new(cfg, &endpoint, dialer.clone());
         let client = Client::connect(&endpoint, dialer, sizes, cfg.connect_timeout)
             .await
             .map_err(|e| StoreError::BackendUnavailable(e.0))?;
@@ -96,6 +99,7 @@ impl ValkeyStore {
             keys,
             durability: cfg.durability,
             timeout: cfg.timeout,
+            notices,
         })
     }
 
@@ -417,6 +421,11 @@ impl LeaseStore for ValkeyStore {
 
     async fn close(&self) {
         ValkeyStore::close(self).await
+    }
+
+    async fn notices(&self, target: &Target) -> Result<crate::store::Notices, StoreError> {
+        target.validate()?;
+        self.notices.for_target(target).await
     }
 
     async fn health(&self) -> Result<Health, StoreError> {

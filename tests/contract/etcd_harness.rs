@@ -127,4 +127,7 @@ impl Harness for EtcdHarness {
     fn past_short(&self) -> Duration {
         Duration::from_secs(3)
     }
+    fn announces_expiry(&self) -> bool {
+        true
+    }
 }

@@ -63,6 +63,11 @@ pub trait Harness: Send + Sync {
     fn past_short(&self) -> Duration {
         cases::PAST_SHORT
     }
+    /// Whether the store announces an expiry to waiters (it sees expiry
+    /// happen), not only releases and revokes.
+    fn announces_expiry(&self) -> bool {
+        false
+    }
 }
 
 /// The reference backend with a manual clock.
@@ -309,4 +314,6 @@ all_backends!(
     metadata_that_cannot_be_read_back_is_refused_up_front,
     committed_values_read_back_with_their_token_without_a_lease,
     list_reads_every_record_like_get_and_never_shows_a_lease_id,
+    an_ending_lease_is_announced_to_the_targets_waiters,
+    an_expiry_is_announced_only_where_the_store_sees_it,
 );

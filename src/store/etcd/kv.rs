@@ -71,6 +71,11 @@ impl Kv {
         }
     }
 
+    /// A client for watches (release notices).
+    pub(super) fn watch_client(&self) -> etcd_client::WatchClient {
+        self.client.watch_client()
+    }
+
     /// `keys` at one revision, by one transaction of range reads.
     pub(super) async fn read(
         &self,

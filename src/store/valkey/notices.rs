@@ -4,8 +4,10 @@
 //! The release and revoke scripts publish the target's key on
 //! `<prefix>:events`; this module subscribes on a connection of its own
 //! (resubscribing after reconnects, pinging a quiet one) and turns messages
-//! back into [`Target`]s.
-//! Expiry publishes nothing: waiters also retry at the holder's expiry.
+//! back into [`Target`]s: every target for the operator
+//! ([`release_notices`]), one target for a waiter ([`Source::for_target`],
+//! behind [`crate::store::LeaseStore::notices`]).
+//! Expiry publishes nothing: waiters also ask again at the holder's expiry.
 
 use std::time::Duration;
 
@@ -18,11 +20,11 @@ use tokio::time::Instant;
 
 use super::config::ValkeyConfig;
 use super::dial::{Dialer, Stream};
-use super::endpoint::{Addr, Topology};
+use super::endpoint::{Addr, Endpoint, Topology};
 use super::keys::parse_base;
 use super::resp::{Cmd, Decoder, Value};
 use super::tls::describe_io;
-use crate::store::{StoreError, Target};
+use crate::store::{Notice, Notices, StoreError, Target};
 
 /// How often a quiet subscription checks that the server still answers.
 const PING_EVERY: Duration = Duration::from_secs(30);
@@ -32,31 +34,75 @@ const PING_EVERY: Duration = Duration::from_secs(30);
 /// stream reconnects and resubscribes by itself, backing off up to 5s.
 pub async fn release_notices(cfg: &ValkeyConfig) -> Result<BoxStream<'static, Target>, StoreError> {
     let (endpoint, dialer) = super::prepare(cfg)?;
-    let sub = Subscriber {
-        dialer,
-        topology: endpoint.topology,
-        channel: format!("{}:events", cfg.key_prefix),
-        connect_timeout: cfg.connect_timeout,
-    };
-    let first = sub
-        .subscribe()
-        .await
-        .map_err(|e| StoreError::BackendUnavailable(format!("subscriber: {e}")))?;
-    let (tx, rx) = mpsc::channel(1024);
-    tokio::spawn(sub.pump(first, tx, cfg.key_prefix.clone()));
-    let stream =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|t| (t, rx)) });
+    let rx = Source::new(cfg, &endpoint, dialer).open().await?;
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await? {
+                Heard::Freed(t) => return Some((t, rx)),
+                Heard::Resubscribed => {}
+            }
+        }
+    });
     Ok(stream.boxed())
 }
 
-struct Subscriber {
+/// What a subscription heard.
+enum Heard {
+    /// A release notice for this target.
+    Freed(Target),
+    /// Subscribed again after the connection broke: notices may be lost.
+    Resubscribed,
+}
+
+/// Where release notices are subscribed, kept by a store so its waiters
+/// can subscribe.
+#[derive(Clone)]
+pub(super) struct Source {
     dialer: Dialer,
     topology: Topology,
     channel: String,
+    prefix: String,
     connect_timeout: Duration,
 }
 
-impl Subscriber {
+impl Source {
+    pub(super) fn new(cfg: &ValkeyConfig, endpoint: &Endpoint, dialer: Dialer) -> Self {
+        Self {
+            dialer,
+            topology: endpoint.topology.clone(),
+            channel: format!("{}:events", cfg.key_prefix),
+            prefix: cfg.key_prefix.clone(),
+            connect_timeout: cfg.connect_timeout,
+        }
+    }
+
+    /// The notices of `target` alone, on a subscription of its own.
+    pub(super) async fn for_target(&self, target: &Target) -> Result<Notices, StoreError> {
+        let rx = self.open().await?;
+        let stream = futures::stream::unfold((rx, target.clone()), |(mut rx, t)| async move {
+            loop {
+                match rx.recv().await? {
+                    Heard::Freed(freed) if freed == t => return Some((Notice::Freed, (rx, t))),
+                    Heard::Freed(_) => {}
+                    Heard::Resubscribed => return Some((Notice::Resubscribed, (rx, t))),
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    /// Subscribes (the first time within the connect timeout) and forwards
+    /// what is heard until the receiver is dropped.
+    async fn open(&self) -> Result<mpsc::Receiver<Heard>, StoreError> {
+        let first = self
+            .subscribe()
+            .await
+            .map_err(|e| StoreError::BackendUnavailable(format!("subscriber: {e}")))?;
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(self.clone().pump(first, tx));
+        Ok(rx)
+    }
+
     /// A connection subscribed to the channel (any node of a cluster: classic
     /// pub/sub messages reach every node).
     async fn subscribe(&self) -> Result<Subscribed, String> {
@@ -84,7 +130,7 @@ impl Subscriber {
     }
 
     /// Forwards messages until the receiver is gone, reconnecting as needed.
-    async fn pump(self, first: Subscribed, tx: mpsc::Sender<Target>, prefix: String) {
+    async fn pump(self, first: Subscribed, tx: mpsc::Sender<Heard>) {
         let mut stream = Some(first);
         let mut delay = Duration::from_millis(100);
         loop {
@@ -93,6 +139,9 @@ impl Subscriber {
                 None => match self.subscribe().await {
                     Ok(s) => {
                         delay = Duration::from_millis(100);
+                        if tx.send(Heard::Resubscribed).await.is_err() {
+                            return;
+                        }
                         s
                     }
                     Err(e) => {
@@ -108,7 +157,7 @@ impl Subscriber {
                 },
             };
             tokio::select! {
-                why = forward(s, &tx, &prefix) => {
+                why = forward(s, &tx, &self.prefix) => {
                     tracing::debug!(why = %why, "release events: subscription lost; resubscribing");
                 }
                 _ = tx.closed() => return,
@@ -168,7 +217,7 @@ async fn first_reachable(
 }
 
 /// Reads messages off a subscribed connection until it breaks; returns why.
-async fn forward(sub: Subscribed, tx: &mpsc::Sender<Target>, prefix: &str) -> String {
+async fn forward(sub: Subscribed, tx: &mpsc::Sender<Heard>, prefix: &str) -> String {
     let Subscribed {
         stream: mut s,
         mut decoder,
@@ -186,7 +235,7 @@ async fn forward(sub: Subscribed, tx: &mpsc::Sender<Target>, prefix: &str) -> St
                             .get(2)
                             .and_then(Value::text)
                             .and_then(|b| parse_base(prefix, &b))
-                        && tx.send(target).await.is_err()
+                        && tx.send(Heard::Freed(target)).await.is_err()
                     {
                         return "no more listeners".into();
                     }
@@ -279,6 +328,6 @@ mod tests {
         })
         .await
         .expect("the message is delivered without another read");
-        assert_eq!(got, Some(t));
+        assert!(matches!(got, Some(Heard::Freed(got)) if got == t));
     }
 }

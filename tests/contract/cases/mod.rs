@@ -1,11 +1,13 @@
 //! Contract cases: each asserts one promise of the lease protocol.
 
 mod grants;
+mod notices;
 mod races;
 mod replays;
 mod state;
 
 pub use grants::*;
+pub use notices::*;
 pub use races::*;
 pub use replays::*;
 use state::assert_invalid;
