@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use clap::Args;
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
@@ -24,13 +23,13 @@ mod child;
 mod holding;
 mod report;
 pub mod supervise;
+mod wake;
 
 use child::ChildEnv;
 use holding::{Granted, NotAcquired, acquire_within, release, renew_until_lost};
 use report::{EXIT_FAILED, Reporter, ending, not_acquired};
 
 use super::connection::ConnectionArgs;
-use super::connection::StoreConfig;
 use super::lease::{AcquireFlags, ClientArgs, DEFAULT_WAIT};
 use super::logging;
 use super::output::{self, Answer, Envelope, Format, Report};
@@ -175,37 +174,12 @@ pub async fn main(args: RunArgs) -> ExitCode {
     let backstop = config.timeout() + Duration::from_secs(1);
 
     // (client required) connecting counts as part of the wait.
-    let notices_config = config.clone();
-    let subscribe =
-        move || -> BoxFuture<'static, Result<BoxStream<'static, Target>, StoreError>> {
-            let config = notices_config.clone();
-            Box::pin(async move {
-                match &config {
-                    StoreConfig::Valkey(c) => {
-                        crate::store::valkey::notices::release_notices(c).await
-                    }
-                    // Waiters poll etcd (release notices are Valkey's pub/sub).
-                    StoreConfig::Etcd(_) => Err(StoreError::BackendUnavailable(
-                        "etcd sends no release notices".into(),
-                    )),
-                }
-            })
-        };
     let connect = move || -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> {
         let config = config.clone();
         Box::pin(async move { config.connect().await })
     };
     let mut waiting = report.waiting(wait);
-    let acquired = acquire_within(
-        &connect,
-        Some(&subscribe),
-        &req,
-        wait,
-        backstop,
-        &mut signals,
-        &mut waiting,
-    )
-    .await;
+    let acquired = acquire_within(&connect, &req, wait, backstop, &mut signals, &mut waiting).await;
     let (store, granted) = match acquired {
         Ok(g) => g,
         Err(NotAcquired::Refused(mut env)) => {

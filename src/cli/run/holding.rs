@@ -4,15 +4,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 use nix::sys::signal::Signal;
 use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Signals;
+use super::wake::{Waker, Woken};
 use crate::cli::output::{Answer, Envelope, Report};
 use crate::store::{
     AcquireRequest, Lease, LeaseHandle, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Reply,
@@ -69,24 +68,6 @@ pub(super) fn granted(reply: Reply, sent: Instant) -> Option<Granted> {
 pub(super) type Connect<'a> =
     &'a (dyn Fn() -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> + Sync);
 
-/// Subscribes to "a target may be free" notifications (for `run`, Valkey
-/// pub/sub), so a waiter is woken by a release instead of its next poll.
-pub(super) type Subscribe<'a> = Option<
-    &'a (dyn Fn() -> BoxFuture<'static, Result<BoxStream<'static, Target>, StoreError>> + Sync),
->;
-
-/// Resolves when `notices` announces `target`; never without notices.
-async fn released(notices: &mut Option<BoxStream<'static, Target>>, target: &Target) {
-    if let Some(n) = notices {
-        while let Some(t) = n.next().await {
-            if &t == target {
-                return;
-            }
-        }
-    }
-    std::future::pending::<()>().await
-}
-
 pub(super) fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::rng().random_range(0.8..1.2))
 }
@@ -97,13 +78,11 @@ pub(super) fn jittered(d: Duration) -> Duration {
 /// returned again, and refusals are not cached. A signal ends it at once,
 /// whatever it is doing. `waiting` sees every attempt that will be followed
 /// by another (to tell a person what it waits for). While the target is
-/// held, a release notification (`subscribe`, opened at the first `held`
-/// answer) ends the pause at once; polling stays the fallback (a lease that
-/// expires publishes nothing, and the subscription may be unavailable).
-#[allow(clippy::too_many_arguments)]
+/// held, the waiter asks again only when woken ([`Waker`]): by the store's
+/// release notices (subscribed at the first `held` answer) or at the
+/// holder's expiry; polling is the fallback when the store cannot announce.
 pub(super) async fn acquire_within(
     connect: Connect<'_>,
-    subscribe: Subscribe<'_>,
     req: &AcquireRequest,
     wait: Duration,
     backstop: Duration,
@@ -111,8 +90,7 @@ pub(super) async fn acquire_within(
     waiting: &mut (dyn FnMut(&Envelope) + Send),
 ) -> Result<(Arc<dyn LeaseStore>, Granted), NotAcquired> {
     let deadline = Instant::now() + wait;
-    let mut notices: Option<BoxStream<'static, Target>> = None;
-    let mut subscribed = false;
+    let mut waker = Waker::default();
     let mut delay = POLL_MIN;
     let mut unknown_retries = 0;
     let mut store: Option<Arc<dyn LeaseStore>> = None;
@@ -160,26 +138,13 @@ pub(super) async fn acquire_within(
                 });
             }
             Ok((s, Ok(reply))) if reply.outcome == Outcome::Held => {
-                store = Some(s);
-                if let Some(open) = subscribe.filter(|_| !subscribed) {
-                    subscribed = true;
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match tokio::time::timeout(left, open()).await {
-                        Ok(Ok(n)) => {
-                            tracing::debug!(
-                                "waiting for a release notification (polling as fallback)"
-                            );
-                            notices = Some(n);
-                            // A release between that answer and the subscription
-                            // announced nothing we could hear: ask again at once.
-                            continue;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "no release notifications; polling")
-                        }
-                        Err(_) => tracing::debug!("no release notifications in time; polling"),
-                    }
+                let left = deadline.saturating_duration_since(Instant::now());
+                store = Some(s.clone());
+                // (`--wait 0s` / `-n` will not wait: nothing to subscribe for.)
+                if !left.is_zero() && waker.subscribe_once(&*s, &req.target, left).await {
+                    continue;
                 }
+                waker.held(&reply, sent);
                 Envelope::from_reply(reply)
             }
             Ok((_, Ok(reply))) => return Err(NotAcquired::Refused(Envelope::from_reply(reply))),
@@ -202,16 +167,21 @@ pub(super) async fn acquire_within(
         }
         waiting(&last);
         tracing::debug!(outcome = last.outcome, "target not acquired yet; waiting");
-        let pause = if now >= deadline {
-            POLL_MIN
+        let held = last.answer() == Answer::Store(Outcome::Held);
+        let timer = if now >= deadline {
+            now + POLL_MIN
+        } else if held && waker.subscribed() {
+            // Notices and the holder's expiry wake it; nothing to poll.
+            deadline
         } else {
-            jittered(delay).min(deadline - now)
+            now + jittered(delay).min(deadline - now)
         };
         tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = released(&mut notices, &req.target) => {
-                tracing::debug!("woken by a release notification");
-            }
+            woken = waker.wait(timer) => match woken {
+                Woken::Notice(n) => tracing::debug!(notice = ?n, "woken by a release notification"),
+                Woken::Expiry => tracing::debug!("woken at the holder's expiry"),
+                Woken::Timer | Woken::NoticesEnded => {}
+            },
             sig = signals.recv() => {
                 let mut env = last;
                 env.message = format!("interrupted by {sig} while waiting for the lease");

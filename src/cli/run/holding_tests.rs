@@ -172,7 +172,6 @@ async fn a_held_target_is_acquired_once_it_frees_within_the_wait() {
     let started = Instant::now();
     let result = acquire_within(
         &connect,
-        None,
         &req,
         Duration::from_secs(5),
         TTL,
@@ -188,7 +187,6 @@ async fn a_held_target_is_acquired_once_it_frees_within_the_wait() {
     let req = AcquireRequest::new(target(), "late", TTL);
     match acquire_within(
         &connect,
-        None,
         &req,
         Duration::from_secs(1),
         TTL,

@@ -8,6 +8,7 @@ mod etcd;
 mod holding;
 mod isolation;
 mod waiting;
+mod wakeups;
 
 pub(crate) use crate::support::deadline;
 pub(crate) use crate::support::fault_proxy;
