@@ -200,6 +200,90 @@ async fn a_held_target_is_acquired_once_it_frees_within_the_wait() {
     }
 }
 
+/// `connect` for `acquire_within`, always answering with `store`.
+fn connecting_to(
+    store: Arc<dyn LeaseStore>,
+) -> impl Fn() -> BoxFuture<'static, Result<Arc<dyn LeaseStore>, StoreError>> + Sync {
+    move || {
+        let s = store.clone();
+        Box::pin(async move { Ok(s) })
+    }
+}
+
+/// With release notices, a waiter asks again at the release itself (not
+/// at a poll: it sends no acquire in between), and at the holder's expiry
+/// when nothing announces it.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_with_notices_asks_at_the_release_and_at_the_expiry_only() {
+    let store = memory();
+    let other = store
+        .acquire(&AcquireRequest::new(
+            target(),
+            "other",
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    let mut signals = Signals::install().unwrap();
+    let connect = connecting_to(store.clone());
+    let asked = std::sync::atomic::AtomicUsize::new(0);
+    let req = AcquireRequest::new(target(), "me", TTL);
+    let started = Instant::now();
+    let release_at = Duration::from_millis(5_300);
+    let s = store.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(release_at).await;
+        let handle = other.lease.unwrap().handle().unwrap();
+        s.release(&ReleaseRequest::new(target(), handle))
+            .await
+            .unwrap();
+    });
+    let mut count = |_: &Envelope| {
+        asked.fetch_add(1, Ordering::SeqCst);
+    };
+    let (_, g) = acquire_within(
+        &connect,
+        &req,
+        Duration::from_secs(30),
+        TTL,
+        &mut signals,
+        &mut count,
+    )
+    .await
+    .ok()
+    .expect("acquired within the wait");
+    assert_eq!(g.holder.token, 2);
+    assert_eq!(started.elapsed(), release_at, "acquired at the release");
+    // The first `held` (then subscribed) and the one asked right after it.
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "no polls while subscribed");
+
+    // Nothing announces an expiry here: the holder's expiry wakes it.
+    let t = Target::new("ns", "expiring");
+    let ttl = Duration::from_secs(2);
+    store
+        .acquire(&AcquireRequest::new(t.clone(), "other", ttl))
+        .await
+        .unwrap();
+    let req = AcquireRequest::new(t, "me", TTL);
+    let started = Instant::now();
+    acquire_within(
+        &connect,
+        &req,
+        Duration::from_secs(30),
+        TTL,
+        &mut signals,
+        &mut |_| {},
+    )
+    .await
+    .ok()
+    .expect("acquired at the holder's expiry");
+    let took = started.elapsed();
+    assert!(
+        took >= ttl && took <= ttl + Duration::from_millis(50),
+        "{took:?}"
+    );
+}
+
 #[test]
 fn run_exits_with_the_command_s_code_unless_the_lease_was_lost() {
     let released = Answer::Store(Outcome::Released);
