@@ -8,7 +8,9 @@
 #   scripts/bench.sh                       # everything (~20 minutes on 2 cores)
 #   scripts/bench.sh store                 # the store part only (< 3 minutes);
 #                                          # writes target/bench/store.json
-#   BENCH_ONLY=store scripts/bench.sh      # one part (store | operator)
+#   scripts/bench.sh waiters               # CLI waiter wake-up only (~6 minutes);
+#                                          # writes target/bench/waiters.md
+#   BENCH_ONLY=store scripts/bench.sh      # one part (store | operator | waiters)
 #   BENCH_STEPS=peer,pods scripts/bench.sh operator  # some operator steps only:
 #                                          # peer pods scale steady restart
 #                                          # handoff failover (the last four need scale)
@@ -17,7 +19,7 @@
 # BENCH_POOL_SWEEP, BENCH_CONCURRENCY, BENCH_PEER_CONCURRENCY, BENCH_PEER_CYCLES,
 # BENCH_PEER_CYCLES_SINGLE, BENCH_UNRELATED_PODS, BENCH_SCALES,
 # BENCH_STEADY_SECS (default 300, the 5-minute window), BENCH_HANDOFF_TRIALS,
-# BENCH_FAILOVER_TRIALS, BENCH_CREATE_PARALLELISM, BENCH_STEPS,
+# BENCH_FAILOVER_TRIALS, BENCH_CREATE_PARALLELISM, BENCH_STEPS, BENCH_WAITER_TRIALS,
 # BENCH_OUT (default docs/benchmarks.md).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -27,8 +29,8 @@ export BENCH_STARTED_EPOCH
 
 case "${1:-}" in
   "") ;;
-  store | operator) export BENCH_ONLY="$1" ;;
-  *) echo "usage: $0 [store|operator]" >&2; exit 2 ;;
+  store | operator | waiters) export BENCH_ONLY="$1" ;;
+  *) echo "usage: $0 [store|operator|waiters]" >&2; exit 2 ;;
 esac
 
 # Not `eval "$(scripts/setup.sh)"`: eval succeeds whatever setup exits with.
@@ -38,7 +40,10 @@ eval "$setup_env"
 # into the tools directory like every packaged tool (scripts/lib/tools.sh).
 # shellcheck source=lib/tools.sh
 source "$REPO/scripts/lib/tools.sh"
-if [ "${BENCH_ONLY:-}" != store ]; then
+# Only the operator part profiles (the store and waiter parts alone do not).
+profiles=true
+case "${BENCH_ONLY:-}" in store | waiters) profiles=false ;; esac
+if "$profiles"; then
   if ! dpkg-query -W -f='${Status}' heaptrack 2>/dev/null | grep -q 'install ok installed'; then
     echo "bench: apt-get install heaptrack" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
@@ -48,13 +53,17 @@ if [ "${BENCH_ONLY:-}" != store ]; then
   ln -sfn /usr/bin/heaptrack_print "$TOOLS/heaptrack_print"
 fi
 tools=(redis-benchmark redis-cli kubectl)
-[ "${BENCH_ONLY:-}" = store ] || tools+=(heaptrack heaptrack_print)
+! "$profiles" || tools+=(heaptrack heaptrack_print)
 missing="$(missing_tools "${tools[@]}" | tr '\n' ' ')"
 [ -z "$missing" ] || { echo "bench: missing from $TOOLS: $missing(run scripts/setup.sh)" >&2; exit 1; }
 
 if [ "${BENCH_ONLY:-}" = store ]; then
   # The store part alone does not regenerate the whole doc.
   export BENCH_OUT="${BENCH_OUT:-target/bench/store.md}"
+elif [ "${BENCH_ONLY:-}" = waiters ]; then
+  # Nor does the waiter part (it needs no etcd-lock peer).
+  mkdir -p "${CARGO_TARGET_DIR:-target}/bench"
+  export BENCH_OUT="${BENCH_OUT:-${CARGO_TARGET_DIR:-target}/bench/waiters.md}"
 else
   # The etcd-lock peer (not built by setup.sh: only the bench runs it).
   scripts/build-controlplane.sh etcdlock >&2

@@ -1,5 +1,6 @@
 //! `cargo bench --bench targetlease`: store throughput against the raw
-//! server, reconciler scale, handoff and failover latency, API write cost.
+//! server, reconciler scale, handoff and failover latency, API write cost,
+//! CLI waiter wake-up.
 //! Starts its own valkey-server and control plane and writes
 //! `docs/benchmarks.md`. Run it through `scripts/bench.sh`.
 //!
@@ -12,11 +13,13 @@ mod report_analysis;
 mod report_memory;
 mod report_peer;
 mod report_store;
+mod report_waiters;
 mod stats;
 mod store;
 mod store_durable;
 mod store_script;
 mod tracker;
+mod waiters;
 
 /// The integration tests' fixtures, shared rather than copied.
 #[allow(dead_code)] // the bench uses a part of the shared support
@@ -97,9 +100,16 @@ fn main() {
         results
     });
 
+    let waiters = (only.is_empty() || only == "waiters").then(|| {
+        waiters::run(&waiters::Params {
+            trials: env_or("BENCH_WAITER_TRIALS", 50),
+        })
+    });
+
     let text = report::render(&report::Run {
         store: store.as_ref(),
         operator: operator.as_ref(),
+        waiters: waiters.as_ref(),
         store_secs,
         harness_secs: started.elapsed().as_secs_f64(),
         total_secs: std::env::var("BENCH_STARTED_EPOCH")

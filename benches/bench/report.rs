@@ -10,6 +10,7 @@ use crate::store;
 pub struct Run<'a> {
     pub store: Option<&'a store::Results>,
     pub operator: Option<&'a operator::Results>,
+    pub waiters: Option<&'a crate::waiters::Results>,
     pub store_secs: f64,
     pub harness_secs: f64,
     pub total_secs: Option<f64>,
@@ -124,6 +125,9 @@ pub fn render(run: &Run) -> String {
         operator_section(w, o);
     }
     node_section(w);
+    if let Some(r) = run.waiters {
+        crate::report_waiters::section(w, r);
+    }
     let _ = writeln!(w, "{}", crate::report_analysis::text(run));
     out
 }
@@ -344,6 +348,9 @@ fn targets(run: &Run) -> Vec<Target> {
     let mut t = Vec::new();
     if let Some(s) = run.store {
         t.extend(crate::report_store::targets(s));
+    }
+    if let Some(r) = run.waiters {
+        t.extend(crate::report_waiters::targets(r));
     }
     if let Some(o) = run.operator {
         t.extend(crate::report_peer::targets(o));
