@@ -21,7 +21,7 @@ pub fn targets(r: &Results) -> Vec<Target> {
     let fallback: Vec<&Mode> = r.modes.iter().filter(|m| !m.subscribed).collect();
     let measured: Vec<String> = subscribed
         .iter()
-        .map(|m| format!("**{}** ({})", ms(p50_p99_ms(&m.acquired).1), m.backend))
+        .map(|m| format!("{} **{}**", m.backend, ms(p50_p99_ms(&m.acquired).1)))
         .collect();
     let baseline: Vec<String> = fallback
         .iter()
@@ -88,4 +88,5 @@ pub fn section(w: &mut String, r: &Results) {
             m.failures
         );
     }
+    let _ = writeln!(w);
 }
