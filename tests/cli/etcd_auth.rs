@@ -13,6 +13,11 @@ use serde_json::Value;
 use crate::support::cli::{Lease, lease, targetlease};
 use crate::support::etcd_cluster::EtcdCluster;
 
+/// Deadlines a loaded machine meets (etcd's password check alone costs a
+/// bcrypt round per connect): every refusal here is definite and comes at
+/// once, so only the commands that must work ever wait on them.
+const DEADLINES: [&str; 4] = ["--timeout", "10s", "--connect-timeout", "10s"];
+
 const PASSWORD: &str = "etcd-auth-right-Hx41";
 const WRONG: &str = "etcd-auth-wrong-Pq93";
 
@@ -80,7 +85,7 @@ impl Setup {
         let who: Vec<&str> = who.iter().map(String::as_str).collect();
         lease(&self.cluster.url(), op)
             .with(&who)
-            .short_deadlines()
+            .with(&DEADLINES)
             .target("db")
     }
 }
