@@ -2,8 +2,10 @@
 # The test command: installs what is missing, then formatting, lints and every
 # test against real Valkey servers and a real kube-apiserver + etcd. Ends with
 # the run's time breakdown (setup steps, Go builds per tool group, the cargo
-# build, fmt, clippy, tests; each test target's own time is in its
-# `test result: … finished in` line).
+# build, fmt, clippy, each lane of tests and each target in it).
+#
+#   scripts/test.sh [ARG…]    ARGs go to every test executable as libtest
+#                             arguments (a name filter, --nocapture; no `--`)
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"
@@ -13,12 +15,12 @@ mark() { echo "$1 $2" >>"$times"; }
 breakdown() {
   echo "test: time breakdown (seconds):" >&2
   # Go builds overlap the cargo build: the wall clock is not their sum.
-  awk '{ printf "  %-22s %5d\n", $1, $2 }' "$times" >&2
-  echo "  total (wall clock)     $((SECONDS - t0))" >&2
+  awk '{ printf "  %-26s %5d\n", $1, $2 }' "$times" >&2
+  echo "  total (wall clock)         $((SECONDS - t0))" >&2
 }
 # The tests compile while setup installs packages and builds the Go tools: on
 # a fresh machine much of setup waits on the network and the disk, and the
-# `cargo test` below reuses this build. Its output is shown only if it fails.
+# tests below run what this build made. Its output is shown only if it fails.
 # The build runs in its own process group (set -m) so that stopping it stops
 # its rustc and build-script processes too: a background job of a script
 # ignores Ctrl-C, and SIGTERM to cargo alone leaves them running.
@@ -62,6 +64,8 @@ for name in "${TOOLS_ALL[@]}"; do
 done
 export PATH="$stubs:$PATH"
 if ! wait "$build"; then
+  # Reaped: never signal its group again (see below).
+  trap 'rm -rf "$build_log" "$times" "$stubs" "$work"' EXIT
   cat "$build_log" >&2
   echo "test: building the tests failed (above)" >&2
   exit 1
@@ -80,40 +84,65 @@ cargo clippy --locked --features failpoints --test faults -- -D warnings
 mark clippy $((SECONDS - s))
 # The tests run in lanes at once, because most of their time is spent
 # waiting (on timers, elections, processes starting), not computing:
-#   - `e2e`, the longest target (its playground tests in a lane of their own);
+#   - `e2e`, the longest target, four tests at a time;
+#   - e2e's playground tests, in a lane of their own from the start: their
+#     first step is a cargo build of their own, and libtest runs tests in
+#     name order, so in the e2e lane they came last;
 #   - the fault matrix's quick mode (the `faults` target with the product's
 #     fail points: every scenario and positive control once, a few at a
 #     time; see scripts/faults.sh), on the binary copied aside above;
 #   - every other target one after the other, then the fuzz run.
-# Each lane's output is printed whole when it ends (its own log while it
-# runs); arguments to this script go to every test executable. The plain
-# build must have relinked `targetlease` without the fail points: checked.
-if cmp -s "$faults_bin" "$(scripts/lib/test-executables.py bin <"$work/tests.json")"; then
-  echo "test: <target>/debug/targetlease is still the fail-point build" >&2
+# With arguments (a filter) e2e runs whole in one lane: a filter and the
+# playground split would select some tests twice.
+# Each lane logs to a file, printed whole when the lane is waited for; each
+# runs in its own process group, stopped with everything it started if this
+# script ends first (then the end of its log is shown). The plain build
+# must have relinked `targetlease` without the fail points: checked.
+plain_bin="$(scripts/lib/test-executables.py bin <"$work/tests.json")"
+if cmp -s "$faults_bin" "$plain_bin"; then
+  echo "test: $plain_bin is still the fail-point build" >&2
   exit 1
 fi
 faults_exe="$(scripts/lib/test-executables.py test faults <"$work/faults.json")"
 e2e_exe="$(scripts/lib/test-executables.py test e2e <"$work/tests.json")"
-mapfile -t others < <(scripts/lib/test-executables.py others e2e <"$work/tests.json")
+others_list="$(scripts/lib/test-executables.py others e2e <"$work/tests.json")"
+mapfile -t others <<<"$others_list"
 rc=0
-lane() { # NAME LOG COMMAND...: runs COMMAND, logging to LOG; marks its time
-  local name=$1 log=$2 s=$SECONDS lane_rc=0
-  shift 2
-  "$@" >"$log" 2>&1 || lane_rc=$?
-  mark "$name" $((SECONDS - s))
-  return "$lane_rc"
+lanes=() # "NAME PID" of each lane not yet waited for
+current= # the target of the last lane running in the foreground
+stop_lanes() {
+  local l
+  if [ -n "$current" ]; then
+    kill -TERM "$current" 2>/dev/null || true
+  fi
+  for l in "${lanes[@]}"; do
+    kill -TERM -- -"${l#* }" 2>/dev/null || true
+    echo "test: lane ${l%% *} was not waited for; the end of its log:" >&2
+    tail -n 40 "$work/${l%% *}.log" >&2 || true
+  done
+}
+trap 'stop_lanes; breakdown; rm -rf "$build_log" "$times" "${stubs:-}" "$work"' EXIT
+lane() { # NAME COMMAND...: runs COMMAND in its own process group, logging to NAME.log
+  local name=$1
+  shift
+  set -m
+  {
+    s=$SECONDS lane_rc=0
+    "$@" >"$work/$name.log" 2>&1 || lane_rc=$?
+    mark "$name" $((SECONDS - s))
+    exit "$lane_rc"
+  } &
+  set +m
+  lanes+=("$name $!")
 }
 s=$SECONDS
-# `e2e` runs four tests at a time (they wait on the API server, timers and
-# processes far more than they compute); its playground tests, whose first
-# step is a cargo build of their own, run alongside from the start instead
-# of last (libtest runs tests in name order).
-lane tests-e2e "$work/e2e.log" env RUST_TEST_THREADS=4 "$e2e_exe" --skip playground:: "$@" &
-e2e_lane=$!
-lane tests-playground "$work/playground.log" "$e2e_exe" playground:: "$@" &
-playground_lane=$!
-lane faults "$work/faults.log" env FAULTS_PRODUCT_BIN="$faults_bin" "$faults_exe" "$@" &
-faults_lane=$!
+if [ $# -eq 0 ]; then
+  lane tests-e2e env RUST_TEST_THREADS=4 "$e2e_exe" --skip playground::
+  lane tests-playground "$e2e_exe" playground::
+else
+  lane tests-e2e "$e2e_exe" "$@"
+fi
+lane faults env FAULTS_PRODUCT_BIN="$faults_bin" "$faults_exe" "$@"
 # The fuzz run (fuzz/): each target for a fixed time with libFuzzer, seeded
 # from fuzz/seeds; an allocation past -malloc_limit_mb is a failure (a
 # hostile length prefix must not make the decoder allocate what it says).
@@ -138,18 +167,23 @@ fuzz() {
 for entry in "${others[@]}"; do
   name="${entry%% *}" exe="${entry#* }" t=$SECONDS
   echo "     Running $name ($exe)"
-  "$exe" "$@" || rc=1
+  # In the background and waited for, so that this script's end (a signal)
+  # can stop it too.
+  "$exe" "$@" &
+  current=$!
+  wait "$current" || rc=1
+  current=
   mark "test-$name" $((SECONDS - t))
 done
 t=$SECONDS
 fuzz || rc=1
 mark test-fuzz $((SECONDS - t))
 mark tests-others $((SECONDS - s))
-for l in "e2e $e2e_lane" "playground $playground_lane" "faults $faults_lane"; do
-  if ! wait "${l#* }"; then
-    rc=1
-  fi
-  echo "     Running ${l%% *}"
+while [ ${#lanes[@]} -gt 0 ]; do
+  l="${lanes[0]}"
+  wait "${l#* }" || rc=1
+  lanes=("${lanes[@]:1}")
+  echo "     Running lane ${l%% *}"
   cat "$work/${l%% *}.log"
 done
 mark tests-all $((SECONDS - s))

@@ -54,6 +54,8 @@ def main(argv):
                 continue
             seen.add(m["executable"])
             lines.append((label(m), m["executable"]))
+        if not lines:
+            sys.exit("test-executables: the build made no other test executable")
         for name, exe in sorted(lines):
             print(name, exe)
     else:

@@ -114,8 +114,11 @@ fn seed(from: &Path, to: &Path) {
                 || [".rlib", ".rmeta", ".so", ".a"]
                     .iter()
                     .any(|ext| name.ends_with(ext));
+            // A file another cargo removes or rewrites meanwhile (a nested
+            // build of another test process, seeded from too) is left out:
+            // a unit without its files is one cargo builds again.
             if !(replaced_whole && std::fs::hard_link(&src, &dst).is_ok()) {
-                copy_keeping_time(&src, &dst);
+                let _ = try_copy_keeping_time(&src, &dst);
             }
         }
     }
@@ -124,12 +127,21 @@ fn seed(from: &Path, to: &Path) {
 /// A copy with the original's modification time (cargo's freshness checks
 /// compare them).
 pub fn copy_keeping_time(src: &Path, dst: &Path) {
-    std::fs::copy(src, dst)
+    try_copy_keeping_time(src, dst)
         .unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
-    if let Ok(modified) = std::fs::metadata(src).and_then(|m| m.modified()) {
+}
+
+fn try_copy_keeping_time(src: &Path, dst: &Path) -> std::io::Result<()> {
+    let modified = std::fs::metadata(src).and_then(|m| m.modified());
+    if let Err(e) = std::fs::copy(src, dst) {
+        let _ = std::fs::remove_file(dst);
+        return Err(e);
+    }
+    if let Ok(modified) = modified {
         // futimens needs ownership, not write access: a read-only file too.
         let _ = std::fs::File::open(dst).and_then(|f| f.set_modified(modified));
     }
+    Ok(())
 }
 
 /// Removes what cargo sets for a test process (`CARGO_MANIFEST_DIR`,
