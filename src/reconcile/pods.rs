@@ -28,6 +28,15 @@ pub const MAX_KEPT_LABEL_BYTES: usize = 16 * 1024;
 
 const OUR_KEYS: &str = ".targetlease.dev/";
 
+/// The annotations the cache keeps (of a TargetLease's marks, the leader is
+/// a label): a token is at most 20 digits, an expiry an RFC 3339 time.
+const MARK_ANNOTATIONS: [&str; 2] = [
+    ".targetlease.dev/fencing-token",
+    ".targetlease.dev/expires-at",
+];
+/// Longest mark annotation value the cache keeps; a longer one is not ours.
+pub const MAX_MARK_VALUE_BYTES: usize = 64;
+
 /// A pod as the operator caches it: only what the planner and the marks
 /// read. The watch decodes nothing else (no spec, no container statuses), and
 /// [`CachedPod::slim`] drops what the metadata carries beyond that, so
@@ -83,7 +92,14 @@ impl CachedPod {
         meta.generate_name = None;
         meta.finalizers = None;
         if let Some(annotations) = meta.annotations.as_mut() {
-            annotations.retain(|k, _| k.contains(OUR_KEYS));
+            // Only the two marks the operator reads, each as short as ours
+            // are, and no more of them than a pod may keep labels.
+            annotations.retain(|k, v| {
+                MARK_ANNOTATIONS.iter().any(|s| k.ends_with(s)) && v.len() <= MAX_MARK_VALUE_BYTES
+            });
+            while annotations.len() > MAX_KEPT_LABELS {
+                annotations.pop_last();
+            }
         }
         if let Some(labels) = meta.labels.as_mut() {
             let opted = labels

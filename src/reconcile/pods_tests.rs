@@ -71,6 +71,42 @@ fn the_cache_keeps_what_the_planner_and_the_marks_read() {
     );
 }
 
+/// Annotations under our domain that anyone who may create pods can add:
+/// the cache keeps only the two marks it reads, short, and at most as many
+/// as it keeps labels; a 250 KB `pad.targetlease.dev/x` is not kept.
+#[test]
+fn the_cache_keeps_no_annotation_the_operator_does_not_read() {
+    let mut json = full_pod();
+    let annotations = json["metadata"]["annotations"].as_object_mut().unwrap();
+    annotations.insert("pad.targetlease.dev/x".into(), "x".repeat(250_000).into());
+    annotations.insert(
+        "big.targetlease.dev/fencing-token".into(),
+        "9".repeat(1000).into(),
+    );
+    for i in 0..5_000 {
+        annotations.insert(
+            format!("n{i:05}.targetlease.dev/expires-at"),
+            "2026-01-01T00:00:00Z".into(),
+        );
+    }
+    let mut pod: CachedPod = serde_json::from_value(json).unwrap();
+    pod.slim();
+    let kept = pod.annotations();
+    assert_eq!(
+        kept.len(),
+        MAX_KEPT_LABELS,
+        "{:?}",
+        kept.keys().take(3).collect::<Vec<_>>()
+    );
+    assert!(kept.values().all(|v| v.len() <= MAX_MARK_VALUE_BYTES));
+    assert!(!kept.contains_key("pad.targetlease.dev/x"));
+    assert!(!kept.contains_key("big.targetlease.dev/fencing-token"));
+    assert!(
+        kept.contains_key("db.targetlease.dev/expires-at"),
+        "the first ones by key stay"
+    );
+}
+
 /// Labels anyone who may create pods can add, as many and as large as the
 /// API server takes: the cache keeps none of them for a pod that opted in to
 /// nothing, and for one that opted in only ours once they pass the bounds.
