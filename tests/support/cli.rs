@@ -138,6 +138,28 @@ impl Lease {
         Res::parse(self.output())
     }
 
+    /// Runs it and checks it was refused as `backend_unavailable` (exit 3)
+    /// with a message naming `why`, and that neither stream shows any of
+    /// `secrets`.
+    pub fn refused(&self, why: &str, secrets: &[&str]) -> Res {
+        let r = self.ok("backend_unavailable", 3);
+        let message = r.json["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(why),
+            "expected {why:?} in the message: {}",
+            r.stdout
+        );
+        for secret in secrets {
+            assert!(
+                !r.stdout.contains(secret) && !r.stderr.contains(secret),
+                "a secret shows: {} {}",
+                r.stdout,
+                r.stderr
+            );
+        }
+        r
+    }
+
     /// Runs it and checks its outcome and exit code.
     pub fn ok(&self, outcome: &str, code: i32) -> Res {
         let r = self.res();
