@@ -5,7 +5,10 @@
 //! that opens connections and says nothing (before or after the TLS
 //! handshake) holds a task and a file descriptor each, forever, and enough
 //! of them leave no room for the probes: the kubelet restarts the operator.
-//! Here a connection that sends nothing for [`Limits::idle`] is closed, one
+//! Here a connection that sends nothing for [`Limits::idle`] is closed, and
+//! so is one whose request is not complete (answered) within
+//! [`Limits::request`] of its first byte (a client that trickles a header
+//! line every few seconds is never idle), one
 //! client address holds at most [`Limits::per_peer`] connections (and
 //! [`Limits::handshakes_per_peer`] TLS handshakes), so other addresses —
 //! the kubelet's, Prometheus's — always find room below the totals.
@@ -31,6 +34,10 @@ pub struct Limits {
     pub per_peer: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle: Duration,
+    /// A request not answered this long after its first byte arrived (its
+    /// headers still trickling in) has its connection closed. Longer than
+    /// any handler takes (the store probe gives up after 2 s).
+    pub request: Duration,
     /// How long a client has to complete its TLS handshake.
     pub handshake_timeout: Duration,
     /// TLS handshakes in progress at once.
@@ -45,6 +52,7 @@ impl Default for Limits {
             connections: 256,
             per_peer: 16,
             idle: Duration::from_secs(60),
+            request: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             handshakes: 64,
             handshakes_per_peer: 8,
@@ -132,6 +140,8 @@ where
                         io,
                         idle: self.limits.idle,
                         deadline: Box::pin(tokio::time::sleep(self.limits.idle)),
+                        request: self.limits.request,
+                        request_deadline: None,
                         _slots: (slot, peer_slot),
                     };
                     return (io, peer);
@@ -149,11 +159,15 @@ where
 }
 
 /// A connection that is closed after [`Limits::idle`] without a byte from
-/// its client, and gives its slots back when it ends.
+/// its client, or [`Limits::request`] after a request's first byte without
+/// an answer, and gives its slots back when it ends.
 pub struct Guarded<T> {
     io: T,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
+    request: Duration,
+    /// Set by the first byte of a request, cleared by the answer's.
+    request_deadline: Option<Pin<Box<Sleep>>>,
     _slots: (OwnedSemaphorePermit, PeerSlot),
 }
 
@@ -163,16 +177,36 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let too_slow = || {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took too long to send its request",
+            )
+        };
+        if let Some(d) = self.request_deadline.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(too_slow()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.io).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
                     let next = Instant::now() + self.idle;
                     self.deadline.as_mut().reset(next);
+                    if self.request_deadline.is_none() {
+                        let request = self.request;
+                        self.request_deadline = Some(Box::pin(tokio::time::sleep(request)));
+                    }
                 }
                 Poll::Ready(r)
             }
             Poll::Pending => {
+                if let Some(d) = self.request_deadline.as_mut()
+                    && d.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Err(too_slow()));
+                }
                 ready!(self.deadline.as_mut().poll(cx));
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -189,7 +223,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.request_deadline = None;
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -205,7 +243,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            self.request_deadline = None;
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -105,3 +105,43 @@ async fn a_client_that_keeps_asking_is_served_past_the_idle_time() {
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
 }
+
+/// A client that trickles its request's headers, a line every 200 ms (never
+/// idle), is cut off once the request time is up; a client beside it is
+/// answered meanwhile.
+#[tokio::test]
+async fn a_client_that_trickles_its_headers_is_cut_off() {
+    let limits = Limits {
+        idle: Duration::from_millis(500),
+        request: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let port = serve_plain(limits).await;
+    let mut slow = connect_from("127.0.0.1", port).await;
+    slow.write_all(b"GET /livez HTTP/1.1\r\n").await.unwrap();
+    let start = Instant::now();
+    let mut cut = None;
+    for i in 0..25 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let line = format!("X-Slow-{i}: {i}\r\n");
+        if slow.write_all(line.as_bytes()).await.is_err() {
+            cut = Some(start.elapsed());
+            break;
+        }
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(1), slow.read(&mut buf)).await
+        {
+            cut = Some(start.elapsed());
+            break;
+        }
+        if i == 2 {
+            assert_eq!(get_from("127.0.0.2", port).await, "HTTP/1.1 200 OK");
+        }
+    }
+    let cut = cut.expect("a trickling client is cut off within 5 s");
+    assert!(
+        cut >= Duration::from_millis(900) && cut < Duration::from_secs(3),
+        "cut off after {cut:?}"
+    );
+}
