@@ -131,8 +131,9 @@ impl Child {
     /// After CMD ended: takes the terminal back, then stops whatever CMD left
     /// running (SIGTERM to its group, SIGKILL after `grace`), so nothing of
     /// the job outlives the lease. The supervisor stays until all of it is
-    /// gone, so a SIGKILL of `run` meanwhile still stops it at once. Returns
-    /// whether anything was left.
+    /// gone, so a SIGKILL of `run` meanwhile still stops it at once; when
+    /// the supervisor itself was killed, the group gets SIGKILL at once.
+    /// Returns whether anything was left.
     pub(super) async fn stop_leftovers(&mut self, grace: Duration) -> bool {
         self.take_terminal_back();
         let deadline = Instant::now() + grace;
@@ -154,6 +155,16 @@ impl Child {
         // itself a subreaper): the same, from here.
         if !self.group_alive() {
             return left;
+        }
+        if self.left.is_none() {
+            // The supervisor ended without its report: it was killed (by
+            // CMD, say), and nothing would stop the group if `run` died
+            // during a grace period now. So no grace.
+            tracing::warn!(
+                "the command's supervisor was killed; stopping what is left of its group at once"
+            );
+            self.signal(Signal::SIGKILL);
+            return true;
         }
         if !left {
             self.stopping();

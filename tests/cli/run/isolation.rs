@@ -158,6 +158,41 @@ fn what_the_command_left_dies_with_run_killed_during_the_kill_grace() {
     assert!(took < Duration::from_secs(1), "{took:?}");
 }
 
+/// CMD SIGKILLs the supervisor between it and `run`, and it and what it
+/// started ignore SIGTERM: nothing would stop them if `run` died during a
+/// `--kill-grace` now, so `run` gives none: they are SIGKILLed at once.
+#[test]
+fn a_command_that_kills_its_supervisor_is_stopped_at_once() {
+    let s = ValkeyServer::start();
+    let u = s.url();
+    let pids = Scratch::new("pids");
+    let script = format!(
+        "trap '' TERM; sleep 600 & echo \"$$ $!\" > {p}; kill -KILL $PPID; wait",
+        p = pids.path().display()
+    );
+    let started = Instant::now();
+    let mut child = spawn(
+        run(&u, "db", "alice", "10s")
+            .with(&["--kill-grace", "60s"])
+            .sh(&script),
+    );
+    let pids = read_pids(&pids);
+    let took = all_gone(&pids, Duration::from_secs(5));
+    if took.is_none() {
+        for p in &pids {
+            let _ = Command::new("kill")
+                .args(["-KILL", &p.to_string()])
+                .status();
+        }
+    }
+    let _ = child.wait();
+    let took = took.unwrap_or_else(|| {
+        panic!("the command ({pids:?}) outlived its killed supervisor by 5s (a 60s grace)")
+    });
+    eprintln!("supervisor killed by CMD -> CMD's group gone: {took:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
 /// What left CMD's group on purpose (`setsid`) is beyond reach: `run`
 /// neither waits its `--kill-grace` for it nor says it stopped it.
 #[test]
