@@ -10,8 +10,12 @@
 //! only status and its finalizer), and whoever may create TargetLeases
 //! chooses their size (annotations up to 256 KiB per object), so they would
 //! let one tenant grow the shared operator's memory. Pods keep their labels
-//! (selectors read them); [`crate::reconcile::pods::CachedPod::slim`] drops
-//! what else they carry.
+//! (selectors read them); of their annotations only the operator's marks are
+//! decoded ([`pod_metadata`]), and [`crate::reconcile::pods::CachedPod`]
+//! slims each pod as it is decoded, before the next one of a page is.
+//!
+//! A list reply is still held whole while it is decoded, so every list is
+//! made in pages of [`LIST_PAGE`] objects.
 
 use std::collections::BTreeMap;
 
@@ -20,26 +24,15 @@ use kube::runtime::watcher;
 use serde::{Deserialize, Deserializer};
 
 use crate::crd::{TargetLease, TargetLeaseSpec, TargetLeaseStatus};
+use crate::reconcile::pods::{MAX_KEPT_LABELS, is_mark_annotation};
 
-/// Every field of `ObjectMeta` but `managedFields` (skipped unread).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Metadata {
-    annotations: Option<BTreeMap<String, String>>,
-    creation_timestamp: Option<Time>,
-    deletion_grace_period_seconds: Option<i64>,
-    deletion_timestamp: Option<Time>,
-    finalizers: Option<Vec<String>>,
-    generate_name: Option<String>,
-    generation: Option<i64>,
-    labels: Option<BTreeMap<String, String>>,
-    name: Option<String>,
-    namespace: Option<String>,
-    owner_references: Option<Vec<OwnerReference>>,
-    resource_version: Option<String>,
-    self_link: Option<String>,
-    uid: Option<String>,
-}
+/// Objects per page of every list the operator makes (the watches' initial
+/// lists and relists, and the pods an election asks about). A reply is held
+/// whole (twice, while it is read) until it is decoded, and the API server
+/// takes objects up to about 1.5 MB: 20 of them keep a page under about
+/// 60 MB however large the objects are, at the cost of one request per 20
+/// objects (500 for 10,000 pods at a start or a relist).
+pub const LIST_PAGE: u32 = 20;
 
 /// A TargetLease's metadata as the cache keeps it: no managed fields, labels
 /// or annotations (skipped unread).
@@ -60,6 +53,82 @@ struct LeaseMetadata {
     uid: Option<String>,
 }
 
+/// A pod's metadata as the cache keeps it: no managed fields, owner
+/// references, finalizers or generated name (skipped unread), and of the
+/// annotations only the operator's marks ([`Marks`]).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodMetadata {
+    annotations: Option<Marks>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+/// The mark annotations of a pod, filtered while they are decoded: any other
+/// annotation (up to 256 KiB each) is skipped unread, and of the marks the
+/// first [`MAX_KEPT_LABELS`] by key are kept.
+struct Marks(BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for Marks {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Marks;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of annotations")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Marks, A::Error> {
+                let mut kept = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if !is_mark_annotation(&key, None) {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        continue;
+                    }
+                    let value: String = map.next_value()?;
+                    if is_mark_annotation(&key, Some(&value)) {
+                        kept.insert(key, value);
+                        if kept.len() > MAX_KEPT_LABELS {
+                            kept.pop_last();
+                        }
+                    }
+                }
+                Ok(Marks(kept))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// Decodes a pod's metadata as the cache keeps it ([`PodMetadata`]).
+pub fn pod_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = PodMetadata::deserialize(d)?;
+    Ok(ObjectMeta {
+        annotations: m.annotations.map(|a| a.0),
+        creation_timestamp: m.creation_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        deletion_timestamp: m.deletion_timestamp,
+        generation: m.generation,
+        labels: m.labels,
+        name: m.name,
+        namespace: m.namespace,
+        resource_version: m.resource_version,
+        self_link: m.self_link,
+        uid: m.uid,
+        ..ObjectMeta::default()
+    })
+}
+
 /// Decodes a TargetLease's metadata without its managed fields, labels and
 /// annotations.
 pub fn lease_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
@@ -73,28 +142,6 @@ pub fn lease_metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::
         generate_name: m.generate_name,
         generation: m.generation,
         labels: None,
-        managed_fields: None,
-        name: m.name,
-        namespace: m.namespace,
-        owner_references: m.owner_references,
-        resource_version: m.resource_version,
-        self_link: m.self_link,
-        uid: m.uid,
-    })
-}
-
-/// Decodes an object's metadata without its managed fields.
-pub fn without_managed_fields<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let m = Metadata::deserialize(d)?;
-    Ok(ObjectMeta {
-        annotations: m.annotations,
-        creation_timestamp: m.creation_timestamp,
-        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
-        deletion_timestamp: m.deletion_timestamp,
-        finalizers: m.finalizers,
-        generate_name: m.generate_name,
-        generation: m.generation,
-        labels: m.labels,
         managed_fields: None,
         name: m.name,
         namespace: m.namespace,

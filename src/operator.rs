@@ -24,7 +24,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use crate::admin::RuntimeStatus;
-use crate::cache::{WatchedLease, lease_event};
+use crate::cache::{LIST_PAGE, WatchedLease, lease_event};
 use crate::crd::TargetLease;
 use crate::election::{Elector, Timings};
 use crate::floor::{FloorPolicy, FloorStore};
@@ -94,12 +94,9 @@ where
     }
 }
 
-/// Objects per page of a watch's initial list (and of every relist): a
-/// cluster with many pods is listed in pages, never in one reply the API
-/// server and the operator would each hold whole.
-pub const LIST_PAGE: u32 = 500;
-
-/// How every cache watches: in pages of [`LIST_PAGE`], each watch ended by
+/// How every cache watches: in pages of [`LIST_PAGE`] (a cluster with many
+/// pods is listed in pages, never in one reply the API server and the
+/// operator would each hold whole), each watch ended by
 /// the API server after `timeout` (and made again).
 fn watching(timeout: Duration) -> watcher::Config {
     watcher::Config::default()
@@ -137,8 +134,8 @@ pub async fn control(
     let pod_index = Arc::new(PodIndex::default());
     let pod_stream = reflector::reflector(
         pod_writer,
-        watcher(api::<CachedPod>(&client, &cfg.watch_namespace), watching())
-            .modify(CachedPod::slim),
+        // Each pod is slimmed as it is decoded (`CachedPod`).
+        watcher(api::<CachedPod>(&client, &cfg.watch_namespace), watching()),
     )
     // After the cache took the event (see `index`).
     .inspect_ok({

@@ -5,16 +5,21 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
+use kube::core::{ObjectList, Request};
+use serde::Deserialize;
 
 use super::pass::Pass;
 use super::plan::Desired;
-use super::pods::{self, CachedPod};
+use super::pods;
 use super::spec::Holders;
+use crate::cache::LIST_PAGE;
 use crate::conditions::Reason;
 
-/// How long why-nobody-is-elected, listed from the API server, is reused.
+/// How long why-nobody-is-elected, listed from the API server, is reused
+/// (a failed list too: it is not asked again sooner).
 const NOBODY_RELIST: Duration = Duration::from_secs(10);
 
 impl Pass<'_> {
@@ -37,38 +42,110 @@ impl Pass<'_> {
                     reason: Reason::NoReadyCandidate,
                     ..
                 },
-            ) => self.nobody_elected(selector).await.unwrap_or(desired),
+            ) => self.nobody_elected(selector, desired).await,
             _ => desired,
         }
     }
 
-    /// Why nobody qualifies for this election, from the pods its selector
-    /// matches as the API server lists them (the cache keeps no labels of pods
-    /// that opted in to nothing). Listed at most once per
-    /// [`NOBODY_RELIST`] and generation; `None` when the list fails.
-    async fn nobody_elected(&self, selector: &kube::core::Selector) -> Option<Desired> {
+    /// Why nobody qualifies for this election: the pods its selector matches
+    /// that did not opt in, as the API server lists them (the cache keeps no
+    /// labels of pods that opted in to nothing), Ready by the cache. Asked at
+    /// most once per [`NOBODY_RELIST`] and generation; `cached` (the answer
+    /// from the cache) when the list fails.
+    async fn nobody_elected(&self, selector: &kube::core::Selector, cached: Desired) -> Desired {
         let generation = self.tl.metadata.generation;
         if let Some((at, g, d)) = self.ctx.recall(&self.key).nobody
             && g == generation
             && at.elapsed() < NOBODY_RELIST
         {
-            return Some(d);
+            return d;
         }
-        let ns = self.tl.namespace()?;
-        let api: Api<CachedPod> = Api::namespaced(self.ctx.client.clone(), &ns);
-        let params = ListParams::default().labels(&selector.to_string());
-        let listed = match api.list(&params).await {
-            Ok(list) => list.items,
+        let d = self.ask_why(selector).await.unwrap_or(cached);
+        let kept = d.clone();
+        self.ctx.remember(&self.key, |m| {
+            m.nobody = Some((Instant::now(), generation, kept))
+        });
+        d
+    }
+
+    async fn ask_why(&self, selector: &kube::core::Selector) -> Option<Desired> {
+        let (ns, name) = (self.tl.namespace()?, self.tl.name_any());
+        let opt_in = pods::opt_in_label(&name);
+        let ready = |n: &String| {
+            self.ctx
+                .pods
+                .get(&ns, n)
+                .is_some_and(|p| pods::is_ready(&p))
+        };
+        let listed = |also: String| listed_names(&self.ctx.client, &ns, selector, also);
+        let not_opted: Vec<String> = match listed(format!("{opt_in}!=true")).await {
+            Ok(names) => names.into_iter().filter(ready).collect(),
             Err(e) => {
                 tracing::debug!(error = %e, "listing an election's pods failed");
                 return None;
             }
         };
-        let d = pods::nobody_elected(&self.tl.name_any(), selector, &listed);
-        let kept = d.clone();
-        self.ctx.remember(&self.key, |m| {
-            m.nobody = Some((Instant::now(), generation, kept))
-        });
-        Some(d)
+        // Opted in, but with more labels than the cache keeps (so it cannot
+        // tell whether the selector matches): asked only when the cache
+        // holds such a pod.
+        let dropped: Vec<String> = self
+            .ctx
+            .pods
+            .opted_in(&ns, &name)
+            .iter()
+            .filter(|p| p.labels_dropped && pods::is_ready(p))
+            .map(|p| p.name_any())
+            .collect();
+        let mut too_big = Vec::new();
+        if not_opted.is_empty() && !dropped.is_empty() {
+            match listed(format!("{opt_in}=true")).await {
+                Ok(names) => too_big = names.into_iter().filter(|n| dropped.contains(n)).collect(),
+                Err(e) => tracing::debug!(error = %e, "listing an election's pods failed"),
+            }
+        }
+        Some(pods::nobody_elected(&name, not_opted, too_big))
+    }
+}
+
+/// A pod of a metadata list, decoded to its name alone (labels and
+/// annotations are skipped unread).
+#[derive(Clone, Deserialize)]
+struct Named {
+    metadata: Name,
+}
+
+#[derive(Clone, Deserialize)]
+struct Name {
+    #[serde(default)]
+    name: String,
+}
+
+/// The names of the pods of `ns` that `selector` and `also` match: the API
+/// server filters, sends metadata only (no spec, no status), in pages of
+/// [`LIST_PAGE`].
+async fn listed_names(
+    client: &kube::Client,
+    ns: &str,
+    selector: &kube::core::Selector,
+    also: String,
+) -> Result<Vec<String>, kube::Error> {
+    let labels = [selector.to_string(), also]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(",");
+    let request = Request::new(<Pod as kube::Resource>::url_path(&(), Some(ns)));
+    let mut params = ListParams::default().labels(&labels).limit(LIST_PAGE);
+    let mut names = Vec::new();
+    loop {
+        let page = request
+            .list_metadata(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        let page: ObjectList<Named> = client.request(page).await?;
+        names.extend(page.items.into_iter().map(|p| p.metadata.name));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(names),
+        }
     }
 }

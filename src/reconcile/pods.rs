@@ -38,26 +38,46 @@ const MARK_ANNOTATIONS: [&str; 2] = [
 pub const MAX_MARK_VALUE_BYTES: usize = 64;
 
 /// A pod as the operator caches it: only what the planner and the marks
-/// read. The watch decodes nothing else (no spec, no container statuses), and
-/// [`CachedPod::slim`] drops what the metadata carries beyond that, so
-/// thousands of unrelated pods, whatever labels they carry, cost the cache
-/// little.
+/// read. It decodes nothing else (no spec, no container statuses, no
+/// annotation but the marks: [`crate::cache::pod_metadata`]), and every pod
+/// is slimmed ([`CachedPod::slim`]) as it is decoded, before the next one of
+/// a list page is: thousands of unrelated pods, whatever they carry, cost
+/// the cache little.
 #[derive(kube::Resource, Clone, Debug, Default, Deserialize, PartialEq)]
 #[resource(inherit = "Pod")]
+#[serde(from = "DecodedPod")]
 pub struct CachedPod {
     /// Name, namespace, UID, resourceVersion, labels (every label of a pod
     /// that opted in, only ours of any other), our annotations, creation and
     /// deletion times.
-    #[serde(deserialize_with = "crate::cache::without_managed_fields")]
     pub metadata: ObjectMeta,
     /// The pod's conditions (only Ready is kept).
-    #[serde(default)]
     pub status: Option<CachedPodStatus>,
     /// The pod opted in but carries more labels than the cache keeps
     /// ([`MAX_KEPT_LABELS`], [`MAX_KEPT_LABEL_BYTES`]): only ours were kept,
     /// so no selector can be matched against it and it is nobody's candidate.
-    #[serde(skip)]
     pub labels_dropped: bool,
+}
+
+/// A pod as it is decoded, before [`CachedPod::slim`].
+#[derive(Deserialize)]
+struct DecodedPod {
+    #[serde(deserialize_with = "crate::cache::pod_metadata")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<CachedPodStatus>,
+}
+
+impl From<DecodedPod> for CachedPod {
+    fn from(d: DecodedPod) -> Self {
+        let mut pod = CachedPod {
+            metadata: d.metadata,
+            status: d.status,
+            labels_dropped: false,
+        };
+        pod.slim();
+        pod
+    }
 }
 
 /// The part of a pod's status the planner reads.
@@ -94,9 +114,7 @@ impl CachedPod {
         if let Some(annotations) = meta.annotations.as_mut() {
             // Only the two marks the operator reads, each as short as ours
             // are, and no more of them than a pod may keep labels.
-            annotations.retain(|k, v| {
-                MARK_ANNOTATIONS.iter().any(|s| k.ends_with(s)) && v.len() <= MAX_MARK_VALUE_BYTES
-            });
+            annotations.retain(|k, v| is_mark_annotation(k, Some(v)));
             while annotations.len() > MAX_KEPT_LABELS {
                 annotations.pop_last();
             }
@@ -121,6 +139,14 @@ impl CachedPod {
             conditions.retain(|c| c.type_ == "Ready");
         }
     }
+}
+
+/// True when annotation `key` (with `value`, once read) is one of the marks
+/// the cache keeps: a fencing token or an expiry of ours, no longer than
+/// [`MAX_MARK_VALUE_BYTES`].
+pub fn is_mark_annotation(key: &str, value: Option<&str>) -> bool {
+    MARK_ANNOTATIONS.iter().any(|s| key.ends_with(s))
+        && value.is_none_or(|v| v.len() <= MAX_MARK_VALUE_BYTES)
 }
 
 /// How every opt-in label ends ([`opt_in_label`]).
@@ -264,30 +290,13 @@ fn no_ready_candidate(name: &str) -> Desired {
     }
 }
 
-/// Why nobody qualifies for election `name`, from the pods of its namespace
-/// that its `selector` matches as the API server lists them (with every
-/// label): Ready pods that did not opt in (PodNotOptedIn, naming a few), or
-/// that opted in with more labels than the cache keeps, or none at all
+/// Why nobody qualifies for election `name`, from the Ready pods its
+/// selector matches as the API server lists them: those that did not opt in
+/// (`not_opted`: PodNotOptedIn, naming a few), else those that opted in with
+/// more labels than the cache keeps (`too_big`), else none at all
 /// (NoReadyCandidate).
-pub fn nobody_elected(
-    name: &str,
-    selector: &kube::core::Selector,
-    listed: &[CachedPod],
-) -> Desired {
-    let matching = || {
-        listed
-            .iter()
-            .filter(|p| selector.matches(p.labels()) && is_ready(p))
-    };
-    let mut names: Vec<_> = matching()
-        .filter(|p| !accepts(p, name))
-        .map(|p| p.name_any())
-        .collect();
-    if names.is_empty() {
-        let mut too_big: Vec<_> = matching()
-            .filter(|p| over_bounds(p.labels()))
-            .map(|p| p.name_any())
-            .collect();
+pub fn nobody_elected(name: &str, mut not_opted: Vec<String>, mut too_big: Vec<String>) -> Desired {
+    if not_opted.is_empty() {
         if too_big.is_empty() {
             return no_ready_candidate(name);
         }
@@ -302,14 +311,14 @@ pub fn nobody_elected(
             ),
         };
     }
-    names.sort();
+    not_opted.sort();
     Desired::Nobody {
         reason: Reason::PodNotOptedIn,
         message: format!(
             "{} Ready pod(s) match spec.candidates.podSelector ({}) but none has opted in: \
              a candidate needs the label {}: \"true\"",
-            names.len(),
-            shown(&names),
+            not_opted.len(),
+            shown(&not_opted),
             opt_in_label(name)
         ),
     }

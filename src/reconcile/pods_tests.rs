@@ -154,6 +154,49 @@ fn the_cache_keeps_no_labels_the_operator_does_not_read() {
     assert!(many.labels_dropped);
 }
 
+/// Every pod is slimmed as it is decoded, in a list page as in a watch
+/// event: the cache never stores, and a page never holds decoded, what the
+/// planner does not read (other tools' annotations are not even decoded).
+#[test]
+fn every_pod_is_slimmed_as_it_is_decoded() {
+    let mut json = full_pod();
+    let labels = json["metadata"]["labels"].as_object_mut().unwrap();
+    labels.remove("tl.targetlease.dev/candidate");
+    labels.insert("example.com/noise".into(), "x".repeat(63).into());
+    json["metadata"]["annotations"]["example.com/big"] = "x".repeat(200_000).into();
+    let page = serde_json::json!({
+        "apiVersion": "v1", "kind": "PodList",
+        "metadata": { "resourceVersion": "7", "continue": "next" },
+        "items": [json.clone(), json.clone()],
+    });
+    let listed: kube::core::ObjectList<CachedPod> =
+        serde_json::from_str(&page.to_string()).unwrap();
+    let event = serde_json::json!({ "type": "MODIFIED", "object": json }).to_string();
+    let kube::core::WatchEvent::Modified(watched) = serde_json::from_str(&event).unwrap() else {
+        panic!("a MODIFIED event")
+    };
+    assert_eq!(listed.items.len(), 2);
+    for pod in listed.items.iter().chain([&watched]) {
+        let meta = &pod.metadata;
+        assert_eq!(
+            pod.labels().keys().collect::<Vec<_>>(),
+            ["tl.targetlease.dev/leader"],
+            "a pod that opted in to nothing keeps only our labels"
+        );
+        assert_eq!(
+            pod.annotations().keys().collect::<Vec<_>>(),
+            [
+                "db.targetlease.dev/expires-at",
+                "tl.targetlease.dev/fencing-token"
+            ]
+        );
+        assert!(meta.managed_fields.is_none() && meta.owner_references.is_none());
+        assert!(meta.finalizers.is_none() && meta.generate_name.is_none());
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+        assert_eq!(conditions.map(Vec::len), Some(1), "Ready only");
+    }
+}
+
 #[test]
 fn ready_means_a_true_ready_condition_and_no_deletion() {
     let mut json = full_pod();
@@ -265,19 +308,14 @@ fn an_election_elects_only_among_pods_that_opted_in() {
 
     // Ready pods match, none opted in: the cache cannot tell (it keeps no
     // labels of theirs), the API server's list can.
-    let listed = vec![
+    let bystanders = vec![
         pod("web-0", 1, &[("app", "web")]),
         pod("web-1", 2, &[("app", "web")]),
     ];
-    let mut slimmed = listed.clone();
-    slimmed.iter_mut().for_each(CachedPod::slim);
-    let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(slimmed))).unwrap_err();
+    let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(bystanders))).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
-    let Holders::Elected(selector) = &valid.holders else {
-        panic!("an election")
-    };
-    let (reason, message) =
-        holder_of(&nobody_elected("web-leader", selector, &listed)).unwrap_err();
+    let listed = vec!["web-1".to_string(), "web-0".to_string()];
+    let (reason, message) = holder_of(&nobody_elected("web-leader", listed, vec![])).unwrap_err();
     assert_eq!(reason, Reason::PodNotOptedIn);
     assert!(
         message.starts_with("2 Ready pod(s)") && message.contains("web-0, web-1"),
@@ -287,7 +325,7 @@ fn an_election_elects_only_among_pods_that_opted_in() {
     // Nothing matches at all: no Ready candidate.
     let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![]))).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
-    let (reason, _) = holder_of(&nobody_elected("web-leader", selector, &[])).unwrap_err();
+    let (reason, _) = holder_of(&nobody_elected("web-leader", vec![], vec![])).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
 
     // Opted in with more labels than the cache keeps: not a candidate, and
@@ -297,11 +335,12 @@ fn an_election_elects_only_among_pods_that_opted_in() {
     for i in 0..MAX_KEPT_LABELS {
         labels.insert(format!("example.com/l{i}"), "x".into());
     }
-    let mut cached = big.clone();
-    cached.slim();
-    let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![cached]))).unwrap_err();
+    big.slim();
+    assert!(big.labels_dropped);
+    let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![big]))).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
-    let (_, message) = holder_of(&nobody_elected("web-leader", selector, &[big])).unwrap_err();
+    let (_, message) =
+        holder_of(&nobody_elected("web-leader", vec![], vec!["web-9".into()])).unwrap_err();
     assert!(
         message.contains("more labels than the operator keeps"),
         "{message}"
