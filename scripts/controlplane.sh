@@ -22,8 +22,9 @@
 #                                removes it entirely
 #   CONTROLPLANE_AUDIT=0|1       write the API server audit log DIR/audit.log
 #                                (default 1): one JSON line per write to the
-#                                resources the operator touches, with the user,
-#                                so tests can prove who wrote what and when
+#                                resources the operator touches, and per list
+#                                of pods, with the user, so tests can prove
+#                                who wrote (or asked) what and when
 #   CONTROLPLANE_APISERVER_SANS=L  more subjectAltName entries for the API
 #                                server's certificate, e.g. IP:10.88.3.1 (the
 #                                address scripts/node.sh forwards to it for pods)
@@ -184,6 +185,11 @@ rules:
         resources: ["leases"]
       - group: "events.k8s.io"
         resources: ["events"]
+  - level: Metadata
+    verbs: ["list"]
+    resources:
+      - group: ""
+        resources: ["pods"]
   - level: None
 EOF
 }

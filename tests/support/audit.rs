@@ -1,7 +1,8 @@
 //! Reads the test control plane's audit log (`scripts/controlplane.sh` writes
 //! `DIR/audit.log`: every write to TargetLeases, their status, pods,
-//! ConfigMaps, Events and Leases, with the user who made it). What the API
-//! server recorded, independent of what a process under test says it did.
+//! ConfigMaps, Events and Leases, and every list of pods, with the user who
+//! made it). What the API server recorded, independent of what a process
+//! under test says it did.
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
@@ -20,6 +21,8 @@ pub struct Write {
     pub code: u16,
     /// When the API server received the request.
     pub received: Timestamp,
+    /// The request's path and query, percent-decoded.
+    pub uri: String,
 }
 
 impl Write {
@@ -46,6 +49,20 @@ impl std::fmt::Display for Write {
 
 /// Every write recorded so far in `namespace`.
 pub fn writes_in(cp: &ControlPlane, namespace: &str) -> Vec<Write> {
+    let mut all = recorded_in(cp, namespace);
+    all.retain(|w| w.verb != "list");
+    all
+}
+
+/// Every list of pods recorded so far in `namespace` (a [`Write`] by its
+/// shape; `uri` says what was asked).
+pub fn pod_lists_in(cp: &ControlPlane, namespace: &str) -> Vec<Write> {
+    let mut all = recorded_in(cp, namespace);
+    all.retain(|w| w.verb == "list" && w.resource == "pods");
+    all
+}
+
+fn recorded_in(cp: &ControlPlane, namespace: &str) -> Vec<Write> {
     let path = cp.dir().join("audit.log");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
@@ -74,7 +91,34 @@ pub fn writes_in(cp: &ControlPlane, namespace: &str) -> Vec<Write> {
                 received: s(&e["requestReceivedTimestamp"])
                     .parse()
                     .expect("an RFC 3339 requestReceivedTimestamp"),
+                uri: percent_decoded(&s(&e["requestURI"])),
             }
         })
         .collect()
+}
+
+/// `%XX` escapes (and `+` for a space) decoded.
+fn percent_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -9,6 +9,7 @@ mod leases;
 mod opt_in;
 mod pods;
 mod token;
+mod why_nobody;
 
 pub(crate) use crate::support;
 pub(crate) use crate::support::spec::lease_for;
