@@ -298,6 +298,18 @@ fn sentinel_tls_material_is_mounted_from_its_own_secret() {
         ],
         "valkey.sentinelTls.certKey and valkey.sentinelTls.keyKey go together",
     );
+    // Enabled with nothing to mount (no CA, no client certificate).
+    refused(
+        &[
+            "--set",
+            tls_sentinel,
+            "--set",
+            data_tls,
+            "--set",
+            "valkey.sentinelTls.enabled=true,valkey.sentinelTls.existingSecret=s,valkey.sentinelTls.caKey=",
+        ],
+        "valkey.sentinelTls.enabled mounts nothing without valkey.sentinelTls.caKey",
+    );
     refused(
         &[
             "--set",
