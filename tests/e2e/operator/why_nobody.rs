@@ -75,6 +75,16 @@ async fn why_nobody_is_elected_is_asked_at_most_every_ten_seconds() {
         .filter(|l| l.uri.contains(asked) && l.uri.contains("continue="))
         .collect();
     assert!(!pages.is_empty(), "23 pods take a second page");
+    // The operator's own watch of the namespace's pods lists in pages of 20 too.
+    let watch_lists: Vec<_> = lists
+        .iter()
+        .filter(|l| !l.uri.contains("labelSelector"))
+        .collect();
+    assert!(
+        !watch_lists.is_empty() && watch_lists.iter().all(|l| l.uri.contains("limit=20")),
+        "the pod watch lists in pages of 20:\n{}",
+        shown(&watch_lists)
+    );
     // Asked again since every pod was Ready in the cache: all are counted.
     let waiting = env.api().get("web-leader").await.unwrap();
     assert_eq!(summary(&waiting).0, Some(Phase::Pending));
