@@ -10,7 +10,7 @@ use kube::runtime::controller::Action;
 
 use super::pass::Pass;
 use super::plan::{self, Desired, Observed, Step};
-use super::transition::{self, META_ACQUISITION, META_TARGETLEASE, Next, Note, Transition};
+use super::transition::{self, META_ACQUISITION, META_TARGETLEASE, Next, Transition};
 use super::{Error, pods, spec};
 use crate::conditions::Reason;
 use crate::leadership::{Leadership, NotLeader};
@@ -374,30 +374,27 @@ impl Pass<'_> {
     fn token_floor(&self) -> u64 {
         let ns = self.tl.namespace().unwrap_or_default();
         let target = &self.tl.spec.target;
-        let cached = self.siblings().max_token;
         let own = self
             .ctx
             .published
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&(ns.clone(), target.clone()))
-            .copied()
-            .unwrap_or(0);
-        let status = self.working.fencing_token.unwrap_or(0);
-        cached
-            .max(own)
-            .max(status)
-            .max(self.ctx.floors.get(&ns, target))
+            .copied();
+        super::floor::token_floor(
+            self.siblings().max_token,
+            own,
+            self.working.fencing_token,
+            self.ctx.floors.get(&ns, target),
+        )
     }
 
     /// An election won a pod another election also selects: say so once, at acquisition.
     fn flag_overlap(&self, t: &mut Transition) {
-        if self.tl.spec.candidates.is_none()
-            || !t.notes.iter().any(|n| n.reason == Reason::Acquired)
-        {
+        if self.tl.spec.candidates.is_none() {
             return;
         }
-        let Some(pod_name) = t.status.holder_pod.as_deref() else {
+        let Some(pod_name) = transition::granted_pod(t) else {
             return;
         };
         let ns = self.tl.namespace().unwrap_or_default();
@@ -410,17 +407,8 @@ impl Pass<'_> {
             &self.ctx.lease_index.in_namespace(&self.ctx.leases, &ns),
             &self.ctx.selectors,
         );
-        if !others.is_empty() {
-            t.notes.push(Note {
-                warning: true,
-                reason: Reason::OverlappingCandidates,
-                message: format!(
-                    "pod {pod_name} is also a candidate of {}: give each election its own selector; \
-                     each marks its leader with its own label <name>.targetlease.dev/leader",
-                    others.join(", ")
-                ),
-            });
-        }
+        let warning = transition::overlap_warning(pod_name, &others);
+        t.notes.extend(warning);
     }
 }
 

@@ -14,6 +14,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::keeper::{Confirmation, Kept};
+use super::plan::publish::{self, Write};
+use super::plan::timing;
 use super::spec::{self, ValidSpec};
 use super::transition::{self, Facts, Memory as Remembered, Next, Note, Transition};
 use super::{Context, Error, FIELD_MANAGER, FINALIZER, marks, plan, with_jitter};
@@ -280,39 +282,22 @@ impl<'a> Pass<'a> {
                 .may_publish(&self.key, &self.working, self.term);
         }
         let mark_first = crate::failpoints::on("mark-before-unmark");
-        if let (true, Some(m)) = (mark_first, &todo.mark) {
-            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
-        }
-        for pod in todo
-            .unmark
-            .iter()
-            .filter(|_| !mark_first || todo.mark.is_some())
-        {
-            self.ctx.leadership.check()?;
-            marks::unmark(&self.ctx.client, &ns, &name, pod).await?;
-        }
-        // The annotation never shows a later expiry than status: when the
-        // expiry moves earlier on the same pod and token, mark first.
-        let lowering = todo.mark.as_ref().is_some_and(|m| {
-            marks::wanted(&published).is_some_and(|p| {
-                p.pod == m.pod && p.token == m.token && m.expires_at < p.expires_at
-            })
-        });
-        if lowering && let Some(m) = &todo.mark {
-            self.ctx.leadership.check()?;
-            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
-        }
-        // Withdrawing Held frees the target for a sibling waiting on it
-        // (`held_elsewhere`), whatever the transition said.
-        let withdrawn =
-            plan::is_published_held(&published) && !plan::is_published_held(&self.working);
-        if self.working != published {
-            self.write_status().await?;
-            self.wake |= withdrawn;
-        }
-        if !lowering && let Some(m) = &todo.mark {
-            self.ctx.leadership.check()?;
-            marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, m).await?;
+        let changed = self.working != published;
+        for write in publish::order(&published, &todo, changed, mark_first) {
+            match write {
+                Write::Unmark(pod) => {
+                    self.ctx.leadership.check()?;
+                    marks::unmark(&self.ctx.client, &ns, &name, &pod).await?;
+                }
+                Write::Status => {
+                    self.write_status().await?;
+                    self.wake |= publish::withdraws_held(&published, &self.working);
+                }
+                Write::Mark(m) => {
+                    self.ctx.leadership.check()?;
+                    marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, &m).await?;
+                }
+            }
         }
         for note in std::mem::take(&mut self.notes) {
             self.event(note).await;
@@ -341,14 +326,12 @@ impl<'a> Pass<'a> {
             )
             .await?;
         if let Some(token) = self.working.fencing_token {
-            let mut published = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = published
-                .entry((
-                    updated.namespace().unwrap_or_default(),
-                    updated.spec.target.clone(),
-                ))
-                .or_default();
-            *slot = (*slot).max(token);
+            let mut own = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (
+                updated.namespace().unwrap_or_default(),
+                updated.spec.target.clone(),
+            );
+            super::floor::published(&mut own, key, token);
         }
         self.adopt(updated);
         Ok(())
@@ -398,29 +381,14 @@ impl<'a> Pass<'a> {
 
     /// When to look again, for a transition's [`Next`].
     pub(super) fn action(&self, next: &Next) -> Action {
-        let memory = self.ctx.recall(&self.key);
-        match next {
-            Next::Renewal => {
-                let renew = self.renew_interval();
-                let wait = self
-                    .confirmation()
-                    .map_or(Duration::ZERO, |c| renew.saturating_sub(c.at.elapsed()));
-                let wait = self.until_rotation().map_or(wait, |r| wait.min(r));
-                // Not sooner than this, whatever the clock says: a renewal
-                // that keeps coming due at once must not spin.
-                let floor = (renew / 4).min(Duration::from_millis(250));
-                Action::requeue(wait.max(floor))
-            }
-            Next::Requeue(d) => Action::requeue(*d),
-            Next::Backoff { not_after } => {
-                let wait = with_jitter(plan::backoff(memory.failures.saturating_sub(1)));
-                let wait =
-                    not_after.map_or(wait, |limit| wait.min(limit + Duration::from_millis(20)));
-                Action::requeue(wait)
-            }
-            Next::AwaitChange => Action::await_change(),
-            Next::PlanAgain | Next::Reclaim(_) => Action::requeue(Duration::ZERO),
-        }
+        let held = self.held();
+        let renewal = timing::until_renewal(
+            self.renew_interval(),
+            self.confirmation().map(|c| c.at.elapsed()),
+            held.as_ref().and_then(timing::until_rotation),
+        );
+        let failures = self.ctx.recall(&self.key).failures;
+        timing::action(next, renewal, failures, with_jitter)
     }
 
     /// The acquisition in effect: recorded in status, or — for a resource that
@@ -439,61 +407,38 @@ impl<'a> Pass<'a> {
             .flatten()
     }
 
-    /// A renewal is due: the store has not confirmed the lease to this
-    /// process within the renew interval, a release was announced on its
-    /// target, or the published expiry is about to pass (the keeper renewed
-    /// it while this reconcile could not publish: publish a fresh one).
+    /// What the timing of the lease status names depends on, as observed
+    /// now (`None`: the spec is invalid).
+    pub(super) fn held(&self) -> Option<timing::Held> {
+        let spec = self.spec.as_ref().ok()?;
+        let confirmation = self.confirmation();
+        Some(timing::Held {
+            renew: spec.timing.renew,
+            max_lifetime: spec.timing.max_lifetime,
+            server_now_ms: self.ctx.server_now_ms(),
+            confirmed_ago: confirmation.as_ref().map(|c| c.at.elapsed()),
+            enforced_end_ms: confirmation.and_then(|c| c.max_expires_ms),
+            acquired_ms: self
+                .working
+                .acquired_at
+                .as_ref()
+                .map(|t| t.0.as_millisecond().max(0) as u64),
+        })
+    }
+
+    /// A renewal is due ([`timing::renew_due`]).
     pub(super) fn renew_due(&self) -> bool {
-        let Ok(spec) = &self.spec else {
-            return true;
-        };
-        let renew = spec.timing.renew;
-        self.ctx.recall(&self.key).confirm
-            || self
-                .confirmation()
-                .is_none_or(|c| c.at.elapsed() + renew / 10 >= renew)
-            || transition::published_left(&self.facts(), &self.working).is_none()
+        let published_ok = transition::published_left(&self.facts(), &self.working).is_some();
+        timing::renew_due(
+            self.held().as_ref(),
+            self.ctx.recall(&self.key).confirm,
+            published_ok,
+        )
     }
 
-    /// The hard end of the lease held now: the earliest of what Valkey enforces
-    /// (learned from its last answer) and acquisition + the spec's current
-    /// `maxLifetime` (an edit that adds or shortens it applies to the held lease).
-    fn hard_end_ms(&self) -> Option<u64> {
-        let Ok(spec) = &self.spec else {
-            return None;
-        };
-        let enforced = self.confirmation().and_then(|c| c.max_expires_ms);
-        let acquired = self
-            .working
-            .acquired_at
-            .as_ref()
-            .map(|t| t.0.as_millisecond().max(0) as u64);
-        let wanted = acquired
-            .zip(spec.timing.max_lifetime)
-            .map(|(at, max)| at + max.as_millis() as u64);
-        match (enforced, wanted) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// The lease's hard end is within one renew interval: replace it now.
+    /// The lease's hard end is within one renew interval ([`timing::rotation_due`]).
     pub(super) fn rotation_due(&self) -> bool {
-        let Ok(spec) = &self.spec else {
-            return false;
-        };
-        let now = self.ctx.server_now_ms();
-        self.hard_end_ms()
-            .is_some_and(|end| now + spec.timing.renew.as_millis() as u64 >= end)
-    }
-
-    /// How long until the rotation falls due (a renewal never sleeps past it).
-    fn until_rotation(&self) -> Option<Duration> {
-        let renew = self.spec.as_ref().ok()?.timing.renew.as_millis() as u64;
-        let due = self.hard_end_ms()?.saturating_sub(renew);
-        Some(Duration::from_millis(
-            due.saturating_sub(self.ctx.server_now_ms()),
-        ))
+        timing::rotation_due(self.held().as_ref())
     }
 }
 

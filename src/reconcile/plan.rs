@@ -309,6 +309,9 @@ pub fn backoff(failures: u32) -> Duration {
         .min(Duration::from_secs(30))
 }
 
+pub mod publish;
+pub mod timing;
+
 #[cfg(test)]
 #[path = "plan_tests.rs"]
 mod tests;

@@ -376,3 +376,42 @@ fn published_times_are_whole_seconds() {
 /// Renewals and withdrawing Held in time.
 #[path = "transition_hold_tests.rs"]
 mod hold;
+
+#[test]
+fn only_an_acquisition_of_a_pod_that_other_elections_select_warns_of_the_overlap() {
+    let f = facts();
+    let note = |reason| Note {
+        warning: false,
+        reason,
+        message: "m".into(),
+    };
+    let with = |pod: Option<&str>, notes: Vec<Note>| {
+        let mut t = idle(&f, &TargetLeaseStatus::default(), None);
+        t.status.holder_pod = pod.map(str::to_owned);
+        t.notes = notes;
+        t
+    };
+    // (holder pod, notes) -> the pod granted
+    let cases = [
+        (
+            with(Some("web-0"), vec![note(Reason::Acquired)]),
+            Some("web-0"),
+        ),
+        (with(Some("web-0"), vec![note(Reason::Released)]), None),
+        (with(Some("web-0"), vec![]), None),
+        (with(None, vec![note(Reason::Acquired)]), None),
+    ];
+    for (t, want) in &cases {
+        assert_eq!(granted_pod(t), *want, "{:?}", t.notes);
+    }
+    assert_eq!(overlap_warning("web-0", &[]), None);
+    let w = overlap_warning("web-0", &["a".into(), "b".into()]).unwrap();
+    assert!(w.warning);
+    assert_eq!(w.reason, Reason::OverlappingCandidates);
+    assert!(
+        w.message
+            .starts_with("pod web-0 is also a candidate of a, b:"),
+        "{}",
+        w.message
+    );
+}

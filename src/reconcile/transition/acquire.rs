@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{
-    Draft, Facts, META_ACQUISITION, META_TARGETLEASE, Memory, Next, Reclaim, Transition, answered,
-    unexpected,
+    Draft, Facts, META_ACQUISITION, META_TARGETLEASE, Memory, Next, Note, Reclaim, Transition,
+    answered, unexpected,
 };
 use crate::conditions::{self, ConditionStatus, Reason, SPEC_VALID};
 use crate::crd::{Phase, TargetLeaseStatus};
@@ -183,5 +183,29 @@ pub fn after_abandon_read(
             }
             (other, _) => unexpected(d, "get", other),
         }
+    })
+}
+
+/// The holder pod `t` grants the lease to, when it is an acquisition (its
+/// Acquired Event): the moment an overlap of elections is worth a warning.
+pub fn granted_pod(t: &Transition) -> Option<&str> {
+    t.notes
+        .iter()
+        .any(|n| n.reason == Reason::Acquired)
+        .then_some(t.status.holder_pod.as_deref())
+        .flatten()
+}
+
+/// An election won `pod`, which the elections `others` also select: a
+/// Warning (`None` when no other election selects it).
+pub fn overlap_warning(pod: &str, others: &[String]) -> Option<Note> {
+    (!others.is_empty()).then(|| Note {
+        warning: true,
+        reason: Reason::OverlappingCandidates,
+        message: format!(
+            "pod {pod} is also a candidate of {}: give each election its own selector; \
+             each marks its leader with its own label <name>.targetlease.dev/leader",
+            others.join(", ")
+        ),
     })
 }
