@@ -143,20 +143,43 @@ impl Pass<'_> {
                     Desired::Holder { pod, .. } => pod.clone(),
                     Desired::Nobody { .. } => None,
                 };
+                let timing = match &self.spec {
+                    Ok(valid) => valid.timing,
+                    // (The plan acquires only for a valid spec.)
+                    Err(message) => {
+                        return Ok(transition::wait(
+                            &f,
+                            &self.working,
+                            Reason::InvalidSpec,
+                            message,
+                        ));
+                    }
+                };
                 let acquisition = self.acquisition().unwrap_or_default();
-                let reply = self.acquire(owner, &acquisition).await?;
+                let reply = self.acquire(owner, &acquisition, timing).await?;
                 let mut t =
                     transition::after_acquire(&f, &self.working, &acquisition, pod.as_ref(), reply);
                 self.flag_overlap(&mut t);
                 t
             }
-            Step::Renew => {
-                let ttl = self.spec.as_ref().map(|s| s.timing.ttl).unwrap_or_default();
+            Step::Renew { lease } => {
+                let ttl = match &self.spec {
+                    Ok(valid) => valid.timing.ttl,
+                    // (The plan releases the lease of an invalid spec first.)
+                    Err(message) => {
+                        return Ok(transition::begin_release(
+                            &f,
+                            &self.working,
+                            Reason::InvalidSpec,
+                            message,
+                        ));
+                    }
+                };
                 if let Some(t) = transition::before_renew(&f, &self.working, ttl) {
                     self.absorb(t);
                     self.flush().await?;
                 }
-                let reply = self.renew().await?;
+                let reply = self.renew(&lease, ttl).await?;
                 transition::after_renew(&self.facts(), &self.working, reply)
             }
             Step::Idle => {
@@ -169,27 +192,15 @@ impl Pass<'_> {
             Step::Release { reason, message } => {
                 transition::begin_release(&f, &self.working, reason, &message)
             }
-            Step::FinishRelease => {
+            Step::FinishRelease { lease } => {
                 // The lease is unpublished (status and marks) before Valkey lets go.
                 self.flush().await?;
-                let w = &self.working;
-                let reply = match (
-                    w.releasing_acquisition_id.clone(),
-                    w.holder.clone(),
-                    w.fencing_token,
-                ) {
-                    (Some(acquisition), Some(owner), Some(token)) => {
-                        self.release(&owner, &acquisition, token).await?
-                    }
-                    _ => Ok(Reply {
-                        outcome: crate::store::Outcome::NotFound,
-                        lease: None,
-                        server_time_ms: f.server_now_ms,
-                        message: "nothing recorded to release".into(),
-                    }),
-                };
+                let reply = self
+                    .release(&lease.owner, &lease.acquisition, lease.token)
+                    .await?;
                 transition::after_release(&self.facts(), &self.working, reply)
             }
+            Step::ForgetRelease => transition::release_unrecorded(&f, &self.working),
             Step::Abandon => {
                 self.ctx.leadership.check()?;
                 let sent = self.sending();
@@ -238,12 +249,9 @@ impl Pass<'_> {
         &mut self,
         owner: String,
         acquisition: &str,
+        t: spec::Timing,
     ) -> Result<Result<Reply, StoreError>, Error> {
         let acquisition = acquisition.to_owned();
-        let Ok(valid) = &self.spec else {
-            return Ok(Err(StoreError::Invalid("invalid spec".into())));
-        };
-        let t = valid.timing;
         let mut req = AcquireRequest::new(self.target(), owner, t.ttl);
         // Not the acquisition id itself: that is public, and a replay of this
         // request hands back the lease id.
@@ -262,24 +270,18 @@ impl Pass<'_> {
         Ok(reply)
     }
 
-    async fn renew(&mut self) -> Result<Result<Reply, StoreError>, Error> {
-        let w = &self.working;
-        let (Some(owner), Some(acquisition), Some(token), Ok(valid)) = (
-            w.holder.clone(),
-            w.acquisition_id.clone(),
-            w.fencing_token,
-            &self.spec,
-        ) else {
-            return Ok(Err(StoreError::Invalid(
-                "no lease recorded to renew".into(),
-            )));
-        };
-        let holder = LeaseHandle {
-            owner,
-            lease_id: self.ctx.lease_ids.derive(&acquisition),
+    async fn renew(
+        &mut self,
+        lease: &plan::Recorded,
+        ttl: Duration,
+    ) -> Result<Result<Reply, StoreError>, Error> {
+        let token = lease.token;
+        let handle = LeaseHandle {
+            owner: lease.owner.clone(),
+            lease_id: self.ctx.lease_ids.derive(&lease.acquisition),
             token,
         };
-        let req = RenewRequest::new(self.target(), holder, valid.timing.ttl);
+        let req = RenewRequest::new(self.target(), handle, ttl);
         // A reply that would come after the published expiry comes too late:
         // stop waiting then, so Held is withdrawn in time. The call itself runs
         // on (its outcome is unknown, which is what the transition assumes).

@@ -77,7 +77,14 @@ pub struct HeldElsewhere {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// A lease being given back (`releasingAcquisitionId`): release it in the store.
-    FinishRelease,
+    FinishRelease {
+        /// The lease to release.
+        lease: Recorded,
+    },
+    /// A release is recorded (`releasingAcquisitionId`) but not the lease it
+    /// gives back (no holder or token in status): nothing can be asked of the
+    /// store; the release ends.
+    ForgetRelease,
     /// A recorded acquisition is no longer wanted: if it reached Valkey (a
     /// crash or a failed status write after the acquire), release it; then forget it.
     Abandon,
@@ -90,7 +97,10 @@ pub enum Step {
         owner: String,
     },
     /// Renew the held lease.
-    Renew,
+    Renew {
+        /// The lease status records.
+        lease: Recorded,
+    },
     /// Nothing is due until the next renewal.
     Idle,
     /// Stop holding: unpublish, then release in the store (see [`Step::FinishRelease`]).
@@ -114,13 +124,53 @@ pub enum Step {
     Finalize,
 }
 
+/// A lease as status records it: a lease handle but for the lease id, which
+/// derives from the acquisition id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// The owner (`status.holder`).
+    pub owner: String,
+    /// The acquisition id its lease id derives from.
+    pub acquisition: String,
+    /// Its fencing token.
+    pub token: u64,
+}
+
+/// The lease status records as held (`acquisitionId`), or as being given
+/// back (`releasingAcquisitionId`) when `releasing`.
+pub fn recorded(status: &TargetLeaseStatus, releasing: bool) -> Option<Recorded> {
+    let acquisition = if releasing {
+        &status.releasing_acquisition_id
+    } else {
+        &status.acquisition_id
+    };
+    Some(Recorded {
+        owner: status.holder.clone()?,
+        acquisition: acquisition.clone()?,
+        token: status.fencing_token?,
+    })
+}
+
+/// The lease of this resource that may be live in the store (published as
+/// Held, or Held until the store stopped answering).
+fn held_lease(status: &TargetLeaseStatus) -> Option<Recorded> {
+    matches!(status.phase, Some(Phase::Held | Phase::Unknown))
+        .then(|| recorded(status, false))
+        .flatten()
+}
+
 /// True when status records a lease of this resource that may be live in the
 /// store (published as Held, or Held until the store stopped answering).
 pub fn holds_lease(status: &TargetLeaseStatus) -> bool {
-    matches!(status.phase, Some(Phase::Held | Phase::Unknown))
-        && status.fencing_token.is_some()
-        && status.holder.is_some()
-        && status.acquisition_id.is_some()
+    held_lease(status).is_some()
+}
+
+/// The step that ends a release status records.
+fn finish_release(status: &TargetLeaseStatus) -> Step {
+    match recorded(status, true) {
+        Some(lease) => Step::FinishRelease { lease },
+        None => Step::ForgetRelease,
+    }
 }
 
 /// True when status publishes the lease as held.
@@ -150,9 +200,9 @@ fn same_pod(st: &TargetLeaseStatus, pod: Option<&PodRef>) -> Result<(), String> 
 pub fn plan(o: &Observed<'_>) -> Step {
     let st = o.status;
     if st.releasing_acquisition_id.is_some() {
-        return Step::FinishRelease;
+        return finish_release(st);
     }
-    if holds_lease(st) {
+    if let Some(lease) = held_lease(st) {
         return match &o.desired {
             Desired::Holder { identity, pod } if st.holder.as_deref() == Some(identity) => {
                 match same_pod(st, pod.as_ref()) {
@@ -169,7 +219,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
                             || st.phase == Some(Phase::Unknown)
                             || st.observed_generation != o.generation =>
                     {
-                        Step::Renew
+                        Step::Renew { lease }
                     }
                     Ok(()) => Step::Idle,
                 }
@@ -222,7 +272,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
 /// in this pass), then let the finalizer go.
 pub fn plan_cleanup(status: &TargetLeaseStatus, looked: bool) -> Step {
     if status.releasing_acquisition_id.is_some() {
-        Step::FinishRelease
+        finish_release(status)
     } else if holds_lease(status) {
         Step::Release {
             reason: Reason::Released,

@@ -75,17 +75,24 @@ fn a_new_resource_records_an_attempt_before_acquiring() {
 
 #[test]
 fn a_held_lease_renews_when_due_when_the_spec_changed_or_when_unconfirmed() {
+    let renew = || Step::Renew {
+        lease: Recorded {
+            owner: "job".into(),
+            acquisition: "a1".into(),
+            token: 7,
+        },
+    };
     let st = held("job");
     let mut o = observed(&st, holder("job"));
     assert_eq!(plan(&o), Step::Idle);
     o.renew_due = true;
-    assert_eq!(plan(&o), Step::Renew);
+    assert_eq!(plan(&o), renew());
     o.renew_due = false;
     o.generation = Some(2);
-    assert_eq!(plan(&o), Step::Renew, "a spec edit is applied at once");
+    assert_eq!(plan(&o), renew(), "a spec edit is applied at once");
     let mut st = held("job");
     st.phase = Some(Phase::Unknown);
-    assert_eq!(plan(&observed(&st, holder("job"))), Step::Renew);
+    assert_eq!(plan(&observed(&st, holder("job"))), renew());
 }
 
 #[test]
@@ -157,8 +164,34 @@ fn a_release_in_progress_is_finished_before_anything_else() {
     let mut st = held("job");
     st.phase = Some(Phase::Pending);
     st.releasing_acquisition_id = Some("a0".into());
-    assert_eq!(plan(&observed(&st, holder("job"))), Step::FinishRelease);
-    assert_eq!(plan_cleanup(&st, true), Step::FinishRelease);
+    let finish = Step::FinishRelease {
+        lease: Recorded {
+            owner: "job".into(),
+            acquisition: "a0".into(),
+            token: 7,
+        },
+    };
+    assert_eq!(plan(&observed(&st, holder("job"))), finish);
+    assert_eq!(plan_cleanup(&st, true), finish);
+}
+
+#[test]
+fn a_release_that_records_no_lease_ends_without_asking_the_store() {
+    let releasing = |holder: Option<&str>, token: Option<u64>| TargetLeaseStatus {
+        phase: Some(Phase::Pending),
+        holder: holder.map(str::to_owned),
+        fencing_token: token,
+        releasing_acquisition_id: Some("a0".into()),
+        ..Default::default()
+    };
+    for st in [
+        releasing(None, Some(7)),
+        releasing(Some("job"), None),
+        releasing(None, None),
+    ] {
+        assert_eq!(plan(&observed(&st, holder("job"))), Step::ForgetRelease);
+        assert_eq!(plan_cleanup(&st, true), Step::ForgetRelease);
+    }
 }
 
 #[test]
@@ -331,5 +364,8 @@ fn nobody_is_granted_a_target_another_targetlease_still_publishes_as_held() {
         recheck: Duration::from_secs(7),
     });
     assert_eq!(plan(&o), alone);
-    assert!(matches!(alone, Step::Idle | Step::Renew), "{alone:?}");
+    assert!(
+        matches!(alone, Step::Idle | Step::Renew { .. }),
+        "{alone:?}"
+    );
 }

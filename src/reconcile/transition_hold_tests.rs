@@ -258,3 +258,24 @@ fn held_is_still_withdrawn_first_when_a_reply_could_come_too_late() {
     let t = before_renew(&f, &stale, Duration::from_secs(90)).unwrap();
     assert_eq!(t.status.phase, Some(Phase::Unknown));
 }
+
+#[test]
+fn a_release_that_records_no_lease_ends_without_claiming_the_store_answered() {
+    let f = facts();
+    let mut releasing =
+        begin_release(&f, &held(NOW_MS + 60_000), Reason::PodNotReady, "gone").status;
+    releasing.fencing_token = None;
+    let t = release_unrecorded(&f, &releasing);
+    assert_eq!(t.status.releasing_acquisition_id, None);
+    assert_eq!(t.status.holder, None, "Pending forgets the holder");
+    assert_eq!(t.store_answered, None, "the store was not asked");
+    assert_eq!(
+        conditions::get(&t.status.conditions, conditions::BACKEND_AVAILABLE),
+        conditions::get(&releasing.conditions, conditions::BACKEND_AVAILABLE),
+        "nothing said of the store"
+    );
+    assert!(t.notes.is_empty(), "{:?}", t.notes);
+    assert!(t.wake_waiters);
+    assert_eq!(t.memory, Memory::Forget);
+    assert_eq!(t.next, Next::PlanAgain);
+}

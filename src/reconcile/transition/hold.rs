@@ -202,19 +202,7 @@ pub fn after_release(
         let why = conditions::get(&status.conditions, HELD)
             .map(|c| c.message.clone())
             .unwrap_or_default();
-        let finished = |d: &mut Draft<'_>| {
-            let s = &mut d.t.status;
-            s.releasing_acquisition_id = None;
-            if s.phase == Some(Phase::Pending) {
-                // The Held condition already says why (set when the release began).
-                s.holder = None;
-                s.holder_pod = None;
-                s.holder_pod_uid = None;
-                s.acquired_at = None;
-            }
-            d.t.wake_waiters = true;
-            d.t.memory = Memory::Forget;
-        };
+        let finished = |d: &mut Draft<'_>| d.release_finished();
         match reply.outcome {
             Outcome::Released => {
                 finished(&mut d);
@@ -237,6 +225,32 @@ pub fn after_release(
             other => unexpected(d, "release", other),
         }
     })
+}
+
+/// [`plan::Step::ForgetRelease`]: status records a release but not the lease
+/// it gives back, so nothing was asked of the store (and nothing is said of
+/// it); the release ends as one the store answered would.
+pub fn release_unrecorded(f: &Facts, status: &TargetLeaseStatus) -> Transition {
+    let mut d = Draft::new(f, status);
+    d.release_finished();
+    d.done(Next::PlanAgain)
+}
+
+impl Draft<'_> {
+    /// The release is over: status forgets it (and, for Pending, the holder;
+    /// the Held condition already says why, set when the release began).
+    fn release_finished(&mut self) {
+        let s = &mut self.t.status;
+        s.releasing_acquisition_id = None;
+        if s.phase == Some(Phase::Pending) {
+            s.holder = None;
+            s.holder_pod = None;
+            s.holder_pod_uid = None;
+            s.acquired_at = None;
+        }
+        self.t.wake_waiters = true;
+        self.t.memory = Memory::Forget;
+    }
 }
 
 /// [`plan::Step::Wait`]: Pending (Error for an invalid spec) until something changes.
