@@ -117,7 +117,7 @@ pub struct Memory {
 pub enum Error {
     /// The Kubernetes API failed.
     #[error("kubernetes api: {0}")]
-    Kube(#[from] kube::Error),
+    Kube(kube::Error),
     /// This replica may not write.
     #[error(transparent)]
     NotLeader(#[from] NotLeader),
@@ -139,20 +139,37 @@ impl Error {
     }
 }
 
+impl From<kube::Error> for Error {
+    /// A write the client's write gate refused is this replica not leading
+    /// (the gate is the one place Kubernetes writes are checked).
+    fn from(e: kube::Error) -> Self {
+        if caused_by::<NotLeader>(&e) {
+            Error::NotLeader(NotLeader)
+        } else {
+            Error::Kube(e)
+        }
+    }
+}
+
+/// `T` is somewhere in the chain of `e`.
+fn caused_by<T: std::error::Error + 'static>(e: &kube::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<T>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 /// The API server did not answer in time ([`ApiTimedOut`], anywhere in the chain).
 fn timed_out(e: &kube::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cause {
-        if c.is::<ApiTimedOut>() {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
+    caused_by::<ApiTimedOut>(e)
 }
 
 impl Context {

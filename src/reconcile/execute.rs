@@ -202,7 +202,6 @@ impl Pass<'_> {
             }
             Step::ForgetRelease => transition::release_unrecorded(&f, &self.working),
             Step::Abandon => {
-                self.ctx.leadership.check()?;
                 let sent = self.sending();
                 let reply = self.ctx.store.get(&self.target()).await;
                 self.saw(&reply, sent);

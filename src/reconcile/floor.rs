@@ -23,7 +23,6 @@ impl Pass<'_> {
         if covers(self.ctx.floors.get(&ns, &target), token) {
             return Ok(());
         }
-        self.ctx.leadership.check()?;
         match self.ctx.floors.raise(&ns, &target, token).await {
             Ok(None) => Ok(()),
             Ok(Some(fold)) => {
@@ -32,7 +31,10 @@ impl Pass<'_> {
                 Ok(())
             }
             Err(e) => {
-                let e = Error::Kube(e);
+                let e = Error::from(e);
+                if matches!(e, Error::NotLeader(_)) {
+                    return Err(e);
+                }
                 let why = unwritten(&e);
                 tracing::warn!(namespace = %ns, token, error = %e, "cannot raise the token floor; the finalizer stays");
                 let t = transition::floor_unwritten(&self.facts(), &self.working, &ns, token, &why);

@@ -169,7 +169,6 @@ impl<'a> Pass<'a> {
     async fn patch_metadata(&mut self, ops: serde_json::Value) -> Result<(), Error> {
         let patch: json_patch::Patch =
             serde_json::from_value(ops).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
-        self.ctx.leadership.check()?;
         let updated = self
             .api
             .patch(
@@ -275,7 +274,9 @@ impl<'a> Pass<'a> {
         let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
         // Every write below may publish the working status (its token and
         // expiry) even if its reply is lost: the keeper renews the lease from
-        // now. (A replica that may not write sends none of them.)
+        // now. A replica that may not write tells the keeper nothing (the
+        // client's write gate refuses each of its writes; this asks the gate,
+        // it does not stand in for it).
         if self.ctx.leadership.is_leading() {
             self.ctx
                 .keeper
@@ -286,7 +287,6 @@ impl<'a> Pass<'a> {
         for write in publish::order(&published, &todo, changed, mark_first) {
             match write {
                 Write::Unmark(pod) => {
-                    self.ctx.leadership.check()?;
                     marks::unmark(&self.ctx.client, &ns, &name, &pod).await?;
                 }
                 Write::Status => {
@@ -294,7 +294,6 @@ impl<'a> Pass<'a> {
                     self.wake |= publish::withdraws_held(&published, &self.working);
                 }
                 Write::Mark(m) => {
-                    self.ctx.leadership.check()?;
                     marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, &m).await?;
                 }
             }
@@ -316,7 +315,6 @@ impl<'a> Pass<'a> {
             "metadata": { "resourceVersion": self.tl.resource_version() },
             "status": self.working,
         });
-        self.ctx.leadership.check()?;
         let updated = self
             .api
             .patch_status(
@@ -338,9 +336,6 @@ impl<'a> Pass<'a> {
     }
 
     async fn event(&self, note: Note) {
-        if self.ctx.leadership.check().is_err() {
-            return;
-        }
         if note.reason == crate::conditions::Reason::LeaseLost {
             self.ctx.metrics.lease_lost();
         }
