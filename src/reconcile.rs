@@ -4,14 +4,14 @@
 //! Level-triggered: each pass reads the resource (never older than the
 //! operator's own last write), the pod and lease caches (only once synced)
 //! and the store, decides with the pure [`plan`] and [`transition`] modules
-//! and makes it so in a fixed safe order (`pass.rs`). Every step is safe to
+//! and makes it so in one fixed safe order (`executor.rs`). Every step is safe to
 //! repeat and to interrupt: acquisitions carry an id recorded in status
 //! *before* the store is called, and a lease is unpublished *before* it is
 //! released, so a crash anywhere is resolved by the next pass.
 
 pub mod clock;
 mod desired;
-mod execute;
+mod executor;
 mod floor;
 pub mod index;
 pub mod keeper;
@@ -24,6 +24,7 @@ pub mod queue;
 pub mod selectors;
 pub mod slots;
 pub mod spec;
+mod steps;
 pub mod transition;
 
 use std::collections::HashMap;

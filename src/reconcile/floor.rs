@@ -1,62 +1,11 @@
-//! The token floor's part in a deletion: cover the last published token
-//! before anything is released, and say so on the resource when it cannot.
+//! Pure: the token floor's part in acquisitions and deletions — which token
+//! an acquisition must exceed, when the floor already covers a token, what
+//! this process remembers of its own publications until the floor covers
+//! them, and how a failed floor write reads.
 
 use std::collections::HashMap;
 
-use kube::ResourceExt;
-
 use super::Error;
-use super::pass::Pass;
-use super::transition;
-
-impl Pass<'_> {
-    /// Covers the last published token with the floor before anything is released.
-    pub(super) async fn raise_floor(&mut self) -> Result<(), Error> {
-        if crate::failpoints::on("floor-skip-raise") {
-            return Ok(());
-        }
-        let Some(token) = self.published().fencing_token else {
-            return Ok(());
-        };
-        let ns = self.tl.namespace().unwrap_or_default();
-        let target = self.tl.spec.target.clone();
-        if covers(self.ctx.floors.get(&ns, &target), token) {
-            return Ok(());
-        }
-        match self.ctx.floors.raise(&ns, &target, token).await {
-            Ok(None) => Ok(()),
-            Ok(Some(fold)) => {
-                let t = transition::floors_folded(&self.facts(), &self.working, &ns, &fold);
-                self.absorb(t);
-                Ok(())
-            }
-            Err(e) => {
-                let e = Error::from(e);
-                if matches!(e, Error::NotLeader(_)) {
-                    return Err(e);
-                }
-                let why = unwritten(&e);
-                tracing::warn!(namespace = %ns, token, error = %e, "cannot raise the token floor; the finalizer stays");
-                let t = transition::floor_unwritten(&self.facts(), &self.working, &ns, token, &why);
-                self.absorb(t);
-                // Say so on the resource (best effort: the API may be what fails).
-                if let Err(shown) = self.flush().await {
-                    tracing::debug!(error = %shown, "cannot show why the floor was not written");
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// The floor now covers what this process published for the target.
-    pub(super) fn forget_published(&self) {
-        let ns = self.tl.namespace().unwrap_or_default();
-        let target = self.tl.spec.target.clone();
-        let floor = self.ctx.floors.get(&ns, &target);
-        let mut published = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
-        forget_covered(&mut published, (ns, target), floor);
-    }
-}
 
 /// The highest token published per (namespace, target) by this process.
 pub type Published = HashMap<(String, String), u64>;
@@ -94,7 +43,7 @@ pub fn forget_covered(own: &mut Published, key: (String, String), floor: u64) {
 
 /// Why a floor write failed, in one sentence that stays the same from one
 /// retry to the next (the condition is rewritten only when it changes).
-fn unwritten(e: &Error) -> String {
+pub fn unwritten(e: &Error) -> String {
     match e {
         Error::Kube(kube::Error::Api(s)) => {
             format!("the API server answered {} ({})", s.code, s.message)

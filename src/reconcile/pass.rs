@@ -1,24 +1,22 @@
 //! One pass over one TargetLease: the object it planned from, the status it
-//! is building, and the writes, always in the same order (`flush`):
-//! unmark pods the new status does not name → write status (conditional on
-//! the version planned from) → mark the pod it names → Events → wake-ups.
+//! is building, and what it observes for the plan (the caches, the keeper's
+//! confirmations, the store's clock). Its steps are in `steps.rs`, its
+//! writes in `executor.rs`.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 use super::keeper::{Confirmation, Kept};
-use super::plan::publish::{self, Write};
 use super::plan::timing;
 use super::spec::{self, ValidSpec};
 use super::transition::{self, Facts, Memory as Remembered, Next, Note, Transition};
-use super::{Context, Error, FIELD_MANAGER, FINALIZER, marks, plan, with_jitter};
+use super::{Context, Error, FINALIZER, plan, pods, with_jitter};
 use crate::crd::{TargetLease, TargetLeaseStatus};
 use crate::store::{LeaseHandle, Target};
 
@@ -37,8 +35,10 @@ pub(super) struct Pass<'a> {
     /// The keeper's term this pass started in: once it ends, nothing this
     /// pass learns reaches the keeper.
     pub(super) term: u64,
-    notes: Vec<Note>,
-    wake: bool,
+    /// Events to publish at the next flush.
+    pub(super) notes: Vec<Note>,
+    /// Wake the waiters at the next flush.
+    pub(super) wake: bool,
 }
 
 impl<'a> Pass<'a> {
@@ -130,66 +130,6 @@ impl<'a> Pass<'a> {
             .map_or(Duration::from_secs(30), |s| s.timing.renew)
     }
 
-    /// Adds the finalizer (JSON patch, conditional on the list it saw).
-    pub(super) async fn ensure_finalizer(&mut self) -> Result<(), Error> {
-        if self.has_finalizer() {
-            return Ok(());
-        }
-        let finalizers = self.tl.finalizers().to_vec();
-        let ops = if finalizers.is_empty() {
-            serde_json::json!([
-                { "op": "test", "path": "/metadata/finalizers", "value": null },
-                { "op": "add", "path": "/metadata/finalizers", "value": [FINALIZER] },
-            ])
-        } else {
-            serde_json::json!([
-                { "op": "test", "path": "/metadata/finalizers", "value": finalizers },
-                { "op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER },
-            ])
-        };
-        self.patch_metadata(ops).await
-    }
-
-    /// Removes the finalizer: nothing of this resource is left in the store.
-    pub(super) async fn remove_finalizer(&mut self) -> Result<(), Error> {
-        let Some(i) = self.tl.finalizers().iter().position(|f| f == FINALIZER) else {
-            return Ok(());
-        };
-        let ops = serde_json::json!([
-            { "op": "test", "path": format!("/metadata/finalizers/{i}"), "value": FINALIZER },
-            { "op": "remove", "path": format!("/metadata/finalizers/{i}") },
-        ]);
-        match self.patch_metadata(ops).await {
-            // Already gone: the finalizer went with it.
-            Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(()),
-            other => other,
-        }
-    }
-
-    async fn patch_metadata(&mut self, ops: serde_json::Value) -> Result<(), Error> {
-        let patch: json_patch::Patch =
-            serde_json::from_value(ops).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
-        let updated = self
-            .api
-            .patch(
-                &self.tl.name_any(),
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch),
-            )
-            .await?;
-        self.adopt(updated);
-        Ok(())
-    }
-
-    /// The server's copy after a write of ours becomes the one we plan from
-    /// (and tells the keeper for certain whether the lease is published).
-    fn adopt(&mut self, updated: TargetLease) {
-        self.ctx
-            .remember(&self.key, |m| m.known_version = updated.resource_version());
-        self.tl = updated;
-        self.ctx.keeper.acknowledged(&self.key, &self.published());
-    }
-
     /// Takes in a transition: its status becomes the working status; Events
     /// and wake-ups wait for the next flush.
     pub(super) fn absorb(&mut self, t: Transition) -> Next {
@@ -256,108 +196,6 @@ impl<'a> Pass<'a> {
         self.ctx
             .keeper
             .may_publish(&self.key, &self.published(), self.term);
-    }
-
-    /// Publishes the working status, in the one safe order.
-    pub(super) async fn flush(&mut self) -> Result<(), Error> {
-        self.working.observed_generation = self
-            .working
-            .observed_generation
-            .or(self.tl.metadata.generation);
-        let published = self.published();
-        let name = self.tl.name_any();
-        let ns = self.tl.namespace().unwrap_or_default();
-        let wanted = marks::wanted(&self.working);
-        let previous = marks::wanted(&published).map(|m| m.pod);
-        let pods = self.ctx.pods.in_namespace(&ns);
-        let in_ns: Vec<_> = pods.iter().map(|p| &**p).collect();
-        let todo = marks::plan(&name, wanted.as_ref(), &in_ns, previous.as_deref());
-        // Every write below may publish the working status (its token and
-        // expiry) even if its reply is lost: the keeper renews the lease from
-        // now. A replica that may not write tells the keeper nothing (the
-        // client's write gate refuses each of its writes; this asks the gate,
-        // it does not stand in for it).
-        if self.ctx.leadership.is_leading() {
-            self.ctx
-                .keeper
-                .may_publish(&self.key, &self.working, self.term);
-        }
-        let mark_first = crate::failpoints::on("mark-before-unmark");
-        let changed = self.working != published;
-        for write in publish::order(&published, &todo, changed, mark_first) {
-            match write {
-                Write::Unmark(pod) => {
-                    marks::unmark(&self.ctx.client, &ns, &name, &pod).await?;
-                }
-                Write::Status => {
-                    self.write_status().await?;
-                    self.wake |= publish::withdraws_held(&published, &self.working);
-                }
-                Write::Mark(m) => {
-                    marks::mark_now(&self.ctx.client, &self.ctx.pods, &ns, &name, &m).await?;
-                }
-            }
-        }
-        for note in std::mem::take(&mut self.notes) {
-            self.event(note).await;
-        }
-        if std::mem::take(&mut self.wake) {
-            self.wake_waiters();
-        }
-        Ok(())
-    }
-
-    /// Server-side apply of status, conditional on the version planned from.
-    async fn write_status(&mut self) -> Result<(), Error> {
-        let patch = serde_json::json!({
-            "apiVersion": "targetlease.dev/v1alpha1",
-            "kind": "TargetLease",
-            "metadata": { "resourceVersion": self.tl.resource_version() },
-            "status": self.working,
-        });
-        let updated = self
-            .api
-            .patch_status(
-                &self.tl.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
-        if let Some(token) = self.working.fencing_token {
-            let mut own = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
-            let key = (
-                updated.namespace().unwrap_or_default(),
-                updated.spec.target.clone(),
-            );
-            super::floor::published(&mut own, key, token);
-        }
-        self.adopt(updated);
-        Ok(())
-    }
-
-    async fn event(&self, note: Note) {
-        if note.reason == crate::conditions::Reason::LeaseLost {
-            self.ctx.metrics.lease_lost();
-        }
-        let ev = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.as_str().into(),
-            action: action_of(&note),
-            note: Some(note.message),
-            secondary: None,
-        };
-        if let Err(e) = self
-            .ctx
-            .recorder
-            .publish(&ev, &self.tl.object_ref(&()))
-            .await
-        {
-            tracing::debug!(error = %e, "cannot publish event");
-        }
     }
 
     /// Wakes the other TargetLeases on the same target (the queue may have moved).
@@ -435,45 +273,67 @@ impl<'a> Pass<'a> {
     pub(super) fn rotation_due(&self) -> bool {
         timing::rotation_due(self.held().as_ref())
     }
-}
 
-/// The Event's action. kube's Recorder folds Events of one object that share
-/// type, reason and action into one series and keeps the first note, so two
-/// grants (two holders, two tokens) would read `Acquired (x2)` with the
-/// first token. The action carries a digest of the note: only Events that
-/// say exactly the same thing fold.
-fn action_of(note: &Note) -> String {
-    let digest = sha1_smol::Sha1::from(note.message.as_bytes())
-        .digest()
-        .bytes();
-    format!(
-        "Reconcile-{:02x}{:02x}{:02x}{:02x}",
-        digest[0], digest[1], digest[2], digest[3]
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::conditions::Reason;
-
-    fn note(message: &str) -> Note {
-        Note {
-            warning: false,
-            reason: Reason::Acquired,
-            message: message.into(),
-        }
+    /// The target, in the store's terms.
+    pub(super) fn target(&self) -> Target {
+        Target::new(
+            self.tl.namespace().unwrap_or_default(),
+            self.tl.spec.target.clone(),
+        )
     }
 
-    #[test]
-    fn two_grants_never_share_an_action_and_a_repeat_does() {
-        let first = action_of(&note("acquired by web-0 with fencing token 1"));
-        let second = action_of(&note("acquired by web-1 with fencing token 2"));
-        assert_ne!(first, second);
-        assert_eq!(
-            first,
-            action_of(&note("acquired by web-0 with fencing token 1"))
-        );
-        assert!(first.len() <= 128, "the API's limit on an action");
+    pub(super) fn queued_behind(&self) -> Option<String> {
+        let pods = &self.ctx.pods;
+        // Read before the pods `wants` reads: an answer is kept under it.
+        let epoch = pods.epoch(&self.tl.namespace().unwrap_or_default());
+        self.ctx
+            .lease_index
+            .queued_behind(&self.ctx.leases, &self.tl, epoch, |other| {
+                spec::validate(other).is_ok_and(|v| pods::qualifies(other, &v, pods))
+            })
+    }
+
+    /// Another TargetLease on the target still published as Held, its
+    /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]).
+    pub(super) fn held_elsewhere(&self) -> Option<plan::HeldElsewhere> {
+        let now_ms = self.ctx.server_now_ms();
+        let me = self.tl.name_any();
+        self.siblings()
+            .held
+            .iter()
+            .find(|(name, expires)| *name != me && *expires > now_ms)
+            .map(|(name, expires)| plan::HeldElsewhere {
+                name: name.clone(),
+                recheck: plan::retry_after_held(*expires, now_ms),
+            })
+    }
+
+    /// What the TargetLeases on this target publish (from the index).
+    pub(super) fn siblings(&self) -> std::sync::Arc<super::index::Published> {
+        let ns = self.tl.namespace().unwrap_or_default();
+        self.ctx
+            .lease_index
+            .published(&self.ctx.leases, &ns, &self.tl.spec.target)
+    }
+
+    /// The token every new acquisition must exceed: the highest published for
+    /// the target (statuses in the cache, this process's own writes) or kept
+    /// by the floor for deleted leases.
+    pub(super) fn token_floor(&self) -> u64 {
+        let ns = self.tl.namespace().unwrap_or_default();
+        let target = &self.tl.spec.target;
+        let own = self
+            .ctx
+            .published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(ns.clone(), target.clone()))
+            .copied();
+        super::floor::token_floor(
+            self.siblings().max_token,
+            own,
+            self.working.fencing_token,
+            self.ctx.floors.get(&ns, target),
+        )
     }
 }

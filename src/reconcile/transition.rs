@@ -1,10 +1,9 @@
 //! Pure: what each step and each store reply does to status, Events, wake-ups
 //! and what comes next. No client required.
 //!
-//! The executor (`execute.rs`) performs a [`Transition`] in one fixed order —
-//! unmark pods the new status does not name, raise the token floor, write
-//! status, mark the pod it names — so every rule about what is published lives
-//! here, where table tests cover each (step × reply) cell.
+//! The executor (`executor.rs`) performs a [`Transition`] in its one fixed
+//! order, so every rule about what is published lives here, where table
+//! tests cover each (step × reply) cell.
 
 use std::time::Duration;
 
@@ -350,6 +349,21 @@ pub fn time_ms(ms: u64) -> Option<Time> {
         .ok()
         .and_then(|s| Timestamp::from_second(s).ok())
         .map(Time)
+}
+
+/// The Event's action. kube's Recorder folds Events of one object that share
+/// type, reason and action into one series and keeps the first note, so two
+/// grants (two holders, two tokens) would read `Acquired (x2)` with the
+/// first token. The action carries a digest of the note: only Events that
+/// say exactly the same thing fold.
+pub fn event_action(note: &Note) -> String {
+    let digest = sha1_smol::Sha1::from(note.message.as_bytes())
+        .digest()
+        .bytes();
+    format!(
+        "Reconcile-{:02x}{:02x}{:02x}{:02x}",
+        digest[0], digest[1], digest[2], digest[3]
+    )
 }
 
 #[cfg(test)]

@@ -415,3 +415,23 @@ fn only_an_acquisition_of_a_pod_that_other_elections_select_warns_of_the_overlap
         w.message
     );
 }
+
+fn note(message: &str) -> Note {
+    Note {
+        warning: false,
+        reason: Reason::Acquired,
+        message: message.into(),
+    }
+}
+
+#[test]
+fn two_grants_never_share_an_action_and_a_repeat_does() {
+    let first = event_action(&note("acquired by web-0 with fencing token 1"));
+    let second = event_action(&note("acquired by web-1 with fencing token 2"));
+    assert_ne!(first, second);
+    assert_eq!(
+        first,
+        event_action(&note("acquired by web-0 with fencing token 1"))
+    );
+    assert!(first.len() <= 128, "the API's limit on an action");
+}

@@ -1,4 +1,5 @@
 use super::*;
+use crate::store::Target;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
