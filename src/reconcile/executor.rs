@@ -403,3 +403,7 @@ fn lost(e: tokio::task::JoinError) -> StoreError {
 #[cfg(test)]
 #[path = "executor_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "executor_writes_tests.rs"]
+mod writes;

@@ -102,7 +102,9 @@ impl<'a> Pass<'a> {
         let ns = self.tl.namespace().unwrap_or_default();
         Facts {
             generation: self.tl.metadata.generation,
-            now: Time(Timestamp::now()),
+            // Whole seconds, what the API server keeps: a status read back
+            // equals the one written (no write repeats one just made).
+            now: Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default()),
             server_now_ms: self.ctx.server_now_ms(),
             me: format!("{ns}/{}", self.tl.name_any()),
             deleting: self.deleting(),
