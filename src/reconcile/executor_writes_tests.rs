@@ -1,7 +1,7 @@
 //! The executor's write sequence, asserted against a mocked API server (the
 //! controller-rs pattern: a `kube::Client` over an in-process service that
 //! records every request and answers it). The store is the in-memory
-//! reference store, the contract's reference.
+//! reference store, the contract's reference; its writes join the sequence.
 
 use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
@@ -24,7 +24,10 @@ use crate::reconcile::pod_index::{PodCache, PodIndex};
 use crate::reconcile::pods::CachedPod;
 use crate::reconcile::{Context, Error, clock::ServerClock, keeper::Keeper, reconcile};
 use crate::store::memory::MemoryStore;
-use crate::store::{LeaseStore, Target};
+use crate::store::{
+    AcquireRequest, CommitRequest, Health, LeaseStore, Listed, ReadReply, ReleaseRequest,
+    RenewRequest, Reply, RevokeRequest, StoreError, Target,
+};
 
 const TL: &str = "/apis/targetlease.dev/v1alpha1/namespaces/ns/targetleases/tl";
 const PODS: &str = "/api/v1/namespaces/ns/pods";
@@ -166,6 +169,58 @@ async fn serve(
     })
 }
 
+/// The reference store, its writes logged in the same sequence as the API's.
+struct Logged {
+    inner: MemoryStore,
+    api: Shared,
+}
+
+impl Logged {
+    fn log(&self, what: &str) {
+        self.api
+            .lock()
+            .unwrap()
+            .writes
+            .push(format!("STORE {what}"));
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for Logged {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
+        self.log("acquire");
+        self.inner.acquire(req).await
+    }
+    async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
+        self.log("renew");
+        self.inner.renew(req).await
+    }
+    async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
+        self.log("release");
+        self.inner.release(req).await
+    }
+    async fn get(&self, target: &Target) -> Result<Reply, StoreError> {
+        self.inner.get(target).await
+    }
+    async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError> {
+        self.log("revoke");
+        self.inner.revoke(req).await
+    }
+    async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
+        self.log("commit");
+        self.inner.commit(req).await
+    }
+    async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {
+        self.inner.read(target, key).await
+    }
+    async fn list(&self, ns: Option<&str>, prefix: &str) -> Result<Vec<Listed>, StoreError> {
+        self.inner.list(ns, prefix).await
+    }
+    async fn health(&self) -> Result<Health, StoreError> {
+        self.inner.health().await
+    }
+}
+
 fn pod(name: &str) -> CachedPod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
@@ -178,7 +233,7 @@ fn pod(name: &str) -> CachedPod {
 struct Harness {
     api: Shared,
     ctx: Arc<Context>,
-    store: Arc<MemoryStore>,
+    store: Arc<Logged>,
 }
 
 impl Harness {
@@ -207,7 +262,10 @@ impl Harness {
         }
         let (floor_cache, _) = reflector::store();
         let (leases, _): (Store<TargetLease>, _) = reflector::store();
-        let store = Arc::new(MemoryStore::default());
+        let store = Arc::new(Logged {
+            inner: MemoryStore::default(),
+            api: api.clone(),
+        });
         let clock = Arc::new(ServerClock::new());
         let (wake, _) = futures::channel::mpsc::unbounded();
         let ctx = Arc::new(Context {
@@ -283,6 +341,7 @@ async fn acquired() -> Harness {
         writes,
         [
             "PATCH tl finalizer add",
+            "STORE acquire",
             "PATCH tl/status phase=Held token=1 pod=web-0",
             "PATCH pods/web-0 mark token=1",
             "POST events event Acquired",
@@ -310,9 +369,11 @@ async fn a_handoff_unmarks_and_withdraws_before_the_store_lets_go() {
             // Withdrawn first (marks, then status), then released in the store.
             "PATCH pods/web-0 unmark",
             "PATCH tl/status phase=Pending token=1 pod=web-0 releasing",
+            "STORE release",
             // The next attempt is recorded before the store sees it.
             "PATCH tl/status phase=Pending token=1 pod=null",
             "POST events event Released",
+            "STORE acquire",
             "PATCH tl/status phase=Held token=2 pod=web-1",
             "PATCH pods/web-1 mark token=2",
             "POST events event Acquired",
@@ -333,6 +394,7 @@ async fn a_release_withdraws_held_before_the_store_lets_go() {
         [
             "PATCH pods/web-0 unmark",
             "PATCH tl/status phase=Pending token=1 pod=web-0 releasing",
+            "STORE release",
             "PATCH tl/status phase=Pending token=1 pod=null",
             "POST events event Released",
         ],
@@ -354,6 +416,7 @@ async fn a_deletion_withdraws_held_then_raises_the_floor_then_releases_then_lets
             "PATCH tl/status phase=Released token=1 pod=web-0 releasing",
             // The last published token is covered before anything is given back.
             "POST floors floor token=1",
+            "STORE release",
             "POST events event Released",
             "PATCH tl finalizer remove",
         ],
