@@ -2,10 +2,11 @@
 //! something (any method but GET, HEAD and OPTIONS) is refused while the gate
 //! is closed, checked as the request enters the client's stack.
 //!
-//! The reconciler checks [`Leadership::check`] before each write as well;
-//! this layer is the backstop for writes made on its behalf (kube-runtime's
-//! finalizer helper, the Event recorder) and for a check that passed just
-//! before the gate closed. Reads (lists and watches included) always pass.
+//! This is the one place the reconciler's Kubernetes writes are checked
+//! (status, finalizer, pod marks, token floors, Events): its refusal reaches
+//! the reconciler as `reconcile::Error::NotLeader`. The store calls that take
+//! or give a lease pass the reconciler's own gate (`executor::gated`).
+//! Reads (lists and watches included) always pass.
 //! The election's own Lease writes use a client without this layer.
 
 use std::task::{Context, Poll};
