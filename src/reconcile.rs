@@ -1,13 +1,14 @@
 //! The reconciler: fresh object -> finalizer -> plan -> store call ->
-//! transition -> publish (marks, floor, status, marks) -> Action.
+//! transition -> publish -> Action.
 //!
 //! Level-triggered: each pass reads the resource (never older than the
 //! operator's own last write), the pod and lease caches (only once synced)
 //! and the store, decides with the pure [`plan`] and [`transition`] modules
-//! and makes it so in one fixed safe order (`executor.rs`). Every step is safe to
-//! repeat and to interrupt: acquisitions carry an id recorded in status
-//! *before* the store is called, and a lease is unpublished *before* it is
-//! released, so a crash anywhere is resolved by the next pass.
+//! and makes it so in the one fixed order the executor states (`executor.rs`).
+//! Every step is safe to repeat and to interrupt: acquisitions carry an id
+//! recorded in status *before* the store is called, and a lease is
+//! unpublished *before* it is released, so a crash anywhere is resolved by
+//! the next pass.
 
 pub mod clock;
 mod desired;

@@ -62,9 +62,8 @@ impl Pass<'_> {
     }
 
     /// Gives back everything this resource has in the store, then lets the
-    /// finalizer go. Held is withdrawn first (marks, then status), then the
-    /// last published token is covered by the floor, then the store lets go:
-    /// a floor write that fails leaves the lease unpublished, never Held.
+    /// finalizer go, in the executor's fixed order: a floor write that fails
+    /// leaves the lease unpublished, never Held.
     pub(super) async fn cleanup(mut self) -> Result<Action, Error> {
         if !self.has_finalizer() {
             self.ctx.forget(&self.key);
