@@ -13,6 +13,9 @@
 -- ARGV[6] floor      the token issued is > this ("0" = none)
 -- ARGV[7] window     idempotency window ms (added to the ttl for the cache entry)
 -- ARGV[8] request    the request cache field, q:acquire:<owner>:<request id hash>
+-- uses: MAX_TOKEN, now_ms, str, is_uint, dec_lt, unwritable, fields,
+-- uses: field_expiry, dec_incr, reply, reply_lease, pack_lease, read_lease,
+-- uses: remember, field_of, fingerprint, replay
 --
 -- The request id's fingerprint is every input but the owner (part of the
 -- cache field): ttl, max life, metadata, floor and the lease id. A replay

@@ -7,6 +7,8 @@
 -- ARGV[4] window     idempotency window ms
 -- ARGV[5] commit     the commit field, c:<key>
 -- ARGV[6] request    the request cache field, q:commit::<request id hash>
+-- uses: now_ms, str, is_uint, dec_lt, fields, reply, reply_lease, read_lease,
+-- uses: remember, field_of, fingerprint, replay
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.

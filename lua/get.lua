@@ -1,6 +1,7 @@
 -- get: read the live lease, never its lease id.
 --
 -- KEYS[1] target     the target's hash (fields: see lib.lua)
+-- uses: now_ms, fields, reply, reply_lease, read_lease
 --
 -- Read-only (no-writes, called with EVALSHA_RO): it runs on a full server,
 -- with min-replicas-to-write unmet, and on a replica.

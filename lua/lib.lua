@@ -25,9 +25,11 @@
 --                 hashed by the client: a derived lease id follows from it)
 --   c:<key>       the last fenced commit under <key>: "<token>:<committed_ms>:<value>"
 --
--- Only the helpers a script names (and what they name) are sent with it
--- (src/store/valkey/scripts.rs): each helper starts at a line
--- "local function NAME" or "local NAME =", with its comment just above.
+-- Only the helpers a script lists on its "-- uses:" header lines (and what
+-- they name) are sent with it (src/store/valkey/scripts.rs; a test checks
+-- the list against the helpers the script's code names): each helper starts
+-- at a line "local function NAME" or "local NAME =", with its comment just
+-- above.
 
 local MAX_TOKEN = '9223372036854775807'
 -- Deepest metadata nesting (objects and arrays) accepted: the same limit as

@@ -2,6 +2,7 @@
 --
 -- KEYS[1] target     the target's hash (fields: see lib.lua)
 -- ARGV[1] commit     the commit field, c:<key>
+-- uses: now_ms, str, is_uint, is_utf8, fields, reply, field_of
 --
 -- Read-only (no-writes, called with EVALSHA_RO). Needs no lease.
 -- Returns { outcome, now_ms, message[, token, value, committed_ms] }:

@@ -7,6 +7,8 @@
 -- ARGV[1] token      expected fencing token ("" = whatever record is there)
 -- ARGV[2] window     idempotency window ms
 -- ARGV[3] request    the request cache field, q:revoke::<request id hash>
+-- uses: now_ms, is_uint, dec_lt, fields, reply, reply_lease, read_lease,
+-- uses: remember, notify_free, field_of, fingerprint, replay
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
 -- Publishes the target's key "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).

@@ -240,6 +240,13 @@ mod tests {
         assert_eq!(calls.len(), SCRIPTS.all().len(), "one call site per script");
         for call in calls {
             let s = call.script;
+            // The lib helpers it pulls in are exactly those its code names.
+            assert_eq!(
+                crate::store::valkey::scripts::uses(s.body),
+                crate::store::valkey::scripts::helpers_named(s.body),
+                "{}: `-- uses:` vs the lib.lua helpers its code names",
+                s.name
+            );
             for (what, sent) in [("KEYS", &call.keys), ("ARGV", &call.args)] {
                 let header = declared(s.body, what);
                 let expected: Vec<(usize, String)> = sent

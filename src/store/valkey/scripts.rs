@@ -1,8 +1,9 @@
 //! The Lua scripts, compiled into the binary and called by hash.
 //!
-//! Each script is the part of `lua/lib.lua` it uses (the helpers it names,
-//! directly or through another helper: every helper is a closure created on
-//! each call, so unused ones cost time) followed by `lua/<op>.lua`, behind a `#!lua`
+//! Each script is the part of `lua/lib.lua` it uses (the helpers its header
+//! lists on `-- uses:` lines, and those they name in turn: every helper is a
+//! closure created on each call, so unused ones cost time) followed by
+//! `lua/<op>.lua`, behind a `#!lua`
 //! shebang: with the shebang the server refuses a writing script up front
 //! under OOM, on a read-only replica or with too few replicas, instead of
 //! failing half way. Flags relax that where it matters: `get` is
@@ -35,7 +36,7 @@ impl Script {
         };
         let source = format!(
             "{shebang}\n{}\n{}",
-            library_for(include_str!("../../../lua/lib.lua"), body),
+            library_for(include_str!("../../../lua/lib.lua"), &uses(body)),
             body
         );
         let sha = sha1_smol::Sha1::from(source.as_bytes())
@@ -67,10 +68,38 @@ fn names(text: &str, name: &str) -> bool {
         .any(|(at, _)| !text[..at].ends_with(ident) && !text[at + name.len()..].starts_with(ident))
 }
 
-/// The helpers of `lib` that `body` needs, transitively, in lib order. A
-/// helper is its defining line, what follows up to the next helper, and the
-/// comment lines just above it; the lib's opening comment is kept.
-fn library_for(lib: &str, body: &str) -> String {
+/// The lib.lua helpers a script's header lists on its `-- uses:` lines
+/// (comma-separated, several lines allowed), in order.
+pub(super) fn uses(body: &str) -> Vec<&str> {
+    body.lines()
+        .take_while(|l| l.starts_with("--"))
+        .filter_map(|l| l.strip_prefix("-- uses:"))
+        .flat_map(|l| l.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// The lib.lua helpers that the code of `body` (not its comments) names, in
+/// lib order: what its `-- uses:` lines must list.
+#[cfg(test)]
+pub(super) fn helpers_named(body: &str) -> Vec<&'static str> {
+    let code: Vec<&str> = body
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect();
+    include_str!("../../../lua/lib.lua")
+        .lines()
+        .filter_map(defines)
+        .filter(|name| code.iter().any(|l| names(l, name)))
+        .collect()
+}
+
+/// The helpers of `lib` named in `uses`, and those they name in turn, in
+/// lib order. A helper is its defining line, what follows up to the next
+/// helper, and the comment lines just above it; the lib's opening comment
+/// is kept.
+fn library_for(lib: &str, uses: &[&str]) -> String {
     let lines: Vec<&str> = lib.lines().collect();
     let starts: Vec<usize> = (0..lines.len())
         .filter(|&i| defines(lines[i]).is_some())
@@ -103,7 +132,7 @@ fn library_for(lib: &str, body: &str) -> String {
             if needed[k] {
                 continue;
             }
-            let used = names(body, blocks[k].0)
+            let used = uses.contains(&blocks[k].0)
                 || (0..blocks.len()).any(|j| needed[j] && names(&blocks[j].1, blocks[k].0));
             if used {
                 needed[k] = true;
