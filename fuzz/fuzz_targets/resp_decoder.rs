@@ -1,4 +1,4 @@
-//! The RESP decoder (src/store/valkey/resp.rs, compiled in as it is) fed
+//! The RESP decoder (src/store/valkey/wire/resp.rs, compiled in as it is) fed
 //! arbitrary bytes in arbitrary pieces, as a server or anything between us
 //! and it could send them: it must never panic, never loop, and never
 //! allocate what a hostile length prefix announces (libFuzzer's
@@ -7,8 +7,12 @@
 
 use libfuzzer_sys::fuzz_target;
 
+// The decoder's error type, where resp.rs finds it (`super::error`).
 #[allow(dead_code)]
-#[path = "../../src/store/valkey/resp.rs"]
+#[path = "../../src/store/valkey/wire/error.rs"]
+mod error;
+#[allow(dead_code)]
+#[path = "../../src/store/valkey/wire/resp.rs"]
 mod resp;
 
 fuzz_target!(|data: &[u8]| {

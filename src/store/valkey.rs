@@ -1,30 +1,29 @@
 //! The Valkey backend: one Lua script per operation, called by hash, over a
 //! client of our own that sends every request at most once.
 //!
-//! This file runs a call end to end (EVALSHA, the one NOSCRIPT recovery, the
-//! reply, the durability wait on the connection that wrote); argument order
-//! lives in [`calls`], key names in [`keys`], reply shapes in [`reply`], error
-//! meaning in `errors.rs`, connections in `client.rs` and below. Nothing
-//! Valkey-specific leaks past this module.
+//! Two layers. Below, [`wire`]: a Valkey client knowing nothing of leases
+//! (RESP, dial, TLS, pipelined links, pools, routing per topology), whose one
+//! error type says whether a request may have run. On top, the lease
+//! mapping: this file runs a call end to end (EVALSHA, the one NOSCRIPT
+//! recovery, the reply, the durability wait on the connection that wrote);
+//! argument order lives in [`calls`], key names in [`keys`], reply shapes in
+//! [`reply`], what a wire failure means for a lease in `errors.rs`, the
+//! scripts in [`scripts`], release notices in [`notices`], `list` in
+//! `listing.rs`. Nothing Valkey-specific leaks past this module.
 
 mod calls;
-mod client;
-mod cluster;
 pub mod config;
-mod dial;
-mod endpoint;
 mod errors;
 pub mod keys;
-mod link;
 mod listing;
 pub mod notices;
-mod pool;
 mod preload;
 mod prepare;
 mod reply;
-mod resp;
 pub mod scripts;
-pub mod tls;
+mod wire;
+
+pub use wire::tls;
 
 use std::time::Duration;
 
@@ -32,16 +31,16 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use calls::Call;
-use client::{Client, Route, SendError, Use};
 pub use config::{Durability, Secret, TlsFiles, ValkeyConfig, redact_url};
 use errors::{Effect, server_error, unanswered};
 pub use keys::KeySpace;
-use link::{Link, LinkError};
-use pool::Held;
 pub use preload::ScriptsReady;
 use prepare::prepare;
-use resp::{Cmd, Value};
 use scripts::Script;
+use wire::link::Link;
+use wire::pool::{self, Held};
+use wire::resp::{Cmd, Value};
+use wire::{Client, Route, Use, cluster, dial, endpoint};
 
 use super::{
     AcquireRequest, CommitRequest, Health, LeaseStore, Outcome, ReadReply, ReleaseRequest,
@@ -93,7 +92,7 @@ impl ValkeyStore {
         let notices = notices::Source::new(cfg, &endpoint, dialer.clone());
         let client = Client::connect(&endpoint, dialer, sizes, cfg.connect_timeout)
             .await
-            .map_err(|e| StoreError::BackendUnavailable(e.0))?;
+            .map_err(|e| StoreError::BackendUnavailable(e.detail))?;
         Ok(Self {
             client,
             keys,
@@ -172,7 +171,7 @@ impl ValkeyStore {
         call: &Call,
         how: Use,
         deadline: Instant,
-    ) -> Result<(Value, Held), SendError> {
+    ) -> Result<(Value, Held), wire::Error> {
         let slot = call
             .keys
             .first()
@@ -312,11 +311,9 @@ impl ValkeyStore {
                 .arg(wait_ms.to_string()),
         };
         let replies = link.request(&[cmd], deadline).await.map_err(|e| {
-            not_durable(match e {
-                LinkError::NotSent(why) | LinkError::Requeue(why) | LinkError::Lost(why) => {
-                    format!("the connection that wrote is gone ({why})")
-                }
-                LinkError::Late => "no answer to the wait in time".into(),
+            not_durable(match e.kind {
+                wire::Kind::Late => "no answer to the wait in time".into(),
+                _ => format!("the connection that wrote is gone ({})", e.detail),
             })
         })?;
         let acked = match (self.durability, replies.first()) {

@@ -1,30 +1,10 @@
 //! How to reach Valkey: one typed config shared by the CLI and the operator.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
-/// A secret string whose `Debug` and `Display` never show the value.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The value, for the one place that must send it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
+pub use super::wire::dial::Secret;
+pub use super::wire::tls::TlsFiles;
 
 /// Connection settings for [`super::ValkeyStore`]. Its `Debug` shows the
 /// URL with any password in it redacted.
@@ -102,45 +82,6 @@ impl fmt::Debug for ValkeyConfig {
             .field("sentinel_tls", sentinel_tls)
             .field("durability", durability)
             .finish()
-    }
-}
-
-/// PEM files for TLS (rustls). Verification is always on.
-#[derive(Clone, Debug, Default)]
-pub struct TlsFiles {
-    /// CA bundle to trust instead of the system roots.
-    pub ca_file: Option<PathBuf>,
-    /// Client certificate chain for mTLS.
-    pub cert_file: Option<PathBuf>,
-    /// Client private key for mTLS.
-    pub key_file: Option<PathBuf>,
-    /// Name to verify the server certificate against, instead of the URL host.
-    pub server_name: Option<String>,
-}
-
-impl TlsFiles {
-    /// True when nothing is set.
-    pub fn is_empty(&self) -> bool {
-        self.ca_file.is_none()
-            && self.cert_file.is_none()
-            && self.key_file.is_none()
-            && self.server_name.is_none()
-    }
-
-    /// These settings, each one left unset taken from `fallback` (the
-    /// certificate and key as a pair: both from here, or both from there).
-    pub fn or(&self, fallback: &TlsFiles) -> TlsFiles {
-        let own_pair = self.cert_file.is_some() || self.key_file.is_some();
-        let pair = if own_pair { self } else { fallback };
-        TlsFiles {
-            ca_file: self.ca_file.clone().or_else(|| fallback.ca_file.clone()),
-            cert_file: pair.cert_file.clone(),
-            key_file: pair.key_file.clone(),
-            server_name: self
-                .server_name
-                .clone()
-                .or_else(|| fallback.server_name.clone()),
-        }
     }
 }
 

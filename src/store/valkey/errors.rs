@@ -21,8 +21,8 @@
 
 use std::time::Duration;
 
-use super::client::SendError;
-use super::dial::first_words;
+use super::wire::dial::first_words;
+use super::wire::{Error, Kind};
 use crate::store::StoreError;
 
 /// Whether an operation can change state; decides what a lost reply means.
@@ -97,14 +97,16 @@ pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
 }
 
 /// A request that got no reply. `timeout` names the deadline in messages.
-pub(super) fn unanswered(e: SendError, effect: Effect, timeout: Duration) -> StoreError {
-    let why = match e {
-        SendError::NotSent(why) => {
-            return StoreError::BackendUnavailable(format!("not sent: {why}"));
+/// Only a request that may have run ([`Kind::may_have_run`]) can be
+/// `outcome_unknown`; every other kind never ran.
+pub(super) fn unanswered(e: Error, effect: Effect, timeout: Duration) -> StoreError {
+    let why = match e.kind {
+        Kind::Late => format!("no reply within {}", humantime::format_duration(timeout)),
+        Kind::Lost => format!("connection lost before the reply: {}", e.detail),
+        Kind::Redirected => return StoreError::BackendUnavailable(e.detail),
+        Kind::Config | Kind::Dial | Kind::Busy | Kind::Closed | Kind::Refused | Kind::Protocol => {
+            return StoreError::BackendUnavailable(format!("not sent: {}", e.detail));
         }
-        SendError::Redirected(why) => return StoreError::BackendUnavailable(why),
-        SendError::Late => format!("no reply within {}", humantime::format_duration(timeout)),
-        SendError::Lost(why) => format!("connection lost before the reply: {why}"),
     };
     match effect {
         Effect::Write => StoreError::OutcomeUnknown(format!(
@@ -165,7 +167,7 @@ mod tests {
     #[test]
     fn a_lost_reply_is_unknown_only_for_writes() {
         let t = Duration::from_secs(2);
-        let lost = || SendError::Late;
+        let lost = || Error::new(Kind::Late, "no reply in time");
         match unanswered(lost(), Effect::Write, t) {
             StoreError::OutcomeUnknown(m) => assert!(m.contains("within 2s"), "{m}"),
             other => panic!("{other:?}"),
@@ -175,8 +177,10 @@ mod tests {
             StoreError::BackendUnavailable(_)
         ));
         for definite in [
-            SendError::NotSent("x".into()),
-            SendError::Redirected("y".into()),
+            Error::new(Kind::Busy, "x"),
+            Error::new(Kind::Closed, "x"),
+            Error::new(Kind::Dial, "x"),
+            Error::new(Kind::Redirected, "y"),
         ] {
             assert!(matches!(
                 unanswered(definite, Effect::Write, t),

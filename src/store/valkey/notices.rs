@@ -19,11 +19,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::config::ValkeyConfig;
-use super::dial::{Dialer, Stream};
-use super::endpoint::{Addr, Endpoint, Topology};
 use super::keys::parse_base;
-use super::resp::{Cmd, Decoder, Value};
-use super::tls::describe_io;
+use super::wire::dial::{Dialer, Stream};
+use super::wire::endpoint::{Addr, Endpoint, Topology};
+use super::wire::resp::{Cmd, Decoder, Value};
+use super::wire::tls::describe_io;
 use crate::store::{Notice, Notices, StoreError, Target};
 
 /// How often a quiet subscription checks that the server still answers.
@@ -112,7 +112,7 @@ impl Source {
                 self.dialer
                     .connect(a, deadline)
                     .await
-                    .map_err(|e| e.0)?
+                    .map_err(|e| e.detail)?
                     .stream
             }
             Topology::Sentinel { sentinels, service } => {
@@ -120,7 +120,7 @@ impl Source {
                     .dialer
                     .connect_primary(sentinels, service, deadline)
                     .await
-                    .map_err(|e| e.0)?;
+                    .map_err(|e| e.detail)?;
                 s.stream
             }
             Topology::Cluster(seeds) => first_reachable(&self.dialer, seeds, deadline).await?,
@@ -183,10 +183,15 @@ async fn subscribe_on(
     let mut decoder = Decoder::new();
     let subscribe = tokio::time::timeout_at(
         deadline,
-        super::dial::exchange_keeping(stream, &[Cmd::new("SUBSCRIBE").arg(channel)], &mut decoder),
+        super::wire::dial::exchange_keeping(
+            stream,
+            &[Cmd::new("SUBSCRIBE").arg(channel)],
+            &mut decoder,
+        ),
     )
     .await
-    .map_err(|_| "no answer to SUBSCRIBE in time".to_owned())??;
+    .map_err(|_| "no answer to SUBSCRIBE in time".to_owned())?
+    .map_err(|e| e.detail)?;
     match subscribe.first() {
         Some(Value::Array(a))
             if a.first().and_then(Value::text).as_deref() == Some("subscribe") =>
@@ -195,7 +200,7 @@ async fn subscribe_on(
         }
         Some(Value::Error(e)) => Err(format!(
             "SUBSCRIBE refused: {}",
-            super::dial::first_words(e)
+            super::wire::dial::first_words(e)
         )),
         _ => Err("unexpected reply to SUBSCRIBE".into()),
     }
@@ -210,7 +215,7 @@ async fn first_reachable(
     for a in seeds {
         match dialer.connect(a, deadline).await {
             Ok(c) => return Ok(c.stream),
-            Err(e) => why.push(e.0),
+            Err(e) => why.push(e.detail),
         }
     }
     Err(why.join("; "))
@@ -241,7 +246,7 @@ async fn forward(sub: Subscribed, tx: &mpsc::Sender<Heard>, prefix: &str) -> Str
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return e.0,
+                Err(e) => return e.detail,
             }
         }
         tokio::select! {

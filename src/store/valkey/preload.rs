@@ -11,12 +11,11 @@
 use tokio::time::Instant;
 
 use super::ValkeyStore;
-use super::client::from_link;
-use super::dial::first_words;
 use super::errors::{Effect, unanswered};
-use super::pool::Held;
-use super::resp::{Cmd, Value};
 use super::scripts::{SCRIPTS, Script, lacks_field_expiry};
+use super::wire::dial::first_words;
+use super::wire::pool::Held;
+use super::wire::resp::{Cmd, Value};
 use crate::store::StoreError;
 
 /// What [`ValkeyStore::load_scripts`] did.
@@ -132,7 +131,7 @@ impl ValkeyStore {
         let replies = match link.link().request(&[exists], deadline).await {
             Ok(replies) => replies,
             Err(e) => {
-                let e = unanswered(from_link(e), Effect::Read, self.timeout);
+                let e = unanswered(e, Effect::Read, self.timeout);
                 return Ok(Err(format!("cannot check the scripts on {node}: {e}")));
             }
         };

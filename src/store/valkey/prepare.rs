@@ -4,10 +4,16 @@
 //! files without a TLS URL, Sentinel settings without Sentinels, TLS through
 //! Sentinels with the system roots alone) are refused here.
 
-use super::dial::{Dialer, Tls};
-use super::endpoint::{self, Endpoint};
-use super::{ValkeyConfig, redact_url, tls};
+use super::wire::dial::{Dialer, Tls};
+use super::wire::endpoint::{self, Endpoint};
+use super::wire::tls;
+use super::{ValkeyConfig, redact_url};
 use crate::store::StoreError;
+
+/// TLS settings from `files`; files that cannot be used are [`StoreError::Invalid`].
+fn tls_config(files: &super::TlsFiles) -> Result<std::sync::Arc<rustls::ClientConfig>, StoreError> {
+    tls::client_config(files).map_err(|e| StoreError::Invalid(e.detail))
+}
 
 /// The parsed URL and how to open connections for it (credentials, TLS).
 pub(super) fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreError> {
@@ -16,7 +22,7 @@ pub(super) fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreErr
     })?;
     let tls = if endpoint.tls {
         Some(Tls {
-            config: tls::client_config(&cfg.tls)?,
+            config: tls_config(&cfg.tls)?,
             server_name: cfg.tls.server_name.clone(),
         })
     } else if cfg.tls.ca_file.is_some()
@@ -61,7 +67,7 @@ pub(super) fn prepare(cfg: &ValkeyConfig) -> Result<(Endpoint, Dialer), StoreErr
         (endpoint::Topology::Sentinel { .. }, Some(_)) => {
             let files = cfg.sentinel_tls.or(&cfg.tls);
             Some(Tls {
-                config: tls::client_config(&files)?,
+                config: tls_config(&files)?,
                 server_name: files.server_name,
             })
         }

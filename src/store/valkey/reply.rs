@@ -5,7 +5,7 @@
 //! have written (the caller decides: `outcome_unknown` after a write,
 //! `corrupt_state` for a read).
 
-use super::resp::Value;
+use super::wire::resp::Value;
 use crate::store::{Committed, Lease, Outcome, ReadReply, Reply, Target, metadata_from_json};
 
 /// A script's flat array of strings, with its outcome, server time and message.

@@ -1,11 +1,11 @@
 //! Opening one connection: TCP (keepalive), TLS, then the handshake
-//! (`AUTH` or `PING`, `SELECT`), all within one deadline; and asking
-//! Sentinels which server is the primary, each in turn within its share of
-//! that deadline.
+//! (`AUTH` or `PING`, `SELECT`), all within one deadline. (Asking Sentinels
+//! which server is the primary: `sentinel.rs`.)
 //!
-//! Nothing here retries: a failure is reported with its cause, and the caller
-//! (the pool) decides when to try again.
+//! Nothing here retries: a failure is a [`Kind::Dial`] error with its cause,
+//! and the caller (the pool) decides when to try again.
 
+use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,10 +14,32 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::config::Secret;
 use super::endpoint::Addr;
+use super::error::{Error, Kind};
 use super::resp::{Cmd, Decoder, Value};
 use super::tls::{describe_io, handshake_failure};
+
+/// A secret string whose `Debug` and `Display` never show the value.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
 
 /// A byte stream to a server: plain TCP or TLS over TCP.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -59,14 +81,10 @@ pub struct Dialer {
 
 /// Who to log in as on one connection.
 #[derive(Clone, Copy)]
-struct Login<'a> {
-    username: Option<&'a str>,
-    password: Option<&'a Secret>,
+pub(super) struct Login<'a> {
+    pub(super) username: Option<&'a str>,
+    pub(super) password: Option<&'a Secret>,
 }
-
-/// Why a connection could not be opened; nothing was sent on it but the handshake.
-#[derive(Clone, Debug)]
-pub struct DialError(pub String);
 
 /// A second handle on a connection's TCP socket, to ask the kernel whether
 /// the server has already closed it. Tokio only learns that when its driver
@@ -80,6 +98,12 @@ pub struct Probe(Mutex<Option<socket2::Socket>>);
 impl Probe {
     fn of(tcp: &TcpStream) -> Probe {
         Probe(Mutex::new(SockRef::from(tcp).try_clone().ok()))
+    }
+
+    /// A probe of no socket (a stream that is not TCP): it never sees a close.
+    #[cfg(test)]
+    pub(super) fn none() -> Probe {
+        Probe(Mutex::new(None))
     }
 
     /// Closes the connection in both directions (the server sees it end at
@@ -116,8 +140,10 @@ pub struct Conn {
 }
 
 impl Dialer {
-    /// Connects to the data node `addr` and completes the handshake before `deadline`.
-    pub async fn connect(&self, addr: &Addr, deadline: Instant) -> Result<Conn, DialError> {
+    /// Connects to the data node `addr` and completes the handshake before
+    /// `deadline` (a [`Kind::Dial`] error otherwise: nothing but the
+    /// handshake was sent).
+    pub async fn connect(&self, addr: &Addr, deadline: Instant) -> Result<Conn, Error> {
         let login = Login {
             username: self.username.as_deref(),
             password: self.password.as_ref(),
@@ -130,7 +156,7 @@ impl Dialer {
     /// before `AUTH`: a server that answers it is a Sentinel is left before
     /// it is sent the password (a Sentinel that takes a password answers
     /// `NOAUTH` like a data node, and is told apart only after `AUTH`).
-    async fn connect_with(
+    pub(super) async fn connect_with(
         &self,
         addr: &Addr,
         deadline: Instant,
@@ -138,8 +164,8 @@ impl Dialer {
         login: Login<'_>,
         tls: Option<&Tls>,
         role_first: bool,
-    ) -> Result<Conn, DialError> {
-        let fail = |why: String| DialError(format!("cannot connect to {addr}: {why}"));
+    ) -> Result<Conn, Error> {
+        let fail = |why: String| Error::new(Kind::Dial, format!("cannot connect to {addr}: {why}"));
         let open = async {
             let tcp = TcpStream::connect((addr.host.as_str(), addr.port))
                 .await
@@ -184,7 +210,9 @@ impl Dialer {
             if let Some(db) = db {
                 hello.push(Cmd::new("SELECT").arg(db.to_string()));
             }
-            let replies = exchange(&mut stream, &hello).await.map_err(fail)?;
+            let replies = exchange(&mut stream, &hello)
+                .await
+                .map_err(|e| fail(e.detail))?;
             for (cmd, reply) in hello.iter().zip(&replies) {
                 if let Value::Error(e) = reply {
                     return Err(fail(format!("{} refused: {}", cmd.name(), first_words(e))));
@@ -203,163 +231,24 @@ impl Dialer {
             ))),
         }
     }
-
-    /// Asks the Sentinels in order for the primary of `service` and connects
-    /// to it; the primary must say it is one (`ROLE`, or `INFO replication`
-    /// when the ACL does not grant `ROLE`) before the connection is used.
-    /// Each Sentinel in turn, with the primary it names, gets an equal share
-    /// of the time left, so one that hangs, names a server that is gone, or
-    /// names one that is no longer the primary, does not keep the next
-    /// Sentinel from being asked.
-    ///
-    /// What a Sentinel names is not trusted with the data nodes' password
-    /// by itself: with TLS the named server must first complete a handshake
-    /// with a certificate the TLS settings accept for the name (the named
-    /// host, or `--tls-server-name`), and only then gets `AUTH`
-    /// ([`Dialer::connect`]); without TLS nothing can prove who answers
-    /// at that address (docs/security.md).
-    pub async fn connect_primary(
-        &self,
-        sentinels: &[Addr],
-        service: &str,
-        deadline: Instant,
-    ) -> Result<(Addr, Conn), DialError> {
-        let mut why = Vec::new();
-        for (i, s) in sentinels.iter().enumerate() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let share = left / u32::try_from(sentinels.len() - i).unwrap_or(u32::MAX);
-            let by = (Instant::now() + share).min(deadline);
-            match self.primary_named_by(s, sentinels, service, by).await {
-                Ok(found) => return Ok(found),
-                Err(e) => why.push(e.0),
-            }
-        }
-        Err(DialError(format!(
-            "no sentinel named a reachable primary: {}",
-            why.join("; ")
-        )))
-    }
-
-    /// The primary `sentinel` names for `service`, connected and checked, by
-    /// `deadline`. Nothing but the handshake and the role question is sent
-    /// before the server says it is a primary; a Sentinel of the URL
-    /// (`sentinels`) named as the primary is not even connected to, so it
-    /// never gets the data nodes' password.
-    async fn primary_named_by(
-        &self,
-        sentinel: &Addr,
-        sentinels: &[Addr],
-        service: &str,
-        deadline: Instant,
-    ) -> Result<(Addr, Conn), DialError> {
-        let addr = self.ask_sentinel(sentinel, service, deadline).await?;
-        let named = |why: String| DialError(format!("sentinel {sentinel} named {addr}: {why}"));
-        if sentinels.contains(&addr) {
-            return Err(named(NAMED_A_SENTINEL.into()));
-        }
-        let login = Login {
-            username: self.username.as_deref(),
-            password: self.password.as_ref(),
-        };
-        let tls = self.tls.as_ref();
-        let mut conn = self
-            .connect_with(
-                &addr,
-                deadline,
-                self.db,
-                login,
-                tls,
-                login.password.is_some(),
-            )
-            .await
-            .map_err(|e| named(e.0))?;
-        let stream = &mut conn.stream;
-        let role = match ask_one(stream, Cmd::new("ROLE"), deadline)
-            .await
-            .map_err(named)?
-        {
-            Value::Array(r) => r.first().and_then(Value::text),
-            // Not granted (the documented ACL rule grants INFO, not ROLE).
-            Value::Error(_) => match ask_one(stream, Cmd::new("INFO").arg("replication"), deadline)
-                .await
-                .map_err(named)?
-            {
-                Value::Error(_) => None,
-                info => Some(
-                    info.text()
-                        .as_deref()
-                        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("role:")))
-                        .map(|r| r.trim().to_owned())
-                        .unwrap_or_default(),
-                ),
-            },
-            _ => Some(String::new()),
-        };
-        match role.as_deref() {
-            Some("master") => Ok((addr, conn)),
-            // Neither question allowed: writes there would be refused with
-            // READONLY, and the connection dropped, if it is not the primary.
-            None => Ok((addr, conn)),
-            Some("") => Err(named("its role cannot be read".into())),
-            Some("sentinel") => Err(named(NAMED_A_SENTINEL.into())),
-            Some(other) => Err(named(format!(
-                "it is not a primary (its role: {})",
-                first_words(other)
-            ))),
-        }
-    }
-
-    /// What `sentinel` says the primary of `service` is, with the Sentinels' own login.
-    async fn ask_sentinel(
-        &self,
-        sentinel: &Addr,
-        service: &str,
-        deadline: Instant,
-    ) -> Result<Addr, DialError> {
-        let s = sentinel;
-        let login = Login {
-            username: self.sentinel_username.as_deref(),
-            password: self.sentinel_password.as_ref(),
-        };
-        let mut conn = self
-            .connect_with(s, deadline, None, login, self.sentinel_tls.as_ref(), false)
-            .await?;
-        let ask = [Cmd::new("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(service)];
-        let reply = tokio::time::timeout_at(deadline, exchange(&mut conn.stream, &ask))
-            .await
-            .map_err(|_| DialError(format!("sentinel {s}: no answer in time")))?
-            .map_err(|e| DialError(format!("sentinel {s}: {e}")))?;
-        match reply.first() {
-            Some(Value::Array(hp)) if hp.len() == 2 => {
-                let host = hp[0].text().unwrap_or_default();
-                let port = hp[1].int().and_then(|p| u16::try_from(p).ok());
-                match port {
-                    Some(port) if !host.is_empty() => Ok(Addr { host, port }),
-                    _ => Err(DialError(format!("sentinel {s}: unreadable address"))),
-                }
-            }
-            Some(Value::Nil) => Err(DialError(format!(
-                "sentinel {s} does not know a primary named {service:?}"
-            ))),
-            Some(Value::Error(e)) => Err(DialError(format!("sentinel {s}: {}", first_words(e)))),
-            _ => Err(DialError(format!("sentinel {s}: unexpected reply"))),
-        }
-    }
 }
 
 /// Why a Sentinel named as the primary is refused.
-const NAMED_A_SENTINEL: &str = "it is a Sentinel, not a primary: the Sentinels must monitor the \
-     data nodes (check `sentinel monitor`), and a Sentinel is never sent the data nodes' password \
-     or used for leases";
+pub(super) const NAMED_A_SENTINEL: &str = "it is a Sentinel, not a primary: the Sentinels must \
+     monitor the data nodes (check `sentinel monitor`), and a Sentinel is never sent the data \
+     nodes' password or used for leases";
 
 /// One command and its one reply, by `deadline`.
-async fn ask_one(stream: &mut Stream, cmd: Cmd, deadline: Instant) -> Result<Value, String> {
+pub(super) async fn ask_one(
+    stream: &mut Stream,
+    cmd: Cmd,
+    deadline: Instant,
+) -> Result<Value, String> {
     let what = cmd.name().to_owned();
     let reply = tokio::time::timeout_at(deadline, exchange(stream, &[cmd]))
         .await
-        .map_err(|_| format!("no answer to {what} in time"))??;
+        .map_err(|_| format!("no answer to {what} in time"))?
+        .map_err(|e| e.detail)?;
     reply
         .into_iter()
         .next()
@@ -373,7 +262,9 @@ pub fn first_words(e: &str) -> String {
 
 /// Sends `cmds` in one write and reads one reply per command (no deadline of
 /// its own: callers bound it). For handshakes and one-off questions only.
-pub async fn exchange(stream: &mut Stream, cmds: &[Cmd]) -> Result<Vec<Value>, String> {
+/// A broken stream is [`Kind::Lost`], bytes that are not RESP
+/// [`Kind::Protocol`].
+pub async fn exchange(stream: &mut Stream, cmds: &[Cmd]) -> Result<Vec<Value>, Error> {
     exchange_keeping(stream, cmds, &mut Decoder::new()).await
 }
 
@@ -383,7 +274,8 @@ pub async fn exchange_keeping(
     stream: &mut Stream,
     cmds: &[Cmd],
     decoder: &mut Decoder,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, Error> {
+    let lost = |why: String| Error::new(Kind::Lost, why);
     let mut out = Vec::new();
     for c in cmds {
         c.encode(&mut out);
@@ -391,19 +283,22 @@ pub async fn exchange_keeping(
     stream
         .write_all(&out)
         .await
-        .map_err(|e| describe_io(&e, None))?;
-    stream.flush().await.map_err(|e| describe_io(&e, None))?;
+        .map_err(|e| lost(describe_io(&e, None)))?;
+    stream
+        .flush()
+        .await
+        .map_err(|e| lost(describe_io(&e, None)))?;
     let mut replies = Vec::with_capacity(cmds.len());
     while replies.len() < cmds.len() {
-        match decoder.next().map_err(|e| e.0)? {
+        match decoder.next()? {
             Some(v) => replies.push(v),
             None => {
                 let n = stream
                     .read_buf(decoder.buffer())
                     .await
-                    .map_err(|e| describe_io(&e, None))?;
+                    .map_err(|e| lost(describe_io(&e, None)))?;
                 if n == 0 {
-                    return Err("connection closed by the server".into());
+                    return Err(lost("connection closed by the server".into()));
                 }
             }
         }

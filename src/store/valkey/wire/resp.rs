@@ -5,6 +5,8 @@
 //! says "need more bytes" instead of blocking) and bounded, so a confused or
 //! hostile peer cannot make it allocate without limit or recurse deeply.
 
+use super::error::{Error, Kind};
+
 /// One reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Value {
@@ -92,9 +94,11 @@ const MAX_ARRAY: usize = 1 << 20;
 /// Deepest nesting accepted (the store's replies nest at most 3 deep).
 const MAX_DEPTH: usize = 16;
 
-/// The peer sent something that is not RESP2 within our bounds.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ProtocolError(pub String);
+/// The peer sent something that is not RESP2 within our bounds: a
+/// [`Kind::Protocol`] error.
+fn protocol(detail: impl Into<String>) -> Error {
+    Error::new(Kind::Protocol, detail)
+}
 
 /// Replies from a byte stream, decoded as the bytes arrive.
 ///
@@ -156,7 +160,7 @@ impl Decoder {
 
     /// The next complete reply, `Ok(None)` when more bytes are needed. After
     /// an error the stream is unusable (the reply boundaries are lost).
-    pub fn next(&mut self) -> Result<Option<Value>, ProtocolError> {
+    pub fn next(&mut self) -> Result<Option<Value>, Error> {
         loop {
             let mut value = match self.step()? {
                 Step::More => {
@@ -187,9 +191,9 @@ impl Decoder {
     }
 
     /// Decodes the frame at `pos`, advancing past it unless more bytes are needed.
-    fn step(&mut self) -> Result<Step, ProtocolError> {
+    fn step(&mut self) -> Result<Step, Error> {
         if self.open.len() > MAX_DEPTH {
-            return Err(ProtocolError("reply nested too deeply".into()));
+            return Err(protocol("reply nested too deeply"));
         }
         let Some(&kind) = self.buf.get(self.pos) else {
             return Ok(Step::More);
@@ -228,7 +232,7 @@ impl Decoder {
                 Ok(0) => (Step::Value(Value::Array(Vec::new())), after),
                 Ok(n) => (Step::OpenArray(n), after),
             },
-            other => return Err(ProtocolError(format!("unexpected reply type byte {other}"))),
+            other => return Err(protocol(format!("unexpected reply type byte {other}"))),
         };
         self.pos = next;
         self.scanned = 0;
@@ -237,7 +241,7 @@ impl Decoder {
 
     /// The index after the CRLF ending the line at `pos`, searching only
     /// bytes not searched before; an error past [`MAX_LINE`].
-    fn line_end(&mut self) -> Result<Option<usize>, ProtocolError> {
+    fn line_end(&mut self) -> Result<Option<usize>, Error> {
         let from = self.scanned.max(self.pos + 1);
         let found = self
             .buf
@@ -279,17 +283,17 @@ impl Decoder {
 /// Parses one reply from the start of `buf`: `Ok(None)` when more bytes are
 /// needed, `Ok(Some((value, consumed)))` otherwise.
 #[cfg(test)]
-fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, Error> {
     let mut d = Decoder::new();
     d.feed(buf);
     Ok(d.next()?.map(|v| (v, d.consumed())))
 }
 
-fn bad(what: &str) -> ProtocolError {
-    ProtocolError(format!("malformed reply: {what}"))
+fn bad(what: &str) -> Error {
+    protocol(format!("malformed reply: {what}"))
 }
 
-fn number(line: &[u8]) -> Result<i64, ProtocolError> {
+fn number(line: &[u8]) -> Result<i64, Error> {
     std::str::from_utf8(line)
         .ok()
         .and_then(|s| s.parse().ok())
@@ -356,7 +360,7 @@ mod tests {
             fed += chunk.len();
             assert!(fed < 4 * MAX_LINE, "still buffering after {fed} bytes");
         };
-        assert!(refused.0.contains("line too long"), "{refused:?}");
+        assert!(refused.detail.contains("line too long"), "{refused:?}");
         assert!(fed <= MAX_LINE + 2 * chunk.len(), "{fed}");
         // A line at the bound is fine.
         let mut at = b"-".to_vec();

@@ -1,6 +1,8 @@
 //! Valkey Cluster routing: which slot a key is in, which primary serves a
 //! slot (from `CLUSTER SLOTS`), and what a redirection says.
 
+pub(super) mod routing;
+
 use super::endpoint::Addr;
 use super::resp::Value;
 

@@ -11,14 +11,15 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::super::dial::{Probe, Stream};
+use super::super::error::{Error, Kind};
 use super::super::resp::{self, Cmd, Value};
 use super::super::tls::describe_io;
-use super::{FENCE_PREFIX, InFlight, Job, LinkError, MAX_BATCH, Msg};
+use super::{FENCE_PREFIX, InFlight, Job, MAX_BATCH, Msg};
 
 /// Who a reply belongs to.
 enum Owner {
     /// A caller (who may have stopped waiting: then the reply is dropped).
-    Caller(oneshot::Sender<Result<Vec<Value>, LinkError>>, InFlight),
+    Caller(oneshot::Sender<Result<Vec<Value>, Error>>, InFlight),
     /// Our marker, echoing this nonce.
     Fence(Vec<u8>),
 }
@@ -91,7 +92,7 @@ impl Task {
         // could not run: say so rather than "may have run".
         if let Some(why) = self.probe.closed() {
             for job in batch {
-                job.refuse(LinkError::Requeue(why.clone()));
+                job.refuse(Error::new(Kind::Closed, why.clone()));
             }
             return Err(why);
         }
@@ -139,7 +140,7 @@ impl Task {
                         let value = match decoder.next() {
                             Ok(Some(value)) => value,
                             Ok(None) => break,
-                            Err(e) => break 'conn e.0,
+                            Err(e) => break 'conn e.detail,
                         };
                         let Some(p) = pending.front_mut() else {
                             break 'conn "a reply nobody asked for".into();
@@ -202,7 +203,7 @@ impl Task {
                             Some(Msg::Job(job)) if job.abandoned() => {}
                             Some(Msg::Job(job)) if retiring => {
                                 if job.take() {
-                                    job.refuse(LinkError::Requeue("the connection was retired".into()));
+                                    job.refuse(Error::new(Kind::Closed, "the connection was retired"));
                                 }
                             }
                             Some(Msg::Job(job)) if fence.is_some() || late.is_some() => held.push_back(job),
@@ -219,7 +220,7 @@ impl Task {
                     if retiring {
                         for job in held.drain(..) {
                             if job.take() {
-                                job.refuse(LinkError::Requeue("the connection was retired".into()));
+                                job.refuse(Error::new(Kind::Closed, "the connection was retired"));
                             }
                         }
                     }
@@ -264,7 +265,7 @@ impl Task {
         for p in pending {
             if let Owner::Caller(done, counted) = p.owner {
                 drop(counted);
-                let _ = done.send(Err(LinkError::Lost(why.clone())));
+                let _ = done.send(Err(Error::new(Kind::Lost, why.clone())));
             }
         }
         jobs.close();
@@ -276,7 +277,7 @@ impl Task {
         }
         for job in queued {
             if job.take() {
-                job.refuse(LinkError::Requeue(why.clone()));
+                job.refuse(Error::new(Kind::Closed, why.clone()));
             }
         }
     }

@@ -5,9 +5,9 @@
 //! on this connection only, and a reply is only ever its own request's.
 //!
 //! A deadline costs one request, not the connection. A caller whose deadline
-//! passes is answered at once: [`LinkError::Late`] if its request was written
-//! (it may have run), [`LinkError::NotSent`] if it was still queued (it is
-//! taken back and never written). Its reply, when it comes, is read and
+//! passes is answered at once: [`Kind::Late`] if its request was written
+//! (it may have run), [`Kind::Busy`] if it was still queued (it is taken
+//! back and never written). Its reply, when it comes, is read and
 //! dropped in its place in the stream. Behind a written request that went
 //! late, the connection writes a marker (`PING <nonce>`) and holds back new
 //! requests until the marker's echo comes back in the marker's own place:
@@ -15,15 +15,17 @@
 //! connection is closed only when it is really unhealthy: the marker is not
 //! back within a grace period (the late request's own budget, at least 1s,
 //! past its deadline), or a reply comes back out of step. Then every request
-//! already written is [`LinkError::Lost`] (it may have run) and every request
-//! still queued [`LinkError::Requeue`] (it cannot have run, and may go on
-//! another connection). Nothing written is ever re-sent.
+//! already written is [`Kind::Lost`] (it may have run) and every request
+//! still queued [`Kind::Closed`] (it cannot have run, and may go on another
+//! connection). Nothing written is ever re-sent.
 //!
 //! At most `max_in_flight` requests are queued or awaiting a reply at once
 //! (a request abandoned by its caller counts until its reply is read); one
-//! more is refused at once, never sent.
+//! more is refused at once, never sent ([`Kind::Busy`]).
 
 mod serve;
+#[cfg(test)]
+pub(super) mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -33,23 +35,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::dial::{Conn, Probe};
+use super::error::{Error, Kind};
 use super::resp::{Cmd, Value};
 use serve::Task;
 
-/// Why a request has no reply.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LinkError {
-    /// It was never written: it cannot have run (no time left, too many in
-    /// flight, or its deadline passed while it waited for its turn).
-    NotSent(String),
-    /// It was never written, and the connection has closed: it cannot have
-    /// run, and may be sent on another connection.
-    Requeue(String),
-    /// It was written (or partly) and no complete reply came: it may have run.
-    Lost(String),
-    /// It was written and its deadline passed without a reply: it may have run.
-    Late,
-}
+/// What a request whose deadline passed after it was written is told.
+pub const LATE: &str = "no reply in time";
 
 /// Requests are gathered into one write up to about this many bytes.
 const MAX_BATCH: usize = 256 * 1024;
@@ -78,7 +69,7 @@ struct Job {
     replies: usize,
     /// QUEUED until the writer takes it (TAKEN) or its caller gives up first (ABANDONED).
     state: Arc<AtomicU8>,
-    done: oneshot::Sender<Result<Vec<Value>, LinkError>>,
+    done: oneshot::Sender<Result<Vec<Value>, Error>>,
     counted: InFlight,
 }
 
@@ -106,7 +97,7 @@ impl Job {
         self.state.load(Ordering::SeqCst) == ABANDONED
     }
 
-    fn refuse(self, why: LinkError) {
+    fn refuse(self, why: Error) {
         let Job { done, counted, .. } = self;
         drop(counted);
         let _ = done.send(Err(why));
@@ -184,7 +175,8 @@ impl Link {
         let _ = self.jobs.send(Msg::Retire);
     }
 
-    /// Closes the connection: written requests are `Lost`, queued ones `Requeue`.
+    /// Closes the connection: written requests are [`Kind::Lost`], queued
+    /// ones [`Kind::Closed`].
     pub fn close(&self) {
         self.alive.store(false, Ordering::SeqCst);
         self.close.send_replace(true);
@@ -192,18 +184,21 @@ impl Link {
 
     /// Writes `cmds` in one go and waits for one reply per command until
     /// `deadline`. Passing the deadline gives up this request only.
-    pub async fn request(&self, cmds: &[Cmd], deadline: Instant) -> Result<Vec<Value>, LinkError> {
+    pub async fn request(&self, cmds: &[Cmd], deadline: Instant) -> Result<Vec<Value>, Error> {
         let started = Instant::now();
         if started >= deadline {
             // No time to wait for a reply: do not start what cannot finish.
-            return Err(LinkError::NotSent("no time left".into()));
+            return Err(Error::new(Kind::Busy, "no time left"));
         }
         let counted = InFlight(self.in_flight.clone());
         if self.in_flight.fetch_add(1, Ordering::SeqCst) >= self.max_in_flight {
-            return Err(LinkError::NotSent(format!(
-                "{} requests already in flight on the connection (--max-in-flight); never sent",
-                self.max_in_flight
-            )));
+            return Err(Error::new(
+                Kind::Busy,
+                format!(
+                    "{} requests already in flight on the connection (--max-in-flight); never sent",
+                    self.max_in_flight
+                ),
+            ));
         }
         let mut bytes = Vec::new();
         for c in cmds {
@@ -223,23 +218,24 @@ impl Link {
         };
         // (The server-closed probe runs in the connection task, right before writing.)
         if !self.alive.load(Ordering::SeqCst) || self.jobs.send(Msg::Job(job)).is_err() {
-            return Err(LinkError::Requeue("the connection is closed".into()));
+            return Err(Error::new(Kind::Closed, "the connection is closed"));
         }
         match tokio::time::timeout_at(deadline, reply).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(LinkError::Lost("the connection task ended".into())),
+            Ok(Err(_)) => Err(Error::new(Kind::Lost, "the connection task ended")),
             Err(_) => {
                 let never_written = state
                     .compare_exchange(QUEUED, ABANDONED, Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok();
                 if never_written {
-                    return Err(LinkError::NotSent(
-                        "no turn on the connection before the deadline; never sent".into(),
+                    return Err(Error::new(
+                        Kind::Busy,
+                        "no turn on the connection before the deadline; never sent",
                     ));
                 }
                 let grace = deadline.saturating_duration_since(started).max(MIN_GRACE);
                 let _ = self.jobs.send(Msg::Late { grace });
-                Err(LinkError::Late)
+                Err(Error::new(Kind::Late, LATE))
             }
         }
     }

@@ -2,20 +2,31 @@
 //! and `TRYAGAIN` (each an answer that it did not run), the slot map and its
 //! refresh, and the pools per node.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::super::cluster::{Redirect, SlotMap, redirect};
-use super::super::dial::DialError;
+use super::super::client::{Pools, Route, Sent, Use, exchange, forget_if_not_primary};
 use super::super::endpoint::Addr;
+use super::super::error::{Error, Kind};
 use super::super::pool::{Place, Pool};
 use super::super::resp::{Cmd, Value};
-use super::{
-    Client, Kind, Route, Router, SendError, Sent, Use, exchange, forget_if_not_primary, link_text,
-};
+use super::{Redirect, SlotMap, redirect};
+
+/// The routing of a Valkey Cluster: the slot map, learned from the seeds
+/// and kept up to date, and a pool per primary.
+pub(in super::super) struct Router {
+    seeds: Vec<Addr>,
+    map: RwLock<SlotMap>,
+    pools: Mutex<HashMap<Addr, Arc<Pool>>>,
+    /// How to make a node's pool.
+    make: Pools,
+    stale: AtomicBool,
+    refreshing: tokio::sync::Mutex<()>,
+}
 
 /// Redirections one request may follow (`MOVED` after a resharding, `ASK`
 /// then `MOVED` around a migration).
@@ -30,17 +41,28 @@ fn try_again_pause(n: u32) -> Duration {
     base.mul_f64(rand::rng().random_range(0.5..1.5))
 }
 
-impl Client {
-    /// [`Client::send`] in a Cluster: to the slot's owner, wherever the
-    /// cluster redirects it.
-    pub(super) async fn send_routed(
+impl Router {
+    /// A router that learns the map from `seeds` (at the first refresh).
+    pub(in super::super) fn new(seeds: Vec<Addr>, make: Pools) -> Router {
+        Router {
+            seeds,
+            map: RwLock::new(SlotMap::default()),
+            pools: Mutex::new(HashMap::new()),
+            make,
+            stale: AtomicBool::new(true),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Sends to the slot's owner (any primary for [`Route::Any`]),
+    /// wherever the cluster redirects it.
+    pub(in super::super) async fn send(
         &self,
-        router: &Router,
         route: Route,
         how: Use,
         cmds: &[Cmd],
         deadline: Instant,
-    ) -> Result<Sent, SendError> {
+    ) -> Result<Sent, Error> {
         let mut next: Option<(Addr, bool)> = None;
         let mut redirections = 0;
         let mut tries = 0;
@@ -64,16 +86,16 @@ impl Client {
                         // next time — not for a reply that is only late (an
                         // overloaded or silent node), which would send every
                         // caller of every shard to ask it for the map first.
-                        if !matches!(e, SendError::Late) {
-                            router.stale.store(true, Ordering::SeqCst);
+                        if e.kind != Kind::Late {
+                            self.stale.store(true, Ordering::SeqCst);
                         }
                         // Any primary will do: another one, if one is left.
                         if matches!(route, Route::Any)
-                            && matches!(e, SendError::NotSent(_))
+                            && matches!(e.kind, Kind::Dial | Kind::Busy | Kind::Closed)
                             && Instant::now() < deadline
                         {
                             unreachable.push(addr);
-                            let left = router
+                            let left = self
                                 .map
                                 .read()
                                 .unwrap_or_else(|p| p.into_inner())
@@ -91,7 +113,7 @@ impl Client {
                 replies.remove(0);
             }
             if forget_if_not_primary(link.link(), &replies) {
-                router.stale.store(true, Ordering::SeqCst);
+                self.stale.store(true, Ordering::SeqCst);
             }
             let moved = match (cmds.len(), replies.first()) {
                 (1, Some(Value::Error(e))) => redirect(e, &addr).map(|r| (r, e.clone())),
@@ -120,18 +142,18 @@ impl Client {
             link.give_back();
             redirections += 1;
             if redirections > MAX_REDIRECTIONS {
-                return Err(SendError::Redirected(format!(
-                    "too many redirections (last: {said}); the command never ran"
-                )));
+                return Err(Error::new(
+                    Kind::Redirected,
+                    format!("too many redirections (last: {said}); the command never ran"),
+                ));
             }
             next = Some(match redirection {
                 Redirect::Moved(slot, to) => {
-                    router
-                        .map
+                    self.map
                         .write()
                         .unwrap_or_else(|p| p.into_inner())
                         .moved(slot, to.clone());
-                    router.stale.store(true, Ordering::SeqCst);
+                    self.stale.store(true, Ordering::SeqCst);
                     (to, false)
                 }
                 Redirect::Ask(_, to) => (to, true),
@@ -139,48 +161,66 @@ impl Client {
         }
     }
 
-    pub(super) fn pool(&self, addr: &Addr) -> Arc<Pool> {
-        match &self.kind {
-            Kind::Single(p) => p.clone(),
-            Kind::Cluster(r) => r
-                .pools
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(addr.clone())
-                .or_insert_with(|| {
-                    Arc::new(Pool::new(
-                        Place::Fixed(addr.clone()),
-                        self.dialer.clone(),
-                        self.sizes,
-                        self.connect_timeout,
-                        self.opened.clone(),
-                    ))
-                })
-                .clone(),
+    /// The pool of the node at `addr` (made on first use).
+    fn pool(&self, addr: &Addr) -> Arc<Pool> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(addr.clone())
+            .or_insert_with(|| self.make.pool(Place::Fixed(addr.clone())))
+            .clone()
+    }
+
+    /// Every pool (to close).
+    pub(in super::super) fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Every primary with its name and pool, refreshing a stale map first.
+    pub(in super::super) async fn primaries(
+        &self,
+        deadline: Instant,
+    ) -> Result<Vec<(String, Arc<Pool>)>, Error> {
+        if self.stale.load(Ordering::SeqCst) {
+            let _ = self.refresh(deadline).await;
         }
+        let primaries = self
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .primaries();
+        if primaries.is_empty() {
+            return Err(Error::new(Kind::Dial, "no known cluster primary"));
+        }
+        Ok(primaries
+            .iter()
+            .map(|a| (a.to_string(), self.pool(a)))
+            .collect())
     }
 
     /// The cluster primary for `route`, refreshing a stale slot map first. A
     /// slot the map has no owner for (a node that had not heard of a change
     /// yet answered the last refresh) is looked up once more after a refresh,
     /// and leaves the map stale for the next call if still unserved.
-    pub(super) async fn owner(
+    async fn owner(
         &self,
         route: Route,
         unreachable: &[Addr],
         deadline: Instant,
-    ) -> Result<Addr, SendError> {
-        let Kind::Cluster(router) = &self.kind else {
-            unreachable!("owner() is only asked in a cluster");
-        };
+    ) -> Result<Addr, Error> {
         for _ in 0..2 {
-            if router.stale.load(Ordering::SeqCst) {
+            if self.stale.load(Ordering::SeqCst) {
                 // A failed refresh keeps the old map: it may still be right.
                 if let Err(e) = self.refresh(deadline).await {
-                    tracing::debug!(error = %e.0, "cluster slot map refresh failed");
+                    tracing::debug!(error = %e, "cluster slot map refresh failed");
                 }
             }
-            let map = router.map.read().unwrap_or_else(|p| p.into_inner());
+            let map = self.map.read().unwrap_or_else(|p| p.into_inner());
             let found = match route {
                 Route::Slot(slot) => map.owner(slot).cloned(),
                 Route::Any => map
@@ -191,28 +231,25 @@ impl Client {
             if let Some(addr) = found {
                 return Ok(addr);
             }
-            router.stale.store(true, Ordering::SeqCst);
+            self.stale.store(true, Ordering::SeqCst);
         }
-        Err(SendError::NotSent("no cluster node serves the slot".into()))
+        Err(Error::new(Kind::Dial, "no cluster node serves the slot"))
     }
 
     /// Learns the slot map from the first node that answers `CLUSTER SLOTS`.
-    pub(super) async fn refresh(&self, deadline: Instant) -> Result<(), DialError> {
-        let Kind::Cluster(router) = &self.kind else {
-            return Ok(());
-        };
-        let _one_at_a_time = tokio::time::timeout_at(deadline, router.refreshing.lock())
+    pub(in super::super) async fn refresh(&self, deadline: Instant) -> Result<(), Error> {
+        let _one_at_a_time = tokio::time::timeout_at(deadline, self.refreshing.lock())
             .await
-            .map_err(|_| DialError("cluster topology: no turn in time".into()))?;
-        if !router.stale.load(Ordering::SeqCst) {
+            .map_err(|_| Error::new(Kind::Dial, "cluster topology: no turn in time"))?;
+        if !self.stale.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let mut candidates = router
+        let mut candidates = self
             .map
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .primaries();
-        for s in &router.seeds {
+        for s in &self.seeds {
             if !candidates.contains(s) {
                 candidates.push(s.clone());
             }
@@ -225,11 +262,11 @@ impl Client {
             let left = deadline.saturating_duration_since(Instant::now());
             let by = Instant::now() + left / u32::try_from(count - i).unwrap_or(u32::MAX);
             let asked = async {
-                let link = self.pool(&addr).link(by).await.map_err(|e| e.0)?;
+                let link = self.pool(&addr).link(by).await.map_err(|e| e.detail)?;
                 let reply = link
                     .request(&[Cmd::new("CLUSTER").arg("SLOTS")], by)
                     .await
-                    .map_err(|e| link_text(&e))?;
+                    .map_err(|e| e.detail)?;
                 match reply.first() {
                     Some(Value::Error(e)) => Err(format!("{addr}: {e}")),
                     Some(v) => SlotMap::from_cluster_slots(v, &addr)
@@ -243,21 +280,20 @@ impl Client {
                     // Pools of nodes that left the map go (their connections
                     // close once the requests still on them are done).
                     let primaries = map.primaries();
-                    router
-                        .pools
+                    self.pools
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .retain(|a, _| primaries.contains(a));
-                    *router.map.write().unwrap_or_else(|p| p.into_inner()) = map;
-                    router.stale.store(false, Ordering::SeqCst);
+                    *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
+                    self.stale.store(false, Ordering::SeqCst);
                     return Ok(());
                 }
                 Err(e) => why.push(e),
             }
         }
-        Err(DialError(format!(
-            "cluster topology unknown: {}",
-            why.join("; ")
-        )))
+        Err(Error::new(
+            Kind::Dial,
+            format!("cluster topology unknown: {}", why.join("; ")),
+        ))
     }
 }

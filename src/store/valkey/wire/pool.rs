@@ -12,17 +12,26 @@
 //! After a failed connect, the next attempt waits (100ms doubling to 5s, with
 //! jitter); calls in between fail at once with the last cause instead of
 //! queueing behind a server that is not there.
+//!
+//! Every error here is one of nothing sent: [`Kind::Dial`] (no connection
+//! could be opened), [`Kind::Busy`] (none became free in time) or
+//! [`Kind::Closed`] (the pool is closed).
+
+#[cfg(test)]
+mod tests;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
 use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 
-use super::dial::{DialError, Dialer};
+use super::dial::{Conn, Dialer};
 use super::endpoint::Addr;
+use super::error::{Error, Kind};
 use super::link::Link;
 
 /// Where a pool's connections go.
@@ -37,6 +46,33 @@ pub enum Place {
         /// The monitored primary's name.
         service: String,
     },
+}
+
+/// Opens one connection (connected and logged in) for a pool, by a deadline.
+pub trait Connector: Send + Sync {
+    /// A new connection, or why there is none ([`Kind::Dial`]).
+    fn open(&self, deadline: Instant) -> BoxFuture<'_, Result<Conn, Error>>;
+}
+
+/// The connector of a real deployment: `dialer` to `place`.
+struct Dialing {
+    place: Place,
+    dialer: Dialer,
+}
+
+impl Connector for Dialing {
+    fn open(&self, deadline: Instant) -> BoxFuture<'_, Result<Conn, Error>> {
+        Box::pin(async move {
+            match &self.place {
+                Place::Fixed(addr) => self.dialer.connect(addr, deadline).await,
+                Place::Sentinel { sentinels, service } => self
+                    .dialer
+                    .connect_primary(sentinels, service, deadline)
+                    .await
+                    .map(|(_, conn)| conn),
+            }
+        })
+    }
 }
 
 /// Most durable-write connections one pool keeps (`--durable-pool-size`).
@@ -81,8 +117,7 @@ struct Shared {
 
 /// Connections to one place.
 pub struct Pool {
-    place: Place,
-    dialer: Dialer,
+    connector: Box<dyn Connector>,
     connect_timeout: Duration,
     sizes: Sizes,
     shared: Mutex<Shared>,
@@ -163,10 +198,21 @@ enum Choice {
 
 impl Pool {
     /// A pool of up to `sizes.shared` shared connections and `sizes.durable`
-    /// exclusive ones (opened on first use), counting opens in `opened`.
+    /// exclusive ones to `place` (opened on first use), counting opens in `opened`.
     pub fn new(
         place: Place,
         dialer: Dialer,
+        sizes: Sizes,
+        connect_timeout: Duration,
+        opened: Counter,
+    ) -> Pool {
+        let connector = Box::new(Dialing { place, dialer });
+        Pool::with_connector(connector, sizes, connect_timeout, opened)
+    }
+
+    /// [`Pool::new`] with connections from `connector`.
+    pub fn with_connector(
+        connector: Box<dyn Connector>,
         sizes: Sizes,
         connect_timeout: Duration,
         opened: Counter,
@@ -177,8 +223,7 @@ impl Pool {
             max_in_flight: sizes.max_in_flight.max(1),
         };
         Pool {
-            place,
-            dialer,
+            connector,
             connect_timeout,
             sizes,
             shared: Mutex::new(Shared::default()),
@@ -202,16 +247,19 @@ impl Pool {
     /// the connect timeout and `deadline`), until [`Held::give_back`]. At
     /// most `sizes.durable` are in use at once; a caller beyond waits for
     /// one to come back, until its deadline.
-    pub async fn exclusive(self: &Arc<Self>, deadline: Instant) -> Result<Held, DialError> {
+    pub async fn exclusive(self: &Arc<Self>, deadline: Instant) -> Result<Held, Error> {
         let permit = tokio::time::timeout_at(deadline, self.exclusive.clone().acquire_owned())
             .await
             .map_err(|_| {
-                DialError(format!(
-                    "all {} durable-write connections stayed busy (--durable-pool-size)",
-                    self.sizes.durable
-                ))
+                Error::new(
+                    Kind::Busy,
+                    format!(
+                        "all {} durable-write connections stayed busy (--durable-pool-size)",
+                        self.sizes.durable
+                    ),
+                )
             })?
-            .map_err(|_| DialError("the connection pool is closed".into()))?;
+            .map_err(|_| pool_closed())?;
         let reuse = loop {
             let next = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
             match next {
@@ -234,7 +282,7 @@ impl Pool {
     /// (within the connect timeout and `deadline`) when every open one is
     /// busy and the pool has room. A connection checking a missed deadline
     /// is passed over while another will do.
-    pub async fn link(&self, deadline: Instant) -> Result<Link, DialError> {
+    pub async fn link(&self, deadline: Instant) -> Result<Link, Error> {
         loop {
             let mut opened_one = self.opened_one.subscribe();
             let choice = {
@@ -269,8 +317,8 @@ impl Pool {
                 Choice::Wait => {
                     tokio::time::timeout_at(deadline, opened_one.changed())
                         .await
-                        .map_err(|_| DialError("no connection became free in time".into()))?
-                        .map_err(|_| DialError("the connection pool is closed".into()))?;
+                        .map_err(|_| Error::new(Kind::Busy, "no connection became free in time"))?
+                        .map_err(|_| pool_closed())?;
                 }
                 Choice::Open(fallback) => {
                     let _opening = Opening(self);
@@ -288,18 +336,10 @@ impl Pool {
     }
 
     /// Opens a connection (unless still backing off after a failure).
-    async fn open(&self, deadline: Instant) -> Result<Link, DialError> {
+    async fn open(&self, deadline: Instant) -> Result<Link, Error> {
         self.check_backoff()?;
         let connect_by = deadline.min(Instant::now() + self.connect_timeout);
-        let opened = match &self.place {
-            Place::Fixed(addr) => self.dialer.connect(addr, connect_by).await,
-            Place::Sentinel { sentinels, service } => self
-                .dialer
-                .connect_primary(sentinels, service, connect_by)
-                .await
-                .map(|(_, conn)| conn),
-        };
-        match opened {
+        match self.connector.open(connect_by).await {
             Ok(conn) => {
                 self.connected();
                 self.opened.inc();
@@ -326,13 +366,16 @@ impl Pool {
         }
     }
 
-    fn check_backoff(&self) -> Result<(), DialError> {
+    fn check_backoff(&self) -> Result<(), Error> {
         let b = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
         match (b.retry_at, &b.last) {
-            (Some(at), Some(last)) if Instant::now() < at => Err(DialError(format!(
-                "{last} (next attempt in {}ms)",
-                at.saturating_duration_since(Instant::now()).as_millis()
-            ))),
+            (Some(at), Some(last)) if Instant::now() < at => Err(Error::new(
+                Kind::Dial,
+                format!(
+                    "{last} (next attempt in {}ms)",
+                    at.saturating_duration_since(Instant::now()).as_millis()
+                ),
+            )),
             _ => Ok(()),
         }
     }
@@ -344,11 +387,15 @@ impl Pool {
         b.last = None;
     }
 
-    fn failed(&self, e: &DialError) {
+    fn failed(&self, e: &Error) {
         let mut b = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
         let jitter = rand::rng().random_range(0.8..1.2);
         b.retry_at = Some(Instant::now() + b.delay.mul_f64(jitter));
         b.delay = (b.delay * 2).min(BACKOFF_MAX);
-        b.last = Some(e.0.clone());
+        b.last = Some(e.detail.clone());
     }
+}
+
+fn pool_closed() -> Error {
+    Error::new(Kind::Closed, "the connection pool is closed")
 }

@@ -3,18 +3,57 @@
 //! There is deliberately no way to turn verification off. The trust roots are
 //! the `--tls-ca-file` bundle when given, the system store otherwise.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::config::TlsFiles;
-use crate::store::StoreError;
+use super::error::{Error, Kind};
 
-/// Builds the client TLS settings; file problems are [`StoreError::Invalid`].
+/// PEM files for TLS (rustls). Verification is always on.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    /// CA bundle to trust instead of the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain for mTLS.
+    pub cert_file: Option<PathBuf>,
+    /// Client private key for mTLS.
+    pub key_file: Option<PathBuf>,
+    /// Name to verify the server certificate against, instead of the URL host.
+    pub server_name: Option<String>,
+}
+
+impl TlsFiles {
+    /// True when nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self.ca_file.is_none()
+            && self.cert_file.is_none()
+            && self.key_file.is_none()
+            && self.server_name.is_none()
+    }
+
+    /// These settings, each one left unset taken from `fallback` (the
+    /// certificate and key as a pair: both from here, or both from there).
+    pub fn or(&self, fallback: &TlsFiles) -> TlsFiles {
+        let own_pair = self.cert_file.is_some() || self.key_file.is_some();
+        let pair = if own_pair { self } else { fallback };
+        TlsFiles {
+            ca_file: self.ca_file.clone().or_else(|| fallback.ca_file.clone()),
+            cert_file: pair.cert_file.clone(),
+            key_file: pair.key_file.clone(),
+            server_name: self
+                .server_name
+                .clone()
+                .or_else(|| fallback.server_name.clone()),
+        }
+    }
+}
+
+/// Builds the client TLS settings; file problems are [`Kind::Config`].
 /// The server name override (`files.server_name`) is applied per connection.
-pub fn client_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, StoreError> {
+pub fn client_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, Error> {
     let roots = match &files.ca_file {
         Some(path) => {
             let mut roots = RootCertStore::empty();
@@ -84,8 +123,8 @@ pub fn client_config(files: &TlsFiles) -> Result<Arc<rustls::ClientConfig>, Stor
     Ok(Arc::new(config))
 }
 
-fn invalid(msg: String) -> StoreError {
-    StoreError::Invalid(msg)
+fn invalid(msg: String) -> Error {
+    Error::new(Kind::Config, msg)
 }
 
 /// An I/O error as a sentence for people: a TLS failure says what went wrong
