@@ -207,3 +207,45 @@ async fn a_closed_pool_hands_out_nothing() {
     let e = err(pool.exclusive(soon()).await);
     assert_eq!(e.kind, Kind::Closed, "{e:?}");
 }
+
+#[tokio::test]
+async fn a_request_its_connection_closed_before_writing_goes_once_more_on_a_new_one() {
+    use super::super::client::{Use, exchange};
+    let (pool, memory, opened) = pool(sizes(1, 1));
+    let link = pool.link(soon()).await.unwrap();
+    let mut server = memory.server(0);
+    // A request goes late: the link writes a marker and holds back the next.
+    let late = {
+        let link = link.clone();
+        let by = Instant::now() + Duration::from_millis(50);
+        tokio::spawn(async move { link.request(&[Cmd::new("GET").arg("slow")], by).await })
+    };
+    server.expect().await;
+    assert_eq!(late.await.unwrap().unwrap_err().kind, Kind::Late);
+    assert_eq!(server.expect().await[0], "PING");
+    // The pool is full, so the next request queues on that link, unwritten.
+    let pool2 = pool.clone();
+    let sent = tokio::spawn(async move {
+        exchange(&pool2, Use::Shared, &[Cmd::new("GET").arg("k")], soon()).await
+    });
+    assert!(server.quiet_for(Duration::from_millis(50)).await);
+    // The connection closes before writing it: it cannot have run, so it
+    // goes once more, on a new connection.
+    drop(server);
+    let reopened = async {
+        loop {
+            if let Some(s) = memory.servers.lock().unwrap().pop() {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let mut server = tokio::time::timeout(Duration::from_secs(1), reopened)
+        .await
+        .expect("a new connection within 1s");
+    assert_eq!(server.expect().await, ["GET", "k"]);
+    server.reply(b"+OK\r\n").await;
+    let (_, replies) = sent.await.unwrap().unwrap();
+    assert_eq!(replies, [Value::Simple("OK".into())]);
+    assert_eq!(opened.get(), 2);
+}
