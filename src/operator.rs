@@ -3,6 +3,7 @@
 
 pub mod api_timeout;
 pub mod retention;
+pub mod subscribe;
 pub mod sweep;
 pub mod wakeups;
 

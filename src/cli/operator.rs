@@ -10,8 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use tokio::sync::watch;
 
 use super::connection::{ConnectionArgs, StoreConfig, read_secret};
@@ -25,12 +23,14 @@ use crate::leadership::Leadership;
 use crate::lease_id::LeaseIdKey;
 use crate::metrics::{self, OperatorMetrics};
 use crate::operator::api_timeout::ApiTimeoutLayer;
+use crate::operator::subscribe::resubscribing;
 use crate::operator::{self, Election, OperatorConfig};
 use crate::reconcile::clock::ServerClock;
 use crate::reconcile::keeper::Keeper;
+use crate::store::etcd::EtcdStore;
 use crate::store::metrics::{MeteredStore, StoreMetrics};
-use crate::store::valkey::{ValkeyConfig, notices};
-use crate::store::{LeaseStore, StoreError, Target};
+use crate::store::valkey::notices;
+use crate::store::{LeaseStore, StoreError};
 
 /// Flags of `targetlease operator`.
 #[derive(Args, Debug)]
@@ -343,9 +343,20 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
     let subscribe = {
         let config = config.clone();
         move || match &config {
-            StoreConfig::Valkey(c) => release_notices(c.clone()),
-            // Waiters re-check on their own (release notices are Valkey's pub/sub).
-            StoreConfig::Etcd(_) => futures::stream::pending().boxed(),
+            StoreConfig::Valkey(c) => {
+                let c = c.clone();
+                resubscribing(move || {
+                    let c = c.clone();
+                    async move { notices::release_notices(&c).await }
+                })
+            }
+            StoreConfig::Etcd(c) => {
+                let c = c.clone();
+                resubscribing(move || {
+                    let c = c.clone();
+                    async move { EtcdStore::connect(&c).await?.release_notices().await }
+                })
+            }
         }
     };
     tracing::info!(admin = %args.admin_addr, admin_https, leader_election = args.leader_election, "operator starting");
@@ -402,41 +413,6 @@ async fn clients(
         .with_layer(&deadline)
         .build();
     Ok((gated, ungated))
-}
-
-/// Release notifications, subscribed when the controller starts (lazily, so a
-/// replica that never leads holds no subscription). A subscription that
-/// cannot be made (Valkey down when leadership started) or that ends is
-/// retried with capped backoff for as long as the controller polls the
-/// stream; it stops when the controller does. Releases published while
-/// unsubscribed are missed: waiters also re-check on their own.
-fn release_notices(config: ValkeyConfig) -> BoxStream<'static, Target> {
-    let first = Duration::from_millis(200);
-    futures::stream::unfold((config, first), move |(config, mut delay)| async move {
-        loop {
-            match notices::release_notices(&config).await {
-                Ok(stream) => {
-                    tracing::info!("subscribed to release notifications");
-                    // When the subscriber closes, pause and subscribe again.
-                    let ended = futures::stream::once(async {
-                        tracing::warn!("release notifications ended; subscribing again");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    })
-                    .filter_map(|()| async { None });
-                    return Some((stream.chain(ended).boxed(), (config, first)));
-                }
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    retry_in = ?delay,
-                    "no release notifications yet; waiters retry at the holder's expiry meanwhile"
-                ),
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
-    })
-    .flatten()
-    .boxed()
 }
 
 async fn shutdown_signal() {

@@ -37,6 +37,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use futures::stream::BoxStream;
 
 pub use config::{EtcdConfig, is_etcd_url};
 pub use keys::KeySpace;
@@ -169,6 +170,15 @@ impl EtcdStore {
     /// The key layout this store writes.
     pub fn keys(&self) -> &KeySpace {
         &self.keys
+    }
+
+    /// Every target whose lease record ends from now on — released,
+    /// revoked, or expired (etcd deletes the record itself) — as the
+    /// operator's waiters want them. The watch resumes after a broken
+    /// stream from where it stopped; the stream ends when the store can no
+    /// longer watch (the client is gone).
+    pub async fn release_notices(&self) -> Result<BoxStream<'static, Target>, StoreError> {
+        watch::release_notices(self.kv.watch_client(), self.keys.clone(), self.timeout).await
     }
 
     fn judged(&self, target: &Target, slot: Slot, now: u64) -> Reply {

@@ -18,6 +18,7 @@ use crate::support::valkey_server;
 
 mod cases;
 mod etcd_harness;
+mod etcd_watch;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,12 +10,12 @@ impl OperatorEnv {
     /// be granted.
     pub async fn hold_outside(
         &self,
-        store: &targetlease::store::valkey::ValkeyStore,
+        store: &(impl targetlease::store::LeaseStore + ?Sized),
         target: &targetlease::store::Target,
         owner: &str,
         ttl: Duration,
     ) -> targetlease::store::Reply {
-        use targetlease::store::{AcquireRequest, LeaseStore, Outcome};
+        use targetlease::store::{AcquireRequest, Outcome};
         let reply = store
             .acquire(&AcquireRequest::new(target.clone(), owner, ttl))
             .await

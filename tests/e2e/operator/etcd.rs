@@ -2,7 +2,9 @@
 //! 3-member cluster of the test's own, not the API server's): a
 //! TargetLease is held with a token from etcd's per-target counter, the
 //! next one on the target takes over when the first is deleted, and a
-//! deleted lease is released in etcd.
+//! deleted lease is released in etcd; a TargetLease waiting behind a
+//! holder outside Kubernetes is woken by etcd's watch when that holder
+//! lets go.
 
 use super::*;
 use crate::support::etcd_cluster::EtcdCluster;
@@ -71,4 +73,44 @@ async fn the_operator_holds_hands_off_and_releases_leases_in_etcd() {
         Outcome::NotFound,
         "the finalizer released the lease in etcd: {got:?}"
     );
+}
+
+#[tokio::test]
+async fn a_waiter_on_etcd_gets_the_target_when_an_outside_holder_lets_go() {
+    let mut env = OperatorEnv::start_without_operator("etcd-outside").await;
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .expect("start the etcd cluster");
+    let url = cluster.url();
+    env.start_operator_on(&url, &[]);
+    let store = EtcdStore::connect(&EtcdConfig {
+        url: url.clone(),
+        ..EtcdConfig::default()
+    })
+    .await
+    .expect("connect to the etcd cluster");
+    let target = Target::new(&env.ns, "external");
+    let outside = env
+        .hold_outside(&store, &target, "cron", Duration::from_secs(60))
+        .await;
+    let lease = outside.lease.unwrap();
+    env.create("waiter", lease_for("external").identity("waiter"))
+        .await;
+    let pending = env.wait_reason("waiter", "TargetHeld", SOON).await;
+    assert_eq!(summary(&pending).0, Some(Phase::Pending));
+
+    // Released long before its 60 s expiry and long before the operator's
+    // own re-check (30 s): only the watch's notice wakes the waiter in time.
+    let released = store
+        .release(&ReleaseRequest::new(
+            target.clone(),
+            lease.handle().unwrap(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(released.outcome, Outcome::Released);
+    let tl = env
+        .wait_phase("waiter", Phase::Held, Duration::from_secs(10))
+        .await;
+    assert_eq!(summary(&tl).2, Some(2));
 }
