@@ -43,14 +43,17 @@ if not field_of('q:', request) then return reply('corrupt_state', now, 'not a re
 local f, bad = fields(key, { 'lease', 'fence', request })
 if not f then return reply('corrupt_state', now, bad) end
 local state, r, why = read_lease(key, f[1], f[2], now)
-local replayed = replay(key, request, f[3], fp, now, state, r, why, {
-  live = 'acquired', live_msg = 'lease acquired (replayed request)', id = lease_id,
-  superseded = function(t, held)
-    return reply_lease('held', t, 'the lease this request acquired was superseded', held, '')
-  end,
-  ended = 'the lease this request acquired has ended',
-})
-if replayed then return replayed end
+-- A new request id (no cache entry) skips building the replay rule.
+if f[3] then
+  local replayed = replay(key, request, f[3], fp, now, state, r, why, {
+    live = 'acquired', live_msg = 'lease acquired (replayed request)', id = lease_id,
+    superseded = function(t, held)
+      return reply_lease('held', t, 'the lease this request acquired was superseded', held, '')
+    end,
+    ended = 'the lease this request acquired has ended',
+  })
+  if replayed then return replayed end
+end
 
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'live' then return reply_lease('held', now, 'target is held', r, '') end

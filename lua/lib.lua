@@ -225,10 +225,12 @@ local function read_lease(key, packed, fence, now)
   if #packed > RECORD_BYTES then
     return 'corrupt', nil, 'lease record is larger than any a script writes'
   end
-  local v, body = string.match(packed, '^(%w+):(.*)$')
-  if v ~= '1' then return 'corrupt', nil, 'lease record has an unknown version' end
+  -- One match for the version and the fields (the version alone when it fails).
   local token, acquired, expires, max_expires, id_sha, olen, rest =
-    string.match(body, '^(%d+):(%d+):(%d+):(%d*):(%x*):(%d+):(.*)$')
+    string.match(packed, '^1:(%d+):(%d+):(%d+):(%d*):(%x*):(%d+):(.*)$')
+  if not token and string.match(packed, '^(%w+):') ~= '1' then
+    return 'corrupt', nil, 'lease record has an unknown version'
+  end
   if not token or tonumber(olen) > #rest then
     return 'corrupt', nil, 'lease record is unparsable'
   end
@@ -246,14 +248,17 @@ local function read_lease(key, packed, fence, now)
   if not (is_uint(fence or '') and not dec_lt(fence, token)) then
     return 'corrupt', nil, 'fence counter is missing or behind the lease'
   end
-  local at = field_expiry(key, { 'lease' })[1]
+  local at = redis.call('HPEXPIRETIME', key, 'FIELDS', 1, 'lease')[1]
   if at < 0 then return 'corrupt', ident, 'lease record has no expiry' end
-  if at ~= tonumber(expires) or tonumber(acquired) > tonumber(expires)
-     or (max_expires ~= '' and tonumber(expires) > tonumber(max_expires)) then
+  local exp = tonumber(expires)
+  if at ~= exp or tonumber(acquired) > exp
+     or (max_expires ~= '' and exp > tonumber(max_expires)) then
     return 'corrupt', ident, "lease record's expiry disagrees with itself"
   end
-  if not is_metadata(r.meta) then return 'corrupt', ident, 'lease record has unreadable metadata' end
-  if tonumber(expires) <= now then return 'none' end
+  if r.meta ~= '' and not is_metadata(r.meta) then
+    return 'corrupt', ident, 'lease record has unreadable metadata'
+  end
+  if exp <= now then return 'none' end
   return 'live', r
 end
 
