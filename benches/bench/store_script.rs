@@ -67,6 +67,18 @@ fn rid() -> String {
     format!("{R}{R}{R}")
 }
 
+/// A request cache field with a fresh request id on every call. The client
+/// hashes the request id into the field (`request_field`), which would hash
+/// redis-benchmark's placeholder itself and give every call the same field,
+/// so that repeated calls on one lease replay the first one instead of doing
+/// the work; the scripts take any field under `q:`, so the placeholder goes
+/// into the field unhashed, where redis-benchmark replaces it.
+fn fresh_request(op: &str, scope: &str) -> String {
+    let shaped = request_field(op, scope, "");
+    let (head, _) = shaped.rsplit_once(':').expect("q:<op>:<scope>:<hash>");
+    format!("{head}:{}", rid())
+}
+
 /// `EVALSHA <sha> <number of keys> <keys…> <args…>`: one call of our `script`.
 fn evalsha(script: &Script, keys: &[String], args: &[&str]) -> Vec<String> {
     let mut cmd = vec!["EVALSHA".into(), script.sha.clone(), keys.len().to_string()];
@@ -262,7 +274,7 @@ pub fn ours_by_redis_benchmark(
             (measured(server, c, n, 100_000_000, &cmd), 1.0)
         }
         "renew" => {
-            let request = request_field("renew", OWNER, &rid());
+            let request = fresh_request("renew", OWNER);
             let cmd = evalsha(
                 &SCRIPTS.renew,
                 &[ks.target(&live)],
@@ -272,7 +284,7 @@ pub fn ours_by_redis_benchmark(
         }
         "commit" => {
             let value = format!("v{R}");
-            let (commit, request) = (commit_field("offset"), request_field("commit", "", &rid()));
+            let (commit, request) = (commit_field("offset"), fresh_request("commit", ""));
             let cmd = evalsha(
                 &SCRIPTS.commit,
                 &[ks.target(&live)],
@@ -285,7 +297,7 @@ pub fn ours_by_redis_benchmark(
             let leases = 4 * n;
             hold(server, &stem, leases);
             let t = Target::new(NS, format!("{stem}{R}"));
-            let request = request_field("release", OWNER, &rid());
+            let request = fresh_request("release", OWNER);
             let cmd = evalsha(
                 &SCRIPTS.release,
                 &[ks.target(&t)],
