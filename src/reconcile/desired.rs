@@ -48,8 +48,9 @@ impl Pass<'_> {
     }
 
     /// Why nobody qualifies for this election: the pods its selector matches
-    /// that did not opt in, as the API server lists them (the cache keeps no
-    /// labels of pods that opted in to nothing), Ready by the cache. Asked at
+    /// that did not opt in, as the first page of the API server's list shows
+    /// them (the cache keeps no labels of pods that opted in to nothing),
+    /// Ready by the cache. Asked at
     /// most once per [`NOBODY_RELIST`] and generation; `cached` (the answer
     /// from the cache) when the list fails.
     async fn nobody_elected(&self, selector: &kube::core::Selector, cached: Desired) -> Desired {
@@ -77,9 +78,13 @@ impl Pass<'_> {
                 .get(&ns, n)
                 .is_some_and(|p| pods::is_ready(&p))
         };
-        let listed = |also: String| listed_names(&self.ctx.client, &ns, selector, also);
-        let not_opted: Vec<String> = match listed(format!("{opt_in}!=true")).await {
-            Ok(names) => names.into_iter().filter(ready).collect(),
+        let listed = |also: String| first_page(&self.ctx.client, &ns, selector, also);
+        let not_opted = match listed(format!("{opt_in}!=true")).await {
+            Ok(page) => pods::NotOptedIn {
+                listed: page.names.len(),
+                ready: page.names.into_iter().filter(ready).collect(),
+                rest: page.rest,
+            },
             Err(e) => {
                 tracing::debug!(error = %e, "listing an election's pods failed");
                 return None;
@@ -97,9 +102,15 @@ impl Pass<'_> {
             .map(|p| p.name_any())
             .collect();
         let mut too_big = Vec::new();
-        if not_opted.is_empty() && !dropped.is_empty() {
+        if not_opted.ready.is_empty() && !dropped.is_empty() {
             match listed(format!("{opt_in}=true")).await {
-                Ok(names) => too_big = names.into_iter().filter(|n| dropped.contains(n)).collect(),
+                Ok(page) => {
+                    too_big = page
+                        .names
+                        .into_iter()
+                        .filter(|n| dropped.contains(n))
+                        .collect()
+                }
                 Err(e) => tracing::debug!(error = %e, "listing an election's pods failed"),
             }
         }
@@ -120,32 +131,58 @@ struct Name {
     name: String,
 }
 
-/// The names of the pods of `ns` that `selector` and `also` match: the API
-/// server filters, sends metadata only (no spec, no status), in pages of
-/// [`LIST_PAGE`].
-async fn listed_names(
+/// The first page of a list of pods: its names, and how many pods follow.
+struct Page {
+    names: Vec<String>,
+    rest: pods::Rest,
+}
+
+/// The first [`LIST_PAGE`] pods of `ns` that `selector` and `also` match,
+/// by name: the API server filters and sends metadata only (no spec, no
+/// status). One request, however many pods match: the reason names only a
+/// few, and counts the rest from the list's `remainingItemCount` when the
+/// server gives it (it does not for a label-selected list, so far).
+async fn first_page(
     client: &kube::Client,
     ns: &str,
     selector: &kube::core::Selector,
     also: String,
-) -> Result<Vec<String>, kube::Error> {
+) -> Result<Page, kube::Error> {
+    let page: ObjectList<Named> = client
+        .request(first_page_request(ns, selector, also)?)
+        .await?;
+    let more = page
+        .metadata
+        .continue_
+        .as_ref()
+        .is_some_and(|token| !token.is_empty());
+    let rest = match (more, page.metadata.remaining_item_count) {
+        (false, _) => pods::Rest::None,
+        (true, Some(n)) if n > 0 => pods::Rest::Counted(n as u64),
+        (true, _) => pods::Rest::Uncounted,
+    };
+    Ok(Page {
+        names: page.items.into_iter().map(|p| p.metadata.name).collect(),
+        rest,
+    })
+}
+
+/// The request for [`first_page`]: a metadata list, filtered, one page.
+fn first_page_request(
+    ns: &str,
+    selector: &kube::core::Selector,
+    also: String,
+) -> Result<http::Request<Vec<u8>>, kube::Error> {
     let labels = [selector.to_string(), also]
         .into_iter()
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()
         .join(",");
-    let request = Request::new(<Pod as kube::Resource>::url_path(&(), Some(ns)));
-    let mut params = ListParams::default().labels(&labels).limit(LIST_PAGE);
-    let mut names = Vec::new();
-    loop {
-        let page = request
-            .list_metadata(&params)
-            .map_err(kube::Error::BuildRequest)?;
-        let page: ObjectList<Named> = client.request(page).await?;
-        names.extend(page.items.into_iter().map(|p| p.metadata.name));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(names),
-        }
-    }
+    let params = ListParams::default().labels(&labels).limit(LIST_PAGE);
+    Request::new(<Pod as kube::Resource>::url_path(&(), Some(ns)))
+        .list_metadata(&params)
+        .map_err(kube::Error::BuildRequest)
 }
+
+#[cfg(test)]
+mod tests;

@@ -290,12 +290,40 @@ fn no_ready_candidate(name: &str) -> Desired {
     }
 }
 
+/// The pods an election's selector matches that did not opt in, from the
+/// first page of the API server's list: those of the page the cache knows
+/// Ready, how many the page held, and how many follow it.
+pub struct NotOptedIn {
+    /// The page's pods that the cache knows Ready, by name.
+    pub ready: Vec<String>,
+    /// How many pods the page held, Ready or not.
+    pub listed: usize,
+    /// How many pods follow the page.
+    pub rest: Rest,
+}
+
+/// How many pods follow the first page of a list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rest {
+    /// None: the page is the whole list.
+    None,
+    /// This many (the server's `remainingItemCount`).
+    Counted(u64),
+    /// Some, not counted (the server gives no count for a label-selected list).
+    Uncounted,
+}
+
 /// Why nobody qualifies for election `name`, from the Ready pods its
 /// selector matches as the API server lists them: those that did not opt in
-/// (`not_opted`: PodNotOptedIn, naming a few), else those that opted in with
-/// more labels than the cache keeps (`too_big`), else none at all
-/// (NoReadyCandidate).
-pub fn nobody_elected(name: &str, mut not_opted: Vec<String>, mut too_big: Vec<String>) -> Desired {
+/// (`not_opted`: PodNotOptedIn, naming a few, counted from the first page
+/// only), else those that opted in with more labels than the cache keeps
+/// (`too_big`), else none at all (NoReadyCandidate).
+pub fn nobody_elected(name: &str, not_opted: NotOptedIn, mut too_big: Vec<String>) -> Desired {
+    let NotOptedIn {
+        ready: mut not_opted,
+        listed,
+        rest,
+    } = not_opted;
     if not_opted.is_empty() {
         if too_big.is_empty() {
             return no_ready_candidate(name);
@@ -312,11 +340,25 @@ pub fn nobody_elected(name: &str, mut not_opted: Vec<String>, mut too_big: Vec<S
         };
     }
     not_opted.sort();
+    let (at_least, checked) = match rest {
+        Rest::None => ("", String::new()),
+        Rest::Counted(more) => (
+            "",
+            format!(
+                " (the first {listed} of {} matching pods checked)",
+                listed as u64 + more
+            ),
+        ),
+        Rest::Uncounted => (
+            "at least ",
+            format!(" (the first {listed} matching pods checked; more match)"),
+        ),
+    };
     Desired::Nobody {
         reason: Reason::PodNotOptedIn,
         message: format!(
-            "{} Ready pod(s) match spec.candidates.podSelector ({}) but none has opted in: \
-             a candidate needs the label {}: \"true\"",
+            "{at_least}{} Ready pod(s) match spec.candidates.podSelector ({}) but none has \
+             opted in: a candidate needs the label {}: \"true\"{checked}",
             not_opted.len(),
             shown(&not_opted),
             opt_in_label(name)

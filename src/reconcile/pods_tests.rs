@@ -314,18 +314,47 @@ fn an_election_elects_only_among_pods_that_opted_in() {
     ];
     let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(bystanders))).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
-    let listed = vec!["web-1".to_string(), "web-0".to_string()];
-    let (reason, message) = holder_of(&nobody_elected("web-leader", listed, vec![])).unwrap_err();
+    let listed = |rest| NotOptedIn {
+        ready: vec!["web-1".to_string(), "web-0".to_string()],
+        listed: 2,
+        rest,
+    };
+    let (reason, message) =
+        holder_of(&nobody_elected("web-leader", listed(Rest::None), vec![])).unwrap_err();
     assert_eq!(reason, Reason::PodNotOptedIn);
     assert!(
-        message.starts_with("2 Ready pod(s)") && message.contains("web-0, web-1"),
+        message.starts_with("2 Ready pod(s)")
+            && message.contains("web-0, web-1")
+            && !message.contains("checked"),
+        "{message}"
+    );
+    // Only the first page is asked: the rest counted by the server, or not.
+    let (_, message) = holder_of(&nobody_elected(
+        "web-leader",
+        listed(Rest::Counted(21)),
+        vec![],
+    ))
+    .unwrap_err();
+    assert!(
+        message.starts_with("2 Ready pod(s)")
+            && message.ends_with("(the first 2 of 23 matching pods checked)"),
+        "{message}"
+    );
+    let (_, message) = holder_of(&nobody_elected(
+        "web-leader",
+        listed(Rest::Uncounted),
+        vec![],
+    ))
+    .unwrap_err();
+    assert!(
+        message.starts_with("at least 2 Ready pod(s)") && message.contains("more match"),
         "{message}"
     );
 
     // Nothing matches at all: no Ready candidate.
     let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![]))).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
-    let (reason, _) = holder_of(&nobody_elected("web-leader", vec![], vec![])).unwrap_err();
+    let (reason, _) = holder_of(&nobody_elected("web-leader", none(), vec![])).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
 
     // Opted in with more labels than the cache keeps: not a candidate, and
@@ -340,7 +369,7 @@ fn an_election_elects_only_among_pods_that_opted_in() {
     let (reason, _) = holder_of(&desired_holder(&tl, &valid, &cache(vec![big]))).unwrap_err();
     assert_eq!(reason, Reason::NoReadyCandidate);
     let (_, message) =
-        holder_of(&nobody_elected("web-leader", vec![], vec!["web-9".into()])).unwrap_err();
+        holder_of(&nobody_elected("web-leader", none(), vec!["web-9".into()])).unwrap_err();
     assert!(
         message.contains("more labels than the operator keeps"),
         "{message}"
@@ -405,4 +434,13 @@ fn a_pod_is_in_another_election_only_if_it_opted_in_to_it() {
         concerns(&leases[2], &p, &selectors),
         "c is woken: the pod may opt in to it"
     );
+}
+
+/// No pod that did not opt in, on a whole list.
+fn none() -> NotOptedIn {
+    NotOptedIn {
+        ready: vec![],
+        listed: 0,
+        rest: Rest::None,
+    }
 }
