@@ -8,10 +8,13 @@
 //! Here a connection that sends nothing for [`Limits::idle`] is closed, and
 //! so is one whose request is not complete (answered) within
 //! [`Limits::request`] of its first byte (a client that trickles a header
-//! line every few seconds is never idle), one
-//! client address holds at most [`Limits::per_peer`] connections (and
-//! [`Limits::handshakes_per_peer`] TLS handshakes), so other addresses —
-//! the kubelet's, Prometheus's — always find room below the totals.
+//! line every few seconds is never idle), and so is one that reads nothing
+//! of an answer for [`Limits::request`]. One client address holds at most
+//! [`Limits::per_peer`] connections (and [`Limits::handshakes_per_peer`]
+//! TLS handshakes), so one address alone leaves the others — the
+//! kubelet's, Prometheus's — room below the totals; clients from
+//! `connections / per_peer` addresses together can still take them all
+//! (docs/security.md, "Not yet defended").
 
 use std::collections::HashMap;
 use std::io;
@@ -142,6 +145,7 @@ where
                         deadline: Box::pin(tokio::time::sleep(self.limits.idle)),
                         request: self.limits.request,
                         request_deadline: None,
+                        write_stall: None,
                         _slots: (slot, peer_slot),
                     };
                     return (io, peer);
@@ -159,8 +163,9 @@ where
 }
 
 /// A connection that is closed after [`Limits::idle`] without a byte from
-/// its client, or [`Limits::request`] after a request's first byte without
-/// an answer, and gives its slots back when it ends.
+/// its client, [`Limits::request`] after a request's first byte without an
+/// answer, or [`Limits::request`] into a write its client does not read,
+/// and gives its slots back when it ends.
 pub struct Guarded<T> {
     io: T,
     idle: Duration,
@@ -168,6 +173,10 @@ pub struct Guarded<T> {
     request: Duration,
     /// Set by the first byte of a request, cleared by the answer's.
     request_deadline: Option<Pin<Box<Sleep>>>,
+    /// Set when a write finds the client's window full, cleared by any
+    /// progress: a client that stops reading is closed after
+    /// [`Limits::request`] (hyper reads nothing more while it writes).
+    write_stall: Option<Pin<Box<Sleep>>>,
     _slots: (OwnedSemaphorePermit, PeerSlot),
 }
 
@@ -224,14 +233,17 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write(cx, buf);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.request_deadline = None;
-        }
-        written
+        self.written(written, cx)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let flushed = Pin::new(&mut self.io).poll_flush(cx);
+        if flushed.is_ready() {
+            self.write_stall = None;
+            return flushed;
+        }
+        self.stalled(cx)?;
+        Poll::Pending
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -244,14 +256,51 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            self.request_deadline = None;
-        }
-        written
+        self.written(written, cx)
     }
 
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
+    }
+}
+
+impl<T> Guarded<T> {
+    /// After a write: progress answers the request and ends any stall; no
+    /// progress starts one, and one that has lasted [`Limits::request`]
+    /// closes the connection.
+    fn written(
+        &mut self,
+        written: Poll<io::Result<usize>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        match written {
+            Poll::Ready(Ok(n)) if n > 0 => {
+                self.request_deadline = None;
+                self.write_stall = None;
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => {
+                self.stalled(cx)?;
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
+
+    /// A write made no progress: an error once it has made none for
+    /// [`Limits::request`].
+    fn stalled(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let request = self.request;
+        let stall = self
+            .write_stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(request)));
+        match stall.as_mut().poll(cx) {
+            Poll::Ready(()) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of its answer for too long",
+            )),
+            Poll::Pending => Ok(()),
+        }
     }
 }
 

@@ -2,11 +2,17 @@ use super::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// Serves `GET /livez` on 127.0.0.1 within `limits`; the port.
+/// Serves `GET /livez` (and `GET /big`, 32 MiB) on 127.0.0.1 within
+/// `limits`; the port.
 pub(crate) async fn serve_plain(limits: Limits) -> u16 {
     let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = tcp.local_addr().unwrap().port();
-    let app = axum::Router::new().route("/livez", axum::routing::get(|| async { "ok" }));
+    let app = axum::Router::new()
+        .route("/livez", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/big",
+            axum::routing::get(|| async { vec![b'x'; 32 << 20] }),
+        );
     tokio::spawn(async move { axum::serve(Bounded::new(tcp, limits), app).await });
     port
 }
@@ -144,4 +150,36 @@ async fn a_client_that_trickles_its_headers_is_cut_off() {
         cut >= Duration::from_millis(900) && cut < Duration::from_secs(3),
         "cut off after {cut:?}"
     );
+}
+
+/// A client that asks twice for a big answer (pipelined) and never reads
+/// (its receive buffer shrunk) holds its slot only until a write has made
+/// no progress for the request time: the only slot then serves another
+/// address.
+#[tokio::test]
+async fn a_client_that_never_reads_its_answer_is_cut_off() {
+    let limits = Limits {
+        connections: 1,
+        idle: Duration::from_secs(30),
+        request: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let port = serve_plain(limits).await;
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut hog = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    let ask = b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+    hog.write_all(&[&ask[..], &ask[..]].concat()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let probe = tokio::time::timeout(Duration::from_secs(5), get_from("127.0.0.2", port))
+        .await
+        .expect("the slot of a client that reads nothing is given back");
+    assert_eq!(probe, "HTTP/1.1 200 OK");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "answered after {:?}",
+        start.elapsed()
+    );
+    drop(hog);
 }
