@@ -11,10 +11,12 @@
 //! line every few seconds is never idle), and so is one that reads nothing
 //! of an answer for [`Limits::request`]. One client address holds at most
 //! [`Limits::per_peer`] connections (and [`Limits::handshakes_per_peer`]
-//! TLS handshakes), so one address alone leaves the others — the
-//! kubelet's, Prometheus's — room below the totals; clients from
-//! `connections / per_peer` addresses together can still take them all
-//! (docs/security.md, "Not yet defended").
+//! TLS handshakes), and the last [`Limits::reserve`] free connections go
+//! only to addresses that hold none, so one address alone leaves the
+//! others — the kubelet's, Prometheus's — room below the totals; clients
+//! from enough addresses together (`(connections − reserve) / per_peer +
+//! reserve`, 31 by default) can still take them all (docs/security.md,
+//! "Not yet defended").
 
 use std::collections::HashMap;
 use std::io;
@@ -35,6 +37,10 @@ pub struct Limits {
     pub connections: usize,
     /// Connections one client address holds at once; more are closed at once.
     pub per_peer: usize,
+    /// Of [`Limits::connections`], how many are kept for addresses that hold
+    /// none: an address's second and later connections are closed at once
+    /// when fewer are free.
+    pub reserve: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle: Duration,
     /// A request not answered this long after its first byte arrived (its
@@ -54,6 +60,7 @@ impl Default for Limits {
         Limits {
             connections: 256,
             per_peer: 16,
+            reserve: 16,
             idle: Duration::from_secs(60),
             request: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
@@ -76,6 +83,12 @@ pub struct PeerSlot {
 }
 
 impl PerPeer {
+    /// How many `peer` holds.
+    pub fn holds(&self, peer: IpAddr) -> usize {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(&peer).copied().unwrap_or(0)
+    }
+
     /// One more for `peer`, unless it already holds `max`.
     pub fn take(&self, peer: IpAddr, max: usize) -> Option<PeerSlot> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -137,6 +150,12 @@ where
                 return std::future::pending().await;
             };
             let (io, peer) = self.inner.accept().await;
+            if self.peers.holds(peer.ip()) > 0
+                && self.slots.available_permits() < self.limits.reserve
+            {
+                tracing::debug!(%peer, "admin server: the free connections are kept for other addresses");
+                continue;
+            }
             match self.peers.take(peer.ip(), self.limits.per_peer) {
                 Some(peer_slot) => {
                     let io = Guarded {

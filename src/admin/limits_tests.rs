@@ -52,6 +52,7 @@ async fn silent_clients_of_one_address_hold_up_no_other_and_are_closed() {
     let limits = Limits {
         connections: 4,
         per_peer: 2,
+        reserve: 0,
         idle: Duration::from_millis(500),
         ..Limits::default()
     };
@@ -182,4 +183,36 @@ async fn a_client_that_never_reads_its_answer_is_cut_off() {
         start.elapsed()
     );
     drop(hog);
+}
+
+/// Two busy addresses cannot take the last free connection: an address's
+/// second connection is closed at once when only the reserve is free, and
+/// a third address (the kubelet's) is answered in it.
+#[tokio::test]
+async fn the_last_free_connections_are_kept_for_another_address() {
+    let limits = Limits {
+        connections: 4,
+        per_peer: 2,
+        reserve: 1,
+        idle: Duration::from_secs(30),
+        ..Limits::default()
+    };
+    let port = serve_plain(limits).await;
+    let mut held = Vec::new();
+    for from in ["127.0.0.1", "127.0.0.1", "127.0.0.3"] {
+        held.push(connect_from(from, port).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut refused = connect_from("127.0.0.3", port).await;
+    assert!(
+        closed_within(&mut refused, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "a second connection into the reserve is closed at once"
+    );
+    let probe = tokio::time::timeout(Duration::from_secs(2), get_from("127.0.0.2", port))
+        .await
+        .expect("another address finds the reserve free");
+    assert_eq!(probe, "HTTP/1.1 200 OK");
+    drop(held);
 }
