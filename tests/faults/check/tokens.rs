@@ -16,11 +16,16 @@
 //!   request id are then free again. An acknowledged grant binds across
 //!   every fault.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use super::effects::{loss_between, lossy};
-use super::{Property, Scope, Violation, group_by};
+use super::{Scope, Violation, group_by};
 use crate::history::{History, OpKind};
+
+#[path = "tokens_issue.rs"]
+mod issue;
+#[path = "tokens_operator.rs"]
+mod operator;
 
 /// A token handed to someone.
 #[derive(Clone, Debug)]
@@ -113,55 +118,13 @@ pub fn check(h: &History) -> Vec<Violation> {
     let all = grants(h);
     let lossy = lossy(h);
     for (target, gs) in group_by(&all, |g| g.target) {
-        unique(&target, &gs, &lossy, &mut out);
-        ordered(&target, &gs, &lossy, &mut out);
+        issue::unique(&target, &gs, &lossy, &mut out);
+        issue::ordered(&target, &gs, &lossy, &mut out);
     }
-    published_order(h, &mut out);
-    mark_order(h, &mut out);
-    marks_published(h, &mut out);
+    operator::published_order(h, &mut out);
+    operator::mark_order(h, &mut out);
+    operator::marks_published(h, &mut out);
     out
-}
-
-/// Every token a pod mark carries was published in its TargetLease's status.
-fn marks_published(h: &History, out: &mut Vec<Violation>) {
-    let published: HashSet<(&str, u64)> = h
-        .publications
-        .iter()
-        .filter_map(|p| Some((p.name.as_str(), p.token?)))
-        .collect();
-    let named: HashSet<&str> = h.publications.iter().map(|p| p.name.as_str()).collect();
-    // A status the watch did not deliver (away, or relisting past it) is
-    // unknown: only marks the status watch had reached, outside its gaps.
-    let reached = h.publications.iter().map(|p| p.rv).max().unwrap_or(0);
-    let relisted: Vec<(&str, u64)> = h
-        .publications
-        .iter()
-        .filter(|p| p.after_gap)
-        .map(|p| (p.name.as_str(), p.rv))
-        .collect();
-    let mut reported = HashSet::new();
-    for p in h.pods.iter().filter(|p| p.rv <= reached) {
-        if relisted.iter().any(|(_, rv)| *rv >= p.rv) {
-            continue; // a relist after this version: what preceded it is unknown
-        }
-        for m in &p.marks {
-            let Some(token) = m.token else { continue };
-            if named.contains(m.lease.as_str())
-                && !published.contains(&(m.lease.as_str(), token))
-                && reported.insert((m.lease.as_str(), token))
-            {
-                out.push(Violation::new(
-                    Property::Tokens,
-                    Scope::Published,
-                    &m.lease,
-                    format!(
-                        "pod {} marked with token {token}, which no status of {} published",
-                        p.pod, m.lease
-                    ),
-                ));
-            }
-        }
-    }
 }
 
 /// How much a lossy mode forgot, as a window of server time: for each time a
@@ -199,45 +162,6 @@ pub fn forgotten_ms(h: &History) -> Option<u64> {
     longest
 }
 
-/// One token per issue and one issue per token, each grant compared with
-/// the earlier ones that still bind it; each (token, issue) once.
-fn unique(target: &str, gs: &[&Grant], lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
-    let mut by_token: HashMap<u64, Vec<&Grant>> = HashMap::new();
-    let mut by_issue: HashMap<&str, Vec<&Grant>> = HashMap::new();
-    for g in by_acquisition(gs) {
-        let binding = |e: &&&Grant| e.binds_at(g.acquired_at_ms, lossy);
-        let same_token = by_token.entry(g.token).or_default();
-        let other_issue = same_token
-            .iter()
-            .filter(binding)
-            .find(|e| e.issue != g.issue);
-        let detail = other_issue.map(|e| {
-            format!(
-                "token {} issued twice: to {} and to {}",
-                g.token, e.issue, g.issue
-            )
-        });
-        same_token.push(g);
-        let same_issue = by_issue.entry(g.issue).or_default();
-        let other_token = same_issue
-            .iter()
-            .filter(binding)
-            .find(|e| e.token != g.token);
-        let detail = detail.or_else(|| {
-            other_token.map(|e| {
-                format!(
-                    "one issue {} got two tokens: {} and {}",
-                    g.issue, e.token, g.token
-                )
-            })
-        });
-        same_issue.push(g);
-        if let Some(detail) = detail {
-            out.push(Violation::new(Property::Tokens, g.scope, target, detail));
-        }
-    }
-}
-
 /// Each (issue, token) once, by acquisition time (then token).
 fn by_acquisition<'g, 'a>(gs: &[&'g Grant<'a>]) -> Vec<&'g Grant<'a>> {
     let mut distinct: BTreeMap<(&str, u64), &Grant> = BTreeMap::new();
@@ -247,115 +171,6 @@ fn by_acquisition<'g, 'a>(gs: &[&'g Grant<'a>]) -> Vec<&'g Grant<'a>> {
     let mut sorted: Vec<&Grant> = distinct.into_values().collect();
     sorted.sort_by_key(|g| (g.acquired_at_ms, g.token));
     sorted
-}
-
-/// Every grant surely issued after another that still binds it must carry
-/// a larger token.
-fn ordered(target: &str, gs: &[&Grant], lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
-    let sorted = by_acquisition(gs);
-    // Sweep over grants that surely ended before `g` began: the highest
-    // acknowledged token, and every unacknowledged grant no loss has undone
-    // yet (few: only acquires whose caller never learned of them).
-    let mut by_end: Vec<&Grant> = sorted.clone();
-    by_end.sort_by_key(|g| g.acquired_at_ms + g.resolution_ms);
-    let mut j = 0;
-    let mut best: Option<&Grant> = None;
-    let mut untold: Vec<&Grant> = Vec::new();
-    for g in &sorted {
-        while j < by_end.len()
-            && by_end[j].acquired_at_ms + by_end[j].resolution_ms <= g.acquired_at_ms
-        {
-            let e = by_end[j];
-            if !e.acknowledged {
-                untold.push(e);
-            } else if best.is_none_or(|b| e.token > b.token) {
-                best = Some(e);
-            }
-            j += 1;
-        }
-        // A loss that undid a grant undid it for every later one too.
-        untold.retain(|e| e.binds_at(g.acquired_at_ms, lossy));
-        let clash = |b: &&Grant| b.token >= g.token && b.issue != g.issue;
-        let earlier = best
-            .filter(clash)
-            .or_else(|| untold.iter().copied().filter(clash).max_by_key(|b| b.token));
-        if let Some(b) = earlier {
-            out.push(Violation::new(
-                Property::Tokens,
-                g.scope,
-                target,
-                format!(
-                    "token {} ({}) acquired at {} after token {} ({}) acquired at {}",
-                    g.token, g.issue, g.acquired_at_ms, b.token, b.issue, b.acquired_at_ms
-                ),
-            ));
-        }
-    }
-}
-
-/// Tokens appearing in a target's TargetLease statuses, by revision, only grow.
-fn published_order(h: &History, out: &mut Vec<Violation>) {
-    for (target, pubs) in group_by(&h.publications, |p| p.target.as_str()) {
-        let mut pubs = pubs;
-        pubs.sort_by_key(|p| p.rv);
-        let mut seen = HashSet::new();
-        let mut last: Option<(u64, &str, u64)> = None;
-        for p in pubs {
-            let Some(token) = p.token else { continue };
-            if !seen.insert((p.name.as_str(), token)) {
-                continue;
-            }
-            if let Some((prev, name, rv)) = last
-                && token <= prev
-            {
-                out.push(Violation::new(
-                    Property::Tokens,
-                    Scope::Published,
-                    &target,
-                    format!(
-                        "{} published token {token} at revision {} after {name} published {prev} at revision {rv}",
-                        p.name, p.rv
-                    ),
-                ));
-            }
-            if last.is_none_or(|(prev, _, _)| token > prev) {
-                last = Some((token, &p.name, p.rv));
-            }
-        }
-    }
-}
-
-/// Tokens on an election's pod marks, by revision, only grow as new ones appear.
-fn mark_order(h: &History, out: &mut Vec<Violation>) {
-    let mut pods: Vec<_> = h.pods.iter().collect();
-    pods.sort_by_key(|p| p.rv);
-    let mut seen: HashSet<(&str, u64)> = HashSet::new();
-    let mut highest: HashMap<&str, (u64, &str, u64)> = HashMap::new();
-    for p in pods {
-        for m in &p.marks {
-            let Some(token) = m.token else { continue };
-            if !seen.insert((m.lease.as_str(), token)) {
-                continue;
-            }
-            if let Some((prev, pod, rv)) = highest.get(m.lease.as_str())
-                && token <= *prev
-            {
-                out.push(Violation::new(
-                    Property::Tokens,
-                    Scope::Published,
-                    &m.lease,
-                    format!(
-                        "pod {} marked with token {token} at revision {} after pod {pod} carried {prev} at revision {rv}",
-                        p.pod, p.rv
-                    ),
-                ));
-            }
-            let e = highest.entry(&m.lease).or_insert((token, &p.pod, p.rv));
-            if token > e.0 {
-                *e = (token, &p.pod, p.rv);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
