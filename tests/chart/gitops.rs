@@ -3,7 +3,7 @@
 //! is made once in the cluster by the operator (tests/chart/lease_id_key.rs).
 
 use crate::helm::*;
-use crate::render::{DEFAULT_ELECTION_LEASE, DEFAULT_FLOORS, expected_role_rules};
+use crate::render_rbac::{DEFAULT_ELECTION_LEASE, DEFAULT_FLOORS, expected_role_rules};
 
 #[test]
 fn helm_template_renders_identical_manifests_every_time() {

@@ -26,6 +26,7 @@ mod release;
 mod render;
 mod render_etcd;
 mod render_ha;
+mod render_rbac;
 mod render_security;
 mod render_values;
 mod schema;
