@@ -135,7 +135,13 @@ async fn a_deletion_whose_floor_write_is_refused_keeps_its_finalizer_and_never_s
     let marked = |pod: &k8s_openapi::api::core::v1::Pod| {
         pod.labels().contains_key("job.targetlease.dev/leader")
     };
-    assert!(marked(&env.pods().get("web-0").await.unwrap()));
+    // The pod is marked just after status shows Held (docs/operator.md
+    // "What the operator publishes, and in which order").
+    let pods = env.pods();
+    eventually("web-0 marked as the holder", SOON, || async {
+        pods.get("web-0").await.ok().filter(|p| marked(p))
+    })
+    .await;
 
     let frozen = FrozenConfigMaps::install(&env).await;
     let (unmarks, statuses) = (writes(&env, "pod_unmark"), writes(&env, "status"));
