@@ -14,7 +14,9 @@ use etcd_client::{Client, CompactionOptions};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use targetlease::store::etcd::{EtcdConfig, EtcdStore};
-use targetlease::store::{LeaseStore, Notice, Outcome, RenewRequest, RevokeRequest};
+use targetlease::store::{
+    LeaseStore, Notice, Notices, Outcome, RenewRequest, RevokeRequest, Target,
+};
 
 use crate::cases::{LONG, held, holder, release, target};
 use crate::etcd_cluster::EtcdCluster;
@@ -78,21 +80,27 @@ impl Setup {
     fn heal(&self) {
         self.proxy.refuse_new(false);
     }
+
+    /// A waiter subscribed to `name`, then cut off; the lease it waits on
+    /// is released meanwhile. Still cut off on return.
+    async fn released_while_cut_off(&self, name: &str) -> (Target, Notices) {
+        let t = target(name);
+        let alice = held(&self.direct, &t, "alice", LONG).await;
+        let notices = self.waiter.notices(&t).await.expect("subscribe");
+        self.cut();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            release(&self.direct, &t, &alice).await.outcome,
+            Outcome::Released
+        );
+        (t, notices)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_broken_watch_resumes_and_hears_the_release_it_was_cut_off_from() {
     let s = setup().await;
-    let t = target("resumed");
-    let alice = held(&s.direct, &t, "alice", LONG).await;
-    let mut notices = s.waiter.notices(&t).await.expect("subscribe");
-
-    s.cut();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        release(&s.direct, &t, &alice).await.outcome,
-        Outcome::Released
-    );
+    let (_, mut notices) = s.released_while_cut_off("resumed").await;
     // The release lands while the waiter cannot hear anything.
     tokio::time::sleep(Duration::from_secs(1)).await;
     s.heal();
@@ -107,16 +115,7 @@ async fn a_broken_watch_resumes_and_hears_the_release_it_was_cut_off_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_watch_whose_resume_point_was_compacted_says_it_may_have_missed_a_notice() {
     let s = setup().await;
-    let t = target("compacted");
-    let alice = held(&s.direct, &t, "alice", LONG).await;
-    let mut notices = s.waiter.notices(&t).await.expect("subscribe");
-
-    s.cut();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        release(&s.direct, &t, &alice).await.outcome,
-        Outcome::Released
-    );
+    let (t, mut notices) = s.released_while_cut_off("compacted").await;
     // Compact past the release: the watch cannot resume where it stopped.
     let mut kv = s.raw.kv_client();
     let put = kv.put("unrelated", "x", None).await.expect("put");

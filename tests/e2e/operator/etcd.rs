@@ -10,22 +10,28 @@ use super::*;
 use crate::support::etcd_cluster::EtcdCluster;
 use targetlease::store::etcd::{EtcdConfig, EtcdStore};
 
-#[tokio::test]
-async fn the_operator_holds_hands_off_and_releases_leases_in_etcd() {
-    let mut env = OperatorEnv::start_without_operator("etcd-store").await;
+/// An operator whose store is a 3-member etcd cluster of the test's own,
+/// and a client of that cluster. The URL is passed as `--valkey-url`, the
+/// flag's older name (the chart passes `--store-url`); the env's own Valkey
+/// must stay empty.
+async fn on_etcd(name: &str) -> (OperatorEnv, EtcdCluster, EtcdStore) {
+    let mut env = OperatorEnv::start_without_operator(name).await;
     let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
         .await
         .expect("start the etcd cluster");
-    let url = cluster.url();
-    // Passed as `--valkey-url`, the flag's older name (the chart passes
-    // `--store-url`); the env's own Valkey must stay empty.
-    env.start_operator_on(&url, &[]);
+    env.start_operator_on(&cluster.url(), &[]);
     let store = EtcdStore::connect(&EtcdConfig {
-        url: url.clone(),
+        url: cluster.url(),
         ..EtcdConfig::default()
     })
     .await
     .expect("connect to the etcd cluster");
+    (env, cluster, store)
+}
+
+#[tokio::test]
+async fn the_operator_holds_hands_off_and_releases_leases_in_etcd() {
+    let (env, _cluster, store) = on_etcd("etcd-store").await;
     let target = Target::new(&env.ns, "db-migration");
 
     env.create("first", lease_for("db-migration").identity("first"))
@@ -77,18 +83,7 @@ async fn the_operator_holds_hands_off_and_releases_leases_in_etcd() {
 
 #[tokio::test]
 async fn a_waiter_on_etcd_gets_the_target_when_an_outside_holder_lets_go() {
-    let mut env = OperatorEnv::start_without_operator("etcd-outside").await;
-    let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
-        .await
-        .expect("start the etcd cluster");
-    let url = cluster.url();
-    env.start_operator_on(&url, &[]);
-    let store = EtcdStore::connect(&EtcdConfig {
-        url: url.clone(),
-        ..EtcdConfig::default()
-    })
-    .await
-    .expect("connect to the etcd cluster");
+    let (env, _cluster, store) = on_etcd("etcd-outside").await;
     let target = Target::new(&env.ns, "external");
     let outside = env
         .hold_outside(&store, &target, "cron", Duration::from_secs(60))
