@@ -16,9 +16,9 @@
 //! | `floor-skip-raise` | `reconcile::execute` (`raise_floor`) | the token floor is never raised before a release |
 //! | `mark-before-unmark` | `reconcile::pass` (`flush`) | a pod's marks stay until the next holder is marked |
 //! | `held-after-lost` | `reconcile::transition::hold` (`after_renew`) | status stays as it was after the store said the lease ended |
-//! | `lost-reply-ok` | `store::valkey` (`call`) | a renew, release, commit or revoke whose reply was lost is reported done |
-//! | `lost-reply-unavailable` | `store::valkey` (`call`) | a write whose reply was lost is reported `backend_unavailable` |
-//! | `acquire-previous-token` | `store::valkey` (`finish`) | an acquire reports the token before the one granted (a first grant, token 1, as it is) |
+//! | `lost-reply-ok` | `store::valkey` (`call`), `store::etcd` (`lost`) | a renew, release, commit or revoke whose reply was lost is reported done |
+//! | `lost-reply-unavailable` | `store::valkey` (`call`), `store::etcd` (`lost`) | a write whose reply was lost is reported `backend_unavailable` |
+//! | `acquire-previous-token` | `store::valkey` (`finish`), `store::etcd` (`acquire`) | an acquire reports the token before the one granted (a first grant, token 1, as it is) |
 //! | `skip-durability-wait` | `store::valkey` (`wait_durable`) | `WAIT`/`WAITAOF` is never sent |
 
 use crate::store::{Lease, Outcome, Reply, StoreError};
@@ -56,6 +56,20 @@ pub fn set(name: &str, action: &str) -> Result<(), String> {
         Ok(())
     } else {
         fail::cfg(name, action)
+    }
+}
+
+/// An acquire's reply as the `acquire-previous-token` fail point has it:
+/// a grant reports the token before its own. A first grant has no token
+/// before it (0 is no token at all: a caller would refuse it up front,
+/// which is not the lie tested), so it is left as it is.
+pub fn acquired(reply: &mut Reply) {
+    if reply.outcome == Outcome::Acquired && on("acquire-previous-token") {
+        reply
+            .lease
+            .iter_mut()
+            .filter(|l| l.fencing_token > 1)
+            .for_each(|l| l.fencing_token -= 1);
     }
 }
 

@@ -201,21 +201,44 @@ impl EtcdStore {
     }
 }
 
+/// `result`, or what the `lost-reply-*` fail points (`crate::failpoints`)
+/// make of a lost reply to `op` (`args`: the request's named arguments).
+fn lost(
+    result: Result<Reply, StoreError>,
+    op: &str,
+    args: impl FnOnce() -> Vec<(&'static str, String)>,
+) -> Result<Reply, StoreError> {
+    match result {
+        Err(e) => crate::failpoints::lost_reply(&e, op, &args()).unwrap_or(Err(e)),
+        ok => ok,
+    }
+}
+
 #[async_trait]
 impl LeaseStore for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        grant::acquire(self, req).await
+        let mut reply = grant::acquire(self, req).await?;
+        crate::failpoints::acquired(&mut reply);
+        Ok(reply)
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        grant::renew(self, req).await
+        let h = &req.handle;
+        lost(grant::renew(self, req).await, "renew", || {
+            vec![
+                ("lease_id", h.lease_id.clone()),
+                ("owner", h.owner.clone()),
+                ("token", h.token.to_string()),
+                ("ttl", req.ttl.as_millis().to_string()),
+            ]
+        })
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        end::release(self, req).await
+        lost(end::release(self, req).await, "release", Vec::new)
     }
 
     async fn get(&self, target: &Target) -> Result<Reply, StoreError> {
@@ -228,12 +251,12 @@ impl LeaseStore for EtcdStore {
 
     async fn revoke(&self, req: &RevokeRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        end::revoke(self, req).await
+        lost(end::revoke(self, req).await, "revoke", Vec::new)
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<Reply, StoreError> {
         req.validate()?;
-        end::commit(self, req).await
+        lost(end::commit(self, req).await, "commit", Vec::new)
     }
 
     async fn read(&self, target: &Target, key: &str) -> Result<ReadReply, StoreError> {

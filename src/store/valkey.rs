@@ -253,15 +253,7 @@ impl ValkeyStore {
             },
         };
         let mut reply = reply;
-        if reply.outcome == Outcome::Acquired && crate::failpoints::on("acquire-previous-token") {
-            // A first grant has no token before it (0 is no token at all: a
-            // caller would refuse it up front, which is not the lie tested).
-            reply
-                .lease
-                .iter_mut()
-                .filter(|l| l.fencing_token > 1)
-                .for_each(|l| l.fencing_token -= 1);
-        }
+        crate::failpoints::acquired(&mut reply);
         tracing::debug!(op = call.script.name, outcome = %reply.outcome, "lease script ran");
         if call.may_wait
             && matches!(

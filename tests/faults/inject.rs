@@ -26,6 +26,8 @@ const BUSY_SCRIPT: &str = "local t = redis.call('TIME') local s = t[1] * 1000 + 
 /// What a fault can act on.
 pub struct Targets {
     pub valkey: Option<Arc<Valkey>>,
+    /// An etcd cluster: the faults with an etcd form act on it.
+    pub etcd: Option<Arc<crate::etcd::Etcd>>,
     pub holder: Option<Holder>,
     /// Lease time-to-live of the workload (pauses and clock jumps exceed it).
     pub ttl: Duration,
@@ -78,6 +80,12 @@ async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> 
 /// Runs until the pace's stop; returns what it acted on (so the caller can
 /// clean up).
 pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, mut pace: Pace) -> Targets {
+    if let Some(etcd) = t.etcd.clone()
+        && !matches!(fault, Fault::None | Fault::PauseHolder)
+    {
+        crate::etcd::run::inject(fault, etcd, &rec, &mut pace).await;
+        return t;
+    }
     let valkey = || {
         t.valkey
             .clone()

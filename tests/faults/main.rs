@@ -45,6 +45,7 @@ mod args;
 mod check;
 mod control_plane;
 mod controls;
+mod etcd;
 mod history;
 mod inject;
 mod pack;

@@ -77,6 +77,14 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
         Fault::OperatorPause => &["leading operators paused past their leadership"],
         Fault::ApiserverRestart => &["kube-apiserver restarted (a new process)"],
         Fault::ValkeyLossOperatorDown => &["Valkey flushed while the operator was down"],
+        Fault::EtcdLeaderKill => &[
+            "etcd leaders killed and started again",
+            "new etcd leaders elected",
+        ],
+        Fault::EtcdLeaderPause => &[
+            "etcd leaders stopped past the election timeout",
+            "new etcd leaders elected while the old one was stopped",
+        ],
     }
 }
 

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use targetlease::store::etcd::{EtcdConfig, EtcdStore, is_etcd_url};
 use targetlease::store::valkey::{Durability, ValkeyConfig, ValkeyStore};
-use targetlease::store::{LeaseStore, Target};
+use targetlease::store::{LeaseStore, Outcome, StoreError, Target};
 
 use crate::check::{self, Report};
 use crate::controls::{self, Control};
@@ -44,24 +45,44 @@ pub struct RunResult {
     pub elapsed: Duration,
 }
 
-async fn connect(url: &str, durability: Durability) -> ValkeyStore {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match ValkeyStore::connect(&ValkeyConfig {
+/// A store of either kind, by its URL (`etcd://…` or a Valkey URL), with
+/// the workload's deadlines.
+pub async fn try_connect(
+    url: &str,
+    durability: Durability,
+) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    if is_etcd_url(url) {
+        let store = EtcdStore::connect(&EtcdConfig {
             url: url.to_string(),
             timeout: TIMEOUT,
             connect_timeout: TIMEOUT,
-            durability,
-            ..ValkeyConfig::default()
+            ..EtcdConfig::default()
         })
-        .await
-        {
+        .await?;
+        return Ok(Arc::new(store));
+    }
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        url: url.to_string(),
+        timeout: TIMEOUT,
+        connect_timeout: TIMEOUT,
+        durability,
+        ..ValkeyConfig::default()
+    })
+    .await?;
+    Ok(Arc::new(store))
+}
+
+/// [`try_connect`], tried again for 20 s (a fault may be on).
+pub async fn connect(url: &str, durability: Durability) -> Arc<dyn LeaseStore> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_connect(url, durability).await {
             Ok(s) => return s,
             Err(e) if Instant::now() < deadline => {
-                eprintln!("  connecting to valkey: {e}");
+                eprintln!("  connecting to the store: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(e) => panic!("cannot connect to valkey at {url}: {e}"),
+            Err(e) => panic!("cannot connect to the store at {url}: {e}"),
         }
     }
 }
@@ -78,9 +99,71 @@ fn guard(control: Option<Control>) -> Guard {
 /// Runs one raw command against the current primary; None while unreachable.
 pub type Primary = Arc<dyn Fn(&[&str]) -> Option<Resp> + Send + Sync>;
 
-/// Reads each target's fenced-commit value from the primary (retrying while
-/// it is unreachable: a fault may have just ended).
-async fn final_commits(primary: Primary, store: &ValkeyStore) -> Vec<CommitState> {
+/// Where the final fenced-commit values are read from.
+pub enum Finals {
+    /// Valkey: the commit field of each target's hash, on the current
+    /// primary; `url` names the deployment (for the key layout).
+    Valkey { primary: Primary, url: String },
+    /// Any store: `read` of the commit key, straight to the server at this URL.
+    Store(String),
+}
+
+/// Reads each target's fenced-commit value (retrying while the store is
+/// unreachable: a fault may have just ended).
+async fn final_commits(finals: Finals) -> Vec<CommitState> {
+    match finals {
+        Finals::Valkey { primary, url } => {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let config = ValkeyConfig {
+                url: url.clone(),
+                timeout: TIMEOUT,
+                connect_timeout: TIMEOUT,
+                ..ValkeyConfig::default()
+            };
+            let reader = loop {
+                match ValkeyStore::connect(&config).await {
+                    Ok(r) => break r,
+                    Err(e) if Instant::now() < deadline => {
+                        eprintln!("  connecting to valkey: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("cannot connect to valkey at {url}: {e}"),
+                }
+            };
+            valkey_commits(primary, &reader).await
+        }
+        Finals::Store(url) => store_commits(connect(&url, Durability::None).await).await,
+    }
+}
+
+/// Each target's committed value by the store's own `read`.
+async fn store_commits(store: Arc<dyn LeaseStore>) -> Vec<CommitState> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut out = Vec::new();
+    for t in TARGETS {
+        let target = Target::new(NAMESPACE, t);
+        let read = loop {
+            match store.read(&target, COMMIT_KEY).await {
+                Ok(r) if matches!(r.outcome, Outcome::Found | Outcome::NotFound) => break r,
+                other => {
+                    assert!(Instant::now() < deadline, "the store never came back: {other:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        if let Some(c) = read.committed {
+            out.push(CommitState {
+                resource: t.to_string(),
+                token: c.fencing_token,
+                write_id: c.value,
+            });
+        }
+    }
+    out
+}
+
+/// Each target's fenced-commit value from the Valkey primary.
+async fn valkey_commits(primary: Primary, store: &ValkeyStore) -> Vec<CommitState> {
     let field = targetlease::store::valkey::keys::commit_field(COMMIT_KEY);
     let keys: Vec<(String, String)> = TARGETS
         .iter()
@@ -175,7 +258,7 @@ pub async fn clients(
     let mut tasks = Vec::new();
     for i in 0..LIB_CLIENTS + CLI_CLIENTS {
         let (name, store): (String, Arc<dyn LeaseStore>) = if i < LIB_CLIENTS {
-            let lib: Arc<dyn LeaseStore> = Arc::new(connect(url, s.durability).await);
+            let lib = connect(url, s.durability).await;
             (format!("lib{i}"), controls::wrap(s.control, lib))
         } else {
             let cli = CliStore {
@@ -199,7 +282,7 @@ pub async fn clients(
         tasks.push(tokio::spawn(client.run()));
     }
     if let Some(cue) = lag {
-        let store: Arc<dyn LeaseStore> = Arc::new(connect(url, s.durability).await);
+        let store = connect(url, s.durability).await;
         let holder = Client {
             pg: Some(sink.writer(LAG_HOLDER).await),
             name: LAG_HOLDER.into(),
@@ -211,7 +294,7 @@ pub async fn clients(
         };
         tasks.push(tokio::spawn(holder.hold_across_failovers(cue)));
     }
-    let admin: Arc<dyn LeaseStore> = Arc::new(connect(url, Durability::None).await);
+    let admin = connect(url, Durability::None).await;
     tasks.push(tokio::spawn(revoker::run(
         admin,
         targets.clone(),
@@ -219,8 +302,7 @@ pub async fn clients(
         rec.clone(),
         stop.clone(),
     )));
-    let observer_store: Arc<dyn LeaseStore> =
-        Arc::new(connect(&urls.observer, Durability::None).await);
+    let observer_store = connect(&urls.observer, Durability::None).await;
     let observed = targets
         .into_iter()
         .map(|t| (t, true))
@@ -235,12 +317,26 @@ pub async fn clients(
     tasks
 }
 
+/// The holder process the `PauseHolder` fault stops (none for other faults).
+pub fn paused_holder(s: &Scenario, urls: &Urls, sink: &PgSink, rec: &Recorder) -> Option<Holder> {
+    (s.fault == Fault::PauseHolder).then(|| {
+        let cfg = HolderConfig {
+            name: "paused".into(),
+            store_url: urls.clients.clone(),
+            pg: sink.conn_string(),
+            namespace: NAMESPACE.into(),
+            targets: TARGETS.iter().map(|t| t.to_string()).collect(),
+            ttl_ms: s.ttl.as_millis() as u64,
+        };
+        Holder::spawn(&cfg, rec.clone())
+    })
+}
+
 /// Waits for the workload to stop, reads the final downstream state and checks.
 pub async fn finish(
     tasks: Vec<JoinHandle<()>>,
     sink: &PgSink,
-    url: &str,
-    primary: Primary,
+    finals: Finals,
     rec: &Recorder,
     started: Instant,
 ) -> RunResult {
@@ -253,8 +349,7 @@ pub async fn finish(
             .expect("a workload task panicked");
     }
     rec.set_rows(sink.rows().await);
-    let reader = connect(url, Durability::None).await;
-    rec.set_commits(final_commits(primary, &reader).await);
+    rec.set_commits(final_commits(finals).await);
     let history = rec.snapshot();
     let report = check::check(&history);
     RunResult {
@@ -275,8 +370,12 @@ pub async fn run(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunR
 async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> RunResult {
     let started = Instant::now();
     let sink = PgSink::create(pg, &format!("run_{seq}"), guard(s.control)).await;
-    let Backend::Valkey(setup) = &s.backend else {
-        return crate::workload::operator::run(s, secs, sink, started).await;
+    let setup = match &s.backend {
+        Backend::Valkey(setup) => setup,
+        Backend::Etcd(setup) => return crate::etcd::run::run(s, *setup, secs, sink, started).await,
+        Backend::Operator { .. } => {
+            return crate::workload::operator::run(s, secs, sink, started).await;
+        }
     };
     let setup = setup.clone();
     let valkey = Arc::new(
@@ -297,22 +396,13 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
         (None, None)
     };
     let tasks = clients(&urls, s, &sink, &rec, &stop, &[], cue).await;
-    let holder = (s.fault == Fault::PauseHolder).then(|| {
-        let cfg = HolderConfig {
-            name: "paused".into(),
-            valkey_url: urls.clients.clone(),
-            pg: sink.conn_string(),
-            namespace: NAMESPACE.into(),
-            targets: TARGETS.iter().map(|t| t.to_string()).collect(),
-            ttl_ms: s.ttl.as_millis() as u64,
-        };
-        Holder::spawn(&cfg, rec.clone())
-    });
+    let holder = paused_holder(s, &urls, &sink, &rec);
     let faults = Stop::default();
     let fault = tokio::spawn(inject::run(
         s.fault,
         Targets {
             valkey: Some(valkey.clone()),
+            etcd: None,
             holder,
             ttl: s.ttl,
             lag,
@@ -338,5 +428,9 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
         rec.effect(&what, n);
     }
     let primary: Primary = Arc::new(move |args: &[&str]| valkey.on_primary(args));
-    finish(tasks, &sink, &urls.clients, primary, &rec, started).await
+    let finals = Finals::Valkey {
+        primary,
+        url: urls.clients.clone(),
+    };
+    finish(tasks, &sink, finals, &rec, started).await
 }

@@ -4,6 +4,7 @@
 //! violations are counted and published, not failed on.
 
 mod controls;
+mod etcd;
 mod rows;
 
 use std::time::Duration;
@@ -63,6 +64,12 @@ pub enum Fault {
     /// Stop kube-apiserver, compact etcd past every revision a watch saw,
     /// start it again: every watch resumes from a compacted revision and relists.
     EtcdCompaction,
+    /// SIGKILL the etcd cluster's leader; the others elect a new one (seen);
+    /// start it again from its data directory 1 s later.
+    EtcdLeaderKill,
+    /// SIGSTOP the etcd cluster's leader for 1.5 s (past the 500 ms election
+    /// timeout; a new leader seen meanwhile), then SIGCONT: a stale leader.
+    EtcdLeaderPause,
     /// SIGKILL the operator; while it is down, the Held TargetLease is
     /// deleted and Valkey loses everything (`FLUSHALL`); start it again.
     ValkeyLossOperatorDown,
@@ -76,6 +83,8 @@ pub enum Backend {
     /// The operator (this many replicas) on a kube-apiserver, with its own
     /// standalone Valkey; lease clients share that Valkey.
     Operator { replicas: usize },
+    /// Lease clients against a 3-member etcd cluster (`crate::etcd`).
+    Etcd(crate::etcd::Setup),
 }
 
 /// One violation a positive control must make the checker report.
@@ -250,6 +259,8 @@ fn scenario(name: &'static str, about: &'static str, backend: Backend, fault: Fa
 /// Every scenario, then every control, in the order they run.
 pub fn all() -> Vec<Scenario> {
     let mut all = rows::all();
+    all.extend(etcd::rows());
     all.extend(controls::all());
+    all.extend(etcd::controls());
     all
 }

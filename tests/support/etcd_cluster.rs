@@ -119,34 +119,8 @@ impl EtcdCluster {
             .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.peer))
             .collect();
         let token = format!("contract-{}", std::process::id());
-        for (i, p) in self.ports.clone().iter().enumerate() {
-            let data = self.dir.path().join(format!("m{i}"));
-            let scheme = if self.tls.is_some() { "https" } else { "http" };
-            let client = format!("{scheme}://127.0.0.1:{}", p.client);
-            let peer = format!("http://127.0.0.1:{}", p.peer);
-            let mut cmd = Command::new(super::tools::tool("etcd"));
-            cmd.arg(format!("--name=m{i}"))
-                .arg(format!("--data-dir={}", data.display()))
-                .arg(format!("--listen-client-urls={client}"))
-                .arg(format!("--advertise-client-urls={client}"))
-                .arg(format!("--listen-peer-urls={peer}"))
-                .arg(format!("--initial-advertise-peer-urls={peer}"))
-                .arg(format!("--initial-cluster={}", initial.join(",")))
-                .arg("--initial-cluster-state=new")
-                .arg(format!("--initial-cluster-token={token}"))
-                .args(["--heartbeat-interval=50", "--election-timeout=500"])
-                .arg("--log-level=warn");
-            if let Some(tls) = &self.tls {
-                cmd.arg(format!("--cert-file={}", tls.cert.display()))
-                    .arg(format!("--key-file={}", tls.key.display()));
-                if let Some(ca) = &tls.client_ca {
-                    cmd.arg("--client-cert-auth")
-                        .arg(format!("--trusted-ca-file={}", ca.display()));
-                }
-            }
-            if let Some(metrics) = p.metrics {
-                cmd.arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"));
-            }
+        for i in 0..MEMBERS {
+            let mut cmd = self.command(i, &initial.join(","), &token);
             log_to(&mut cmd, &self.log_path(i));
             let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
             self.children.push(Some(child));
@@ -167,6 +141,79 @@ impl EtcdCluster {
             }
         }
         Ok(())
+    }
+
+    /// The command that starts member `i` (again: its data directory
+    /// then holds the cluster, and the initial flags are ignored).
+    fn command(&self, i: usize, initial: &str, token: &str) -> Command {
+        let p = self.ports[i];
+        let data = self.dir.path().join(format!("m{i}"));
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", p.client);
+        let peer = format!("http://127.0.0.1:{}", p.peer);
+        let mut cmd = Command::new(super::tools::tool("etcd"));
+        cmd.arg(format!("--name=m{i}"))
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster={initial}"))
+            .arg("--initial-cluster-state=new")
+            .arg(format!("--initial-cluster-token={token}"))
+            .args(["--heartbeat-interval=50", "--election-timeout=500"])
+            .arg("--log-level=warn");
+        if let Some(tls) = &self.tls {
+            cmd.arg(format!("--cert-file={}", tls.cert.display()))
+                .arg(format!("--key-file={}", tls.key.display()));
+            if let Some(ca) = &tls.client_ca {
+                cmd.arg("--client-cert-auth")
+                    .arg(format!("--trusted-ca-file={}", ca.display()));
+            }
+        }
+        if let Some(metrics) = p.metrics {
+            cmd.arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"));
+        }
+        cmd
+    }
+
+    /// The process id of member `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.children[i].as_ref().map(Child::id)
+    }
+
+    /// SIGKILLs member `i` (the others go on without it).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.children[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again from its data directory (after [`Self::kill`])
+    /// and waits until it reports healthy (a leader, linearizable reads).
+    pub fn restart(&mut self, i: usize) -> Result<(), String> {
+        self.kill(i);
+        let initial: Vec<String> = self
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.peer))
+            .collect();
+        let mut cmd = self.command(i, &initial.join(","), "restarted");
+        let log = self.log_path(i);
+        log_to(&mut cmd, &log);
+        let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
+        self.children[i] = Some(child);
+        let port = self.ports[i].metrics.unwrap_or(self.ports[i].client);
+        let child = self.children[i].as_mut().expect("just started");
+        wait_ready(
+            &format!("etcd member m{i} (restarted; health on port {port})"),
+            child,
+            &log,
+            Duration::from_secs(30),
+            || healthy(port),
+        )
     }
 
     /// Member `i`'s stdout and stderr.

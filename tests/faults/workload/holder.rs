@@ -12,10 +12,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{
-    AcquireRequest, LeaseStore, Outcome, ReleaseRequest, RenewRequest, Target,
-};
+use targetlease::store::valkey::Durability;
+use targetlease::store::{AcquireRequest, Outcome, ReleaseRequest, RenewRequest, Target};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::op_record;
@@ -25,7 +23,8 @@ use crate::history::{Event, OpKind, Recorder, now_ms};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HolderConfig {
     pub name: String,
-    pub valkey_url: String,
+    /// Valkey or etcd.
+    pub store_url: String,
     pub pg: String,
     pub namespace: String,
     pub targets: Vec<String>,
@@ -64,13 +63,9 @@ fn op(
 /// fifth write, release after a while; never checks its own clock.
 pub async fn worker_main(cfg: HolderConfig) {
     let ttl = Duration::from_millis(cfg.ttl_ms);
-    let store = ValkeyStore::connect(&ValkeyConfig {
-        url: cfg.valkey_url.clone(),
-        timeout: Duration::from_millis(500),
-        ..ValkeyConfig::default()
-    })
-    .await
-    .expect("worker: connect to valkey");
+    let store = crate::run::try_connect(&cfg.store_url, Durability::None)
+        .await
+        .expect("worker: connect to the store");
     let (db, conn) = tokio_postgres::connect(&cfg.pg, tokio_postgres::NoTls)
         .await
         .expect("worker: connect to PostgreSQL");

@@ -404,7 +404,8 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
             .try_cmd(args)
             .ok()
     });
-    let result = run::finish(tasks, &sink, &url, primary, &rec, started).await;
+    let finals = run::Finals::Valkey { primary, url };
+    let result = run::finish(tasks, &sink, finals, &rec, started).await;
     drop(env);
     result
 }

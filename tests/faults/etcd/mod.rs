@@ -1,0 +1,180 @@
+//! The etcd deployment the matrix runs against — a real 3-member loopback
+//! cluster (`tests/support/etcd_cluster.rs`: election timeout 500 ms, so a
+//! 1 s minimum lease TTL), optionally with the clients behind one HTTP/2
+//! fault proxy per member (`proxy.rs`) — and its faults: the leader
+//! SIGKILLed and restarted, the leader SIGSTOPped past the election timeout
+//! and resumed as a stale leader, the proxies cutting a forwarded request's
+//! connection or blackholing everything. Every method blocks; callers run
+//! them on a blocking thread.
+
+pub mod proxy;
+pub mod run;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::etcd_cluster::{EtcdCluster, MEMBERS};
+use proxy::H2Proxy;
+
+/// Which deployment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setup {
+    /// Clients straight to every member.
+    Direct,
+    /// Clients through a fault proxy in front of every member.
+    Proxied,
+}
+
+/// A running cluster (and its proxies).
+pub struct Etcd {
+    cluster: Mutex<EtcdCluster>,
+    pub proxies: Vec<H2Proxy>,
+}
+
+/// How long a new leader may take to show after the old one stops.
+const ELECTION: Duration = Duration::from_secs(5);
+
+/// Whether the member serving clients on `endpoint` says it leads
+/// (`etcd_server_is_leader 1` in its `/metrics`); false when it does not
+/// answer within 300 ms (a stopped or dead member).
+fn leads(endpoint: &str) -> bool {
+    let Ok(addr) = endpoint.parse() else {
+        return false;
+    };
+    let Ok(mut conn) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(300)));
+    let request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if conn.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    reply.lines().any(|l| l.trim() == "etcd_server_is_leader 1")
+}
+
+impl Etcd {
+    pub fn start(setup: Setup) -> Self {
+        let cluster = EtcdCluster::start();
+        let proxies = match setup {
+            Setup::Direct => Vec::new(),
+            Setup::Proxied => cluster
+                .endpoints()
+                .iter()
+                .map(|e| H2Proxy::start(e.parse().expect("a member's address")))
+                .collect(),
+        };
+        Self {
+            cluster: Mutex::new(cluster),
+            proxies,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, EtcdCluster> {
+        self.cluster.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The URL clients use (through the proxies, if any).
+    pub fn url(&self) -> String {
+        if self.proxies.is_empty() {
+            return self.direct_url();
+        }
+        let members: Vec<String> = self
+            .proxies
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port))
+            .collect();
+        format!("etcd://{}", members.join(","))
+    }
+
+    /// The URL observers use: every member, never through a proxy.
+    pub fn direct_url(&self) -> String {
+        self.lock().url()
+    }
+
+    /// What the proxies counted.
+    pub fn effects(&self) -> Vec<(String, u64)> {
+        if self.proxies.is_empty() {
+            return Vec::new();
+        }
+        let cuts = self.proxies.iter().map(H2Proxy::cuts).sum();
+        vec![("proxy cuts".into(), cuts)]
+    }
+
+    /// The member that says it leads, if exactly one does (other than `not`).
+    fn leader_other_than(&self, not: Option<usize>) -> Option<usize> {
+        let endpoints = self.lock().endpoints();
+        let leaders: Vec<usize> = (0..MEMBERS)
+            .filter(|i| Some(*i) != not && leads(&endpoints[*i]))
+            .collect();
+        (leaders.len() == 1).then(|| leaders[0])
+    }
+
+    /// The current leader, waiting up to [`ELECTION`] for one.
+    pub fn leader(&self) -> Option<usize> {
+        self.await_leader(None)
+    }
+
+    fn await_leader(&self, not: Option<usize>) -> Option<usize> {
+        let deadline = Instant::now() + ELECTION;
+        loop {
+            if let Some(l) = self.leader_other_than(not) {
+                return Some(l);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs leader `i`, waits for the others to elect a new one, starts
+    /// it again from its data directory (and waits until it is healthy).
+    /// The new leader, if one was seen.
+    pub fn kill_and_restart(&self, i: usize, down: Duration) -> Option<usize> {
+        self.lock().kill(i);
+        let started = Instant::now();
+        let new = self.await_leader(Some(i));
+        if let Some(left) = down.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
+        self.lock()
+            .restart(i)
+            .unwrap_or_else(|e| panic!("restart etcd member m{i}: {e}"));
+        new
+    }
+
+    /// SIGSTOPs leader `i` for `pause` (past the election timeout), watching
+    /// the others elect a new one meanwhile, then SIGCONT: it wakes up as a
+    /// stale leader. The new leader, if one was seen while it was stopped.
+    pub fn pause(&self, i: usize, pause: Duration) -> Option<usize> {
+        let pid = self.lock().pid(i).expect("a running member") as i32;
+        let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+        let started = Instant::now();
+        let new = self.await_leader(Some(i));
+        if let Some(left) = pause.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
+        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        new
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        // A run that panicked mid-pause leaves a member stopped: resume it
+        // before the cluster kills it, so its log says how it ended.
+        let cluster = self.lock();
+        for i in 0..MEMBERS {
+            if let Some(pid) = cluster.pid(i) {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+            }
+        }
+    }
+}

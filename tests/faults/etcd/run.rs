@@ -1,0 +1,130 @@
+//! One run of an etcd scenario: the cluster, the same workload as on Valkey
+//! (library and CLI clients with `etcd://` URLs, the administrator, the
+//! observer straight to the members, the paused holder), and the etcd
+//! faults, each verified: a new leader seen after every kill and during
+//! every pause, the proxies' cuts counted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Etcd, Setup};
+use crate::history::Recorder;
+use crate::inject::{Pace, Targets};
+use crate::run::{self, Finals, RunResult, Urls};
+use crate::scenarios::{Fault, Scenario};
+use crate::sink::PgSink;
+use crate::workload::Stop;
+
+/// A killed leader stays down this long (its successor serves meanwhile).
+const DOWN: Duration = Duration::from_secs(1);
+/// A stopped leader stays stopped this long: past the 500 ms election
+/// timeout and a new leader's first heartbeats.
+const PAUSE: Duration = Duration::from_millis(1500);
+/// The proxies' blackhole.
+const BLACKHOLE: Duration = Duration::from_millis(1500);
+
+async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("etcd fault task panicked")
+}
+
+/// Injects `fault` on the cluster until the pace stops it.
+pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pace) {
+    match fault {
+        Fault::None | Fault::PauseHolder => unreachable!("handled by inject::run"),
+        Fault::EtcdLeaderKill => {
+            while !pace.wait(Duration::from_millis(2500)).await {
+                let e = etcd.clone();
+                let Some(old) = blocking(move || e.leader()).await else {
+                    continue;
+                };
+                rec.fault("etcd leader SIGKILL, restart");
+                let e = etcd.clone();
+                let new = blocking(move || e.kill_and_restart(old, DOWN)).await;
+                rec.healed();
+                rec.effect("etcd leaders killed and started again", 1);
+                if new.is_some_and(|n| n != old) {
+                    rec.effect("new etcd leaders elected", 1);
+                }
+            }
+        }
+        Fault::EtcdLeaderPause => {
+            while !pace.wait(Duration::from_millis(2500)).await {
+                let e = etcd.clone();
+                let Some(old) = blocking(move || e.leader()).await else {
+                    continue;
+                };
+                rec.fault("etcd leader SIGSTOP past the election timeout, SIGCONT");
+                let e = etcd.clone();
+                let new = blocking(move || e.pause(old, PAUSE)).await;
+                rec.healed();
+                rec.effect("etcd leaders stopped past the election timeout", 1);
+                if new.is_some_and(|n| n != old) {
+                    rec.effect("new etcd leaders elected while the old one was stopped", 1);
+                }
+            }
+        }
+        Fault::ProxyCut => {
+            while !pace.wait(Duration::from_millis(300)).await {
+                rec.fault("reset after forwarding a request");
+                for p in &etcd.proxies {
+                    p.cut_next_request();
+                }
+                rec.healed();
+            }
+        }
+        Fault::ProxyBlackhole => {
+            while !pace.wait(Duration::from_millis(500)).await {
+                rec.fault("blackhole");
+                etcd.proxies.iter().for_each(|p| p.blackhole(true));
+                tokio::time::sleep(BLACKHOLE).await;
+                etcd.proxies.iter().for_each(|p| p.blackhole(false));
+                rec.healed();
+            }
+        }
+        other => panic!("fault {other:?} has no etcd form"),
+    }
+}
+
+/// Runs `s` on an etcd cluster of `setup` for `secs` seconds.
+pub async fn run(s: &Scenario, setup: Setup, secs: u64, sink: PgSink, started: Instant) -> RunResult {
+    let etcd = Arc::new(blocking(move || Etcd::start(setup)).await);
+    let urls = Urls {
+        clients: etcd.url(),
+        observer: etcd.direct_url(),
+    };
+    let rec = Recorder::default();
+    let stop = Stop::default();
+    let tasks = run::clients(&urls, s, &sink, &rec, &stop, &[], None).await;
+    let holder = run::paused_holder(s, &urls, &sink, &rec);
+    let faults = Stop::default();
+    let fault = tokio::spawn(crate::inject::run(
+        s.fault,
+        Targets {
+            valkey: None,
+            etcd: Some(etcd.clone()),
+            holder,
+            ttl: s.ttl,
+            lag: None,
+        },
+        rec.clone(),
+        Pace::new(faults.clone(), s.quiet()),
+    ));
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    faults.set();
+    let back = fault.await.expect("fault task");
+    // Longer than the recovery bound: the last fault is always judged.
+    tokio::time::sleep(s.quiet()).await;
+    rec.stopped();
+    stop.set();
+    if let Some(h) = back.holder {
+        h.stop().await;
+    }
+    for (what, n) in etcd.effects() {
+        rec.effect(&what, n);
+    }
+    let result = run::finish(tasks, &sink, Finals::Store(urls.observer), &rec, started).await;
+    drop(etcd);
+    result
+}

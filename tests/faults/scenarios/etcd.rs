@@ -1,0 +1,117 @@
+//! The etcd rows of the matrix: the same workload and checker on a real
+//! 3-member etcd cluster, under etcd's own faults (leader killed, leader
+//! stopped past the election timeout) and the client-link faults, with no
+//! property measured: etcd promises every one. And the controls that show
+//! the checker still catches each lie on etcd, the product broken through
+//! the same fail points (`src/failpoints.rs`) at their etcd sites.
+
+use super::{Backend, Expect, Fault, Scenario, scenario};
+use crate::check::{Property, Scope};
+use crate::controls::Control;
+use crate::etcd::Setup;
+
+fn direct() -> Backend {
+    Backend::Etcd(Setup::Direct)
+}
+
+fn proxied() -> Backend {
+    Backend::Etcd(Setup::Proxied)
+}
+
+/// The etcd scenarios (not the controls), in the order they run.
+pub fn rows() -> Vec<Scenario> {
+    vec![
+        scenario("etcd-baseline", "etcd, no fault", direct(), Fault::None),
+        scenario(
+            "etcd-leader-kill",
+            "etcd: the leader SIGKILLed (a new leader seen), restarted from its data 1 s later",
+            direct(),
+            Fault::EtcdLeaderKill,
+        ),
+        scenario(
+            "etcd-leader-pause",
+            "etcd: the leader SIGSTOPped 1.5 s, past the 500 ms election timeout (a new leader seen), then SIGCONT: a stale leader",
+            direct(),
+            Fault::EtcdLeaderPause,
+        ),
+        scenario(
+            "etcd-proxy-cut-after-forward",
+            "etcd: a proxy before every member forwards the next request whole and resets its connection before the reply (every 300 ms)",
+            proxied(),
+            Fault::ProxyCut,
+        ),
+        scenario(
+            "etcd-proxy-blackhole",
+            "etcd: nothing passes the proxies before the members, either way, for 1.5 s every 2 s",
+            proxied(),
+            Fault::ProxyBlackhole,
+        ),
+        scenario(
+            "etcd-holder-pause",
+            "etcd: a holder SIGSTOPped past its lease, then SIGCONT (its writes must be refused)",
+            direct(),
+            Fault::PauseHolder,
+        ),
+    ]
+}
+
+/// The etcd controls, in the order they run.
+pub fn controls() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            failpoints: &[("lost-reply-ok", "return")],
+            failpoints_here: true,
+            expect: const {
+                &[
+                    Expect::of(Property::Honesty, Scope::Commit),
+                    Expect {
+                        words: &["renew", "release"],
+                        ..Expect::of(Property::Honesty, Scope::Lease)
+                    },
+                ]
+            },
+            ..scenario(
+                "etcd-control-lost-reply-ok",
+                "etcd: the store reports a renew, release or commit whose reply was lost as done (`lost-reply-ok`), the proxies blackholing every request (it never reaches etcd) for 1.5 s every 2 s",
+                proxied(),
+                Fault::ProxyBlackhole,
+            )
+        },
+        Scenario {
+            failpoints: &[("lost-reply-unavailable", "return")],
+            failpoints_here: true,
+            expect: const {
+                &[Expect {
+                    words: &["renew", "release", "revoke"],
+                    ..Expect::of(Property::Honesty, Scope::Lease)
+                }]
+            },
+            ..scenario(
+                "etcd-control-lost-reply-unavailable",
+                "etcd: the store reports a write whose reply was lost as `backend_unavailable` (`lost-reply-unavailable`), the proxies resetting the connection after forwarding a request (every 300 ms)",
+                proxied(),
+                Fault::ProxyCut,
+            )
+        },
+        Scenario {
+            failpoints: &[("acquire-previous-token", "return")],
+            expect: const { &[Expect::of(Property::Tokens, Scope::Lease)] },
+            ..scenario(
+                "etcd-control-previous-token",
+                "etcd: the CLI's acquire reports the token before the one granted (`acquire-previous-token`)",
+                direct(),
+                Fault::None,
+            )
+        },
+        Scenario {
+            control: Some(Control::DoubleGrant),
+            expect: const { &[Expect::of(Property::Exclusion, Scope::Lease)] },
+            ..scenario(
+                "etcd-control-double-grant",
+                "etcd: a store that grants a held target to a second client",
+                direct(),
+                Fault::None,
+            )
+        },
+    ]
+}
