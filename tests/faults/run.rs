@@ -146,7 +146,10 @@ async fn store_commits(store: Arc<dyn LeaseStore>) -> Vec<CommitState> {
             match store.read(&target, COMMIT_KEY).await {
                 Ok(r) if matches!(r.outcome, Outcome::Found | Outcome::NotFound) => break r,
                 other => {
-                    assert!(Instant::now() < deadline, "the store never came back: {other:?}");
+                    assert!(
+                        Instant::now() < deadline,
+                        "the store never came back: {other:?}"
+                    );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }

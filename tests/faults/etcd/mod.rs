@@ -104,7 +104,11 @@ impl Etcd {
             return Vec::new();
         }
         let cuts = self.proxies.iter().map(H2Proxy::cuts).sum();
-        vec![("proxy cuts".into(), cuts)]
+        let lost = self.proxies.iter().map(H2Proxy::lost).sum();
+        vec![
+            ("proxy cuts".into(), cuts),
+            ("writes lost by the proxies".into(), lost),
+        ]
     }
 
     /// The member that says it leads, if exactly one does (other than `not`).

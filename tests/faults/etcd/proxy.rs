@@ -7,6 +7,10 @@
 //!   and both connections are reset 100 ms later (the member has read and
 //!   applied it; the client only sees its connection die: the outcome is
 //!   unknown to it);
+//! - a lost write: the next guarded transaction (a lease decision's write,
+//!   told from reads by its first bytes: [`is_guarded_txn`]) is never
+//!   forwarded, so it never runs, and its connection goes silent both ways
+//!   (the client gives up on it at its deadline);
 //! - a blackhole: nothing passes either way, on live and new connections;
 //!   when it ends, every connection that lived through it is closed (what
 //!   went into the hole is lost, as after a partition long enough for both
@@ -34,6 +38,10 @@ const APPLY: Duration = Duration::from_millis(100);
 struct Shared {
     /// The next complete request is forwarded and its connection cut.
     cut_next: AtomicBool,
+    /// The next guarded transaction is lost, its connection silenced.
+    lose_next: AtomicBool,
+    /// Guarded transactions lost so far.
+    lost: AtomicU64,
     blackhole: AtomicBool,
     /// Bumped when a blackhole ends: connections older than it close.
     epoch: watch::Sender<u64>,
@@ -52,10 +60,14 @@ impl H2Proxy {
     /// Forwards `127.0.0.1:<port>` to `upstream`.
     pub fn start(upstream: SocketAddr) -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
-        listener.set_nonblocking(true).expect("a non-blocking listener");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
         let port = listener.local_addr().expect("its address").port();
         let shared = Arc::new(Shared {
             cut_next: AtomicBool::new(false),
+            lose_next: AtomicBool::new(false),
+            lost: AtomicU64::new(0),
             blackhole: AtomicBool::new(false),
             epoch: watch::channel(0).0,
             cuts: AtomicU64::new(0),
@@ -89,6 +101,17 @@ impl H2Proxy {
     /// connection reset before the reply.
     pub fn cut_next_request(&self) {
         self.shared.cut_next.store(true, Ordering::SeqCst);
+    }
+
+    /// The next guarded transaction (on any connection) never reaches the
+    /// member, and its connection forwards nothing more either way.
+    pub fn lose_next_write(&self) {
+        self.shared.lose_next.store(true, Ordering::SeqCst);
+    }
+
+    /// Guarded transactions lost so far.
+    pub fn lost(&self) -> u64 {
+        self.shared.lost.load(Ordering::SeqCst)
     }
 
     /// Starts (true) or ends (false) a blackhole.
@@ -154,7 +177,12 @@ async fn relay(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>) {
 }
 
 /// Client to member, frame by frame.
-async fn upward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, s: Arc<Shared>, dead: Arc<AtomicBool>) {
+async fn upward(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    s: Arc<Shared>,
+    dead: Arc<AtomicBool>,
+) {
     let mut preface = [0_u8; PREFACE];
     if from.read_exact(&mut preface).await.is_err() {
         return;
@@ -173,10 +201,15 @@ async fn upward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, s: Arc<Shared>,
         if from.read_exact(&mut frame[9..]).await.is_err() {
             return;
         }
-        if s.blackhole.load(Ordering::SeqCst) {
+        if s.blackhole.load(Ordering::SeqCst) || dead.load(Ordering::SeqCst) {
             continue;
         }
         let (kind, flags) = (header[3], header[4]);
+        if kind == 0 && is_guarded_txn(&frame[9..]) && s.lose_next.swap(false, Ordering::SeqCst) {
+            dead.store(true, Ordering::SeqCst);
+            s.lost.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
         let ends_request = kind == 0 && flags & 1 == 1;
         if ends_request && s.cut_next.swap(false, Ordering::SeqCst) {
             // Nothing more comes back: the reply is lost.
@@ -192,8 +225,36 @@ async fn upward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, s: Arc<Shared>,
     }
 }
 
+/// Whether a DATA frame's payload is one whole gRPC message (a 5-byte
+/// prefix, then the protobuf) holding a transaction with compares: a
+/// `TxnRequest` opens with its field 1, `compare` (tag `0x0a`), and a
+/// `Compare` on a key's revision with its field 2, `target` (tag `0x10`;
+/// `result` EQUAL is proto3's default, left out). The store's reads are
+/// transactions without compares (field 2 first) or range requests (field
+/// 1, a key: its first byte is the key prefix's, not `0x10`); lease grants
+/// and revokes open with a varint (tag `0x08`).
+fn is_guarded_txn(payload: &[u8]) -> bool {
+    let Some(msg) = payload.get(5..) else {
+        return false;
+    };
+    if msg.first() != Some(&0x0a) {
+        return false;
+    }
+    // Skip the compare's length (a varint) to its first field.
+    let mut i = 1;
+    while msg.get(i).is_some_and(|b| b & 0x80 != 0) {
+        i += 1;
+    }
+    msg.get(i + 1) == Some(&0x10)
+}
+
 /// Member to client, as it comes (nothing while dead or in a blackhole).
-async fn downward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, s: Arc<Shared>, dead: Arc<AtomicBool>) {
+async fn downward(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    s: Arc<Shared>,
+    dead: Arc<AtomicBool>,
+) {
     let mut buf = vec![0_u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {

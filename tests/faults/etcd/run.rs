@@ -74,6 +74,15 @@ pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pa
                 rec.healed();
             }
         }
+        Fault::ProxyLoseWrites => {
+            while !pace.wait(Duration::from_millis(200)).await {
+                rec.fault("the next write lost before it runs");
+                for p in &etcd.proxies {
+                    p.lose_next_write();
+                }
+                rec.healed();
+            }
+        }
         Fault::ProxyBlackhole => {
             while !pace.wait(Duration::from_millis(500)).await {
                 rec.fault("blackhole");
@@ -88,7 +97,13 @@ pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pa
 }
 
 /// Runs `s` on an etcd cluster of `setup` for `secs` seconds.
-pub async fn run(s: &Scenario, setup: Setup, secs: u64, sink: PgSink, started: Instant) -> RunResult {
+pub async fn run(
+    s: &Scenario,
+    setup: Setup,
+    secs: u64,
+    sink: PgSink,
+    started: Instant,
+) -> RunResult {
     let etcd = Arc::new(blocking(move || Etcd::start(setup)).await);
     let urls = Urls {
         clients: etcd.url(),

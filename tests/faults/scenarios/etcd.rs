@@ -41,6 +41,12 @@ pub fn rows() -> Vec<Scenario> {
             Fault::ProxyCut,
         ),
         scenario(
+            "etcd-proxy-lose-writes",
+            "etcd: a proxy before every member loses the next write transaction (it never runs; its connection goes silent) every 200 ms",
+            proxied(),
+            Fault::ProxyLoseWrites,
+        ),
+        scenario(
             "etcd-proxy-blackhole",
             "etcd: nothing passes the proxies before the members, either way, for 1.5 s every 2 s",
             proxied(),
@@ -72,9 +78,9 @@ pub fn controls() -> Vec<Scenario> {
             },
             ..scenario(
                 "etcd-control-lost-reply-ok",
-                "etcd: the store reports a renew, release or commit whose reply was lost as done (`lost-reply-ok`), the proxies blackholing every request (it never reaches etcd) for 1.5 s every 2 s",
+                "etcd: the store reports a renew, release or commit whose reply was lost as done (`lost-reply-ok`), the proxies losing the next write transaction (it never runs; its connection goes silent) every 200 ms",
                 proxied(),
-                Fault::ProxyBlackhole,
+                Fault::ProxyLoseWrites,
             )
         },
         Scenario {
