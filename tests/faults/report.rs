@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::check::{Property, Scope, liveness, recovery};
 use crate::history::{Answer, Sink};
 use crate::run::RunResult;
-use crate::scenarios::{Backend, Fault, Scenario};
+use crate::scenarios::{Fault, Scenario};
 
 /// The figures of one run (recorded per run in long mode: parts.rs).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -146,7 +146,7 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
         (answers(h, &Answer::Unknown) + answers(h, &Answer::Unavailable)) as u64,
     );
     let parts = liveness::Parts {
-        operator: matches!(s.backend, Backend::Operator { .. }),
+        operator: s.backend.operator().is_some(),
         sinks_may_fail: s.is_control(),
     };
     let bound = s.recovery_bound().as_millis() as u64;

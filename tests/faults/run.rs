@@ -376,7 +376,7 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
     let setup = match &s.backend {
         Backend::Valkey(setup) => setup,
         Backend::Etcd(setup) => return crate::etcd::run::run(s, *setup, secs, sink, started).await,
-        Backend::Operator { .. } => {
+        Backend::Operator { .. } | Backend::EtcdOperator { .. } => {
             return crate::workload::operator::run(s, secs, sink, started).await;
         }
     };

@@ -85,6 +85,19 @@ pub enum Backend {
     Operator { replicas: usize },
     /// Lease clients against a 3-member etcd cluster (`crate::etcd`).
     Etcd(crate::etcd::Setup),
+    /// The operator (this many replicas) on a kube-apiserver, with a
+    /// 3-member etcd cluster as its store; lease clients share that cluster.
+    EtcdOperator { replicas: usize },
+}
+
+impl Backend {
+    /// The operator runs (TargetLeases, statuses, pod marks).
+    pub fn operator(&self) -> Option<usize> {
+        match self {
+            Backend::Operator { replicas } | Backend::EtcdOperator { replicas } => Some(*replicas),
+            Backend::Valkey(_) | Backend::Etcd(_) => None,
+        }
+    }
 }
 
 /// One violation a positive control must make the checker report.

@@ -53,6 +53,12 @@ pub fn rows() -> Vec<Scenario> {
             Fault::ProxyBlackhole,
         ),
         scenario(
+            "etcd-operator-kill",
+            "etcd as the operator's store: operator SIGKILL every 2 s during handoffs and leader moves, a new one started",
+            Backend::EtcdOperator { replicas: 1 },
+            Fault::OperatorKill,
+        ),
+        scenario(
             "etcd-holder-pause",
             "etcd: a holder SIGSTOPped past its lease, then SIGCONT (its writes must be refused)",
             direct(),

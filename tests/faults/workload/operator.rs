@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use targetlease::crd::{Phase, TargetLease};
+use targetlease::store::valkey::Durability;
 use targetlease::store::{LeaseStore, Target};
 use tokio::task::JoinHandle;
 
@@ -207,6 +208,7 @@ async fn gone(tls: &Api<TargetLease>, name: &str, within: Duration) -> bool {
 async fn inject(
     fault: Fault,
     mut env: OperatorEnv,
+    url: String,
     mut live: Vec<usize>,
     flags: Vec<String>,
     rec: Recorder,
@@ -224,7 +226,7 @@ async fn inject(
             Fault::OperatorKill => {
                 rec.fault("operator SIGKILL");
                 env.kill_operator(live[0]);
-                live[0] = env.start_operator_with(&flags_ref);
+                live[0] = env.start_operator_on(&url, &flags_ref);
                 rec.healed();
                 rec.effect("operators killed and started again", 1);
             }
@@ -278,7 +280,7 @@ async fn inject(
                         .ok()
                 })
                 .await;
-                live[0] = env.start_operator_with(&flags_ref);
+                live[0] = env.start_operator_on(&url, &flags_ref);
                 let tl = lease(&env.ns, FLOORED, floored_spec());
                 let _ = tls.create(&PostParams::default(), &tl).await;
                 rec.healed();
@@ -294,15 +296,23 @@ async fn inject(
 }
 
 pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> RunResult {
-    let Backend::Operator { replicas } = s.backend else {
+    let Some(replicas) = s.backend.operator() else {
         unreachable!("an operator scenario")
     };
     let mut env = OperatorEnv::start_without_operator("faults").await;
+    // On etcd: its own cluster, the store of the operator and the clients.
+    let etcd = match s.backend {
+        Backend::EtcdOperator { .. } => Some(Arc::new(
+            blocking(|| crate::etcd::Etcd::start(crate::etcd::Setup::Direct)).await,
+        )),
+        _ => None,
+    };
+    let url = etcd.as_ref().map_or_else(|| env.valkey.url(), |e| e.url());
     env.operator_env = run::failpoint_env(s);
     let flags = operator_flags(&env.ns, replicas);
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
     for _ in 0..replicas {
-        env.start_operator_with(&flags_ref);
+        env.start_operator_on(&url, &flags_ref);
     }
     let (tls, pods) = (env.api(), env.pods());
     for p in PODS {
@@ -333,7 +343,6 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     let rec = Recorder::default();
     let stop = Stop::default();
     let holders = Holders::new(sink.writer("holders").await, rec.clone());
-    let url = env.valkey.url();
     let urls = run::Urls {
         clients: url.clone(),
         observer: url.clone(),
@@ -349,7 +358,10 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     .collect();
     let mut tasks: Vec<JoinHandle<()>> =
         run::clients(&urls, s, &sink, &rec, &stop, &observed, None).await;
-    let admin: Arc<dyn LeaseStore> = Arc::new(env.store().await);
+    let admin: Arc<dyn LeaseStore> = match etcd {
+        Some(_) => run::connect(&url, Durability::None).await,
+        None => Arc::new(env.store().await),
+    };
     tasks.push(tokio::spawn(revoker::run(
         admin,
         vec![Target::new(env.ns.clone(), REVOKED_TARGET)],
@@ -381,6 +393,7 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     let fault = tokio::spawn(inject(
         s.fault,
         env,
+        url.clone(),
         live,
         flags,
         rec.clone(),
@@ -404,8 +417,12 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
             .try_cmd(args)
             .ok()
     });
-    let finals = run::Finals::Valkey { primary, url };
+    let finals = match etcd {
+        Some(_) => run::Finals::Store(url),
+        None => run::Finals::Valkey { primary, url },
+    };
     let result = run::finish(tasks, &sink, finals, &rec, started).await;
     drop(env);
+    drop(etcd);
     result
 }
