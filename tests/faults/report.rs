@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::check::{Property, Scope, liveness, recovery};
 use crate::history::{Answer, Sink};
 use crate::run::RunResult;
-use crate::scenarios::{Fault, Scenario};
+use crate::scenarios::{Backend, Fault, Scenario};
 
 /// The figures of one run (recorded per run in long mode: parts.rs).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -103,7 +103,24 @@ fn shown(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
         Fault::SentinelFailover => &[crate::scenarios::LAG_RENEWED],
         _ => &[],
     };
-    required(s).chain(also.iter().copied())
+    // On etcd: how long the store kept targets taken past their holders'
+    // deadlines (a leader change restarts every lease's TTL).
+    let etcd = matches!(s.backend, Backend::Etcd(_)).then_some(LINGERED);
+    required(s).chain(also.iter().copied()).chain(etcd)
+}
+
+/// The longest an observer saw a lease past its holder's deadline (the
+/// store keeps the target taken until its record goes: on etcd, the TTL
+/// rounded up to whole seconds, the 500 ms expiry ticker, and a leader
+/// change restarting the TTL).
+const LINGERED: &str = "longest a lease was seen past its deadline (ms)";
+
+fn lingered(h: &crate::history::History) -> u64 {
+    h.sightings
+        .iter()
+        .filter_map(|s| Some(s.server_ms.checked_sub(s.lease.as_ref()?.expires_at_ms)?))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Counts (or windows) per property and scope as a list of `[property,
@@ -141,6 +158,7 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     let answered = |word: &str| h.ops.iter().filter(|o| o.detail.contains(word)).count() as u64;
     effects.insert("BUSY answers".into(), answered("BUSY"));
     effects.insert("OOM answers".into(), answered("OOM"));
+    effects.insert(LINGERED.into(), lingered(h));
     effects.insert(
         "unknown or unavailable answers".into(),
         (answers(h, &Answer::Unknown) + answers(h, &Answer::Unavailable)) as u64,
