@@ -118,7 +118,7 @@ const LINGERED: &str = "longest a lease was seen past its deadline (ms)";
 fn lingered(h: &crate::history::History) -> u64 {
     h.sightings
         .iter()
-        .filter_map(|s| Some(s.server_ms.checked_sub(s.lease.as_ref()?.expires_at_ms)?))
+        .filter_map(|s| s.server_ms.checked_sub(s.lease.as_ref()?.expires_at_ms))
         .max()
         .unwrap_or(0)
 }
