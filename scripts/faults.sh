@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fault matrix (tests/faults/): a recorded workload against real
-# Valkey, PostgreSQL, kube-apiserver + etcd and the operator, real faults,
-# a checker that can fail, and positive controls that must be caught.
+# Valkey or a 3-member etcd cluster (the `etcd-` rows), PostgreSQL,
+# kube-apiserver + etcd and the operator, real faults, a checker that can
+# fail, and positive controls that must be caught.
 #
 #   scripts/faults.sh [quick] [WORD…]  every scenario and control once, FAULTS_QUICK_SECS
 #                                      (default 8) seconds each; scripts/test.sh runs
