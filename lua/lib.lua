@@ -33,17 +33,17 @@
 
 local MAX_TOKEN = '9223372036854775807'
 -- Deepest metadata nesting (objects and arrays) accepted: the same limit as
--- MAX_METADATA_DEPTH in src/store.rs (a test ties the two).
+-- MAX_METADATA_DEPTH in src/store/mod.rs (a test ties the two).
 local META_DEPTH = 64
 -- The largest lease record a script writes: an owner of at most
--- MAX_NAME_BYTES and metadata of at most MAX_METADATA_BYTES (src/store.rs,
+-- MAX_NAME_BYTES and metadata of at most MAX_METADATA_BYTES (src/store/mod.rs,
 -- a test ties them), its numbers and separators in 200 more. Anything
 -- larger was written by hand (a user with raw hash writes) and is refused
 -- as corrupt before any pattern or JSON scan runs over it, so one planted
 -- record cannot hold the server for seconds on every read.
 local RECORD_BYTES = 256 + 4096 + 200
 -- The longest owner and metadata a script accepts: MAX_NAME_BYTES and
--- MAX_METADATA_BYTES of src/store.rs (a test ties them). The client never
+-- MAX_METADATA_BYTES of src/store/mod.rs (a test ties them). The client never
 -- sends more; a raw EVALSHA that does is refused before anything is
 -- written, so no script writes a record larger than RECORD_BYTES.
 local NAME_BYTES = 256

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use targetlease::crd::{Phase, TargetLease};
+use targetlease::operator::crd::{Phase, TargetLease};
 use tokio::sync::watch;
 
 /// Last seen state of one TargetLease.

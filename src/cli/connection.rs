@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::output::io_reason;
-use crate::config_error::ConfigError;
+use crate::operator::config_error::ConfigError;
 use crate::store::etcd::{EtcdConfig, EtcdStore, is_etcd_url};
 use crate::store::metrics::StoreMetrics;
 use crate::store::valkey::{Durability, Secret, TlsFiles, ValkeyConfig, ValkeyStore, check_url};

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::crd;
+use crate::operator::crd;
 use clap::Args;
 
 /// Arguments of `targetlease crd` (none yet).

@@ -14,19 +14,19 @@ use tokio::sync::watch;
 
 use super::connection::{ConnectionArgs, StoreConfig, read_secret};
 use super::logging::{self, LogArgs};
-use crate::admin::tls::AdminTls;
-use crate::admin::{self, AdminState, RuntimeStatus};
-use crate::election::Timings;
-use crate::election::write_gate::WriteGateLayer;
-use crate::floor::FloorPolicy;
-use crate::leadership::Leadership;
-use crate::lease_id::LeaseIdKey;
-use crate::metrics::{self, OperatorMetrics};
+use crate::operator::admin::tls::AdminTls;
+use crate::operator::admin::{self, AdminState, RuntimeStatus};
 use crate::operator::api_timeout::ApiTimeoutLayer;
+use crate::operator::election::Timings;
+use crate::operator::election::write_gate::WriteGateLayer;
+use crate::operator::floor::FloorPolicy;
+use crate::operator::leadership::Leadership;
+use crate::operator::lease_id::LeaseIdKey;
+use crate::operator::metrics::{self, OperatorMetrics};
+use crate::operator::reconcile::clock::ServerClock;
+use crate::operator::reconcile::keeper::Keeper;
 use crate::operator::subscribe::resubscribing;
 use crate::operator::{self, Election, OperatorConfig};
-use crate::reconcile::clock::ServerClock;
-use crate::reconcile::keeper::Keeper;
 use crate::store::etcd::EtcdStore;
 use crate::store::metrics::{MeteredStore, StoreMetrics};
 use crate::store::valkey::notices;
@@ -82,7 +82,7 @@ pub struct OperatorArgs {
         long,
         env = "TARGETLEASE_FLOOR_MAX_ENTRIES",
         default_value_t = 4000,
-        value_parser = clap::value_parser!(u64).range(1..=crate::floor::MAX_ENTRIES_LIMIT as u64)
+        value_parser = clap::value_parser!(u64).range(1..=crate::operator::floor::MAX_ENTRIES_LIMIT as u64)
     )]
     pub floor_max_entries: u64,
     /// A target's floor raised this long ago, whose target no TargetLease

@@ -25,7 +25,7 @@ use super::lease::{DEFAULT_WAIT, default_namespace};
 use super::output::{
     EXIT_BACKEND, EXIT_REFUSED, EXIT_USAGE, Format, OutputArgs, print_out, to_yaml,
 };
-use crate::crd::{Phase, TargetLease};
+use crate::operator::crd::{Phase, TargetLease};
 
 /// Exit code when the TargetLease does not exist or cannot be read.
 pub const EXIT_NOT_VISIBLE: u8 = 4;
@@ -404,8 +404,8 @@ pub async fn main(args: TokenArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::TargetLeaseStatus;
-    use crate::reconcile::transition::time_ms;
+    use crate::operator::crd::TargetLeaseStatus;
+    use crate::operator::reconcile::transition::time_ms;
 
     fn tl(phase: Phase, expires_ms: u64) -> TargetLease {
         let spec = serde_json::from_value(

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 
-use crate::floor::{FloorPolicy, floor_key};
-use crate::reconcile::Context;
+use crate::operator::floor::{FloorPolicy, floor_key};
+use crate::operator::reconcile::Context;
 
 /// How often the floors are looked at: an eighth of the retention, between
 /// one second and one hour (an entry is folded at most that late).

@@ -11,8 +11,8 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::crd::TargetLease;
-use crate::reconcile::{self, Context};
+use crate::operator::crd::TargetLease;
+use crate::operator::reconcile::{self, Context};
 
 /// Things judged gone: missing now and at the sweep before (`missing`), so a
 /// cache that lags behind a new object never costs it. Returns them and what

@@ -28,8 +28,8 @@ use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::crd::TargetLease;
-use crate::metrics::OperatorMetrics;
+use crate::operator::crd::TargetLease;
+use crate::operator::metrics::OperatorMetrics;
 use crate::store::Target;
 
 /// How often the set of known targets forgets targets no TargetLease names.

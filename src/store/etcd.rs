@@ -201,7 +201,7 @@ impl EtcdStore {
     }
 }
 
-/// `result`, or what the `lost-reply-*` fail points (`crate::failpoints`)
+/// `result`, or what the `lost-reply-*` fail points (`crate::store::failpoints`)
 /// make of a lost reply to `op` (`args`: the request's named arguments).
 fn lost(
     result: Result<Reply, StoreError>,
@@ -209,7 +209,7 @@ fn lost(
     args: impl FnOnce() -> Vec<(&'static str, String)>,
 ) -> Result<Reply, StoreError> {
     match result {
-        Err(e) => crate::failpoints::lost_reply(&e, op, &args()).unwrap_or(Err(e)),
+        Err(e) => crate::store::failpoints::lost_reply(&e, op, &args()).unwrap_or(Err(e)),
         ok => ok,
     }
 }
@@ -219,7 +219,7 @@ impl LeaseStore for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
         req.validate()?;
         let mut reply = grant::acquire(self, req).await?;
-        crate::failpoints::acquired(&mut reply);
+        crate::store::failpoints::acquired(&mut reply);
         Ok(reply)
     }
 

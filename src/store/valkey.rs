@@ -212,7 +212,7 @@ impl ValkeyStore {
             Ok(sent) => sent,
             Err(e) => {
                 let e = unanswered(e, call.effect, self.timeout);
-                return crate::failpoints::lost_reply(&e, call.script.name, &call.args)
+                return crate::store::failpoints::lost_reply(&e, call.script.name, &call.args)
                     .unwrap_or(Err(e));
             }
         };
@@ -253,7 +253,7 @@ impl ValkeyStore {
             },
         };
         let mut reply = reply;
-        crate::failpoints::acquired(&mut reply);
+        crate::store::failpoints::acquired(&mut reply);
         tracing::debug!(op = call.script.name, outcome = %reply.outcome, "lease script ran");
         if call.may_wait
             && matches!(
@@ -280,7 +280,7 @@ impl ValkeyStore {
         deadline: Instant,
         outcome: Outcome,
     ) -> Result<(), StoreError> {
-        if crate::failpoints::on("skip-durability-wait") {
+        if crate::store::failpoints::on("skip-durability-wait") {
             return Ok(());
         }
         let not_durable = |what: String| {

@@ -9,7 +9,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 
 use crate::helm::*;
 use crate::support::chart_identity::{self, apply};

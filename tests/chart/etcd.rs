@@ -16,7 +16,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use targetlease::crd::Phase;
+use targetlease::operator::crd::Phase;
 use targetlease::store::etcd::{EtcdConfig, EtcdStore};
 use targetlease::store::valkey::{Secret as Password, TlsFiles};
 use targetlease::store::{LeaseStore, Outcome, Target};

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use targetlease::cli::operator::lease_id_secret::{KeyError, Origin, load_or_create};
-use targetlease::lease_id::LeaseIdKey;
+use targetlease::operator::lease_id::LeaseIdKey;
 
 use crate::cluster::{SOON, client_from, install_identity, service_account_kubeconfig};
 use crate::support::kube_env::{self, eventually};

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use targetlease::metrics::{OperatorMetrics, api_writes::WriteKind, exposed_names, registry};
+use targetlease::operator::metrics::{
+    OperatorMetrics, api_writes::WriteKind, exposed_names, registry,
+};
 use targetlease::store::LeaseStore;
 use targetlease::store::memory::MemoryStore;
 use targetlease::store::metrics::{MeteredStore, StoreMetrics};

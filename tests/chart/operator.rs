@@ -9,7 +9,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::json;
-use targetlease::crd::Phase;
+use targetlease::operator::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{LeaseStore, Outcome, RevokeRequest, Target};
 
@@ -100,11 +100,12 @@ async fn the_operator_runs_as_the_chart_service_account() {
         )
         .await
         .expect("the token floor ConfigMaps, written by the operator");
-    let key = targetlease::floor::floor_key(&ns, "orders-db");
+    let key = targetlease::operator::floor::floor_key(&ns, "orders-db");
     assert!(
         floors.items.into_iter().any(|cm| {
             let data = cm.data.unwrap_or_default();
-            data.contains_key(&key) && targetlease::floor::ledger::floor_in(&data, &key) == 2
+            data.contains_key(&key)
+                && targetlease::operator::floor::ledger::floor_in(&data, &key) == 2
         }),
         "floor records token 2"
     );

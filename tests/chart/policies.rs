@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 
 use crate::cluster::{SOON, client_from, install_identity, service_account_kubeconfig};
 use crate::support::kube_env::{self, eventually};

@@ -38,7 +38,7 @@ fn can_i(cp: &ControlPlane, user: &str, verb: &str, resource: &str, scope: &[&st
 async fn an_operator_watching_one_namespace_has_no_cluster_wide_permission() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use targetlease::crd::Phase;
+    use targetlease::operator::crd::Phase;
 
     let mut env =
         crate::support::operator_env::OperatorEnv::start_without_operator("chart-scoped").await;
@@ -180,10 +180,10 @@ async fn an_operator_watching_one_namespace_has_no_cluster_wide_permission() {
         .get(&floor)
         .await
         .unwrap_or_else(|e| panic!("the floor {floor} in {home}: {e}"));
-    let key = targetlease::floor::floor_key(&ns, "db");
+    let key = targetlease::operator::floor::floor_key(&ns, "db");
     let data = cm.data.unwrap_or_default();
     assert_eq!(
-        targetlease::floor::ledger::floor_in(&data, &key),
+        targetlease::operator::floor::ledger::floor_in(&data, &key),
         1,
         "{data:?}"
     );

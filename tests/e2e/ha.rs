@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use support::kube_env::eventually;
 use support::operator_env::{OperatorEnv, http_get, summary};
 use support::spec::{Spec, lease_for};
-use targetlease::crd::Phase;
+use targetlease::operator::crd::Phase;
 
 mod split_brain;
 mod subscription;

@@ -1,6 +1,6 @@
 //! Deliberately broken components of the harness for the positive controls
 //! that break no product code (the product's own are its fail points,
-//! `src/failpoints.rs`, named by each scenario): each must make the checker
+//! `src/store/failpoints.rs`, named by each scenario): each must make the checker
 //! report its property, or the run fails. (The broken downstreams are in
 //! `sink.rs`; the rogue publisher in `workload/operator.rs`.)
 

@@ -1,7 +1,7 @@
 //! The fault matrix: a workload with a recorded history, a real PostgreSQL
 //! downstream fenced by the recipe in `examples/fencing/`, real faults, a
 //! checker that can fail, and positive controls that break the product
-//! through its fail points (`src/failpoints.rs`). Built only with
+//! through its fail points (`src/store/failpoints.rs`). Built only with
 //! `--features failpoints` (`scripts/faults.sh` passes it).
 //!
 //! A test target without libtest (`harness = false`), so it runs scenarios

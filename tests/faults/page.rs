@@ -229,7 +229,7 @@ pub fn render(header: &str, rows: &[Row]) -> String {
     }
     out.push_str(
         "\n## Positive controls\n\nEach breaks one component on purpose — the product itself through \
-         a fail point (`src/failpoints.rs`, compiled in only for the matrix), or a harness part — \
+         a fail point (`src/store/failpoints.rs`, compiled in only for the matrix), or a harness part — \
          in the same harness; a run in which the checker does not report every violation it \
          expects fails, and so does `scripts/faults.sh`.\n\n\
          | control | broken component | expected | runs | caught |\n|---|---|---|---|---|\n",

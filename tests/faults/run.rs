@@ -231,7 +231,7 @@ pub fn failpoints_here(s: &Scenario, on: bool) {
         return;
     }
     for (name, action) in s.failpoints {
-        targetlease::failpoints::set(name, if on { action } else { "off" })
+        targetlease::store::failpoints::set(name, if on { action } else { "off" })
             .unwrap_or_else(|e| panic!("fail point {name}={action}: {e}"));
     }
 }

@@ -165,7 +165,7 @@ pub struct Scenario {
     pub expect: &'static [Expect],
     /// Lease time-to-live of the workload's clients.
     pub ttl: Duration,
-    /// Product fail points (`src/failpoints.rs`) of this run's CLI and
+    /// Product fail points (`src/store/failpoints.rs`) of this run's CLI and
     /// operator processes: `(name, action)`.
     pub failpoints: &'static [(&'static str, &'static str)],
     /// The fail points also hold in this process (the library clients):

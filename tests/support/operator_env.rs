@@ -11,7 +11,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::Value;
-use targetlease::crd::{Phase, TargetLease};
+use targetlease::operator::crd::{Phase, TargetLease};
 
 use super::kube_env::{self, ControlPlane};
 use super::valkey_server::ValkeyServer;
@@ -46,7 +46,7 @@ pub struct OperatorEnv {
 /// Installs (or updates) the generated CRD and waits until it is Established.
 pub async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = targetlease::crd::definition();
+    let crd = targetlease::operator::crd::definition();
     crds.patch(
         "targetleases.targetlease.dev",
         &PatchParams::apply("targetlease-tests").force(),
@@ -401,9 +401,9 @@ impl OperatorEnv {
     }
 
     /// The lease id key the env's operators derive lease ids with.
-    pub fn lease_id_key(&self) -> targetlease::lease_id::LeaseIdKey {
+    pub fn lease_id_key(&self) -> targetlease::operator::lease_id::LeaseIdKey {
         let text = std::fs::read_to_string(self.key_file()).unwrap();
-        targetlease::lease_id::LeaseIdKey::new(text.trim_end().as_bytes()).unwrap()
+        targetlease::operator::lease_id::LeaseIdKey::new(text.trim_end().as_bytes()).unwrap()
     }
 
     /// Stops (SIGSTOP) or resumes (SIGCONT) operator `i`.

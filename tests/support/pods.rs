@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use targetlease::crd::Phase;
+use targetlease::operator::crd::Phase;
 
 use super::kube_env::eventually;
 use super::operator_env::{OperatorEnv, summary};

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::watcher;
-use targetlease::crd::{Phase, TargetLease};
+use targetlease::operator::crd::{Phase, TargetLease};
 
 /// One change, at one revision.
 #[derive(Clone, Debug)]

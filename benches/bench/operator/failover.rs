@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 
 use super::objects::candidate_pod;
 use super::{Bench, Results};

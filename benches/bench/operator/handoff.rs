@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams};
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 
 use super::objects::{contended, create_all};
 use super::{Bench, Results};
@@ -56,7 +56,7 @@ pub(super) async fn handoff(
         .wait(Duration::from_secs(60), |t| {
             (0..trials).all(|i| {
                 t.get(&format!("handoff-{i:03}-b"))
-                    .is_some_and(|s| s.phase == Some(targetlease::crd::Phase::Pending))
+                    .is_some_and(|s| s.phase == Some(targetlease::operator::crd::Phase::Pending))
             })
         })
         .await

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 
 /// TargetLease `name` on a target of the same name.
 pub(super) fn holder_lease(name: &str, ns: &str, identity: &str) -> TargetLease {

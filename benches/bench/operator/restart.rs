@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use kube::api::Api;
 use serde_json::json;
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{LeaseStore, Target};
 

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use kube::api::Api;
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 
 use super::objects::{create_all, holder_lease};
 use super::process::{Operator, apiserver_metrics, store_call_means, tl_writes};

@@ -32,7 +32,7 @@ pub(crate) use support::kube_env::eventually;
 pub(crate) use support::link_proxy::{BLACKHOLE, DROP_REPLIES, TcpProxy};
 pub(crate) use support::operator_env::{OperatorEnv, summary};
 pub(crate) use support::timeline::Timeline;
-pub(crate) use targetlease::crd::{Phase, TargetLease};
+pub(crate) use targetlease::operator::crd::{Phase, TargetLease};
 pub(crate) use targetlease::store::{
     AcquireRequest, LeaseStore, Outcome, ReleaseRequest, Reply, Target,
 };

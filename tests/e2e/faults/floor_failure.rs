@@ -8,7 +8,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, PostParams};
-use targetlease::floor::{floor_key, ledger};
+use targetlease::operator::floor::{floor_key, ledger};
 
 use super::floor_tenants::Tenant;
 use super::*;

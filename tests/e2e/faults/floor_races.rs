@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use http::{Method, Request, Response};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{reflector, watcher};
-use targetlease::floor::{FloorPolicy, FloorStore, floor_key, ledger};
+use targetlease::operator::floor::{FloorPolicy, FloorStore, floor_key, ledger};
 
 use super::*;
 
@@ -311,7 +311,7 @@ async fn a_namespace_past_its_cap_is_folded_by_its_next_write_without_lowering_a
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {
             "name": format!("{NAME}.{}", env.ns),
-            "labels": { targetlease::floor::FLOOR_LABEL: NAME },
+            "labels": { targetlease::operator::floor::FLOOR_LABEL: NAME },
         },
         "data": data,
     }))

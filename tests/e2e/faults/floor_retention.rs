@@ -2,7 +2,7 @@
 //! namespace's base: the ConfigMap shrinks, no floor is lowered, and what a
 //! target gets afterwards is exactly what docs/operator.md says.
 
-use targetlease::floor::{floor_key, ledger};
+use targetlease::operator::floor::{floor_key, ledger};
 
 use super::floor_tenants::Tenant;
 use super::*;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams};
-use targetlease::floor::{floor_key, ledger};
+use targetlease::operator::floor::{floor_key, ledger};
 
 use super::*;
 

@@ -17,7 +17,7 @@ async fn token_floors_are_kept_in_the_namespaces_own_configmap() {
     // though a live TargetLease's status covers it.
     env.delete("old").await;
     env.wait_gone("old", SOON).await;
-    let entry = targetlease::floor::floor_key(&env.ns, "old");
+    let entry = targetlease::operator::floor::floor_key(&env.ns, "old");
     let floors = || async {
         cms.list(&ListParams::default().labels("targetlease.dev/token-floors"))
             .await
@@ -28,7 +28,7 @@ async fn token_floors_are_kept_in_the_namespaces_own_configmap() {
         cms.iter()
             .filter_map(|cm| cm.data.as_ref())
             .find(|d| d.contains_key(key))
-            .map(|d| targetlease::floor::ledger::floor_in(d, key))
+            .map(|d| targetlease::operator::floor::ledger::floor_in(d, key))
     };
     assert_eq!(floor_of(&floors().await, &entry), Some(1));
     env.create("old-again", lease_for("old").identity("again"))
@@ -49,7 +49,7 @@ async fn token_floors_are_kept_in_the_namespaces_own_configmap() {
         Some(1),
         "the entry stays, covered by a live status or not"
     );
-    let partner = targetlease::floor::floor_key(&env.ns, "partner");
+    let partner = targetlease::operator::floor::floor_key(&env.ns, "partner");
     assert_eq!(floor_of(&now, &partner), Some(1));
     let names: Vec<_> = now.iter().map(|cm| cm.name_any()).collect();
     assert_eq!(

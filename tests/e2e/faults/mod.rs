@@ -28,7 +28,7 @@ pub(crate) use kube::api::{ListParams, Patch, PatchParams};
 pub(crate) use serde_json::json;
 pub(crate) use support::kube_env::eventually;
 pub(crate) use support::operator_env::{History, OperatorEnv, condition, summary};
-pub(crate) use targetlease::crd::{Phase, TargetLease};
+pub(crate) use targetlease::operator::crd::{Phase, TargetLease};
 pub(crate) use targetlease::store::{LeaseStore, Outcome, Target};
 
 pub(crate) const SOON: Duration = Duration::from_secs(20);

@@ -141,11 +141,12 @@ async fn a_delete_during_an_outage_keeps_the_finalizer_and_the_floor() {
         .list(&ListParams::default().labels("targetlease.dev/token-floors"))
         .await
         .unwrap();
-    let key = targetlease::floor::floor_key(&env.ns, "t");
+    let key = targetlease::operator::floor::floor_key(&env.ns, "t");
     assert!(
         list.items.iter().any(|cm| {
             let data = cm.data.clone().unwrap_or_default();
-            data.contains_key(&key) && targetlease::floor::ledger::floor_in(&data, &key) == 1
+            data.contains_key(&key)
+                && targetlease::operator::floor::ledger::floor_in(&data, &key) == 1
         }),
         "the floor holds token 1 before the release"
     );

@@ -12,13 +12,13 @@ use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
-use targetlease::floor::FloorStore;
-use targetlease::leadership::Leadership;
+use targetlease::operator::floor::FloorStore;
+use targetlease::operator::leadership::Leadership;
+use targetlease::operator::reconcile::clock::ServerClock;
+use targetlease::operator::reconcile::keeper::{Keeper, Kept};
+use targetlease::operator::reconcile::pods::CachedPod;
+use targetlease::operator::reconcile::{Context, Memory};
 use targetlease::operator::sweep::Sweep;
-use targetlease::reconcile::clock::ServerClock;
-use targetlease::reconcile::keeper::{Keeper, Kept};
-use targetlease::reconcile::pods::CachedPod;
-use targetlease::reconcile::{Context, Memory};
 use targetlease::store::LeaseHandle;
 
 use super::*;
@@ -77,7 +77,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
     let here = env.api().get("here").await.unwrap();
     lease_writer.apply_watcher_event(&watcher::Event::Apply(here));
     let (pods, mut pod_writer) = reflector::store::<CachedPod>();
-    let pod_index = Arc::new(targetlease::reconcile::pod_index::PodIndex::default());
+    let pod_index = Arc::new(targetlease::operator::reconcile::pod_index::PodIndex::default());
     let w = watcher::Event::Apply(cached_pod(&env, "w").await);
     pod_writer.apply_watcher_event(&w);
     pod_index.apply(&w);
@@ -89,12 +89,12 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         store: store.clone(),
         leases,
         lease_index: Default::default(),
-        pods: targetlease::reconcile::pod_index::PodCache {
+        pods: targetlease::operator::reconcile::pod_index::PodCache {
             store: pods,
             index: pod_index,
         },
         selectors: Default::default(),
-        slots: targetlease::reconcile::slots::FairSlots::new(1),
+        slots: targetlease::operator::reconcile::slots::FairSlots::new(1),
         floors: FloorStore::new(client.clone(), &env.ns, "floors", floor_cache),
         recorder: Recorder::new(
             client.clone(),

@@ -17,7 +17,7 @@ use crate::support::chart_identity::{chart_service_account, service_account_kube
 use crate::support::kube_env::eventually;
 use crate::support::operator_env::{OperatorEnv, http_get, summary};
 use crate::support::tcp_proxy::TcpProxy;
-use targetlease::crd::Phase;
+use targetlease::operator::crd::Phase;
 
 /// Every `targetlease_leases` sample of operator `i`, e.g. `{phase="Held"} 2`.
 fn phase_samples(env: &OperatorEnv, i: usize) -> Vec<String> {
@@ -29,7 +29,7 @@ fn phase_samples(env: &OperatorEnv, i: usize) -> Vec<String> {
         .collect()
 }
 
-fn observed_generation_is_current(tl: &targetlease::crd::TargetLease) -> bool {
+fn observed_generation_is_current(tl: &targetlease::operator::crd::TargetLease) -> bool {
     tl.status.as_ref().and_then(|s| s.observed_generation) == tl.metadata.generation
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use targetlease::crd::Phase;
+use targetlease::operator::crd::Phase;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{LeaseStore, Outcome, ReleaseRequest, Target};
 

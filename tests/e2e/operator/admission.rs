@@ -106,7 +106,7 @@ async fn invalid_specs_are_refused_by_the_api_server() {
             "spec": spec,
         });
         // Created as JSON: an apply patch is read as YAML, which folds U+0085 into a space.
-        let obj: targetlease::crd::TargetLease = serde_json::from_value(obj).unwrap();
+        let obj: targetlease::operator::crd::TargetLease = serde_json::from_value(obj).unwrap();
         let err = api
             .create(&Default::default(), &obj)
             .await

@@ -19,7 +19,7 @@ pub(crate) use std::time::Duration;
 pub(crate) use kube::api::{Patch, PatchParams};
 pub(crate) use serde_json::json;
 pub(crate) use support::operator_env::{OperatorEnv, apply_example, condition, summary};
-pub(crate) use targetlease::crd::Phase;
+pub(crate) use targetlease::operator::crd::Phase;
 pub(crate) use targetlease::store::{LeaseStore, Outcome, ReleaseRequest, Target};
 
 pub(crate) const SOON: Duration = Duration::from_secs(20);

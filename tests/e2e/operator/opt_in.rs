@@ -159,8 +159,8 @@ async fn a_pod_that_did_not_opt_in_is_never_marked() {
 /// the version the cache shows, is marked.
 #[tokio::test]
 async fn a_pod_that_opted_out_before_the_write_gets_no_marks() {
-    use targetlease::reconcile::marks::{self, Mark};
-    use targetlease::reconcile::pods::CachedPod;
+    use targetlease::operator::reconcile::marks::{self, Mark};
+    use targetlease::operator::reconcile::pods::CachedPod;
     let env = OperatorEnv::start_without_operator("opt-out").await;
     env.create_pod("web-0", &[("app", "web"), WEB_LEADER_CANDIDATE], true)
         .await;

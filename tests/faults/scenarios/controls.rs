@@ -1,5 +1,5 @@
 //! The positive controls: each breaks one component on purpose — the
-//! product through its fail points (`src/failpoints.rs`), or a harness part
+//! product through its fail points (`src/store/failpoints.rs`), or a harness part
 //! (`crate::controls`) — and passes only if the checker reports what it
 //! breaks.
 

@@ -3,7 +3,7 @@
 //! stopped past the election timeout) and the client-link faults, with no
 //! property measured: etcd promises every one. And the controls that show
 //! the checker still catches each lie on etcd, the product broken through
-//! the same fail points (`src/failpoints.rs`) at their etcd sites.
+//! the same fail points (`src/store/failpoints.rs`) at their etcd sites.
 
 use super::{Backend, Expect, Fault, Scenario, scenario};
 use crate::check::{Property, Scope};

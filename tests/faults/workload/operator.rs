@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use targetlease::crd::{Phase, TargetLease};
+use targetlease::operator::crd::{Phase, TargetLease};
 use targetlease::store::valkey::Durability;
 use targetlease::store::{LeaseStore, Target};
 use tokio::task::JoinHandle;

@@ -20,7 +20,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use targetlease::crd::TargetLease;
+use targetlease::operator::crd::TargetLease;
 use tokio::sync::Mutex;
 
 use super::Stop;

@@ -1,0 +1,310 @@
+//! The reconciler: fresh object -> finalizer -> plan -> store call ->
+//! transition -> publish -> Action.
+//!
+//! Level-triggered: each pass reads the resource (never older than the
+//! operator's own last write), the pod and lease caches (only once synced)
+//! and the store, decides with the pure [`plan`] and [`transition`] modules
+//! and makes it so in the one fixed order the executor states (`executor.rs`).
+//! Every step is safe to repeat and to interrupt: acquisitions carry an id
+//! recorded in status *before* the store is called, and a lease is
+//! unpublished *before* it is released, so a crash anywhere is resolved by
+//! the next pass.
+
+pub mod clock;
+mod desired;
+mod executor;
+mod floor;
+pub mod index;
+pub mod keeper;
+pub mod marks;
+mod pass;
+pub mod plan;
+pub mod pod_index;
+pub mod pods;
+pub mod queue;
+pub mod selectors;
+pub mod slots;
+pub mod spec;
+mod steps;
+pub mod transition;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc::UnboundedSender;
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::operator::api_timeout::ApiTimedOut;
+use crate::operator::crd::TargetLease;
+use crate::operator::floor::FloorStore;
+use crate::operator::leadership::{Leadership, NotLeader};
+use crate::operator::lease_id::LeaseIdKey;
+use crate::store::LeaseStore;
+use clock::ServerClock;
+use keeper::Keeper;
+
+/// Finalizer that guarantees the lease is released before the resource goes.
+pub const FINALIZER: &str = "targetlease.dev/release";
+/// The one field manager for status.
+pub const FIELD_MANAGER: &str = "targetlease-operator";
+
+/// Shared state of the reconciler.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: kube::Client,
+    /// The lease store.
+    pub store: Arc<dyn LeaseStore>,
+    /// Cache of every TargetLease (for queues and token floors).
+    pub leases: Store<TargetLease>,
+    /// The TargetLeases of the cache by target and namespace.
+    pub lease_index: Arc<index::LeaseIndex>,
+    /// Cache of pods (for holders tied to pods and for candidates), indexed.
+    pub pods: pod_index::PodCache,
+    /// Candidate selectors, compiled once per TargetLease version.
+    pub selectors: Arc<selectors::Selectors>,
+    /// The reconcile slots (`--concurrency`), shared fairly among namespaces.
+    pub slots: Arc<slots::FairSlots>,
+    /// Tokens of deleted leases.
+    pub floors: FloorStore,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Derives lease ids from acquisition ids.
+    pub lease_ids: LeaseIdKey,
+    /// Wakes other TargetLeases (same target) when the queue may have moved.
+    pub wake: UnboundedSender<ObjectRef<TargetLease>>,
+    /// Reconcile metrics.
+    pub metrics: crate::operator::metrics::OperatorMetrics,
+    /// Open while this replica may write.
+    pub leadership: Leadership,
+    /// Every cache the planner reads has synced; no pass plans before.
+    pub synced: Arc<AtomicBool>,
+    /// What this process remembers per TargetLease (dropped when it goes).
+    pub memory: Mutex<HashMap<ObjectRef<TargetLease>, Memory>>,
+    /// Highest token this process published per (namespace, target).
+    pub published: Mutex<HashMap<(String, String), u64>>,
+    /// Valkey's clock, estimated from every answer (shared with the keeper).
+    pub clock: Arc<ServerClock>,
+    /// What Valkey last confirmed of each lease; renews published leases whose
+    /// reconcile is late (lives across leadership terms).
+    pub keeper: Arc<Keeper>,
+}
+
+/// Per-TargetLease state kept between passes.
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    /// Consecutive failures (store or API), for backoff.
+    pub failures: u32,
+    /// The newest resourceVersion this process wrote or read; a cached object
+    /// with another version is re-read before planning.
+    pub known_version: Option<String>,
+    /// The last API call failed (a conflict, a refused patch): re-read first.
+    pub reread: bool,
+    /// The implicit first attempt was used up (its lease ended or was never ours).
+    pub first_acquisition_spent: bool,
+    /// A release was announced on the target this lease holds: confirm it with
+    /// the store at once (it may have been revoked).
+    pub confirm: bool,
+    /// Why nobody qualifies for this election, as last listed from the API
+    /// server: when, for which generation, and the answer
+    /// ([`pods::nobody_elected`]).
+    pub nobody: Option<(Instant, Option<i64>, plan::Desired)>,
+}
+
+/// Why a reconcile failed; each is retried with per-object backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes API failed.
+    #[error("kubernetes api: {0}")]
+    Kube(kube::Error),
+    /// This replica may not write.
+    #[error(transparent)]
+    NotLeader(#[from] NotLeader),
+    /// The resource has no namespace (cannot happen for a namespaced kind).
+    #[error("resource has no namespace")]
+    NoNamespace,
+}
+
+impl Error {
+    /// A bounded name for metrics and Event reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kube(e) if is_conflict(e) => "conflict",
+            Error::Kube(e) if timed_out(e) => "api_timeout",
+            Error::Kube(_) => "kubernetes",
+            Error::NotLeader(_) => "not_leader",
+            Error::NoNamespace => "no_namespace",
+        }
+    }
+}
+
+impl From<kube::Error> for Error {
+    /// A write the client's write gate refused is this replica not leading
+    /// (the gate is the one place Kubernetes writes are checked).
+    fn from(e: kube::Error) -> Self {
+        if caused_by::<NotLeader>(&e) {
+            Error::NotLeader(NotLeader)
+        } else {
+            Error::Kube(e)
+        }
+    }
+}
+
+/// `T` is somewhere in the chain of `e`.
+fn caused_by<T: std::error::Error + 'static>(e: &kube::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<T>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// The API server did not answer in time ([`ApiTimedOut`], anywhere in the chain).
+fn timed_out(e: &kube::Error) -> bool {
+    caused_by::<ApiTimedOut>(e)
+}
+
+impl Context {
+    fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Memory) -> T) -> T {
+        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        f(all.entry(key.clone()).or_default())
+    }
+
+    fn recall(&self, key: &ObjectRef<TargetLease>) -> Memory {
+        let all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        all.get(key).cloned().unwrap_or_default()
+    }
+
+    fn forget(&self, key: &ObjectRef<TargetLease>) {
+        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        all.remove(key);
+    }
+
+    /// The store's clock now, never behind it ([`clock`]; the local wall
+    /// clock only before the store ever answered).
+    fn server_now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// A release was announced on `target` (pub/sub): the TargetLeases to wake.
+    /// While one of them holds the target, only the holders are woken (and
+    /// told to confirm their lease first): a holder whose lease was revoked
+    /// unpublishes before it wakes the waiters, so two never show Held at once.
+    pub fn released(&self, target: &crate::store::Target) -> Vec<ObjectRef<TargetLease>> {
+        let on_target = self
+            .lease_index
+            .on_target(&self.leases, &target.namespace, &target.name);
+        let holders: Vec<_> = on_target
+            .iter()
+            .filter(|tl| tl.status.as_ref().is_some_and(plan::holds_lease))
+            .map(|tl| ObjectRef::from_obj(&**tl))
+            .collect();
+        if holders.is_empty() {
+            return on_target
+                .iter()
+                .map(|tl| ObjectRef::from_obj(&**tl))
+                .collect();
+        }
+        for key in &holders {
+            self.remember(key, |m| m.confirm = true);
+        }
+        holders
+    }
+
+    /// Forgets what this process remembers of TargetLeases `exists` says are
+    /// gone (they vanished without a last reconcile: a finalizer removed by hand).
+    pub fn forget_vanished(&self, exists: impl Fn(&ObjectRef<TargetLease>) -> bool) {
+        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|k, _| exists(k));
+    }
+}
+
+/// Entry point for the controller: waits for a slot in its namespace's turn
+/// ([`slots`]), then reconciles the newest cached version of the object.
+pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use kube::ResourceExt;
+    let queued = Instant::now();
+    let _slot = ctx.slots.acquire(&tl.namespace().unwrap_or_default()).await;
+    ctx.metrics.queued(queued.elapsed());
+    // It may have changed while it waited.
+    let tl = ctx.leases.get(&ObjectRef::from_obj(&*tl)).unwrap_or(tl);
+    let started = Instant::now();
+    let result = reconcile_inner(&tl, &ctx).await;
+    ctx.metrics.reconciled(
+        started.elapsed(),
+        result.as_ref().err().map(Error::category),
+    );
+    result
+}
+
+async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Error> {
+    // (no client required) never plan from caches that have not synced.
+    if !ctx.synced.load(Ordering::SeqCst) {
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
+    ctx.leadership.check()?;
+    // (client required) the object as of the operator's own last write.
+    let Some(mut pass) = pass::Pass::start(ctx, tl).await? else {
+        ctx.forget(&ObjectRef::from_obj(tl));
+        return Ok(Action::await_change());
+    };
+    if pass.deleting() {
+        return pass.cleanup().await;
+    }
+    pass.ensure_finalizer().await?;
+    pass.converge().await
+}
+
+/// Backoff for failed reconciles: one per-object policy for API and store errors.
+pub fn error_policy(tl: Arc<TargetLease>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = ObjectRef::from_obj(&*tl);
+    if let Error::Kube(e) = err {
+        // The cache may not show what the server has: read the object first.
+        ctx.remember(&key, |m| m.reread = true);
+        if is_conflict(e) {
+            // Someone else wrote first: plan again at once from a fresh read.
+            return Action::requeue(Duration::from_millis(50));
+        }
+    }
+    if matches!(err, Error::NotLeader(_)) {
+        return Action::requeue(Duration::from_secs(1));
+    }
+    let failures = ctx.remember(&key, |m| {
+        m.failures = m.failures.saturating_add(1);
+        m.failures
+    });
+    tracing::warn!(
+        lease = %key,
+        error = %err,
+        category = err.category(),
+        "reconcile failed"
+    );
+    let wait = with_jitter(plan::backoff(failures.saturating_sub(1)));
+    // A published lease must get its next chance to publish before its
+    // published expiry passes (the keeper renews it in Valkey meanwhile).
+    let published = tl
+        .status
+        .as_ref()
+        .filter(|s| plan::is_published_held(s))
+        .and_then(|s| s.expires_at.as_ref())
+        .map(|t| t.0.as_millisecond());
+    let renew = spec::validate(&tl).map_or(Duration::from_secs(30), |v| v.timing.renew);
+    let cap = published
+        .map(|ms| plan::retry_cap(ms, ctx.server_now_ms(), plan::expiry_margin(renew), renew));
+    Action::requeue(cap.map_or(wait, |c| wait.min(c)))
+}
+
+/// Adds up to 20% jitter.
+fn with_jitter(base: Duration) -> Duration {
+    base + base.mul_f64(rand::random::<f64>() * 0.2)
+}

@@ -1,0 +1,292 @@
+//! TargetLeases by target and by namespace, kept beside the lease cache (no
+//! client required).
+//!
+//! A pass needs its target's siblings: the queue (who is served first), a
+//! sibling still published as Held, the highest token published on the
+//! target. Scanning the whole cache for them made every pass cost as much as
+//! the cluster's TargetLeases, and a resync of `n` TargetLeases on one
+//! target `n²`. Here each target keeps its members in queue order, and what
+//! a pass asks of them is computed once per change of the target (the head
+//! of the queue also once per change of the namespace's opted-in pods,
+//! [`super::pod_index::PodIndex::epoch`]) and reused by every pass until the
+//! next change.
+//!
+//! The index follows the same watch events as the cache, applied after the
+//! cache took them, and answers only with names: objects are read from the
+//! cache, so an index that runs a moment ahead or behind never makes a pass
+//! plan from anything but the cache.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
+
+use super::{plan, queue};
+use crate::operator::crd::TargetLease;
+
+/// A place in a target's queue: creation time, then name.
+type Place = (Option<Timestamp>, String);
+
+/// What a target's members publish, read once per change of the target.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Members whose status publishes Held, with the published expiry (ms).
+    pub held: Vec<(String, u64)>,
+    /// The highest token any member's status publishes.
+    pub max_token: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    members: BTreeSet<Place>,
+    /// Changes with every event of a member (from [`Leases::counter`]).
+    epoch: u64,
+    /// The first member that wants the lease, for this namespace pod epoch.
+    head: Option<(u64, Option<Place>)>,
+    published: Option<Arc<Published>>,
+}
+
+#[derive(Default)]
+struct Table {
+    /// By (namespace, target).
+    targets: HashMap<(String, String), Queue>,
+    /// By (namespace, name): the target and place.
+    place: HashMap<(String, String), (String, Place)>,
+    /// Names by namespace.
+    by_namespace: HashMap<String, BTreeSet<String>>,
+}
+
+#[derive(Default)]
+struct Leases {
+    live: Table,
+    /// The table being filled by a relist, swapped in when it is complete.
+    relist: Option<Table>,
+    counter: u64,
+}
+
+/// TargetLeases by target and namespace ([module docs](self)).
+#[derive(Default)]
+pub struct LeaseIndex {
+    inner: Mutex<Leases>,
+    /// Cache reads made to answer (for tests and the curious: a bound on work).
+    reads: AtomicU64,
+}
+
+fn place_of(tl: &TargetLease) -> Place {
+    (tl.creation_timestamp().map(|t| t.0), tl.name_any())
+}
+
+impl Table {
+    fn insert(&mut self, tl: &TargetLease, epoch: u64) {
+        let ns = tl.namespace().unwrap_or_default();
+        let name = tl.name_any();
+        let place = place_of(tl);
+        let key = (ns.clone(), name.clone());
+        if let Some((old_target, old_place)) = self.place.remove(&key) {
+            self.leave(&ns, old_target, &old_place, epoch);
+        }
+        let q = self
+            .targets
+            .entry((ns.clone(), tl.spec.target.clone()))
+            .or_default();
+        q.members.insert(place.clone());
+        q.touch(epoch);
+        self.place.insert(key, (tl.spec.target.clone(), place));
+        self.by_namespace.entry(ns).or_default().insert(name);
+    }
+
+    fn remove(&mut self, tl: &TargetLease, epoch: u64) {
+        let ns = tl.namespace().unwrap_or_default();
+        let name = tl.name_any();
+        if let Some((target, place)) = self.place.remove(&(ns.clone(), name.clone())) {
+            self.leave(&ns, target, &place, epoch);
+        }
+        if let Some(names) = self.by_namespace.get_mut(&ns) {
+            names.remove(&name);
+            if names.is_empty() {
+                self.by_namespace.remove(&ns);
+            }
+        }
+    }
+
+    fn leave(&mut self, ns: &str, target: String, place: &Place, epoch: u64) {
+        let key = (ns.to_owned(), target);
+        if let Some(q) = self.targets.get_mut(&key) {
+            q.members.remove(place);
+            q.touch(epoch);
+            if q.members.is_empty() {
+                self.targets.remove(&key);
+            }
+        }
+    }
+}
+
+impl Queue {
+    fn touch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.head = None;
+        self.published = None;
+    }
+}
+
+impl LeaseIndex {
+    /// Takes in one event of the lease watch (after the cache took it).
+    pub fn apply(&self, event: &Event<TargetLease>) {
+        let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        l.counter += 1;
+        let epoch = l.counter;
+        match event {
+            Event::Apply(tl) => l.live.insert(tl, epoch),
+            Event::Delete(tl) => l.live.remove(tl, epoch),
+            Event::Init => l.relist = Some(Table::default()),
+            Event::InitApply(tl) => l.relist.get_or_insert_default().insert(tl, epoch),
+            Event::InitDone => l.live = l.relist.take().unwrap_or_default(),
+        }
+    }
+
+    /// Cache reads made so far to answer questions (each answer is reused
+    /// until its target changes, so this grows with changes, not with passes).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// The members of `ns`/`target` in queue order, and the target's epoch.
+    fn members(&self, ns: &str, target: &str) -> Option<(Vec<Place>, u64)> {
+        let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let q = l.live.targets.get(&(ns.to_owned(), target.to_owned()))?;
+        Some((q.members.iter().cloned().collect(), q.epoch))
+    }
+
+    fn read(&self, cache: &Store<TargetLease>, ns: &str, name: &str) -> Option<Arc<TargetLease>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        cache.get(&ObjectRef::new(name).within(ns))
+    }
+
+    /// The members of `ns`/`target` as the cache has them, in queue order.
+    pub fn on_target(
+        &self,
+        cache: &Store<TargetLease>,
+        ns: &str,
+        target: &str,
+    ) -> Vec<Arc<TargetLease>> {
+        let Some((members, _)) = self.members(ns, target) else {
+            return Vec::new();
+        };
+        members
+            .iter()
+            .filter_map(|(_, name)| self.read(cache, ns, name))
+            .filter(|o| o.spec.target == target)
+            .collect()
+    }
+
+    /// The TargetLeases of namespace `ns` as the cache has them.
+    pub fn in_namespace(&self, cache: &Store<TargetLease>, ns: &str) -> Vec<Arc<TargetLease>> {
+        let names: Vec<String> = {
+            let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            l.live
+                .by_namespace
+                .get(ns)
+                .map(|n| n.iter().cloned().collect())
+                .unwrap_or_default()
+        };
+        names
+            .iter()
+            .filter_map(|name| self.read(cache, ns, name))
+            .collect()
+    }
+
+    /// The oldest TargetLease on `me`'s target, created before it, that wants
+    /// the lease (see [`super::queue`]). `pods_epoch` is the namespace's
+    /// opted-in pod epoch: `wants` is asked again only when it or the target
+    /// changed.
+    pub fn queued_behind(
+        &self,
+        cache: &Store<TargetLease>,
+        me: &TargetLease,
+        pods_epoch: u64,
+        wants: impl Fn(&TargetLease) -> bool,
+    ) -> Option<String> {
+        let ns = me.namespace().unwrap_or_default();
+        let target = &me.spec.target;
+        let cached = {
+            let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            l.live
+                .targets
+                .get(&(ns.clone(), target.clone()))
+                .and_then(|q| q.head.clone())
+                .filter(|(e, _)| *e == pods_epoch)
+                .map(|(_, head)| head)
+        };
+        let head = match cached {
+            Some(head) => head,
+            None => {
+                let (members, epoch) = self.members(&ns, target)?;
+                let head = members.into_iter().find(|(_, name)| {
+                    self.read(cache, &ns, name).is_some_and(|o| {
+                        o.spec.target == *target && queue::may_queue(&o) && wants(&o)
+                    })
+                });
+                let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(q) = l.live.targets.get_mut(&(ns.clone(), target.clone()))
+                    && q.epoch == epoch
+                {
+                    q.head = Some((pods_epoch, head.clone()));
+                }
+                head
+            }
+        };
+        let mine = place_of(me);
+        head.filter(|h| *h < mine && h.1 != mine.1).map(|h| h.1)
+    }
+
+    /// What the members of `ns`/`target` publish (Held, tokens).
+    pub fn published(&self, cache: &Store<TargetLease>, ns: &str, target: &str) -> Arc<Published> {
+        {
+            let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = l
+                .live
+                .targets
+                .get(&(ns.to_owned(), target.to_owned()))
+                .and_then(|q| q.published.clone())
+            {
+                return p;
+            }
+        }
+        let Some((members, epoch)) = self.members(ns, target) else {
+            return Arc::default();
+        };
+        let mut published = Published::default();
+        for (_, name) in members {
+            let Some(o) = self.read(cache, ns, &name) else {
+                continue;
+            };
+            let Some(s) = o.status.as_ref().filter(|_| o.spec.target == target) else {
+                continue;
+            };
+            published.max_token = published.max_token.max(s.fencing_token.unwrap_or(0));
+            let expires = s
+                .expires_at
+                .as_ref()
+                .and_then(|e| u64::try_from(e.0.as_millisecond()).ok());
+            if let Some(expires) = expires.filter(|_| plan::is_published_held(s)) {
+                published.held.push((name, expires));
+            }
+        }
+        let published = Arc::new(published);
+        let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = l.live.targets.get_mut(&(ns.to_owned(), target.to_owned()))
+            && q.epoch == epoch
+        {
+            q.published = Some(published.clone());
+        }
+        published
+    }
+}
+
+#[cfg(test)]
+#[path = "index_tests.rs"]
+mod tests;

@@ -1,0 +1,116 @@
+//! Pure: when the held lease is renewed, when it is rotated (replaced before
+//! its hard end), and when a pass looks again. No clock is read here: the
+//! caller passes what it observed.
+
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+
+use super::backoff;
+use crate::operator::reconcile::transition::Next;
+
+/// What the timing of the lease status names depends on, observed once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The spec's renew interval.
+    pub renew: Duration,
+    /// The spec's `maxLifetime`, when it sets one.
+    pub max_lifetime: Option<Duration>,
+    /// The store's clock now (milliseconds).
+    pub server_now_ms: u64,
+    /// How long ago the request the store last confirmed this lease to (from
+    /// this process) was sent; `None`: never confirmed here.
+    pub confirmed_ago: Option<Duration>,
+    /// The hard end the store enforces, as its last confirmation said.
+    pub enforced_end_ms: Option<u64>,
+    /// When the lease was acquired (status `acquiredAt`, milliseconds).
+    pub acquired_ms: Option<u64>,
+}
+
+/// A renewal is due: the spec is invalid (`None`: the plan releases then),
+/// a release was announced on the target (`confirm`), the store has not
+/// confirmed the lease to this process within the renew interval (a tenth
+/// of it early), or the published expiry is about to pass (`published_ok`
+/// false: the keeper renewed it while this reconcile could not publish, so
+/// publish a fresh one).
+pub fn renew_due(held: Option<&Held>, confirm: bool, published_ok: bool) -> bool {
+    let Some(h) = held else {
+        return true;
+    };
+    confirm
+        || h.confirmed_ago
+            .is_none_or(|ago| ago + h.renew / 10 >= h.renew)
+        || !published_ok
+}
+
+/// The hard end of the lease held now: the earliest of what the store
+/// enforces (learned from its last answer) and acquisition + the spec's
+/// current `maxLifetime` (an edit that adds or shortens it applies to the
+/// held lease).
+pub fn hard_end_ms(held: &Held) -> Option<u64> {
+    let wanted = held
+        .acquired_ms
+        .zip(held.max_lifetime)
+        .map(|(at, max)| at + max.as_millis() as u64);
+    match (held.enforced_end_ms, wanted) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The lease's hard end is within one renew interval: replace it now.
+pub fn rotation_due(held: Option<&Held>) -> bool {
+    held.is_some_and(|h| {
+        hard_end_ms(h).is_some_and(|end| h.server_now_ms + h.renew.as_millis() as u64 >= end)
+    })
+}
+
+/// How long until the rotation falls due (a renewal never sleeps past it).
+pub fn until_rotation(held: &Held) -> Option<Duration> {
+    let due = hard_end_ms(held)?.saturating_sub(held.renew.as_millis() as u64);
+    Some(Duration::from_millis(
+        due.saturating_sub(held.server_now_ms),
+    ))
+}
+
+/// How long a pass sleeps until the next renewal: the rest of the renew
+/// interval since the last confirmation (`confirmed_ago`; none: at once),
+/// never past the rotation (`until_rotation`), and never less than a quarter
+/// interval (at most 250 ms), so a renewal that keeps coming due at once
+/// does not spin.
+pub fn until_renewal(
+    renew: Duration,
+    confirmed_ago: Option<Duration>,
+    until_rotation: Option<Duration>,
+) -> Duration {
+    let wait = confirmed_ago.map_or(Duration::ZERO, |ago| renew.saturating_sub(ago));
+    let wait = until_rotation.map_or(wait, |r| wait.min(r));
+    let floor = (renew / 4).min(Duration::from_millis(250));
+    wait.max(floor)
+}
+
+/// When to look again after a transition's [`Next`]: `renewal` is
+/// [`until_renewal`], `failures` the consecutive failures so far and
+/// `jitter` what adds jitter to a backoff.
+pub fn action(
+    next: &Next,
+    renewal: Duration,
+    failures: u32,
+    jitter: impl FnOnce(Duration) -> Duration,
+) -> Action {
+    match next {
+        Next::Renewal => Action::requeue(renewal),
+        Next::Requeue(d) => Action::requeue(*d),
+        Next::Backoff { not_after } => {
+            let wait = jitter(backoff(failures.saturating_sub(1)));
+            let wait = not_after.map_or(wait, |limit| wait.min(limit + Duration::from_millis(20)));
+            Action::requeue(wait)
+        }
+        Next::AwaitChange => Action::await_change(),
+        Next::PlanAgain | Next::Reclaim(_) => Action::requeue(Duration::ZERO),
+    }
+}
+
+#[cfg(test)]
+#[path = "timing_tests.rs"]
+mod tests;
