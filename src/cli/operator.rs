@@ -1,8 +1,6 @@
 //! `targetlease operator`: run the controller, the admin server and (with
 //! several replicas) leader election.
 
-pub mod lease_id_secret;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,7 +19,7 @@ use crate::operator::election::Timings;
 use crate::operator::election::write_gate::WriteGateLayer;
 use crate::operator::floor::FloorPolicy;
 use crate::operator::leadership::Leadership;
-use crate::operator::lease_id::LeaseIdKey;
+use crate::operator::lease_id::{LeaseIdKey, secret};
 use crate::operator::metrics::{self, OperatorMetrics};
 use crate::operator::reconcile::clock::ServerClock;
 use crate::operator::reconcile::keeper::Keeper;
@@ -257,7 +255,7 @@ pub async fn main(args: OperatorArgs) -> ExitCode {
             // The ungated client: every replica reads (or creates) the key
             // before it may lead.
             let ns = &args.floor_namespace;
-            match lease_id_secret::load_or_create_retrying(
+            match secret::load_or_create_retrying(
                 &election_client,
                 ns,
                 name,

@@ -6,6 +6,11 @@
 //! The request id an acquire is sent with derives from it the same way (with
 //! another domain), so whoever reads the status cannot replay the acquire and
 //! be handed the lease id: a request id is a capability too.
+//!
+//! The key comes from a file or from a Secret the operator creates itself
+//! ([`secret`]).
+
+pub mod secret;
 
 use crate::operator::config_error::ConfigError;
 use ring::hmac;

@@ -12,8 +12,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use targetlease::cli::operator::lease_id_secret::{KeyError, Origin, load_or_create};
 use targetlease::operator::lease_id::LeaseIdKey;
+use targetlease::operator::lease_id::secret::{KeyError, Origin, load_or_create};
 
 use crate::cluster::{SOON, client_from, install_identity, service_account_kubeconfig};
 use crate::support::kube_env::{self, eventually};

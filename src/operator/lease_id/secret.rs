@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::operator::lease_id::LeaseIdKey;
+use super::LeaseIdKey;
 
 /// The data key that holds the secret bytes.
 pub const DATA_KEY: &str = "key";
