@@ -1,0 +1,298 @@
+//! The controller and its caches: watches TargetLeases, (slimmed) pods and
+//! the token floors' ConfigMaps, maps pod changes and release notices to
+//! TargetLeases, and runs the reconciler with its side tasks (readiness, the
+//! sweeper, floor retention) until told to stop.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::utils::ResetTimerBackoff;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::admin::RuntimeStatus;
+use super::cache::{LIST_PAGE, WatchedLease, lease_event};
+use super::crd::TargetLease;
+use super::floor::{FloorPolicy, FloorStore};
+use super::leadership::Leadership;
+use super::lease_id::LeaseIdKey;
+use super::metrics::OperatorMetrics;
+use super::reconcile::clock::ServerClock;
+use super::reconcile::index::LeaseIndex;
+use super::reconcile::keeper::Keeper;
+use super::reconcile::pod_index::{PodCache, PodIndex};
+use super::reconcile::pods::CachedPod;
+use super::reconcile::selectors::Selectors;
+use super::reconcile::slots::FairSlots;
+use super::reconcile::{self, Context, pods};
+use super::{readiness, retention, sweep, wakeups};
+use crate::store::{LeaseStore, Target};
+
+/// Everything the controller needs, parsed once by the CLI.
+pub struct OperatorConfig {
+    /// Kubernetes client.
+    pub client: kube::Client,
+    /// The lease store.
+    pub store: Arc<dyn LeaseStore>,
+    /// Namespace of the ConfigMaps keeping tokens of deleted leases.
+    pub floor_namespace: String,
+    /// What the names of those ConfigMaps (one per namespace) start with.
+    pub floor_configmap: String,
+    /// How many floors a namespace keeps, and for how long.
+    pub floor_policy: FloorPolicy,
+    /// Key for deriving lease ids.
+    pub lease_ids: LeaseIdKey,
+    /// Reconciles running at once (shared fairly among namespaces).
+    pub concurrency: u16,
+    /// Only watch this namespace (all namespaces when absent).
+    pub watch_namespace: Option<String>,
+    /// This replica's name, for Events and leader election.
+    pub instance: String,
+    /// Reconcile metrics.
+    pub metrics: OperatorMetrics,
+    /// Leadership and cache state, read by the admin server.
+    pub runtime: Arc<RuntimeStatus>,
+    /// Open while this replica may write (always, without leader election).
+    pub leadership: Leadership,
+    /// Valkey's clock as this process estimates it.
+    pub clock: Arc<ServerClock>,
+    /// Renews published leases whose reconcile is late; lives across terms.
+    pub keeper: Arc<Keeper>,
+    /// How long the API server keeps a watch open before it ends it; a watch
+    /// silent for longer (plus a margin) is taken for dead and made again.
+    pub watch_timeout: Duration,
+}
+
+fn api<K>(client: &kube::Client, namespace: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// How every cache watches: in pages of [`LIST_PAGE`] (a cluster with many
+/// pods is listed in pages, never in one reply the API server and the
+/// operator would each hold whole), each watch ended by
+/// the API server after `timeout` (and made again).
+fn watching(timeout: Duration) -> watcher::Config {
+    watcher::Config::default()
+        .timeout(timeout.as_secs().clamp(1, 3600) as u32)
+        .page_size(LIST_PAGE)
+}
+
+/// Runs the controller until `stop` resolves. `release_notices` are targets that
+/// may have become free (releases from anywhere, including outside
+/// Kubernetes); their TargetLeases are woken at once.
+pub async fn control(
+    cfg: &OperatorConfig,
+    release_notices: BoxStream<'static, Target>,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = cfg.client.clone();
+    let watching = || watching(cfg.watch_timeout);
+    // Back on watching within seconds once the API server is back (kube's
+    // default waits up to 30 s after a few failures, and pauses every
+    // trigger of the controller meanwhile, leaving caches stale).
+    let backoff = || {
+        ResetTimerBackoff::new(
+            watcher::ExponentialBackoff::from(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(500))
+                    .with_max_delay(Duration::from_secs(3))
+                    .with_factor(2.0)
+                    .with_jitter()
+                    .without_max_times(),
+            ),
+            Duration::from_secs(60),
+        )
+    };
+    let (pod_reader, pod_writer) = reflector::store::<CachedPod>();
+    let pod_index = Arc::new(PodIndex::default());
+    let pod_stream = reflector::reflector(
+        pod_writer,
+        // Each pod is slimmed as it is decoded (`CachedPod`).
+        watcher(api::<CachedPod>(&client, &cfg.watch_namespace), watching()),
+    )
+    // After the cache took the event (see `index`).
+    .inspect_ok({
+        let index = pod_index.clone();
+        move |event| index.apply(event)
+    })
+    .touched_objects();
+    let (floor_reader, floor_writer) = reflector::store::<ConfigMap>();
+    let floor_stream = reflector::reflector(
+        floor_writer,
+        watcher(
+            Api::<ConfigMap>::namespaced(client.clone(), &cfg.floor_namespace),
+            watching().labels(&FloorStore::selector(&cfg.floor_configmap)),
+        ),
+    )
+    .backoff(backoff())
+    .for_each(|_| futures::future::ready(()));
+    let floor_task = tokio::spawn(floor_stream);
+
+    let (leases, lease_writer) = reflector::store::<TargetLease>();
+    let lease_index = Arc::new(LeaseIndex::default());
+    // The targets release notices may wake (see `wakeups`).
+    let known = wakeups::Known::default();
+    let lease_stream = reflector::reflector(
+        lease_writer,
+        watcher(
+            api::<WatchedLease>(&client, &cfg.watch_namespace),
+            watching(),
+        )
+        .map_ok(lease_event),
+    )
+    .inspect_ok({
+        let index = lease_index.clone();
+        move |event| index.apply(event)
+    })
+    .touched_objects()
+    .inspect_ok({
+        let known = known.clone();
+        move |tl| known.saw(tl)
+    });
+    let controller = Controller::for_stream(lease_stream, leases.clone());
+    if let Ok(mut slot) = cfg.runtime.leases.write() {
+        *slot = Some(leases.clone());
+    }
+    let synced = Arc::new(AtomicBool::new(false));
+    let floors = FloorStore::new(
+        client.clone(),
+        &cfg.floor_namespace,
+        &cfg.floor_configmap,
+        floor_reader.clone(),
+    )
+    .with_policy(cfg.floor_policy);
+    let sync_task = tokio::spawn(readiness::become_ready(
+        readiness::Caches {
+            leases: leases.clone(),
+            pods: pod_reader.clone(),
+            floors: floor_reader,
+        },
+        cfg.store.clone(),
+        cfg.clock.clone(),
+        synced.clone(),
+        cfg.runtime.clone(),
+    ));
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    let selectors = Arc::new(Selectors::default());
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        store: cfg.store.clone(),
+        leases: leases.clone(),
+        lease_index: lease_index.clone(),
+        pods: PodCache {
+            store: pod_reader,
+            index: pod_index,
+        },
+        selectors: selectors.clone(),
+        slots: FairSlots::new(cfg.concurrency.into()),
+        floors,
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "targetlease-operator".into(),
+                instance: Some(cfg.instance.clone()),
+            },
+        ),
+        lease_ids: cfg.lease_ids.clone(),
+        wake: wake_tx,
+        metrics: cfg.metrics.clone(),
+        leadership: cfg.leadership.clone(),
+        synced,
+        memory: Default::default(),
+        published: Default::default(),
+        clock: cfg.clock.clone(),
+        keeper: cfg.keeper.clone(),
+    });
+    cfg.keeper.wake_through(Some(ctx.wake.clone()));
+    let sweeper = tokio::spawn(sweep::sweep(ctx.clone()));
+    let retention = tokio::spawn(retention::expire_floors(ctx.clone(), cfg.floor_policy));
+    let released = {
+        let ctx = ctx.clone();
+        // Anyone allowed to publish can send notices: bounded before they wake anything.
+        wakeups::bounded(
+            release_notices,
+            known,
+            leases.clone(),
+            cfg.metrics.clone(),
+            wakeups::Limits::default(),
+        )
+        .flat_map(move |target| futures::stream::iter(ctx.released(&target)))
+    };
+    controller
+        // Every due reconcile starts at once and waits for one of the
+        // `concurrency` slots in its namespace's turn (`FairSlots`): the
+        // controller's own limit would serve them by due time, letting one
+        // namespace's backlog delay every other namespace's renewals.
+        .with_config(ControllerConfig::default())
+        .trigger_backoff(backoff())
+        .watches_stream(pod_stream, move |pod: CachedPod| {
+            // The pod's own TargetLeases (of its namespace), and every lease
+            // queued on their targets: a head of queue that stops wanting the
+            // lease must wake the next one.
+            let ns = pod.namespace().unwrap_or_default();
+            let mut targets: Vec<String> = lease_index
+                .in_namespace(&leases, &ns)
+                .iter()
+                .filter(|tl| pods::concerns(tl, &pod, &selectors))
+                .map(|tl| tl.spec.target.clone())
+                .collect();
+            targets.sort();
+            targets.dedup();
+            targets
+                .iter()
+                .flat_map(|t| lease_index.on_target(&leases, &ns, t))
+                .map(|tl| ObjectRef::from_obj(&*tl))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(futures::stream::select(wake_rx, released))
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => tracing::debug!(lease = %obj, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+    cfg.keeper.wake_through(None);
+    sync_task.abort();
+    floor_task.abort();
+    sweeper.abort();
+    retention.abort();
+    cfg.runtime.synced.store(false, Ordering::SeqCst);
+    if let Ok(mut slot) = cfg.runtime.leases.write() {
+        *slot = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_watch_lists_in_pages() {
+        let c = watching(Duration::from_secs(290));
+        assert_eq!(c.page_size, Some(LIST_PAGE));
+        assert_eq!(c.timeout, Some(290));
+        assert_eq!(watching(Duration::ZERO).timeout, Some(1));
+    }
+}
