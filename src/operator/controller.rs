@@ -26,6 +26,7 @@ use super::floor::{FloorPolicy, FloorStore};
 use super::leadership::Leadership;
 use super::lease_id::LeaseIdKey;
 use super::metrics::OperatorMetrics;
+use super::readiness::{self, Cache, CacheSync};
 use super::reconcile::clock::ServerClock;
 use super::reconcile::index::LeaseIndex;
 use super::reconcile::keeper::Keeper;
@@ -34,7 +35,7 @@ use super::reconcile::pods::CachedPod;
 use super::reconcile::selectors::Selectors;
 use super::reconcile::slots::FairSlots;
 use super::reconcile::{self, Context, pods};
-use super::{readiness, retention, sweep, wakeups};
+use super::{retention, sweep, wakeups};
 use crate::store::{LeaseStore, Target};
 
 /// Everything the controller needs, parsed once by the CLI.
@@ -122,6 +123,8 @@ pub async fn control(
             Duration::from_secs(60),
         )
     };
+    // Each cache's stream says when its first whole list is in (`readiness`).
+    let caches = CacheSync::default();
     let (pod_reader, pod_writer) = reflector::store::<CachedPod>();
     let pod_index = Arc::new(PodIndex::default());
     let pod_stream = reflector::reflector(
@@ -134,6 +137,7 @@ pub async fn control(
         let index = pod_index.clone();
         move |event| index.apply(event)
     })
+    .inspect_ok(caches.watching(Cache::Pods))
     .touched_objects();
     let (floor_reader, floor_writer) = reflector::store::<ConfigMap>();
     let floor_stream = reflector::reflector(
@@ -143,6 +147,7 @@ pub async fn control(
             watching().labels(&FloorStore::selector(&cfg.floor_configmap)),
         ),
     )
+    .inspect_ok(caches.watching(Cache::Floors))
     .backoff(backoff())
     .for_each(|_| futures::future::ready(()));
     let floor_task = tokio::spawn(floor_stream);
@@ -163,6 +168,7 @@ pub async fn control(
         let index = lease_index.clone();
         move |event| index.apply(event)
     })
+    .inspect_ok(caches.watching(Cache::Leases))
     .touched_objects()
     .inspect_ok({
         let known = known.clone();
@@ -177,15 +183,11 @@ pub async fn control(
         client.clone(),
         &cfg.floor_namespace,
         &cfg.floor_configmap,
-        floor_reader.clone(),
+        floor_reader,
     )
     .with_policy(cfg.floor_policy);
     let sync_task = tokio::spawn(readiness::become_ready(
-        readiness::Caches {
-            leases: leases.clone(),
-            pods: pod_reader.clone(),
-            floors: floor_reader,
-        },
+        caches.clone(),
         cfg.store.clone(),
         cfg.clock.clone(),
         synced.clone(),

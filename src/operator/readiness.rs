@@ -1,60 +1,101 @@
 //! When the leader's controller may act, and when `/readyz` says so: once
 //! every cache has listed its objects whole and Valkey's clock has been read.
 //! Until then reconciles, the sweeper and floor retention wait.
+//!
+//! A cache has synced once its stream passed the end of its first list
+//! (`watcher::Event::InitDone`), which the reflector has swapped into the
+//! store by then. Each stream reports it into one `watch` channel that keeps
+//! the latest state, so whoever waits sees it however late they look. Not
+//! kube's `Store::wait_until_ready`: its waiters share one wake-up slot, and
+//! the controller itself waits on the TargetLease store, so a second waiter
+//! could sleep through the moment.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use tokio::sync::watch;
 
 use super::admin::RuntimeStatus;
-use super::crd::TargetLease;
 use super::reconcile::clock::ServerClock;
-use super::reconcile::pods::CachedPod;
 use crate::store::LeaseStore;
 
 /// How long a new leader waits for Valkey's `TIME` before it plans with the
 /// local wall clock instead (only when Valkey does not answer).
 const CLOCK_WAIT: Duration = Duration::from_secs(5);
 
-/// The controller's caches, read by the reconciler.
-pub struct Caches {
+/// One of the controller's caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cache {
     /// The TargetLeases.
-    pub leases: Store<TargetLease>,
+    Leases,
     /// The (slimmed) pods.
-    pub pods: Store<CachedPod>,
+    Pods,
     /// The token floors' ConfigMaps.
-    pub floors: Store<ConfigMap>,
+    Floors,
+}
+
+impl Cache {
+    const ALL: u8 = 0b111;
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// Which of the controller's caches have synced; cloned into the stream
+/// that feeds each cache and into whoever waits.
+#[derive(Clone, Debug)]
+pub struct CacheSync(watch::Sender<u8>);
+
+impl Default for CacheSync {
+    fn default() -> Self {
+        Self(watch::Sender::new(0))
+    }
+}
+
+impl CacheSync {
+    /// What the stream feeding `cache` inspects each event with, after the
+    /// reflector applied it: the end of a whole list marks `cache` synced
+    /// (for good: a later relist does not take it back, as with kube's
+    /// stores).
+    pub fn watching<K>(&self, cache: Cache) -> impl Fn(&watcher::Event<K>) + use<K> {
+        let synced = self.0.clone();
+        move |event| {
+            if matches!(event, watcher::Event::InitDone) {
+                synced.send_if_modified(|s| {
+                    let before = *s;
+                    *s |= cache.bit();
+                    *s != before
+                });
+            }
+        }
+    }
+
+    /// Every cache has synced.
+    pub fn all_synced(&self) -> bool {
+        *self.0.borrow() == Cache::ALL
+    }
+
+    /// Resolves once every cache has synced.
+    pub async fn wait(&self) {
+        let mut synced = self.0.subscribe();
+        // Cannot fail: `self` keeps the sender.
+        let _ = synced.wait_for(|s| *s == Cache::ALL).await;
+    }
 }
 
 /// Waits until every cache synced, then reads Valkey's clock, then marks the
 /// controller (`synced`) and the admin server's status as synced.
 pub async fn become_ready(
-    caches: Caches,
+    caches: CacheSync,
     store: Arc<dyn LeaseStore>,
     clock: Arc<ServerClock>,
     synced: Arc<AtomicBool>,
     runtime: Arc<RuntimeStatus>,
 ) {
-    let Caches {
-        leases,
-        pods,
-        floors: floor_cache,
-    } = caches;
-    // Several tasks wait on these stores and a waiter's wake-up can be lost,
-    // so ask again every 100ms instead of awaiting once.
-    loop {
-        let ready = |s: Result<Result<(), _>, _>| matches!(s, Ok(Ok(())));
-        let tick = Duration::from_millis(100);
-        let l = tokio::time::timeout(tick, leases.wait_until_ready()).await;
-        let p = tokio::time::timeout(tick, pods.wait_until_ready()).await;
-        let f = tokio::time::timeout(tick, floor_cache.wait_until_ready()).await;
-        if ready(l) && ready(p) && ready(f) {
-            break;
-        }
-    }
+    caches.wait().await;
     // Expiry is judged on Valkey's clock from the first pass on.
     read_server_time(&*store, &clock).await;
     tracing::debug!("caches synced");
@@ -85,3 +126,7 @@ async fn read_server_time(store: &dyn LeaseStore, clock: &ServerClock) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "readiness_tests.rs"]
+mod tests;
