@@ -13,9 +13,9 @@
 //!
 //! | name | site | what breaks |
 //! |---|---|---|
-//! | `floor-skip-raise` | `reconcile::execute` (`raise_floor`) | the token floor is never raised before a release |
-//! | `mark-before-unmark` | `reconcile::pass` (`flush`) | a pod's marks stay until the next holder is marked |
-//! | `held-after-lost` | `reconcile::transition::hold` (`after_renew`) | status stays as it was after the store said the lease ended |
+//! | `floor-skip-raise` | `operator::reconcile::executor` (`raise_floor`) | the token floor is never raised before a release |
+//! | `mark-before-unmark` | `operator::reconcile::executor` (`flush`) | a pod's marks stay until the next holder is marked |
+//! | `held-after-lost` | `operator::reconcile::transition::hold` (`after_renew`) | status stays as it was after the store said the lease ended |
 //! | `lost-reply-ok` | `store::valkey` (`call`), `store::etcd` (`lost`) | a renew, release, commit or revoke whose reply was lost is reported done |
 //! | `lost-reply-unavailable` | `store::valkey` (`call`), `store::etcd` (`lost`) | a write whose reply was lost is reported `backend_unavailable` |
 //! | `acquire-previous-token` | `store::valkey` (`finish`), `store::etcd` (`acquire`) | an acquire reports the token before the one granted (a first grant, token 1, as it is) |
