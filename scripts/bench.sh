@@ -20,7 +20,8 @@
 # BENCH_PEER_CYCLES_SINGLE, BENCH_UNRELATED_PODS, BENCH_SCALES,
 # BENCH_STEADY_SECS (default 300, the 5-minute window), BENCH_HANDOFF_TRIALS,
 # BENCH_FAILOVER_TRIALS, BENCH_CREATE_PARALLELISM, BENCH_STEPS, BENCH_WAITER_TRIALS,
-# BENCH_OUT (default docs/benchmarks.md).
+# BENCH_OUT (default docs/benchmarks.md), BENCH_OPERATOR_EXE (another operator
+# binary than this build's, to compare two builds on the same machine).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO"

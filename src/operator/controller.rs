@@ -28,6 +28,7 @@ use super::lease_id::LeaseIdKey;
 use super::metrics::OperatorMetrics;
 use super::readiness::{self, Cache, CacheSync};
 use super::reconcile::clock::ServerClock;
+use super::reconcile::echoes::Echoes;
 use super::reconcile::index::LeaseIndex;
 use super::reconcile::keeper::Keeper;
 use super::reconcile::pod_index::{PodCache, PodIndex};
@@ -152,6 +153,8 @@ pub async fn control(
     .for_each(|_| futures::future::ready(()));
     let floor_task = tokio::spawn(floor_stream);
 
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    let echoes = Echoes::new(wake_tx.clone());
     let (leases, lease_writer) = reflector::store::<TargetLease>();
     let lease_index = Arc::new(LeaseIndex::default());
     // The targets release notices may wake (see `wakeups`).
@@ -173,6 +176,11 @@ pub async fn control(
     .inspect_ok({
         let known = known.clone();
         move |tl| known.saw(tl)
+    })
+    // The operator's own writes trigger no reconcile (see `echoes`).
+    .try_filter({
+        let echoes = echoes.clone();
+        move |tl| futures::future::ready(echoes.triggers(tl))
     });
     let controller = Controller::for_stream(lease_stream, leases.clone());
     if let Ok(mut slot) = cfg.runtime.leases.write() {
@@ -193,7 +201,6 @@ pub async fn control(
         synced.clone(),
         cfg.runtime.clone(),
     ));
-    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
     let selectors = Arc::new(Selectors::default());
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -216,6 +223,7 @@ pub async fn control(
         ),
         lease_ids: cfg.lease_ids.clone(),
         wake: wake_tx,
+        echoes,
         metrics: cfg.metrics.clone(),
         leadership: cfg.leadership.clone(),
         synced,

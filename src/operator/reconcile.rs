@@ -12,6 +12,7 @@
 
 pub mod clock;
 mod desired;
+pub mod echoes;
 mod executor;
 mod floor;
 pub mod index;
@@ -76,6 +77,8 @@ pub struct Context {
     pub lease_ids: LeaseIdKey,
     /// Wakes other TargetLeases (same target) when the queue may have moved.
     pub wake: UnboundedSender<ObjectRef<TargetLease>>,
+    /// The versions this process wrote: their watch events trigger nothing.
+    pub echoes: Arc<echoes::Echoes>,
     /// Reconcile metrics.
     pub metrics: crate::operator::metrics::OperatorMetrics,
     /// Open while this replica may write.
@@ -112,6 +115,9 @@ pub struct Memory {
     /// server: when, for which generation, and the answer
     /// ([`pods::nobody_elected`]).
     pub nobody: Option<(Instant, Option<i64>, plan::Desired)>,
+    /// When the last pass asked to look again to renew (unset when it asked
+    /// for anything else).
+    pub renewal_at: Option<Instant>,
 }
 
 /// Why a reconcile failed; each is retried with per-object backoff.
@@ -188,6 +194,7 @@ impl Context {
     fn forget(&self, key: &ObjectRef<TargetLease>) {
         let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         all.remove(key);
+        self.echoes.forget(key);
     }
 
     /// The store's clock now, never behind it ([`clock`]; the local wall
@@ -226,6 +233,7 @@ impl Context {
     pub fn forget_vanished(&self, exists: impl Fn(&ObjectRef<TargetLease>) -> bool) {
         let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
         all.retain(|k, _| exists(k));
+        self.echoes.retain(exists);
     }
 }
 
@@ -234,7 +242,11 @@ impl Context {
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::ResourceExt;
     let queued = Instant::now();
-    let _slot = ctx.slots.acquire(&tl.namespace().unwrap_or_default()).await;
+    let deadline = plan::timing::slot_deadline(queued, scheduled_renewal(&tl, &ctx));
+    let _slot = ctx
+        .slots
+        .acquire(&tl.namespace().unwrap_or_default(), deadline)
+        .await;
     ctx.metrics.queued(queued.elapsed());
     // It may have changed while it waited.
     let tl = ctx.leases.get(&ObjectRef::from_obj(&*tl)).unwrap_or(tl);
@@ -245,6 +257,28 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
         result.as_ref().err().map(Error::category),
     );
     result
+}
+
+/// The pass `tl` is due for would only renew its published lease, on the
+/// schedule the last pass set: nothing changed since (the cached object is
+/// the version that pass planned from, its spec observed), nothing failed,
+/// no release was announced on its target.
+fn scheduled_renewal(tl: &TargetLease, ctx: &Context) -> Option<plan::timing::Scheduled> {
+    use kube::ResourceExt;
+    let status = tl.status.as_ref()?;
+    let m = ctx.recall(&ObjectRef::from_obj(tl));
+    let unchanged = m.known_version.is_some()
+        && m.known_version == tl.resource_version()
+        && status.observed_generation == tl.metadata.generation;
+    if !unchanged || !plan::is_published_held(status) || m.failures > 0 || m.confirm || m.reread {
+        return None;
+    }
+    let timing = spec::validate(tl).ok()?.timing;
+    Some(plan::timing::Scheduled {
+        due: m.renewal_at?,
+        renew: timing.renew,
+        ttl: timing.ttl,
+    })
 }
 
 async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Error> {

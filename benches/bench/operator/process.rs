@@ -41,14 +41,16 @@ impl Operator {
         let admin_port = free_port();
         let log =
             std::fs::File::create(dir.join(format!("operator-{floor_ns}-{n}.log"))).expect("log");
-        let exe = env!("CARGO_BIN_EXE_targetlease");
+        // Another build of the operator, to compare two in one run.
+        let exe = std::env::var_os("BENCH_OPERATOR_EXE")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_targetlease").into());
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
-                c.args(rest).arg(exe);
+                c.args(rest).arg(&exe);
                 c
             }
-            None => Command::new(exe),
+            None => Command::new(&exe),
         };
         cmd.arg("operator")
             .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])

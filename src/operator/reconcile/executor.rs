@@ -75,6 +75,7 @@ impl Pass<'_> {
     async fn patch_metadata(&mut self, ops: serde_json::Value) -> Result<(), Error> {
         let patch: json_patch::Patch =
             serde_json::from_value(ops).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+        let writing = self.ctx.echoes.writing(&self.key);
         let updated = self
             .api
             .patch(
@@ -83,6 +84,7 @@ impl Pass<'_> {
                 &Patch::Json::<()>(patch),
             )
             .await?;
+        writing.wrote(updated.resource_version());
         self.adopt(updated);
         Ok(())
     }
@@ -154,6 +156,7 @@ impl Pass<'_> {
             "metadata": { "resourceVersion": self.tl.resource_version() },
             "status": self.working,
         });
+        let writing = self.ctx.echoes.writing(&self.key);
         let updated = self
             .api
             .patch_status(
@@ -162,6 +165,7 @@ impl Pass<'_> {
                 &Patch::Apply(&patch),
             )
             .await?;
+        writing.wrote(updated.resource_version());
         if let Some(token) = self.working.fencing_token {
             let mut own = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
             let key = (

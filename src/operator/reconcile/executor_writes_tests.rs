@@ -285,6 +285,7 @@ impl Harness {
                 },
             ),
             lease_ids: crate::operator::lease_id::LeaseIdKey::random(),
+            echoes: crate::operator::reconcile::echoes::Echoes::new(wake.clone()),
             wake,
             metrics: Default::default(),
             leadership: gate,

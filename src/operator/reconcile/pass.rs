@@ -65,6 +65,7 @@ impl<'a> Pass<'a> {
         ctx.remember(&key, |m| {
             m.known_version = tl.resource_version();
             m.reread = false;
+            m.renewal_at = None;
         });
         let working = tl.status.clone().unwrap_or_default();
         let spec = spec::validate(&tl).map_err(|e| e.to_string());
@@ -223,6 +224,8 @@ impl<'a> Pass<'a> {
             held.as_ref().and_then(timing::until_rotation),
         );
         let failures = self.ctx.recall(&self.key).failures;
+        let renewal_at = matches!(next, Next::Renewal).then(|| Instant::now() + renewal);
+        self.ctx.remember(&self.key, |m| m.renewal_at = renewal_at);
         timing::action(next, renewal, failures, with_jitter)
     }
 

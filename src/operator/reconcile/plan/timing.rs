@@ -2,7 +2,7 @@
 //! its hard end), and when a pass looks again. No clock is read here: the
 //! caller passes what it observed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::runtime::controller::Action;
 
@@ -108,6 +108,33 @@ pub fn action(
         }
         Next::AwaitChange => Action::await_change(),
         Next::PlanAgain | Next::Reclaim(_) => Action::requeue(Duration::ZERO),
+    }
+}
+
+/// A pass that would only renew a published lease on its schedule: its
+/// TargetLease is unchanged since the last pass, which asked to look again
+/// at `due` to renew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// When the last pass asked to look again.
+    pub due: Instant,
+    /// The spec's renew interval.
+    pub renew: Duration,
+    /// The spec's lease duration.
+    pub ttl: Duration,
+}
+
+/// By when a pass should get a reconcile slot ([`crate::operator::reconcile::slots`]):
+/// at once (`now`), unless it is a renewal on its schedule (`scheduled`,
+/// and `now` no earlier than a tenth of an interval before it was due: not
+/// woken early by something else). Such a renewal can wait an eighth of
+/// the time its lease has left after a renewal interval (half way to when
+/// the keeper renews it in the reconcile's place), so new TargetLeases and
+/// changes go first until then.
+pub fn slot_deadline(now: Instant, scheduled: Option<Scheduled>) -> Instant {
+    match scheduled {
+        Some(s) if now + s.renew / 10 >= s.due => s.due + s.ttl.saturating_sub(s.renew) / 8,
+        _ => now,
     }
 }
 

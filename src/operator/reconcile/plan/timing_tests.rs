@@ -185,3 +185,27 @@ fn each_next_maps_to_one_action() {
     let doubled = action(&Next::Backoff { not_after: None }, S, 1, |d| d * 2);
     assert_eq!(doubled, Action::requeue(ms(500)), "the jitter is applied");
 }
+
+#[test]
+fn only_a_renewal_on_its_schedule_waits_for_a_slot() {
+    let now = Instant::now();
+    let ms = Duration::from_millis;
+    let on = |due: Instant| Scheduled {
+        due,
+        renew: 30 * S,
+        ttl: 90 * S,
+    };
+    // A new TargetLease, an edit, a pod, a release: at once.
+    assert_eq!(slot_deadline(now, None), now);
+    // A renewal at its time: 60 s left after the interval, an eighth of it.
+    assert_eq!(slot_deadline(now, Some(on(now))), now + ms(7500));
+    assert_eq!(
+        slot_deadline(now, Some(on(now + 2 * S))),
+        now + ms(9500),
+        "a tenth of an interval early counts as on time"
+    );
+    // Woken well before its renewal (by a pod, a wake-up): at once.
+    assert_eq!(slot_deadline(now, Some(on(now + 10 * S))), now);
+    // Late already: its deadline stays where it was.
+    assert_eq!(slot_deadline(now, Some(on(now - 20 * S))), now - ms(12500));
+}

@@ -1,0 +1,153 @@
+//! The watch events of the operator's own writes, kept from triggering
+//! reconciles (no client required).
+//!
+//! The controller reconciles a TargetLease on every change its watch shows,
+//! and most changes are the operator's own: the finalizer it adds and every
+//! status it writes. Such an event shows the object exactly as the pass that
+//! wrote it already holds it (the reply to a write is the object the pass
+//! plans from next, and it said when to look again from there), so another
+//! pass learns nothing from it; it only takes a slot that new TargetLeases
+//! wait for, and with thousands of them that is most of the work. An event
+//! whose resourceVersion is the one this process's last write of the object
+//! returned triggers nothing. The cache and the index still take it.
+//!
+//! An event can arrive before the reply to the write that made it. While a
+//! write of a TargetLease is in flight, an event of that TargetLease is held
+//! back; when the write ends it is dropped if it shows the version the write
+//! returned, and sent as a wake-up otherwise (any held event is sent when the
+//! write fails). So a change made by anyone else always triggers a
+//! reconcile: at once, or when this process's write of the same object ends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::channel::mpsc::UnboundedSender;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::operator::crd::TargetLease;
+
+/// (namespace, name): the key without the version and uid an `ObjectRef`
+/// carries.
+type Key = (String, String);
+
+fn key_of(r: &ObjectRef<TargetLease>) -> Key {
+    (r.namespace.clone().unwrap_or_default(), r.name.clone())
+}
+
+/// The versions this process wrote, and the events held back meanwhile.
+pub struct Echoes {
+    all: Mutex<HashMap<Key, Entry>>,
+    wake: UnboundedSender<ObjectRef<TargetLease>>,
+}
+
+#[derive(Default)]
+struct Entry {
+    /// Writes of the object in flight.
+    writing: u32,
+    /// The resourceVersion the last acknowledged write returned.
+    wrote: Option<String>,
+    /// The version of the newest event held back while a write was in flight.
+    held: Option<String>,
+}
+
+impl Echoes {
+    /// Held-back events that turn out not to be echoes are sent to `wake`.
+    pub fn new(wake: UnboundedSender<ObjectRef<TargetLease>>) -> Arc<Self> {
+        Arc::new(Self {
+            all: Mutex::default(),
+            wake,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.all.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the watch event showing `tl` triggers a reconcile now: not
+    /// when it is the version this process's last write returned, nor (yet)
+    /// while a write of it is in flight.
+    pub fn triggers(&self, tl: &TargetLease) -> bool {
+        let mut all = self.lock();
+        let Some(e) = all.get_mut(&key_of(&ObjectRef::from_obj(tl))) else {
+            return true;
+        };
+        let version = tl.resource_version().unwrap_or_default();
+        if e.wrote.as_deref() == Some(version.as_str()) {
+            return false;
+        }
+        if e.writing > 0 {
+            e.held = Some(version);
+            return false;
+        }
+        true
+    }
+
+    /// A write of `key` is about to be sent; say what it returned with
+    /// [`Writing::wrote`] (dropping the guard unsaid: it failed).
+    pub fn writing(self: &Arc<Self>, key: &ObjectRef<TargetLease>) -> Writing {
+        let key = key_of(key);
+        self.lock().entry(key.clone()).or_default().writing += 1;
+        Writing {
+            echoes: self.clone(),
+            key: Some(key),
+        }
+    }
+
+    fn ended(&self, key: Key, wrote: Option<String>) {
+        let wake = {
+            let mut all = self.lock();
+            let Some(e) = all.get_mut(&key) else {
+                return;
+            };
+            e.writing = e.writing.saturating_sub(1);
+            if wrote.is_some() {
+                e.wrote = wrote;
+            }
+            e.writing == 0 && e.held.take().is_some_and(|v| e.wrote.as_ref() != Some(&v))
+        };
+        if wake {
+            let _ = self
+                .wake
+                .unbounded_send(ObjectRef::new(&key.1).within(&key.0));
+        }
+    }
+
+    /// Forgets `key` (its TargetLease is gone).
+    pub fn forget(&self, key: &ObjectRef<TargetLease>) {
+        self.lock().remove(&key_of(key));
+    }
+
+    /// Keeps only the TargetLeases `exists` says are there.
+    pub fn retain(&self, exists: impl Fn(&ObjectRef<TargetLease>) -> bool) {
+        self.lock()
+            .retain(|(ns, name), _| exists(&ObjectRef::new(name).within(ns)));
+    }
+}
+
+/// A write in flight ([`Echoes::writing`]).
+pub struct Writing {
+    echoes: Arc<Echoes>,
+    key: Option<Key>,
+}
+
+impl Writing {
+    /// The write was acknowledged with the object at `version`.
+    pub fn wrote(mut self, version: Option<String>) {
+        if let Some(key) = self.key.take() {
+            self.echoes.ended(key, version);
+        }
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.echoes.ended(key, None);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "echoes_tests.rs"]
+mod tests;

@@ -1,0 +1,83 @@
+use futures::channel::mpsc;
+
+use super::*;
+
+fn at(version: &str) -> TargetLease {
+    let spec =
+        serde_json::from_value(serde_json::json!({"target": "t", "holder": {"identity": "j"}}));
+    let mut tl = TargetLease::new("job", spec.unwrap());
+    tl.metadata.namespace = Some("team".into());
+    tl.metadata.resource_version = Some(version.into());
+    tl
+}
+
+fn echoes() -> (Arc<Echoes>, mpsc::UnboundedReceiver<ObjectRef<TargetLease>>) {
+    let (tx, rx) = mpsc::unbounded();
+    (Echoes::new(tx), rx)
+}
+
+fn woken(rx: &mut mpsc::UnboundedReceiver<ObjectRef<TargetLease>>) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Ok(r) = rx.try_recv() {
+        names.push(format!("{}/{}", r.namespace.unwrap_or_default(), r.name));
+    }
+    names
+}
+
+#[test]
+fn the_event_of_an_own_write_triggers_nothing_and_anyone_elses_does() {
+    let (echoes, mut rx) = echoes();
+    let key = ObjectRef::from_obj(&at("1"));
+    // Nothing written yet: every event triggers.
+    assert!(echoes.triggers(&at("1")));
+    echoes.writing(&key).wrote(Some("2".into()));
+    assert!(!echoes.triggers(&at("2")), "the echo of the status write");
+    assert!(echoes.triggers(&at("3")), "someone else's change");
+    // A second write: only its own version is an echo.
+    echoes.writing(&key).wrote(Some("4".into()));
+    assert!(!echoes.triggers(&at("4")));
+    assert!(echoes.triggers(&at("5")));
+    assert!(woken(&mut rx).is_empty());
+    // Forgotten (the TargetLease is gone): every event triggers again.
+    echoes.forget(&key);
+    assert!(echoes.triggers(&at("4")));
+}
+
+#[test]
+fn an_event_before_the_reply_waits_for_it() {
+    let (echoes, mut rx) = echoes();
+    let key = ObjectRef::from_obj(&at("1"));
+    // The echo comes before the reply: held, then dropped.
+    let w = echoes.writing(&key);
+    assert!(!echoes.triggers(&at("2")));
+    w.wrote(Some("2".into()));
+    assert!(woken(&mut rx).is_empty(), "the held event was the echo");
+    // Another change comes while a write is in flight: sent once it ends.
+    let w = echoes.writing(&key);
+    assert!(!echoes.triggers(&at("3")));
+    w.wrote(Some("4".into()));
+    assert_eq!(woken(&mut rx), ["team/job"]);
+    // A write that fails (its guard dropped) sends what it held.
+    let w = echoes.writing(&key);
+    assert!(!echoes.triggers(&at("5")));
+    drop(w);
+    assert_eq!(woken(&mut rx), ["team/job"]);
+    // Nothing held: a failed write sends nothing.
+    drop(echoes.writing(&key));
+    assert!(woken(&mut rx).is_empty());
+}
+
+#[test]
+fn held_events_wait_for_every_write_in_flight() {
+    let (echoes, mut rx) = echoes();
+    let key = ObjectRef::from_obj(&at("1"));
+    let (a, b) = (echoes.writing(&key), echoes.writing(&key));
+    assert!(!echoes.triggers(&at("7")));
+    a.wrote(Some("6".into()));
+    assert!(woken(&mut rx).is_empty(), "one write still in flight");
+    b.wrote(Some("7".into()));
+    assert!(woken(&mut rx).is_empty(), "it was the second write's echo");
+    let kept = |r: &ObjectRef<TargetLease>| r.name != "job";
+    echoes.retain(kept);
+    assert!(echoes.triggers(&at("7")));
+}
