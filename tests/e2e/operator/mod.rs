@@ -8,6 +8,7 @@ mod events;
 mod leases;
 mod opt_in;
 mod pods;
+mod reconciles;
 mod token;
 mod why_nobody;
 
