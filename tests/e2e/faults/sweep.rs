@@ -104,7 +104,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
             },
         ),
         lease_ids: env.lease_id_key(),
-        echoes: targetlease::reconcile::echoes::Echoes::new(wake.clone()),
+        echoes: targetlease::operator::reconcile::echoes::Echoes::new(wake.clone()),
         wake,
         metrics: Default::default(),
         leadership: Leadership::always(),
