@@ -23,6 +23,9 @@ ENV PROTOC=/usr/bin/protoc
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY build ./build
+# The test support crate is a member of the workspace: cargo reads its
+# manifest to resolve the workspace (the image build compiles none of it).
+COPY tests/support ./tests/support
 COPY src ./src
 COPY lua ./lua
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \

@@ -9,12 +9,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-#[path = "build/commit_rule.rs"]
-mod commit_rule;
+use targetlease_build as commit_rule;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=build/commit_rule.rs");
     println!("cargo:rerun-if-env-changed=TARGETLEASE_COMMIT");
     let given = std::env::var("TARGETLEASE_COMMIT")
         .ok()

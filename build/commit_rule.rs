@@ -1,4 +1,5 @@
-//! When a build names its commit (shared by build.rs and its test).
+//! When a build names its commit (used by build.rs, checked by
+//! tests/cli/install.rs).
 
 /// Whether a build asks git for the commit it was built from: every release
 /// build (`cargo install`, the Dockerfile) and any build of cargo's own

@@ -3,8 +3,7 @@
 //! transaction writes nothing, tokens are exact up to 2^63-1, and concurrent
 //! writers of one resource are serialized by the fence row.
 
-#[allow(dead_code)] // each binary uses a part of the shared support
-mod support;
+use targetlease_test_support as support;
 
 use std::sync::Arc;
 use std::time::Duration;

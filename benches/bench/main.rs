@@ -22,9 +22,7 @@ mod tracker;
 mod waiters;
 
 /// The integration tests' fixtures, shared rather than copied.
-#[allow(dead_code)] // the bench uses a part of the shared support
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use targetlease_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -7,9 +7,7 @@
 //! `helm` comes from the tools directory (`scripts/build-controlplane.sh`); a
 //! missing binary fails the tests, it never skips them.
 
-#[allow(dead_code)] // each binary uses a part of the shared support
-#[path = "../support/mod.rs"]
-mod support;
+use targetlease_test_support as support;
 
 mod alert_rules;
 mod argocd;

@@ -109,8 +109,9 @@ fn every_action_is_pinned_by_commit() {
     }
 }
 
-/// The image build copies every file the compile reads: what build.rs pulls
-/// in by `#[path]` and what the sources pull in by `include_str!`, by top
+/// The image build copies every file the compile reads: each member of the
+/// workspace (cargo reads every member's manifest, and build.rs uses
+/// `build/`) and what the sources pull in by `include_str!`, by top
 /// directory, each COPYed by the Dockerfile and not left out by
 /// .dockerignore (no Docker engine here to build it; a missing file would
 /// fail only the release).
@@ -133,12 +134,17 @@ fn the_image_build_copies_every_file_the_compile_reads() {
             .into_owned();
         needed.insert(top);
     };
-    let build = root.join("build.rs");
-    for line in std::fs::read_to_string(&build).unwrap().lines() {
-        if let Some(rest) = line.trim().strip_prefix("#[path = \"") {
-            note(&build, rest.split('"').next().unwrap());
-        }
-    }
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let members = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("members = ["))
+        .expect("Cargo.toml lists the workspace's members on one line");
+    let mut copied: Vec<String> = members
+        .trim_end_matches(']')
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_owned())
+        .filter(|m| !m.is_empty() && m != ".")
+        .collect();
     let mut dirs = vec![root.join("src")];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap().flatten() {
@@ -157,24 +163,32 @@ fn the_image_build_copies_every_file_the_compile_reads() {
             }
         }
     }
+    assert!(needed.contains("lua"), "{needed:?}");
     assert!(
-        needed.contains("lua") && needed.contains("build"),
-        "{needed:?}"
+        copied.iter().any(|m| m == "build") && copied.iter().any(|m| m == "tests/support"),
+        "{copied:?}"
     );
+    copied.extend(needed);
     let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
     let ignored = std::fs::read_to_string(root.join(".dockerignore")).unwrap();
-    for top in &needed {
+    for path in &copied {
         assert!(
             dockerfile.lines().any(|l| l.starts_with("COPY ")
                 && !l.contains("--from")
-                && l.split_whitespace().any(|w| w == top)),
-            "the Dockerfile does not COPY {top}"
+                && l.split_whitespace().any(|w| w == path)),
+            "the Dockerfile does not COPY {path}"
         );
+        // The last pattern naming the path or a directory above it decides
+        // (a `!` before it brings the path back).
+        let decided = ignored.lines().map(str::trim).rfind(|l| {
+            let pattern = l.trim_start_matches('!').trim_end_matches('/');
+            !l.starts_with('#')
+                && !pattern.is_empty()
+                && (path == pattern || path.starts_with(&format!("{pattern}/")))
+        });
         assert!(
-            !ignored
-                .lines()
-                .any(|l| l.trim().trim_end_matches('/') == top),
-            ".dockerignore leaves out {top}"
+            decided.is_none_or(|l| l.starts_with('!')),
+            ".dockerignore leaves out {path} ({decided:?})"
         );
     }
 }

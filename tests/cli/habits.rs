@@ -6,7 +6,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::support::cli::{BIN, lease, run, targetlease};
+use crate::support::cli::{bin, lease, run, targetlease};
 use crate::support::valkey_server::ValkeyServer;
 
 fn stdout(out: &Output) -> String {
@@ -170,7 +170,7 @@ fn version_names_the_release_and_how_it_was_built() {
                 .is_some_and(|c| c.len() >= 7 && c.chars().all(|h| h.is_ascii_hexdigit())),
         "{line:?}"
     );
-    assert!(std::path::Path::new(BIN).exists());
+    assert!(std::path::Path::new(bin()).exists());
 }
 
 /// Every image build the documents give (README quick start, docs/*.md,

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use crate::support::cli::{BIN, lease};
+use crate::support::cli::{bin, lease};
 use crate::support::nested_cargo;
 use crate::support::valkey_server::ValkeyServer;
 
@@ -73,7 +73,7 @@ fn identity(path: &Path) -> (u64, std::time::SystemTime) {
 fn cargo_install_from_the_checkout_gives_a_working_binary() {
     let checkout = clean_checkout();
     let target_dir = nested_cargo::target_dir("install");
-    let tested_before = identity(Path::new(BIN));
+    let tested_before = identity(Path::new(bin()));
     let root = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let mut install = Command::new(env!("CARGO"));
@@ -93,9 +93,10 @@ fn cargo_install_from_the_checkout_gives_a_working_binary() {
     );
     eprintln!("cargo install --debug --offline: {:?}", started.elapsed());
     assert_eq!(
-        identity(Path::new(BIN)),
+        identity(Path::new(bin())),
         tested_before,
-        "the install replaced {BIN}, which other tests run"
+        "the install replaced {}, which other tests run",
+        bin()
     );
     let installed = root.path().join("bin/targetlease");
 
@@ -133,7 +134,7 @@ fn cargo_install_from_the_checkout_gives_a_working_binary() {
 /// runs.
 #[test]
 fn cargo_install_from_git_names_the_commit_it_was_built_from() {
-    let work = Path::new(BIN)
+    let work = Path::new(bin())
         .parent()
         .and_then(Path::parent)
         .expect("the test binary lives in <target>/debug")
@@ -254,15 +255,12 @@ fn cargo_install_from_git_names_the_commit_it_was_built_from() {
     );
 }
 
-#[path = "../../build/commit_rule.rs"]
-mod commit_rule;
-
 /// build.rs's rule: `cargo install --locked --path .` (a release build, as
 /// docs/cli.md gives it) and any build of a git source name their commit;
 /// a debug build of a working tree does not (it would rebuild per commit).
 #[test]
 fn release_builds_and_git_sources_ask_git_for_the_commit() {
-    use commit_rule::asks_git;
+    use targetlease_build::asks_git;
     assert!(asks_git(Some("release"), Some("/src/targetlease")));
     assert!(asks_git(
         Some("debug"),

@@ -8,13 +8,11 @@
 //! runs need a real `valkey-server`, the etcd run a real 3-member etcd
 //! cluster (`etcd` from the tools directory); each fails without it.
 
-#[allow(dead_code)] // each binary uses a part of the shared support
-#[path = "../support/mod.rs"]
-mod support;
 use crate::support::cluster;
 use crate::support::etcd_cluster;
 use crate::support::resp;
 use crate::support::valkey_server;
+use targetlease_test_support as support;
 
 mod cases;
 mod etcd_harness;

@@ -58,9 +58,7 @@ mod sink;
 mod valkey;
 mod workload;
 
-#[allow(dead_code)] // each binary uses a part of the shared support
-#[path = "../support/mod.rs"]
-mod support;
+use targetlease_test_support as support;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -8,9 +8,7 @@
 //! Run as root: `cargo test --test node` (docs/node.md). If the node cannot
 //! start, every test fails with the reason: nothing here skips.
 
-#[allow(dead_code)] // each binary uses a part of the shared support
-#[path = "../support/mod.rs"]
-mod support;
+use targetlease_test_support as support;
 
 mod chart;
 mod examples;

@@ -21,7 +21,7 @@ pub fn helm_template(release: &str, namespace: &str, args: &[&str]) -> Vec<Value
     static HOME: OnceLock<tempfile::TempDir> = OnceLock::new();
     let home = HOME.get_or_init(|| tempfile::tempdir().expect("helm home"));
     let bin = super::tools::tool("helm");
-    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/targetlease");
+    let chart = crate::repo().join("charts/targetlease");
     let out = Command::new(bin)
         .args(["template", release])
         .arg(&chart)

@@ -12,23 +12,40 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// The binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_targetlease");
+/// The binary under test: `<target>/<profile>/targetlease`, the one cargo
+/// links beside the `deps/` directory of the running test or benchmark
+/// executable (a library cannot read `CARGO_BIN_EXE_targetlease` when it is
+/// compiled; a cargo that sets it when the test runs is believed).
+pub fn bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(set) = std::env::var_os("CARGO_BIN_EXE_targetlease") {
+            return set.into_string().expect("a UTF-8 path");
+        }
+        let exe = std::env::current_exe().expect("the running executable's path");
+        let profile = exe
+            .parent()
+            .and_then(std::path::Path::parent)
+            .expect("test executables live in <target>/<profile>/deps");
+        let bin = profile.join("targetlease");
+        bin.into_os_string().into_string().expect("a UTF-8 path")
+    })
+}
 
 /// The binary the fault matrix and the operator harness start:
 /// `FAULTS_PRODUCT_BIN` when set (`scripts/faults.sh fill` pins a copy, so
-/// a build during a run of hours cannot swap it), else [`BIN`].
+/// a build during a run of hours cannot swap it), else [`bin`].
 pub fn product_bin() -> std::path::PathBuf {
     std::env::var_os("FAULTS_PRODUCT_BIN")
         .filter(|p| !p.is_empty())
-        .map_or_else(|| BIN.into(), Into::into)
+        .map_or_else(|| bin().into(), Into::into)
 }
 
 /// A `targetlease` command with no `TARGETLEASE_*` or `RUST_LOG` leaking in
 /// from the test's environment, and no kubeconfig (outside a pod, the
 /// default namespace is the kubeconfig's: a developer's own must not move it).
 pub fn targetlease<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Command {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("TARGETLEASE_") {
             cmd.env_remove(k);

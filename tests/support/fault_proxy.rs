@@ -33,9 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-#[path = "fault_frames.rs"]
 pub mod frames;
-#[path = "fault_relay.rs"]
 mod relay;
 use relay::accept_loop;
 

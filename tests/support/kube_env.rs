@@ -7,7 +7,7 @@
 //! instructions: tests never skip.
 //!
 //! ```ignore
-//! mod support { pub mod kube_env; }
+//! use targetlease_test_support as support;
 //! use support::kube_env::{ControlPlane, shared};
 //!
 //! #[tokio::test]
@@ -40,7 +40,7 @@ use super::tools::{tool, tools_dir};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::repo().to_owned()
 }
 
 fn script() -> PathBuf {

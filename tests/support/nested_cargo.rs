@@ -18,7 +18,7 @@ use std::sync::Mutex;
 /// The test build's target directory (`<target>/debug/targetlease` is the
 /// binary the tests run).
 pub fn test_target_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_targetlease"))
+    Path::new(super::cli::bin())
         .parent()
         .and_then(Path::parent)
         .expect("the test binary lives in <target>/debug")
@@ -174,7 +174,7 @@ pub fn without_cargo_env(cmd: &mut Command) -> &mut Command {
 /// [`target_dir`]`(NAME-target)`, so a cargo that is not told where to
 /// build (no `CARGO_TARGET_DIR`) builds there.
 pub fn working_tree_copy(name: &str) -> PathBuf {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = crate::repo();
     let copy = nested_root().join(name);
     let out = Command::new("git")
         .arg("-C")

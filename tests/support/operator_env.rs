@@ -334,8 +334,8 @@ pub async fn apply_example(env: &OperatorEnv, file: &str) -> Vec<(String, String
 
 /// The text of a file of `examples/`.
 pub fn example(file: &str) -> String {
-    let path = format!("{}/examples/{file}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    let path = crate::repo().join("examples").join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Applies every document of a YAML text into the env's namespace.

@@ -10,8 +10,6 @@
 //! Nothing outlives the test process: a watchdog stops the cluster (immediate
 //! mode) at most a second after this process exits, whether or not `Drop` ran.
 
-#![allow(dead_code)] // shared by several test binaries, each using a part
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

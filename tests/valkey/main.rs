@@ -1,9 +1,7 @@
 //! The Valkey backend on real servers: protocol, ACL, TLS, Sentinel, Cluster,
 //! durability, faults between client and server, and `targetlease check`.
 
-#[allow(dead_code)] // each binary uses a part of the shared support
-#[path = "../support/mod.rs"]
-mod support;
+use targetlease_test_support as support;
 
 mod acl;
 mod attack;

@@ -59,7 +59,8 @@ fn run_against_etcd_fences_waits_and_releases_like_valkey() {
         .with(&["--export-connection"])
         .sh(&format!(
             "echo $TARGETLEASE_FENCING_TOKEN; echo \"$TARGETLEASE_STORE_URL\"; \
-             {BIN} lease commit --key k --value from-the-child"
+             {} lease commit --key k --value from-the-child",
+            bin()
         ))
         .output()
         .unwrap();

@@ -88,7 +88,7 @@ fn a_lease_that_ended_unnoticed_before_the_child_exited_still_fails_the_run() {
     // The child revokes its own lease through the exported environment
     // (the connection only because it asks for it), then exits 0 long
     // before the first renewal (at ttl/3 = 20s) could notice.
-    let script = format!("{BIN} lease revoke > /dev/null && exit 0");
+    let script = format!("{} lease revoke > /dev/null && exit 0", bin());
     let started = Instant::now();
     let out = run(&u, "db", "alice", "60s")
         .with(&["--export-connection"])

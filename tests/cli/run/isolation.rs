@@ -296,8 +296,9 @@ fn the_child_environment_names_neither_the_store_nor_its_credentials() {
     // Asked for, the connection reaches the child as settings and file
     // paths (never the password itself), enough to write with its token.
     let commit = format!(
-        "env > {}; {BIN} lease commit --key k --value from-the-child",
-        seen.path().display()
+        "env > {}; {} lease commit --key k --value from-the-child",
+        seen.path().display(),
+        bin()
     );
     let out = run(&u, "db", "alice", "10s")
         .with(&["--key-prefix", "tenant-x", "--export-connection"])
@@ -365,7 +366,7 @@ read(time.time() + 0.3)
 print(json.dumps({"seen": seen.decode("utf-8", "replace"), "code": os.waitstatus_to_exitcode(status)}))
 "#;
     let args = vec![
-        BIN.to_string(),
+        bin().to_string(),
         "run".into(),
         "--target".into(),
         "tty".into(),

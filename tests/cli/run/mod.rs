@@ -22,7 +22,7 @@ pub(crate) use deadline::wait_within;
 pub(crate) use serde_json::Value;
 pub(crate) use valkey_server::{ValkeyServer, free_port};
 
-pub(crate) use crate::support::cli::{BIN, lease, run};
+pub(crate) use crate::support::cli::{bin, lease, run};
 
 /// `run`'s own exit codes (docs/cli.md): the target stayed held.
 pub(crate) const BUSY: i32 = 75;

@@ -449,5 +449,4 @@ fn commits(h: &History, lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
 }
 
 #[cfg(test)]
-#[path = "effects_tests.rs"]
 mod tests;

@@ -22,10 +22,8 @@ use super::effects::{loss_between, lossy};
 use super::{Scope, Violation, group_by};
 use crate::history::{History, OpKind};
 
-#[path = "tokens_issue.rs"]
-mod issue;
-#[path = "tokens_operator.rs"]
-mod operator;
+mod granted;
+mod published;
 
 /// A token handed to someone.
 #[derive(Clone, Debug)]
@@ -118,12 +116,12 @@ pub fn check(h: &History) -> Vec<Violation> {
     let all = grants(h);
     let lossy = lossy(h);
     for (target, gs) in group_by(&all, |g| g.target) {
-        issue::unique(&target, &gs, &lossy, &mut out);
-        issue::ordered(&target, &gs, &lossy, &mut out);
+        granted::unique(&target, &gs, &lossy, &mut out);
+        granted::ordered(&target, &gs, &lossy, &mut out);
     }
-    operator::published_order(h, &mut out);
-    operator::mark_order(h, &mut out);
-    operator::marks_published(h, &mut out);
+    published::published_order(h, &mut out);
+    published::mark_order(h, &mut out);
+    published::marks_published(h, &mut out);
     out
 }
 

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::OperatorEnv;
-use crate::support::kube_env::ControlPlane;
+use crate::kube_env::ControlPlane;
 
 fn read(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file))
@@ -92,7 +92,7 @@ impl OperatorEnv {
 
     /// Starts kube-apiserver again as it ran, and waits until it serves.
     pub fn restart_apiserver(&self, stopped: StoppedApiServer) {
-        crate::support::kube_env::start_apiserver_again(self.cp.dir(), &stopped.0);
+        crate::kube_env::start_apiserver_again(self.cp.dir(), &stopped.0);
     }
 
     /// The admin kubeconfig with the API server reached at `127.0.0.1:port`
@@ -112,7 +112,7 @@ impl OperatorEnv {
 
     /// Stops the control plane this env owns (after its operators).
     pub(super) fn stop_own_control_plane(&self) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/controlplane.sh");
+        let script = crate::repo().join("scripts/controlplane.sh");
         // A paused API server would not stop on SIGTERM.
         if let Ok(pid) = std::fs::read_to_string(self.cp.dir().join("kube-apiserver.pid")) {
             let _ = Command::new("kill")
