@@ -1,0 +1,94 @@
+# Every entry point of this repository, one recipe each with what it is for.
+# An index to read: `just RECIPE` runs one, but nothing needs `just` (each
+# recipe is the command to type). tests/cli/index.rs fails when a script in
+# scripts/ or a test target in tests/ is missing here.
+
+# The two commands of the README.
+
+# A local Valkey + kube-apiserver + etcd, the operator and the examples; prints `kubectl get tl`.
+playground *args:
+    scripts/playground.sh {{args}}
+
+# The tests: fmt, clippy, and every test target against real servers (what CI runs).
+test *args:
+    scripts/test.sh {{args}}
+
+# Scripts.
+
+# Installs and builds every tool the tests and the playground need, into the tools directory.
+setup *args:
+    scripts/setup.sh {{args}}
+
+# Builds the control plane (etcd, kube-apiserver, …) and test tools from Go modules.
+build-controlplane *args:
+    scripts/build-controlplane.sh {{args}}
+
+# Starts or stops a real control plane on loopback ports (`start DIR`, `stop DIR`).
+controlplane *args:
+    scripts/controlplane.sh {{args}}
+
+# The fault matrix: quick (every scenario once), long runs, `fill` of docs/faults.md.
+faults *args:
+    scripts/faults.sh {{args}}
+
+# Regenerates docs/benchmarks.md (store, operator at scale, CLI waiters).
+bench *args:
+    scripts/bench.sh {{args}}
+
+# `.ci/run` the way a brand-new machine runs it: a fresh clone, empty caches.
+fresh-ci *args:
+    scripts/fresh-ci.sh {{args}}
+
+# Starts or stops a one-node cluster (kubelet, containerd, CNI); needs root.
+node *args:
+    scripts/node.sh {{args}}
+
+# Checks that the one-node cluster of scripts/node.sh runs pods, probes and Services.
+node-smoke *args:
+    scripts/node-smoke.sh {{args}}
+
+# Builds the operator image as an OCI tarball, without Docker, and imports it into a node.
+node-images *args:
+    scripts/node-images.sh {{args}}
+
+# Writes a one-layer OCI image from a directory (used by scripts/node-images.sh).
+oci-image *args:
+    python3 scripts/oci-image.py {{args}}
+
+# Test targets, one at a time (`just test-cli crd` passes a name filter).
+
+# The `targetlease` binary as users run it, and the committed CRD and docs it must match.
+test-cli *args:
+    cargo test --test cli -- {{args}}
+
+# The lease protocol's contract, against the memory, Valkey and etcd backends.
+test-contract *args:
+    cargo test --test contract -- {{args}}
+
+# The Valkey backend on real servers: protocol, ACL, TLS, Sentinel, Cluster, faults.
+test-valkey *args:
+    cargo test --test valkey -- {{args}}
+
+# The Helm chart: render, lint, install and upgrade, RBAC and admission policies.
+test-chart *args:
+    cargo test --test chart -- {{args}}
+
+# End to end on a real kube-apiserver + etcd and Valkey: the operator's promises, HA.
+test-e2e *args:
+    cargo test --test e2e -- {{args}}
+
+# The PostgreSQL fencing recipe of examples/fencing/ against a real server.
+test-fencing-postgresql *args:
+    cargo test --test fencing_postgresql -- {{args}}
+
+# The fault matrix's checker, on synthetic histories.
+test-faults-checker *args:
+    cargo test --test faults_checker -- {{args}}
+
+# The fault matrix itself, quick mode (scripts/faults.sh drives its other modes).
+test-faults *args:
+    cargo test --features failpoints --test faults -- {{args}}
+
+# On a real node: the image, the chart and every example; needs root (docs/node.md).
+test-node *args:
+    cargo test --test node -- {{args}}

@@ -1,0 +1,114 @@
+//! The justfile is the index of every entry point: each script in scripts/
+//! and each test target has a recipe there, with a one-line comment saying
+//! what it is for, and every recipe runs something that exists.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The justfile's recipes: (comment above it, name, commands).
+fn recipes(text: &str) -> Vec<(Option<String>, String, Vec<String>)> {
+    let mut out: Vec<(Option<String>, String, Vec<String>)> = Vec::new();
+    let mut comment = None;
+    for line in text.lines() {
+        if let Some(body) = line.strip_prefix("    ") {
+            let last = out.last_mut().expect("a command belongs to a recipe");
+            last.2.push(body.trim().to_owned());
+        } else if let Some(c) = line.strip_prefix('#') {
+            comment = Some(c.trim().to_owned());
+        } else if line.trim().is_empty() {
+            comment = None;
+        } else {
+            let (head, _) = line
+                .split_once(':')
+                .unwrap_or_else(|| panic!("justfile: {line:?} is not a recipe"));
+            let name = head.split_whitespace().next().unwrap().to_owned();
+            out.push((comment.take(), name, Vec::new()));
+        }
+    }
+    out
+}
+
+/// The test targets cargo builds: `tests/NAME.rs`, `tests/NAME/main.rs`,
+/// and the `[[test]]` entries of Cargo.toml.
+fn test_targets(repo: &Path) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for entry in std::fs::read_dir(repo.join("tests")).unwrap().flatten() {
+        let path = entry.path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.extension().is_some_and(|e| e == "rs") || path.join("main.rs").is_file() {
+            names.insert(name);
+        }
+    }
+    let manifest = std::fs::read_to_string(repo.join("Cargo.toml")).unwrap();
+    let mut in_test = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            in_test = line == "[[test]]";
+        } else if in_test && let Some(name) = line.strip_prefix("name = ") {
+            names.insert(name.trim_matches('"').to_owned());
+        }
+    }
+    names
+}
+
+#[test]
+fn the_justfile_lists_every_script_and_test_target() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(repo.join("justfile")).unwrap();
+    let recipes = recipes(&text);
+    let mut commands = Vec::new();
+    for (comment, name, body) in &recipes {
+        assert!(
+            comment.as_deref().is_some_and(|c| !c.is_empty()),
+            "justfile: the recipe {name} has no comment line above it"
+        );
+        assert!(!body.is_empty(), "justfile: the recipe {name} runs nothing");
+        commands.extend(body.iter().map(String::as_str));
+    }
+    let words: Vec<&str> = commands.iter().flat_map(|c| c.split_whitespace()).collect();
+
+    // Each script and each test target is run by some recipe.
+    let mut scripts = BTreeSet::new();
+    for entry in std::fs::read_dir(repo.join("scripts")).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_file() && path.extension().is_some_and(|e| e == "sh" || e == "py") {
+            scripts.insert(format!("scripts/{}", entry.file_name().to_string_lossy()));
+        }
+    }
+    assert!(scripts.contains("scripts/test.sh"), "{scripts:?}");
+    for script in &scripts {
+        assert!(
+            words.contains(&script.as_str()),
+            "justfile: no recipe runs {script}"
+        );
+    }
+    let targets = test_targets(repo);
+    assert!(
+        targets.contains("e2e") && targets.contains("faults"),
+        "{targets:?}"
+    );
+    let tested: BTreeSet<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "--test")
+        .map(|w| w[1])
+        .collect();
+    for target in &targets {
+        assert!(
+            tested.contains(target.as_str()),
+            "justfile: no recipe runs `cargo test --test {target}`"
+        );
+    }
+
+    // And every recipe runs something that exists.
+    for word in &words {
+        if word.starts_with("scripts/") {
+            assert!(scripts.contains(*word), "justfile: {word} does not exist");
+        }
+    }
+    for target in &tested {
+        assert!(
+            targets.contains(*target),
+            "justfile: there is no test target {target}"
+        );
+    }
+}
