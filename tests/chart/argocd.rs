@@ -51,7 +51,7 @@ fn condition(kind: &str, status: &str, reason: &str, message: &str) -> Value {
             "lastTransitionTime": "2026-11-01T10:00:00Z" })
 }
 
-/// What Argo CD must show, as issue 15 states it.
+/// What Argo CD must show for each phase, holder and backend.
 fn expected(phase: Option<&str>, held: Option<&str>, backend: Option<&str>) -> &'static str {
     match (phase, held, backend) {
         (_, _, Some("False")) => "Degraded",

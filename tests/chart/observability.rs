@@ -1,8 +1,8 @@
 //! The PrometheusRule and the Grafana dashboard: every series they query is
 //! one the operator exposes (names taken from the operator's own registry),
-//! every expression selects this release, and the alerts issue 15 asks for
-//! are there. What the alerts do over time is tested by promtool
-//! (alert_rules.rs).
+//! every expression selects this release, and the alerts an operator of
+//! the release needs are there. What the alerts do over time is tested by
+//! promtool (alert_rules.rs).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -20,7 +20,7 @@ use targetlease::store::{
 
 use crate::cases::{LONG, held, holder, release, target};
 use crate::etcd_cluster::EtcdCluster;
-use crate::support::link_proxy::TcpProxy;
+use crate::support::tcp_proxy::TcpProxy;
 
 /// Long enough for a resumed watch to hear what it missed on a loaded
 /// machine (reconnect backoff included).
@@ -46,7 +46,7 @@ async fn setup() -> Setup {
     let raw = Client::connect(cluster.endpoints(), None)
         .await
         .expect("raw etcd client");
-    let proxy = TcpProxy::start(cluster.endpoints()[0].clone()).await;
+    let proxy = TcpProxy::start(&cluster.endpoints()[0]);
     let waiter = connect(format!("etcd://127.0.0.1:{}", proxy.port)).await;
     Setup {
         cluster,

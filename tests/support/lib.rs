@@ -12,7 +12,6 @@ pub mod deadline;
 pub mod etcd_cluster;
 pub mod fault_proxy;
 pub mod kube_env;
-pub mod link_proxy;
 pub mod nested_cargo;
 pub mod operator_env;
 pub mod operator_store;

@@ -1,23 +1,31 @@
-//! A loopback TCP proxy a test can cut, to partition one process from a server
-//! (e.g. one operator replica from kube-apiserver) while everything else still
-//! reaches it.
+//! A loopback TCP proxy a test degrades on purpose, to put a fault between
+//! one process and a server (one operator replica and kube-apiserver, the
+//! operator and Valkey, a watcher and etcd) while everything else still
+//! reaches the server. Connections stay open in every fault, so clients see
+//! requests hang (the hard case: they must give up by themselves), never
+//! resets, until the test closes them.
 //!
-//! A cut is a black hole, not a refusal: connections stay open and new ones
-//! are accepted, but no byte is forwarded either way, so the client sees
-//! requests hang (the hard case: it must give up by itself). Restoring closes
-//! every connection that lived through the cut — bytes sent into the hole are
-//! lost, as after a partition long enough for both ends to reset — and
-//! forwards new connections again.
-//!
-//! A trap ([`TcpProxy::trap`]) is a black hole that falls at the next request:
-//! everything passes until a client next sends a byte, then nothing passes
-//! any more, either way, on any connection — except (if asked) that one
-//! request on its way in, so it reaches the server and its reply is lost.
+//! - A cut ([`TcpProxy::cut`]) is a black hole: connections stay open and
+//!   new ones are accepted, but no byte is forwarded either way. Restoring
+//!   closes every connection that lived through the cut — bytes sent into
+//!   the hole are lost, as after a partition long enough for both ends to
+//!   reset — and forwards new connections again.
+//! - A trap ([`TcpProxy::trap`]) is a black hole that falls at the next
+//!   request: everything passes until a client next sends a byte, then
+//!   nothing passes any more, either way, on any connection — except (if
+//!   asked) that one request on its way in, so it reaches the server and its
+//!   reply is lost.
+//! - A mode ([`TcpProxy::set_mode`]) degrades the open connections too, and
+//!   lifts without closing them: forward requests but drop the replies (the
+//!   request took effect, the client never learns), or drop both ways.
+//! - New connections can be refused for a while (a server unreachable for a
+//!   moment), and every open connection closed at once.
 //!
 //! The proxy runs on its own thread and runtime, so a test that blocks its
-//! own runtime never stalls the traffic it proxies.
+//! own runtime never stalls the traffic it proxies, and sync and async tests
+//! use it alike.
 
-use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,14 +33,49 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+/// What passes on every connection, open or new, until the next
+/// [`TcpProxy::set_mode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Everything is forwarded.
+    Pass,
+    /// Client bytes are forwarded; server bytes are read and thrown away.
+    DropReplies,
+    /// Nothing is forwarded in either direction (bytes are read and thrown away).
+    Blackhole,
+}
+
 /// A running proxy; stops (closing every connection) on drop.
 pub struct TcpProxy {
     pub port: u16,
+    shared: Arc<Shared>,
     cut: watch::Sender<bool>,
     /// Connections accepted before the latest `hang_open` forward nothing.
     hung: watch::Sender<u64>,
-    trap: Arc<Mutex<Trap>>,
+    /// Bumped to close every open connection.
+    epoch: watch::Sender<u64>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// What the test sets and reads while connections run.
+struct Shared {
+    mode: Mutex<Mode>,
+    trap: Mutex<Trap>,
+    refuse: AtomicBool,
+    /// While `refuse` is set, connections beyond this many accepted ones are refused.
+    refuse_beyond: AtomicU64,
+    /// Client bytes forwarded to the server so far.
+    forwarded: AtomicU64,
+    /// Connections accepted (and not refused) so far.
+    accepted: AtomicU64,
+}
+
+/// The channels each connection watches.
+#[derive(Clone)]
+struct Signals {
+    cut: watch::Receiver<bool>,
+    hung: watch::Receiver<u64>,
+    epoch: watch::Receiver<u64>,
 }
 
 /// How long the bytes of the request that springs a trap keep passing.
@@ -53,16 +96,30 @@ enum Trap {
 }
 
 impl TcpProxy {
-    /// Forwards `127.0.0.1:<port>` to `upstream`.
-    pub fn start(upstream: SocketAddr) -> Self {
+    /// Forwards `127.0.0.1:<port>` to `upstream` (an address, or "host:port").
+    pub fn start(upstream: impl ToString) -> Self {
+        let upstream = upstream.to_string();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
+        let shared = Arc::new(Shared {
+            mode: Mutex::new(Mode::Pass),
+            trap: Mutex::new(Trap::Off),
+            refuse: AtomicBool::new(false),
+            refuse_beyond: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+        });
         let (cut, cut_rx) = watch::channel(false);
         let (hung, hung_rx) = watch::channel(0u64);
-        let trap = Arc::new(Mutex::new(Trap::Off));
-        let trap_in = trap.clone();
+        let (epoch, epoch_rx) = watch::channel(0u64);
+        let signals = Signals {
+            cut: cut_rx,
+            hung: hung_rx,
+            epoch: epoch_rx,
+        };
         let (stop, stop_rx) = tokio::sync::oneshot::channel();
+        let shared_in = shared.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -71,18 +128,29 @@ impl TcpProxy {
             rt.block_on(async move {
                 let listener = TcpListener::from_std(listener).expect("proxy listener");
                 tokio::select! {
-                    _ = accept_loop(listener, upstream, cut_rx, hung_rx, trap_in) => {},
+                    _ = accept_loop(listener, upstream, signals, shared_in) => {},
                     _ = stop_rx => {},
                 }
             });
         });
         Self {
             port,
+            shared,
             cut,
             hung,
-            trap,
+            epoch,
             stop: Some(stop),
         }
+    }
+
+    /// `redis://127.0.0.1:<port>`: the proxy as a Valkey URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// What passes from now on, on every connection, open or new.
+    pub fn set_mode(&self, mode: Mode) {
+        *self.shared.mode.lock().unwrap() = mode;
     }
 
     /// Everything passes until a client next sends a byte (a request); from
@@ -90,14 +158,14 @@ impl TcpProxy {
     /// except, with `let_it_through`, the rest of that request (for a moment),
     /// which reaches the server while its reply is lost. `restore` ends it.
     pub fn trap(&self, let_it_through: bool) {
-        *self.trap.lock().unwrap() = Trap::Armed {
+        *self.shared.trap.lock().unwrap() = Trap::Armed {
             pass: let_it_through,
         };
     }
 
     /// Whether a trap has sprung.
     pub fn sprung(&self) -> bool {
-        matches!(*self.trap.lock().unwrap(), Trap::Sprung { .. })
+        matches!(*self.shared.trap.lock().unwrap(), Trap::Sprung { .. })
     }
 
     /// Every connection open now becomes a black hole for good (kept open,
@@ -114,8 +182,35 @@ impl TcpProxy {
     /// Closes the connections that lived through the cut (or a trap); new
     /// ones pass again.
     pub fn restore(&self) {
-        *self.trap.lock().unwrap() = Trap::Off;
+        *self.shared.trap.lock().unwrap() = Trap::Off;
         self.cut.send_replace(false);
+    }
+
+    /// Closes every open connection (new ones are accepted as usual).
+    pub fn reset_connections(&self) {
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// While true, new connections are accepted and closed at once.
+    pub fn refuse_new(&self, refuse: bool) {
+        self.shared.refuse_beyond.store(0, Ordering::SeqCst);
+        self.shared.refuse.store(refuse, Ordering::SeqCst);
+    }
+
+    /// Accepts `n` connections in all, then refuses new ones until `refuse_new(false)`.
+    pub fn refuse_after(&self, n: u64) {
+        self.shared.refuse_beyond.store(n, Ordering::SeqCst);
+        self.shared.refuse.store(true, Ordering::SeqCst);
+    }
+
+    /// Client bytes forwarded to the server so far.
+    pub fn forwarded(&self) -> u64 {
+        self.shared.forwarded.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted (and not refused) so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
     }
 }
 
@@ -129,83 +224,108 @@ impl Drop for TcpProxy {
 
 async fn accept_loop(
     listener: TcpListener,
-    upstream: SocketAddr,
-    cut: watch::Receiver<bool>,
-    hung: watch::Receiver<u64>,
-    trap: Arc<Mutex<Trap>>,
+    upstream: String,
+    signals: Signals,
+    shared: Arc<Shared>,
 ) {
+    let upstream: Arc<str> = upstream.into();
     let mut id = 0;
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
+        if shared.refuse.load(Ordering::SeqCst)
+            && shared.accepted.load(Ordering::SeqCst) >= shared.refuse_beyond.load(Ordering::SeqCst)
+        {
+            drop(client);
+            continue;
+        }
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
         id += 1;
         tokio::spawn(connection(
             client,
-            upstream,
-            cut.clone(),
-            hung.clone(),
-            (trap.clone(), id),
+            upstream.clone(),
+            signals.clone(),
+            (shared.clone(), id),
         ));
     }
 }
 
-/// Whether bytes read now pass (`up`: from the client): always unless a trap
-/// is set, which a client's bytes spring.
-fn passes(trap: &Mutex<Trap>, conn: u64, up: bool) -> bool {
-    let mut trap = trap.lock().unwrap();
-    match *trap {
-        Trap::Off => true,
-        Trap::Armed { .. } if !up => true,
-        Trap::Armed { pass } => {
-            *trap = Trap::Sprung {
-                conn: if pass { conn } else { 0 },
-                until: Instant::now() + ONE_REQUEST,
-            };
-            pass
+impl Shared {
+    /// Whether a trap lets bytes read now pass (`up`: from the client):
+    /// always when none is set; a client's bytes spring one that is armed.
+    fn trap_passes(&self, conn: u64, up: bool) -> bool {
+        let mut trap = self.trap.lock().unwrap();
+        match *trap {
+            Trap::Off => true,
+            Trap::Armed { .. } if !up => true,
+            Trap::Armed { pass } => {
+                *trap = Trap::Sprung {
+                    conn: if pass { conn } else { 0 },
+                    until: Instant::now() + ONE_REQUEST,
+                };
+                pass
+            }
+            Trap::Sprung { conn: c, until } => up && c == conn && Instant::now() < until,
         }
-        Trap::Sprung { conn: c, until } => up && c == conn && Instant::now() < until,
+    }
+
+    /// Whether the mode lets bytes read now pass (`up`: from the client).
+    fn mode_passes(&self, up: bool) -> bool {
+        match *self.mode.lock().unwrap() {
+            Mode::Pass => true,
+            Mode::DropReplies => up,
+            Mode::Blackhole => false,
+        }
     }
 }
 
 async fn connection(
     client: TcpStream,
-    upstream: SocketAddr,
-    mut cut: watch::Receiver<bool>,
-    mut hung: watch::Receiver<u64>,
-    (trap, id): (Arc<Mutex<Trap>>, u64),
+    upstream: Arc<str>,
+    Signals {
+        mut cut,
+        mut hung,
+        mut epoch,
+    }: Signals,
+    (shared, id): (Arc<Shared>, u64),
 ) {
     let born = *hung.borrow_and_update();
+    epoch.borrow_and_update();
     // Accepted during a cut: the upstream is unreachable, so nothing to dial.
     if *cut.borrow_and_update() {
         let _ = cut.wait_for(|c| !*c).await;
         return;
     }
-    let Ok(server) = TcpStream::connect(upstream).await else {
+    let Ok(server) = TcpStream::connect(&*upstream).await else {
         return;
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
-    let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    let (mut up, mut down) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    // Through a cut or a sprung trap: nothing passes until it closes.
     let mut broken = false;
     loop {
         tokio::select! {
             n = cr.read(&mut up) => match n {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
-                    broken |= !passes(&trap, id, true);
-                    if !broken && sw.write_all(&up[..n]).await.is_err() {
-                        return;
+                    broken |= !shared.trap_passes(id, true);
+                    if !broken && shared.mode_passes(true) {
+                        if sw.write_all(&up[..n]).await.is_err() {
+                            return;
+                        }
+                        shared.forwarded.fetch_add(n as u64, Ordering::SeqCst);
                     }
                 }
             },
             n = sr.read(&mut down) => match n {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
-                    broken |= !passes(&trap, id, false);
-                    if !broken && cw.write_all(&down[..n]).await.is_err() {
+                    broken |= !shared.trap_passes(id, false);
+                    if !broken && shared.mode_passes(false) && cw.write_all(&down[..n]).await.is_err() {
                         return;
                     }
                 }
@@ -229,6 +349,7 @@ async fn connection(
                     return; // dropping both halves closes both sockets
                 }
             }
+            _ = epoch.changed() => return,
         }
     }
 }

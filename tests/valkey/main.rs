@@ -4,7 +4,6 @@
 use targetlease_test_support as support;
 
 mod acl;
-mod attack;
 mod check;
 mod cluster;
 mod cluster_faults;
@@ -12,6 +11,7 @@ mod durability;
 mod failures;
 mod faults;
 mod load;
+mod outcomes;
 mod oversized;
 mod protocol;
 mod read_and_free;

@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// Defect 11: a namespace's floors live in its own ConfigMap
+/// A namespace's floors live in its own ConfigMap
 /// (`targetlease-token-floors.<namespace>`); entries are kept (a write never
 /// drops one, live TargetLease or not).
 #[tokio::test]
@@ -59,7 +59,7 @@ async fn token_floors_are_kept_in_the_namespaces_own_configmap() {
     );
 }
 
-/// Defect 12: maxLifetime rotates the lease with its own reason, and status
+/// MaxLifetime rotates the lease with its own reason, and status
 /// never shows Held past Valkey's expiry; an invalid selector is SpecValid=False.
 #[tokio::test]
 async fn max_lifetime_rotates_and_invalid_selectors_are_reported() {

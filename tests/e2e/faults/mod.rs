@@ -1,8 +1,8 @@
 //! The operator's published promises under the conditions production brings:
 //! spec edits, restarts with many pods, stale marks, overlapping elections,
 //! stranded waiters, outages during deletes, crashes between a store call and
-//! a status write, recreated pods and max lifetimes. Each test reproduces a
-//! defect found in review (issue 10) on a real kube-apiserver and a real Valkey.
+//! a status write, recreated pods and max lifetimes, on a real kube-apiserver
+//! and a real Valkey.
 
 mod api_outage;
 mod api_outage_handover;

@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// Defect 1: a shorter leaseDuration moves Valkey's expiry earlier; status
+/// A shorter leaseDuration moves Valkey's expiry earlier; status
 /// and the pod annotation must follow at once, and `observedGeneration` must
 /// not claim the edit before the lease carries it.
 #[tokio::test]
@@ -60,7 +60,7 @@ async fn a_shorter_lease_duration_is_published_before_the_pass_ends() {
     assert!(ms(&applied.status.unwrap().expires_at).unwrap() < now_ms() + 7_000);
 }
 
-/// Defect 3 (mechanism): status writes carry the resourceVersion they were
+/// Stale writes are refused: status writes carry the resourceVersion they were
 /// planned from; the real API server refuses an older one.
 #[tokio::test]
 async fn status_writes_from_an_older_version_are_refused() {
@@ -95,7 +95,7 @@ async fn status_writes_from_an_older_version_are_refused() {
     );
 }
 
-/// Defect 3 (behaviour): many handoffs with readiness flips, wake-ups and
+/// Under churn: many handoffs with readiness flips, wake-ups and
 /// Valkey losing everything: the published token never goes down and at most
 /// one pod is ever published as leader.
 #[tokio::test]
@@ -147,7 +147,7 @@ async fn published_tokens_never_go_down_through_rapid_handoffs() {
 /// The pods of election `el`, opted in to it.
 const MARKS: &[(&str, &str)] = &[("app", "marks"), ("el.targetlease.dev/candidate", "true")];
 
-/// Defect 4: marks follow status — a pod carrying marks status does not name
+/// Marks follow status — a pod carrying marks status does not name
 /// is unmarked, corrupt state unmarks, deletion unmarks.
 #[tokio::test]
 async fn pod_marks_always_match_status() {
@@ -210,7 +210,7 @@ async fn pod_marks_always_match_status() {
     }
 }
 
-/// Defect 5: two elections over the same pods each mark their own leader
+/// Two elections over the same pods each mark their own leader
 /// under their own keys, and the overlap is flagged.
 #[tokio::test]
 async fn overlapping_elections_never_share_a_leader_label() {

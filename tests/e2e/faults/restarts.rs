@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// Defect 2: a restarted operator must not plan from a pod cache that has not
+/// A restarted operator must not plan from a pod cache that has not
 /// synced: with many unrelated pods, pod-tied leases and elections are
 /// re-adopted with no new token and no mark flap.
 #[tokio::test]
@@ -78,7 +78,7 @@ async fn a_restart_among_many_pods_keeps_every_lease_and_leader() {
     }
 }
 
-/// Defect 6: the head of a queue leaves it (its pod goes NotReady); the next
+/// The head of a queue leaves it (its pod goes NotReady); the next
 /// waiter takes the target once the outside holder's lease expires.
 #[tokio::test]
 async fn a_waiter_is_not_stranded_when_the_head_of_the_queue_leaves() {
@@ -112,7 +112,7 @@ async fn a_waiter_is_not_stranded_when_the_head_of_the_queue_leaves() {
     assert_eq!(summary(&held).2, Some(2));
 }
 
-/// Defect 7: deleting a TargetLease while Valkey is down keeps the finalizer
+/// Deleting a TargetLease while Valkey is down keeps the finalizer
 /// until the release is confirmed, never shows Held past the published
 /// expiry, and raises the token floor first: a token is never reused.
 #[tokio::test]
@@ -158,7 +158,7 @@ async fn a_delete_during_an_outage_keeps_the_finalizer_and_the_floor() {
     assert_eq!(summary(&next).2, Some(2), "never token 1 again");
 }
 
-/// Defect 8: a lease the operator acquired for this resource but never
+/// A lease the operator acquired for this resource but never
 /// published (a crash before the status write) does not block the target.
 #[tokio::test]
 async fn an_unpublished_acquisition_of_our_own_is_reclaimed_at_once() {
@@ -195,7 +195,7 @@ async fn an_unpublished_acquisition_of_our_own_is_reclaimed_at_once() {
     assert_eq!(still.lease.unwrap().owner, "cron");
 }
 
-/// Defect 10: a pod recreated under the same name is a new holder.
+/// A pod recreated under the same name is a new holder.
 #[tokio::test]
 async fn a_recreated_pod_gets_a_new_lease() {
     let mut env = OperatorEnv::start("recreated").await;

@@ -177,13 +177,13 @@ async fn marks_and_tokens_hold_at_every_revision_through_churn_and_crashes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalizer_goes() {
     let env = OperatorEnv::start_without_operator("cleanupown").await;
-    let proxy = TcpProxy::start(env.valkey.addr()).await;
+    let proxy = TcpProxy::start(env.valkey.addr());
     let op = Op::start(&env, &proxy.url(), "op");
     eventually("operator connected", SOON, || async {
         op.log().contains("operator starting").then_some(())
     })
     .await;
-    proxy.set_mode(BLACKHOLE);
+    proxy.set_mode(Mode::Blackhole);
     env.create(
         "job",
         lease_for("t")
@@ -227,7 +227,7 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
         "kept by the finalizer"
     );
     proxy.reset_connections();
-    proxy.set_mode(support::link_proxy::PASS);
+    proxy.set_mode(Mode::Pass);
     env.wait_gone("job", Duration::from_secs(40)).await;
     let left = store.get(&target).await.unwrap();
     assert!(

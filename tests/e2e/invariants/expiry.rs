@@ -16,12 +16,12 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shorter_duration_whose_renewal_reply_is_lost_never_leaves_a_later_expiry_published() {
     let env = OperatorEnv::start_without_operator("lostreply").await;
-    let proxy = TcpProxy::start(env.valkey.addr()).await;
+    let proxy = TcpProxy::start(env.valkey.addr());
     let op = Op::start(&env, &proxy.url(), "op");
     held_for_pod_w(&env, "w", "60s", "5s").await;
     wait_w_marked(&env, "w").await;
 
-    proxy.set_mode(DROP_REPLIES);
+    proxy.set_mode(Mode::DropReplies);
     let before = proxy.forwarded();
     env.patch_spec("w", json!({ "leaseDuration": "6s", "renewInterval": "2s" }))
         .await;
@@ -30,7 +30,7 @@ async fn a_shorter_duration_whose_renewal_reply_is_lost_never_leaves_a_later_exp
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    proxy.set_mode(BLACKHOLE);
+    proxy.set_mode(Mode::Blackhole);
 
     let store = env.store().await;
     let target = Target::new(&env.ns, "t");
@@ -69,7 +69,7 @@ async fn a_shorter_duration_whose_renewal_reply_is_lost_never_leaves_a_later_exp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_is_withdrawn_when_the_published_expiry_passes_during_a_partition() {
     let env = OperatorEnv::start_without_operator("partition").await;
-    let proxy = TcpProxy::start(env.valkey.addr()).await;
+    let proxy = TcpProxy::start(env.valkey.addr());
     let op = Op::start(&env, &proxy.url(), "op");
     let held = held_for_pod_w(&env, "w", "10s", "2s").await;
     let first = ms(&held.status.unwrap().expires_at).unwrap();
@@ -84,7 +84,7 @@ async fn held_is_withdrawn_when_the_published_expiry_passes_during_a_partition()
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    proxy.set_mode(BLACKHOLE);
+    proxy.set_mode(Mode::Blackhole);
     let cut = now_ms();
 
     let store = env.store().await;

@@ -1,9 +1,10 @@
-//! Attacks on the operator's documented promises (docs/operator.md, DESIGN.md
-//! "Invariants of what the operator publishes") after the issue 10 rewrite,
-//! on a real kube-apiserver and a real Valkey. Each test is named after the
-//! promise it tries to break; a failing test is a broken promise.
+//! The invariants of what the operator publishes (docs/operator.md), each
+//! tried against what would break it — lost replies, partitions, refused
+//! connections, clock skew, floods, pauses, other tenants — on a real
+//! kube-apiserver and a real Valkey. Each test is named after the promise it
+//! tries to break; a failing test is a broken promise.
 //!
-//! Faults between the operator and Valkey go through `support::link_proxy`
+//! Faults between the operator and Valkey go through `support::tcp_proxy`
 //! (lost replies, partitions, refused connections) while outside holders talk
 //! to Valkey directly, as they would in production. Publish-order checks
 //! replay pods and TargetLeases in the API server's revision order
@@ -29,8 +30,8 @@ pub(crate) use kube::ResourceExt;
 pub(crate) use kube::api::{ListParams, Patch, PatchParams};
 pub(crate) use serde_json::json;
 pub(crate) use support::kube_env::eventually;
-pub(crate) use support::link_proxy::{BLACKHOLE, DROP_REPLIES, TcpProxy};
 pub(crate) use support::operator_env::{OperatorEnv, summary};
+pub(crate) use support::tcp_proxy::{Mode, TcpProxy};
 pub(crate) use support::timeline::Timeline;
 pub(crate) use targetlease::operator::crd::{Phase, TargetLease};
 pub(crate) use targetlease::store::{

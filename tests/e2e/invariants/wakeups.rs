@@ -14,7 +14,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_notifications_resume_after_the_subscriber_could_not_connect() {
     let env = OperatorEnv::start_without_operator("resub").await;
-    let proxy = TcpProxy::start(env.valkey.addr()).await;
+    let proxy = TcpProxy::start(env.valkey.addr());
     proxy.refuse_after(1);
     let op = Op::start(&env, &proxy.url(), "op");
     eventually(

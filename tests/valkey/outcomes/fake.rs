@@ -237,7 +237,7 @@ async fn a_redirection_in_standalone_mode_is_not_unknown() {
     );
 }
 
-/// Deadlines (issue 11, defect 6): a server that answers the handshake and
+/// Deadlines: a server that answers the handshake and
 /// then never answers the script preload: `connect` ends within the
 /// operation timeout, and the connection is not left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,10 @@
-//! Attacks on the store client of issue 11 (at-most-once sends, honest
-//! outcomes, bounded deadlines), against real servers, a fault proxy, and a
-//! scripted fake server for replies a real server would not send.
+//! The store client's promises about what it tells its caller: a command is
+//! sent at most once, every outcome is the true one, every wait is bounded;
+//! tried against real servers, a fault proxy, and a scripted fake server
+//! for replies a real server would not send.
 //!
-//! Each test names the contract clause it attacks. Tests that fail on the
-//! current code are reported (with a diagnosis) in the attack report; they are
-//! not weakened to pass.
+//! Each test names the promise it tries to break; a failing test is a
+//! broken promise, never weakened to pass.
 
 mod cluster_endpoints;
 mod fake;
@@ -50,7 +50,7 @@ pub(crate) fn config(url: String) -> ValkeyConfig {
 }
 
 pub(crate) fn target(name: &str) -> Target {
-    Target::new("attack", name)
+    Target::new("outcomes", name)
 }
 
 /// A target's fencing counter as stored (`None` before its first grant).
