@@ -38,7 +38,7 @@ pub use preload::ScriptsReady;
 use prepare::prepare;
 use scripts::Script;
 use wire::link::Link;
-use wire::pool::{self, Held};
+use wire::pool::{self, Checkout};
 use wire::resp::{Cmd, Value};
 use wire::{Client, Route, Use, cluster, dial, endpoint};
 
@@ -171,7 +171,7 @@ impl ValkeyStore {
         call: &Call,
         how: Use,
         deadline: Instant,
-    ) -> Result<(Value, Held), wire::Error> {
+    ) -> Result<(Value, Checkout), wire::Error> {
         let slot = call
             .keys
             .first()

@@ -14,7 +14,7 @@ use super::ValkeyStore;
 use super::errors::{Effect, unanswered};
 use super::scripts::{SCRIPTS, Script, lacks_field_expiry};
 use super::wire::dial::first_words;
-use super::wire::pool::Held;
+use super::wire::pool::Checkout;
 use super::wire::resp::{Cmd, Value};
 use crate::store::StoreError;
 
@@ -122,7 +122,7 @@ impl ValkeyStore {
         all: &[&Script],
         node: &str,
         refusal: &str,
-        link: &Held,
+        link: &Checkout,
         deadline: Instant,
     ) -> Result<Result<(), String>, StoreError> {
         let exists = Cmd::new("SCRIPT")

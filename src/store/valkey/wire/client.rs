@@ -26,7 +26,7 @@ use super::dial::Dialer;
 use super::endpoint::{Endpoint, Topology};
 use super::error::{Error, Kind};
 use super::link::Link;
-use super::pool::{Held, Place, Pool, Sizes};
+use super::pool::{Checkout, Place, Pool, Sizes};
 use super::resp::{Cmd, Value};
 use super::standalone::Single;
 
@@ -56,7 +56,7 @@ pub struct Sent {
     /// One reply per command.
     pub replies: Vec<Value>,
     /// The connection the final copy went over (give it back when done).
-    pub link: Held,
+    pub link: Checkout,
 }
 
 /// How to make a pool for a server: one set of settings for every pool of
@@ -83,9 +83,9 @@ impl Pools {
 }
 
 /// Takes a connection of `pool` as `how` says.
-async fn take(pool: &Arc<Pool>, how: Use, deadline: Instant) -> Result<Held, Error> {
+async fn take(pool: &Arc<Pool>, how: Use, deadline: Instant) -> Result<Checkout, Error> {
     match how {
-        Use::Shared => pool.link(deadline).await.map(Held::shared),
+        Use::Shared => pool.link(deadline).await.map(Checkout::shared),
         Use::Exclusive => pool.exclusive(deadline).await,
     }
 }
@@ -98,7 +98,7 @@ pub(super) async fn exchange(
     how: Use,
     cmds: &[Cmd],
     deadline: Instant,
-) -> Result<(Held, Vec<Value>), Error> {
+) -> Result<(Checkout, Vec<Value>), Error> {
     let mut again = true;
     loop {
         let held = take(pool, how, deadline).await?;
@@ -217,7 +217,7 @@ impl Client {
                 let replies = link.request(cmds, deadline).await?;
                 Ok(Sent {
                     replies,
-                    link: Held::shared(link),
+                    link: Checkout::shared(link),
                 })
             };
             (name, sent.await)
@@ -274,7 +274,7 @@ impl Client {
                     break;
                 }
             }
-            Held::shared(link).give_back();
+            Checkout::shared(link).give_back();
             Ok::<_, Error>(keys)
         });
         let mut all = Vec::new();

@@ -133,16 +133,16 @@ pub struct Pool {
 }
 
 /// A connection for one caller: shared (pipelined with others) or taken
-/// for this caller alone until [`Held::give_back`].
-pub struct Held {
+/// for this caller alone until [`Checkout::give_back`].
+pub struct Checkout {
     link: Link,
     home: Option<(Arc<Pool>, OwnedSemaphorePermit)>,
 }
 
-impl Held {
+impl Checkout {
     /// A shared connection (nothing to give back).
-    pub fn shared(link: Link) -> Held {
-        Held { link, home: None }
+    pub fn shared(link: Link) -> Checkout {
+        Checkout { link, home: None }
     }
 
     /// The connection.
@@ -171,7 +171,7 @@ impl Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for Checkout {
     fn drop(&mut self) {
         if self.home.take().is_some() {
             self.link.close();
@@ -244,10 +244,10 @@ impl Pool {
     }
 
     /// A connection for this caller alone (an idle one, or a new one within
-    /// the connect timeout and `deadline`), until [`Held::give_back`]. At
+    /// the connect timeout and `deadline`), until [`Checkout::give_back`]. At
     /// most `sizes.durable` are in use at once; a caller beyond waits for
     /// one to come back, until its deadline.
-    pub async fn exclusive(self: &Arc<Self>, deadline: Instant) -> Result<Held, Error> {
+    pub async fn exclusive(self: &Arc<Self>, deadline: Instant) -> Result<Checkout, Error> {
         let permit = tokio::time::timeout_at(deadline, self.exclusive.clone().acquire_owned())
             .await
             .map_err(|_| {
@@ -272,7 +272,7 @@ impl Pool {
             Some(link) => link,
             None => self.open(deadline).await?,
         };
-        Ok(Held {
+        Ok(Checkout {
             link,
             home: Some((self.clone(), permit)),
         })
