@@ -24,7 +24,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 
 mod state;
 
-use state::{Call, Record, Rule, Slot, State};
+use state::{IncomingWrite, Record, Rule, Slot, State};
 
 /// The in-memory reference implementation of [`LeaseStore`].
 pub struct MemoryStore {
@@ -75,8 +75,8 @@ impl MemoryStore {
         scope: &'a str,
         request_id: &'a str,
         inputs: &[&str],
-    ) -> Call<'a> {
-        Call {
+    ) -> IncomingWrite<'a> {
+        IncomingWrite {
             op,
             target,
             scope,

@@ -30,7 +30,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use calls::Call;
+use calls::ScriptCall;
 pub use config::{Durability, Secret, TlsFiles, ValkeyConfig, redact_url};
 use errors::{Effect, server_error, unanswered};
 pub use keys::KeySpace;
@@ -168,7 +168,7 @@ impl ValkeyStore {
     /// recovery, and the only re-send: NOSCRIPT means the script did not run.
     async fn script(
         &self,
-        call: &Call,
+        call: &ScriptCall,
         how: Use,
         deadline: Instant,
     ) -> Result<(Value, Checkout), wire::Error> {
@@ -201,7 +201,7 @@ impl ValkeyStore {
     /// durability wait on the connection that wrote. A call that may wait
     /// takes a connection for itself: `WAIT` blocks its connection on the
     /// server, and must neither hold up nor fail anyone else's calls.
-    async fn call(&self, call: Call, target: &Target) -> Result<Reply, StoreError> {
+    async fn call(&self, call: ScriptCall, target: &Target) -> Result<Reply, StoreError> {
         let deadline = Instant::now() + self.timeout;
         let how = if call.may_wait && self.durability != Durability::None {
             Use::Exclusive
@@ -226,7 +226,7 @@ impl ValkeyStore {
     /// What a script's reply means, after the durability wait when one is due.
     async fn finish(
         &self,
-        call: &Call,
+        call: &ScriptCall,
         target: &Target,
         value: Value,
         link: &Link,
@@ -327,7 +327,7 @@ impl ValkeyStore {
 }
 
 /// `EVALSHA` (or `EVAL` with the source), `_RO` for read-only scripts.
-fn eval(call: &Call, with_source: bool) -> Cmd {
+fn eval(call: &ScriptCall, with_source: bool) -> Cmd {
     let s: &Script = call.script;
     let name = match (with_source, s.read_only) {
         (false, false) => "EVALSHA",

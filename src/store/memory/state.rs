@@ -92,7 +92,12 @@ impl State {
 
     /// The replay rule: `None` when the call's request id is new for its
     /// operation, otherwise the reply.
-    pub(super) fn replay(&mut self, call: &Call, slot: &Option<Slot>, rule: Rule) -> Option<Reply> {
+    pub(super) fn replay(
+        &mut self,
+        call: &IncomingWrite,
+        slot: &Option<Slot>,
+        rule: Rule,
+    ) -> Option<Reply> {
         let (key, now) = (call.key(), call.now);
         let c = match self.requests.get(&key) {
             Some(c) if c.expires_ms > now => c.clone(),
@@ -126,7 +131,7 @@ impl State {
     /// Caches the call's result for `window` from now, for its replays.
     pub(super) fn remember(
         &mut self,
-        call: Call,
+        call: IncomingWrite,
         lease_id: &str,
         token: u64,
         outcome: Outcome,
@@ -144,7 +149,7 @@ impl State {
 }
 
 /// One write as the request cache sees it.
-pub(super) struct Call<'a> {
+pub(super) struct IncomingWrite<'a> {
     /// `acquire`, `renew`, `release`, `revoke` or `commit`.
     pub(super) op: &'static str,
     pub(super) target: &'a Target,
@@ -157,7 +162,7 @@ pub(super) struct Call<'a> {
     pub(super) now: u64,
 }
 
-impl Call<'_> {
+impl IncomingWrite<'_> {
     fn key(&self) -> (&'static str, Target, String, String) {
         (
             self.op,

@@ -15,7 +15,7 @@ use crate::store::{
 };
 
 /// One script invocation, ready to send.
-pub(super) struct Call {
+pub(super) struct ScriptCall {
     /// The script.
     pub script: &'static Script,
     /// `KEYS`, in order, each with its header name.
@@ -36,13 +36,13 @@ fn ms(d: Duration) -> String {
     d.as_millis().to_string()
 }
 
-pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> Call {
+pub(super) fn acquire(ks: &KeySpace, req: &AcquireRequest) -> ScriptCall {
     let t = &req.target;
     let lease_id = req
         .lease_id
         .clone()
         .unwrap_or_else(|| derived_lease_id(t, &req.owner, &req.request_id));
-    Call {
+    ScriptCall {
         script: &SCRIPTS.acquire,
         keys: vec![("target", ks.target(t))],
         args: vec![
@@ -90,9 +90,9 @@ fn derived_lease_id(t: &Target, owner: &str, request_id: &str) -> String {
         .collect()
 }
 
-pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
+pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> ScriptCall {
     let (t, h) = (&req.target, &req.handle);
-    Call {
+    ScriptCall {
         script: &SCRIPTS.renew,
         keys: vec![("target", ks.target(t))],
         args: vec![
@@ -109,9 +109,9 @@ pub(super) fn renew(ks: &KeySpace, req: &RenewRequest) -> Call {
     }
 }
 
-pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> Call {
+pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> ScriptCall {
     let (t, h) = (&req.target, &req.handle);
-    Call {
+    ScriptCall {
         script: &SCRIPTS.release,
         keys: vec![("target", ks.target(t))],
         args: vec![
@@ -129,8 +129,8 @@ pub(super) fn release(ks: &KeySpace, req: &ReleaseRequest) -> Call {
     }
 }
 
-pub(super) fn get(ks: &KeySpace, t: &Target) -> Call {
-    Call {
+pub(super) fn get(ks: &KeySpace, t: &Target) -> ScriptCall {
+    ScriptCall {
         script: &SCRIPTS.get,
         keys: vec![("target", ks.target(t))],
         args: vec![],
@@ -139,8 +139,8 @@ pub(super) fn get(ks: &KeySpace, t: &Target) -> Call {
     }
 }
 
-pub(super) fn read(ks: &KeySpace, t: &Target, key: &str) -> Call {
-    Call {
+pub(super) fn read(ks: &KeySpace, t: &Target, key: &str) -> ScriptCall {
+    ScriptCall {
         script: &SCRIPTS.read,
         keys: vec![("target", ks.target(t))],
         args: vec![("commit", commit_field(key))],
@@ -149,9 +149,9 @@ pub(super) fn read(ks: &KeySpace, t: &Target, key: &str) -> Call {
     }
 }
 
-pub(super) fn revoke(ks: &KeySpace, req: &RevokeRequest) -> Call {
+pub(super) fn revoke(ks: &KeySpace, req: &RevokeRequest) -> ScriptCall {
     let t = &req.target;
-    Call {
+    ScriptCall {
         script: &SCRIPTS.revoke,
         keys: vec![("target", ks.target(t))],
         args: vec![
@@ -167,9 +167,9 @@ pub(super) fn revoke(ks: &KeySpace, req: &RevokeRequest) -> Call {
     }
 }
 
-pub(super) fn commit(ks: &KeySpace, req: &CommitRequest) -> Call {
+pub(super) fn commit(ks: &KeySpace, req: &CommitRequest) -> ScriptCall {
     let t = &req.target;
-    Call {
+    ScriptCall {
         script: &SCRIPTS.commit,
         keys: vec![("target", ks.target(t))],
         args: vec![

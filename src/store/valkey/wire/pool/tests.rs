@@ -16,15 +16,15 @@ use super::super::link::tests::{Server, conn};
 use super::super::resp::{Cmd, Value};
 use super::{Connector, Pool, Sizes};
 
-/// Connections from memory; the server end of each one opened goes to `servers`.
+/// Hands out in-memory duplex streams; the server end of each one opened goes to `servers`.
 #[derive(Default)]
-struct Memory {
+struct DuplexConnector {
     servers: Mutex<Vec<Server>>,
     opens: AtomicUsize,
     refuse: AtomicBool,
 }
 
-impl Connector for Arc<Memory> {
+impl Connector for Arc<DuplexConnector> {
     fn open(&self, _deadline: Instant) -> BoxFuture<'_, Result<Conn, Error>> {
         Box::pin(async move {
             self.opens.fetch_add(1, Ordering::SeqCst);
@@ -38,7 +38,7 @@ impl Connector for Arc<Memory> {
     }
 }
 
-impl Memory {
+impl DuplexConnector {
     /// The server end of the `n`th connection opened (taken out).
     fn server(&self, n: usize) -> Server {
         let mut all = self.servers.lock().unwrap();
@@ -47,16 +47,16 @@ impl Memory {
     }
 }
 
-fn pool(sizes: Sizes) -> (Arc<Pool>, Arc<Memory>, Counter) {
-    let memory = Arc::new(Memory::default());
+fn pool(sizes: Sizes) -> (Arc<Pool>, Arc<DuplexConnector>, Counter) {
+    let connector = Arc::new(DuplexConnector::default());
     let opened = Counter::default();
     let pool = Pool::with_connector(
-        Box::new(memory.clone()),
+        Box::new(connector.clone()),
         sizes,
         Duration::from_secs(1),
         opened.clone(),
     );
-    (Arc::new(pool), memory, opened)
+    (Arc::new(pool), connector, opened)
 }
 
 fn sizes(shared: usize, durable: usize) -> Sizes {
@@ -95,9 +95,9 @@ async fn round_trip(link: &super::Link, server: &mut Server) {
 
 #[tokio::test]
 async fn a_closed_connection_is_replaced_by_a_new_one() {
-    let (pool, memory, opened) = pool(sizes(1, 1));
+    let (pool, connector, opened) = pool(sizes(1, 1));
     let first = pool.link(soon()).await.unwrap();
-    let mut server = memory.server(0);
+    let mut server = connector.server(0);
     round_trip(&first, &mut server).await;
     // The same connection again while it is healthy.
     let again = pool.link(soon()).await.unwrap();
@@ -110,14 +110,14 @@ async fn a_closed_connection_is_replaced_by_a_new_one() {
     }
     let second = pool.link(soon()).await.unwrap();
     assert!(second.is_alive());
-    round_trip(&second, &mut memory.server(0)).await;
+    round_trip(&second, &mut connector.server(0)).await;
     assert_eq!(opened.get(), 2);
 }
 
 #[tokio::test]
 async fn after_a_failed_connect_callers_fail_at_once_until_the_backoff_ends() {
-    let (pool, memory, _) = pool(sizes(1, 1));
-    memory.refuse.store(true, Ordering::SeqCst);
+    let (pool, connector, _) = pool(sizes(1, 1));
+    connector.refuse.store(true, Ordering::SeqCst);
     let e = err(pool.link(soon()).await);
     assert_eq!(e.kind, Kind::Dial, "{e:?}");
     // Within the backoff: the last cause at once, no new attempt.
@@ -127,19 +127,19 @@ async fn after_a_failed_connect_callers_fail_at_once_until_the_backoff_ends() {
         e.detail.contains("refused") && e.detail.contains("next attempt in"),
         "{e:?}"
     );
-    assert_eq!(memory.opens.load(Ordering::SeqCst), 1);
+    assert_eq!(connector.opens.load(Ordering::SeqCst), 1);
     // Once it ends (100ms at most +20%), the server is asked again.
-    memory.refuse.store(false, Ordering::SeqCst);
+    connector.refuse.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(pool.link(soon()).await.is_ok());
-    assert_eq!(memory.opens.load(Ordering::SeqCst), 2);
+    assert_eq!(connector.opens.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
 async fn a_busy_shared_connection_gets_a_sibling_up_to_the_pool_size() {
-    let (pool, memory, opened) = pool(sizes(2, 1));
+    let (pool, connector, opened) = pool(sizes(2, 1));
     let first = pool.link(soon()).await.unwrap();
-    let mut server = memory.server(0);
+    let mut server = connector.server(0);
     // One request in flight on the first: the next caller gets a new one.
     let busy = {
         let first = first.clone();
@@ -148,7 +148,7 @@ async fn a_busy_shared_connection_gets_a_sibling_up_to_the_pool_size() {
     server.expect().await;
     let second = pool.link(soon()).await.unwrap();
     assert_eq!(opened.get(), 2);
-    let mut server2 = memory.server(0);
+    let mut server2 = connector.server(0);
     let busy2 = {
         let second = second.clone();
         tokio::spawn(async move { second.request(&[Cmd::new("GET").arg("k")], soon()).await })
@@ -165,9 +165,9 @@ async fn a_busy_shared_connection_gets_a_sibling_up_to_the_pool_size() {
 
 #[tokio::test]
 async fn an_exclusive_connection_given_back_is_reused_and_one_dropped_is_closed() {
-    let (pool, memory, opened) = pool(sizes(1, 2));
+    let (pool, connector, opened) = pool(sizes(1, 2));
     let held = pool.exclusive(soon()).await.unwrap();
-    let mut server = memory.server(0);
+    let mut server = connector.server(0);
     round_trip(held.link(), &mut server).await;
     held.give_back();
     // Kept warm: the next durable caller opens nothing.
@@ -199,9 +199,9 @@ async fn exclusive_callers_past_the_durable_pool_size_wait_then_give_up_unsent()
 
 #[tokio::test]
 async fn a_closed_pool_hands_out_nothing() {
-    let (pool, memory, _) = pool(sizes(1, 1));
+    let (pool, connector, _) = pool(sizes(1, 1));
     let link = pool.link(soon()).await.unwrap();
-    let _server = memory.server(0);
+    let _server = connector.server(0);
     pool.close().await;
     assert!(!link.is_alive());
     let e = err(pool.exclusive(soon()).await);
@@ -211,9 +211,9 @@ async fn a_closed_pool_hands_out_nothing() {
 #[tokio::test]
 async fn a_request_its_connection_closed_before_writing_goes_once_more_on_a_new_one() {
     use super::super::client::{Use, exchange};
-    let (pool, memory, opened) = pool(sizes(1, 1));
+    let (pool, connector, opened) = pool(sizes(1, 1));
     let link = pool.link(soon()).await.unwrap();
-    let mut server = memory.server(0);
+    let mut server = connector.server(0);
     // A request goes late: the link writes a marker and holds back the next.
     let late = {
         let link = link.clone();
@@ -234,7 +234,7 @@ async fn a_request_its_connection_closed_before_writing_goes_once_more_on_a_new_
     drop(server);
     let reopened = async {
         loop {
-            if let Some(s) = memory.servers.lock().unwrap().pop() {
+            if let Some(s) = connector.servers.lock().unwrap().pop() {
                 break s;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
