@@ -86,7 +86,7 @@ pub struct Context {
     /// Every cache the planner reads has synced; no pass plans before.
     pub synced: Arc<AtomicBool>,
     /// What this process remembers per TargetLease (dropped when it goes).
-    pub memory: Mutex<HashMap<ObjectRef<TargetLease>, Memory>>,
+    pub carryover: Mutex<HashMap<ObjectRef<TargetLease>, Carryover>>,
     /// Highest token this process published per (namespace, target).
     pub published: Mutex<HashMap<(String, String), u64>>,
     /// Valkey's clock, estimated from every answer (shared with the keeper).
@@ -98,7 +98,7 @@ pub struct Context {
 
 /// Per-TargetLease state kept between passes.
 #[derive(Clone, Debug, Default)]
-pub struct Memory {
+pub struct Carryover {
     /// Consecutive failures (store or API), for backoff.
     pub failures: u32,
     /// The newest resourceVersion this process wrote or read; a cached object
@@ -181,18 +181,18 @@ fn timed_out(e: &kube::Error) -> bool {
 }
 
 impl Context {
-    fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Memory) -> T) -> T {
-        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+    fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Carryover) -> T) -> T {
+        let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         f(all.entry(key.clone()).or_default())
     }
 
-    fn recall(&self, key: &ObjectRef<TargetLease>) -> Memory {
-        let all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+    fn recall(&self, key: &ObjectRef<TargetLease>) -> Carryover {
+        let all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         all.get(key).cloned().unwrap_or_default()
     }
 
     fn forget(&self, key: &ObjectRef<TargetLease>) {
-        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         all.remove(key);
         self.echoes.forget(key);
     }
@@ -231,7 +231,7 @@ impl Context {
     /// Forgets what this process remembers of TargetLeases `exists` says are
     /// gone (they vanished without a last reconcile: a finalizer removed by hand).
     pub fn forget_vanished(&self, exists: impl Fn(&ObjectRef<TargetLease>) -> bool) {
-        let mut all = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         all.retain(|k, _| exists(k));
         self.echoes.retain(exists);
     }

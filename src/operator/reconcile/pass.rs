@@ -15,7 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::keeper::{Confirmation, Kept};
 use super::plan::timing;
 use super::spec::{self, ValidSpec};
-use super::transition::{self, Facts, Memory as Remembered, Next, Note, Transition};
+use super::transition::{self, Facts, Learned, Next, Note, Transition};
 use super::{Context, Error, FINALIZER, plan, pods, with_jitter};
 use crate::operator::crd::{TargetLease, TargetLeaseStatus};
 use crate::store::{LeaseHandle, Target};
@@ -139,16 +139,16 @@ impl<'a> Pass<'a> {
         self.working = t.status;
         self.notes.extend(t.notes);
         self.wake |= t.wake_waiters;
-        match t.memory {
-            Remembered::Keep => {}
-            Remembered::Confirmed {
+        match t.learned {
+            Learned::Keep => {}
+            Learned::Confirmed {
                 expires_ms,
                 max_expires_ms,
             } => {
                 self.keep(expires_ms, max_expires_ms);
                 self.ctx.remember(&self.key, |m| m.confirm = false);
             }
-            Remembered::Forget => {
+            Learned::Forget => {
                 self.ctx.keeper.forget(&self.key);
                 self.ctx.remember(&self.key, |m| m.confirm = false);
             }

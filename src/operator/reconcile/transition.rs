@@ -99,9 +99,11 @@ pub enum Next {
     AwaitChange,
 }
 
-/// What the operator remembers of the lease between passes.
+/// What this step learned of the lease from the store, for what the process
+/// keeps of it between passes (the keeper's record): no change, confirmed
+/// until an expiry, or gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Memory {
+pub enum Learned {
     /// No change.
     Keep,
     /// The store confirmed the lease now (acquired or renewed).
@@ -126,8 +128,8 @@ pub struct Transition {
     pub next: Next,
     /// Wake the other TargetLeases on the target (the queue may have moved).
     pub wake_waiters: bool,
-    /// What to remember of the lease.
-    pub memory: Memory,
+    /// What the store confirmed of the lease.
+    pub learned: Learned,
     /// Whether the store answered (resets the backoff) or failed (extends it).
     pub store_answered: Option<bool>,
     /// The attempt in effect is over (recorded or implicit): the next one needs a new id.
@@ -148,7 +150,7 @@ impl<'f> Draft<'f> {
                 notes: Vec::new(),
                 next: Next::PlanAgain,
                 wake_waiters: false,
-                memory: Memory::Keep,
+                learned: Learned::Keep,
                 store_answered: None,
                 forget_acquisition: false,
             },

@@ -33,7 +33,7 @@ fn a_renewal_that_finds_the_lease_gone_publishes_lost() {
         assert_eq!(t.status.acquisition_id, None);
         assert_eq!(t.status.expires_at, None);
         assert_eq!(t.status.fencing_token, Some(7));
-        assert_eq!(t.memory, Memory::Forget);
+        assert_eq!(t.learned, Learned::Forget);
         assert!(t.wake_waiters);
         assert_eq!(t.notes[0].reason, Reason::LeaseLost);
     }
@@ -213,8 +213,8 @@ fn a_lease_published_past_its_expiry_is_renewed_before_anything_is_withdrawn() {
     assert!(!t.wake_waiters);
     assert!(t.notes.is_empty());
     assert_eq!(
-        t.memory,
-        Memory::Confirmed {
+        t.learned,
+        Learned::Confirmed {
             expires_ms: NOW_MS + 90_000,
             max_expires_ms: None
         }
@@ -276,6 +276,6 @@ fn a_release_that_records_no_lease_ends_without_claiming_the_store_answered() {
     );
     assert!(t.notes.is_empty(), "{:?}", t.notes);
     assert!(t.wake_waiters);
-    assert_eq!(t.memory, Memory::Forget);
+    assert_eq!(t.learned, Learned::Forget);
     assert_eq!(t.next, Next::PlanAgain);
 }

@@ -107,7 +107,7 @@ fn acquire_outcomes() {
     );
     assert_eq!(t.next, Next::Renewal);
     assert_eq!(t.notes[0].reason, Reason::Acquired);
-    assert!(matches!(t.memory, Memory::Confirmed { .. }));
+    assert!(matches!(t.learned, Learned::Confirmed { .. }));
 
     let t = after_acquire(
         &f,
@@ -215,8 +215,8 @@ fn a_release_unpublishes_first_and_keeps_the_finalizer_until_confirmed() {
     );
     // The keeper renews it until the withdrawal is acknowledged.
     assert_eq!(
-        t.memory,
-        Memory::Keep,
+        t.learned,
+        Learned::Keep,
         "not forgotten before it is unpublished"
     );
 
@@ -226,7 +226,7 @@ fn a_release_unpublishes_first_and_keeps_the_finalizer_until_confirmed() {
         Some("a1")
     );
     assert_eq!(failed.next, Next::Backoff { not_after: None });
-    assert_eq!(failed.memory, Memory::Keep, "the release is retried");
+    assert_eq!(failed.learned, Learned::Keep, "the release is retried");
 
     let done = after_release(&f, &t.status, reply(Outcome::Released, None));
     assert_eq!(done.status.releasing_acquisition_id, None);
@@ -235,13 +235,13 @@ fn a_release_unpublishes_first_and_keeps_the_finalizer_until_confirmed() {
     assert_eq!(condition(&done.status, HELD).1, "PodNotReady");
     assert_eq!(done.notes[0].reason, Reason::Released);
     assert!(done.wake_waiters);
-    assert_eq!(done.memory, Memory::Forget, "released: nothing to keep");
+    assert_eq!(done.learned, Learned::Forget, "released: nothing to keep");
 
     // A lease that had already ended is not reported as released.
     let gone = after_release(&f, &t.status, reply(Outcome::NotOwner, None));
     assert_eq!(gone.status.releasing_acquisition_id, None);
     assert_eq!(gone.notes[0].reason, Reason::LeaseLost);
-    assert_eq!(gone.memory, Memory::Forget);
+    assert_eq!(gone.learned, Learned::Forget);
 
     f.deleting = true;
     let t = begin_release(&f, &held(NOW_MS + 60_000), Reason::Released, "deleted");

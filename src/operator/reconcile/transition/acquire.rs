@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{
-    Draft, Facts, META_ACQUISITION, META_TARGETLEASE, Memory, Next, Note, Reclaim, Transition,
+    Draft, Facts, Learned, META_ACQUISITION, META_TARGETLEASE, Next, Note, Reclaim, Transition,
     answered, unexpected,
 };
 use crate::operator::conditions::{self, ConditionStatus, Reason, SPEC_VALID};
@@ -84,7 +84,7 @@ pub fn after_acquire(
                         lease.owner, lease.fencing_token
                     ),
                 );
-                d.t.memory = Memory::Confirmed {
+                d.t.learned = Learned::Confirmed {
                     expires_ms: lease.expires_at_ms,
                     max_expires_ms: lease.max_expires_at_ms,
                 };

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Draft, Facts, Memory, Next, Transition, answered, time_ms, unexpected};
+use super::{Draft, Facts, Learned, Next, Transition, answered, time_ms, unexpected};
 use crate::operator::conditions::{self, ConditionStatus, HELD, Reason};
 use crate::operator::crd::{Phase, TargetLeaseStatus};
 use crate::operator::reconcile::plan::{self, PodRef};
@@ -51,7 +51,7 @@ pub fn after_renew(
             );
             d.applied();
             d.condition(HELD, ConditionStatus::True, Reason::Acquired, &message);
-            d.t.memory = Memory::Confirmed {
+            d.t.learned = Learned::Confirmed {
                 expires_ms: lease.expires_at_ms,
                 max_expires_ms: lease.max_expires_at_ms,
             };
@@ -68,7 +68,7 @@ pub fn after_renew(
             );
             d.not_held(Phase::Lost, Reason::LeaseLost, &message);
             d.note(true, Reason::LeaseLost, message);
-            d.t.memory = Memory::Forget;
+            d.t.learned = Learned::Forget;
             d.t.wake_waiters = true;
             d.done(Next::PlanAgain)
         }
@@ -249,7 +249,7 @@ impl Draft<'_> {
             s.acquired_at = None;
         }
         self.t.wake_waiters = true;
-        self.t.memory = Memory::Forget;
+        self.t.learned = Learned::Forget;
     }
 }
 
