@@ -227,7 +227,7 @@ pub async fn control(
         metrics: cfg.metrics.clone(),
         leadership: cfg.leadership.clone(),
         synced,
-        memory: Default::default(),
+        carryover: Default::default(),
         published: Default::default(),
         clock: cfg.clock.clone(),
         keeper: cfg.keeper.clone(),

@@ -78,8 +78,8 @@ impl Sweep {
             .map(|tl| ObjectRef::from_obj(&**tl))
             .collect();
         let remembered: Vec<_> = {
-            let memory = ctx.memory.lock().unwrap_or_else(|p| p.into_inner());
-            memory.keys().cloned().collect()
+            let carryover = ctx.carryover.lock().unwrap_or_else(|p| p.into_inner());
+            carryover.keys().cloned().collect()
         };
         let unseen = remembered
             .into_iter()

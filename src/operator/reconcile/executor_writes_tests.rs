@@ -290,7 +290,7 @@ impl Harness {
             metrics: Default::default(),
             leadership: gate,
             synced: Arc::new(AtomicBool::new(true)),
-            memory: Default::default(),
+            carryover: Default::default(),
             published: Default::default(),
             clock: clock.clone(),
             keeper: Arc::new(Keeper::new(store.clone(), clock)),

@@ -52,9 +52,9 @@ impl<'a> Pass<'a> {
         let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
         let key = ObjectRef::from_obj(cached);
         let term = ctx.keeper.term();
-        let memory = ctx.recall(&key);
-        let known = memory.known_version;
-        let tl = if memory.reread || (known.is_some() && known != cached.resource_version()) {
+        let carried = ctx.recall(&key);
+        let known = carried.known_version;
+        let tl = if carried.reread || (known.is_some() && known != cached.resource_version()) {
             match api.get_opt(&cached.name_any()).await? {
                 Some(fresh) => fresh,
                 None => return Ok(None),

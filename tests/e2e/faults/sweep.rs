@@ -17,7 +17,7 @@ use targetlease::operator::leadership::Leadership;
 use targetlease::operator::reconcile::clock::ServerClock;
 use targetlease::operator::reconcile::keeper::{Keeper, Kept};
 use targetlease::operator::reconcile::pods::CachedPod;
-use targetlease::operator::reconcile::{Context, Memory};
+use targetlease::operator::reconcile::{Carryover, Context};
 use targetlease::operator::sweep::Sweep;
 use targetlease::store::LeaseHandle;
 
@@ -109,7 +109,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         metrics: Default::default(),
         leadership: Leadership::always(),
         synced: Arc::new(AtomicBool::new(true)),
-        memory: Default::default(),
+        carryover: Default::default(),
         published: Default::default(),
         clock: clock.clone(),
         keeper: Arc::new(Keeper::new(store, clock)),
@@ -119,16 +119,16 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         ObjectRef::<TargetLease>::new("here").within(&env.ns),
     );
     for key in [&gone, &present] {
-        ctx.memory
+        ctx.carryover
             .lock()
             .unwrap()
-            .insert(key.clone(), Memory::default());
+            .insert(key.clone(), Carryover::default());
         ctx.keeper
             .confirmed(key, kept(&env, &key.name), ctx.keeper.term());
     }
     let remembered = |ctx: &Context| {
         let mut m: Vec<_> = ctx
-            .memory
+            .carryover
             .lock()
             .unwrap()
             .keys()
