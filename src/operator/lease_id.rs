@@ -15,6 +15,11 @@ pub mod secret;
 use crate::operator::config_error::ConfigError;
 use ring::hmac;
 
+/// A fresh random acquisition id (for an attempt recorded in status).
+pub fn new_acquisition_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
 /// The secret key lease ids are derived with.
 #[derive(Clone)]
 pub struct LeaseIdKey(hmac::Key);

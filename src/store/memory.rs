@@ -107,6 +107,11 @@ fn reply(now: u64, outcome: Outcome, lease: Option<Lease>, message: &str) -> Rep
 }
 
 /// A reply without a lease.
+/// A fresh random lease id (for an acquire that brings none).
+fn new_lease_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
 fn bare(now: u64, outcome: Outcome, message: &str) -> Reply {
     reply(now, outcome, None, message)
 }
@@ -179,7 +184,7 @@ impl LeaseStore for MemoryStore {
         let max_expires_ms = req.max_lifetime.map(|m| now + ms(m));
         let expires_ms = (now + ms(req.ttl)).min(max_expires_ms.unwrap_or(u64::MAX));
         let rec = Record {
-            lease_id: req.lease_id.clone().unwrap_or_else(super::new_request_id),
+            lease_id: req.lease_id.clone().unwrap_or_else(new_lease_id),
             owner: req.owner.clone(),
             token: base + 1,
             acquired_ms: now,

@@ -354,7 +354,7 @@ pub trait LeaseStore: Send + Sync {
     async fn close(&self) {}
 }
 
-/// A fresh random request id.
+/// A fresh random request id (the idempotency key of one store call).
 pub fn new_request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }

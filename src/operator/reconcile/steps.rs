@@ -121,9 +121,11 @@ impl Pass<'_> {
     async fn take(&mut self, step: Step, desired: &Desired) -> Result<Transition, Error> {
         let f = self.facts();
         let t = match step {
-            Step::RecordAcquisition => {
-                transition::record_acquisition(&f, &self.working, crate::store::new_request_id())
-            }
+            Step::RecordAcquisition => transition::record_acquisition(
+                &f,
+                &self.working,
+                crate::operator::lease_id::new_acquisition_id(),
+            ),
             Step::Acquire { owner } => {
                 // A recorded attempt is published before the store sees it (the
                 // implicit first one needs nothing: it derives from the UID).
