@@ -20,10 +20,10 @@ pub struct PodRef {
 /// Who should hold the lease right now, as derived from the spec and the pods.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Desired {
-    /// This identity should hold it, tied to this pod when there is one.
+    /// This owner should hold it, tied to this pod when there is one.
     Holder {
         /// The owner recorded in Valkey (the elected pod's name in an election).
-        identity: String,
+        owner: String,
         /// The pod the lease is tied to.
         pod: Option<PodRef>,
     },
@@ -93,7 +93,7 @@ pub enum Step {
     RecordAcquisition,
     /// Acquire for `owner` with the recorded acquisition id.
     Acquire {
-        /// The identity to acquire for.
+        /// The owner to acquire for.
         owner: String,
     },
     /// Renew the held lease.
@@ -204,7 +204,7 @@ pub fn plan(o: &Observed<'_>) -> Step {
     }
     if let Some(lease) = held_lease(st) {
         return match &o.desired {
-            Desired::Holder { identity, pod } if st.holder.as_deref() == Some(identity) => {
+            Desired::Holder { owner, pod } if st.holder.as_deref() == Some(owner) => {
                 match same_pod(st, pod.as_ref()) {
                     Err(message) => Step::Release {
                         reason: Reason::HolderChanged,
@@ -224,9 +224,9 @@ pub fn plan(o: &Observed<'_>) -> Step {
                     Ok(()) => Step::Idle,
                 }
             }
-            Desired::Holder { identity, .. } => Step::Release {
+            Desired::Holder { owner, .. } => Step::Release {
                 reason: Reason::HolderChanged,
-                message: format!("the lease moves to {identity}"),
+                message: format!("the lease moves to {owner}"),
             },
             Desired::Nobody { reason, message } => Step::Release {
                 reason: *reason,
@@ -261,8 +261,8 @@ pub fn plan(o: &Observed<'_>) -> Step {
             recheck: Some(h.recheck),
         },
         Desired::Holder { .. } if !recorded => Step::RecordAcquisition,
-        Desired::Holder { identity, .. } => Step::Acquire {
-            owner: identity.clone(),
+        Desired::Holder { owner, .. } => Step::Acquire {
+            owner: owner.clone(),
         },
     }
 }

@@ -11,18 +11,18 @@ fn held(holder: &str) -> TargetLeaseStatus {
     }
 }
 
-fn holder(identity: &str) -> Desired {
+fn holder(owner: &str) -> Desired {
     Desired::Holder {
-        identity: identity.into(),
+        owner: owner.into(),
         pod: None,
     }
 }
 
-fn pod_holder(identity: &str, uid: &str) -> Desired {
+fn pod_holder(owner: &str, uid: &str) -> Desired {
     Desired::Holder {
-        identity: identity.into(),
+        owner: owner.into(),
         pod: Some(PodRef {
-            name: identity.into(),
+            name: owner.into(),
             uid: uid.into(),
         }),
     }

@@ -225,15 +225,12 @@ pub fn desired_holder(tl: &TargetLease, spec: &ValidSpec, pods: &PodCache) -> De
     let ns = tl.namespace().unwrap_or_default();
     let name = tl.name_any();
     match &spec.holders {
-        Holders::Named {
-            identity,
-            pod: None,
-        } => Desired::Holder {
-            identity: identity.clone(),
+        Holders::Named { owner, pod: None } => Desired::Holder {
+            owner: owner.clone(),
             pod: None,
         },
         Holders::Named {
-            identity,
+            owner,
             pod: Some(pod_name),
         } => match pods.get(&ns, pod_name) {
             Some(p) if !accepts(&p, &name) => Desired::Nobody {
@@ -244,7 +241,7 @@ pub fn desired_holder(tl: &TargetLease, spec: &ValidSpec, pods: &PodCache) -> De
                 ),
             },
             Some(p) if is_ready(&p) => Desired::Holder {
-                identity: identity.clone(),
+                owner: owner.clone(),
                 pod: Some(pod_ref(&p)),
             },
             Some(_) => Desired::Nobody {
@@ -261,14 +258,14 @@ pub fn desired_holder(tl: &TargetLease, spec: &ValidSpec, pods: &PodCache) -> De
             let current = tl.status.as_ref().and_then(|s| s.holder.clone());
             if let Some(p) = current.and_then(|c| ready.iter().find(|p| p.name_any() == c)) {
                 return Desired::Holder {
-                    identity: p.name_any(),
+                    owner: p.name_any(),
                     pod: Some(pod_ref(p)),
                 };
             }
             ready.sort_by_key(|p| (p.creation_timestamp(), p.name_any()));
             if let Some(p) = ready.first() {
                 return Desired::Holder {
-                    identity: p.name_any(),
+                    owner: p.name_any(),
                     pod: Some(pod_ref(p)),
                 };
             }

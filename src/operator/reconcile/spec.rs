@@ -29,10 +29,10 @@ pub struct Timing {
 /// Who may hold the lease, as the spec says.
 #[derive(Clone, Debug)]
 pub enum Holders {
-    /// One named identity, optionally tied to a pod.
+    /// One named owner (`spec.holder.identity`), optionally tied to a pod.
     Named {
-        /// The identity recorded in Valkey.
-        identity: String,
+        /// The owner to record in the store (`spec.holder.identity`).
+        owner: String,
         /// The pod the lease is tied to.
         pod: Option<String>,
     },
@@ -45,7 +45,7 @@ pub enum Holders {
 pub struct ValidSpec {
     /// Durations.
     pub timing: Timing,
-    /// LeaseHandle or candidates.
+    /// The holder or candidates.
     pub holders: Holders,
 }
 
@@ -83,7 +83,7 @@ pub fn validate(tl: &TargetLease) -> Result<ValidSpec, ConfigError> {
         (Some(h), None) => {
             store::check_name("spec.holder.identity", &h.identity).map_err(invalid)?;
             Holders::Named {
-                identity: h.identity.clone(),
+                owner: h.identity.clone(),
                 pod: h.pod_name.clone(),
             }
         }
