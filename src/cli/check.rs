@@ -224,7 +224,7 @@ pub async fn run_checks(
     // The read path (get) and the write path (a release that finds nothing,
     // so writes nothing) of a probe target.
     let probe = Target::new("targetlease-check", "probe");
-    let holder = LeaseHandle {
+    let handle = LeaseHandle {
         owner: "targetlease-check".into(),
         lease_id: "targetlease-check-probe".into(),
         token: 1,
@@ -232,7 +232,7 @@ pub async fn run_checks(
     let read = ask!("permissions", store.get(&probe));
     let write = ask!(
         "permissions",
-        store.release(&ReleaseRequest::new(probe, holder))
+        store.release(&ReleaseRequest::new(probe, handle))
     );
     checks.push(match read.and(write) {
         Ok(_) => check(

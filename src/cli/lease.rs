@@ -151,9 +151,9 @@ pub struct ClientArgs {
     pub log: LogArgs,
 }
 
-/// The exact identity of the held lease.
+/// The lease handle renew and release act on: owner, lease id, token.
 #[derive(Args, Debug)]
-pub struct HolderArgs {
+pub struct HandleArgs {
     /// The owner named at acquisition.
     #[arg(long, env = "TARGETLEASE_OWNER")]
     owner: String,
@@ -165,8 +165,8 @@ pub struct HolderArgs {
     token: u64,
 }
 
-impl HolderArgs {
-    fn holder(&self) -> LeaseHandle {
+impl HandleArgs {
+    fn handle(&self) -> LeaseHandle {
         LeaseHandle {
             owner: self.owner.clone(),
             lease_id: self.lease_id.clone(),
@@ -181,7 +181,7 @@ pub struct RenewArgs {
     #[command(flatten)]
     target: TargetArgs,
     #[command(flatten)]
-    holder: HolderArgs,
+    handle: HandleArgs,
     /// New remaining life, counted from the server's now, e.g. 10s.
     #[arg(long, env = "TARGETLEASE_TTL", default_value = DEFAULT_TTL, value_parser = humantime::parse_duration)]
     ttl: Duration,
@@ -198,7 +198,7 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     target: TargetArgs,
     #[command(flatten)]
-    holder: HolderArgs,
+    handle: HandleArgs,
     /// Idempotency key: a retry with the same id returns the original result (default: fresh).
     #[arg(long, env = "TARGETLEASE_REQUEST_ID")]
     request_id: Option<String>,
@@ -349,12 +349,12 @@ fn build(cmd: &LeaseCommand) -> Result<Op, String> {
             Op::Acquire(req)
         }
         LeaseCommand::Renew(a) => {
-            let mut req = RenewRequest::new(a.target.target(), a.holder.holder(), a.ttl);
+            let mut req = RenewRequest::new(a.target.target(), a.handle.handle(), a.ttl);
             req.request_id = request_id(&a.request_id);
             Op::Renew(req)
         }
         LeaseCommand::Release(a) => {
-            let mut req = ReleaseRequest::new(a.target.target(), a.holder.holder());
+            let mut req = ReleaseRequest::new(a.target.target(), a.handle.handle());
             req.request_id = request_id(&a.request_id);
             Op::Release(req)
         }

@@ -106,17 +106,17 @@ fn child_env(target: &Target, granted: &Granted, exports: &Exports) -> ChildEnv 
     let mut env = ChildEnv::default();
     env.set(
         "TARGETLEASE_FENCING_TOKEN",
-        granted.holder.token.to_string(),
+        granted.handle.token.to_string(),
     );
     env.set("TARGETLEASE_TARGET", &target.name);
     env.set("TARGETLEASE_NAMESPACE", &target.namespace);
-    env.set("TARGETLEASE_OWNER", &granted.holder.owner);
+    env.set("TARGETLEASE_OWNER", &granted.handle.owner);
     env.set("TARGETLEASE_EXPIRES_AT", rfc3339(lease.expires_at_ms));
     if let Some(max) = lease.max_expires_at_ms {
         env.set("TARGETLEASE_MAX_EXPIRES_AT", rfc3339(max));
     }
     if exports.lease_id {
-        env.set("TARGETLEASE_LEASE_ID", &granted.holder.lease_id);
+        env.set("TARGETLEASE_LEASE_ID", &granted.handle.lease_id);
     }
     if let Some(conn) = &exports.connection {
         for (name, value) in conn.exported() {
@@ -198,14 +198,14 @@ pub async fn main(args: RunArgs) -> ExitCode {
             return report.finish(env, 128 + sig as i32 as u8, None, false);
         }
     };
-    let holder = granted.holder.clone();
+    let handle = granted.handle.clone();
     let acquired = granted.lease.clone();
-    tracing::info!(target = %target.name, token = holder.token, "lease acquired");
+    tracing::info!(target = %target.name, token = handle.token, "lease acquired");
 
     let mut child = match child::spawn(&command, &child_env(&target, &granted, &exports)) {
         Ok(c) => c,
         Err(e) => {
-            let released = release(&*store, &target, &holder, backstop, &mut signals).await;
+            let released = release(&*store, &target, &handle, backstop, &mut signals).await;
             let mut env = envelope_of(released);
             env.message = format!(
                 "cannot start the command: {}; {}",
@@ -273,7 +273,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
 
     // Release even after a presumed loss: if only the backend was unreachable,
     // the lease may still be ours, and giving it back frees the target early.
-    let released = release(&*store, &target, &holder, backstop, &mut signals).await;
+    let released = release(&*store, &target, &handle, backstop, &mut signals).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), store.close()).await;
     let mut env = match lost {
         Some(mut env) => {

@@ -52,11 +52,11 @@ impl MemoryStore {
     }
 
     /// Replaces the target's lease with unreadable state (for the contract suite).
-    /// With `identity`, the holder fields stay readable, as when only the TTL is missing.
-    pub fn put_corrupt_lease(&self, target: &Target, identity: Option<LeaseHandle>) {
+    /// With `handle`, the holder fields stay readable, as when only the TTL is missing.
+    pub fn put_corrupt_lease(&self, target: &Target, handle: Option<LeaseHandle>) {
         self.lock()
             .leases
-            .insert(target.clone(), Slot::Corrupt { holder: identity });
+            .insert(target.clone(), Slot::Corrupt { holder: handle });
     }
 
     /// Forgets every fencing counter, as a backend that lost data would.

@@ -73,7 +73,7 @@ impl Harness for EtcdHarness {
     async fn advance(&self, by: Duration) {
         tokio::time::sleep(by).await;
     }
-    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &LeaseHandle) {
+    async fn corrupt(&self, target: &Target, how: Corruption, _handle: &LeaseHandle) {
         let (key, value, lease) = self.lease_record(target).await;
         assert_ne!(lease, 0, "a lease record lives on an etcd lease");
         let mut kv = self.raw.kv_client();

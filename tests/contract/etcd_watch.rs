@@ -18,7 +18,7 @@ use targetlease::store::{
     LeaseStore, Notice, Notices, Outcome, RenewRequest, RevokeRequest, Target,
 };
 
-use crate::cases::{LONG, held, holder, release, target};
+use crate::cases::{LONG, handle, held, release, target};
 use crate::etcd_cluster::EtcdCluster;
 use crate::support::tcp_proxy::TcpProxy;
 
@@ -152,7 +152,7 @@ async fn the_operators_watch_names_every_target_whose_lease_ends_and_nothing_els
     // A renewal, a new acquisition and a fenced commit are not ends.
     let renewed = s
         .direct
-        .renew(&RenewRequest::new(c.clone(), holder(&carol), LONG))
+        .renew(&RenewRequest::new(c.clone(), handle(&carol), LONG))
         .await
         .expect("renew");
     assert_eq!(renewed.outcome, Outcome::Renewed);

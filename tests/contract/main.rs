@@ -46,8 +46,8 @@ pub trait Harness: Send + Sync {
     async fn another_client(&self) -> Arc<dyn LeaseStore>;
     /// Lets `by` pass on the store's clock.
     async fn advance(&self, by: Duration);
-    /// Breaks the target's lease record; `holder` is the identity it had.
-    async fn corrupt(&self, target: &Target, how: Corruption, holder: &LeaseHandle);
+    /// Breaks the target's lease record; `handle` is the lease it held.
+    async fn corrupt(&self, target: &Target, how: Corruption, handle: &LeaseHandle);
     /// An opaque picture of the target's stored state, to prove nothing changed.
     async fn snapshot(&self, target: &Target) -> String;
     /// Loses the target's counter and lease (a flush or an unreplicated failover);
@@ -94,12 +94,12 @@ impl Harness for MemoryHarness {
     async fn advance(&self, by: Duration) {
         self.clock.advance(by);
     }
-    async fn corrupt(&self, target: &Target, how: Corruption, holder: &LeaseHandle) {
-        let identity = match how {
-            Corruption::NoExpiry | Corruption::UnknownVersion => Some(holder.clone()),
+    async fn corrupt(&self, target: &Target, how: Corruption, handle: &LeaseHandle) {
+        let readable = match how {
+            Corruption::NoExpiry | Corruption::UnknownVersion => Some(handle.clone()),
             Corruption::Garbage => None,
         };
-        self.store.put_corrupt_lease(target, identity);
+        self.store.put_corrupt_lease(target, readable);
     }
     async fn lose_counter(&self, _target: &Target) {
         self.store.forget_counters();
@@ -204,7 +204,7 @@ impl<D: Deployment> Harness for ValkeyHarness<D> {
     async fn advance(&self, by: Duration) {
         tokio::time::sleep(by).await;
     }
-    async fn corrupt(&self, target: &Target, how: Corruption, _holder: &LeaseHandle) {
+    async fn corrupt(&self, target: &Target, how: Corruption, _handle: &LeaseHandle) {
         let (key, mut c) = self.key_of(target);
         let lease = || ["HGET", key.as_str(), "lease"];
         match how {

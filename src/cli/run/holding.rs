@@ -46,20 +46,20 @@ pub(super) enum NotAcquired {
 /// The lease as granted, with when it ends by the local monotonic clock.
 pub(super) struct Granted {
     pub(super) lease: Lease,
-    pub(super) holder: LeaseHandle,
+    pub(super) handle: LeaseHandle,
     pub(super) expires: Instant,
 }
 
 pub(super) fn granted(reply: Reply, sent: Instant) -> Option<Granted> {
     let lease = reply.lease?;
-    let holder = lease.handle()?;
+    let handle = lease.handle()?;
     // Measured from before the request left: the server decided later, so this
     // local estimate can only be early, never late.
     let remaining = lease.expires_at_ms.saturating_sub(reply.server_time_ms);
     Some(Granted {
         expires: sent + Duration::from_millis(remaining),
         lease,
-        holder,
+        handle,
     })
 }
 
@@ -171,7 +171,7 @@ pub(super) async fn acquire_within(
         let timer = if now >= deadline {
             now + POLL_MIN
         } else if held && waker.subscribed() {
-            // Notices and the holder's expiry wake it; nothing to poll.
+            // Notices and the lease's expiry wake it; nothing to poll.
             deadline
         } else {
             now + jittered(delay).min(deadline - now)
@@ -179,7 +179,7 @@ pub(super) async fn acquire_within(
         tokio::select! {
             woken = waker.wait(timer) => match woken {
                 Woken::Notice(n) => tracing::debug!(notice = ?n, "woken by a release notification"),
-                Woken::Expiry => tracing::debug!("woken at the holder's expiry"),
+                Woken::Expiry => tracing::debug!("woken at the lease's expiry"),
                 Woken::Timer | Woken::NoticesEnded => {}
             },
             sig = signals.recv() => {
@@ -232,7 +232,7 @@ pub(super) async fn renew_until_lost(
     ttl: Duration,
     lost: oneshot::Sender<Envelope>,
 ) {
-    let holder = granted.holder;
+    let handle = granted.handle;
     let mut expires = granted.expires;
     let mut period = ttl / 3;
     let mut next =
@@ -240,7 +240,7 @@ pub(super) async fn renew_until_lost(
     let retry = (ttl / 10).clamp(Duration::from_millis(20), POLL_MAX);
     loop {
         tokio::time::sleep_until(next).await;
-        let req = RenewRequest::new(target.clone(), holder.clone(), ttl);
+        let req = RenewRequest::new(target.clone(), handle.clone(), ttl);
         let mut maybe_ran: Option<String> = None;
         loop {
             let sent = Instant::now();
@@ -252,7 +252,7 @@ pub(super) async fn renew_until_lost(
             };
             match result {
                 Ok(reply) if reply.outcome == Outcome::Renewed => {
-                    if let Some(g) = granted_after_renew(reply, sent, &holder) {
+                    if let Some(g) = granted_after_renew(reply, sent, &handle) {
                         expires = g;
                     }
                     let remaining = expires.saturating_duration_since(Instant::now());
@@ -300,10 +300,10 @@ pub(super) async fn renew_until_lost(
 pub(super) fn granted_after_renew(
     reply: Reply,
     sent: Instant,
-    holder: &LeaseHandle,
+    handle: &LeaseHandle,
 ) -> Option<Instant> {
     let lease = reply.lease?;
-    if lease.fencing_token != holder.token {
+    if lease.fencing_token != handle.token {
         return None;
     }
     let remaining = lease.expires_at_ms.saturating_sub(reply.server_time_ms);
@@ -315,11 +315,11 @@ pub(super) fn granted_after_renew(
 pub(super) async fn release(
     store: &dyn LeaseStore,
     target: &Target,
-    holder: &LeaseHandle,
+    handle: &LeaseHandle,
     backstop: Duration,
     signals: &mut Signals,
 ) -> Result<Reply, StoreError> {
-    let req = ReleaseRequest::new(target.clone(), holder.clone());
+    let req = ReleaseRequest::new(target.clone(), handle.clone());
     let attempts = async {
         let mut result = bounded(backstop, store.release(&req)).await;
         let mut maybe_ran = None;

@@ -104,7 +104,7 @@ async fn granted_on(store: &dyn LeaseStore) -> Granted {
 async fn renewals_keep_the_lease_through_many_ttls() {
     let store = memory();
     let g = granted_on(&*store).await;
-    let token = g.holder.token;
+    let token = g.handle.token;
     let (tx, mut rx) = oneshot::channel();
     let renewer = tokio::spawn(renew_until_lost(store.clone(), target(), g, TTL, tx));
     tokio::time::sleep(TTL * 10).await;
@@ -180,7 +180,7 @@ async fn a_held_target_is_acquired_once_it_frees_within_the_wait() {
     )
     .await;
     let (_, g) = result.ok().expect("acquired within the wait");
-    assert_eq!(g.holder.token, 2);
+    assert_eq!(g.handle.token, 2);
     assert!(started.elapsed() >= Duration::from_secs(2));
 
     // Held past the wait: refused with the holder's outcome.
@@ -211,7 +211,7 @@ fn connecting_to(
 }
 
 /// With release notices, a waiter asks again at the release itself (not
-/// at a poll: it sends no acquire in between), and at the holder's expiry
+/// at a poll: it sends no acquire in between), and at the lease's expiry
 /// when nothing announces it.
 #[tokio::test(start_paused = true)]
 async fn a_waiter_with_notices_asks_at_the_release_and_at_the_expiry_only() {
@@ -252,12 +252,12 @@ async fn a_waiter_with_notices_asks_at_the_release_and_at_the_expiry_only() {
     .await
     .ok()
     .expect("acquired within the wait");
-    assert_eq!(g.holder.token, 2);
+    assert_eq!(g.handle.token, 2);
     assert_eq!(started.elapsed(), release_at, "acquired at the release");
     // The first `held` (then subscribed) and the one asked right after it.
     assert_eq!(asked.load(Ordering::SeqCst), 1, "no polls while subscribed");
 
-    // Nothing announces an expiry here: the holder's expiry wakes it.
+    // Nothing announces an expiry here: the lease's expiry wakes it.
     let t = Target::new("ns", "expiring");
     let ttl = Duration::from_secs(2);
     store
@@ -276,7 +276,7 @@ async fn a_waiter_with_notices_asks_at_the_release_and_at_the_expiry_only() {
     )
     .await
     .ok()
-    .expect("acquired at the holder's expiry");
+    .expect("acquired at the lease's expiry");
     let took = started.elapsed();
     assert!(
         took >= ttl && took <= ttl + Duration::from_millis(50),

@@ -295,12 +295,12 @@ impl Pass<'_> {
         acquisition: &str,
         token: u64,
     ) -> Result<Result<Reply, StoreError>, Error> {
-        let holder = LeaseHandle {
+        let handle = LeaseHandle {
             owner: owner.to_owned(),
             lease_id: self.ctx.lease_ids.derive(acquisition),
             token,
         };
-        let mut req = ReleaseRequest::new(self.target(), holder);
+        let mut req = ReleaseRequest::new(self.target(), handle);
         req.request_id = format!("release-{acquisition}");
         let sent = self.sending();
         let reply = gated(&self.ctx.leadership, self.ctx.store.release(&req)).await?;

@@ -90,7 +90,7 @@ pub async fn stale_owner_can_do_nothing_after_a_reacquire(h: &impl Harness) {
     assert!(new.fencing_token > old.fencing_token);
 
     let renew = s
-        .renew(&RenewRequest::new(t.clone(), holder(&old), LONG))
+        .renew(&RenewRequest::new(t.clone(), handle(&old), LONG))
         .await
         .unwrap();
     assert_eq!(renew.outcome, Outcome::NotOwner);
@@ -119,7 +119,7 @@ pub async fn renew_extends_and_requires_the_exact_tuple(h: &impl Harness) {
     let t = target("renew");
     let l = held(&*s, &t, "alice", Duration::from_secs(5)).await;
     let r = s
-        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .renew(&RenewRequest::new(t.clone(), handle(&l), LONG))
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Renewed);
@@ -134,15 +134,15 @@ pub async fn renew_extends_and_requires_the_exact_tuple(h: &impl Harness) {
     for wrong in [
         LeaseHandle {
             owner: "mallory".into(),
-            ..holder(&l)
+            ..handle(&l)
         },
         LeaseHandle {
             lease_id: "forged".into(),
-            ..holder(&l)
+            ..handle(&l)
         },
         LeaseHandle {
             token: l.fencing_token + 1,
-            ..holder(&l)
+            ..handle(&l)
         },
     ] {
         let r = s
@@ -154,7 +154,7 @@ pub async fn renew_extends_and_requires_the_exact_tuple(h: &impl Harness) {
     }
     let other = target("renew-none");
     let r = s
-        .renew(&RenewRequest::new(other, holder(&l), LONG))
+        .renew(&RenewRequest::new(other, handle(&l), LONG))
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Expired);
@@ -185,7 +185,7 @@ pub async fn an_extend_only_renewal_never_shortens_a_lease(h: &impl Harness) {
     let s = h.store();
     let t = target("extend-only");
     let l = held(&*s, &t, "alice", LONG).await;
-    let short = RenewRequest::new(t.clone(), holder(&l), Duration::from_secs(5)).extending_only();
+    let short = RenewRequest::new(t.clone(), handle(&l), Duration::from_secs(5)).extending_only();
     let r = s.renew(&short).await.unwrap();
     assert_eq!(r.outcome, Outcome::Renewed);
     let kept = r.lease.unwrap();
@@ -196,14 +196,14 @@ pub async fn an_extend_only_renewal_never_shortens_a_lease(h: &impl Harness) {
 
     let replay = s.renew(&short).await.unwrap();
     assert_eq!(replay.outcome, Outcome::Renewed);
-    let mut plain = RenewRequest::new(t.clone(), holder(&l), Duration::from_secs(5));
+    let mut plain = RenewRequest::new(t.clone(), handle(&l), Duration::from_secs(5));
     plain.request_id = short.request_id.clone();
     let conflict = s.renew(&plain).await.unwrap();
     assert_eq!(conflict.outcome, Outcome::IdempotencyConflict);
 
     let longer = 2 * LONG;
     let r = s
-        .renew(&RenewRequest::new(t.clone(), holder(&l), longer).extending_only())
+        .renew(&RenewRequest::new(t.clone(), handle(&l), longer).extending_only())
         .await
         .unwrap();
     assert_eq!(r.outcome, Outcome::Renewed);
@@ -214,7 +214,7 @@ pub async fn an_extend_only_renewal_never_shortens_a_lease(h: &impl Harness) {
 
     let wrong = LeaseHandle {
         token: l.fencing_token + 1,
-        ..holder(&l)
+        ..handle(&l)
     };
     let r = s
         .renew(&RenewRequest::new(t.clone(), wrong, LONG).extending_only())
@@ -228,7 +228,7 @@ pub async fn an_extend_only_renewal_never_shortens_a_lease(h: &impl Harness) {
     req.max_lifetime = Some(Duration::from_millis(1500));
     let l = s.acquire(&req).await.unwrap().lease.unwrap();
     let r = s
-        .renew(&RenewRequest::new(capped, holder(&l), LONG).extending_only())
+        .renew(&RenewRequest::new(capped, handle(&l), LONG).extending_only())
         .await
         .unwrap();
     assert_eq!(r.lease.unwrap().expires_at_ms, l.acquired_at_ms + 1500);
@@ -246,7 +246,7 @@ pub async fn max_lifetime_caps_every_renewal(h: &impl Harness) {
     assert_eq!(l.expires_at_ms, l.acquired_at_ms + 1000);
 
     let renewed = s
-        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .renew(&RenewRequest::new(t.clone(), handle(&l), LONG))
         .await
         .unwrap();
     assert_eq!(renewed.outcome, Outcome::Renewed);
@@ -258,7 +258,7 @@ pub async fn max_lifetime_caps_every_renewal(h: &impl Harness) {
 
     h.advance(Duration::from_millis(1800)).await;
     let late = s
-        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .renew(&RenewRequest::new(t.clone(), handle(&l), LONG))
         .await
         .unwrap();
     assert_eq!(late.outcome, Outcome::Expired);
@@ -284,7 +284,7 @@ pub async fn revoke_ends_the_lease_but_never_lowers_the_token(h: &impl Harness) 
     assert_eq!(r.outcome, Outcome::Revoked);
     assert_eq!(r.lease.as_ref().unwrap().lease_id, None);
     let renew = s
-        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+        .renew(&RenewRequest::new(t.clone(), handle(&l), LONG))
         .await
         .unwrap();
     assert_eq!(renew.outcome, Outcome::Expired);
@@ -327,7 +327,7 @@ pub async fn a_caller_chosen_lease_id_is_used_and_replayed(h: &impl Harness) {
     );
     assert_eq!(s.acquire(&req).await.unwrap().lease.unwrap(), first);
     let renewed = s
-        .renew(&RenewRequest::new(t.clone(), holder(&first), LONG))
+        .renew(&RenewRequest::new(t.clone(), handle(&first), LONG))
         .await
         .unwrap();
     assert_eq!(renewed.outcome, Outcome::Renewed);
@@ -348,7 +348,7 @@ pub async fn conflicts_never_reveal_the_lease_id(h: &impl Harness) {
             t.clone(),
             LeaseHandle {
                 owner: "bob".into(),
-                ..holder(&l)
+                ..handle(&l)
             },
             LONG,
         ))
@@ -421,7 +421,7 @@ pub async fn list_reads_every_record_like_get_and_never_shows_a_lease_id(h: &imp
     held(&*s, &t("list-a", "other"), "carol", LONG).await;
     held(&*s, &t("list-b", "job-3"), "dave", LONG).await;
     held(&*s, &t("list-a", "job-x"), "erin", h.short()).await;
-    h.corrupt(&t("list-a", "job-2"), Corruption::Garbage, &holder(&two))
+    h.corrupt(&t("list-a", "job-2"), Corruption::Garbage, &handle(&two))
         .await;
     h.advance(h.past_short()).await;
 

@@ -49,13 +49,13 @@ pub(crate) async fn held(s: &dyn LeaseStore, t: &Target, owner: &str, ttl: Durat
     r.lease.expect("acquired reply carries the lease")
 }
 
-pub(crate) fn holder(l: &Lease) -> LeaseHandle {
-    l.handle().expect("the holder's copy carries the lease id")
+pub(crate) fn handle(l: &Lease) -> LeaseHandle {
+    l.handle().expect("the owner's copy carries the lease id")
 }
 
 /// Gives `l` back (a fresh request id): the reply.
 pub(crate) async fn release(s: &dyn LeaseStore, t: &Target, l: &Lease) -> Reply {
-    s.release(&ReleaseRequest::new(t.clone(), holder(l)))
+    s.release(&ReleaseRequest::new(t.clone(), handle(l)))
         .await
         .expect("release")
 }

@@ -33,7 +33,7 @@ pub async fn an_ending_lease_is_announced_to_the_targets_waiters<H: Harness>(h: 
 
     let bob = held(&*s, &t, "bob", LONG).await;
     let renewed = s
-        .renew(&RenewRequest::new(t.clone(), holder(&bob), LONG))
+        .renew(&RenewRequest::new(t.clone(), handle(&bob), LONG))
         .await
         .expect("renew");
     assert_eq!(renewed.outcome, Outcome::Renewed);

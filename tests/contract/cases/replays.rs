@@ -15,7 +15,7 @@ pub async fn acquire_replay_returns_the_original_lease(h: &impl Harness) {
     // A renew in between is reflected: the replay reports current state.
     let l = first.lease.unwrap();
     let renewed = s
-        .renew(&RenewRequest::new(t.clone(), holder(&l), LONG * 2))
+        .renew(&RenewRequest::new(t.clone(), handle(&l), LONG * 2))
         .await
         .unwrap();
     let third = s.acquire(&req).await.unwrap();
@@ -163,14 +163,14 @@ pub async fn renew_and_release_replays_return_the_original_result(h: &impl Harne
     let s = h.store();
     let t = target("replays");
     let l = held(&*s, &t, "alice", LONG).await;
-    let renew = RenewRequest::new(t.clone(), holder(&l), LONG);
+    let renew = RenewRequest::new(t.clone(), handle(&l), LONG);
     let a = s.renew(&renew).await.unwrap();
     let b = s.renew(&renew).await.unwrap();
     assert_eq!(a.outcome, Outcome::Renewed);
     assert_eq!(b.outcome, Outcome::Renewed);
     assert_eq!(a.lease, b.lease, "a replay does not extend again");
 
-    let release = ReleaseRequest::new(t.clone(), holder(&l));
+    let release = ReleaseRequest::new(t.clone(), handle(&l));
     assert_eq!(
         s.release(&release).await.unwrap().outcome,
         Outcome::Released

@@ -14,13 +14,13 @@ pub async fn corrupt_records_fail_closed_and_change_nothing(h: &impl Harness) {
     {
         let t = target(&format!("corrupt-{i}"));
         let l = held(&*s, &t, "alice", LONG).await;
-        h.corrupt(&t, how, &holder(&l)).await;
+        h.corrupt(&t, how, &handle(&l)).await;
         let before = h.snapshot(&t).await;
 
         let acquire = acquire(&*s, &t, "bob", LONG).await;
         assert_eq!(acquire.outcome, Outcome::CorruptState, "{how:?} acquire");
         let renew = s
-            .renew(&RenewRequest::new(t.clone(), holder(&l), LONG))
+            .renew(&RenewRequest::new(t.clone(), handle(&l), LONG))
             .await
             .unwrap();
         assert_eq!(renew.outcome, Outcome::CorruptState, "{how:?} renew");
@@ -36,7 +36,7 @@ pub async fn corrupt_records_fail_closed_and_change_nothing(h: &impl Harness) {
         );
         let stranger = LeaseHandle {
             owner: "mallory".into(),
-            ..holder(&l)
+            ..handle(&l)
         };
         let release = s
             .release(&ReleaseRequest::new(t.clone(), stranger))
@@ -61,7 +61,7 @@ pub async fn holder_release_and_admin_revoke_clean_up_corrupt_records(h: &impl H
     // The exact holder may clear a record whose identity is still readable.
     let t = target("cleanup-holder");
     let l = held(&*s, &t, "alice", LONG).await;
-    h.corrupt(&t, Corruption::NoExpiry, &holder(&l)).await;
+    h.corrupt(&t, Corruption::NoExpiry, &handle(&l)).await;
     let r = release(&*s, &t, &l).await;
     assert_eq!(r.outcome, Outcome::Released);
     assert_next_token_follows(&*s, &t, &l).await;
@@ -69,7 +69,7 @@ pub async fn holder_release_and_admin_revoke_clean_up_corrupt_records(h: &impl H
     // An unreadable record only goes through revoke; the counter survives it.
     let t = target("cleanup-admin");
     let l = held(&*s, &t, "alice", LONG).await;
-    h.corrupt(&t, Corruption::Garbage, &holder(&l)).await;
+    h.corrupt(&t, Corruption::Garbage, &handle(&l)).await;
     let r = release(&*s, &t, &l).await;
     assert_eq!(r.outcome, Outcome::CorruptState);
     let r = s
