@@ -314,10 +314,10 @@ pub fn expiry_margin(renew_interval: Duration) -> Duration {
     (renew_interval / 4).min(Duration::from_secs(1))
 }
 
-/// How long a waiter sleeps before retrying a target held until `holder_expires_ms`:
-/// just past the holder's expiry (server clock difference), at most a minute.
-pub fn retry_after_held(holder_expires_ms: u64, server_now_ms: u64) -> Duration {
-    let left = holder_expires_ms.saturating_sub(server_now_ms);
+/// How long a waiter sleeps before retrying a target held until `lease_expires_ms`:
+/// just past that lease's expiry (server clock difference), at most a minute.
+pub fn retry_after_held(lease_expires_ms: u64, server_now_ms: u64) -> Duration {
+    let left = lease_expires_ms.saturating_sub(server_now_ms);
     Duration::from_millis(left.saturating_add(50))
         .clamp(Duration::from_millis(100), Duration::from_secs(60))
 }

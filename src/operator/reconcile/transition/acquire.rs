@@ -100,8 +100,8 @@ pub fn after_acquire(
                 }))
             }
             (Outcome::Held, lease) => {
-                let holder = lease.as_ref().map_or("someone else", |l| l.owner.as_str());
-                let message = format!("target is held by {holder}");
+                let owner = lease.as_ref().map_or("someone else", |l| l.owner.as_str());
+                let message = format!("target is held by {owner}");
                 d.not_held(Phase::Pending, Reason::TargetHeld, &message);
                 d.applied();
                 let expires = lease.map_or(reply.server_time_ms, |l| l.expires_at_ms);
