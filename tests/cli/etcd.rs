@@ -47,7 +47,7 @@ fn lease_commands_list_and_check_work_against_etcd() {
     assert_eq!(read["committed"]["fencing_token"], 1, "{read}");
     on(&url, "renew")
         .target("db")
-        .holder(&acquired.json)
+        .handle(&acquired.json)
         .ttl("30s")
         .ok("renewed", 0);
 
@@ -70,7 +70,7 @@ fn lease_commands_list_and_check_work_against_etcd() {
 
     on(&url, "release")
         .target("db")
-        .holder(&acquired.json)
+        .handle(&acquired.json)
         .ok("released", 0);
     on(&url, "get").target("db").ok("not_found", 1);
     let next = on(&url, "acquire")

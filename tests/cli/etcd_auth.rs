@@ -111,7 +111,7 @@ fn the_documented_role_runs_every_lease_command() {
         .ok("acquired", 0);
     assert_eq!(acquired.token(), 1);
     st.on("renew", &me)
-        .holder(&acquired.json)
+        .handle(&acquired.json)
         .ttl("30s")
         .ok("renewed", 0);
     st.on("commit", &me)
@@ -133,7 +133,7 @@ fn the_documented_role_runs_every_lease_command() {
         "{out:?}"
     );
     st.on("release", &me)
-        .holder(&acquired.json)
+        .handle(&acquired.json)
         .ok("released", 0);
     let again = st
         .on("acquire", &me)

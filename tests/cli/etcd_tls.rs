@@ -45,14 +45,14 @@ fn lease_cycle_works(url: &str, tls: &[&str], target: &str) {
     let first = acquired.token();
     on(url, "renew", tls)
         .target(target)
-        .holder(&acquired.json)
+        .handle(&acquired.json)
         .ttl("30s")
         .ok("renewed", 0);
     let held = on(url, "get", tls).target(target).ok("found", 0);
     assert_eq!(held.json["lease"]["owner"], "alice", "{}", held.stdout);
     on(url, "release", tls)
         .target(target)
-        .holder(&acquired.json)
+        .handle(&acquired.json)
         .ok("released", 0);
     on(url, "get", tls).target(target).ok("not_found", 1);
     let next = on(url, "acquire", tls)

@@ -3,7 +3,7 @@
 //!
 //! ```ignore
 //! let j = lease(&url, "acquire").target("db").owner("alice").ttl("10s").ok("acquired", 0);
-//! lease(&url, "renew").target("db").holder(&j.json).ttl("60s").ok("renewed", 0);
+//! lease(&url, "renew").target("db").handle(&j.json).ttl("60s").ok("renewed", 0);
 //! ```
 
 use std::collections::BTreeSet;
@@ -114,9 +114,9 @@ impl Lease {
         self.flag("request-id", id)
     }
 
-    /// `--owner`, `--lease-id` and `--token` of the lease a command printed
+    /// The lease handle (`--owner`, `--lease-id`, `--token`) of the lease a command printed
     /// (its whole JSON line, or its `lease` object).
-    pub fn holder(self, printed: &Value) -> Self {
+    pub fn handle(self, printed: &Value) -> Self {
         let l = printed.get("lease").unwrap_or(printed);
         let field = |k: &str| {
             l.get(k)

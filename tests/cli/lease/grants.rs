@@ -75,10 +75,10 @@ fn renew_extends_and_refuses_anyone_but_the_exact_holder() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = acquire(&u, "db", "alice", "5s");
-    let (owner, id, token) = holder_args(&j);
+    let (owner, id, token) = handle_args(&j);
     let r = lease(&u, "renew")
         .target("db")
-        .holder(&j)
+        .handle(&j)
         .ttl("60s")
         .ok("renewed", 0);
     assert_eq!(lease_keys(&r.json["lease"]), set(&HOLDER_FIELDS));
@@ -112,12 +112,12 @@ fn renew_and_release_after_expiry_are_expired() {
     std::thread::sleep(Duration::from_millis(400));
     lease(&u, "renew")
         .target("db")
-        .holder(&j)
+        .handle(&j)
         .ttl("10s")
         .ok("expired", 1);
     lease(&u, "release")
         .target("db")
-        .holder(&j)
+        .handle(&j)
         .ok("expired", 1);
     lease(&u, "get").target("db").ok("not_found", 1);
 }
@@ -127,7 +127,7 @@ fn release_frees_the_target_and_the_next_token_is_larger() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = acquire(&u, "db", "alice", "10s");
-    let (_, id, token) = holder_args(&j);
+    let (_, id, token) = handle_args(&j);
     // Not the holder: refused, the lease untouched.
     lease(&u, "release")
         .target("db")
@@ -138,7 +138,7 @@ fn release_frees_the_target_and_the_next_token_is_larger() {
     lease(&u, "get").target("db").ok("found", 0);
     lease(&u, "release")
         .target("db")
-        .holder(&j)
+        .handle(&j)
         .ok("released", 0);
     lease(&u, "get").target("db").ok("not_found", 1);
     let next = acquire(&u, "db", "bob", "10s");
@@ -185,13 +185,13 @@ fn commit_is_fenced_by_the_live_token() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = acquire(&u, "db", "alice", "10s");
-    let (_, _, token) = holder_args(&j);
+    let (_, _, token) = handle_args(&j);
     let ok = commit(&u, &token, "v1").ok("committed", 0);
     assert!(ok.json["lease"].is_null() || ok.json["lease"].get("lease_id").is_none());
     commit(&u, "7", "v2").ok("stale_token", 1);
     lease(&u, "release")
         .target("db")
-        .holder(&j)
+        .handle(&j)
         .ok("released", 0);
     commit(&u, &token, "v3").ok("expired", 1);
     let stored = s.conn().cmd(&["HGET", "targetlease:{default:db}", "c:k"]);
@@ -243,14 +243,14 @@ fn tokens_beyond_2_pow_53_are_printed_exactly() {
         r.stdout
     );
     assert_eq!(r.json["lease"]["fencing_token"].as_u64(), Some(expected));
-    let (_, _, token) = holder_args(&r.json);
+    let (_, _, token) = handle_args(&r.json);
     assert_eq!(token, expected.to_string());
     // The exact token is accepted back; one off is not.
     commit(&u, &token, "v").ok("committed", 0);
     commit(&u, expected - 1, "v").ok("stale_token", 1);
     lease(&u, "renew")
         .target("db")
-        .holder(&r.json)
+        .handle(&r.json)
         .ttl("10s")
         .ok("renewed", 0);
     let got = lease(&u, "get").target("db").ok("found", 0);
@@ -300,7 +300,7 @@ fn owner_namespace_and_ttl_defaults_say_who_and_where() {
         30_000
     );
     // Renew keeps the documented default too.
-    let r = lease(&u, "renew").target("db").holder(&j).ok("renewed", 0);
+    let r = lease(&u, "renew").target("db").handle(&j).ok("renewed", 0);
     assert_eq!(
         r.json["lease"]["expires_at_ms"].as_u64().unwrap(),
         r.json["server_time_ms"].as_u64().unwrap() + 30_000

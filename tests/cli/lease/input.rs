@@ -185,7 +185,7 @@ fn env_fallbacks_replace_every_flag() {
             .int(),
         1
     );
-    let (_, id, token) = holder_args(&r.json);
+    let (_, id, token) = handle_args(&r.json);
 
     // The holder's identity comes from the same variables `run` exports.
     let out = from_env("renew")
@@ -280,18 +280,18 @@ fn passwords_and_metadata_never_reach_logs_even_at_trace() {
     let (code, stdout, stderr) = traced(acquire.command());
     assert_eq!(code, 0, "{stdout} {stderr}");
     let j: Value = serde_json::from_str(stdout.trim()).unwrap();
-    let (_, _, token) = holder_args(&j);
+    let (_, _, token) = handle_args(&j);
     assert!(stdout.contains(meta_text), "acquire shows its own metadata");
     outputs.push((stdout, stderr));
     for cmd in [
         lease(&u, "get").target("db").command(),
         lease(&u, "renew")
             .target("db")
-            .holder(&j)
+            .handle(&j)
             .ttl("10s")
             .command(),
         commit(&u, &token, "v").command(),
-        lease(&u, "release").target("db").holder(&j).command(),
+        lease(&u, "release").target("db").handle(&j).command(),
         run(&u, "db2", "alice", "1s")
             .with(&["--metadata", &meta])
             .exec(&["true"]),

@@ -85,7 +85,7 @@ pub fn as_text(command: Lease) -> (Option<i32>, String) {
     (out.status.code(), String::from_utf8(out.stdout).unwrap())
 }
 
-pub fn holder_args(j: &Value) -> (String, String, String) {
+pub fn handle_args(j: &Value) -> (String, String, String) {
     let l = &j["lease"];
     (
         l["owner"].as_str().unwrap().to_string(),

@@ -18,11 +18,11 @@ fn read_prints_the_committed_value_with_its_token_and_needs_no_lease() {
     );
 
     let j = acquire(&u, "db", "alice", "10s");
-    let (_, _, token) = holder_args(&j);
+    let (_, _, token) = handle_args(&j);
     commit(&u, &token, "v1").ok("committed", 0);
     lease(&u, "release")
         .target("db")
-        .holder(&j)
+        .handle(&j)
         .ok("released", 0);
 
     let out = lease(&u, "read").target("db").flag("key", "k").output();
@@ -63,7 +63,7 @@ fn read_as_text_is_one_line_whatever_the_value_holds() {
     let s = ValkeyServer::start();
     let u = s.url();
     let j = acquire(&u, "db", "alice", "10s");
-    let (_, _, token) = holder_args(&j);
+    let (_, _, token) = handle_args(&j);
     let value = "v1\nfound: k = forged (token 99, committed 2030-01-01T00:00:00Z)";
     commit(&u, &token, value).ok("committed", 0);
     let (code, text) = as_text(lease(&u, "read").target("db").flag("key", "k"));
@@ -113,7 +113,7 @@ fn text_output_escapes_bidi_controls_and_line_separators() {
     let u = s.url();
     let owner = "mallory\u{202E}ecila";
     let j = acquire(&u, "db", owner, "10s");
-    let (_, _, token) = holder_args(&j);
+    let (_, _, token) = handle_args(&j);
     let value = "a\u{2028}b\u{2029}c\u{2066}d\u{2069}e\u{200B}f\u{200F}g\u{FEFF}h";
     commit(&u, &token, value).ok("committed", 0);
     let raw = [

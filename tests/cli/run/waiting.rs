@@ -88,7 +88,7 @@ fn released_while_waiting(
     assert!(!file.exists(), "ran while the target was held");
     lease(u, "release")
         .target("db")
-        .holder(held)
+        .handle(held)
         .ok("released", 0);
     let out = wait_within(child, Duration::from_secs(10));
     assert_exit(&out, 0);
@@ -154,7 +154,7 @@ fn waits_for_a_held_target_and_runs_once_it_is_released() {
     assert!(!file.exists(), "ran while the target was held");
     lease(&u, "release")
         .target("db")
-        .holder(&held)
+        .handle(&held)
         .ok("released", 0);
     let out = wait_within(child, Duration::from_secs(10));
     assert_exit(&out, 0);

@@ -31,7 +31,7 @@ fn one_wake(url: &str, flags: &[&str], pause: Duration) -> (u64, String) {
     std::thread::sleep(pause);
     let released = lease(url, "release")
         .target("db")
-        .holder(&held)
+        .handle(&held)
         .ok("released", 0)
         .json;
     let released_ms = released["server_time_ms"].as_u64().expect("release time");
