@@ -88,6 +88,17 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
     }
 }
 
+/// For the etcd leader faults: the effect counting the faults and the one
+/// counting the new leaders seen after them, which must be equal.
+fn leader_change(fault: Fault) -> Option<(&'static str, &'static str)> {
+    match required_effect(fault) {
+        [done, seen] if matches!(fault, Fault::EtcdLeaderKill | Fault::EtcdLeaderPause) => {
+            Some((done, seen))
+        }
+        _ => None,
+    }
+}
+
 /// Every effect a run of `s` must show: its fault's and its own.
 fn required(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
     required_effect(s.fault).iter().chain(s.effects).copied()
@@ -232,6 +243,18 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     for what in required(s) {
         if fig.effects.get(what).copied().unwrap_or(0) == 0 {
             failures.push(format!("the fault had no effect: no {what}"));
+        }
+    }
+    // Each leader killed or stopped must be followed by another leading,
+    // not only one of them per run.
+    if let Some((done, seen)) = leader_change(s.fault) {
+        let count = |what| fig.effects.get(what).copied().unwrap_or(0);
+        if count(done) != count(seen) {
+            failures.push(format!(
+                "{} {done} but {} {seen}: a leader fault without its new leader",
+                count(done),
+                count(seen)
+            ));
         }
     }
     for u in recovered.failures {

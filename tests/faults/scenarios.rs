@@ -4,7 +4,7 @@
 //! violations are counted and published, not failed on.
 
 mod controls;
-mod etcd;
+pub(crate) mod etcd;
 mod rows;
 
 use std::time::Duration;

@@ -107,7 +107,7 @@ impl Etcd {
         let lost = self.proxies.iter().map(H2Proxy::lost).sum();
         vec![
             ("proxy cuts".into(), cuts),
-            ("writes lost by the proxies".into(), lost),
+            (crate::scenarios::etcd::LOST_WRITES.into(), lost),
         ]
     }
 
