@@ -47,8 +47,11 @@ struct Entry {
     writing: u32,
     /// The resourceVersion the last acknowledged write returned.
     wrote: Option<String>,
-    /// The version of the newest event held back while a write was in flight.
-    held: Option<String>,
+    /// The versions of the events held back while writes were in flight.
+    held: Vec<String>,
+    /// The versions the writes that ended while others were in flight
+    /// returned (the held events those writes explain).
+    ours: Vec<String>,
 }
 
 impl Echoes {
@@ -77,7 +80,7 @@ impl Echoes {
             return false;
         }
         if e.writing > 0 {
-            e.held = Some(version);
+            e.held.push(version);
             return false;
         }
         true
@@ -101,10 +104,20 @@ impl Echoes {
                 return;
             };
             e.writing = e.writing.saturating_sub(1);
-            if wrote.is_some() {
-                e.wrote = wrote;
+            if let Some(v) = wrote {
+                e.ours.push(v.clone());
+                e.wrote = Some(v);
             }
-            e.writing == 0 && e.held.take().is_some_and(|v| e.wrote.as_ref() != Some(&v))
+            if e.writing > 0 {
+                return;
+            }
+            // Every held event must be one of these writes' own: a reply can
+            // show someone else's change made meanwhile (a patch that is not
+            // conditional on the version), whose own event is held too.
+            let ours = std::mem::take(&mut e.ours);
+            std::mem::take(&mut e.held)
+                .iter()
+                .any(|v| !ours.contains(v))
         };
         if wake {
             let _ = self

@@ -81,3 +81,23 @@ fn held_events_wait_for_every_write_in_flight() {
     echoes.retain(kept);
     assert!(echoes.triggers(&at("7")));
 }
+
+#[test]
+fn a_change_the_reply_of_a_write_already_shows_still_wakes() {
+    let (echoes, mut rx) = echoes();
+    let key = ObjectRef::from_obj(&at("100"));
+    // Someone edits the spec (101) while the finalizer patch is in flight;
+    // the patch applies on top of it and returns 102.
+    let w = echoes.writing(&key);
+    assert!(!echoes.triggers(&at("101")));
+    assert!(!echoes.triggers(&at("102")));
+    w.wrote(Some("102".into()));
+    assert_eq!(woken(&mut rx), ["team/job"], "the edit at 101 is not ours");
+    // Both events were the writes' own: nothing.
+    let (a, b) = (echoes.writing(&key), echoes.writing(&key));
+    assert!(!echoes.triggers(&at("103")));
+    assert!(!echoes.triggers(&at("104")));
+    a.wrote(Some("103".into()));
+    b.wrote(Some("104".into()));
+    assert!(woken(&mut rx).is_empty());
+}
