@@ -247,6 +247,12 @@ pub async fn control(
         )
         .flat_map(move |target| futures::stream::iter(ctx.released(&target)))
     };
+    // Every wake-up from outside the object takes a slot at once.
+    let woken = {
+        let ctx = ctx.clone();
+        futures::stream::select(wake_rx, released).inspect(move |key| ctx.woken(key))
+    };
+    let mapped = ctx.clone();
     controller
         // Every due reconcile starts at once and waits for one of the
         // `concurrency` slots in its namespace's turn (`FairSlots`): the
@@ -271,9 +277,10 @@ pub async fn control(
                 .iter()
                 .flat_map(|t| lease_index.on_target(&leases, &ns, t))
                 .map(|tl| ObjectRef::from_obj(&*tl))
+                .inspect(|key| mapped.woken(key))
                 .collect::<Vec<_>>()
         })
-        .reconcile_on(futures::stream::select(wake_rx, released))
+        .reconcile_on(woken)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
@@ -285,6 +292,8 @@ pub async fn control(
         .await;
     cfg.keeper.wake_through(None);
     sync_task.abort();
+    // Wait until it is gone, so it cannot report this term ready after it ended.
+    let _ = sync_task.await;
     floor_task.abort();
     sweeper.abort();
     retention.abort();

@@ -118,6 +118,9 @@ pub struct Carryover {
     /// When the last pass asked to look again to renew (unset when it asked
     /// for anything else).
     pub renewal_at: Option<Instant>,
+    /// Something outside the object woke it (a pod change, a release notice,
+    /// another lease's wake-up): its next reconcile takes a slot at once.
+    pub woken: bool,
 }
 
 /// Why a reconcile failed; each is retried with per-object backoff.
@@ -191,6 +194,11 @@ impl Context {
         all.get(key).cloned().unwrap_or_default()
     }
 
+    /// Something outside `key`'s object woke it (see [`Carryover::woken`]).
+    pub fn woken(&self, key: &ObjectRef<TargetLease>) {
+        self.remember(key, |m| m.woken = true);
+    }
+
     fn forget(&self, key: &ObjectRef<TargetLease>) {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         all.remove(key);
@@ -242,7 +250,13 @@ impl Context {
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::ResourceExt;
     let queued = Instant::now();
-    let deadline = plan::timing::slot_deadline(queued, scheduled_renewal(&tl, &ctx));
+    let m = ctx.remember(&ObjectRef::from_obj(&*tl), |m| {
+        let recalled = m.clone();
+        m.woken = false;
+        recalled
+    });
+    let scheduled = scheduled_renewal(&tl, &m, ctx.server_now_ms());
+    let deadline = plan::timing::slot_deadline(queued, scheduled);
     let _slot = ctx
         .slots
         .acquire(&tl.namespace().unwrap_or_default(), deadline)
@@ -262,22 +276,31 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
 /// The pass `tl` is due for would only renew its published lease, on the
 /// schedule the last pass set: nothing changed since (the cached object is
 /// the version that pass planned from, its spec observed), nothing failed,
-/// no release was announced on its target.
-fn scheduled_renewal(tl: &TargetLease, ctx: &Context) -> Option<plan::timing::Scheduled> {
+/// no release was announced on its target, nothing outside it woke it
+/// (`m` is what this process remembers of it).
+fn scheduled_renewal(
+    tl: &TargetLease,
+    m: &Carryover,
+    server_now_ms: u64,
+) -> Option<plan::timing::Scheduled> {
     use kube::ResourceExt;
     let status = tl.status.as_ref()?;
-    let m = ctx.recall(&ObjectRef::from_obj(tl));
     let unchanged = m.known_version.is_some()
         && m.known_version == tl.resource_version()
         && status.observed_generation == tl.metadata.generation;
-    if !unchanged || !plan::is_published_held(status) || m.failures > 0 || m.confirm || m.reread {
+    let quiet = m.failures == 0 && !m.confirm && !m.reread && !m.woken;
+    if !unchanged || !plan::is_published_held(status) || !quiet {
         return None;
     }
     let timing = spec::validate(tl).ok()?.timing;
+    // The published expiry as a local instant (it is capped at the hard end).
+    let expires_ms = u64::try_from(status.expires_at.as_ref()?.0.as_millisecond()).ok()?;
+    let left = Duration::from_millis(expires_ms.saturating_sub(server_now_ms));
     Some(plan::timing::Scheduled {
         due: m.renewal_at?,
         renew: timing.renew,
         ttl: timing.ttl,
+        expires: Instant::now() + left,
     })
 }
 
@@ -337,6 +360,10 @@ pub fn error_policy(tl: Arc<TargetLease>, err: &Error, ctx: Arc<Context>) -> Act
         .map(|ms| plan::retry_cap(ms, ctx.server_now_ms(), plan::expiry_margin(renew), renew));
     Action::requeue(cap.map_or(wait, |c| wait.min(c)))
 }
+
+#[cfg(test)]
+#[path = "reconcile/scheduled_tests.rs"]
+mod scheduled_tests;
 
 /// Adds up to 20% jitter.
 fn with_jitter(base: Duration) -> Duration {

@@ -113,7 +113,7 @@ pub fn action(
 
 /// A pass that would only renew a published lease on its schedule: its
 /// TargetLease is unchanged since the last pass, which asked to look again
-/// at `due` to renew.
+/// at `due` to renew (or to rotate it before its hard end).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scheduled {
     /// When the last pass asked to look again.
@@ -122,6 +122,8 @@ pub struct Scheduled {
     pub renew: Duration,
     /// The spec's lease duration.
     pub ttl: Duration,
+    /// When the published expiry passes (never after the hard end).
+    pub expires: Instant,
 }
 
 /// By when a pass should get a reconcile slot ([`crate::operator::reconcile::slots`]):
@@ -129,11 +131,17 @@ pub struct Scheduled {
 /// and `now` no earlier than a tenth of an interval before it was due: not
 /// woken early by something else). Such a renewal can wait an eighth of
 /// the time its lease has left after a renewal interval (half way to when
-/// the keeper renews it in the reconcile's place), so new TargetLeases and
-/// changes go first until then.
+/// the keeper renews it in the reconcile's place), and never more than an
+/// eighth of the time left at `due` before its published expiry (a rotation
+/// before the hard end has only a renew interval left), so new TargetLeases
+/// and changes go first until then.
 pub fn slot_deadline(now: Instant, scheduled: Option<Scheduled>) -> Instant {
     match scheduled {
-        Some(s) if now + s.renew / 10 >= s.due => s.due + s.ttl.saturating_sub(s.renew) / 8,
+        Some(s) if now + s.renew / 10 >= s.due => {
+            let slack = s.ttl.saturating_sub(s.renew) / 8;
+            let left = s.expires.saturating_duration_since(s.due) / 8;
+            s.due + slack.min(left)
+        }
         _ => now,
     }
 }

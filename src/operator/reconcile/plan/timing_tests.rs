@@ -194,6 +194,7 @@ fn only_a_renewal_on_its_schedule_waits_for_a_slot() {
         due,
         renew: 30 * S,
         ttl: 90 * S,
+        expires: due + 60 * S,
     };
     // A new TargetLease, an edit, a pod, a release: at once.
     assert_eq!(slot_deadline(now, None), now);
@@ -208,4 +209,31 @@ fn only_a_renewal_on_its_schedule_waits_for_a_slot() {
     assert_eq!(slot_deadline(now, Some(on(now + 10 * S))), now);
     // Late already: its deadline stays where it was.
     assert_eq!(slot_deadline(now, Some(on(now - 20 * S))), now - ms(12500));
+}
+
+#[test]
+fn a_rotation_gets_its_slot_before_the_hard_end() {
+    // ttl 60 s, renew 5 s, maxLifetime 10 m: the hard end at 600 s, the
+    // rotation due at 595 s, the published expiry capped at the hard end.
+    let now = Instant::now();
+    let ms = Duration::from_millis;
+    let rotation = Scheduled {
+        due: now,
+        renew: 5 * S,
+        ttl: 60 * S,
+        expires: now + 5 * S,
+    };
+    let deadline = slot_deadline(now, Some(rotation));
+    assert!(
+        deadline < now + 5 * S,
+        "past the hard end by {:?}",
+        deadline - now
+    );
+    assert_eq!(deadline, now + ms(625), "an eighth of the 5 s left");
+    // A published expiry already passed: at once.
+    let passed = Scheduled {
+        expires: now - S,
+        ..rotation
+    };
+    assert_eq!(slot_deadline(now, Some(passed)), now);
 }
