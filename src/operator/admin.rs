@@ -32,6 +32,7 @@ use prometheus_client::registry::Registry;
 use crate::operator::crd::TargetLease;
 use crate::operator::leadership::Leadership;
 use crate::operator::metrics::OperatorMetrics;
+use crate::operator::readiness::CacheSync;
 use crate::store::LeaseStore;
 
 /// How long one health probe's answer is reused.
@@ -46,6 +47,8 @@ pub struct RuntimeStatus {
     pub synced: AtomicBool,
     /// The TargetLease cache of the running controller.
     pub leases: RwLock<Option<Store<TargetLease>>>,
+    /// Which of the running controller's caches have synced.
+    pub caches: RwLock<Option<CacheSync>>,
 }
 
 /// Shared by the handlers.
@@ -176,14 +179,25 @@ async fn readyz(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
     if !store_answers(&state).await {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            "lease store does not answer",
+            "lease store does not answer".to_string(),
         );
     }
     let rt = &state.runtime;
     if rt.leading.load(Ordering::SeqCst) && !rt.synced.load(Ordering::SeqCst) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "caches not synced");
+        let waiting = rt
+            .caches
+            .read()
+            .ok()
+            .and_then(|c| c.as_ref().map(CacheSync::waiting))
+            .unwrap_or_default();
+        let why = if waiting.is_empty() {
+            "caches synced; reading the lease store's clock".to_string()
+        } else {
+            format!("caches not synced: {}", waiting.join(", "))
+        };
+        return (StatusCode::SERVICE_UNAVAILABLE, why);
     }
-    (StatusCode::OK, "ok")
+    (StatusCode::OK, "ok".to_string())
 }
 
 async fn metrics(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
@@ -219,6 +233,7 @@ async fn metrics(State(state): State<Arc<AdminState>>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operator::readiness::Cache;
     use crate::store::memory::MemoryStore;
     use crate::store::metrics::{MeteredStore, StoreMetrics};
     use axum::body::Body;
@@ -271,6 +286,24 @@ mod tests {
         *state.probed.lock().await = Some((past, true));
         get(&state, "/metrics").await;
         assert_eq!(store_metrics.count("health", "ok"), 2);
+    }
+
+    #[tokio::test]
+    async fn readyz_names_the_caches_that_have_not_synced() {
+        let (state, _) = state();
+        let caches = CacheSync::default();
+        *state.runtime.caches.write().unwrap() = Some(caches.clone());
+        state.runtime.leading.store(true, Ordering::SeqCst);
+        caches.watching::<()>(Cache::Leases)(&kube::runtime::watcher::Event::InitDone);
+        let (status, body) = get(&state, "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "caches not synced: pods, token floor configmaps");
+        caches.watching::<()>(Cache::Pods)(&kube::runtime::watcher::Event::InitDone);
+        caches.watching::<()>(Cache::Floors)(&kube::runtime::watcher::Event::InitDone);
+        let (_, body) = get(&state, "/readyz").await;
+        assert_eq!(body, "caches synced; reading the lease store's clock");
+        state.runtime.synced.store(true, Ordering::SeqCst);
+        assert_eq!(get(&state, "/readyz").await.0, StatusCode::OK);
     }
 
     #[tokio::test]

@@ -126,6 +126,9 @@ pub async fn control(
     };
     // Each cache's stream says when its first whole list is in (`readiness`).
     let caches = CacheSync::default();
+    if let Ok(mut slot) = cfg.runtime.caches.write() {
+        *slot = Some(caches.clone());
+    }
     let (pod_reader, pod_writer) = reflector::store::<CachedPod>();
     let pod_index = Arc::new(PodIndex::default());
     let pod_stream = reflector::reflector(
@@ -299,6 +302,9 @@ pub async fn control(
     retention.abort();
     cfg.runtime.synced.store(false, Ordering::SeqCst);
     if let Ok(mut slot) = cfg.runtime.leases.write() {
+        *slot = None;
+    }
+    if let Ok(mut slot) = cfg.runtime.caches.write() {
         *slot = None;
     }
 }

@@ -78,6 +78,20 @@ impl CacheSync {
         *self.0.borrow() == Cache::ALL
     }
 
+    /// The caches that have not synced yet, by name.
+    pub fn waiting(&self) -> Vec<&'static str> {
+        let synced = *self.0.borrow();
+        [
+            (Cache::Leases, "targetleases"),
+            (Cache::Pods, "pods"),
+            (Cache::Floors, "token floor configmaps"),
+        ]
+        .into_iter()
+        .filter(|(c, _)| synced & c.bit() == 0)
+        .map(|(_, name)| name)
+        .collect()
+    }
+
     /// Resolves once every cache has synced.
     pub async fn wait(&self) {
         let mut synced = self.0.subscribe();
