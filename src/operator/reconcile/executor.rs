@@ -53,7 +53,15 @@ impl Pass<'_> {
                 { "op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER },
             ])
         };
-        self.patch_metadata(ops).await
+        let generation = self.tl.metadata.generation;
+        self.patch_metadata(ops).await?;
+        // The patch is not conditional on the version: its reply can show a
+        // spec edited meanwhile, which the pass plans from (and reports the
+        // generation of), so it validates that spec instead.
+        if self.tl.metadata.generation != generation {
+            self.spec = spec::validate(&self.tl).map_err(|e| e.to_string());
+        }
+        Ok(())
     }
 
     /// Removes the finalizer: nothing of this resource is left in the store.

@@ -359,6 +359,21 @@ async fn acquire_publishes_status_before_the_mark() {
 }
 
 #[tokio::test]
+async fn a_spec_fixed_while_the_finalizer_is_added_is_the_one_planned_from() {
+    let h = Harness::new(open());
+    // The cache still shows generation 1, whose spec is invalid; the server
+    // already has generation 2, which fixed it.
+    let mut stale = h.api.lock().unwrap().object.clone();
+    stale["spec"]["leaseDuration"] = "soon".into();
+    h.edit(|o| o["metadata"]["generation"] = 2.into());
+    let stale: TargetLease = serde_json::from_value(stale).unwrap();
+    reconcile(Arc::new(stale), h.ctx.clone()).await.unwrap();
+    let writes = std::mem::take(&mut h.api.lock().unwrap().writes);
+    assert_eq!(writes[..2], ["PATCH tl finalizer add", "STORE acquire"]);
+    assert_eq!(h.status("observedGeneration"), 2);
+}
+
+#[tokio::test]
 async fn a_handoff_unmarks_and_withdraws_before_the_store_lets_go() {
     let h = acquired().await;
     h.edit(|o| o["spec"]["holder"] = json!({"identity": "web-1", "podName": "web-1"}));
