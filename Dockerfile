@@ -23,9 +23,11 @@ ENV PROTOC=/usr/bin/protoc
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY build ./build
-# The test support crate is a member of the workspace: cargo reads its
-# manifest to resolve the workspace (the image build compiles none of it).
+# The test support crate and the fault matrix are members of the
+# workspace: cargo reads their manifests to resolve the workspace (the image
+# build compiles none of them).
 COPY tests/support ./tests/support
+COPY tests/faults ./tests/faults
 COPY src ./src
 COPY lua ./lua
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \

@@ -1,7 +1,8 @@
 # Every entry point of this repository, one recipe each with what it is for.
 # An index to read: `just RECIPE` runs one, but nothing needs `just` (each
-# recipe is the command to type). tests/cli/index.rs fails when a script in
-# scripts/ or a test target in tests/ is missing here.
+# recipe is the command to type). tests/cli/index.rs fails when `.ci/run`, a
+# script in scripts/, a test target in tests/ or a workspace member with
+# tests of its own is missing here.
 
 # The two commands of the README.
 
@@ -12,6 +13,10 @@ playground *args:
 # The tests: fmt, clippy, and every test target against real servers (what CI runs).
 test *args:
     scripts/test.sh {{args}}
+
+# What CI runs on a fresh clone: the tests, with Cargo's cache outside the clone.
+ci:
+    bash .ci/run
 
 # Scripts.
 
@@ -81,9 +86,9 @@ test-e2e *args:
 test-fencing-postgresql *args:
     cargo test --test fencing_postgresql -- {{args}}
 
-# The fault matrix's checker, on synthetic histories.
+# The fault matrix's checker (the targetlease-faults member's unit tests), on synthetic histories.
 test-faults-checker *args:
-    cargo test --test faults_checker -- {{args}}
+    cargo test -p targetlease-faults -- {{args}}
 
 # The fault matrix itself, quick mode (scripts/faults.sh drives its other modes).
 test-faults *args:

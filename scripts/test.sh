@@ -40,7 +40,7 @@ faults_bin="$work/targetlease-failpoints"
 { cargo test --locked --features failpoints --test faults --no-run \
   --message-format=json-render-diagnostics >"$work/faults.json" &&
   cp "$(scripts/lib/test-executables.py bin <"$work/faults.json")" "$faults_bin" &&
-  cargo test --locked --all-targets --no-run \
+  cargo test --locked --workspace --all-targets --no-run \
     --message-format=json-render-diagnostics >"$work/tests.json"; } >"$build_log" 2>&1 &
 build=$!
 set +m
@@ -79,7 +79,7 @@ s=$SECONDS
 cargo fmt --check
 mark fmt $((SECONDS - s))
 s=$SECONDS
-cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy --locked --features failpoints --test faults -- -D warnings
 mark clippy $((SECONDS - s))
 # The tests run in lanes at once, because most of their time is spent

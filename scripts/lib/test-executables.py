@@ -5,8 +5,8 @@ the executables scripts/test.sh runs:
   bin            the `targetlease` binary the build linked (not a test)
   test NAME      the test executable of the integration-test target NAME
   others NAME    every other test executable (unit tests, integration
-                 tests, benches in test mode), one "LABEL PATH" per line,
-                 sorted by label
+                 tests, benches in test mode, other members' unit tests),
+                 one "LABEL PATH" per line, sorted by label
 
 Exits non-zero, naming what is missing, when the build did not make it."""
 import json
@@ -24,8 +24,10 @@ def artifacts():
 
 
 def label(msg):
-    kind = msg["target"]["kind"][0]
-    return msg["target"]["name"] if kind == "test" else kind
+    """An integration test by its name; the product's unit tests by their
+    kind (`lib`, `bin`, `bench`); another member's unit tests by its name."""
+    kind, name = msg["target"]["kind"][0], msg["target"]["name"]
+    return name if kind == "test" or name != "targetlease" else kind
 
 
 def main(argv):

@@ -59,6 +59,14 @@ pub fn set(name: &str, action: &str) -> Result<(), String> {
     }
 }
 
+/// Always an error: this build has no fail points to configure.
+#[cfg(not(feature = "failpoints"))]
+pub fn set(name: &str, _action: &str) -> Result<(), String> {
+    Err(format!(
+        "fail point {name}: this build has no fail points (build with --features failpoints)"
+    ))
+}
+
 /// An acquire's reply as the `acquire-previous-token` fail point has it:
 /// a grant reports the token before its own. A first grant has no token
 /// before it (0 is no token at all: a caller would refuse it up front,

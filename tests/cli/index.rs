@@ -51,6 +51,33 @@ fn test_targets(repo: &Path) -> BTreeSet<String> {
     names
 }
 
+/// The workspace's members other than the root package whose library has
+/// tests of its own (no `test = false`): their package names.
+fn members_with_tests(repo: &Path) -> BTreeSet<String> {
+    let manifest = std::fs::read_to_string(repo.join("Cargo.toml")).unwrap();
+    let list = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("members = "))
+        .expect("the root manifest lists the workspace's members");
+    let mut names = BTreeSet::new();
+    for member in list.trim_matches(['[', ']']).split(',') {
+        let member = member.trim().trim_matches('"');
+        if member == "." || member.is_empty() {
+            continue;
+        }
+        let text = std::fs::read_to_string(repo.join(member).join("Cargo.toml")).unwrap();
+        if text.lines().any(|l| l.trim() == "test = false") {
+            continue;
+        }
+        let name = text
+            .lines()
+            .find_map(|l| l.strip_prefix("name = "))
+            .expect("a member's manifest names its package");
+        names.insert(name.trim_matches('"').to_owned());
+    }
+    names
+}
+
 #[test]
 fn the_justfile_lists_every_script_and_test_target() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -96,6 +123,32 @@ fn the_justfile_lists_every_script_and_test_target() {
         assert!(
             tested.contains(target.as_str()),
             "justfile: no recipe runs `cargo test --test {target}`"
+        );
+    }
+
+    // CI's entry point, and each workspace member with tests of its own
+    // (`cargo test -p NAME`).
+    assert!(
+        words.contains(&".ci/run"),
+        "justfile: no recipe runs .ci/run"
+    );
+    let members = members_with_tests(repo);
+    assert!(members.contains("targetlease-faults"), "{members:?}");
+    let packages: BTreeSet<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "-p")
+        .map(|w| w[1])
+        .collect();
+    for member in &members {
+        assert!(
+            packages.contains(member.as_str()),
+            "justfile: no recipe runs `cargo test -p {member}`"
+        );
+    }
+    for package in &packages {
+        assert!(
+            members.contains(*package),
+            "justfile: there is no workspace member {package} with tests"
         );
     }
 

@@ -108,10 +108,7 @@ fn compress(text: &[u8], path: &Path) -> bool {
 /// packed history of a 300 s run is about half a megabyte, all of them
 /// together far too much for the repository (docs/faults.md says why).
 fn histories_kept() -> usize {
-    std::env::var("FAULTS_KEEP_HISTORIES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+    crate::config::get().keep_histories
 }
 
 /// Whether the next run of `s` of `secs` seconds keeps its history: every
@@ -183,10 +180,7 @@ impl Record {
             figures: figures.clone(),
             caught,
             failures: failures.to_vec(),
-            at_once: std::env::var("FAULTS_AT_ONCE")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1),
+            at_once: crate::config::get().fill_at_once,
             checker: crate::check::CHECKER,
             history,
         }
@@ -204,15 +198,13 @@ impl Record {
 pub fn commit() -> &'static str {
     static COMMIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     COMMIT.get_or_init(|| {
-        if let Some(c) = std::env::var("FAULTS_COMMIT")
-            .ok()
-            .filter(|c| !c.is_empty())
-        {
-            return c;
+        let config = crate::config::get();
+        if let Some(c) = &config.commit {
+            return c.clone();
         }
         Command::new("git")
             .args(["describe", "--always", "--dirty", "--abbrev=12"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(&config.repo)
             .output()
             .ok()
             .filter(|o| o.status.success())

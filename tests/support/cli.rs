@@ -32,15 +32,6 @@ pub fn bin() -> &'static str {
     })
 }
 
-/// The binary the fault matrix and the operator harness start:
-/// `FAULTS_PRODUCT_BIN` when set (`scripts/faults.sh fill` pins a copy, so
-/// a build during a run of hours cannot swap it), else [`bin`].
-pub fn product_bin() -> std::path::PathBuf {
-    std::env::var_os("FAULTS_PRODUCT_BIN")
-        .filter(|p| !p.is_empty())
-        .map_or_else(|| bin().into(), Into::into)
-}
-
 /// A `targetlease` command with no `TARGETLEASE_*` or `RUST_LOG` leaking in
 /// from the test's environment, and no kubeconfig (outside a pod, the
 /// default namespace is the kubeconfig's: a developer's own must not move it).

@@ -32,6 +32,9 @@ pub struct OperatorEnv {
     /// More environment for operators started from now on (the fault
     /// matrix's fail points).
     pub operator_env: Vec<(String, String)>,
+    /// The `targetlease` binary operators started from now on run (default:
+    /// [`super::cli::bin`]; the fault matrix's is built with fail points).
+    pub binary: PathBuf,
     /// `cp` is this env's own, stopped with it (`start_on_own_control_plane`).
     owns_control_plane: bool,
     /// Operators started from now on watch every namespace (only on a
@@ -98,6 +101,7 @@ impl OperatorEnv {
             admin_ports: Vec::new(),
             operator_kubeconfig: None,
             operator_env: Vec::new(),
+            binary: super::cli::bin().into(),
             owns_control_plane: false,
             watch_all: false,
             release_namespace: None,
@@ -129,7 +133,7 @@ impl OperatorEnv {
         .expect("log file");
         let admin_port = super::valkey_server::free_port();
         let home = self.release_namespace.as_deref().unwrap_or(&self.ns);
-        let child = Command::new(super::cli::product_bin())
+        let child = Command::new(&self.binary)
             .arg("operator")
             .args(["--admin-addr", &format!("127.0.0.1:{admin_port}")])
             .env("POD_NAME", format!("operator-{}", self.operators.len()))

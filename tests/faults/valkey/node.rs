@@ -182,7 +182,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill();
-        if std::env::var_os("FAULTS_KEEP").is_some() {
+        if crate::config::get().keep_servers {
             let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
             eprintln!("  kept {} (port {})", dir.keep().display(), self.port);
         }

@@ -6,7 +6,7 @@
 //! append-only file the length known to be on the disk (its last fsync or
 //! fdatasync). A cut SIGKILLs the server, cuts each file back to that
 //! length, and starts it again from what is left. The shim is compiled with
-//! gcc once per harness process, into the target directory.
+//! gcc once per harness process, into cargo's scratch directory.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
@@ -15,14 +15,14 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The shim's source, next to this harness.
-const SHIM_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/faults/powerloss/shim.c");
+const SHIM_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/powerloss/shim.c");
 
 /// The compiled shim (compiled on first use; a missing or failing gcc is a
 /// panic that says so: a power-loss scenario never runs without its shim).
 pub fn shim() -> PathBuf {
     static SHIM: OnceLock<PathBuf> = OnceLock::new();
     SHIM.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("powerloss");
+        let dir = crate::config::get().scratch.join("powerloss");
         std::fs::create_dir_all(&dir).expect("create the shim's directory");
         // One file per harness process: another harness may be loading its own.
         let lib = dir.join(format!("shim-{}.so", std::process::id()));

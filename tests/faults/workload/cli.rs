@@ -103,7 +103,7 @@ fn parse(stdout: &str, write: bool) -> Result<Reply, StoreError> {
 
 impl CliStore {
     async fn run(&self, op: &str, args: Vec<String>, write: bool) -> Result<Reply, StoreError> {
-        let child = tokio::process::Command::new(crate::support::cli::product_bin())
+        let child = tokio::process::Command::new(&crate::config::get().product_bin)
             .args(["lease", op])
             .args(args)
             .args(["--valkey-url", &self.url, "--timeout", &ms(self.timeout)])
@@ -151,7 +151,7 @@ impl CliStore {
 /// on), and, with `FAULTS_GDB` set, the frames of ours and of the client
 /// library in every thread's backtrace (gdb stops the process for seconds).
 fn thread_states(pid: u32) -> String {
-    let bt = if std::env::var_os("FAULTS_GDB").is_some() {
+    let bt = if crate::config::get().gdb {
         std::process::Command::new("gdb")
             .args([
                 "-p",

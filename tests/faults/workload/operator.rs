@@ -309,6 +309,7 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     };
     let url = etcd.as_ref().map_or_else(|| env.valkey.url(), |e| e.url());
     env.operator_env = run::failpoint_env(s);
+    env.binary = crate::config::get().product_bin.clone();
     let flags = operator_flags(&env.ns, replicas);
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
     for _ in 0..replicas {

@@ -1,4 +1,4 @@
-//! Unit tests of the fault matrix's checker (`tests/faults/check/`): every
+//! Unit tests of the fault matrix's checker (`check/`): every
 //! property on clean synthetic histories and on synthetic versions of what
 //! the positive controls break (a reissued token, an unguarded table, a
 //! lost write, lies of every operation, a second Held status, two marked
@@ -6,20 +6,11 @@
 //! watch gaps), recovery per part, the packed form histories are kept in,
 //! and the power cut's record of what is on the disk and its slow disk
 //! (the shim preloaded into real processes). The matrix itself runs as the
-//! `faults` test target (`scripts/faults.sh`, built with the product's fail
-//! points).
+//! root package's `faults` test target (`scripts/faults.sh`, built with the
+//! product's fail points).
 
-#[path = "faults/args.rs"]
-mod args;
-#[path = "faults/check/mod.rs"]
-mod check;
-#[path = "faults/history.rs"]
-mod history;
-#[path = "faults/pack.rs"]
-mod pack;
-#[allow(dead_code)] // the matrix uses the rest
-#[path = "faults/valkey/powerloss.rs"]
-mod powerloss;
+use crate::valkey::powerloss;
+use crate::{args, check, history, pack};
 
 /// The matrix's command line: libtest flags and their values are not
 /// filters, `--skip` drops scenarios and never turns on long mode.
