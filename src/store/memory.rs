@@ -56,7 +56,7 @@ impl MemoryStore {
     pub fn put_corrupt_lease(&self, target: &Target, handle: Option<LeaseHandle>) {
         self.lock()
             .leases
-            .insert(target.clone(), Slot::Corrupt { holder: handle });
+            .insert(target.clone(), Slot::Corrupt { handle });
     }
 
     /// Forgets every fencing counter, as a backend that lost data would.
@@ -261,10 +261,10 @@ impl LeaseStore for MemoryStore {
         if let Some(r) = st.replay(&call, &slot, rule) {
             return Ok(r);
         }
-        // The exact holder may clear a corrupt record whose identity still reads.
+        // The exact handle may clear a corrupt record whose handle still reads.
         let released = match slot {
             Some(Slot::Corrupt {
-                holder: Some(ref id),
+                handle: Some(ref id),
             }) if id == h => None,
             other => match held_by(other, h) {
                 Ok(r) => Some(r.lease(t)),
@@ -319,8 +319,8 @@ impl LeaseStore for MemoryStore {
                     let message = "the live lease has another fencing token";
                     return Ok(bare(now, Outcome::NotOwner, message));
                 }
-                Some(Slot::Corrupt { holder })
-                    if holder.as_ref().map(|h| h.token) != Some(want) =>
+                Some(Slot::Corrupt { handle })
+                    if handle.as_ref().map(|h| h.token) != Some(want) =>
                 {
                     return Ok(bare(now, Outcome::CorruptState, CORRUPT));
                 }
@@ -335,9 +335,9 @@ impl LeaseStore for MemoryStore {
                 let out = reply(now, Outcome::Revoked, shown, "lease revoked");
                 (out, r.lease_id, r.token)
             }
-            Some(Slot::Corrupt { holder }) => {
+            Some(Slot::Corrupt { handle }) => {
                 let out = bare(now, Outcome::Revoked, "corrupt lease record removed");
-                let (id, tok) = holder.map(|h| (h.lease_id, h.token)).unwrap_or_default();
+                let (id, tok) = handle.map(|h| (h.lease_id, h.token)).unwrap_or_default();
                 (out, id, tok)
             }
             None => (

@@ -102,9 +102,9 @@ pub(super) async fn release(s: &EtcdStore, req: &ReleaseRequest) -> Result<Reply
             return Plan::answer(r);
         }
         match slot {
-            // The exact holder may clear a record whose identity still reads.
+            // The exact handle may clear a record whose handle still reads.
             Slot::Corrupt {
-                identity: Some(id), ..
+                handle: Some(id), ..
             } if id.held_by(h) => Plan {
                 answer: bare(
                     now,
@@ -170,9 +170,7 @@ pub(super) async fn revoke(s: &EtcdStore, req: &RevokeRequest) -> Result<Reply, 
                     let why = "the live lease has another fencing token";
                     return Plan::answer(bare(now, Outcome::NotOwner, why));
                 }
-                Slot::Corrupt { identity, why }
-                    if identity.as_ref().map(|i| i.token) != Some(want) =>
-                {
+                Slot::Corrupt { handle, why } if handle.as_ref().map(|i| i.token) != Some(want) => {
                     return Plan::answer(bare(now, Outcome::CorruptState, why));
                 }
                 _ => {}
@@ -183,9 +181,9 @@ pub(super) async fn revoke(s: &EtcdStore, req: &RevokeRequest) -> Result<Reply, 
                 bare(now, Outcome::NotFound, "target has no live lease"),
                 String::new(),
             ),
-            Slot::Corrupt { identity, .. } => (
+            Slot::Corrupt { handle, .. } => (
                 bare(now, Outcome::Revoked, "corrupt lease record removed"),
-                identity
+                handle
                     .as_ref()
                     .map(|i| i.lease_id_sha256.clone())
                     .unwrap_or_default(),

@@ -1,8 +1,8 @@
 //! What the keys hold, and how a stored lease record is judged.
 //!
 //! Values are JSON. A lease record that cannot be read fails closed
-//! (`corrupt_state`); when its holder's identity (token, lease id hash,
-//! owner) still reads, the holder can still end it. The lease id itself is
+//! (`corrupt_state`); when its handle's fields (token, lease id hash,
+//! owner) still read, the exact handle can still end it. The lease id itself is
 //! never stored: only its SHA-256.
 
 use serde::{Deserialize, Serialize};
@@ -86,15 +86,16 @@ pub(super) fn id_hash(lease_id: &str) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, lease_id.as_bytes()).as_ref())
 }
 
-/// The identity fields of a record that may be unreadable otherwise.
+/// The fields of a record's handle (its owner, token and lease id hash),
+/// read even when the rest of the record is unreadable.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Identity {
+pub(super) struct HandleFields {
     pub token: u64,
     pub lease_id_sha256: String,
     pub owner: String,
 }
 
-impl Identity {
+impl HandleFields {
     pub(super) fn held_by(&self, h: &LeaseHandle) -> bool {
         self.owner == h.owner
             && self.token == h.token
@@ -123,9 +124,9 @@ pub(super) enum Slot {
     /// leader change restarts every TTL). It still blocks the target; its
     /// holder has stopped, so it can no longer be renewed or committed with.
     Lingering(Record),
-    /// Unreadable; `identity` when the holder fields still read.
+    /// Unreadable; `handle` when its handle's fields still read.
     Corrupt {
-        identity: Option<Identity>,
+        handle: Option<HandleFields>,
         why: &'static str,
     },
 }
@@ -137,36 +138,36 @@ impl Slot {
             return Slot::Free;
         };
         let doc: Option<serde_json::Value> = serde_json::from_slice(&stored.value).ok();
-        let identity = doc.as_ref().and_then(identity_of);
-        let corrupt = |identity: Option<Identity>, why| Slot::Corrupt { identity, why };
+        let handle = doc.as_ref().and_then(handle_of);
+        let corrupt = |handle: Option<HandleFields>, why| Slot::Corrupt { handle, why };
         let version = doc
             .as_ref()
             .and_then(|d| d.get("v"))
             .and_then(|v| v.as_u64());
-        if doc.is_none() || identity.is_none() {
-            return corrupt(identity, "lease record is unparsable");
+        if doc.is_none() || handle.is_none() {
+            return corrupt(handle, "lease record is unparsable");
         }
         if version != Some(VERSION) {
-            return corrupt(identity, "lease record has an unknown version");
+            return corrupt(handle, "lease record has an unknown version");
         }
         let Ok(r) = serde_json::from_slice::<Record>(&stored.value) else {
-            return corrupt(identity, "lease record is unparsable");
+            return corrupt(handle, "lease record is unparsable");
         };
         match fence.map(|f| counter(&f.value)) {
             Some(Some(c)) if c >= r.token => {}
             _ => return corrupt(None, "fence counter is missing or behind the lease"),
         }
         if stored.lease == 0 {
-            return corrupt(identity, "lease record has no expiry");
+            return corrupt(handle, "lease record has no expiry");
         }
         if r.acquired_ms > r.expires_ms || r.max_expires_ms.is_some_and(|m| r.expires_ms > m) {
-            return corrupt(identity, "lease record's expiry disagrees with itself");
+            return corrupt(handle, "lease record's expiry disagrees with itself");
         }
         if r.metadata
             .as_deref()
             .is_some_and(|m| metadata_from_json(m).is_none())
         {
-            return corrupt(identity, "lease record has unreadable metadata");
+            return corrupt(handle, "lease record has unreadable metadata");
         }
         if r.expires_ms <= now {
             Slot::Lingering(r)
@@ -180,19 +181,19 @@ impl Slot {
         match self {
             Slot::Free => None,
             Slot::Live(r) | Slot::Lingering(r) => Some(r.token),
-            Slot::Corrupt { identity, .. } => identity.as_ref().map(|i| i.token),
+            Slot::Corrupt { handle, .. } => handle.as_ref().map(|i| i.token),
         }
     }
 }
 
-fn identity_of(doc: &serde_json::Value) -> Option<Identity> {
+fn handle_of(doc: &serde_json::Value) -> Option<HandleFields> {
     let token = doc
         .get("token")?
         .as_u64()
         .filter(|t| (1..=MAX_TOKEN).contains(t))?;
     let sha = doc.get("lease_id_sha256")?.as_str()?;
     let owner = doc.get("owner")?.as_str()?;
-    (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())).then(|| Identity {
+    (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())).then(|| HandleFields {
         token,
         lease_id_sha256: sha.to_owned(),
         owner: owner.to_owned(),
@@ -292,11 +293,11 @@ mod tests {
         let behind = stored(b"2".to_vec(), 0);
         assert!(matches!(
             Slot::read(Some(&rec), Some(&behind), 0),
-            Slot::Corrupt { identity: None, .. }
+            Slot::Corrupt { handle: None, .. }
         ));
         let no_expiry = stored(r.encode(), 0);
         let Slot::Corrupt {
-            identity: Some(id), ..
+            handle: Some(id), ..
         } = Slot::read(Some(&no_expiry), Some(&fence), 0)
         else {
             panic!("a record without an etcd lease is corrupt");
@@ -313,14 +314,14 @@ mod tests {
         assert!(matches!(
             Slot::read(Some(&v2), Some(&fence), 0),
             Slot::Corrupt {
-                identity: Some(_),
+                handle: Some(_),
                 why: "lease record has an unknown version"
             }
         ));
         let garbage = stored(b"\x01not a lease".to_vec(), 7);
         assert!(matches!(
             Slot::read(Some(&garbage), Some(&fence), 0),
-            Slot::Corrupt { identity: None, .. }
+            Slot::Corrupt { handle: None, .. }
         ));
     }
 

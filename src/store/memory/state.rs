@@ -40,9 +40,9 @@ impl Record {
 #[derive(Clone, Debug)]
 pub(super) enum Slot {
     Live(Record),
-    /// Unreadable state; `holder` is set when its identity fields still parse.
+    /// Unreadable state; `handle` is set when its handle's fields still parse.
     Corrupt {
-        holder: Option<LeaseHandle>,
+        handle: Option<LeaseHandle>,
     },
 }
 
