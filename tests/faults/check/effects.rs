@@ -143,21 +143,20 @@ pub fn check(h: &History) -> Vec<Violation> {
     let none = Vec::new();
     let releases = requests(h, OpKind::Release);
     let revokes = requests(h, OpKind::Revoke);
-    // What could end a lease: (target, issue, token) -> when each possible ender was sent.
-    let mut enders: HashMap<(&str, u64), Vec<(u64, &Request)>> = HashMap::new();
+    // What could end a lease: (target, token, issue) -> when each possible ender was sent.
+    let mut enders: ByLease<Vec<(u64, &Request)>> = BTreeMap::new();
     for r in releases.iter().chain(&revokes) {
-        if let Some((_, token)) = acts_on(r.attempts[0]) {
+        if let Some((issue, token)) = acts_on(r.attempts[0]) {
             enders
-                .entry((&r.attempts[0].target, token))
+                .entry((&r.attempts[0].target, token, issue))
                 .or_default()
                 .push((r.first_invoke(), r));
         }
     }
-    let ended_before = |target: &str, token: u64, by_ms: u64, may_run: bool| {
-        enders.get(&(target, token)).is_some_and(|es| {
-            es.iter()
-                .any(|(at, r)| *at <= by_ms && (!may_run || r.may_have_run()))
-        })
+    let ended_before = |target: &str, token: u64, issue: &str, by_ms: u64, may_run: bool| {
+        of_lease(&enders, target, token, issue)
+            .flatten()
+            .any(|(at, r)| *at <= by_ms && (!may_run || r.may_have_run()))
     };
     // Acknowledged acquires and renewals: the lease lives until E.
     let grants = h.ops.iter().filter(|o| {
@@ -191,7 +190,7 @@ pub fn check(h: &History) -> Vec<Violation> {
                     )
                 }
                 _ if look.server_ms >= l.expires_at_ms => continue,
-                _ if ended_before(&o.target, l.token, look.complete_ms, false) => continue,
+                _ if ended_before(&o.target, l.token, issue, look.complete_ms, false) => continue,
                 Some(other) => format!(
                     "at {} the target was held by {} (token {})",
                     look.server_ms, other.issue, other.token
@@ -249,25 +248,59 @@ pub fn check(h: &History) -> Vec<Violation> {
     out
 }
 
+/// What is known per lease: (target, token, issue).
+type ByLease<'h, V> = BTreeMap<(&'h str, u64, &'h str), V>;
+
+/// The entries of `by` about the lease (`target`, `token`, `issue`): a token
+/// can be issued twice when a fault loses the counter, so the request that
+/// asked for the lease tells the two apart (an empty issue, unknown, matches
+/// any).
+fn of_lease<'m, 'h, V>(
+    by: &'m ByLease<'h, V>,
+    target: &'h str,
+    token: u64,
+    issue: &'h str,
+) -> impl Iterator<Item = &'m V> + use<'m, 'h, V> {
+    by.range((target, token, "")..)
+        .take_while(move |((t, n, _), _)| *t == target && *n == token)
+        .filter(move |((_, _, i), _)| i.is_empty() || issue.is_empty() || *i == issue)
+        .map(|(_, v)| v)
+}
+
+/// The lease an acknowledged acquire granted or an acknowledged renew
+/// extended, with the expiry its reply reported.
+fn reported_expiry(o: &OpRecord) -> Option<((&str, u64, &str), u64)> {
+    let l = o.lease.as_ref()?;
+    if o.answer.is("acquired") {
+        Some(((&o.target, l.token, &l.issue), l.expires_at_ms))
+    } else if o.answer.is("renewed") {
+        let (issue, token) = acts_on(o)?;
+        Some(((&o.target, token, issue), l.expires_at_ms))
+    } else {
+        None
+    }
+}
+
 /// A renew reported as refused or unavailable must not have set an expiry:
 /// every expiry seen of a lease is one its acquire or an acknowledged renew
 /// reported, unless some renew of it had an unknown outcome.
 fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Vec<Violation>) {
     let renewals = requests(h, OpKind::Renew);
-    // (target, token) -> (expiries reported, any unknown attempt, a refused request)
+    // (target, token, issue) -> (expiries reported, any unknown attempt, a refused request)
     type Known<'a> = (Vec<u64>, bool, Option<&'a str>);
-    let mut leases: HashMap<(&str, u64), Known> = HashMap::new();
+    let mut leases: ByLease<Known> = BTreeMap::new();
     for o in h.ops.iter().filter(|o| o.kind == OpKind::Acquire) {
-        if let (true, Some(l)) = (o.answer.is("acquired"), &o.lease) {
-            let e = leases.entry((&o.target, l.token)).or_default();
-            e.0.push(l.expires_at_ms);
+        if let Some((key, expires)) = reported_expiry(o) {
+            leases.entry(key).or_default().0.push(expires);
         }
     }
     for r in &renewals {
-        let Some((_, token)) = acts_on(r.attempts[0]) else {
+        let Some((issue, token)) = acts_on(r.attempts[0]) else {
             continue;
         };
-        let e = leases.entry((&r.attempts[0].target, token)).or_default();
+        let e = leases
+            .entry((&r.attempts[0].target, token, issue))
+            .or_default();
         for o in &r.attempts {
             match (&o.answer, &o.lease) {
                 (Answer::Unknown, _) => e.1 = true,
@@ -282,11 +315,14 @@ fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Ve
     for (target, ls) in looks {
         for look in ls {
             let Some(seen) = look.lease else { continue };
-            let Some((reported, unknown, Some(refused))) = leases.get(&(*target, seen.token))
-            else {
+            let known: Vec<&Known> = of_lease(&leases, target, seen.token, &seen.issue).collect();
+            let explained = known.iter().any(|(reported, unknown, _)| {
+                *unknown || reported.is_empty() || reported.contains(&seen.expires_at_ms)
+            });
+            let Some(refused) = known.iter().find_map(|k| k.2) else {
                 continue;
             };
-            if *unknown || reported.is_empty() || reported.contains(&seen.expires_at_ms) {
+            if explained {
                 continue;
             }
             out.push(Violation::new(
@@ -315,35 +351,40 @@ fn refused_enders(
     revokes: &[Request],
     out: &mut Vec<Violation>,
 ) {
-    // (target, token) -> the latest expiry reported, with the time of its reply.
-    let mut expiry: HashMap<(&str, u64), Vec<(u64, u64)>> = HashMap::new();
+    // (target, token, issue) -> each expiry reported, with the time of its reply.
+    let mut expiry: ByLease<Vec<(u64, u64)>> = BTreeMap::new();
     for o in &h.ops {
-        let ok = o.answer.is("acquired") || o.answer.is("renewed");
-        if let (true, Some(l)) = (ok, &o.lease) {
+        if let Some((key, expires)) = reported_expiry(o) {
             expiry
-                .entry((&o.target, l.token))
+                .entry(key)
                 .or_default()
-                .push((o.complete_ms, l.expires_at_ms));
+                .push((o.complete_ms, expires));
         }
     }
     for r in releases.iter().chain(revokes).filter(|r| r.no_effect()) {
         let first = r.attempts[0];
-        let Some((_, token)) = acts_on(first) else {
+        let Some((issue, token)) = acts_on(first) else {
             continue;
         };
         let started = r.first_invoke();
         let others_may_end = releases.iter().chain(revokes).any(|o| {
             !std::ptr::eq(o, r)
                 && o.may_have_run()
-                && acts_on(o.attempts[0]).is_some_and(|(_, t)| t == token)
+                && acts_on(o.attempts[0]).is_some_and(|(i, t)| {
+                    t == token && (i.is_empty() || issue.is_empty() || i == issue)
+                })
                 && o.attempts[0].target == first.target
         });
         if others_may_end {
             continue;
         }
-        let Some(reported) = expiry.get(&(first.target.as_str(), token)) else {
+        let reported: Vec<(u64, u64)> = of_lease(&expiry, &first.target, token, issue)
+            .flatten()
+            .copied()
+            .collect();
+        if reported.is_empty() {
             continue;
-        };
+        }
         let granted = reported.iter().map(|(acked, _)| *acked).min().unwrap_or(0);
         let gone = looks
             .get(first.target.as_str())
@@ -357,7 +398,7 @@ fn refused_enders(
                     .max();
                 look.invoke_ms > started
                     && promised.is_some_and(|e| look.server_ms < e)
-                    && look.lease.is_none_or(|l| l.token != token)
+                    && look.lease.is_none_or(|l| !same(l, issue, token))
                     && !loss_between(lossy, granted, look.complete_ms)
             });
         if let Some(look) = gone {

@@ -41,8 +41,10 @@ use super::history::History;
 /// fault that can lose state, recovery is judged per part (each client,
 /// each sink, status, marks) against its bound after every fault followed
 /// by a fault-free gap that long, the lossy modes must show their cost, and
-/// a control must be caught by every violation it expects.
-pub const CHECKER: u32 = 3;
+/// a control must be caught by every violation it expects; 4: a token
+/// issued twice names two leases (renewals, releases and revokes are
+/// judged per lease, the request that asked for it telling them apart).
+pub const CHECKER: u32 = 4;
 
 /// One of the four checked properties.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -106,6 +106,33 @@ fn refusals_that_took_effect_are_caught() {
     );
 }
 
+/// A token issued twice (a restart lost the counter) names two leases:
+/// what one of them was told says nothing about the other. Here the first
+/// lease's renew was refused, the second lease's acquire reply was lost, and
+/// an observer sees the second lease with the expiry its own acquire set.
+#[test]
+fn a_token_issued_twice_is_two_leases() {
+    let h = H::new()
+        .acquired("a", "t", "r1", 12, 1000, 3000)
+        .renew("a", "t", ("r1", 12), Answer::Unavailable, 0, 0)
+        .lossy_fault()
+        .acquire_answer("b", "t", "r2", Answer::Unknown, None, 0)
+        .look("t", l(12, "r2", 5400), 3500)
+        .build();
+    assert_eq!(found(&h), Vec::<String>::new());
+    // The same look at the first lease is the lie it always was.
+    let h = H::new()
+        .acquired("a", "t", "r1", 12, 1000, 3000)
+        .renew("a", "t", ("r1", 12), Answer::Unavailable, 0, 0)
+        .look("t", l(12, "r1", 5400), 1500)
+        .build();
+    assert!(
+        found(&h)[0].contains("no acknowledged operation set"),
+        "{:?}",
+        found(&h)
+    );
+}
+
 /// A write applied just before a loss and answered after the loss healed
 /// was lost, not misreported: no honesty violation (its loss is judged as
 /// durability). The same history without the loss is a lie.
