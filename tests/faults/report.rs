@@ -111,7 +111,7 @@ fn shown(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
     let also: &[&str] = match s.fault {
         Fault::PowerCut => &[crate::scenarios::UNSYNCED_CUT],
         // 0 with `replicas:1`, and that is the point.
-        Fault::SentinelFailover => &[crate::scenarios::LAG_RENEWED],
+        Fault::SentinelFailover => &[crate::scenarios::LAG_RENEWED, crate::scenarios::LAG_GRANTED],
         _ => &[],
     };
     // On etcd: how long the store kept targets taken past their holders'

@@ -233,6 +233,11 @@ pub const LAG_RENEWALS: &str = "lag-window renewals sent";
 /// `--durability none`; none under `replicas:1`).
 pub const LAG_RENEWED: &str = "lag-window renewals acknowledged";
 
+/// Grants of the lag-window holder's own target acknowledged before the
+/// primary died (lost with it under `--durability none`, their tokens
+/// issued again; none under `replicas:1`).
+pub const LAG_GRANTED: &str = "lag-window grants acknowledged";
+
 /// A server under the power-loss shim with its AOF on, fsynced `fsync`.
 fn power_loss(fsync: &str, disk: Disk) -> Setup {
     Setup::PowerLoss(

@@ -5,8 +5,8 @@
 use targetlease::store::valkey::Durability;
 
 use super::{
-    Backend, FAILOVER_TTL, Fault, LAG_RENEWED, LOSSY, Scenario, UNSYNCED_CUT, args, power_loss,
-    scenario, standalone,
+    Backend, FAILOVER_TTL, Fault, LAG_GRANTED, LAG_RENEWED, LOSSY, Scenario, UNSYNCED_CUT, args,
+    power_loss, scenario, standalone,
 };
 use crate::check::{Property, Scope};
 use crate::valkey::Setup;
@@ -27,11 +27,11 @@ pub fn all() -> Vec<Scenario> {
             // The overlap `none` permits: a holder whose renewal the
             // promotion lost still claims the target when it is granted again.
             must_show: &[(Property::Exclusion, Scope::Lease)],
-            effects: &[LAG_RENEWED],
+            effects: &[LAG_RENEWED, LAG_GRANTED],
             ttl: FAILOVER_TTL,
             ..scenario(
                 "failover-durability-none",
-                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s; a holder renews inside the lag window), `--durability none`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s; a holder renews and takes a target inside the lag window), `--durability none`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )
@@ -41,7 +41,7 @@ pub fn all() -> Vec<Scenario> {
             ttl: FAILOVER_TTL,
             ..scenario(
                 "failover-replicas-1",
-                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s; a holder renews inside the lag window), `--durability replicas:1`",
+                "replica 500 ms behind, primary SIGKILL, Sentinel failover to it (lease ttl 10 s; a holder renews and takes a target inside the lag window), `--durability replicas:1`",
                 Backend::Valkey(Setup::Sentinel),
                 Fault::SentinelFailover,
             )

@@ -12,13 +12,24 @@
 //! never acknowledged inside the window (`WAIT` gets no replica), so the
 //! holder stops acting on the lease. The administrator does not revoke its
 //! lease (`revoker.rs`): a revoke would end the claim before the failover.
+//!
+//! Inside the same window it also takes a target of its own (`lag-N`, new
+//! for each failover), and takes it again once the failover is over. Under
+//! `--durability none` (or `replicas:1` without its `WAIT`) the first grant
+//! is acknowledged and lost, so the promoted replica's counter issues its
+//! token a second time: the reissue (a) measures, on every failover rather
+//! than whenever a workload client happened to acquire in the window. With
+//! `replicas:1` the first grant is never acknowledged, and a token nobody
+//! was told of binds nothing across the loss.
 
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use targetlease::store::Target;
+
 use super::client::Client;
-use crate::scenarios::{LAG_RENEWALS, LAG_RENEWED};
+use crate::scenarios::{LAG_GRANTED, LAG_RENEWALS, LAG_RENEWED};
 
 /// What the failover tells the lag-window holder.
 #[derive(Clone, Copy, Debug)]
@@ -36,6 +47,10 @@ pub const TAKE_AHEAD: Duration = Duration::from_secs(3);
 
 /// How long before its deadline the holder stops acting on the lease.
 const MARGIN: Duration = Duration::from_secs(1);
+
+/// How long after the lag window the holder tries to take its own target
+/// again (past Sentinel's down-after and the promotion).
+const AGAIN_FOR: Duration = Duration::from_secs(15);
 
 /// Waits for the next cue (None: the run is over).
 async fn next(client: &Client, cue: &mut watch::Receiver<Option<Cue>>) -> Option<Cue> {
@@ -57,6 +72,7 @@ impl Client {
     /// Runs the lag-window holder until the run stops.
     pub async fn hold_across_failovers(mut self, mut cue: watch::Receiver<Option<Cue>>) {
         let mut writes = 0_u64;
+        let mut failovers = 0_u64;
         while let Some(c) = next(&self, &mut cue).await {
             // A cue that came while the last lease was held is stale.
             let Cue::Take(lag_at) = c else { continue };
@@ -89,20 +105,42 @@ impl Client {
                 continue;
             };
             self.rec.effect(LAG_RENEWALS, 1);
-            let Some(deadline) = self.renew(&held).await else {
-                continue; // not renewed (or unknown): a careful holder stops acting
-            };
-            if Instant::now() < renew_by {
+            let renewed = self.renew(&held).await;
+            if renewed.is_some() && Instant::now() < renew_by {
                 self.rec.effect(LAG_RENEWED, 1);
             }
-            held.deadline = deadline;
-            while Instant::now() + MARGIN < held.deadline && !self.stop.is_set() {
-                writes += 1;
-                let id = format!("{}-{writes}", self.name);
-                self.write(&held, &id).await;
-                tokio::time::sleep(Duration::from_millis(250)).await;
+            failovers += 1;
+            let own = Target::new(&held.target.namespace, format!("lag-{failovers}"));
+            let granted = self.acquire(&own).await;
+            if granted.is_some() && Instant::now() < renew_by {
+                self.rec.effect(LAG_GRANTED, 1);
             }
-            self.release(&held).await;
+            // Not renewed (or unknown): a careful holder stops acting.
+            if let Some(deadline) = renewed {
+                held.deadline = deadline;
+                while Instant::now() + MARGIN < held.deadline && !self.stop.is_set() {
+                    writes += 1;
+                    let id = format!("{}-{writes}", self.name);
+                    self.write(&held, &id).await;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                self.release(&held).await;
+            }
+            if granted.is_some() {
+                self.take_again(&own, renew_by + AGAIN_FOR).await;
+            }
+        }
+    }
+
+    /// Takes `target` again once the failover is over (until `by`), and
+    /// lets it go.
+    async fn take_again(&self, target: &Target, by: Instant) {
+        while Instant::now() < by && !self.stop.is_set() {
+            if let Some(held) = self.acquire(target).await {
+                self.release(&held).await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
