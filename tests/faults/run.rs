@@ -225,6 +225,34 @@ pub fn failpoint_env(s: &Scenario) -> Vec<(String, String)> {
     vec![("TARGETLEASE_FAILPOINTS".into(), list.join(";"))]
 }
 
+/// Injects `s`'s fault into `targets` for `secs` seconds while the workload
+/// runs, waits out the recovery bound (the last fault is always judged),
+/// then stops the workload and the paused holder.
+pub async fn inject_then_stop(
+    s: &Scenario,
+    secs: u64,
+    targets: Targets,
+    rec: &Recorder,
+    stop: &Stop,
+) {
+    let faults = Stop::default();
+    let fault = tokio::spawn(inject::run(
+        s.fault,
+        targets,
+        rec.clone(),
+        Pace::new(faults.clone(), s.quiet()),
+    ));
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    faults.set();
+    let back = fault.await.expect("fault task");
+    tokio::time::sleep(s.quiet()).await;
+    rec.stopped();
+    stop.set();
+    if let Some(h) = back.holder {
+        h.stop().await;
+    }
+}
+
 /// Turns a scenario's fail points on (or off) in this process.
 pub fn failpoints_here(s: &Scenario, on: bool) {
     if !s.failpoints_here {
@@ -400,29 +428,14 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
     };
     let tasks = clients(&urls, s, &sink, &rec, &stop, &[], cue).await;
     let holder = paused_holder(s, &urls, &sink, &rec);
-    let faults = Stop::default();
-    let fault = tokio::spawn(inject::run(
-        s.fault,
-        Targets {
-            valkey: Some(valkey.clone()),
-            etcd: None,
-            holder,
-            ttl: s.ttl,
-            lag,
-        },
-        rec.clone(),
-        Pace::new(faults.clone(), s.quiet()),
-    ));
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    faults.set();
-    let back = fault.await.expect("fault task");
-    // Longer than the recovery bound: the last fault is always judged.
-    tokio::time::sleep(s.quiet()).await;
-    rec.stopped();
-    stop.set();
-    if let Some(h) = back.holder {
-        h.stop().await;
-    }
+    let targets = Targets {
+        valkey: Some(valkey.clone()),
+        etcd: None,
+        holder,
+        ttl: s.ttl,
+        lag,
+    };
+    inject_then_stop(s, secs, targets, &rec, &stop).await;
     let v = valkey.clone();
     let stats = tokio::task::spawn_blocking(move || v.effects())
         .await

@@ -113,29 +113,14 @@ pub async fn run(
     let stop = Stop::default();
     let tasks = run::clients(&urls, s, &sink, &rec, &stop, &[], None).await;
     let holder = run::paused_holder(s, &urls, &sink, &rec);
-    let faults = Stop::default();
-    let fault = tokio::spawn(crate::inject::run(
-        s.fault,
-        Targets {
-            valkey: None,
-            etcd: Some(etcd.clone()),
-            holder,
-            ttl: s.ttl,
-            lag: None,
-        },
-        rec.clone(),
-        Pace::new(faults.clone(), s.quiet()),
-    ));
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    faults.set();
-    let back = fault.await.expect("fault task");
-    // Longer than the recovery bound: the last fault is always judged.
-    tokio::time::sleep(s.quiet()).await;
-    rec.stopped();
-    stop.set();
-    if let Some(h) = back.holder {
-        h.stop().await;
-    }
+    let targets = Targets {
+        valkey: None,
+        etcd: Some(etcd.clone()),
+        holder,
+        ttl: s.ttl,
+        lag: None,
+    };
+    run::inject_then_stop(s, secs, targets, &rec, &stop).await;
     for (what, n) in etcd.effects() {
         rec.effect(&what, n);
     }
