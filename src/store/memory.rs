@@ -106,7 +106,6 @@ fn reply(now: u64, outcome: Outcome, lease: Option<Lease>, message: &str) -> Rep
     }
 }
 
-/// A reply without a lease.
 /// A fresh random lease id (for an acquire that brings none).
 fn new_lease_id() -> String {
     uuid::Uuid::new_v4().to_string()

@@ -20,6 +20,10 @@
 //! | `FAULTS_COMMIT` | [`Config::commit`] | `git describe` of this tree |
 //! | `FAULTS_AT_ONCE` | [`Config::fill_at_once`] | 1 |
 //! | `FAULTS_PRODUCT_BIN` | [`Config::product_bin`] | the `targetlease` cargo built |
+//!
+//! `scripts/faults.sh` reads two of its own, never seen here:
+//! `FAULTS_FILL_DIR` (where `fill` keeps its logs and pinned binaries) and
+//! `FAULTS_REPORT_PATH` (where `fill` writes the page).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

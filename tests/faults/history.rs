@@ -8,7 +8,6 @@
 //! are wall-clock Unix milliseconds (worker processes report in the same
 //! clock); lease times are Valkey server milliseconds, as the store reports.
 
-#![allow(dead_code)] // each test binary uses a part
 
 use std::sync::{Arc, Mutex};
 

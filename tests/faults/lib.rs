@@ -1,8 +1,11 @@
 //! The fault matrix: a workload with a recorded history, a real PostgreSQL
 //! downstream fenced by the recipe in `examples/fencing/`, real faults, a
 //! checker that can fail, and positive controls that break the product
-//! through its fail points (`src/store/failpoints.rs`). Built only with
-//! `--features failpoints` (`scripts/faults.sh` passes it).
+//! through its fail points (`src/store/failpoints.rs`). It runs only
+//! where the product is built with them (`--features failpoints`, which
+//! `scripts/faults.sh` passes); the plain workspace build compiles it for
+//! its checker's unit tests, and there a scenario that sets a fail point in
+//! this process fails at once.
 //!
 //! A workspace member of its own: this library is the whole matrix, and
 //! the root package's `faults` test target (`tests/faults.rs`, without

@@ -25,6 +25,7 @@ pub(crate) fn overlap(a: &Claim, b: &Claim) -> bool {
     a.who != b.who && a.start.max(b.start) < a.end.min(b.end)
 }
 
+#[cfg(test)]
 pub fn check(h: &History) -> Vec<Violation> {
     measure(h).0
 }
@@ -166,6 +167,7 @@ fn claims_by_target(h: &History) -> BTreeMap<String, Vec<Claim<'_>>> {
 
 /// The longest time, in ms of the clients' clock, that two client leases on
 /// one target were both claimed; `None` when none overlapped.
+#[cfg(test)]
 pub fn client_overlap_ms(h: &History) -> Option<u64> {
     clients(h, &mut Vec::new())
 }

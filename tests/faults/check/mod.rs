@@ -12,7 +12,6 @@
 //! - (d) [`exclusion`]: no two claims (client leases, Held TargetLeases,
 //!   marked pods of one election) overlap in server time.
 
-#![allow(dead_code)] // each test binary uses a part
 
 pub mod downstream;
 pub mod effects;
@@ -60,13 +59,6 @@ pub enum Property {
 }
 
 impl Property {
-    pub const ALL: [Property; 4] = [
-        Property::Tokens,
-        Property::Downstream,
-        Property::Honesty,
-        Property::Exclusion,
-    ];
-
     /// The letter the issue and the docs use.
     pub fn letter(self) -> char {
         match self {
@@ -151,7 +143,7 @@ pub struct Report {
     /// where something was lost; 0 ms is a loss of one grant): (a) in client leases, the longest stretch of
     /// grants one counter loss forgot ([`tokens::forgotten_ms`]); (d)
     /// in client leases, the longest time two leases on one target were
-    /// both promised ([`exclusion::client_overlap_ms`]).
+    /// both promised ([`exclusion::measure`]).
     pub windows: BTreeMap<(Property, Scope), usize>,
 }
 
@@ -162,11 +154,6 @@ impl Report {
             .iter()
             .filter(|v| v.property == p && v.scope == s)
             .count()
-    }
-
-    /// Number of violations of `p`, any scope.
-    pub fn count_property(&self, p: Property) -> usize {
-        self.violations.iter().filter(|v| v.property == p).count()
     }
 
     /// Counts per (property, scope), only the non-zero ones.
