@@ -244,15 +244,8 @@ pub fn to_yaml<T: Serialize>(value: &T) -> String {
     serde_yaml::to_string(value).unwrap_or_else(|_| "unprintable: true\n".into())
 }
 
-/// An I/O error in words, without the `(os error N)` suffix:
-/// `No such file or directory`, `Permission denied`.
-pub fn io_reason(e: &std::io::Error) -> String {
-    let text = e.to_string();
-    match text.rfind(" (os error ") {
-        Some(at) if text.ends_with(')') => text[..at].to_owned(),
-        _ => text,
-    }
-}
+/// An I/O error in words (the operator's, for the file settings both use).
+pub use crate::operator::config_error::io_reason;
 
 /// `s` for a line of text for people: control characters (a line break, a
 /// tab, an escape sequence), line and paragraph separators (U+2028, U+2029),

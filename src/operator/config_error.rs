@@ -5,6 +5,17 @@
 
 use std::fmt;
 
+/// An I/O error in words, without the `(os error N)` suffix:
+/// `No such file or directory`, `Permission denied` (what a file setting
+/// that cannot be read says about it).
+pub fn io_reason(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) if text.ends_with(')') => text[..at].to_owned(),
+        _ => text,
+    }
+}
+
 /// A setting that cannot be used, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {

@@ -10,6 +10,7 @@ mod etcd_tls;
 mod habits;
 mod index;
 mod install;
+mod layers;
 mod lease;
 mod run;
 mod url_password;

@@ -8,7 +8,6 @@
 //! are wall-clock Unix milliseconds (worker processes report in the same
 //! clock); lease times are Valkey server milliseconds, as the store reports.
 
-
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};

@@ -82,7 +82,7 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
         format!(
             "cannot read {}: {}",
             path.display(),
-            crate::cli::output::io_reason(&e)
+            crate::operator::config_error::io_reason(&e)
         )
     })
 }

@@ -12,7 +12,6 @@
 //! - (d) [`exclusion`]: no two claims (client leases, Held TargetLeases,
 //!   marked pods of one election) overlap in server time.
 
-
 pub mod downstream;
 pub mod effects;
 pub mod exclusion;
