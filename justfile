@@ -1,8 +1,8 @@
 # Every entry point of this repository, one recipe each with what it is for.
 # An index to read: `just RECIPE` runs one, but nothing needs `just` (each
 # recipe is the command to type). tests/cli/index.rs fails when `.ci/run`, a
-# script in scripts/, a test target in tests/ or a workspace member with
-# tests of its own is missing here.
+# script in scripts/ or tests/, a test target in tests/, the unit tests, a
+# fuzz target or a workspace member with tests of its own is missing here.
 
 # The two commands of the README.
 
@@ -27,6 +27,10 @@ setup *args:
 # Builds the control plane (etcd, kube-apiserver, …) and test tools from Go modules.
 build-controlplane *args:
     scripts/build-controlplane.sh {{args}}
+
+# Rewrites the control plane module's replace block for a Kubernetes version (tests/controlplane/go.mod).
+controlplane-replaces *args:
+    tests/controlplane/gen-replaces.sh {{args}}
 
 # Starts or stops a real control plane on loopback ports (`start DIR`, `stop DIR`).
 controlplane *args:
@@ -85,6 +89,14 @@ test-e2e *args:
 # The PostgreSQL fencing recipe of examples/fencing/ against a real server.
 test-fencing-postgresql *args:
     cargo test --test fencing_postgresql -- {{args}}
+
+# The product's unit tests: pure planning and transitions, the executor's write order against a mocked API, the wire layer.
+test-unit *args:
+    cargo test --lib -- {{args}}
+
+# Fuzzes the RESP decoder (fuzz/fuzz_targets/resp_decoder.rs) with libFuzzer on nightly; scripts/test.sh runs it for FUZZ_SECS.
+fuzz-resp-decoder *args:
+    RUSTUP_TOOLCHAIN=nightly cargo fuzz run resp_decoder fuzz/corpus/resp_decoder fuzz/seeds/resp_decoder -- {{args}}
 
 # The fault matrix's checker (the targetlease-faults member's unit tests), on synthetic histories.
 test-faults-checker *args:

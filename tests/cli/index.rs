@@ -78,6 +78,31 @@ fn members_with_tests(repo: &Path) -> BTreeSet<String> {
     names
 }
 
+/// The scripts a person runs: every `*.sh` and `*.py` in scripts/ (not the
+/// libraries in scripts/lib/) and anywhere under tests/, as repository paths.
+fn scripts(repo: &Path) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut dirs = vec![repo.join("scripts"), repo.join("tests")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(repo)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() {
+                if rel != "scripts/lib" && !rel.ends_with("/target") {
+                    dirs.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "sh" || e == "py") {
+                found.insert(rel);
+            }
+        }
+    }
+    found
+}
+
 #[test]
 fn the_justfile_lists_every_script_and_test_target() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -95,14 +120,12 @@ fn the_justfile_lists_every_script_and_test_target() {
     let words: Vec<&str> = commands.iter().flat_map(|c| c.split_whitespace()).collect();
 
     // Each script and each test target is run by some recipe.
-    let mut scripts = BTreeSet::new();
-    for entry in std::fs::read_dir(repo.join("scripts")).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_file() && path.extension().is_some_and(|e| e == "sh" || e == "py") {
-            scripts.insert(format!("scripts/{}", entry.file_name().to_string_lossy()));
-        }
-    }
-    assert!(scripts.contains("scripts/test.sh"), "{scripts:?}");
+    let scripts = scripts(repo);
+    assert!(
+        scripts.contains("scripts/test.sh")
+            && scripts.contains("tests/controlplane/gen-replaces.sh"),
+        "{scripts:?}"
+    );
     for script in &scripts {
         assert!(
             words.contains(&script.as_str()),
@@ -123,6 +146,29 @@ fn the_justfile_lists_every_script_and_test_target() {
         assert!(
             tested.contains(target.as_str()),
             "justfile: no recipe runs `cargo test --test {target}`"
+        );
+    }
+
+    // The product's unit tests, and each fuzz target.
+    assert!(
+        commands.iter().any(|c| c.starts_with("cargo test --lib")),
+        "justfile: no recipe runs the unit tests (`cargo test --lib`)"
+    );
+    for entry in std::fs::read_dir(repo.join("fuzz/fuzz_targets"))
+        .unwrap()
+        .flatten()
+    {
+        let name = entry
+            .path()
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            commands
+                .iter()
+                .any(|c| c.contains("cargo fuzz run") && c.split_whitespace().any(|w| w == name)),
+            "justfile: no recipe runs the fuzz target {name}"
         );
     }
 
@@ -154,7 +200,8 @@ fn the_justfile_lists_every_script_and_test_target() {
 
     // And every recipe runs something that exists.
     for word in &words {
-        if word.starts_with("scripts/") {
+        let script = word.ends_with(".sh") || word.ends_with(".py");
+        if script && (word.starts_with("scripts/") || word.starts_with("tests/")) {
             assert!(scripts.contains(*word), "justfile: {word} does not exist");
         }
     }
