@@ -262,7 +262,7 @@ local function read_lease(key, packed, fence, now)
   return 'live', r
 end
 
-local function holder_matches(r, owner, id_sha, token)
+local function handle_matches(r, owner, id_sha, token)
   return r.owner == owner and r.id_sha == id_sha and r.token == token
 end
 

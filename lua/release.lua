@@ -6,7 +6,7 @@
 -- ARGV[3] token      the holder's fencing token
 -- ARGV[4] window     idempotency window ms
 -- ARGV[5] request    the request cache field, q:release:<owner>:<request id hash>
--- uses: now_ms, fields, reply, reply_lease, read_lease, holder_matches,
+-- uses: now_ms, fields, reply, reply_lease, read_lease, handle_matches,
 -- uses: remember, notify_free, field_of, fingerprint, replay
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
@@ -39,13 +39,13 @@ if replayed then return replayed end
 
 local out
 if state == 'corrupt' then
-  if not (r and holder_matches(r, owner, id_sha, token)) then
+  if not (r and handle_matches(r, owner, id_sha, token)) then
     return reply('corrupt_state', now, why)
   end
   out = reply('released', now, 'corrupt lease record removed by its holder')
 elseif state == 'none' then
   return reply('expired', now, 'the lease has ended')
-elseif not holder_matches(r, owner, id_sha, token) then
+elseif not handle_matches(r, owner, id_sha, token) then
   return reply('not_owner', now, 'the lease is not held by this lease id, owner and token')
 else
   out = reply_lease('released', now, 'lease released', r, lease_id)

@@ -10,7 +10,7 @@
 -- ARGV[7] extend     '1': never move the expiry earlier (the later of the
 --                    current expiry and now + ttl); '0': now + ttl
 -- uses: now_ms, str, fields, reply, reply_lease, pack_lease, read_lease,
--- uses: holder_matches, remember, field_of, fingerprint, replay
+-- uses: handle_matches, remember, field_of, fingerprint, replay
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -44,7 +44,7 @@ end
 
 if state == 'corrupt' then return reply('corrupt_state', now, why) end
 if state == 'none' then return reply('expired', now, 'the lease has ended') end
-if not holder_matches(r, owner, id_sha, token) then
+if not handle_matches(r, owner, id_sha, token) then
   return reply('not_owner', now, 'the lease is not held by this lease id, owner and token')
 end
 

@@ -95,7 +95,7 @@ impl MemoryStore {
 
 const CORRUPT: &str = "lease record is corrupt";
 const CONFLICT: &str = "request id was used with different inputs";
-const NOT_HOLDER: &str = "the lease is not held by this lease id, owner and token";
+const NOT_OWNER: &str = "the lease is not held by this lease id, owner and token";
 
 fn reply(now: u64, outcome: Outcome, lease: Option<Lease>, message: &str) -> Reply {
     Reply {
@@ -120,7 +120,7 @@ fn held_by(slot: Option<Slot>, h: &LeaseHandle) -> Result<Record, (Outcome, &'st
     match slot {
         Some(Slot::Corrupt { .. }) => Err((Outcome::CorruptState, CORRUPT)),
         None => Err((Outcome::Expired, "the lease has ended")),
-        Some(Slot::Live(r)) if !r.holder_matches(h) => Err((Outcome::NotOwner, NOT_HOLDER)),
+        Some(Slot::Live(r)) if !r.handle_matches(h) => Err((Outcome::NotOwner, NOT_OWNER)),
         Some(Slot::Live(r)) => Ok(r),
     }
 }

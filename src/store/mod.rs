@@ -95,7 +95,8 @@ impl Lease {
         self
     }
 
-    /// The exact identity needed to renew or release, when this copy carries it.
+    /// The exact handle (owner, lease id, token) needed to renew or
+    /// release, when this copy carries the lease id.
     pub fn handle(&self) -> Option<LeaseHandle> {
         self.lease_id.as_ref().map(|id| LeaseHandle {
             owner: self.owner.clone(),

@@ -7,7 +7,7 @@
 use etcd_client::TxnOp;
 
 use super::EtcdStore;
-use super::grant::{FENCE, LEASE, NOT_HOLDER, REQUEST, ROUNDS, busy, put};
+use super::grant::{FENCE, LEASE, NOT_OWNER, REQUEST, ROUNDS, busy, put};
 use super::kv::{Deadline, Guarded, Snapshot};
 use super::records::{Cached, CommitRecord, Slot, counter, fingerprint};
 use super::replay::{Rule, bare, replay, reply};
@@ -128,9 +128,7 @@ pub(super) async fn release(s: &EtcdStore, req: &ReleaseRequest) -> Result<Reply
                 cache: None,
             },
             Slot::Lingering(_) => Plan::answer(bare(now, Outcome::Expired, "the lease has ended")),
-            Slot::Live(r) if !r.held_by(h) => {
-                Plan::answer(bare(now, Outcome::NotOwner, NOT_HOLDER))
-            }
+            Slot::Live(r) if !r.held_by(h) => Plan::answer(bare(now, Outcome::NotOwner, NOT_OWNER)),
             Slot::Live(r) => Plan {
                 answer: reply(
                     now,

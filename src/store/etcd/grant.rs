@@ -27,7 +27,7 @@ pub(super) const REQUEST: usize = 2;
 /// changing (each failed round wrote nothing).
 pub(super) const ROUNDS: usize = 16;
 
-pub(super) const NOT_HOLDER: &str = "the lease is not held by this lease id, owner and token";
+pub(super) const NOT_OWNER: &str = "the lease is not held by this lease id, owner and token";
 
 pub(super) fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
@@ -240,7 +240,7 @@ pub(super) async fn renew(s: &EtcdStore, req: &RenewRequest) -> Result<Reply, St
                 return Ok(bare(snap.now, Outcome::Expired, "the lease has ended"));
             }
             Slot::Live(r) if !r.held_by(h) => {
-                return Ok(bare(snap.now, Outcome::NotOwner, NOT_HOLDER));
+                return Ok(bare(snap.now, Outcome::NotOwner, NOT_OWNER));
             }
             Slot::Live(r) => r,
         };

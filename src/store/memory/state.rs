@@ -19,7 +19,7 @@ pub(super) struct Record {
 }
 
 impl Record {
-    pub(super) fn holder_matches(&self, h: &LeaseHandle) -> bool {
+    pub(super) fn handle_matches(&self, h: &LeaseHandle) -> bool {
         self.lease_id == h.lease_id && self.owner == h.owner && self.token == h.token
     }
 

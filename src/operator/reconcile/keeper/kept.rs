@@ -10,7 +10,7 @@ use crate::store::{LeaseHandle, Target};
 pub struct Kept {
     /// Its target.
     pub target: Target,
-    /// Its exact identity (the lease id is a secret: this type has no `Debug`).
+    /// Its exact handle (the lease id is a secret: this type has no `Debug`).
     pub handle: LeaseHandle,
     /// The duration its last renewal asked for.
     pub ttl: Duration,
