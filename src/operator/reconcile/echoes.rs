@@ -8,8 +8,12 @@
 //! plans from next, and it said when to look again from there), so another
 //! pass learns nothing from it; it only takes a slot that new TargetLeases
 //! wait for, and with thousands of them that is most of the work. An event
-//! whose resourceVersion is the one this process's last write of the object
-//! returned triggers nothing. The cache and the index still take it.
+//! whose resourceVersion is one this process's recent writes of the object
+//! returned triggers nothing: the last one's, or an earlier one's whose event
+//! comes late (a loaded watch delivers the finalizer's event after the
+//! status write that followed it was acknowledged). A version is one change,
+//! so anyone else's change shows another. The cache and the index still
+//! take it.
 //!
 //! An event can arrive before the reply to the write that made it. While a
 //! write of a TargetLease is in flight, an event of that TargetLease is held
@@ -45,14 +49,20 @@ pub struct Echoes {
 struct Entry {
     /// Writes of the object in flight.
     writing: u32,
-    /// The resourceVersion the last acknowledged write returned.
-    wrote: Option<String>,
+    /// The resourceVersions the last acknowledged writes returned (at most
+    /// [`RECENT`], the latest last).
+    wrote: Vec<String>,
     /// The versions of the events held back while writes were in flight.
     held: Vec<String>,
     /// The versions the writes that ended while others were in flight
     /// returned (the held events those writes explain).
     ours: Vec<String>,
 }
+
+/// How many of an object's own write versions are recognised when their
+/// events come late (a reconcile writes a finalizer, a status and at
+/// deletion a withdrawal: a few writes, never many, before their events).
+const RECENT: usize = 8;
 
 impl Echoes {
     /// Held-back events that turn out not to be echoes are sent to `wake`.
@@ -68,7 +78,7 @@ impl Echoes {
     }
 
     /// Whether the watch event showing `tl` triggers a reconcile now: not
-    /// when it is the version this process's last write returned, nor (yet)
+    /// when it is a version this process's recent writes returned, nor (yet)
     /// while a write of it is in flight.
     pub fn triggers(&self, tl: &TargetLease) -> bool {
         let mut all = self.lock();
@@ -76,7 +86,7 @@ impl Echoes {
             return true;
         };
         let version = tl.resource_version().unwrap_or_default();
-        if e.wrote.as_deref() == Some(version.as_str()) {
+        if e.wrote.contains(&version) {
             return false;
         }
         if e.writing > 0 {
@@ -106,7 +116,10 @@ impl Echoes {
             e.writing = e.writing.saturating_sub(1);
             if let Some(v) = wrote {
                 e.ours.push(v.clone());
-                e.wrote = Some(v);
+                if e.wrote.len() == RECENT {
+                    e.wrote.remove(0);
+                }
+                e.wrote.push(v);
             }
             if e.writing > 0 {
                 return;

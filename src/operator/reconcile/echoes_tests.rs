@@ -43,6 +43,26 @@ fn the_event_of_an_own_write_triggers_nothing_and_anyone_elses_does() {
     assert!(echoes.triggers(&at("4")));
 }
 
+/// A loaded watch delivers the finalizer's event after the status write
+/// that followed it was acknowledged: still an echo. Only the recent writes
+/// are remembered.
+#[test]
+fn a_late_echo_of_an_earlier_own_write_triggers_nothing() {
+    let (echoes, mut rx) = echoes();
+    let key = ObjectRef::from_obj(&at("1"));
+    echoes.writing(&key).wrote(Some("2".into())); // the finalizer
+    echoes.writing(&key).wrote(Some("3".into())); // the status
+    assert!(!echoes.triggers(&at("2")), "the finalizer's late echo");
+    assert!(!echoes.triggers(&at("3")));
+    assert!(echoes.triggers(&at("4")), "someone else's change");
+    for v in 10..10 + RECENT {
+        echoes.writing(&key).wrote(Some(v.to_string()));
+    }
+    assert!(echoes.triggers(&at("3")), "older than the recent writes");
+    assert!(!echoes.triggers(&at("10")));
+    assert!(woken(&mut rx).is_empty());
+}
+
 #[test]
 fn an_event_before_the_reply_waits_for_it() {
     let (echoes, mut rx) = echoes();

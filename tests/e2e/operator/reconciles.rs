@@ -40,10 +40,13 @@ async fn the_operators_own_writes_trigger_no_reconcile() {
     // Every event of their writes has arrived (and would have run by now).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let spent = reconciles(&env) - before;
-    // One each; more only where a write had to be retried or a loaded
-    // machine split one change over two passes (up to 28 for 20 seen while
-    // the other test lanes ran). With each finalizer and Held status
-    // triggering one more, it is 2-3 each (40 for 20 seen).
+    eprintln!("{spent} reconciles for {N} new TargetLeases");
+    // One each; more only where a write had to be retried. Under load the
+    // finalizer's event can come after the status write that followed it:
+    // when only the last write's version was recognised, that late echo
+    // made 28 and 34 for 20 while the other test lanes ran (20 since). With
+    // each finalizer and Held status triggering one more, it is 2-3 each
+    // (40 for 20 seen).
     assert!(
         spent <= (N + N / 2) as f64,
         "{spent} reconciles for {N} new TargetLeases"
