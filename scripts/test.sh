@@ -35,12 +35,16 @@ set -m
 # lines name every test executable: the targets run from those, not through
 # `cargo test`, so that three of them can run at once without a cargo
 # relinking a binary another one is starting.
+# The plain build is the workspace's (the fault matrix's checker tests are
+# its member's) less the two members without tests of their own: with
+# `--all-targets` cargo would build an empty test harness for each.
 work="$(mktemp -d)"
 faults_bin="$work/targetlease-failpoints"
 { cargo test --locked --features failpoints --test faults --no-run \
   --message-format=json-render-diagnostics >"$work/faults.json" &&
   cp "$(scripts/lib/test-executables.py bin <"$work/faults.json")" "$faults_bin" &&
-  cargo test --locked --workspace --all-targets --no-run \
+  cargo test --locked --workspace --exclude targetlease-build \
+    --exclude targetlease-test-support --all-targets --no-run \
     --message-format=json-render-diagnostics >"$work/tests.json"; } >"$build_log" 2>&1 &
 build=$!
 set +m
