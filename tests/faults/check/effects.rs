@@ -315,14 +315,15 @@ fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Ve
     for (target, ls) in looks {
         for look in ls {
             let Some(seen) = look.lease else { continue };
+            // What every entry of that lease knows, together (an entry of an
+            // unknown issue alone would explain any expiry).
             let known: Vec<&Known> = of_lease(&leases, target, seen.token, &seen.issue).collect();
-            let explained = known.iter().any(|(reported, unknown, _)| {
-                *unknown || reported.is_empty() || reported.contains(&seen.expires_at_ms)
-            });
             let Some(refused) = known.iter().find_map(|k| k.2) else {
                 continue;
             };
-            if explained {
+            let unknown = known.iter().any(|k| k.1);
+            let reported: Vec<u64> = known.iter().flat_map(|k| k.0.iter().copied()).collect();
+            if unknown || reported.is_empty() || reported.contains(&seen.expires_at_ms) {
                 continue;
             }
             out.push(Violation::new(

@@ -126,7 +126,11 @@ impl Client {
                 }
                 self.release(&held).await;
             }
-            if granted.is_some() {
+            // Let go of the first grant (if it survived, the next acquire
+            // succeeds at once instead of waiting out its ttl and the next
+            // failover's cue), then take the target again.
+            if let Some(first) = granted {
+                self.release(&first).await;
                 self.take_again(&own, renew_by + AGAIN_FOR).await;
             }
         }

@@ -120,6 +120,19 @@ fn a_token_issued_twice_is_two_leases() {
         .look("t", l(12, "r2", 5400), 3500)
         .build();
     assert_eq!(found(&h), Vec::<String>::new());
+    // A refused renew that does not name its lease (an empty issue)
+    // explains nothing by itself: the acquire's expiry is still what
+    // was reported.
+    let h = H::new()
+        .acquired("a", "t", "r1", 12, 1000, 3000)
+        .renew("a", "t", ("", 12), Answer::Unavailable, 0, 0)
+        .look("t", l(12, "r1", 5400), 1500)
+        .build();
+    assert!(
+        found(&h)[0].contains("no acknowledged operation set"),
+        "{:?}",
+        found(&h)
+    );
     // The same look at the first lease is the lie it always was.
     let h = H::new()
         .acquired("a", "t", "r1", 12, 1000, 3000)
