@@ -2,7 +2,10 @@
 # An index to read: `just RECIPE` runs one, but nothing needs `just` (each
 # recipe is the command to type). tests/cli/index.rs fails when `.ci/run`, a
 # script in scripts/ or tests/, a test target in tests/, the unit tests, a
-# fuzz target or a workspace member with tests of its own is missing here.
+# fuzz target, a workspace member with tests of its own, a bench target or
+# a script in examples/ is missing here. Two files run without a person:
+# build/protoc (cargo runs it, .cargo/config.toml) and
+# .github/workflows/release.yml (a version tag runs it).
 
 # The two commands of the README.
 
@@ -63,6 +66,14 @@ node-images *args:
 # Writes a one-layer OCI image from a directory (used by scripts/node-images.sh).
 oci-image *args:
     python3 scripts/oci-image.py {{args}}
+
+# The benchmarks alone, printed (scripts/bench.sh runs them and writes docs/benchmarks.md).
+bench-run *args:
+    cargo bench --bench targetlease -- {{args}}
+
+# A fenced update of a ConfigMap: TOKEN CONFIGMAP KEY VALUE (docs/fencing.md).
+fencing-kubernetes *args:
+    examples/fencing/kubernetes.sh {{args}}
 
 # Test targets, one at a time (`just test-cli crd` passes a name filter).
 

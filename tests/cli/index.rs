@@ -79,10 +79,15 @@ fn members_with_tests(repo: &Path) -> BTreeSet<String> {
 }
 
 /// The scripts a person runs: every `*.sh` and `*.py` in scripts/ (not the
-/// libraries in scripts/lib/) and anywhere under tests/, as repository paths.
+/// libraries in scripts/lib/) and anywhere under tests/ and examples/, as
+/// repository paths.
 fn scripts(repo: &Path) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    let mut dirs = vec![repo.join("scripts"), repo.join("tests")];
+    let mut dirs = vec![
+        repo.join("scripts"),
+        repo.join("tests"),
+        repo.join("examples"),
+    ];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap().flatten() {
             let path = entry.path();
@@ -123,7 +128,8 @@ fn the_justfile_lists_every_script_and_test_target() {
     let scripts = scripts(repo);
     assert!(
         scripts.contains("scripts/test.sh")
-            && scripts.contains("tests/controlplane/gen-replaces.sh"),
+            && scripts.contains("tests/controlplane/gen-replaces.sh")
+            && scripts.contains("examples/fencing/kubernetes.sh"),
         "{scripts:?}"
     );
     for script in &scripts {
@@ -172,6 +178,29 @@ fn the_justfile_lists_every_script_and_test_target() {
         );
     }
 
+    // Each bench target.
+    let manifest = std::fs::read_to_string(repo.join("Cargo.toml")).unwrap();
+    let benches: Vec<&str> = manifest
+        .split("[[bench]]")
+        .skip(1)
+        .filter_map(|table| {
+            let line = table.lines().find(|l| l.starts_with("name = "))?;
+            Some(line.trim_start_matches("name = ").trim_matches('"'))
+        })
+        .collect();
+    assert!(benches.contains(&"targetlease"), "{benches:?}");
+    let benched: BTreeSet<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "--bench")
+        .map(|w| w[1])
+        .collect();
+    for bench in &benches {
+        assert!(
+            benched.contains(bench),
+            "justfile: no recipe runs `cargo bench --bench {bench}`"
+        );
+    }
+
     // CI's entry point, and each workspace member with tests of its own
     // (`cargo test -p NAME`).
     assert!(
@@ -201,7 +230,8 @@ fn the_justfile_lists_every_script_and_test_target() {
     // And every recipe runs something that exists.
     for word in &words {
         let script = word.ends_with(".sh") || word.ends_with(".py");
-        if script && (word.starts_with("scripts/") || word.starts_with("tests/")) {
+        let ours = ["scripts/", "tests/", "examples/"];
+        if script && ours.iter().any(|dir| word.starts_with(dir)) {
             assert!(scripts.contains(*word), "justfile: {word} does not exist");
         }
     }
