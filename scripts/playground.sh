@@ -130,7 +130,7 @@ port="$(free_port)"
 spawn "$PG" valkey-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PG"
 started "$PG" valkey-server
 wait_for 30 "valkey-server did not answer" "$BIN/valkey-cli" -p "$port" ping
-export TARGETLEASE_VALKEY_URL="redis://127.0.0.1:$port"
+export TARGETLEASE_STORE_URL="redis://127.0.0.1:$port"
 
 log "starting kube-apiserver + etcd…"
 # A start that fails says why and stops what it started.
@@ -207,7 +207,7 @@ shown=1
 cat <<MSG
 
 Try it:
-  export KUBECONFIG=$KUBECONFIG TARGETLEASE_VALKEY_URL=$TARGETLEASE_VALKEY_URL
+  export KUBECONFIG=$KUBECONFIG TARGETLEASE_STORE_URL=$TARGETLEASE_STORE_URL
   alias kubectl=$BIN/kubectl
   kubectl delete tl orders-db-job-1 && kubectl get tl      # the waiter takes over with a larger token
   kubectl delete pod web-0 && kubectl get tl web-leader    # leadership moves to the next Ready pod

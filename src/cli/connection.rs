@@ -40,15 +40,16 @@ pub struct ConnectionArgs {
         hide_env_values = true
     )]
     pub store_url: Option<String>,
-    /// The store URL under its former variable, read when
-    /// TARGETLEASE_STORE_URL and --store-url are not given.
+    /// `TARGETLEASE_VALKEY_URL`, the variable of the `--valkey-url` spelling
+    /// (an alias of --store-url): read when neither --store-url nor
+    /// TARGETLEASE_STORE_URL is given.
     #[arg(
-        long = "legacy-valkey-url",
+        long = "valkey-url-variable",
         hide = true,
         env = "TARGETLEASE_VALKEY_URL",
         hide_env_values = true
     )]
-    pub legacy_valkey_url: Option<String>,
+    pub valkey_url_variable: Option<String>,
     /// ACL user name (Valkey), or etcd user name.
     #[arg(long, env = "TARGETLEASE_USERNAME")]
     pub username: Option<String>,
@@ -186,7 +187,7 @@ impl ConnectionArgs {
     pub fn url(&self) -> &str {
         self.store_url
             .as_deref()
-            .or(self.legacy_valkey_url.as_deref())
+            .or(self.valkey_url_variable.as_deref())
             .unwrap_or(DEFAULT_STORE_URL)
     }
 
@@ -314,7 +315,7 @@ impl ConnectionArgs {
         let duration = |d: Duration| humantime::format_duration(d).to_string();
         let vars = [
             ("TARGETLEASE_STORE_URL", Some(self.url().to_owned())),
-            // The former name, for a child that runs an older targetlease.
+            // The variable of the `--valkey-url` spelling, for a child that reads that one.
             ("TARGETLEASE_VALKEY_URL", Some(self.url().to_owned())),
             ("TARGETLEASE_USERNAME", self.username.clone()),
             ("TARGETLEASE_PASSWORD_FILE", path(&self.password_file)),

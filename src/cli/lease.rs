@@ -108,7 +108,7 @@ pub struct AcquireArgs {
 pub struct AcquireFlags {
     #[command(flatten)]
     target: TargetArgs,
-    /// Who wants the lease (1 to 256 bytes; an identity, not a secret).
+    /// Who wants the lease (1 to 256 bytes; a name, not a secret).
     /// Default: in a pod, its name ($POD_NAME); else `user@host:pid`.
     #[arg(long, env = "TARGETLEASE_OWNER", default_value_t = default_owner(), hide_default_value = true)]
     owner: String,

@@ -57,7 +57,7 @@ pub struct RunArgs {
     /// renew or release this lease, which CMD does not need to use its token.
     #[arg(long, env = "TARGETLEASE_EXPORT_LEASE_ID")]
     export_lease_id: bool,
-    /// Also give CMD the connection settings (TARGETLEASE_VALKEY_URL, the
+    /// Also give CMD the connection settings (TARGETLEASE_STORE_URL, the
     /// paths of the password and TLS files, …), so it can run
     /// `targetlease lease commit` itself.
     #[arg(long, env = "TARGETLEASE_EXPORT_CONNECTION")]

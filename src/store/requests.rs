@@ -14,7 +14,7 @@ use super::{
 pub struct AcquireRequest {
     /// The target to lease.
     pub target: Target,
-    /// Who wants it (an identity, not a secret).
+    /// Who wants it (a name, not a secret).
     pub owner: String,
     /// How long the lease lives unless renewed.
     pub ttl: Duration,
