@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
@@ -189,7 +189,7 @@ pub async fn control(
     if let Ok(mut slot) = cfg.runtime.leases.write() {
         *slot = Some(leases.clone());
     }
-    let synced = Arc::new(AtomicBool::new(false));
+    let ready = readiness::Ready::default();
     let floors = FloorStore::new(
         client.clone(),
         &cfg.floor_namespace,
@@ -201,7 +201,7 @@ pub async fn control(
         caches.clone(),
         cfg.store.clone(),
         cfg.clock.clone(),
-        synced.clone(),
+        ready.clone(),
         cfg.runtime.clone(),
     ));
     let selectors = Arc::new(Selectors::default());
@@ -229,7 +229,7 @@ pub async fn control(
         echoes,
         metrics: cfg.metrics.clone(),
         leadership: cfg.leadership.clone(),
-        synced,
+        ready,
         carryover: Default::default(),
         published: Default::default(),
         clock: cfg.clock.clone(),

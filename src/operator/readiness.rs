@@ -11,7 +11,7 @@
 //! could sleep through the moment.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::runtime::watcher;
@@ -100,20 +100,55 @@ impl CacheSync {
     }
 }
 
+/// The controller may act: every cache synced and the store's clock was
+/// read. Set once per term; whoever waits is woken when it is.
+#[derive(Clone, Debug)]
+pub struct Ready(watch::Sender<bool>);
+
+impl Default for Ready {
+    fn default() -> Self {
+        Self(watch::Sender::new(false))
+    }
+}
+
+impl Ready {
+    /// A controller that may act at once (what a test of what it does then
+    /// starts from).
+    pub fn already() -> Self {
+        Self(watch::Sender::new(true))
+    }
+
+    fn set(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether the controller may act now.
+    pub fn is_ready(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the controller may act.
+    pub async fn wait(&self) {
+        let mut ready = self.0.subscribe();
+        // Cannot fail: `self` keeps the sender.
+        let _ = ready.wait_for(|r| *r).await;
+    }
+}
+
 /// Waits until every cache synced, then reads Valkey's clock, then marks the
-/// controller (`synced`) and the admin server's status as synced.
+/// controller (`ready`) and the admin server's status as synced.
 pub async fn become_ready(
     caches: CacheSync,
     store: Arc<dyn LeaseStore>,
     clock: Arc<ServerClock>,
-    synced: Arc<AtomicBool>,
+    ready: Ready,
     runtime: Arc<RuntimeStatus>,
 ) {
     caches.wait().await;
     // Expiry is judged on Valkey's clock from the first pass on.
     read_server_time(&*store, &clock).await;
     tracing::debug!("caches synced");
-    synced.store(true, Ordering::SeqCst);
+    ready.set();
     runtime.synced.store(true, Ordering::SeqCst);
 }
 
@@ -142,5 +177,4 @@ async fn read_server_time(store: &dyn LeaseStore, clock: &ServerClock) {
 }
 
 #[cfg(test)]
-#[path = "readiness_tests.rs"]
 mod tests;

@@ -11,13 +11,13 @@
 //! the next pass.
 
 pub mod clock;
-mod desired;
 pub mod echoes;
 mod executor;
 mod floor;
 pub mod index;
 pub mod keeper;
 pub mod marks;
+mod observe;
 mod pass;
 pub mod plan;
 pub mod pod_index;
@@ -26,11 +26,9 @@ pub mod queue;
 pub mod selectors;
 pub mod slots;
 pub mod spec;
-mod steps;
 pub mod transition;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +48,8 @@ use keeper::Keeper;
 
 /// Finalizer that guarantees the lease is released before the resource goes.
 pub const FINALIZER: &str = "targetlease.dev/release";
+/// How long a reconcile waits for the caches to sync before it is requeued.
+const READY_WAIT: Duration = Duration::from_secs(1);
 /// The one field manager for status.
 pub const FIELD_MANAGER: &str = "targetlease-operator";
 
@@ -83,8 +83,9 @@ pub struct Context {
     pub metrics: crate::operator::metrics::OperatorMetrics,
     /// Open while this replica may write.
     pub leadership: Leadership,
-    /// Every cache the planner reads has synced; no pass plans before.
-    pub synced: Arc<AtomicBool>,
+    /// Every cache the planner reads has synced (and the store's clock was
+    /// read); no pass plans before.
+    pub ready: crate::operator::readiness::Ready,
     /// What this process remembers per TargetLease (dropped when it goes).
     pub carryover: Mutex<HashMap<ObjectRef<TargetLease>, Carryover>>,
     /// Highest token this process published per (namespace, target).
@@ -305,9 +306,16 @@ fn scheduled_renewal(
 }
 
 async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Error> {
-    // (no client required) never plan from caches that have not synced.
-    if !ctx.synced.load(Ordering::SeqCst) {
-        return Ok(Action::requeue(Duration::from_millis(200)));
+    // (no client required) never plan from caches that have not synced:
+    // wait for them, but not past a second, so a term that ends before they
+    // sync is not held up by the reconciles waiting (its controller shuts
+    // down only once they return).
+    if !ctx.ready.is_ready()
+        && tokio::time::timeout(READY_WAIT, ctx.ready.wait())
+            .await
+            .is_err()
+    {
+        return Ok(Action::requeue(Duration::ZERO));
     }
     ctx.leadership.check()?;
     // (client required) the object as of the operator's own last write.
@@ -362,8 +370,7 @@ pub fn error_policy(tl: Arc<TargetLease>, err: &Error, ctx: Arc<Context>) -> Act
 }
 
 #[cfg(test)]
-#[path = "reconcile/scheduled_tests.rs"]
-mod scheduled_tests;
+mod tests;
 
 /// Adds up to 20% jitter.
 fn with_jitter(base: Duration) -> Duration {

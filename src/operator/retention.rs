@@ -5,7 +5,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -32,7 +31,7 @@ pub async fn expire_floors(ctx: Arc<Context>, policy: FloorPolicy) {
 /// only make the namespace's other targets jump). Nothing before the caches
 /// synced or while this replica cannot prove it leads.
 pub async fn once(ctx: &Context) {
-    if !ctx.synced.load(Ordering::SeqCst) || ctx.leadership.check().is_err() {
+    if !ctx.ready.is_ready() || ctx.leadership.check().is_err() {
         return;
     }
     let in_use: HashSet<(String, String)> = ctx

@@ -5,7 +5,6 @@
 use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -57,7 +56,7 @@ impl Sweep {
     /// Nothing before the caches synced, and nothing but the floor raises
     /// once this replica cannot prove it leads.
     pub async fn once(&mut self, ctx: &Context) {
-        if !ctx.synced.load(Ordering::SeqCst) {
+        if !ctx.ready.is_ready() {
             return;
         }
         ctx.floors.prune();

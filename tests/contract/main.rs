@@ -1,6 +1,6 @@
 //! The lease protocol contract, run unchanged against every backend.
 //!
-//! Each case in `cases.rs` is generic over [`Harness`]; the `contract!` macro
+//! Each case in `cases/` is generic over [`Harness`]; the `contract!` macro
 //! instantiates every case once per backend, so the test names read
 //! `memory::concurrent_acquires_have_exactly_one_winner`,
 //! `valkey::concurrent_acquires_have_exactly_one_winner`,

@@ -351,5 +351,4 @@ pub(super) async fn release(
 }
 
 #[cfg(test)]
-#[path = "holding_tests.rs"]
 mod tests;

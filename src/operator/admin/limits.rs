@@ -324,5 +324,4 @@ impl<T> Guarded<T> {
 }
 
 #[cfg(test)]
-#[path = "limits_tests.rs"]
 pub(crate) mod tests;

@@ -175,5 +175,4 @@ impl Drop for Writing {
 }
 
 #[cfg(test)]
-#[path = "echoes_tests.rs"]
 mod tests;

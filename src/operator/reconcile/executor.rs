@@ -5,8 +5,9 @@
 //! THE fixed order. A step publishes first whatever its store call depends
 //! on (a recorded acquisition before its acquire; the withdrawal of Held,
 //! marks and status, before a release; at deletion, the token floor over the
-//! last published token before anything is given back), then makes its one
-//! store call, then publishes its transition: unmark the pods the new status
+//! last published token before anything is given back:
+//! [`publish::before_store_call`], [`publish::floor_first`]), then makes its
+//! one store call, then publishes its transition: unmark the pods the new status
 //! does not name → write status (conditional on the version planned from) →
 //! mark the pod it names (before status instead when its expiry moves
 //! earlier: a mark never shows a later expiry than status) → Events →
@@ -413,9 +414,7 @@ fn lost(e: tokio::task::JoinError) -> StoreError {
 }
 
 #[cfg(test)]
-#[path = "executor_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "executor_writes_tests.rs"]
 mod writes;

@@ -288,5 +288,4 @@ impl LeaseIndex {
 }
 
 #[cfg(test)]
-#[path = "index_tests.rs"]
 mod tests;

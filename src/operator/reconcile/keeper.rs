@@ -447,9 +447,7 @@ fn publication(k: &Kept, status: &TargetLeaseStatus) -> Option<Option<u64>> {
 }
 
 #[cfg(test)]
-#[path = "keeper_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "keeper_term_tests.rs"]
 mod term_tests;

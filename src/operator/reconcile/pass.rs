@@ -1,22 +1,25 @@
-//! One pass over one TargetLease: the object it planned from, the status it
-//! is building, and what it observes for the plan (the caches, the keeper's
-//! confirmations, the store's clock). Its steps are in `steps.rs`, its
-//! writes in `executor.rs`.
+//! One pass over one TargetLease, from the object to what it publishes: it
+//! starts from the object (re-read when the cache may be older than this
+//! process's own last write), validates the spec, and then, step by step,
+//! has the pure [`plan`] choose a step from what it observes (`observe.rs`),
+//! has the executor perform the step's store call (`executor.rs`), and takes
+//! in the step's pure [`transition`], until the plan waits; then the executor
+//! publishes and the pass says when to look again.
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use super::keeper::{Confirmation, Kept};
+use super::keeper::Kept;
 use super::plan::timing;
+use super::plan::{Desired, Observed, Step, publish};
 use super::spec::{self, ValidSpec};
-use super::transition::{self, Facts, Learned, Next, Note, Transition};
-use super::{Context, Error, FINALIZER, plan, pods, with_jitter};
+use super::transition::{self, Learned, Next, Note, Transition};
+use super::{Context, Error, plan, pods, with_jitter};
+use crate::operator::conditions::Reason;
 use crate::operator::crd::{TargetLease, TargetLeaseStatus};
 use crate::store::{LeaseHandle, Target};
 
@@ -40,6 +43,10 @@ pub(super) struct Pass<'a> {
     /// Wake the waiters at the next flush.
     pub(super) wake: bool,
 }
+
+/// Steps one pass may take before it yields (a release, a new attempt and an
+/// acquire, with a reclaim in between, fit comfortably).
+const MAX_STEPS: usize = 8;
 
 impl<'a> Pass<'a> {
     /// Starts a pass from `cached`, re-reading the object when the cache may be
@@ -86,51 +93,210 @@ impl<'a> Pass<'a> {
             .may_publish(&pass.key, &pass.published(), pass.term);
         Ok(Some(pass))
     }
-
-    pub(super) fn deleting(&self) -> bool {
-        self.tl.metadata.deletion_timestamp.is_some()
+    /// Makes a live resource's lease what its spec and the pods call for.
+    pub(super) async fn converge(mut self) -> Result<Action, Error> {
+        let check = self.spec.as_ref().map(|_| ()).map_err(Clone::clone);
+        self.working = transition::spec_checked(&self.facts(), &self.working, &check);
+        for _ in 0..MAX_STEPS {
+            let desired = self.desired().await;
+            let observed = Observed {
+                status: &self.working,
+                generation: self.tl.metadata.generation,
+                desired: desired.clone(),
+                queued_behind: self.queued_behind(),
+                held_elsewhere: self.held_elsewhere(),
+                renew_due: self.renew_due(),
+                rotation_due: self.rotation_due(),
+                acquisition: self.acquisition().is_some(),
+            };
+            let step = plan::plan(&observed);
+            let t = self.take(step, &desired).await?;
+            if let Some(action) = self.settle(t).await? {
+                return Ok(action);
+            }
+        }
+        self.yield_pass().await
     }
 
-    pub(super) fn has_finalizer(&self) -> bool {
-        self.tl.finalizers().iter().any(|f| f == FINALIZER)
-    }
-
-    pub(super) fn published(&self) -> TargetLeaseStatus {
-        self.tl.status.clone().unwrap_or_default()
-    }
-
-    pub(super) fn facts(&self) -> Facts {
-        let ns = self.tl.namespace().unwrap_or_default();
-        Facts {
-            generation: self.tl.metadata.generation,
-            // Whole seconds, what the API server keeps: a status read back
-            // equals the one written (no write repeats one just made).
-            now: Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_default()),
-            server_now_ms: self.ctx.server_now_ms(),
-            me: format!("{ns}/{}", self.tl.name_any()),
-            deleting: self.deleting(),
-            renew_interval: self.renew_interval(),
-            expiry_margin: plan::expiry_margin(self.renew_interval()),
-            confirmed: self.confirmation().map(|c| transition::Confirmed {
-                sent_ms: self.ctx.clock.at(c.at).unwrap_or(0),
-                expires_ms: c.expires_ms,
-            }),
+    /// Takes in a transition; unless the plan continues in this pass,
+    /// publishes and says when to look again.
+    async fn settle(&mut self, t: Transition) -> Result<Option<Action>, Error> {
+        match self.follow(t).await? {
+            Next::PlanAgain => Ok(None),
+            next => {
+                self.flush().await?;
+                Ok(Some(self.action(&next)))
+            }
         }
     }
 
-    /// What Valkey last confirmed to this process of the lease status names.
-    pub(super) fn confirmation(&self) -> Option<Confirmation> {
-        let token = self.working.fencing_token?;
-        self.ctx
-            .keeper
-            .confirmation(&self.key)
-            .filter(|c| c.token == token)
+    /// The step budget of one pass is spent: publish and continue at once.
+    async fn yield_pass(&mut self) -> Result<Action, Error> {
+        self.flush().await?;
+        Ok(Action::requeue(Duration::ZERO))
     }
 
-    pub(super) fn renew_interval(&self) -> Duration {
-        self.spec
-            .as_ref()
-            .map_or(Duration::from_secs(30), |s| s.timing.renew)
+    /// Gives back everything this resource has in the store, then lets the
+    /// finalizer go, in the executor's fixed order: a floor write that fails
+    /// leaves the lease unpublished, never Held.
+    pub(super) async fn cleanup(mut self) -> Result<Action, Error> {
+        if !self.has_finalizer() {
+            self.ctx.forget(&self.key);
+            return Ok(Action::await_change());
+        }
+        // Deleting it moved the queue: the next one looks now (and waits for
+        // Held to be withdrawn, or to expire, if it is still published).
+        self.wake_waiters();
+        let mut looked = false;
+        let mut floored = false;
+        for _ in 0..MAX_STEPS {
+            let step = plan::plan_cleanup(&self.working, looked);
+            looked |= step == Step::Abandon;
+            if publish::floor_first(&step, floored) {
+                self.flush().await?;
+                self.raise_floor().await?;
+                floored = true;
+            }
+            if step == Step::Finalize {
+                // Nothing left to publish but the marks' removal (status goes with the object).
+                self.working = self.published();
+                self.flush().await?;
+                self.remove_finalizer().await?;
+                self.forget_published();
+                self.ctx.keeper.forget(&self.key);
+                self.ctx.forget(&self.key);
+                self.wake_waiters();
+                return Ok(Action::await_change());
+            }
+            let deleted = Desired::Nobody {
+                reason: Reason::Released,
+                message: "the TargetLease is being deleted".into(),
+            };
+            let t = self.take(step, &deleted).await?;
+            if let Some(action) = self.settle(t).await? {
+                return Ok(action);
+            }
+        }
+        self.yield_pass().await
+    }
+
+    /// Absorbs a transition and runs its reclaim, if any; returns what follows.
+    async fn follow(&mut self, t: Transition) -> Result<Next, Error> {
+        let mut next = self.absorb(t);
+        while let Next::Reclaim(r) = next {
+            let reply = self.release(&r.owner, &r.acquisition, r.token).await?;
+            let t = transition::after_reclaim(&self.facts(), &self.working, &r, reply);
+            next = self.absorb(t);
+        }
+        Ok(next)
+    }
+
+    /// Runs one step: the store call it needs, then its pure transition.
+    async fn take(&mut self, step: Step, desired: &Desired) -> Result<Transition, Error> {
+        if publish::before_store_call(&step, &self.published(), &self.working) {
+            self.flush().await?;
+        }
+        let f = self.facts();
+        let t = match step {
+            Step::RecordAcquisition => transition::record_acquisition(
+                &f,
+                &self.working,
+                crate::operator::lease_id::new_acquisition_id(),
+            ),
+            Step::Acquire { owner } => {
+                let pod = match desired {
+                    Desired::Holder { pod, .. } => pod.clone(),
+                    Desired::Nobody { .. } => None,
+                };
+                let timing = match &self.spec {
+                    Ok(valid) => valid.timing,
+                    // (The plan acquires only for a valid spec.)
+                    Err(message) => {
+                        return Ok(transition::wait(
+                            &f,
+                            &self.working,
+                            Reason::InvalidSpec,
+                            message,
+                        ));
+                    }
+                };
+                let acquisition = self.acquisition().unwrap_or_default();
+                let reply = self.acquire(owner, &acquisition, timing).await?;
+                let mut t =
+                    transition::after_acquire(&f, &self.working, &acquisition, pod.as_ref(), reply);
+                self.flag_overlap(&mut t);
+                t
+            }
+            Step::Renew { lease } => {
+                let ttl = match &self.spec {
+                    Ok(valid) => valid.timing.ttl,
+                    // (The plan releases the lease of an invalid spec first.)
+                    Err(message) => {
+                        return Ok(transition::begin_release(
+                            &f,
+                            &self.working,
+                            Reason::InvalidSpec,
+                            message,
+                        ));
+                    }
+                };
+                if let Some(t) = transition::before_renew(&f, &self.working, ttl) {
+                    self.absorb(t);
+                    self.flush().await?;
+                }
+                let reply = self.renew(&lease, ttl).await?;
+                transition::after_renew(&self.facts(), &self.working, reply)
+            }
+            Step::Idle => transition::idle(&f, &self.working),
+            Step::Release { reason, message } => {
+                transition::begin_release(&f, &self.working, reason, &message)
+            }
+            Step::FinishRelease { lease } => {
+                let reply = self
+                    .release(&lease.owner, &lease.acquisition, lease.token)
+                    .await?;
+                transition::after_release(&self.facts(), &self.working, reply)
+            }
+            Step::ForgetRelease => transition::release_unrecorded(&f, &self.working),
+            Step::Abandon => {
+                let reply = self.read_lease().await;
+                transition::after_abandon_read(&self.facts(), &self.working, reply)
+            }
+            Step::Wait {
+                reason,
+                message,
+                recheck,
+            } => {
+                let mut t = transition::wait(&f, &self.working, reason, &message);
+                if let (Some(r), Next::Requeue(d)) = (recheck, &t.next) {
+                    t.next = Next::Requeue((*d).min(r));
+                }
+                t
+            }
+            Step::Finalize => transition::idle(&f, &self.working),
+        };
+        Ok(t)
+    }
+    /// An election won a pod another election also selects: say so once, at acquisition.
+    fn flag_overlap(&self, t: &mut Transition) {
+        if self.tl.spec.candidates.is_none() {
+            return;
+        }
+        let Some(pod_name) = transition::granted_pod(t) else {
+            return;
+        };
+        let ns = self.tl.namespace().unwrap_or_default();
+        let Some(pod) = self.ctx.pods.get(&ns, pod_name) else {
+            return;
+        };
+        let others = pods::overlapping_elections(
+            &self.tl,
+            &pod,
+            &self.ctx.lease_index.in_namespace(&self.ctx.leases, &ns),
+            &self.ctx.selectors,
+        );
+        let warning = transition::overlap_warning(pod_name, &others);
+        t.notes.extend(warning);
     }
 
     /// Takes in a transition: its status becomes the working status; Events
@@ -217,128 +383,15 @@ impl<'a> Pass<'a> {
 
     /// When to look again, for a transition's [`Next`].
     pub(super) fn action(&self, next: &Next) -> Action {
-        let held = self.held();
+        let lease = self.lease_timing();
         let renewal = timing::until_renewal(
             self.renew_interval(),
             self.confirmation().map(|c| c.at.elapsed()),
-            held.as_ref().and_then(timing::until_rotation),
+            lease.as_ref().and_then(timing::until_rotation),
         );
         let failures = self.ctx.recall(&self.key).failures;
         let renewal_at = matches!(next, Next::Renewal).then(|| Instant::now() + renewal);
         self.ctx.remember(&self.key, |m| m.renewal_at = renewal_at);
         timing::action(next, renewal, failures, with_jitter)
-    }
-
-    /// The acquisition in effect: recorded in status, or — for a resource that
-    /// never published a token — the implicit first one, derived from its UID
-    /// (stable across crashes, so the acquire needs no status write first).
-    pub(super) fn acquisition(&self) -> Option<String> {
-        let w = &self.working;
-        if w.acquisition_id.is_some() {
-            return w.acquisition_id.clone();
-        }
-        let fresh = w.fencing_token.is_none()
-            && w.releasing_acquisition_id.is_none()
-            && !self.ctx.recall(&self.key).first_acquisition_spent;
-        fresh
-            .then(|| self.tl.uid().map(|uid| format!("first-{uid}")))
-            .flatten()
-    }
-
-    /// What the timing of the lease status names depends on, as observed
-    /// now (`None`: the spec is invalid).
-    pub(super) fn held(&self) -> Option<timing::Held> {
-        let spec = self.spec.as_ref().ok()?;
-        let confirmation = self.confirmation();
-        Some(timing::Held {
-            renew: spec.timing.renew,
-            max_lifetime: spec.timing.max_lifetime,
-            server_now_ms: self.ctx.server_now_ms(),
-            confirmed_ago: confirmation.as_ref().map(|c| c.at.elapsed()),
-            enforced_end_ms: confirmation.and_then(|c| c.max_expires_ms),
-            acquired_ms: self
-                .working
-                .acquired_at
-                .as_ref()
-                .map(|t| t.0.as_millisecond().max(0) as u64),
-        })
-    }
-
-    /// A renewal is due ([`timing::renew_due`]).
-    pub(super) fn renew_due(&self) -> bool {
-        let published_ok = transition::published_left(&self.facts(), &self.working).is_some();
-        timing::renew_due(
-            self.held().as_ref(),
-            self.ctx.recall(&self.key).confirm,
-            published_ok,
-        )
-    }
-
-    /// The lease's hard end is within one renew interval ([`timing::rotation_due`]).
-    pub(super) fn rotation_due(&self) -> bool {
-        timing::rotation_due(self.held().as_ref())
-    }
-
-    /// The target, in the store's terms.
-    pub(super) fn target(&self) -> Target {
-        Target::new(
-            self.tl.namespace().unwrap_or_default(),
-            self.tl.spec.target.clone(),
-        )
-    }
-
-    pub(super) fn queued_behind(&self) -> Option<String> {
-        let pods = &self.ctx.pods;
-        // Read before the pods `wants` reads: an answer is kept under it.
-        let epoch = pods.epoch(&self.tl.namespace().unwrap_or_default());
-        self.ctx
-            .lease_index
-            .queued_behind(&self.ctx.leases, &self.tl, epoch, |other| {
-                spec::validate(other).is_ok_and(|v| pods::qualifies(other, &v, pods))
-            })
-    }
-
-    /// Another TargetLease on the target still published as Held, its
-    /// expiry not passed by the store's clock (see [`Observed::held_elsewhere`]).
-    pub(super) fn held_elsewhere(&self) -> Option<plan::HeldElsewhere> {
-        let now_ms = self.ctx.server_now_ms();
-        let me = self.tl.name_any();
-        self.siblings()
-            .held
-            .iter()
-            .find(|(name, expires)| *name != me && *expires > now_ms)
-            .map(|(name, expires)| plan::HeldElsewhere {
-                name: name.clone(),
-                recheck: plan::retry_after_held(*expires, now_ms),
-            })
-    }
-
-    /// What the TargetLeases on this target publish (from the index).
-    pub(super) fn siblings(&self) -> std::sync::Arc<super::index::Published> {
-        let ns = self.tl.namespace().unwrap_or_default();
-        self.ctx
-            .lease_index
-            .published(&self.ctx.leases, &ns, &self.tl.spec.target)
-    }
-
-    /// The token every new acquisition must exceed: the highest published for
-    /// the target (statuses in the cache, this process's own writes) or kept
-    /// by the floor for deleted leases.
-    pub(super) fn token_floor(&self) -> u64 {
-        let ns = self.tl.namespace().unwrap_or_default();
-        let target = &self.tl.spec.target;
-        let own = self
-            .ctx
-            .published
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(ns.clone(), target.clone()))
-            .copied();
-        super::floor::token_floor(
-            self.siblings().max_token,
-            own,
-            self.working.fencing_token,
-            self.ctx.floors.get(&ns, target),
-        )
     }
 }

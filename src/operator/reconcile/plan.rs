@@ -189,7 +189,7 @@ fn same_pod(st: &TargetLeaseStatus, pod: Option<&PodRef>) -> Result<(), String> 
         (Some(p), Some(was)) if was != p.name => {
             Err(format!("the lease moves from pod {was} to pod {}", p.name))
         }
-        (Some(p), Some(_)) if st.holder_pod_uid.as_deref().is_some_and(|u| u != p.uid) => {
+        (Some(p), Some(_)) if st.holder_pod_uid.as_deref() != Some(p.uid.as_str()) => {
             Err(format!("pod {} was recreated", p.name))
         }
         (Some(_), Some(_)) => Ok(()),
@@ -363,5 +363,4 @@ pub mod publish;
 pub mod timing;
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 mod tests;

@@ -418,5 +418,4 @@ pub fn overlapping_elections(
 }
 
 #[cfg(test)]
-#[path = "pods_tests.rs"]
 mod tests;

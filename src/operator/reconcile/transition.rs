@@ -371,5 +371,4 @@ pub fn event_action(note: &Note) -> String {
 }
 
 #[cfg(test)]
-#[path = "transition_tests.rs"]
 mod tests;

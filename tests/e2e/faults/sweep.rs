@@ -5,7 +5,6 @@
 //! only from the pod version the sweep judged.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use kube::api::Api;
@@ -108,7 +107,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         wake,
         metrics: Default::default(),
         leadership: Leadership::always(),
-        synced: Arc::new(AtomicBool::new(true)),
+        ready: targetlease::operator::readiness::Ready::already(),
         carryover: Default::default(),
         published: Default::default(),
         clock: clock.clone(),

@@ -3,7 +3,7 @@
 
 use crate::operator::crd::TargetLeaseStatus;
 use crate::operator::reconcile::marks::{self, Mark, MarkPlan};
-use crate::operator::reconcile::plan::is_published_held;
+use crate::operator::reconcile::plan::{Step, is_published_held};
 
 /// One Kubernetes write of a publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +57,36 @@ pub fn lowers_expiry(published: &TargetLeaseStatus, mark: Option<&Mark>) -> bool
         marks::wanted(published)
             .is_some_and(|p| p.pod == m.pod && p.token == m.token && m.expires_at < p.expires_at)
     })
+}
+
+/// The status a step's store call depends on must be published before the
+/// call is sent: a recorded acquisition attempt that status does not show
+/// yet, before its acquire (a crash after the acquire then finds the attempt
+/// to replay or give back); the withdrawal of Held, marks and status, before
+/// the release that gives the lease back (nobody is shown a token the store
+/// no longer holds). Every other step publishes after its call. (A renewal
+/// publishes first only what `transition::before_renew` changes; a deletion
+/// covers the token with its floor before it gives anything back,
+/// [`floor_first`].)
+pub fn before_store_call(
+    step: &Step,
+    published: &TargetLeaseStatus,
+    working: &TargetLeaseStatus,
+) -> bool {
+    match step {
+        Step::Acquire { .. } => {
+            working.acquisition_id.is_some() && published.acquisition_id != working.acquisition_id
+        }
+        Step::FinishRelease { .. } => true,
+        _ => false,
+    }
+}
+
+/// At deletion, the token floor is raised over the last published token
+/// before the first step that gives anything back to the store (every step
+/// but the one that withdraws Held), once (`floored`: already raised).
+pub fn floor_first(step: &Step, floored: bool) -> bool {
+    !floored && !matches!(step, Step::Release { .. })
 }
 
 /// Publishing `working` withdraws the Held that `published` shows, which
@@ -195,6 +225,99 @@ mod tests {
         for (name, published, marks, changed, first, want) in cases {
             assert_eq!(order(&published, &marks, changed, first), want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_store_call_waits_only_for_the_status_it_depends_on() {
+        use crate::operator::conditions::Reason;
+        use crate::operator::reconcile::plan::Recorded;
+        let held = held("web-0", 3, 2_000);
+        let attempt = |id: Option<&str>| TargetLeaseStatus {
+            acquisition_id: id.map(str::to_owned),
+            ..TargetLeaseStatus::default()
+        };
+        let acquire = Step::Acquire {
+            owner: "web-0".into(),
+        };
+        let lease = Recorded {
+            owner: "web-0".into(),
+            acquisition: "a".into(),
+            token: 3,
+        };
+        let cases = [
+            (
+                "a new attempt is published first",
+                &acquire,
+                attempt(None),
+                attempt(Some("b")),
+                true,
+            ),
+            (
+                "a published attempt is not",
+                &acquire,
+                attempt(Some("b")),
+                attempt(Some("b")),
+                false,
+            ),
+            (
+                "the implicit first attempt needs nothing",
+                &acquire,
+                attempt(None),
+                attempt(None),
+                false,
+            ),
+            (
+                "a release follows its withdrawal",
+                &Step::FinishRelease {
+                    lease: lease.clone(),
+                },
+                held.clone(),
+                held.clone(),
+                true,
+            ),
+            (
+                "a renewal publishes after",
+                &Step::Renew { lease },
+                held.clone(),
+                held.clone(),
+                false,
+            ),
+            (
+                "recording an attempt publishes after",
+                &Step::RecordAcquisition,
+                held.clone(),
+                held.clone(),
+                false,
+            ),
+            (
+                "so does beginning a release",
+                &Step::Release {
+                    reason: Reason::Released,
+                    message: String::new(),
+                },
+                held.clone(),
+                held.clone(),
+                false,
+            ),
+        ];
+        for (name, step, published, working, want) in cases {
+            assert_eq!(
+                before_store_call(step, &published, &working),
+                want,
+                "{name}"
+            );
+        }
+        let release = Step::Release {
+            reason: Reason::Released,
+            message: String::new(),
+        };
+        assert!(
+            !floor_first(&release, false),
+            "withdrawing Held gives nothing back"
+        );
+        assert!(floor_first(&Step::Abandon, false));
+        assert!(floor_first(&Step::Finalize, false));
+        assert!(!floor_first(&Step::Finalize, true), "raised once");
     }
 
     #[test]

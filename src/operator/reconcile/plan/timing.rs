@@ -11,7 +11,7 @@ use crate::operator::reconcile::transition::Next;
 
 /// What the timing of the lease status names depends on, observed once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Held {
+pub struct LeaseTiming {
     /// The spec's renew interval.
     pub renew: Duration,
     /// The spec's `maxLifetime`, when it sets one.
@@ -33,8 +33,8 @@ pub struct Held {
 /// of it early), or the published expiry is about to pass (`published_ok`
 /// false: the keeper renewed it while this reconcile could not publish, so
 /// publish a fresh one).
-pub fn renew_due(held: Option<&Held>, confirm: bool, published_ok: bool) -> bool {
-    let Some(h) = held else {
+pub fn renew_due(timing: Option<&LeaseTiming>, confirm: bool, published_ok: bool) -> bool {
+    let Some(h) = timing else {
         return true;
     };
     confirm
@@ -47,29 +47,29 @@ pub fn renew_due(held: Option<&Held>, confirm: bool, published_ok: bool) -> bool
 /// enforces (learned from its last answer) and acquisition + the spec's
 /// current `maxLifetime` (an edit that adds or shortens it applies to the
 /// held lease).
-pub fn hard_end_ms(held: &Held) -> Option<u64> {
-    let wanted = held
+pub fn hard_end_ms(timing: &LeaseTiming) -> Option<u64> {
+    let wanted = timing
         .acquired_ms
-        .zip(held.max_lifetime)
+        .zip(timing.max_lifetime)
         .map(|(at, max)| at + max.as_millis() as u64);
-    match (held.enforced_end_ms, wanted) {
+    match (timing.enforced_end_ms, wanted) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
 }
 
 /// The lease's hard end is within one renew interval: replace it now.
-pub fn rotation_due(held: Option<&Held>) -> bool {
-    held.is_some_and(|h| {
+pub fn rotation_due(timing: Option<&LeaseTiming>) -> bool {
+    timing.is_some_and(|h| {
         hard_end_ms(h).is_some_and(|end| h.server_now_ms + h.renew.as_millis() as u64 >= end)
     })
 }
 
 /// How long until the rotation falls due (a renewal never sleeps past it).
-pub fn until_rotation(held: &Held) -> Option<Duration> {
-    let due = hard_end_ms(held)?.saturating_sub(held.renew.as_millis() as u64);
+pub fn until_rotation(timing: &LeaseTiming) -> Option<Duration> {
+    let due = hard_end_ms(timing)?.saturating_sub(timing.renew.as_millis() as u64);
     Some(Duration::from_millis(
-        due.saturating_sub(held.server_now_ms),
+        due.saturating_sub(timing.server_now_ms),
     ))
 }
 
@@ -147,5 +147,4 @@ pub fn slot_deadline(now: Instant, scheduled: Option<Scheduled>) -> Instant {
 }
 
 #[cfg(test)]
-#[path = "timing_tests.rs"]
 mod tests;

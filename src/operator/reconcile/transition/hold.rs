@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Draft, Facts, Learned, Next, Transition, answered, time_ms, unexpected};
 use crate::operator::conditions::{self, ConditionStatus, HELD, Reason};
 use crate::operator::crd::{Phase, TargetLeaseStatus};
-use crate::operator::reconcile::plan::{self, PodRef};
+use crate::operator::reconcile::plan;
 use crate::store::{Outcome, Reply, StoreError};
 
 /// After [`plan::Step::Renew`].
@@ -268,15 +268,7 @@ pub fn wait(f: &Facts, status: &TargetLeaseStatus, reason: Reason, message: &str
     d.done(next)
 }
 
-/// [`plan::Step::Idle`]: nothing due; a status that names its pod without a
-/// UID records the UID.
-pub fn idle(f: &Facts, status: &TargetLeaseStatus, pod: Option<&PodRef>) -> Transition {
-    let mut d = Draft::new(f, status);
-    if let Some(p) = pod
-        && status.holder_pod_uid.is_none()
-        && status.holder_pod.as_deref() == Some(p.name.as_str())
-    {
-        d.t.status.holder_pod_uid = Some(p.uid.clone());
-    }
-    d.done(Next::Renewal)
+/// [`plan::Step::Idle`]: nothing due.
+pub fn idle(f: &Facts, status: &TargetLeaseStatus) -> Transition {
+    Draft::new(f, status).done(Next::Renewal)
 }

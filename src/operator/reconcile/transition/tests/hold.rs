@@ -1,4 +1,4 @@
-//! Renewals, and withdrawing `Held` in time (helpers in `transition_tests.rs`).
+//! Renewals, and withdrawing `Held` in time (helpers in `../tests.rs`).
 
 use super::*;
 

@@ -123,11 +123,12 @@ async fn every_waiter_wakes_however_many_wait_and_whenever_they_start() {
 #[tokio::test]
 async fn ready_once_the_caches_synced_and_the_clock_was_read() {
     let caches = CacheSync::default();
-    let (clock, synced) = (
-        Arc::new(ServerClock::new()),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (clock, synced) = (Arc::new(ServerClock::new()), Ready::default());
     let runtime = Arc::new(RuntimeStatus::default());
+    let waiter = {
+        let synced = synced.clone();
+        tokio::spawn(async move { synced.wait().await })
+    };
     let ready = tokio::spawn(become_ready(
         caches.clone(),
         Arc::new(MemoryStore::default()),
@@ -136,7 +137,8 @@ async fn ready_once_the_caches_synced_and_the_clock_was_read() {
         runtime.clone(),
     ));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!synced.load(Ordering::SeqCst) && !runtime.synced.load(Ordering::SeqCst));
+    assert!(!synced.is_ready() && !runtime.synced.load(Ordering::SeqCst));
+    assert!(!waiter.is_finished(), "a reconcile waits for the caches");
     assert!(!clock.is_anchored());
 
     sync_all(&caches).await;
@@ -144,7 +146,11 @@ async fn ready_once_the_caches_synced_and_the_clock_was_read() {
         .await
         .expect("ready soon after the last cache synced")
         .unwrap();
-    assert!(synced.load(Ordering::SeqCst) && runtime.synced.load(Ordering::SeqCst));
+    assert!(synced.is_ready() && runtime.synced.load(Ordering::SeqCst));
+    tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("a reconcile that waited goes on once ready")
+        .unwrap();
     assert!(
         clock.is_anchored(),
         "the clock is read before the first pass"

@@ -4,8 +4,8 @@ use crate::operator::reconcile::transition::Reclaim;
 const S: Duration = Duration::from_secs(1);
 
 /// Renew every 10 s, store clock at 100 s, confirmed 2 s ago, no hard end.
-fn held() -> Held {
-    Held {
+fn timing() -> LeaseTiming {
+    LeaseTiming {
         renew: 10 * S,
         max_lifetime: None,
         server_now_ms: 100_000,
@@ -17,16 +17,16 @@ fn held() -> Held {
 
 #[test]
 fn a_renewal_is_due_when_the_last_confirmation_is_nine_tenths_of_an_interval_old() {
-    let with = |f: fn(&mut Held)| {
-        let mut h = held();
+    let with = |f: fn(&mut LeaseTiming)| {
+        let mut h = timing();
         f(&mut h);
         h
     };
     // (held, confirm asked, published expiry has time left) -> due
-    let cases: &[(&str, Option<Held>, bool, bool, bool)] = &[
-        ("fresh confirmation", Some(held()), false, true, false),
+    let cases: &[(&str, Option<LeaseTiming>, bool, bool, bool)] = &[
+        ("fresh confirmation", Some(timing()), false, true, false),
         ("invalid spec", None, false, true, true),
-        ("release announced", Some(held()), true, true, true),
+        ("release announced", Some(timing()), true, true, true),
         (
             "never confirmed here",
             Some(with(|h| h.confirmed_ago = None)),
@@ -52,7 +52,7 @@ fn a_renewal_is_due_when_the_last_confirmation_is_nine_tenths_of_an_interval_old
         ),
         (
             "published expiry about to pass",
-            Some(held()),
+            Some(timing()),
             false,
             false,
             true,
@@ -82,11 +82,11 @@ fn the_hard_end_is_the_earliest_of_the_store_and_the_spec() {
         (Some(110_000), Some(60 * S), Some(90_000), Some(110_000)),
     ];
     for (i, (enforced, max, acquired, end)) in cases.iter().enumerate() {
-        let h = Held {
+        let h = LeaseTiming {
             enforced_end_ms: *enforced,
             max_lifetime: *max,
             acquired_ms: *acquired,
-            ..held()
+            ..timing()
         };
         assert_eq!(hard_end_ms(&h), *end, "case {i}");
     }
@@ -103,9 +103,9 @@ fn a_rotation_falls_due_one_renew_interval_before_the_hard_end() {
         (Some(50_000), true, Some(Duration::ZERO)),
     ];
     for (end, due, until) in cases {
-        let h = Held {
+        let h = LeaseTiming {
             enforced_end_ms: *end,
-            ..held()
+            ..timing()
         };
         assert_eq!(rotation_due(Some(&h)), *due, "end {end:?}");
         assert_eq!(until_rotation(&h), *until, "end {end:?}");

@@ -4,7 +4,7 @@
 //! reference store, the contract's reference; its writes join the sequence.
 
 use std::pin::Pin;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -65,6 +65,12 @@ fn reply(code: StatusCode, v: &Value) -> Response<Body> {
         .unwrap()
 }
 
+fn conflict() -> Response<Body> {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "reason": "Conflict", "message": "the object has been modified", "code": 409});
+    reply(StatusCode::CONFLICT, &status)
+}
+
 fn not_found() -> Response<Body> {
     let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
         "reason": "NotFound", "message": "not found", "code": 404});
@@ -120,6 +126,16 @@ fn key_fields(path: &str, body: &Value) -> String {
     String::new()
 }
 
+/// A new version of the served object.
+fn bump(o: &mut Value) {
+    let rv: u64 = o["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    o["metadata"]["resourceVersion"] = (rv + 1).to_string().into();
+}
+
 async fn serve(
     api: Shared,
     req: Request<Body>,
@@ -137,14 +153,6 @@ async fn serve(
             .replace(FLOORS, "floors");
         api.writes.push(format!("{method} {short} {k}"));
     }
-    let bump = |o: &mut Value| {
-        let rv: u64 = o["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        o["metadata"]["resourceVersion"] = (rv + 1).to_string().into();
-    };
     Ok(match (method, path.as_str()) {
         (Method::GET, TL) => reply(StatusCode::OK, &api.object),
         (Method::PATCH, TL) => {
@@ -154,6 +162,11 @@ async fn serve(
             reply(StatusCode::OK, &api.object)
         }
         (Method::PATCH, p) if p == format!("{TL}/status") => {
+            // Conditional, as the API server makes it: the version planned from.
+            let planned = &body["metadata"]["resourceVersion"];
+            if planned.is_null() || *planned != api.object["metadata"]["resourceVersion"] {
+                return Ok(conflict());
+            }
             api.object["status"] = body["status"].clone();
             bump(&mut api.object);
             reply(StatusCode::OK, &api.object)
@@ -173,6 +186,8 @@ async fn serve(
 struct Logged {
     inner: MemoryStore,
     api: Shared,
+    /// Someone else edits the object while the next acquire is in flight.
+    edit_during_acquire: AtomicBool,
 }
 
 impl Logged {
@@ -189,6 +204,11 @@ impl Logged {
 impl LeaseStore for Logged {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Reply, StoreError> {
         self.log("acquire");
+        if self.edit_during_acquire.swap(false, Ordering::SeqCst) {
+            let object = &mut self.api.lock().unwrap().object;
+            object["metadata"]["labels"] = json!({"edited": "meanwhile"});
+            bump(object);
+        }
         self.inner.acquire(req).await
     }
     async fn renew(&self, req: &RenewRequest) -> Result<Reply, StoreError> {
@@ -265,6 +285,7 @@ impl Harness {
         let store = Arc::new(Logged {
             inner: MemoryStore::default(),
             api: api.clone(),
+            edit_during_acquire: AtomicBool::new(false),
         });
         let clock = Arc::new(ServerClock::new());
         let (wake, _) = futures::channel::mpsc::unbounded();
@@ -289,7 +310,7 @@ impl Harness {
             wake,
             metrics: Default::default(),
             leadership: gate,
-            synced: Arc::new(AtomicBool::new(true)),
+            ready: crate::operator::readiness::Ready::already(),
             carryover: Default::default(),
             published: Default::default(),
             clock: clock.clone(),
@@ -302,12 +323,7 @@ impl Harness {
     fn edit(&self, f: impl FnOnce(&mut Value)) {
         let mut api = self.api.lock().unwrap();
         f(&mut api.object);
-        let rv: u64 = api.object["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        api.object["metadata"]["resourceVersion"] = (rv + 1).to_string().into();
+        bump(&mut api.object);
     }
 
     /// One reconcile of the served object; the writes it made.
@@ -356,6 +372,43 @@ async fn acquired() -> Harness {
 #[tokio::test]
 async fn acquire_publishes_status_before_the_mark() {
     acquired().await;
+}
+
+/// A status write is conditional on the version the pass planned from: an
+/// edit in between refuses it, no pod is marked after it, and the next pass
+/// publishes the same lease (the acquire replays; no token is spent).
+#[tokio::test]
+async fn a_status_write_refused_as_stale_marks_no_pod_and_spends_no_token() {
+    let h = Harness::new(open());
+    h.store.edit_during_acquire.store(true, Ordering::SeqCst);
+    let (result, writes) = h.reconcile().await;
+    assert!(
+        matches!(&result, Err(Error::Kube(kube::Error::Api(s))) if s.code == 409),
+        "{result:?}"
+    );
+    assert_eq!(
+        writes,
+        [
+            "PATCH tl finalizer add",
+            "STORE acquire",
+            "PATCH tl/status phase=Held token=1 pod=web-0",
+        ],
+        "refused"
+    );
+    assert_eq!(h.status("phase"), Value::Null);
+    let (result, writes) = h.reconcile().await;
+    result.unwrap();
+    assert_eq!(
+        writes,
+        [
+            "STORE acquire",
+            "PATCH tl/status phase=Held token=1 pod=web-0",
+            "PATCH pods/web-0 mark token=1",
+            "POST events event Acquired",
+        ],
+        "planned again"
+    );
+    assert_eq!(h.token_in_store().await, Some(1));
 }
 
 #[tokio::test]

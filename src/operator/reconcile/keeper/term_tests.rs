@@ -1,6 +1,6 @@
 //! The keeper across changes of leader and lost replies: what a renewal
 //! whose reply was lost, a takeover and a term that ended leave kept
-//! (helpers in `keeper_tests.rs`).
+//! (helpers in `tests.rs`).
 
 use std::sync::atomic::AtomicUsize;
 

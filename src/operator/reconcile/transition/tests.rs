@@ -344,7 +344,7 @@ fn a_pod_that_did_not_opt_in_is_a_warning_once_not_on_every_pass() {
 }
 
 #[test]
-fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
+fn a_new_attempt_keeps_lost_visible_and_idle_changes_nothing() {
     let f = facts();
     let mut lost = held(NOW_MS);
     lost.phase = Some(Phase::Lost);
@@ -356,11 +356,7 @@ fn a_new_attempt_keeps_lost_visible_and_idle_adopts_the_pod_uid() {
     assert_eq!(t.status.phase, Some(Phase::Pending));
     assert_eq!(condition(&t.status, HELD).1, "Acquiring");
 
-    let mut legacy = held(NOW_MS + 60_000);
-    legacy.holder_pod_uid = None; // holderPod "job-pod" is named
-    let t = idle(&f, &legacy, Some(&pod()));
-    assert_eq!(t.status.holder_pod_uid.as_deref(), Some("u1"));
-    let t = idle(&f, &held(NOW_MS + 60_000), Some(&pod()));
+    let t = idle(&f, &held(NOW_MS + 60_000));
     assert_eq!(t.status, held(NOW_MS + 60_000));
 }
 
@@ -374,7 +370,6 @@ fn published_times_are_whole_seconds() {
 }
 
 /// Renewals and withdrawing Held in time.
-#[path = "transition_hold_tests.rs"]
 mod hold;
 
 #[test]
@@ -386,7 +381,7 @@ fn only_an_acquisition_of_a_pod_that_other_elections_select_warns_of_the_overlap
         message: "m".into(),
     };
     let with = |pod: Option<&str>, notes: Vec<Note>| {
-        let mut t = idle(&f, &TargetLeaseStatus::default(), None);
+        let mut t = idle(&f, &TargetLeaseStatus::default());
         t.status.holder_pod = pod.map(str::to_owned);
         t.notes = notes;
         t
