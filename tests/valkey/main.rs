@@ -1,15 +1,16 @@
 //! The Valkey backend on real servers: protocol, ACL, TLS, Sentinel, Cluster,
-//! durability, faults between client and server, and `targetlease check`.
+//! durability, broken connections between client and server, and
+//! `targetlease check`.
 
 use targetlease_test_support as support;
 
 mod acl;
+mod broken_connections;
 mod check;
 mod cluster;
-mod cluster_faults;
+mod cluster_broken_connections;
 mod durability;
 mod failures;
-mod faults;
 mod load;
 mod outcomes;
 mod oversized;

@@ -2,7 +2,7 @@
 //! real `valkey-server` (one per test): flags, env fallbacks, the JSON
 //! envelope, outcome names and exit codes, and that bad input writes nothing.
 
-mod faults;
+mod broken_connections;
 mod grants;
 mod input;
 mod list;
