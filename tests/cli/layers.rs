@@ -63,3 +63,33 @@ fn the_operator_never_names_the_cli() {
         found.join("\n")
     );
 }
+
+/// Every Rust file of the workspace reads in one sitting (at most 500
+/// lines), and every module is found where Rust looks for it: no `#[path]`
+/// (the fuzz workspace aside: it compiles the RESP decoder's two files
+/// alone, without the crate around them).
+#[test]
+fn every_file_is_short_and_every_module_where_rust_looks_for_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches", "build"] {
+        files.extend(sources(&root.join(dir)));
+    }
+    files.retain(|f| !f.components().any(|c| c.as_os_str() == "target"));
+    assert!(files.len() > 100, "{} files", files.len());
+    let mut long = Vec::new();
+    let mut by_path = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines = text.lines().count();
+        if lines > 500 {
+            long.push(format!("{} ({lines} lines)", file.display()));
+        }
+        let attribute = ["#[", "path"].concat();
+        if text.lines().any(|l| l.trim_start().starts_with(&attribute)) {
+            by_path.push(file.display().to_string());
+        }
+    }
+    assert_eq!(long, Vec::<String>::new(), "files over 500 lines");
+    assert_eq!(by_path, Vec::<String>::new(), "modules pulled in by path");
+}

@@ -15,8 +15,10 @@
 //!
 //! Leadership: every Kubernetes write passes the client's write gate
 //! (`election::write_gate`; its refusal is [`Error::NotLeader`]), every
-//! store call that takes or gives a lease passes [`gated`]; nothing here
-//! checks it again.
+//! store call that takes or gives a lease passes [`gated`]; no write here
+//! checks it again. (`flush` asks the gate one thing besides: whether to
+//! tell the keeper what it is about to publish, which a replica that may
+//! not write must not.)
 
 use std::time::{Duration, Instant};
 
