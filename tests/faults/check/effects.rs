@@ -282,12 +282,16 @@ fn reported_expiry(o: &OpRecord) -> Option<((&str, u64, &str), u64)> {
 }
 
 /// A renew reported as refused or unavailable must not have set an expiry:
-/// every expiry seen of a lease is one its acquire or an acknowledged renew
-/// reported, unless some renew of it had an unknown outcome.
+/// every expiry seen of a lease after such a renew was sent is one its
+/// acquire or an acknowledged renew reported, unless some renew of it had
+/// an unknown outcome. (What was seen before the renew was sent is none of
+/// its doing: an acquire whose first reply was lost, retried after a
+/// restart lost what it set, shows its first expiry only before.)
 fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Vec<Violation>) {
     let renewals = requests(h, OpKind::Renew);
-    // (target, token, issue) -> (expiries reported, any unknown attempt, a refused request)
-    type Known<'a> = (Vec<u64>, bool, Option<&'a str>);
+    // (target, token, issue) -> (expiries reported, any unknown attempt,
+    // the refused requests and when each was first sent)
+    type Known<'a> = (Vec<u64>, bool, Vec<(&'a str, u64)>);
     let mut leases: ByLease<Known> = BTreeMap::new();
     for o in h.ops.iter().filter(|o| o.kind == OpKind::Acquire) {
         if let Some((key, expires)) = reported_expiry(o) {
@@ -308,8 +312,8 @@ fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Ve
                 _ => {}
             }
         }
-        if r.no_effect() && e.2.is_none() {
-            e.2 = Some(&r.attempts[0].request_id);
+        if r.no_effect() {
+            e.2.push((&r.attempts[0].request_id, r.first_invoke()));
         }
     }
     for (target, ls) in looks {
@@ -318,7 +322,9 @@ fn refused_renewals(h: &History, looks: &BTreeMap<&str, Vec<Look>>, out: &mut Ve
             // What every entry of that lease knows, together (an entry of an
             // unknown issue alone would explain any expiry).
             let known: Vec<&Known> = of_lease(&leases, target, seen.token, &seen.issue).collect();
-            let Some(refused) = known.iter().find_map(|k| k.2) else {
+            let sent_before = |(_, sent): &&(&str, u64)| *sent <= look.complete_ms;
+            let Some(&(refused, _)) = known.iter().flat_map(|k| k.2.iter()).find(sent_before)
+            else {
                 continue;
             };
             let unknown = known.iter().any(|k| k.1);

@@ -41,8 +41,9 @@ use super::history::History;
 /// by a fault-free gap that long, the lossy modes must show their cost, and
 /// a control must be caught by every violation it expects; 4: a token
 /// issued twice names two leases (renewals, releases and revokes are
-/// judged per lease, the request that asked for it telling them apart).
-pub const CHECKER: u32 = 4;
+/// judged per lease, the request that asked for it telling them apart); 5:
+/// a renew reported refused is held only to what was seen after it was sent.
+pub const CHECKER: u32 = 5;
 
 /// One of the four checked properties.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -106,6 +106,36 @@ fn refusals_that_took_effect_are_caught() {
     );
 }
 
+/// An acquire whose reply was lost, retried with the same request after a
+/// restart lost what its first run set, is the same lease twice: the first
+/// run's expiry, seen before a later renew of it was refused, is not that
+/// renew's doing. Seen after the renew was sent, it is.
+#[test]
+fn an_expiry_seen_before_a_refused_renew_was_sent_is_not_its_doing() {
+    let before = H::new()
+        .acquire_answer("a", "t", "r1", Answer::Unknown, None, 0)
+        .look("t", l(12, "r1", 3000), 1000)
+        .lossy_fault()
+        .acquired("a", "t", "r1", 12, 1300, 3300)
+        .renew("a", "t", ("r1", 12), said("not_owner"), 1500, 0)
+        .build();
+    assert_eq!(found(&before), Vec::<String>::new());
+    let after = H::new()
+        .acquire_answer("a", "t", "r1", Answer::Unknown, None, 0)
+        .lossy_fault()
+        .acquired("a", "t", "r1", 12, 1300, 3300)
+        .renew("a", "t", ("r1", 12), said("not_owner"), 1500, 0)
+        .look("t", l(12, "r1", 3000), 1600)
+        .build();
+    assert!(
+        found(&after)
+            .iter()
+            .any(|d| d.contains("renew renew-1500") && d.contains("no acknowledged operation set")),
+        "{:?}",
+        found(&after)
+    );
+}
+
 /// A token issued twice (a restart lost the counter) names two leases:
 /// what one of them was told says nothing about the other. Here the first
 /// lease's renew was refused, the second lease's acquire reply was lost, and
