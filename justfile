@@ -3,8 +3,10 @@
 # recipe is the command to type). tests/cli/index.rs fails when `.ci/run`, a
 # script in scripts/ or tests/, a test target in tests/, the unit tests, a
 # fuzz target, a workspace member with tests of its own, a bench target or
-# a script in examples/ is missing here. Two files run without a person:
-# build/protoc (cargo runs it, .cargo/config.toml) and
+# a script in examples/ is missing here. What runs without a person has no
+# recipe: build/protoc (cargo runs it, .cargo/config.toml), the helpers in
+# scripts/lib/ (scripts/test.sh and scripts/setup.sh run them),
+# contrib/argocd/health.lua (Argo CD runs it) and
 # .github/workflows/release.yml (a version tag runs it).
 
 # The two commands of the README.
@@ -85,7 +87,7 @@ test-cli *args:
 test-contract *args:
     cargo test --test contract -- {{args}}
 
-# The Valkey backend on real servers: protocol, ACL, TLS, Sentinel, Cluster, faults.
+# The Valkey backend on real servers: protocol, ACL, TLS, Sentinel, Cluster, broken connections.
 test-valkey *args:
     cargo test --test valkey -- {{args}}
 

@@ -50,7 +50,7 @@ pub struct TokenArgs {
     pod: Option<String>,
     /// This pod's UID (downward API: `fieldRef: {fieldPath: metadata.uid}`).
     /// With it, the lease counts only when status ties it to this very pod
-    /// (`status.holderPodUid`): a pod recreated under the same name (a
+    /// (`status.holderPodUID`): a pod recreated under the same name (a
     /// StatefulSet pod force-deleted) never reads its predecessor's token.
     #[arg(long, env = "POD_UID")]
     pod_uid: Option<String>,
@@ -311,7 +311,7 @@ pub async fn main(args: TokenArgs) -> ExitCode {
         {
             refused_version = tl.metadata.resource_version.clone();
             eprintln!(
-                "targetlease token: the lease is tied to another incarnation of pod {} (status.holderPodUid is not this pod's UID); not this pod's token",
+                "targetlease token: the lease is tied to another incarnation of pod {} (status.holderPodUID is not this pod's UID); not this pod's token",
                 tl.status
                     .as_ref()
                     .and_then(|s| s.holder_pod.as_deref())

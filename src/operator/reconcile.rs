@@ -250,6 +250,17 @@ impl Context {
 /// ([`slots`]), then reconciles the newest cached version of the object.
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::ResourceExt;
+    // Never plan from caches that have not synced: wait for them, before a
+    // slot is taken (nothing can use one until then), and not past a second,
+    // so a term that ends before they sync is not held up by the reconciles
+    // waiting (its controller shuts down only once they return).
+    if !ctx.ready.is_ready()
+        && tokio::time::timeout(READY_WAIT, ctx.ready.wait())
+            .await
+            .is_err()
+    {
+        return Ok(Action::requeue(Duration::ZERO));
+    }
     let queued = Instant::now();
     let m = ctx.remember(&ObjectRef::from_obj(&*tl), |m| {
         let recalled = m.clone();
@@ -306,17 +317,6 @@ fn scheduled_renewal(
 }
 
 async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Error> {
-    // (no client required) never plan from caches that have not synced:
-    // wait for them, but not past a second, so a term that ends before they
-    // sync is not held up by the reconciles waiting (its controller shuts
-    // down only once they return).
-    if !ctx.ready.is_ready()
-        && tokio::time::timeout(READY_WAIT, ctx.ready.wait())
-            .await
-            .is_err()
-    {
-        return Ok(Action::requeue(Duration::ZERO));
-    }
     ctx.leadership.check()?;
     // (client required) the object as of the operator's own last write.
     let Some(mut pass) = pass::Pass::start(ctx, tl).await? else {

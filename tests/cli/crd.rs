@@ -73,3 +73,48 @@ fn the_architecture_doc_names_only_things_that_exist() {
         "docs/architecture.md names what does not exist: {missing:?}"
     );
 }
+
+/// Where a doc names the test that holds a promise (`path/file.rs::name`),
+/// that file exists and defines `fn name`: a moved or renamed test fails
+/// here, not silently in the docs.
+#[test]
+fn every_test_a_doc_names_exists_where_it_says() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![root.join("README.md")];
+    let mut stack = vec![root.join("docs")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+    }
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        for quoted in text.split('`').skip(1).step_by(2) {
+            let Some((file, item)) = quoted.split_once(".rs::") else {
+                continue;
+            };
+            if file.contains(' ') || !item.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            named += 1;
+            let source = std::fs::read_to_string(root.join(format!("{file}.rs")));
+            let defined = source.is_ok_and(|s| s.contains(&format!("fn {item}(")));
+            if !defined {
+                missing.push(format!("{}: {quoted}", doc.display()));
+            }
+        }
+    }
+    assert!(named > 20, "only {named} tests named in the docs");
+    assert_eq!(
+        missing,
+        Vec::<String>::new(),
+        "tests the docs name that are not there"
+    );
+}

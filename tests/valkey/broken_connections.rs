@@ -45,7 +45,7 @@ async fn direct(server: &ValkeyServer) -> ValkeyStore {
 }
 
 fn target(name: &str) -> Target {
-    Target::new("faults", name)
+    Target::new("broken", name)
 }
 
 /// A fresh server, a fault proxy in front of it, and a store connected

@@ -25,7 +25,7 @@ fn config(url: String) -> ValkeyConfig {
 }
 
 fn target(name: &str) -> Target {
-    Target::new("faults", name)
+    Target::new("broken", name)
 }
 
 /// A 3-primary cluster whose node serving `key` is reached only through a proxy

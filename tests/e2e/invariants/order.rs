@@ -246,11 +246,9 @@ async fn cleanup_releases_every_unpublished_lease_of_its_own_before_the_finalize
 ///
 /// Scenario: a lease held for the plain identity "worker" (token 1, published
 /// in status: a process outside Kubernetes may be acting with it). The spec is
-/// edited to tie it to pod "worker". The operator renews, then its `Idle` step
-/// adopts the pod into the existing lease (`transition::idle` fills in
-/// holderPod/holderPodUID when no UID is recorded, meant for statuses written
-/// before UIDs existed) and marks the pod leader with token 1: a new holder
-/// inherits a token that was already handed to someone else.
+/// edited to tie it to pod "worker". Were the pod adopted into the existing
+/// lease and marked leader with token 1, a new holder would inherit a token
+/// that was already handed to someone else.
 #[tokio::test]
 async fn a_holder_newly_tied_to_a_pod_gets_a_new_token() {
     let env = OperatorEnv::start("tie").await;

@@ -1,8 +1,10 @@
-//! The operator's published promises under the conditions production brings:
-//! spec edits, restarts with many pods, stale marks, overlapping elections,
-//! stranded waiters, outages during deletes, crashes between a store call and
-//! a status write, recreated pods and max lifetimes, on a real kube-apiserver
-//! and a real Valkey.
+//! The operator's published promises under the conditions production brings,
+//! on a real kube-apiserver and a real Valkey: API-server outages (leases
+//! kept renewed, the leader handing over, writes refused mid-step), token
+//! floors under failed writes, races between deletions, many tenants and
+//! retention, what is published through spec edits, overlapping elections
+//! and rapid handoffs, restarts with many pods and crashes between a store
+//! call and a status write, and the sweep of stale marks.
 
 mod api_outage;
 mod api_outage_handover;
