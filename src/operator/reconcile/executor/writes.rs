@@ -83,6 +83,33 @@ async fn a_status_write_refused_as_stale_marks_no_pod_and_spends_no_token() {
     assert_eq!(h.token_in_store().await, Some(1));
 }
 
+/// The store is never called before the finalizer is in place: a finalizer
+/// patch planned from a list someone else changed meanwhile is refused (its
+/// `test` fails), nothing else is written, and the next pass adds it beside
+/// theirs.
+#[tokio::test]
+async fn nothing_reaches_the_store_before_the_finalizer_is_in_place() {
+    let h = Harness::new(open());
+    let stale: TargetLease = serde_json::from_value(h.api.lock().unwrap().object.clone()).unwrap();
+    h.edit(|o| o["metadata"]["finalizers"] = json!(["example.com/keep"]));
+    let result = reconcile(Arc::new(stale), h.ctx.clone()).await;
+    assert!(
+        matches!(&result, Err(Error::Kube(kube::Error::Api(s))) if s.code == 422),
+        "{:?}",
+        result.map(|_| ())
+    );
+    let writes = std::mem::take(&mut h.api.lock().unwrap().writes);
+    assert_eq!(writes, ["PATCH tl finalizer add"], "refused");
+    assert_eq!(h.token_in_store().await, None);
+    let (result, writes) = h.reconcile().await;
+    result.unwrap();
+    assert_eq!(writes[..2], ["PATCH tl finalizer add", "STORE acquire"]);
+    assert_eq!(
+        h.api.lock().unwrap().object["metadata"]["finalizers"],
+        json!(["example.com/keep", "targetlease.dev/release"])
+    );
+}
+
 #[tokio::test]
 async fn a_spec_fixed_while_the_finalizer_is_added_is_the_one_planned_from() {
     let h = Harness::new(open());

@@ -68,6 +68,12 @@ fn conflict() -> Response<Body> {
     reply(StatusCode::CONFLICT, &status)
 }
 
+fn invalid() -> Response<Body> {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "reason": "Invalid", "message": "the test operation failed", "code": 422});
+    reply(StatusCode::UNPROCESSABLE_ENTITY, &status)
+}
+
 fn not_found() -> Response<Body> {
     let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
         "reason": "NotFound", "message": "not found", "code": 404});
@@ -154,7 +160,13 @@ async fn serve(
         (Method::GET, TL) => reply(StatusCode::OK, &api.object),
         (Method::PATCH, TL) => {
             let patch: json_patch::Patch = serde_json::from_value(body).unwrap();
-            json_patch::patch(&mut api.object, &patch).unwrap();
+            // A failed `test` operation refuses the whole patch, as the API
+            // server does (422), and changes nothing.
+            let mut patched = api.object.clone();
+            if json_patch::patch(&mut patched, &patch).is_err() {
+                return Ok(invalid());
+            }
+            api.object = patched;
             bump(&mut api.object);
             reply(StatusCode::OK, &api.object)
         }
