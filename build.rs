@@ -41,17 +41,36 @@ fn git(args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Asks cargo to run this script again when `path` changes, or, when it
+/// does not exist, when its directory `parent` does (a file created in it):
+/// cargo treats a missing path as changed on every build, so a repository
+/// without `packed-refs` (none is written until refs are packed) would
+/// rebuild the crate every time.
+fn watch(path: String, parent: bool) {
+    let path = PathBuf::from(path);
+    if path.exists() {
+        println!("cargo:rerun-if-changed={}", path.display());
+    } else if parent && let Some(dir) = path.parent().filter(|d| d.is_dir()) {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+}
+
 /// The short commit of HEAD, watching the files that move it.
 fn git_commit() -> Option<String> {
+    // Packing refs deletes the branch's loose ref, watched below: a change.
+    // (Not packed-refs' directory when it is missing: that is the whole git
+    // directory, which every git command touches.)
     for file in ["HEAD", "packed-refs"] {
         if let Some(path) = git(&["rev-parse", "--git-path", file]) {
-            println!("cargo:rerun-if-changed={}", PathBuf::from(path).display());
+            watch(path, false);
         }
     }
+    // A branch whose ref is packed has no loose file until its next commit
+    // writes one: watch the directory it will appear in.
     if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
         && let Some(path) = git(&["rev-parse", "--git-path", &branch])
     {
-        println!("cargo:rerun-if-changed={}", PathBuf::from(path).display());
+        watch(path, true);
     }
     git(&["rev-parse", "--short=12", "HEAD"]).filter(|c| !c.is_empty())
 }
