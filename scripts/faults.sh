@@ -12,7 +12,7 @@
 #                                      docs/faults/runs/<scenario>.jsonl (FAULTS_PARTS=dir
 #                                      elsewhere) and rewrites docs/faults.md from every
 #                                      run recorded there (FAULTS_REPORT=path elsewhere).
-#                                      The full run is ~43 h: split it by WORD across days.
+#                                      The full run is ~44 h: split it by WORD across days.
 #                                      FAULTS_RUNS=0 only re-renders docs/faults.md.
 #                                      Every failed run, and the first FAULTS_KEEP_HISTORIES
 #                                      (default 1) passing runs of a scenario per checker version

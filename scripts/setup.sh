@@ -11,7 +11,8 @@
 #         gcc (the fault matrix's power-loss shim, compiled when it starts),
 #         g++ (libFuzzer, compiled by the fuzz target's build),
 #         jq (the Kubernetes fencing recipe in examples/fencing),
-#         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh),
+#         runc, socat, busybox-static, file, iproute2 (the node: scripts/node.sh; the fault
+#         matrix's partitioned etcd: tests/faults/etcd/netns.rs),
 #         protobuf-compiler, libprotobuf-dev (protoc and its well-known types:
 #         the etcd client's build compiles etcd's protos; cargo finds protoc
 #         in the tools directory, .cargo/config.toml)

@@ -1,5 +1,5 @@
 //! The long mode's record, kept per scenario so that the full long run
-//! (10 runs x 300 s for every scenario, about 43 hours) can be split across
+//! (10 runs x 300 s for every scenario, about 44 hours) can be split across
 //! days and machines: every finished long-mode run appends one JSON line to
 //! `<dir>/<scenario>.jsonl` (default `docs/faults/runs/`), and docs/faults.md
 //! is rendered from every line recorded so far, whatever run produced it.

@@ -85,6 +85,10 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
             "etcd leaders stopped past the election timeout",
             "new etcd leaders elected while the old one was stopped",
         ],
+        Fault::EtcdPartitionLeader => &[
+            "etcd leaders cut off from their peers",
+            "new etcd leaders elected while the old one was cut off",
+        ],
     }
 }
 
@@ -92,7 +96,12 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
 /// counting the new leaders seen after them, which must be equal.
 fn leader_change(fault: Fault) -> Option<(&'static str, &'static str)> {
     match required_effect(fault) {
-        [done, seen] if matches!(fault, Fault::EtcdLeaderKill | Fault::EtcdLeaderPause) => {
+        [done, seen]
+            if matches!(
+                fault,
+                Fault::EtcdLeaderKill | Fault::EtcdLeaderPause | Fault::EtcdPartitionLeader
+            ) =>
+        {
             Some((done, seen))
         }
         _ => None,

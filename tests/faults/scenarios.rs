@@ -70,6 +70,10 @@ pub enum Fault {
     /// SIGSTOP the etcd cluster's leader for 1.5 s (past the 500 ms election
     /// timeout; a new leader seen meanwhile), then SIGCONT: a stale leader.
     EtcdLeaderPause,
+    /// Cut the etcd cluster's leader off from the other members for 1.5 s
+    /// (network namespaces: its peer link down; a new leader seen
+    /// meanwhile) while clients still reach it, then join it again.
+    EtcdPartitionLeader,
     /// SIGKILL the operator; while it is down, the Held TargetLease is
     /// deleted and Valkey loses everything (`FLUSHALL`); start it again.
     ValkeyLossOperatorDown,

@@ -11,6 +11,10 @@
 //! [`EtcdCluster::start_tls`] serves clients over TLS only (peers stay on
 //! plain loopback), optionally with `--client-cert-auth`; health is then
 //! asked on a plain metrics listener, which needs no client certificate.
+//!
+//! [`EtcdCluster::start_placed`] runs each member where a [`Placement`]
+//! says: on its own addresses, inside a network namespace (the fault
+//! matrix's partitioned cluster, `tests/faults/etcd/netns.rs`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -24,13 +28,32 @@ use super::valkey_server::free_port;
 /// How many members the cluster has.
 pub const MEMBERS: usize = 3;
 
-/// One member's ports.
-#[derive(Clone, Copy, Debug)]
+/// Where one member runs and listens.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// `host:port` it serves clients on.
+    pub client: String,
+    /// `host:port` it talks raft on.
+    pub peer: String,
+    /// The network namespace it runs in (`ip netns exec`), if any.
+    pub netns: Option<String>,
+}
+
+/// One member's addresses.
+#[derive(Clone, Debug)]
 struct Ports {
-    client: u16,
-    peer: u16,
-    /// Plain HTTP `/health` (and `/metrics`), when clients are served TLS.
+    at: Placement,
+    /// Plain HTTP `/health` (and `/metrics`) on loopback, when clients are
+    /// served TLS.
     metrics: Option<u16>,
+}
+
+impl Ports {
+    /// Where health is asked: the metrics listener, else the client port.
+    fn health(&self) -> String {
+        self.metrics
+            .map_or_else(|| self.at.client.clone(), |m| format!("127.0.0.1:{m}"))
+    }
 }
 
 /// TLS on the client port: the members' certificate and key, and with
@@ -51,10 +74,13 @@ pub struct EtcdCluster {
     dir: tempfile::TempDir,
 }
 
-/// Whether the member serving clients on `port` says it is healthy (it has
-/// a leader and serves linearizable reads): `GET /health`.
-pub fn healthy(port: u16) -> bool {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+/// Whether the member serving clients on `addr` (`host:port`) says it is
+/// healthy (it has a leader and serves linearizable reads): `GET /health`.
+pub fn healthy(addr: &str) -> bool {
+    let Ok(addr) = addr.parse() else {
+        return false;
+    };
+    let Ok(mut conn) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return false;
     };
     let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
@@ -81,6 +107,25 @@ impl EtcdCluster {
         Self::start_with(Some(tls))
     }
 
+    /// A fresh, empty cluster of plain (no TLS) members placed as `at`
+    /// says, every member healthy; any failure is reported at once.
+    pub fn start_placed(at: Vec<Placement>) -> Self {
+        assert_eq!(at.len(), MEMBERS, "one placement per member");
+        let mut cluster = Self {
+            children: Vec::new(),
+            ports: at
+                .into_iter()
+                .map(|at| Ports { at, metrics: None })
+                .collect(),
+            tls: None,
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        if let Err(e) = cluster.try_start() {
+            panic!("the etcd cluster did not start:\n{e}");
+        }
+        cluster
+    }
+
     fn start_with(tls: Option<ClientTls>) -> Self {
         let mut failures = Vec::new();
         for _ in 0..5 {
@@ -88,8 +133,11 @@ impl EtcdCluster {
                 children: Vec::new(),
                 ports: (0..MEMBERS)
                     .map(|_| Ports {
-                        client: free_port(),
-                        peer: free_port(),
+                        at: Placement {
+                            client: format!("127.0.0.1:{}", free_port()),
+                            peer: format!("127.0.0.1:{}", free_port()),
+                            netns: None,
+                        },
                         metrics: tls.is_some().then(free_port),
                     })
                     .collect(),
@@ -116,7 +164,7 @@ impl EtcdCluster {
             .ports
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.peer))
+            .map(|(i, p)| format!("m{i}=http://{}", p.at.peer))
             .collect();
         let token = format!("contract-{}", std::process::id());
         for i in 0..MEMBERS {
@@ -126,15 +174,15 @@ impl EtcdCluster {
             self.children.push(Some(child));
         }
         for i in 0..MEMBERS {
-            let port = self.ports[i].metrics.unwrap_or(self.ports[i].client);
+            let health = self.ports[i].health();
             let log = self.log_path(i);
             let child = self.children[i].as_mut().expect("just started");
             if let Err(e) = wait_ready(
-                &format!("etcd member m{i} (health on port {port})"),
+                &format!("etcd member m{i} (health on {health})"),
                 child,
                 &log,
                 Duration::from_secs(30),
-                || healthy(port),
+                || healthy(&health),
             ) {
                 self.kill_all();
                 return Err(e);
@@ -146,12 +194,22 @@ impl EtcdCluster {
     /// The command that starts member `i` (again: its data directory
     /// then holds the cluster, and the initial flags are ignored).
     fn command(&self, i: usize, initial: &str, token: &str) -> Command {
-        let p = self.ports[i];
+        let p = &self.ports[i];
         let data = self.dir.path().join(format!("m{i}"));
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let client = format!("{scheme}://127.0.0.1:{}", p.client);
-        let peer = format!("http://127.0.0.1:{}", p.peer);
-        let mut cmd = Command::new(super::tools::tool("etcd"));
+        let client = format!("{scheme}://{}", p.at.client);
+        let peer = format!("http://{}", p.at.peer);
+        // In a namespace: `ip netns exec NS etcd …` (ip execs etcd, so the
+        // child's pid is the member's).
+        let mut cmd = match &p.at.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(super::tools::tool("etcd"));
+                c
+            }
+            None => Command::new(super::tools::tool("etcd")),
+        };
         cmd.arg(format!("--name=m{i}"))
             .arg(format!("--data-dir={}", data.display()))
             .arg(format!("--listen-client-urls={client}"))
@@ -198,21 +256,21 @@ impl EtcdCluster {
             .ports
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{}", p.peer))
+            .map(|(i, p)| format!("m{i}=http://{}", p.at.peer))
             .collect();
         let mut cmd = self.command(i, &initial.join(","), "restarted");
         let log = self.log_path(i);
         log_to(&mut cmd, &log);
         let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
         self.children[i] = Some(child);
-        let port = self.ports[i].metrics.unwrap_or(self.ports[i].client);
+        let health = self.ports[i].health();
         let child = self.children[i].as_mut().expect("just started");
         wait_ready(
-            &format!("etcd member m{i} (restarted; health on port {port})"),
+            &format!("etcd member m{i} (restarted; health on {health})"),
             child,
             &log,
             Duration::from_secs(30),
-            || healthy(port),
+            || healthy(&health),
         )
     }
 
@@ -223,10 +281,7 @@ impl EtcdCluster {
 
     /// `host:port` of every member's client endpoint.
     pub fn endpoints(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{}", p.client))
-            .collect()
+        self.ports.iter().map(|p| p.at.client.clone()).collect()
     }
 
     /// The store URL naming every member: `etcd://h:p,h:p,h:p`, or

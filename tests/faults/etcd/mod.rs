@@ -4,9 +4,12 @@
 //! fault proxy per member (`proxy.rs`) — and its faults: the leader
 //! SIGKILLed and restarted, the leader SIGSTOPped past the election timeout
 //! and resumed as a stale leader, the proxies cutting a forwarded request's
-//! connection or blackholing everything. Every method blocks; callers run
-//! them on a blocking thread.
+//! connection or blackholing everything; or the cluster on a real network
+//! (`netns.rs`: a namespace per member, peer and client traffic on separate
+//! bridges) and the leader partitioned from its peers while clients still
+//! reach it. Every method blocks; callers run them on a blocking thread.
 
+pub mod netns;
 pub mod proxy;
 pub mod run;
 
@@ -28,12 +31,17 @@ pub enum Setup {
     Direct,
     /// Clients through a fault proxy in front of every member.
     Proxied,
+    /// Every member in a network namespace of its own, clients straight to
+    /// every member; the members' peer links can be cut (`netns.rs`).
+    Partitioned,
 }
 
-/// A running cluster (and its proxies).
+/// A running cluster (and its proxies, or its network). Fields drop in
+/// order: the members are killed before their namespaces go.
 pub struct Etcd {
     cluster: Mutex<EtcdCluster>,
     pub proxies: Vec<H2Proxy>,
+    net: Option<netns::Net>,
 }
 
 /// How long a new leader may take to show after the old one stops.
@@ -61,9 +69,21 @@ fn leads(endpoint: &str) -> bool {
 
 impl Etcd {
     pub fn start(setup: Setup) -> Self {
-        let cluster = EtcdCluster::start();
+        let net = (setup == Setup::Partitioned).then(|| {
+            netns::Net::create().unwrap_or_else(|e| {
+                panic!(
+                    "the partitioned etcd cluster needs network namespaces (root, iproute2): {e}"
+                )
+            })
+        });
+        let cluster = match &net {
+            Some(net) => {
+                EtcdCluster::start_placed((0..MEMBERS).map(|i| net.placement(i)).collect())
+            }
+            None => EtcdCluster::start(),
+        };
         let proxies = match setup {
-            Setup::Direct => Vec::new(),
+            Setup::Direct | Setup::Partitioned => Vec::new(),
             Setup::Proxied => cluster
                 .endpoints()
                 .iter()
@@ -73,6 +93,7 @@ impl Etcd {
         Self {
             cluster: Mutex::new(cluster),
             proxies,
+            net,
         }
     }
 
@@ -166,6 +187,26 @@ impl Etcd {
             std::thread::sleep(left);
         }
         let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        new
+    }
+}
+
+impl Etcd {
+    /// Cuts leader `i` off from the other members for `cut` (clients still
+    /// reach it), watching the others elect a new one meanwhile, then joins
+    /// it again: it comes back as a stale leader and steps down. The new
+    /// leader, if one was seen while it was cut off.
+    pub fn partition(&self, i: usize, cut: Duration) -> Option<usize> {
+        let net = self.net.as_ref().expect("a partitioned setup");
+        net.cut_peers(i)
+            .unwrap_or_else(|e| panic!("cut etcd member m{i} off: {e}"));
+        let started = Instant::now();
+        let new = self.await_leader(Some(i));
+        if let Some(left) = cut.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
+        net.join_peers(i)
+            .unwrap_or_else(|e| panic!("join etcd member m{i} again: {e}"));
         new
     }
 }

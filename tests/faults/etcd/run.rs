@@ -2,7 +2,7 @@
 //! (library and CLI clients with `etcd://` URLs, the administrator, the
 //! observer straight to the members, the paused holder), and the etcd
 //! faults, each verified: a new leader seen after every kill and during
-//! every pause, the proxies' cuts counted.
+//! every pause or partition, the proxies' cuts counted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,10 @@ const DOWN: Duration = Duration::from_secs(1);
 /// A stopped leader stays stopped this long: past the 500 ms election
 /// timeout and a new leader's first heartbeats.
 const PAUSE: Duration = Duration::from_millis(1500);
+/// A partitioned leader stays cut off this long: past the 500 ms election
+/// timeout (the others elect a new leader, it steps down on losing its
+/// quorum).
+const CUT: Duration = Duration::from_millis(1500);
 /// The proxies' blackhole.
 const BLACKHOLE: Duration = Duration::from_millis(1500);
 
@@ -62,6 +66,22 @@ pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pa
                 rec.effect("etcd leaders stopped past the election timeout", 1);
                 if new.is_some_and(|n| n != old) {
                     rec.effect("new etcd leaders elected while the old one was stopped", 1);
+                }
+            }
+        }
+        Fault::EtcdPartitionLeader => {
+            while !pace.wait(Duration::from_millis(2500)).await {
+                let e = etcd.clone();
+                let Some(old) = blocking(move || e.leader()).await else {
+                    continue;
+                };
+                rec.fault("etcd leader cut off from its peers, clients still reach it");
+                let e = etcd.clone();
+                let new = blocking(move || e.partition(old, CUT)).await;
+                rec.healed();
+                rec.effect("etcd leaders cut off from their peers", 1);
+                if new.is_some_and(|n| n != old) {
+                    rec.effect("new etcd leaders elected while the old one was cut off", 1);
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! The etcd rows of the matrix: the same workload and checker on a real
 //! 3-member etcd cluster, under etcd's own faults (leader killed, leader
-//! stopped past the election timeout) and the client-link faults, with no
+//! stopped past the election timeout, leader partitioned from its peers on
+//! a real network) and the client-link faults, with no
 //! property measured: etcd promises every one. And the controls that show
 //! the checker still catches each lie on etcd, the product broken through
 //! the same fail points (`src/store/failpoints.rs`) at their etcd sites.
@@ -22,6 +23,10 @@ fn proxied() -> Backend {
     Backend::Etcd(Setup::Proxied)
 }
 
+fn partitioned() -> Backend {
+    Backend::Etcd(Setup::Partitioned)
+}
+
 /// The etcd scenarios (not the controls), in the order they run.
 pub fn rows() -> Vec<Scenario> {
     vec![
@@ -37,6 +42,12 @@ pub fn rows() -> Vec<Scenario> {
             "etcd: the leader SIGSTOPped 1.5 s, past the 500 ms election timeout (a new leader seen), then SIGCONT: a stale leader",
             direct(),
             Fault::EtcdLeaderPause,
+        ),
+        scenario(
+            "etcd-partition-leader",
+            "etcd: the leader cut off from the other members for 1.5 s (network namespaces, its peer link down; a new leader seen) while every client still reaches it, then joined again",
+            partitioned(),
+            Fault::EtcdPartitionLeader,
         ),
         scenario(
             "etcd-proxy-cut-after-forward",
