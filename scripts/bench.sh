@@ -5,19 +5,22 @@
 # unrelated pods), API write cost, restart re-adoption, handoff and leader
 # failover. Starts its own servers on free loopback ports and stops them.
 #
-#   scripts/bench.sh                       # everything (~20 minutes on 2 cores)
+#   scripts/bench.sh                       # everything (~30 minutes on 2 cores)
 #   scripts/bench.sh store                 # the store part only (< 3 minutes);
 #                                          # writes target/bench/store.json
 #   scripts/bench.sh waiters               # CLI waiter wake-up only (~6 minutes);
 #                                          # writes target/bench/waiters.md
 #   BENCH_ONLY=store scripts/bench.sh      # one part (store | operator | waiters)
 #   BENCH_STEPS=peer,pods scripts/bench.sh operator  # some operator steps only:
-#                                          # peer pods scale steady restart
-#                                          # handoff failover (the last four need scale)
+#                                          # peer pods curve scale steady restart
+#                                          # handoff failover heap (steady, restart,
+#                                          # failover and heap need scale)
 #
 # Knobs (environment): BENCH_STORE_OPS, BENCH_STORE_OPS_SINGLE, BENCH_POOL,
 # BENCH_POOL_SWEEP, BENCH_CONCURRENCY, BENCH_PEER_CONCURRENCY, BENCH_PEER_CYCLES,
-# BENCH_PEER_CYCLES_SINGLE, BENCH_UNRELATED_PODS, BENCH_SCALES,
+# BENCH_PEER_CYCLES_SINGLE, BENCH_UNRELATED_PODS, BENCH_SCALES (default
+# 1000,10000,5000: the last one's operator serves the later steps),
+# BENCH_CURVE_LEASES, BENCH_CURVE_CONCURRENCY (the --concurrency curve),
 # BENCH_STEADY_SECS (default 300, the 5-minute window), BENCH_HANDOFF_TRIALS,
 # BENCH_FAILOVER_TRIALS, BENCH_CREATE_PARALLELISM, BENCH_STEPS, BENCH_WAITER_TRIALS,
 # BENCH_OUT (default docs/benchmarks.md), BENCH_OPERATOR_EXE (another operator

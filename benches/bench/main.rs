@@ -12,6 +12,7 @@ mod report;
 mod report_analysis;
 mod report_memory;
 mod report_peer;
+mod report_scale;
 mod report_store;
 mod report_waiters;
 mod stats;
@@ -79,8 +80,12 @@ fn main() {
             .build()
             .expect("tokio runtime");
         let results = rt.block_on(operator::run(&operator::Params {
-            scales: env_list("BENCH_SCALES", &[1_000, 5_000]),
+            // The last scale's operator is the one the later steps use (steady,
+            // restart, handoff, failover, heap): 5,000 leases, run after 10,000.
+            scales: env_list("BENCH_SCALES", &[1_000, 10_000, 5_000]),
             steady: Duration::from_secs(env_or("BENCH_STEADY_SECS", 300)),
+            curve_leases: env_or("BENCH_CURVE_LEASES", 2_000),
+            curve_concurrencies: env_list("BENCH_CURVE_CONCURRENCY", &[4, 16, 64]),
             handoff_trials: env_or("BENCH_HANDOFF_TRIALS", 50),
             failover_trials: env_or("BENCH_FAILOVER_TRIALS", 30),
             create_parallelism: env_or("BENCH_CREATE_PARALLELISM", 64),

@@ -1,37 +1,61 @@
 //! Handoff: two TargetLeases per target; delete the holder, time the next Held.
+//! Measured twice: on an operator holding nothing else (before the scale
+//! step), and on the operator still holding the last scale's leases.
 
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams};
-use targetlease::operator::crd::TargetLease;
+use targetlease::operator::crd::{Phase, TargetLease};
 
 use super::objects::{contended, create_all};
-use super::{Bench, Results};
+use super::process::Operator;
+use super::{Bench, Handoffs};
 use crate::tracker::Tracker;
 
-pub(super) async fn handoff(
+/// The series on an operator of its own with no other lease (its own
+/// namespace; the operator is stopped afterwards).
+pub(super) async fn quiet(b: &Bench<'_>) -> Handoffs {
+    let ns = b.cp.namespace("handoff-quiet").await;
+    let tracker = Tracker::start(&b.client, &ns);
+    // Operator numbers 0.. are the scale step's; this one is apart.
+    let mut op = Operator::start(&b.cp, &b.valkey, &ns, b.dir.path(), 98);
+    assert!(
+        op.wait_ready(Duration::from_secs(60)).await,
+        "operator not ready"
+    );
+    eprintln!("bench: handoff with no other lease");
+    let h = series(b, &ns, &tracker, 0).await;
+    op.stop();
+    h
+}
+
+/// The series on the operator in `ns`, which holds `background` other leases.
+pub(super) async fn series(
     b: &Bench<'_>,
     ns: &str,
     tracker: &Tracker,
-    n: usize,
-    results: &mut Results,
-) {
-    // Handoff: two TargetLeases per target; delete the holder, time the next Held.
-    eprintln!("bench: handoff, {} trials", b.p.handoff_trials);
-    results.handoff_background = n;
+    background: usize,
+) -> Handoffs {
+    eprintln!(
+        "bench: handoff, {} trials, {background} other leases",
+        b.p.handoff_trials
+    );
+    let mut h = Handoffs {
+        trials: Vec::new(),
+        failures: 0,
+        background,
+    };
     let api: Api<TargetLease> = Api::namespaced(b.client.clone(), ns);
-    let firsts: Vec<_> = (0..b.p.handoff_trials)
-        .map(|i| {
-            contended(
-                &format!("handoff-{i:03}-a"),
-                ns,
-                &format!("handoff-{i:03}"),
-                "a",
-            )
-        })
-        .collect();
-    create_all(&api, firsts, 16).await;
     let trials = b.p.handoff_trials;
+    let pair = |i: usize, side: &str| {
+        contended(
+            &format!("handoff-{i:03}-{side}"),
+            ns,
+            &format!("handoff-{i:03}"),
+            side,
+        )
+    };
+    create_all(&api, (0..trials).map(|i| pair(i, "a")).collect(), 16).await;
     tracker
         .wait(Duration::from_secs(60), |t| {
             (0..trials).all(|i| {
@@ -41,27 +65,17 @@ pub(super) async fn handoff(
         })
         .await
         .expect("handoff holders Held");
-    let seconds: Vec<_> = (0..b.p.handoff_trials)
-        .map(|i| {
-            contended(
-                &format!("handoff-{i:03}-b"),
-                ns,
-                &format!("handoff-{i:03}"),
-                "b",
-            )
-        })
-        .collect();
-    create_all(&api, seconds, 16).await;
+    create_all(&api, (0..trials).map(|i| pair(i, "b")).collect(), 16).await;
     tracker
         .wait(Duration::from_secs(60), |t| {
             (0..trials).all(|i| {
                 t.get(&format!("handoff-{i:03}-b"))
-                    .is_some_and(|s| s.phase == Some(targetlease::operator::crd::Phase::Pending))
+                    .is_some_and(|s| s.phase == Some(Phase::Pending))
             })
         })
         .await
         .expect("handoff waiters Pending");
-    for i in 0..b.p.handoff_trials {
+    for i in 0..trials {
         let (a, b) = (format!("handoff-{i:03}-a"), format!("handoff-{i:03}-b"));
         let t0 = Instant::now();
         api.delete(&a, &DeleteParams::default())
@@ -73,12 +87,13 @@ pub(super) async fn handoff(
             })
             .await
         {
-            Some(t1) => results.handoff.push(t1 - t0),
-            None => results.handoff_failures += 1,
+            Some(t1) => h.trials.push(t1 - t0),
+            None => h.failures += 1,
         }
-        if results.handoff_failures >= 3 {
+        if h.failures >= 3 {
             eprintln!("bench: handoff: 3 trials timed out, stopping the series");
             break;
         }
     }
+    h
 }

@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::process::{Operator, renews};
+use super::process::{How, Operator, renews};
 use super::{Bench, HeapProfile, Results};
 
 /// Time the profiled operator keeps running once it has renewed every lease.
@@ -29,8 +29,12 @@ pub(super) async fn heap_profile(
     let heaptrack = crate::support::tools::tool("heaptrack");
     let wrapper = [heaptrack.as_os_str(), OsStr::new("-o"), out.as_os_str()];
     let started = Instant::now();
-    let mut prof =
-        Operator::start_watching(&b.cp, &b.valkey, ns, Some(ns), b.dir.path(), 300, &wrapper);
+    let how = How {
+        watch: Some(ns),
+        wrapper: &wrapper,
+        concurrency: None,
+    };
+    let mut prof = Operator::start_watching(&b.cp, &b.valkey, ns, b.dir.path(), 300, &how);
     assert!(
         prof.wait_ready(Duration::from_secs(180)).await,
         "operator under heaptrack not ready"

@@ -43,14 +43,18 @@ pub struct Params {
     pub peer_pool_size: usize,
     /// Pods no TargetLease selects, for the memory row (0: not run).
     pub unrelated_pods: usize,
-    /// The steps to run, in their fixed order (steady, restart, handoff and
-    /// failover need scale).
+    /// The steps to run, in their fixed order (steady, restart, failover,
+    /// heap and handoff's second series need scale).
     pub steps: Vec<String>,
+    /// The concurrency curve: TargetLeases per run, and the `--concurrency`
+    /// of each run.
+    pub curve_leases: usize,
+    pub curve_concurrencies: Vec<usize>,
 }
 
 /// Every step, in the order `run` takes them.
-pub const STEPS: [&str; 8] = [
-    "peer", "pods", "scale", "steady", "restart", "handoff", "failover", "heap",
+pub const STEPS: [&str; 9] = [
+    "peer", "pods", "curve", "scale", "steady", "restart", "handoff", "failover", "heap",
 ];
 
 /// A heaptrack profile of an operator holding the run's leases.
@@ -142,6 +146,14 @@ pub struct Restart {
     pub renews: f64,
 }
 
+/// One handoff series: delete the holder, time until the waiter is Held.
+pub struct Handoffs {
+    pub trials: Vec<Duration>,
+    pub failures: usize,
+    /// Other leases the operator held meanwhile.
+    pub background: usize,
+}
+
 pub struct Results {
     pub apiserver_version: String,
     pub peer: Vec<PeerCell>,
@@ -156,11 +168,14 @@ pub struct Results {
     pub unrelated_pods: Option<UnrelatedPods>,
     pub heap: Option<HeapProfile>,
     pub scales: Vec<Scale>,
+    /// The concurrency curve: each run's `--concurrency` and its figures.
+    pub curve: Vec<(usize, Scale)>,
     pub steady: Option<Steady>,
     pub restart: Option<Restart>,
-    pub handoff: Vec<Duration>,
-    pub handoff_failures: usize,
-    pub handoff_background: usize,
+    /// Handoff on an operator holding no other lease.
+    pub handoff_quiet: Option<Handoffs>,
+    /// Handoff on the operator still holding the last scale's leases.
+    pub handoff: Option<Handoffs>,
     pub failover_status: Vec<Duration>,
     pub failover_marked: Vec<Duration>,
     pub failover_failures: usize,
@@ -209,11 +224,11 @@ pub async fn run(p: &Params) -> Results {
         unrelated_pods: None,
         heap: None,
         scales: Vec::new(),
+        curve: Vec::new(),
         steady: None,
         restart: None,
-        handoff: Vec::new(),
-        handoff_failures: 0,
-        handoff_background: 0,
+        handoff_quiet: None,
+        handoff: None,
         failover_status: Vec::new(),
         failover_marked: Vec::new(),
         failover_failures: 0,
@@ -226,6 +241,14 @@ pub async fn run(p: &Params) -> Results {
     }
     if wants("pods") && p.unrelated_pods > 0 {
         unrelated_pods::unrelated_pods(&b, p.unrelated_pods, &mut results).await;
+    }
+    // The curve before the scale step, which leaves its leases held.
+    if wants("curve") && !p.curve_concurrencies.is_empty() {
+        scale::curve(&b, &mut results).await;
+    }
+    // The quiet handoff before any scale: the operator holds nothing else.
+    if wants("handoff") {
+        results.handoff_quiet = Some(handoff::quiet(&b).await);
     }
     if !wants("scale") || p.scales.is_empty() {
         return results;
@@ -242,7 +265,7 @@ pub async fn run(p: &Params) -> Results {
         op
     };
     if wants("handoff") {
-        handoff::handoff(&b, &ns, &tracker, n, &mut results).await;
+        results.handoff = Some(handoff::series(&b, &ns, &tracker, n).await);
     }
     if wants("failover") {
         failover::failover(&b, &ns, &tracker, &mut results).await;

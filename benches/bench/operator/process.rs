@@ -9,6 +9,17 @@ use crate::support::kube_env::ControlPlane;
 use crate::support::operator_env::http_get;
 use crate::support::valkey_server::{ValkeyServer, free_port};
 
+/// How an operator process is started.
+#[derive(Clone, Copy)]
+pub(super) struct How<'a> {
+    /// The one namespace it watches; every namespace when `None`.
+    pub watch: Option<&'a str>,
+    /// A profiler's command line to run it through (none when empty).
+    pub wrapper: &'a [&'a std::ffi::OsStr],
+    /// Its `--concurrency` (the default when `None`).
+    pub concurrency: Option<u16>,
+}
+
 /// One operator process with its admin port.
 pub(super) struct Operator {
     child: Child,
@@ -24,20 +35,40 @@ impl Operator {
         dir: &Path,
         n: usize,
     ) -> Self {
-        Self::start_watching(cp, valkey, ns, Some(ns), dir, n, &[])
+        Self::start_with(cp, valkey, ns, dir, n, None)
     }
 
-    /// An operator watching `watch`, or every namespace when `None`, run
-    /// through `wrapper` (a profiler's command line) when that is not empty.
+    /// The same, with `--concurrency` when given (else the default).
+    pub(super) fn start_with(
+        cp: &ControlPlane,
+        valkey: &ValkeyServer,
+        ns: &str,
+        dir: &Path,
+        n: usize,
+        concurrency: Option<u16>,
+    ) -> Self {
+        let how = How {
+            watch: Some(ns),
+            wrapper: &[],
+            concurrency,
+        };
+        Self::start_watching(cp, valkey, ns, dir, n, &how)
+    }
+
+    /// An operator started as `how` says, its token floors in `floor_ns`.
     pub(super) fn start_watching(
         cp: &ControlPlane,
         valkey: &ValkeyServer,
         floor_ns: &str,
-        watch: Option<&str>,
         dir: &Path,
         n: usize,
-        wrapper: &[&std::ffi::OsStr],
+        how: &How<'_>,
     ) -> Self {
+        let How {
+            watch,
+            wrapper,
+            concurrency,
+        } = *how;
         let admin_port = free_port();
         let log =
             std::fs::File::create(dir.join(format!("operator-{floor_ns}-{n}.log"))).expect("log");
@@ -60,6 +91,9 @@ impl Operator {
             .args(["--floor-namespace", floor_ns]);
         if let Some(ns) = watch {
             cmd.args(["--watch-namespace", ns]);
+        }
+        if let Some(c) = concurrency {
+            cmd.args(["--concurrency", &c.to_string()]);
         }
         let child = cmd
             .env("KUBECONFIG", cp.kubeconfig_path())

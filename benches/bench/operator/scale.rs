@@ -1,8 +1,9 @@
 //! Scale: N TargetLeases created at once, each scale in its own namespace with its own operator; time to Held, API writes per lease, memory.
+//! The concurrency curve: the same measure at several `--concurrency` values.
 
 use std::time::{Duration, Instant};
 
-use kube::api::Api;
+use kube::api::{Api, DeleteParams, ListParams};
 use targetlease::operator::crd::TargetLease;
 
 use super::objects::{create_all, holder_lease};
@@ -17,52 +18,102 @@ pub(super) async fn scale(b: &Bench<'_>, results: &mut Results) -> (String, Oper
             op.stop(); // one operator at a time: the previous namespace goes quiet
         }
         let ns = b.cp.namespace(&format!("scale-{n}")).await;
-        eprintln!("bench: {n} TargetLeases in {ns}");
-        let tracker = Tracker::start(&b.client, &ns);
-        let op = Operator::start(&b.cp, &b.valkey, &ns, b.dir.path(), k);
-        assert!(
-            op.wait_ready(Duration::from_secs(60)).await,
-            "operator not ready"
-        );
-        let api: Api<TargetLease> = Api::namespaced(b.client.clone(), &ns);
-        let objs: Vec<_> = (0..n)
-            .map(|i| holder_lease(&format!("lease-{i:05}"), &ns, &format!("worker-{i}")))
-            .collect();
-        let before = apiserver_metrics(&b.cp);
-        let first = Instant::now();
-        let last_create = create_all(&api, objs, b.p.create_parallelism).await;
-        let timeout = Duration::from_secs(120 + n as u64 / 20);
-        let all_held = tracker
-            .wait(timeout, |t| t.held_count() >= n)
-            .await
-            .unwrap_or_else(|| {
-                panic!(
-                    "only {} of {n} Held after {timeout:?}",
-                    tracker.held_count()
-                )
-            });
-        let after = apiserver_metrics(&b.cp);
-        let (hwm, rss) = op.rss();
-        eprintln!("bench: {n} Held; operator VmHWM {hwm} kB, VmRSS {rss} kB");
-        let m = op.metrics();
-        let reconciles = m.sum("targetlease_reconcile_duration_seconds_count", &[]);
-        results.scales.push(Scale {
-            leases: n,
-            create_secs: (last_create - first).as_secs_f64(),
-            last_create_to_all_held_secs: all_held
-                .saturating_duration_since(last_create)
-                .as_secs_f64(),
-            first_create_to_all_held_secs: (all_held - first).as_secs_f64(),
-            rss_hwm_kb: hwm,
-            rss_kb: rss,
-            writes_per_lease_to_held: (tl_writes(&after, false) - tl_writes(&before, false))
-                / n as f64,
-            store_calls: store_call_means(&m),
-            reconcile_mean_ms: m.sum("targetlease_reconcile_duration_seconds_sum", &[]) * 1e3
-                / reconciles.max(1.0),
-            reconciles,
-        });
+        let (s, op, tracker) = measure(b, &ns, n, k, None).await;
+        results.scales.push(s);
         last = Some((ns, op, tracker));
     }
     last.expect("at least one scale")
+}
+
+/// The curve: `curve_leases` TargetLeases at each `--concurrency` of
+/// `curve_concurrencies`, each in its own namespace with its own operator;
+/// each namespace's TargetLeases are deleted (and their finalizers run)
+/// before its operator stops, so no run leaves objects behind for the next.
+pub(super) async fn curve(b: &Bench<'_>, results: &mut Results) {
+    let n = b.p.curve_leases;
+    for (k, &c) in b.p.curve_concurrencies.iter().enumerate() {
+        let ns = b.cp.namespace(&format!("curve-{c}")).await;
+        let flag = u16::try_from(c).expect("BENCH_CURVE_CONCURRENCY: each at most 65535");
+        let (s, mut op, tracker) = measure(b, &ns, n, 50 + k, Some(flag)).await;
+        results.curve.push((c, s));
+        let api: Api<TargetLease> = Api::namespaced(b.client.clone(), &ns);
+        // A connection the API server closed while idle can fail the
+        // request (an incomplete message): ask again.
+        let mut tries = 0;
+        while let Err(e) = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+        {
+            tries += 1;
+            assert!(tries < 5, "delete the curve's TargetLeases: {e}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let gone = tracker
+            .wait(Duration::from_secs(300), |t| t.snapshot().is_empty())
+            .await;
+        assert!(
+            gone.is_some(),
+            "the curve's TargetLeases were not all deleted"
+        );
+        op.stop();
+    }
+}
+
+/// Creates `n` TargetLeases in `ns` under a new operator (number `k`, its
+/// `--concurrency` when given) and measures until every one is Held.
+async fn measure(
+    b: &Bench<'_>,
+    ns: &str,
+    n: usize,
+    k: usize,
+    concurrency: Option<u16>,
+) -> (Scale, Operator, Tracker) {
+    eprintln!(
+        "bench: {n} TargetLeases in {ns}{}",
+        concurrency.map_or(String::new(), |c| format!(", --concurrency {c}"))
+    );
+    let tracker = Tracker::start(&b.client, ns);
+    let op = Operator::start_with(&b.cp, &b.valkey, ns, b.dir.path(), k, concurrency);
+    assert!(
+        op.wait_ready(Duration::from_secs(60)).await,
+        "operator not ready"
+    );
+    let api: Api<TargetLease> = Api::namespaced(b.client.clone(), ns);
+    let objs: Vec<_> = (0..n)
+        .map(|i| holder_lease(&format!("lease-{i:05}"), ns, &format!("worker-{i}")))
+        .collect();
+    let before = apiserver_metrics(&b.cp);
+    let first = Instant::now();
+    let last_create = create_all(&api, objs, b.p.create_parallelism).await;
+    let timeout = Duration::from_secs(120 + n as u64 / 20);
+    let all_held = tracker
+        .wait(timeout, |t| t.held_count() >= n)
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "only {} of {n} Held after {timeout:?}",
+                tracker.held_count()
+            )
+        });
+    let after = apiserver_metrics(&b.cp);
+    let (hwm, rss) = op.rss();
+    eprintln!("bench: {n} Held; operator VmHWM {hwm} kB, VmRSS {rss} kB");
+    let m = op.metrics();
+    let reconciles = m.sum("targetlease_reconcile_duration_seconds_count", &[]);
+    let s = Scale {
+        leases: n,
+        create_secs: (last_create - first).as_secs_f64(),
+        last_create_to_all_held_secs: all_held
+            .saturating_duration_since(last_create)
+            .as_secs_f64(),
+        first_create_to_all_held_secs: (all_held - first).as_secs_f64(),
+        rss_hwm_kb: hwm,
+        rss_kb: rss,
+        writes_per_lease_to_held: (tl_writes(&after, false) - tl_writes(&before, false)) / n as f64,
+        store_calls: store_call_means(&m),
+        reconcile_mean_ms: m.sum("targetlease_reconcile_duration_seconds_sum", &[]) * 1e3
+            / reconciles.max(1.0),
+        reconciles,
+    };
+    (s, op, tracker)
 }

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::process::Operator;
+use super::process::{How, Operator};
 use super::{Bench, Results, UnrelatedPods};
 
 /// How long a started operator is left to work through its caches' events
@@ -94,8 +94,12 @@ async fn operator_memory_under(
     k: usize,
     wrapper: &[&OsStr],
 ) -> (u64, u64) {
-    let mut op =
-        Operator::start_watching(&b.cp, &b.valkey, ns, None, b.dir.path(), 100 + k, wrapper);
+    let how = How {
+        watch: None,
+        wrapper,
+        concurrency: None,
+    };
+    let mut op = Operator::start_watching(&b.cp, &b.valkey, ns, b.dir.path(), 100 + k, &how);
     assert!(
         op.wait_ready(Duration::from_secs(120)).await,
         "operator watching all namespaces not ready"
