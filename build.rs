@@ -42,21 +42,32 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 /// Asks cargo to run this script again when `path` changes, or, when it
-/// does not exist, when its directory `parent` does (a file created in it):
-/// cargo treats a missing path as changed on every build, so a repository
-/// without `packed-refs` (none is written until refs are packed) would
-/// rebuild the crate every time.
-fn watch(path: String, parent: bool) {
+/// does not exist and `ancestor` says so, when the nearest directory above
+/// it that exists does (a file created under it): cargo treats a missing
+/// path as changed on every build, so a repository without `packed-refs`
+/// (none is written until refs are packed) would rebuild the crate every
+/// time.
+fn watch(path: String, ancestor: bool) {
     let path = PathBuf::from(path);
     if path.exists() {
         println!("cargo:rerun-if-changed={}", path.display());
-    } else if parent && let Some(dir) = path.parent().filter(|d| d.is_dir()) {
+    } else if ancestor && let Some(dir) = path.ancestors().skip(1).find(|d| d.is_dir()) {
         println!("cargo:rerun-if-changed={}", dir.display());
     }
 }
 
 /// The short commit of HEAD, watching the files that move it.
 fn git_commit() -> Option<String> {
+    // Refs kept in a reftable change its table list, whatever moves.
+    if git(&["rev-parse", "--show-ref-format"]).as_deref() == Some("reftable") {
+        if let Some(path) = git(&["rev-parse", "--git-path", "reftable/tables.list"]) {
+            watch(path, false);
+        }
+        if let Some(path) = git(&["rev-parse", "--git-path", "HEAD"]) {
+            watch(path, false);
+        }
+        return git(&["rev-parse", "--short=12", "HEAD"]).filter(|c| !c.is_empty());
+    }
     // Packing refs deletes the branch's loose ref, watched below: a change.
     // (Not packed-refs' directory when it is missing: that is the whole git
     // directory, which every git command touches.)
@@ -66,7 +77,8 @@ fn git_commit() -> Option<String> {
         }
     }
     // A branch whose ref is packed has no loose file until its next commit
-    // writes one: watch the directory it will appear in.
+    // writes one, and packing may have removed its directories too
+    // (refs/heads/feature/ for feature/x): watch the nearest one left.
     if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
         && let Some(path) = git(&["rev-parse", "--git-path", &branch])
     {
