@@ -262,12 +262,16 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::requeue(Duration::ZERO));
     }
     let queued = Instant::now();
-    let m = ctx.remember(&ObjectRef::from_obj(&*tl), |m| {
-        let recalled = m.clone();
-        m.woken = false;
-        recalled
-    });
-    let scheduled = scheduled_renewal(&tl, &m, ctx.server_now_ms());
+    // What is remembered is read here and dropped before the wait: the
+    // waiting future keeps only the schedule.
+    let scheduled = {
+        let m = ctx.remember(&ObjectRef::from_obj(&*tl), |m| {
+            let recalled = m.clone();
+            m.woken = false;
+            recalled
+        });
+        scheduled_renewal(&tl, &m, ctx.server_now_ms())
+    };
     let deadline = plan::timing::slot_deadline(queued, scheduled);
     let _slot = ctx
         .slots
