@@ -94,7 +94,9 @@ mark clippy $((SECONDS - s))
 #     name order, so in the e2e lane they came last;
 #   - the fault matrix's quick mode (the `faults` target with the product's
 #     fail points: every scenario and positive control once, a few at a
-#     time; see scripts/faults.sh), on the binary copied aside above;
+#     time; see scripts/faults.sh), on the binary copied aside above (its
+#     etcd partition row makes network namespaces, veths and bridges with
+#     `ip`: it needs root, as the node tests do);
 #   - every other target one after the other, then the fuzz run.
 # With arguments (a filter) e2e runs whole in one lane: a filter and the
 # playground split would select some tests twice.

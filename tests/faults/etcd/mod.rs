@@ -44,20 +44,25 @@ pub struct Etcd {
     net: Option<netns::Net>,
 }
 
+/// The partition row's effect: cut leaders that still answered a client as
+/// the leader right after the cut (so the leader was cut, and clients still
+/// reached it). Every cut must show it (`report.rs`).
+pub const CUT_LEADERS_ANSWERING: &str = "cut leaders answering clients as leader";
+
 /// How long a new leader may take to show after the old one stops.
 const ELECTION: Duration = Duration::from_secs(5);
 
 /// Whether the member serving clients on `endpoint` says it leads
-/// (`etcd_server_is_leader 1` in its `/metrics`); false when it does not
-/// answer within 300 ms (a stopped or dead member).
-fn leads(endpoint: &str) -> bool {
+/// (`etcd_server_is_leader 1` in its `/metrics`) within `wait`; false when
+/// it does not answer in that time (a stopped, dead or unreachable member).
+fn leads_within(endpoint: &str, wait: Duration) -> bool {
     let Ok(addr) = endpoint.parse() else {
         return false;
     };
-    let Ok(mut conn) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+    let Ok(mut conn) = TcpStream::connect_timeout(&addr, wait) else {
         return false;
     };
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(300)));
+    let _ = conn.set_read_timeout(Some(wait));
     let request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     if conn.write_all(request.as_bytes()).is_err() {
         return false;
@@ -65,6 +70,21 @@ fn leads(endpoint: &str) -> bool {
     let mut reply = String::new();
     let _ = conn.read_to_string(&mut reply);
     reply.lines().any(|l| l.trim() == "etcd_server_is_leader 1")
+}
+
+/// [`leads_within`] 300 ms.
+fn leads(endpoint: &str) -> bool {
+    leads_within(endpoint, Duration::from_millis(300))
+}
+
+/// What one partition of a leader showed.
+pub struct Cut {
+    /// The member seen leading while the old leader was cut off, if any.
+    pub new: Option<usize>,
+    /// Right after its raft link went down, the cut member still answered
+    /// a client as the leader: the cut hit the leader (not a follower that
+    /// took over meanwhile), and clients still reach it.
+    pub answered_as_leader: bool,
 }
 
 impl Etcd {
@@ -194,20 +214,26 @@ impl Etcd {
 impl Etcd {
     /// Cuts leader `i` off from the other members for `cut` (clients still
     /// reach it), watching the others elect a new one meanwhile, then joins
-    /// it again: it comes back as a stale leader and steps down. The new
-    /// leader, if one was seen while it was cut off.
-    pub fn partition(&self, i: usize, cut: Duration) -> Option<usize> {
+    /// it again: it comes back as a stale leader and steps down. A leader
+    /// keeps its role for at least one election timeout (500 ms) after its
+    /// peers go quiet, so asked at once it still answers as the leader.
+    pub fn partition(&self, i: usize, cut: Duration) -> Cut {
         let net = self.net.as_ref().expect("a partitioned setup");
         net.cut_peers(i)
             .unwrap_or_else(|e| panic!("cut etcd member m{i} off: {e}"));
         let started = Instant::now();
+        let endpoint = self.lock().endpoints()[i].clone();
+        let answered_as_leader = leads_within(&endpoint, Duration::from_secs(1));
         let new = self.await_leader(Some(i));
         if let Some(left) = cut.checked_sub(started.elapsed()) {
             std::thread::sleep(left);
         }
         net.join_peers(i)
             .unwrap_or_else(|e| panic!("join etcd member m{i} again: {e}"));
-        new
+        Cut {
+            new,
+            answered_as_leader,
+        }
     }
 }
 

@@ -9,11 +9,20 @@
 //! the client ports cannot show.
 //!
 //! Needs `ip` (iproute2) and the right to create namespaces, links and
-//! bridges (root): a run without them fails and says so. Every name carries
-//! one id per network, so runs side by side (`faults.sh fill P`) do not
-//! meet; everything is removed on drop (deleting a namespace removes its
-//! veths, and with them their root ends).
+//! bridges (root): a run without them fails and says so. The bridges forward
+//! between their own ports only; on a host whose firewall filters bridged
+//! traffic (`br_netfilter` with a FORWARD policy of DROP, as Docker sets)
+//! the members would not reach each other and the cluster would not start.
+//!
+//! Every name carries one id per network, so runs side by side
+//! (`faults.sh fill P`) do not meet: an id is held by a lock file
+//! (`/run/targetlease-faults/<id>.lock`, released when the process ends,
+//! however it ends), and whoever takes an id first removes whatever a run
+//! that was killed before its cleanup left under it. An id whose subnets
+//! the host already routes is skipped. Everything is removed on drop
+//! (deleting a namespace removes its veths, and with them their root ends).
 
+use std::fs::File;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -31,9 +40,14 @@ pub const PEER_PORT: u16 = 2380;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Where the id locks live.
+const LOCKS: &str = "/run/targetlease-faults";
+
 /// The namespaces, bridges and links of one cluster.
 pub struct Net {
     id: u8,
+    /// The id's lock, held while the network exists.
+    _lock: File,
     /// Namespaces created so far (removed on drop).
     namespaces: Vec<String>,
     /// Bridges created so far (removed on drop).
@@ -64,25 +78,54 @@ fn ip_in(ns: &str, args: &[&str]) -> Result<(), String> {
 }
 
 impl Net {
-    /// A new network for [`MEMBERS`] members. Tries other ids when one is
-    /// taken (another run's namespace of that name).
+    /// A new network for [`MEMBERS`] members, on the first id no other
+    /// process holds and the host does not route.
     pub fn create() -> Result<Self, String> {
-        let mut last = String::new();
-        for _ in 0..8 {
-            let id = ((std::process::id() * 31 + NEXT.fetch_add(1, Ordering::SeqCst)) % 256) as u8;
+        std::fs::create_dir_all(LOCKS).map_err(|e| format!("cannot create {LOCKS}: {e}"))?;
+        let routes = Command::new("ip")
+            .args(["-4", "route", "show"])
+            .output()
+            .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
+        let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
+        let start = std::process::id() * 31 + NEXT.fetch_add(1, Ordering::SeqCst);
+        for k in 0..256 {
+            let id = ((start + k) % 256) as u8;
+            let routed = [CLIENT_NET, PEER_NET]
+                .iter()
+                .any(|net| routes.contains(&format!("10.{net}.{id}.")));
+            if routed {
+                continue;
+            }
+            let path = format!("{LOCKS}/{id}.lock");
+            let lock = File::create(&path).map_err(|e| format!("cannot create {path}: {e}"))?;
+            if lock.try_lock().is_err() {
+                continue; // another process's
+            }
             let mut net = Net {
                 id,
+                _lock: lock,
                 namespaces: Vec::new(),
                 bridges: Vec::new(),
             };
-            match net.build() {
-                Ok(()) => return Ok(net),
-                // Already there: another run's. Ours so far goes on drop.
-                Err(e) if e.contains("File exists") => last = e,
-                Err(e) => return Err(e),
+            net.sweep();
+            net.build()?;
+            return Ok(net);
+        }
+        Err("no free network id for the etcd members (every one is held or routed)".into())
+    }
+
+    /// Removes what a run killed before its cleanup left under this id
+    /// (the lock says no live process uses it).
+    fn sweep(&self) {
+        for i in 0..MEMBERS {
+            let _ = ip(&["netns", "del", &self.namespace(i)]);
+        }
+        for kind in ['c', 'p'] {
+            let _ = ip(&["link", "del", &self.bridge(kind)]);
+            for i in 0..MEMBERS {
+                let _ = ip(&["link", "del", &self.veth(i, kind)]);
             }
         }
-        Err(format!("no free network id for the etcd members: {last}"))
     }
 
     fn bridge(&self, kind: char) -> String {

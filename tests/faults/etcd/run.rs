@@ -77,11 +77,14 @@ pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pa
                 };
                 rec.fault("etcd leader cut off from its peers, clients still reach it");
                 let e = etcd.clone();
-                let new = blocking(move || e.partition(old, CUT)).await;
+                let cut = blocking(move || e.partition(old, CUT)).await;
                 rec.healed();
                 rec.effect("etcd leaders cut off from their peers", 1);
-                if new.is_some_and(|n| n != old) {
+                if cut.new.is_some_and(|n| n != old) {
                     rec.effect("new etcd leaders elected while the old one was cut off", 1);
+                }
+                if cut.answered_as_leader {
+                    rec.effect(super::CUT_LEADERS_ANSWERING, 1);
                 }
             }
         }

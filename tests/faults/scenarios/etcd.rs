@@ -43,12 +43,15 @@ pub fn rows() -> Vec<Scenario> {
             direct(),
             Fault::EtcdLeaderPause,
         ),
-        scenario(
-            "etcd-partition-leader",
-            "etcd: the leader cut off from the other members for 1.5 s (network namespaces, its peer link down; a new leader seen) while every client still reaches it, then joined again",
-            partitioned(),
-            Fault::EtcdPartitionLeader,
-        ),
+        Scenario {
+            effects: &[crate::etcd::CUT_LEADERS_ANSWERING],
+            ..scenario(
+                "etcd-partition-leader",
+                "etcd: the leader cut off from the other members for 1.5 s (network namespaces, its peer link down; a new leader seen) while every client still reaches it (seen answering as leader), then joined again",
+                partitioned(),
+                Fault::EtcdPartitionLeader,
+            )
+        },
         scenario(
             "etcd-proxy-cut-after-forward",
             "etcd: a proxy before every member forwards the next request whole and resets its connection before the reply (every 300 ms)",
