@@ -243,7 +243,7 @@ pub async fn run(p: &Params) -> Results {
         unrelated_pods::unrelated_pods(&b, p.unrelated_pods, &mut results).await;
     }
     // The curve before the scale step, which leaves its leases held.
-    if wants("curve") && !p.curve_concurrencies.is_empty() {
+    if wants("curve") && !p.curve_concurrencies.is_empty() && p.curve_leases > 0 {
         scale::curve(&b, &mut results).await;
     }
     // The quiet handoff before any scale: the operator holds nothing else.

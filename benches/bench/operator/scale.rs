@@ -14,8 +14,13 @@ use crate::tracker::Tracker;
 pub(super) async fn scale(b: &Bench<'_>, results: &mut Results) -> (String, Operator, Tracker) {
     let mut last: Option<(String, Operator, Tracker)> = None;
     for (k, &n) in b.p.scales.iter().enumerate() {
-        if let Some((_, mut op, _)) = last.take() {
-            op.stop(); // one operator at a time: the previous namespace goes quiet
+        // One operator at a time, and each scale starts on an API server
+        // and a Valkey without the earlier scales' objects: the previous
+        // namespace's TargetLeases are deleted (their finalizers release
+        // their leases) before its operator stops.
+        if let Some((ns, mut op, tracker)) = last.take() {
+            drain(b, &ns, &tracker).await;
+            op.stop();
         }
         let ns = b.cp.namespace(&format!("scale-{n}")).await;
         let (s, op, tracker) = measure(b, &ns, n, k, None).await;
@@ -36,27 +41,33 @@ pub(super) async fn curve(b: &Bench<'_>, results: &mut Results) {
         let flag = u16::try_from(c).expect("BENCH_CURVE_CONCURRENCY: each at most 65535");
         let (s, mut op, tracker) = measure(b, &ns, n, 50 + k, Some(flag)).await;
         results.curve.push((c, s));
-        let api: Api<TargetLease> = Api::namespaced(b.client.clone(), &ns);
-        // A connection the API server closed while idle can fail the
-        // request (an incomplete message): ask again.
-        let mut tries = 0;
-        while let Err(e) = api
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-        {
-            tries += 1;
-            assert!(tries < 5, "delete the curve's TargetLeases: {e}");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        let gone = tracker
-            .wait(Duration::from_secs(300), |t| t.snapshot().is_empty())
-            .await;
-        assert!(
-            gone.is_some(),
-            "the curve's TargetLeases were not all deleted"
-        );
+        drain(b, &ns, &tracker).await;
         op.stop();
     }
+}
+
+/// Deletes every TargetLease in `ns` and waits until the operator running
+/// there has let each go (its finalizer released the lease).
+async fn drain(b: &Bench<'_>, ns: &str, tracker: &Tracker) {
+    let api: Api<TargetLease> = Api::namespaced(b.client.clone(), ns);
+    // A connection the API server closed while idle can fail the request
+    // (an incomplete message): ask again.
+    let mut tries = 0;
+    while let Err(e) = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+    {
+        tries += 1;
+        assert!(tries < 5, "delete the TargetLeases of {ns}: {e}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let gone = tracker
+        .wait(Duration::from_secs(600), |t| t.snapshot().is_empty())
+        .await;
+    assert!(
+        gone.is_some(),
+        "the TargetLeases of {ns} were not all deleted"
+    );
 }
 
 /// Creates `n` TargetLeases in `ns` under a new operator (number `k`, its
