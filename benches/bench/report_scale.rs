@@ -140,8 +140,8 @@ pub fn curve_section(w: &mut String, curve: &[(usize, Scale)]) {
          each reconcile is mostly waiting on the API server, so the right value follows the \
          API server's write latency, and this curve is how to choose it. Each row creates {} \
          TargetLeases in a namespace of its own under an operator started with that \
-         `--concurrency`, as in the scale table; the TargetLeases are deleted (their finalizers \
-         run) before the next row starts.\n",
+         `--concurrency`, as in the scale table; its operator is stopped and its TargetLeases \
+         cleared before the next row starts.\n",
         first.leases
     );
     let _ = writeln!(
