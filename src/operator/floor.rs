@@ -14,11 +14,16 @@
 //! [`FloorPolicy::max_entries`] entries (a raise past it folds the oldest
 //! into the namespace's own base), and entries of targets nobody used for
 //! [`FloorPolicy::retention`] are folded the same way ([`FloorStore::expire`]).
+//!
+//! Raises of one namespace that arrive together share one write (a group
+//! commit, [`FloorStore::raise`]): with every raise its own read and
+//! conditional write, concurrent deletions in one namespace conflicted on
+//! its ConfigMap and retried, and a mass deletion went at a few per second.
 
 pub mod ledger;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -78,6 +83,27 @@ pub struct FloorStore {
     /// Floors this process raised that the cache did not show yet, by
     /// (namespace, key).
     raised: Mutex<HashMap<(String, String), u64>>,
+    /// Raises waiting for their namespace's next write, by namespace.
+    batches: Mutex<HashMap<String, Arc<Batch>>>,
+}
+
+/// One namespace's raises not written yet, and the turn to write them.
+#[derive(Default)]
+struct Batch {
+    waiting: Mutex<Waiting>,
+    /// Held by the one raise writing for all (the others wait on it).
+    writer: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    /// The highest token asked for each key, not written yet.
+    floors: BTreeMap<String, u64>,
+    /// Tickets handed out (each raise takes the next) and the highest one
+    /// a write has covered: every raise whose ticket is at most `written`
+    /// is in the ConfigMap.
+    issued: u64,
+    written: u64,
 }
 
 /// What the floor ConfigMaps hold.
@@ -104,6 +130,7 @@ impl FloorStore {
             cache,
             policy: FloorPolicy::default(),
             raised: Mutex::new(HashMap::new()),
+            batches: Mutex::new(HashMap::new()),
         }
     }
 
@@ -183,10 +210,16 @@ impl FloorStore {
     }
 
     /// Raises a target's floor to at least `token`, in its namespace's
-    /// ConfigMap only. Read, raise and write under the version read; a
-    /// conflict reads again. No floor is lowered; when the namespace would
-    /// pass its cap, its oldest entries are folded into its base first, and
-    /// what was folded is returned (the caller says so to the user).
+    /// ConfigMap only, and returns once a write holds it. Read, raise and
+    /// write under the version read; a conflict reads again. No floor is
+    /// lowered; when the namespace would pass its cap, its oldest entries
+    /// are folded into its base first, and what was folded is returned (the
+    /// caller says so to the user) to the raise that wrote.
+    ///
+    /// Raises of one namespace that arrive while a write is under way wait
+    /// for it to end; then one of them writes every floor waiting, and the
+    /// others find theirs written. A write that fails puts its floors back
+    /// for the next raise to write, and fails only the raise that made it.
     pub async fn raise(
         &self,
         namespace: &str,
@@ -194,18 +227,47 @@ impl FloorStore {
         token: u64,
     ) -> Result<Option<Fold>, kube::Error> {
         let key = floor_key(namespace, target);
-        let floors = [(key.clone(), token)];
+        let batch = {
+            let mut all = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            all.entry(namespace.to_owned()).or_default().clone()
+        };
+        let ticket = {
+            let mut w = batch.waiting();
+            let floor = w.floors.entry(key.clone()).or_default();
+            *floor = (*floor).max(token);
+            w.issued += 1;
+            w.issued
+        };
+        let _turn = batch.writer.lock().await;
+        let (floors, through) = {
+            let mut w = batch.waiting();
+            if w.written >= ticket {
+                return Ok(None); // written by the raise that went before
+            }
+            (std::mem::take(&mut w.floors), w.issued)
+        };
+        let listed: Vec<(String, u64)> = floors.iter().map(|(k, t)| (k.clone(), *t)).collect();
+        // Until the write succeeds the floors are only lent: on an error, or
+        // if this raise is dropped mid-write, they go back for the next one
+        // (else a later raise could find its ticket "written" without them).
+        let mut lent = Lent {
+            batch: &batch,
+            floors: Some(floors),
+        };
         let max = self.policy.max_entries;
         let wrote = self
-            .merge(namespace, |data| ledger::raised(data, &floors, now(), max))
+            .merge(namespace, |data| ledger::raised(data, &listed, now(), max))
             .await?;
-        let slot = (namespace.to_owned(), key);
+        let floors = lent.floors.take().unwrap_or_default();
+        batch.waiting().written = through;
         let mut raised = self.lock();
-        let floor = raised.entry(slot).or_default();
-        *floor = (*floor).max(match &wrote {
-            Wrote::Changed(_) => token,
-            Wrote::Unchanged(data) => ledger::floor_in(data, &floors[0].0),
-        });
+        for (k, t) in &floors {
+            let floor = raised.entry((namespace.to_owned(), k.clone())).or_default();
+            *floor = (*floor).max(match &wrote {
+                Wrote::Changed(_) => *t,
+                Wrote::Unchanged(data) => ledger::floor_in(data, k),
+            });
+        }
         Ok(match wrote {
             Wrote::Changed(folded) => folded,
             Wrote::Unchanged(_) => None,
@@ -315,6 +377,31 @@ impl FloorStore {
     }
 }
 
+impl Batch {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Floors taken from a batch for a write not done yet: back in the batch
+/// when dropped still holding them.
+struct Lent<'a> {
+    batch: &'a Batch,
+    floors: Option<BTreeMap<String, u64>>,
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if let Some(floors) = self.floors.take() {
+            let mut w = self.batch.waiting();
+            for (k, t) in floors {
+                let floor = w.floors.entry(k).or_default();
+                *floor = (*floor).max(t);
+            }
+        }
+    }
+}
+
 /// What one write did.
 enum Wrote {
     /// It wrote; the entries it folded, if any.
@@ -343,88 +430,4 @@ pub fn figures(namespaces: impl Iterator<Item = BTreeMap<String, String>>) -> Fl
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kube::runtime::{reflector, watcher};
-
-    /// A floor store on a cache the test writes, whose client reaches no
-    /// API server (pruning reads only the cache).
-    fn on_cache(ns: &str) -> (FloorStore, reflector::store::Writer<ConfigMap>) {
-        let svc = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
-            let refused = format!("no API server here: {} {}", req.method(), req.uri());
-            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(refused))
-        });
-        let client = kube::Client::new(svc, ns);
-        let (cache, writer) = reflector::store();
-        (FloorStore::new(client, ns, "floors", cache), writer)
-    }
-
-    fn ledger_of(store: &FloorStore, ns: &str, tenant: &str, data: &[(&str, u64)]) -> ConfigMap {
-        let data = data.iter().map(|(k, v)| (k.to_string(), v.to_string()));
-        let name = store.config_map_name(tenant);
-        let mut cm = store.config_map(&name, data.collect(), Some("1".into()));
-        cm.metadata.namespace = Some(ns.into());
-        cm
-    }
-
-    fn remember(store: &FloorStore, ns: &str, target: &str, token: u64) {
-        store
-            .lock()
-            .insert((ns.into(), floor_key(ns, target)), token);
-    }
-
-    /// Raises are forgotten once the cache shows them (the entry or the
-    /// namespace's base at least as high), never before.
-    #[tokio::test]
-    async fn raises_are_pruned_once_the_cache_shows_them_and_never_before() {
-        let (store, mut writer) = on_cache("ops");
-        let (a, b) = (floor_key("team", "a"), floor_key("team", "b"));
-        remember(&store, "team", "a", 5);
-        remember(&store, "team", "b", 7);
-        assert_eq!(store.prune(), 2, "the cache shows neither yet");
-        assert_eq!((store.get("team", "a"), store.get("team", "b")), (5, 7));
-
-        // The cache shows a's raise, and b's entry lower than this process raised it.
-        let cm = ledger_of(&store, "ops", "team", &[(a.as_str(), 5), (b.as_str(), 6)]);
-        writer.apply_watcher_event(&watcher::Event::Apply(cm));
-        assert_eq!(store.prune(), 1, "only b's raise is still pending");
-        assert_eq!(store.get("team", "a"), 5, "now from the cache");
-        assert_eq!(store.get("team", "b"), 7, "never the lower cached 6");
-
-        // A base that covers b counts as showing it.
-        let cm = ledger_of(&store, "ops", "team", &[(ledger::BASE_KEY, 9)]);
-        writer.apply_watcher_event(&watcher::Event::Apply(cm));
-        assert_eq!(store.prune(), 0);
-        assert_eq!(store.get("team", "b"), 9);
-    }
-
-    /// A namespace reads only its own ConfigMap: another namespace's entries
-    /// and base never reach it, whatever they hold.
-    #[tokio::test]
-    async fn a_namespace_reads_only_its_own_floors() {
-        let (store, mut writer) = on_cache("ops");
-        let theirs = floor_key("mallory", "x");
-        let cm = ledger_of(
-            &store,
-            "ops",
-            "mallory",
-            &[(theirs.as_str(), 1_000), (ledger::BASE_KEY, 1 << 40)],
-        );
-        writer.apply_watcher_event(&watcher::Event::Apply(cm));
-        assert_eq!(store.get("mallory", "anything"), 1 << 40);
-        assert_eq!(store.get("alice", "x"), 0);
-        assert_eq!(store.get("alice", "anything"), 0);
-        assert_eq!(store.config_map_name("alice"), "floors.alice");
-        let f = store.figures();
-        assert_eq!((f.objects, f.entries), (1, 1));
-    }
-
-    #[test]
-    fn keys_are_valid_configmap_keys_and_do_not_collide() {
-        let a = floor_key("a:b", "c");
-        let b = floor_key("a", "b:c");
-        assert_ne!(a, b);
-        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
-        assert_eq!(a.len(), 42);
-    }
-}
+mod tests;
