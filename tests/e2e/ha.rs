@@ -79,19 +79,31 @@ async fn admin_endpoints_report_liveness_readiness_and_metrics() {
     })
     .await;
     assert_eq!(ready.1, "ok");
-    let (code, metrics) = http_get(port, "/metrics").expect("/metrics answers");
-    assert_eq!(code, 200);
-    for needle in [
+    // The phase counts come from the operator's watch cache, which sees its
+    // own `Held` write a moment after the test's watch may: ask until it does.
+    let needles = [
         "targetlease_leases{phase=\"Held\"} 1",
         "targetlease_backend_up 1",
         "targetlease_leader 1",
         "targetlease_store_calls_total{operation=\"acquire\",result=\"acquired\"} 1",
-    ] {
+    ];
+    let deadline = std::time::Instant::now() + SOON;
+    let metrics = loop {
+        let (code, metrics) = http_get(port, "/metrics").expect("/metrics answers");
+        assert_eq!(code, 200);
+        let missing: Vec<_> = needles
+            .iter()
+            .filter(|n| !has_sample(&metrics, n))
+            .collect();
+        if missing.is_empty() {
+            break metrics;
+        }
         assert!(
-            has_sample(&metrics, needle),
-            "missing {needle} in:\n{metrics}"
+            std::time::Instant::now() < deadline,
+            "missing {missing:?} after {SOON:?} in:\n{metrics}"
         );
-    }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     assert!(
         metrics
             .lines()
