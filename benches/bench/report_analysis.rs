@@ -149,7 +149,8 @@ pub fn text(run: &Run) -> String {
                  and the operator runs 16 reconciles at once (`--concurrency`): {:.1} reconciles \
                  per lease × {:.1} ms ÷ 16 predicts {:.1} s of reconciling for {} leases against \
                  {:.1} s measured from the first create. The apiserver and etcd share the 2 cores \
-                 with the operator and the bench; a higher `--concurrency` would move it.\n",
+                 with the operator and the bench; the `--concurrency` curve above shows what more \
+                 slots win while they do (each reconcile takes longer as the slots grow).\n",
                 s.writes_per_lease_to_held,
                 s.reconcile_mean_ms,
                 s.reconciles / s.leases as f64,

@@ -32,7 +32,7 @@ pub fn section(w: &mut String, o: &Results) {
         "VmHWM (peak resident set) and VmRSS of the operator process, from `/proc/PID/status`. \
          Its watch caches decode only what the operator reads (src/operator/cache.rs, \
          src/operator/reconcile/pods.rs): TargetLeases without `managedFields`, skipped while decoding; \
-         pods as name, namespace, UID, resourceVersion, labels, our own annotations, creation \
+         pods as name, namespace, UID, resourceVersion, labels (of pods that opted in only), our own annotations, creation \
          and deletion times and the Ready condition (no spec, no container statuses, no \
          managed fields).\n"
     );
