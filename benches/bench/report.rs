@@ -168,9 +168,9 @@ fn operator_section(w: &mut String, o: &operator::Results) {
         "Each scale runs in a fresh namespace with its own operator process (`targetlease \
          operator --watch-namespace NS`, default `--concurrency 16`, pool size 1, default \
          `leaseDuration` 90s / `renewInterval` 30s); the previous scale's operator is stopped and \
-         its TargetLeases removed first (finalizers taken off, then deleted: through the \
-         operator, a mass deletion raises the token floor once per TargetLease, one write after \
-         another), so each scale starts on an API server without the others' objects. The scales run in \
+         its TargetLeases removed first (finalizers taken off, then deleted, without the \
+         operator's release and token floor per TargetLease), so each scale starts on an API \
+         server without the others' objects. The scales run in \
          the order of the table; the last one's operator is the one the later steps use. \
          The bench creates the TargetLeases through kube-rs (no client-side rate limit) with 64 \
          creates in flight and watches them until every one is `Held` with a token. API writes \

@@ -46,11 +46,9 @@ pub(super) async fn curve(b: &Bench<'_>, results: &mut Results) {
 
 /// Removes every TargetLease in `ns` once its operator stopped: their
 /// finalizers taken off (64 patches in flight), then deleted, waited for.
-/// Not through the operator: it raises the namespace's token floor before
-/// each release, one ConfigMap write after another, so a mass deletion
-/// takes about one API write round trip per TargetLease (minutes for
-/// thousands). Their leases in Valkey, no longer renewed, expire within
-/// their TTL.
+/// Not through the operator, whose cleanup of each (release, token floor,
+/// finalizer) is work the next scale should not share the machine with.
+/// Their leases in Valkey, no longer renewed, expire within their TTL.
 async fn clear(b: &Bench<'_>, ns: &str, tracker: &Tracker) {
     use futures::StreamExt;
     use kube::api::{Patch, PatchParams};
