@@ -104,6 +104,13 @@ struct Waiting {
     /// is in the ConfigMap.
     issued: u64,
     written: u64,
+    /// The highest ticket a failed write carried, and why it failed: the
+    /// raises it carried fail at once with it (each retries later, with its
+    /// reconcile's backoff) instead of each trying again in turn — against
+    /// an API server that times out, one after another, they would hold
+    /// every reconcile slot for minutes. Not when the write was refused for
+    /// want of leadership (the gate refuses each at once anyway).
+    failed: Option<(u64, String)>,
 }
 
 /// What the floor ConfigMaps hold.
@@ -219,7 +226,7 @@ impl FloorStore {
     /// Raises of one namespace that arrive while a write is under way wait
     /// for it to end; then one of them writes every floor waiting, and the
     /// others find theirs written. A write that fails puts its floors back
-    /// for the next raise to write, and fails only the raise that made it.
+    /// for the next raise to write, and fails every raise it carried.
     pub async fn raise(
         &self,
         namespace: &str,
@@ -227,10 +234,7 @@ impl FloorStore {
         token: u64,
     ) -> Result<Option<Fold>, kube::Error> {
         let key = floor_key(namespace, target);
-        let batch = {
-            let mut all = self.batches.lock().unwrap_or_else(|p| p.into_inner());
-            all.entry(namespace.to_owned()).or_default().clone()
-        };
+        let batch = self.batch(namespace);
         let ticket = {
             let mut w = batch.waiting();
             let floor = w.floors.entry(key.clone()).or_default();
@@ -238,26 +242,42 @@ impl FloorStore {
             w.issued += 1;
             w.issued
         };
-        let _turn = batch.writer.lock().await;
+        let turn = batch.writer.lock().await;
         let (floors, through) = {
             let mut w = batch.waiting();
             if w.written >= ticket {
                 return Ok(None); // written by the raise that went before
+            }
+            if let Some((failed, why)) = &w.failed
+                && *failed >= ticket
+            {
+                return Err(carried_by_failed_write(why));
             }
             (std::mem::take(&mut w.floors), w.issued)
         };
         let listed: Vec<(String, u64)> = floors.iter().map(|(k, t)| (k.clone(), *t)).collect();
         // Until the write succeeds the floors are only lent: on an error, or
         // if this raise is dropped mid-write, they go back for the next one
-        // (else a later raise could find its ticket "written" without them).
+        // (else a later raise could find its ticket "written" without them),
+        // and before the turn is let go (`Lent` holds it).
         let mut lent = Lent {
             batch: &batch,
             floors: Some(floors),
+            _turn: turn,
         };
         let max = self.policy.max_entries;
-        let wrote = self
+        let wrote = match self
             .merge(namespace, |data| ledger::raised(data, &listed, now(), max))
-            .await?;
+            .await
+        {
+            Ok(wrote) => wrote,
+            Err(e) => {
+                if !caused_by_not_leader(&e) {
+                    batch.waiting().failed = Some((through, e.to_string()));
+                }
+                return Err(e);
+            }
+        };
         let floors = lent.floors.take().unwrap_or_default();
         batch.waiting().written = through;
         let mut raised = self.lock();
@@ -272,6 +292,12 @@ impl FloorStore {
             Wrote::Changed(folded) => folded,
             Wrote::Unchanged(_) => None,
         })
+    }
+
+    /// The raises of `namespace` waiting for a write, and its turn to write.
+    fn batch(&self, namespace: &str) -> Arc<Batch> {
+        let mut all = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        all.entry(namespace.to_owned()).or_default().clone()
     }
 
     /// Folds the entries raised [`FloorPolicy::retention`] ago or earlier
@@ -297,6 +323,9 @@ impl FloorStore {
             if expire(&cm.data.clone().unwrap_or_default()).is_none() {
                 continue;
             }
+            // In the namespace's turn, so raises and this never conflict.
+            let batch = self.batch(&ns);
+            let _turn = batch.writer.lock().await;
             if let Wrote::Changed(Some(fold)) = self.merge(&ns, expire).await? {
                 folds.push((ns, fold));
             }
@@ -383,11 +412,13 @@ impl Batch {
     }
 }
 
-/// Floors taken from a batch for a write not done yet: back in the batch
-/// when dropped still holding them.
+/// Floors taken from a batch for a write not done yet, with the turn: the
+/// floors go back in the batch when it is dropped still holding them, and
+/// only then is the turn let go (fields drop after `drop` ran).
 struct Lent<'a> {
     batch: &'a Batch,
     floors: Option<BTreeMap<String, u64>>,
+    _turn: tokio::sync::MutexGuard<'a, ()>,
 }
 
 impl Drop for Lent<'_> {
@@ -400,6 +431,30 @@ impl Drop for Lent<'_> {
             }
         }
     }
+}
+
+/// Whether `e` came of this replica not leading (the write gate).
+fn caused_by_not_leader(e: &kube::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<crate::operator::leadership::NotLeader>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// The error of a raise whose floor a failed write carried.
+fn carried_by_failed_write(why: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(
+            &format!("the floor write that carried this floor failed: {why}"),
+            "ServiceUnavailable",
+        )
+        .with_code(503)
+        .boxed(),
+    )
 }
 
 /// What one write did.

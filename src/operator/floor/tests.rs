@@ -90,7 +90,8 @@ fn keys_are_valid_configmap_keys_and_do_not_collide() {
 struct MockApi {
     cm: Option<serde_json::Value>,
     version: u64,
-    /// Writes that reached the gate, and that passed it.
+    /// Reads, writes that reached the gate, and writes that passed it.
+    reads: usize,
     arrived: usize,
     writes: usize,
     fail: usize,
@@ -131,7 +132,8 @@ async fn serve(
         }
     }
     if method == http::Method::GET {
-        let api = api.lock().unwrap();
+        let mut api = api.lock().unwrap();
+        api.reads += 1;
         return Ok(match &api.cm {
             Some(cm) => answer(200, cm),
             None => status(404, "NotFound"),
@@ -208,28 +210,78 @@ async fn raises_arriving_together_share_one_write_and_keep_every_floor() {
     let store = std::sync::Arc::new(store);
     let raises: Vec<_> = (0..20u64)
         .map(|i| {
-            let store = store.clone();
-            tokio::spawn(async move { store.raise("ns", &format!("t-{i}"), 10 + i).await })
+            let (store, api) = (store.clone(), api.clone());
+            tokio::spawn(async move {
+                let target = format!("t-{i}");
+                store.raise("ns", &target, 10 + i).await.unwrap();
+                // Written when its raise returns, not only at the end.
+                assert_eq!(floor_of(&api, "ns", &target), 10 + i, "{target} on return");
+            })
         })
         .collect();
     arrived(&api, 1).await; // the first raise's write waits at the gate
-    for _ in 0..50 {
-        tokio::task::yield_now().await; // the other 19 take their tickets
-    }
+    tokio::task::yield_now().await; // the other 19 take their tickets
     let all = open_gate_until(&gate, futures::future::join_all(raises)).await;
     for r in all {
-        r.unwrap().unwrap();
+        r.unwrap();
     }
     for i in 0..20u64 {
-        assert_eq!(floor_of(&api, "ns", &format!("t-{i}")), 10 + i, "t-{i}");
         assert_eq!(
             store.get("ns", &format!("t-{i}")),
             10 + i,
             "t-{i} as this process knows it"
         );
     }
-    let writes = api.lock().unwrap().writes;
-    assert_eq!(writes, 2, "20 raises arriving together: {writes} writes");
+    let (reads, writes) = {
+        let api = api.lock().unwrap();
+        (api.reads, api.writes)
+    };
+    assert_eq!(
+        (reads, writes),
+        (2, 2),
+        "20 raises arriving together: reads and writes"
+    );
+}
+
+/// A write that fails fails every raise whose floor it carried, at once
+/// (not each trying again in turn); the floors wait for the next raise,
+/// which writes them with its own.
+#[tokio::test]
+async fn a_failed_write_fails_the_raises_it_carried_and_the_next_raise_writes_their_floors() {
+    let (store, api, gate) = on_mock("ns");
+    let store = std::sync::Arc::new(store);
+    let spawn = |target: &'static str, token: u64| {
+        let store = store.clone();
+        tokio::spawn(async move { store.raise("ns", target, token).await })
+    };
+    let first = spawn("a", 3);
+    arrived(&api, 1).await; // the first writes alone
+    let (b, c) = (spawn("b", 5), spawn("c", 6));
+    tokio::task::yield_now().await; // b and c wait for the turn
+    gate.add_permits(1);
+    first.await.unwrap().unwrap();
+    arrived(&api, 2).await; // b's write carries b and c
+    api.lock().unwrap().fail = 1;
+    gate.add_permits(1);
+    assert!(b.await.unwrap().is_err(), "the raise whose write failed");
+    // At once: c does not wait for a write of its own (the gate would hold it).
+    let c = tokio::time::timeout(std::time::Duration::from_secs(5), c)
+        .await
+        .expect("c answered without a write of its own");
+    assert!(
+        c.unwrap().is_err(),
+        "a raise the failed write carried fails too"
+    );
+    assert_eq!(
+        api.lock().unwrap().writes,
+        2,
+        "c did not write again on its own"
+    );
+    let d = spawn("d", 7);
+    open_gate_until(&gate, d).await.unwrap().unwrap();
+    for (target, token) in [("a", 3), ("b", 5), ("c", 6), ("d", 7)] {
+        assert_eq!(floor_of(&api, "ns", target), token, "{target}");
+    }
 }
 
 /// A write that fails fails the raise that made it only; the floors it
