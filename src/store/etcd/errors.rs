@@ -12,7 +12,7 @@
 //!
 //! | what happened | read | write |
 //! |---|---|---|
-//! | not sent (no connection, connect refused or timed out, TLS handshake refused) | `backend_unavailable` | `backend_unavailable` |
+//! | not sent (no connection, connect refused or timed out, TLS handshake refused, connection closed before the call was handed to it) | `backend_unavailable` | `backend_unavailable` |
 //! | refused before proposing (messages below, auth/permission/argument codes) | `backend_unavailable` | `backend_unavailable` |
 //! | sent, then deadline, reset or any other error | `backend_unavailable` | `outcome_unknown` |
 //!
@@ -73,6 +73,10 @@ pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
             if let Some(tls) = std::error::Error::source(s).and_then(tls_failure) {
                 // A TLS failure ends the handshake: no request was read.
                 StoreError::BackendUnavailable(format!("cannot reach etcd: {tls}"))
+            } else if not_sent(s) {
+                // Refused by the connection before it was handed over: no
+                // byte of it left this process, whatever it would change.
+                StoreError::BackendUnavailable(format!("etcd {CLOSED} (the request was not sent)"))
             } else if closed_unanswered(s) {
                 unknown(format!("etcd {CLOSED}"))
             } else if refused(s) {
@@ -161,6 +165,14 @@ fn closed_unanswered(s: &tonic::Status) -> bool {
         && ["connection closed", "connection reset", "broken pipe"]
             .iter()
             .any(|w| causes.contains(w))
+}
+
+/// The connection had already ended when the call was handed to it, so
+/// the request was given back unsent (hyper's "connection was not ready";
+/// with TLS 1.3 also how a member's refusal of our certificate, or of its
+/// absence, can reach a call made right after the handshake).
+fn not_sent(s: &tonic::Status) -> bool {
+    s.code() == Code::Cancelled && chain(s).contains("connection was not ready")
 }
 
 /// The TLS failure among `e` and its sources, as a sentence (never the TLS
@@ -259,6 +271,29 @@ mod tests {
                 assert!(why.contains("frame too large"), "{why}")
             }
             other => panic!("expected backend_unavailable, got {other:?}"),
+        }
+    }
+
+    /// A call the connection gave back unsent is a definite failure, even
+    /// for a write, and still names the close (so a TLS refusal gets its
+    /// hint); the transport's variant names stay out of the message.
+    #[test]
+    fn a_call_given_back_unsent_is_definite() {
+        let unsent = || {
+            let mut s = tonic::Status::new(Code::Cancelled, "operation was canceled");
+            s.set_source(std::sync::Arc::new(std::io::Error::other(
+                "hyper::Error(Canceled, \"connection was not ready\")",
+            )));
+            etcd_client::Error::GRpcStatus(s)
+        };
+        for effect in [Effect::Read, Effect::Write] {
+            match classify(&unsent(), effect) {
+                StoreError::BackendUnavailable(why) => {
+                    assert!(why.contains(CLOSED), "{why}");
+                    assert!(!why.contains("Canceled"), "{why}");
+                }
+                other => panic!("expected backend_unavailable, got {other:?}"),
+            }
         }
     }
 
