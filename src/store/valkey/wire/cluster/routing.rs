@@ -28,8 +28,9 @@ pub(in super::super) struct Router {
     refreshing: tokio::sync::Mutex<()>,
 }
 
-/// Redirections one request may follow (`MOVED` after a resharding, `ASK`
-/// then `MOVED` around a migration).
+/// Redirections one request follows in a row (`MOVED` after a resharding,
+/// `ASK` then `MOVED` around a migration) before it pauses and starts again
+/// from a fresh slot map.
 const MAX_REDIRECTIONS: usize = 3;
 
 /// The pause before the `n`th retry of a request answered `TRYAGAIN`: from
@@ -142,10 +143,22 @@ impl Router {
             link.give_back();
             redirections += 1;
             if redirections > MAX_REDIRECTIONS {
-                return Err(Error::new(
-                    Kind::Redirected,
-                    format!("too many redirections (last: {said}); the command never ran"),
-                ));
+                // Nodes sending the slot to each other: a migration being
+                // closed one node at a time (the source already names the
+                // destination, which still names the source). Nothing ran:
+                // again from a fresh map after a pause, until the deadline.
+                let pause = try_again_pause(tries);
+                if Instant::now() + pause >= deadline {
+                    return Err(Error::new(
+                        Kind::Redirected,
+                        format!("too many redirections (last: {said}); the command never ran"),
+                    ));
+                }
+                tries += 1;
+                redirections = 0;
+                self.stale.store(true, Ordering::SeqCst);
+                tokio::time::sleep(pause).await;
+                continue;
             }
             next = Some(match redirection {
                 Redirect::Moved(slot, to) => {
