@@ -3,13 +3,12 @@
 //! just enough to see where a unary request ends (a DATA frame with
 //! END_STREAM), so that a fault can hit a whole request:
 //!
-//! - a cut: the next request is forwarded whole, its reply is never relayed,
-//!   and both connections are reset 100 ms later (the member has read and
-//!   applied it; the client only sees its connection die: the outcome is
-//!   unknown to it);
-//! - a lost write: the next guarded transaction (a lease decision's write,
-//!   told from reads by its first bytes: [`is_guarded_txn`]) is never
-//!   forwarded, so it never runs, and its connection goes silent both ways
+//! - a cut: the next guarded transaction (a lease decision's write, told
+//!   from reads by its first bytes: [`is_guarded_txn`]) is forwarded whole,
+//!   its reply is never relayed, and both connections are reset 100 ms later
+//!   (the member has read and applied it; the client only sees its
+//!   connection die: the outcome is unknown to it);
+//! - a lost write: the next guarded transaction is never forwarded, so it never runs, and its connection goes silent both ways
 //!   (the client gives up on it at its deadline);
 //! - a blackhole: nothing passes either way, on live and new connections;
 //!   when it ends, every connection that lived through it is closed (what
@@ -36,7 +35,7 @@ const PREFACE: usize = 24;
 const APPLY: Duration = Duration::from_millis(100);
 
 struct Shared {
-    /// The next complete request is forwarded and its connection cut.
+    /// The next guarded transaction is forwarded and its connection cut.
     cut_next: AtomicBool,
     /// The next guarded transaction is lost, its connection silenced.
     lose_next: AtomicBool,
@@ -97,9 +96,9 @@ impl H2Proxy {
         }
     }
 
-    /// The next complete request (on any connection) is forwarded, and its
-    /// connection reset before the reply.
-    pub fn cut_next_request(&self) {
+    /// The next guarded transaction (on any connection) is forwarded whole,
+    /// and its connection reset before the reply.
+    pub fn cut_next_write(&self) {
         self.shared.cut_next.store(true, Ordering::SeqCst);
     }
 
@@ -122,7 +121,7 @@ impl H2Proxy {
         }
     }
 
-    /// Connections cut after a forwarded request so far.
+    /// Connections cut after a forwarded transaction so far.
     pub fn cuts(&self) -> u64 {
         self.shared.cuts.load(Ordering::SeqCst)
     }
@@ -190,6 +189,8 @@ async fn upward(
     if !s.blackhole.load(Ordering::SeqCst) && to.write_all(&preface).await.is_err() {
         return;
     }
+    // The stream of the transaction to cut once it is whole.
+    let mut cutting: Option<u32> = None;
     loop {
         let mut header = [0_u8; 9];
         if from.read_exact(&mut header).await.is_err() {
@@ -205,13 +206,18 @@ async fn upward(
             continue;
         }
         let (kind, flags) = (header[3], header[4]);
-        if kind == 0 && is_guarded_txn(&frame[9..]) && s.lose_next.swap(false, Ordering::SeqCst) {
+        let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & !(1 << 31);
+        let write = kind == 0 && is_guarded_txn(&frame[9..]);
+        if write && s.lose_next.swap(false, Ordering::SeqCst) {
             dead.store(true, Ordering::SeqCst);
             s.lost.fetch_add(1, Ordering::SeqCst);
             continue;
         }
+        if write && cutting.is_none() && s.cut_next.swap(false, Ordering::SeqCst) {
+            cutting = Some(stream);
+        }
         let ends_request = kind == 0 && flags & 1 == 1;
-        if ends_request && s.cut_next.swap(false, Ordering::SeqCst) {
+        if ends_request && cutting == Some(stream) {
             // Nothing more comes back: the reply is lost.
             dead.store(true, Ordering::SeqCst);
             let _ = to.write_all(&frame).await;

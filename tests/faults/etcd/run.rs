@@ -90,9 +90,9 @@ pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pa
         }
         Fault::ProxyCut => {
             while !pace.wait(Duration::from_millis(300)).await {
-                rec.fault("reset after forwarding a request");
+                rec.fault("reset after forwarding a write transaction");
                 for p in &etcd.proxies {
-                    p.cut_next_request();
+                    p.cut_next_write();
                 }
                 rec.healed();
             }

@@ -54,7 +54,7 @@ pub fn rows() -> Vec<Scenario> {
         },
         scenario(
             "etcd-proxy-cut-after-forward",
-            "etcd: a proxy before every member forwards the next request whole and resets its connection before the reply (every 300 ms)",
+            "etcd: a proxy before every member forwards the next write transaction whole and resets its connection before the reply (every 300 ms)",
             proxied(),
             Fault::ProxyCut,
         ),
@@ -122,7 +122,7 @@ pub fn controls() -> Vec<Scenario> {
             },
             ..scenario(
                 "etcd-control-lost-reply-unavailable",
-                "etcd: the store reports a write whose reply was lost as `backend_unavailable` (`lost-reply-unavailable`), the proxies resetting the connection after forwarding a request (every 300 ms)",
+                "etcd: the store reports a write whose reply was lost as `backend_unavailable` (`lost-reply-unavailable`), the proxies resetting the connection after forwarding a write transaction (every 300 ms)",
                 proxied(),
                 Fault::ProxyCut,
             )
