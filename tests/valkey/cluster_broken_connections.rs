@@ -306,13 +306,19 @@ async fn cluster_health_answers_with_the_slot_0_primary_stopped() {
 
 /// Promise (docs/valkey.md, Cluster): a primary that goes silent costs the
 /// calls to its own shard only. A call to it that is merely late does not
-/// mark the slot map stale, so the next call to a healthy shard does not
-/// first ask the silent node for the map (a share of its deadline: about a
-/// third of a 1 s timeout before this was fixed).
+/// mark the slot map stale, and a node whose last call failed is asked for
+/// the map last, so the next call to a healthy shard does not first ask the
+/// silent node (a share of its deadline: a third of the 3 s timeout here,
+/// which a loaded machine's scheduling delays stay well below).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_primary_costs_the_healthy_shards_nothing() {
     let (c, targets) = tokio::task::spawn_blocking(partial_cluster).await.unwrap();
-    let store = ValkeyStore::connect(&config(c.url())).await.unwrap();
+    let store = ValkeyStore::connect(&ValkeyConfig {
+        timeout: Duration::from_secs(3),
+        ..config(c.url())
+    })
+    .await
+    .unwrap();
     healthy_shards_work(&store, &targets).await;
     c.nodes[0].freeze(true);
     let mut worst = Duration::ZERO;
@@ -329,7 +335,7 @@ async fn a_silent_primary_costs_the_healthy_shards_nothing() {
     c.nodes[0].freeze(false);
     eprintln!("healthy-shard get after a dead-shard call: worst {worst:?}, {failed} of 5 failed");
     assert!(
-        worst < Duration::from_millis(200) && failed == 0,
+        worst < Duration::from_millis(500) && failed == 0,
         "healthy-shard get after a dead-shard call: worst {worst:?}, {failed} of 5 failed"
     );
 }

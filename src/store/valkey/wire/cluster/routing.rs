@@ -26,6 +26,9 @@ pub(in super::super) struct Router {
     make: Pools,
     stale: AtomicBool,
     refreshing: tokio::sync::Mutex<()>,
+    /// Nodes whose last exchange failed (unreachable, closed, late): asked
+    /// for the slot map only after the others.
+    suspects: Mutex<Vec<Addr>>,
 }
 
 /// Redirections one request follows in a row (`MOVED` after a resharding,
@@ -52,6 +55,7 @@ impl Router {
             make,
             stale: AtomicBool::new(true),
             refreshing: tokio::sync::Mutex::new(()),
+            suspects: Mutex::new(Vec::new()),
         }
     }
 
@@ -81,8 +85,12 @@ impl Router {
             request.extend_from_slice(cmds);
             let (link, mut replies) =
                 match exchange(&self.pool(&addr), how, &request, deadline).await {
-                    Ok(sent) => sent,
+                    Ok(sent) => {
+                        self.suspect(&addr, false);
+                        sent
+                    }
                     Err(e) => {
+                        self.suspect(&addr, true);
                         // The node may have failed over: learn the map again
                         // next time — not for a reply that is only late (an
                         // overloaded or silent node), which would send every
@@ -171,6 +179,19 @@ impl Router {
                 }
                 Redirect::Ask(_, to) => (to, true),
             });
+        }
+    }
+
+    /// Notes whether the last exchange with `addr` failed.
+    fn suspect(&self, addr: &Addr, failed: bool) {
+        let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        let known = suspects.iter().position(|a| a == addr);
+        match (failed, known) {
+            (true, None) => suspects.push(addr.clone()),
+            (false, Some(i)) => {
+                suspects.swap_remove(i);
+            }
+            _ => {}
         }
     }
 
@@ -267,6 +288,12 @@ impl Router {
                 candidates.push(s.clone());
             }
         }
+        // A node that just failed (a silent one, say) is asked last, so a
+        // call to a healthy shard does not spend its time waiting on it.
+        {
+            let suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+            candidates.sort_by_key(|a| suspects.contains(a));
+        }
         let mut why = Vec::new();
         let count = candidates.len();
         for (i, addr) in candidates.into_iter().enumerate() {
@@ -290,6 +317,7 @@ impl Router {
             };
             match asked.await {
                 Ok(map) => {
+                    self.suspect(&addr, false);
                     // Pools of nodes that left the map go (their connections
                     // close once the requests still on them are done).
                     let primaries = map.primaries();
@@ -297,11 +325,18 @@ impl Router {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .retain(|a, _| primaries.contains(a));
+                    self.suspects
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|a| primaries.contains(a) || self.seeds.contains(a));
                     *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
                     self.stale.store(false, Ordering::SeqCst);
                     return Ok(());
                 }
-                Err(e) => why.push(e),
+                Err(e) => {
+                    self.suspect(&addr, true);
+                    why.push(e)
+                }
             }
         }
         Err(Error::new(
