@@ -113,7 +113,14 @@ async fn a_holder_tied_to_a_pod_follows_its_readiness() {
         .delete("worker", &Default::default())
         .await
         .unwrap();
-    env.wait_phase("tied", Phase::Pending, SOON).await;
+    // Held is withdrawn first (Pending, the release still to confirm), then
+    // the lease is released.
+    env.wait_for("tied", "Pending, its release confirmed", SOON, |tl| {
+        tl.status.as_ref().is_some_and(|s| {
+            s.phase == Some(Phase::Pending) && s.releasing_acquisition_id.is_none()
+        })
+    })
+    .await;
     let store = env.store().await;
     let got = store.get(&Target::new(&env.ns, "t")).await.unwrap();
     assert_eq!(
