@@ -297,7 +297,7 @@ async fn durable_writes_reuse_warm_connections() {
         round(r, 12).await;
     }
     let warm = store.connections_opened();
-    assert!(warm <= 1 + 4, "one shared and at most four durable: {warm}");
+    assert_eq!(warm, 1 + 4, "one shared and four durable connections");
     for r in 3..=27 {
         round(r, 4).await;
     }

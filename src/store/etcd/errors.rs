@@ -172,7 +172,14 @@ fn closed_unanswered(s: &tonic::Status) -> bool {
 /// with TLS 1.3 also how a member's refusal of our certificate, or of its
 /// absence, can reach a call made right after the handshake).
 fn not_sent(s: &tonic::Status) -> bool {
-    s.code() == Code::Cancelled && chain(s).contains("connection was not ready")
+    // The causes under the status only: its message may be the server's.
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    let mut said = false;
+    while let Some(e) = source {
+        said |= e.to_string().contains("connection was not ready");
+        source = e.source();
+    }
+    s.code() == Code::Cancelled && said
 }
 
 /// The TLS failure among `e` and its sources, as a sentence (never the TLS
@@ -286,6 +293,12 @@ mod tests {
             )));
             etcd_client::Error::GRpcStatus(s)
         };
+        // The words in the status's message alone (a server's) do not count.
+        let said = status(Code::Cancelled, "connection was not ready");
+        assert!(matches!(
+            classify(&said, Effect::Write),
+            StoreError::OutcomeUnknown(_)
+        ));
         for effect in [Effect::Read, Effect::Write] {
             match classify(&unsent(), effect) {
                 StoreError::BackendUnavailable(why) => {

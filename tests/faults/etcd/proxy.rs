@@ -4,10 +4,12 @@
 //! END_STREAM), so that a fault can hit a whole request:
 //!
 //! - a cut: the next guarded transaction (a lease decision's write, told
-//!   from reads by its first bytes: [`is_guarded_txn`]) is forwarded whole,
-//!   its reply is never relayed, and both connections are reset 100 ms later
-//!   (the member has read and applied it; the client only sees its
-//!   connection die: the outcome is unknown to it);
+//!   from reads by its first bytes: [`is_guarded_txn`]) is forwarded
+//!   whole, its reply is never relayed, and both connections are reset
+//!   100 ms later (the member has most likely applied it by then; the
+//!   client only sees its connection die: the outcome is unknown to it);
+//!   a transaction reset by the client, or whose connection ends, before it
+//!   is whole gives the cut back to the next one;
 //! - a lost write: the next guarded transaction is never forwarded, so it never runs, and its connection goes silent both ways
 //!   (the client gives up on it at its deadline);
 //! - a blackhole: nothing passes either way, on live and new connections;
@@ -189,8 +191,10 @@ async fn upward(
     if !s.blackhole.load(Ordering::SeqCst) && to.write_all(&preface).await.is_err() {
         return;
     }
-    // The stream of the transaction to cut once it is whole.
-    let mut cutting: Option<u32> = None;
+    let mut cutting = Cutting {
+        stream: None,
+        s: &s,
+    };
     loop {
         let mut header = [0_u8; 9];
         if from.read_exact(&mut header).await.is_err() {
@@ -207,18 +211,23 @@ async fn upward(
         }
         let (kind, flags) = (header[3], header[4]);
         let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & !(1 << 31);
-        let write = kind == 0 && is_guarded_txn(&frame[9..]);
+        let write = kind == 0 && flags & 0x8 == 0 && is_guarded_txn(&frame[9..]);
         if write && s.lose_next.swap(false, Ordering::SeqCst) {
             dead.store(true, Ordering::SeqCst);
             s.lost.fetch_add(1, Ordering::SeqCst);
             continue;
         }
-        if write && cutting.is_none() && s.cut_next.swap(false, Ordering::SeqCst) {
-            cutting = Some(stream);
+        if write && cutting.stream.is_none() && s.cut_next.swap(false, Ordering::SeqCst) {
+            cutting.stream = Some(stream);
+        }
+        // RST_STREAM: the client gave the transaction up (its deadline).
+        if kind == 3 && cutting.stream == Some(stream) {
+            cutting.give_back();
         }
         let ends_request = kind == 0 && flags & 1 == 1;
-        if ends_request && cutting == Some(stream) {
+        if ends_request && cutting.stream == Some(stream) {
             // Nothing more comes back: the reply is lost.
+            cutting.stream = None;
             dead.store(true, Ordering::SeqCst);
             let _ = to.write_all(&frame).await;
             tokio::time::sleep(APPLY).await;
@@ -231,6 +240,28 @@ async fn upward(
     }
 }
 
+/// The transaction a connection took the cut for, to cut once it is whole
+/// (its stream): the cut goes back to the next write if the stream is
+/// reset, or the connection ends, first.
+struct Cutting<'a> {
+    stream: Option<u32>,
+    s: &'a Shared,
+}
+
+impl Cutting<'_> {
+    fn give_back(&mut self) {
+        if self.stream.take().is_some() {
+            self.s.cut_next.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Cutting<'_> {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
 /// Whether a DATA frame's payload is one whole gRPC message (a 5-byte
 /// prefix, then the protobuf) holding a transaction with compares: a
 /// `TxnRequest` opens with its field 1, `compare` (tag `0x0a`), and a
@@ -238,7 +269,8 @@ async fn upward(
 /// `result` EQUAL is proto3's default, left out). The store's reads are
 /// transactions without compares (field 2 first) or range requests (field
 /// 1, a key: its first byte is the key prefix's, not `0x10`); lease grants
-/// and revokes open with a varint (tag `0x08`).
+/// and revokes open with a varint (tag `0x08`). Padded frames (h2 never
+/// pads) are not passed in.
 fn is_guarded_txn(payload: &[u8]) -> bool {
     let Some(msg) = payload.get(5..) else {
         return false;

@@ -29,12 +29,18 @@ pub(in super::super) struct Router {
     /// Nodes whose last exchange failed (unreachable, closed, late): asked
     /// for the slot map only after the others.
     suspects: Mutex<Vec<Addr>>,
+    /// Whether `suspects` may hold any (a call that succeeds skips its lock).
+    any_suspects: AtomicBool,
 }
 
 /// Redirections one request follows in a row (`MOVED` after a resharding,
 /// `ASK` then `MOVED` around a migration) before it pauses and starts again
 /// from a fresh slot map.
 const MAX_REDIRECTIONS: usize = 3;
+
+/// Time a call restarted after a redirection loop must have left beyond
+/// its pause (a slot map refresh and the call itself).
+const RESTART_ROOM: Duration = Duration::from_millis(50);
 
 /// The pause before the `n`th retry of a request answered `TRYAGAIN`: from
 /// 5 ms, doubling to 100 ms, ±50 % jitter (a migration moves a slot's keys
@@ -56,6 +62,7 @@ impl Router {
             stale: AtomicBool::new(true),
             refreshing: tokio::sync::Mutex::new(()),
             suspects: Mutex::new(Vec::new()),
+            any_suspects: AtomicBool::new(false),
         }
     }
 
@@ -90,7 +97,10 @@ impl Router {
                         sent
                     }
                     Err(e) => {
-                        self.suspect(&addr, true);
+                        // Our own pool being full says nothing of the node.
+                        if e.kind != Kind::Busy {
+                            self.suspect(&addr, true);
+                        }
                         // The node may have failed over: learn the map again
                         // next time — not for a reply that is only late (an
                         // overloaded or silent node), which would send every
@@ -155,8 +165,11 @@ impl Router {
                 // closed one node at a time (the source already names the
                 // destination, which still names the source). Nothing ran:
                 // again from a fresh map after a pause, until the deadline.
+                // Not started again when the pause and a map refresh would
+                // leave no time: the caller gets the redirection, not a
+                // deadline met half-way through the refresh.
                 let pause = try_again_pause(tries);
-                if Instant::now() + pause >= deadline {
+                if Instant::now() + pause + RESTART_ROOM >= deadline {
                     return Err(Error::new(
                         Kind::Redirected,
                         format!("too many redirections (last: {said}); the command never ran"),
@@ -184,6 +197,9 @@ impl Router {
 
     /// Notes whether the last exchange with `addr` failed.
     fn suspect(&self, addr: &Addr, failed: bool) {
+        if !failed && !self.any_suspects.load(Ordering::Relaxed) {
+            return;
+        }
         let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
         let known = suspects.iter().position(|a| a == addr);
         match (failed, known) {
@@ -193,6 +209,8 @@ impl Router {
             }
             _ => {}
         }
+        self.any_suspects
+            .store(!suspects.is_empty(), Ordering::Relaxed);
     }
 
     /// The pool of the node at `addr` (made on first use).
