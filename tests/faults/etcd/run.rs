@@ -33,60 +33,78 @@ async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> 
         .expect("etcd fault task panicked")
 }
 
+/// What a fault on the leader records: the fault, its count, and the count
+/// of new leaders seen while it lasted.
+struct Turn {
+    what: &'static str,
+    done: &'static str,
+    new_leader: &'static str,
+}
+
+/// Every 2.5 s until the pace stops it, `act` on the member that leads (a
+/// turn without one is skipped), recorded as `turn` says. `act` answers the
+/// leader it saw meanwhile and any further effect to count.
+async fn at_the_leader(
+    etcd: &Arc<Etcd>,
+    rec: &Recorder,
+    pace: &mut Pace,
+    turn: Turn,
+    act: fn(&Etcd, usize) -> (Option<usize>, Option<&'static str>),
+) {
+    while !pace.wait(Duration::from_millis(2500)).await {
+        let e = etcd.clone();
+        let Some(old) = blocking(move || e.leader()).await else {
+            continue;
+        };
+        rec.fault(turn.what);
+        let e = etcd.clone();
+        let (new, more) = blocking(move || act(&e, old)).await;
+        rec.healed();
+        rec.effect(turn.done, 1);
+        if new.is_some_and(|n| n != old) {
+            rec.effect(turn.new_leader, 1);
+        }
+        if let Some(more) = more {
+            rec.effect(more, 1);
+        }
+    }
+}
+
 /// Injects `fault` on the cluster until the pace stops it.
 pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pace) {
     match fault {
         Fault::None | Fault::PauseHolder => unreachable!("handled by inject::run"),
         Fault::EtcdLeaderKill => {
-            while !pace.wait(Duration::from_millis(2500)).await {
-                let e = etcd.clone();
-                let Some(old) = blocking(move || e.leader()).await else {
-                    continue;
-                };
-                rec.fault("etcd leader SIGKILL, restart");
-                let e = etcd.clone();
-                let new = blocking(move || e.kill_and_restart(old, DOWN)).await;
-                rec.healed();
-                rec.effect("etcd leaders killed and started again", 1);
-                if new.is_some_and(|n| n != old) {
-                    rec.effect("new etcd leaders elected", 1);
-                }
-            }
+            let turn = Turn {
+                what: "etcd leader SIGKILL, restart",
+                done: "etcd leaders killed and started again",
+                new_leader: "new etcd leaders elected",
+            };
+            at_the_leader(&etcd, rec, pace, turn, |e, old| {
+                (e.kill_and_restart(old, DOWN), None)
+            })
+            .await;
         }
         Fault::EtcdLeaderPause => {
-            while !pace.wait(Duration::from_millis(2500)).await {
-                let e = etcd.clone();
-                let Some(old) = blocking(move || e.leader()).await else {
-                    continue;
-                };
-                rec.fault("etcd leader SIGSTOP past the election timeout, SIGCONT");
-                let e = etcd.clone();
-                let new = blocking(move || e.pause(old, PAUSE)).await;
-                rec.healed();
-                rec.effect("etcd leaders stopped past the election timeout", 1);
-                if new.is_some_and(|n| n != old) {
-                    rec.effect("new etcd leaders elected while the old one was stopped", 1);
-                }
-            }
+            let turn = Turn {
+                what: "etcd leader SIGSTOP past the election timeout, SIGCONT",
+                done: "etcd leaders stopped past the election timeout",
+                new_leader: "new etcd leaders elected while the old one was stopped",
+            };
+            at_the_leader(&etcd, rec, pace, turn, |e, old| (e.pause(old, PAUSE), None)).await;
         }
         Fault::EtcdPartitionLeader => {
-            while !pace.wait(Duration::from_millis(2500)).await {
-                let e = etcd.clone();
-                let Some(old) = blocking(move || e.leader()).await else {
-                    continue;
-                };
-                rec.fault("etcd leader cut off from its peers, clients still reach it");
-                let e = etcd.clone();
-                let cut = blocking(move || e.partition(old, CUT)).await;
-                rec.healed();
-                rec.effect("etcd leaders cut off from their peers", 1);
-                if cut.new.is_some_and(|n| n != old) {
-                    rec.effect("new etcd leaders elected while the old one was cut off", 1);
-                }
-                if cut.answered_as_leader {
-                    rec.effect(super::CUT_LEADERS_ANSWERING, 1);
-                }
-            }
+            let turn = Turn {
+                what: "etcd leader cut off from its peers, clients still reach it",
+                done: "etcd leaders cut off from their peers",
+                new_leader: "new etcd leaders elected while the old one was cut off",
+            };
+            at_the_leader(&etcd, rec, pace, turn, |e, old| {
+                let cut = e.partition(old, CUT);
+                let answered = cut.answered_as_leader;
+                (cut.new, answered.then_some(super::CUT_LEADERS_ANSWERING))
+            })
+            .await;
         }
         Fault::ProxyCut => {
             while !pace.wait(Duration::from_millis(300)).await {
