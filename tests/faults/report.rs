@@ -340,7 +340,7 @@ mod tests {
         let (_, failures) = judge(&s, &sink_refusing_after_a_restart());
         failures
             .into_iter()
-            .filter(|f| f.starts_with("PostgreSQL"))
+            .filter(|f| f.starts_with("no recovery: PostgreSQL"))
             .collect()
     }
 

@@ -41,6 +41,10 @@ struct Turn {
     new_leader: &'static str,
 }
 
+/// A fault on the leader: the leader seen while it lasted, and any further
+/// effect to count.
+type LeaderFault = fn(&Etcd, usize) -> (Option<usize>, Option<&'static str>);
+
 /// Every 2.5 s until the pace stops it, `act` on the member that leads (a
 /// turn without one is skipped), recorded as `turn` says. `act` answers the
 /// leader it saw meanwhile and any further effect to count.
@@ -49,7 +53,7 @@ async fn at_the_leader(
     rec: &Recorder,
     pace: &mut Pace,
     turn: Turn,
-    act: fn(&Etcd, usize) -> (Option<usize>, Option<&'static str>),
+    act: LeaderFault,
 ) {
     while !pace.wait(Duration::from_millis(2500)).await {
         let e = etcd.clone();
