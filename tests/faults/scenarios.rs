@@ -178,6 +178,11 @@ pub struct Scenario {
     /// Effects this scenario's fault must show beyond those of every run of
     /// its fault (`report::required_effect`).
     pub effects: &'static [&'static str],
+    /// The fault wipes every fence counter (a server without persistence
+    /// restarted): PostgreSQL rightly refuses the tokens issued again until
+    /// the counter passes the highest it accepted, so its recovery is shown,
+    /// not held to the bound.
+    pub wipes_counters: bool,
 }
 
 impl Scenario {
@@ -275,6 +280,7 @@ fn scenario(name: &'static str, about: &'static str, backend: Backend, fault: Fa
         failpoints: &[],
         failpoints_here: false,
         effects: &[],
+        wipes_counters: false,
     }
 }
 

@@ -43,8 +43,9 @@ use super::history::History;
 /// issued twice names two leases (renewals, releases and revokes are
 /// judged per lease, the request that asked for it telling them apart); 5:
 /// a renew reported refused is held only to what was seen after it was sent;
-/// 6: where a fault can lose the fence counters, the sinks' recovery is not
-/// held to the bound (they rightly refuse the reissued lower tokens).
+/// 6: where the fault wipes every fence counter, PostgreSQL's recovery is
+/// shown, not held to the bound (it rightly refuses the tokens issued again
+/// until the counter passes the highest it accepted).
 pub const CHECKER: u32 = 6;
 
 /// One of the four checked properties.

@@ -48,6 +48,7 @@ pub fn all() -> Vec<Scenario> {
         },
         Scenario {
             measured: LOSSY,
+            wipes_counters: true,
             ..scenario(
                 "restart-no-persistence",
                 "SIGKILL + restart, no persistence, `--durability none`",
@@ -102,6 +103,8 @@ pub fn all() -> Vec<Scenario> {
         },
         Scenario {
             measured: LOSSY,
+            // What `always` buys: acknowledged grants lost at the cut.
+            must_show: &[(Property::Tokens, Scope::Lease)],
             effects: &[UNSYNCED_CUT],
             ..scenario(
                 "powerloss-aof-everysec",
