@@ -48,6 +48,11 @@ pub(super) struct Pass<'a> {
 /// acquire, with a reclaim in between, fit comfortably).
 const MAX_STEPS: usize = 8;
 
+/// When the TargetLeases a pass woke are woken again, after the first wake
+/// (see [`Pass::wake_waiters`]): past a watch's usual delay, and a loaded
+/// one's.
+const WAKE_AGAIN: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
+
 impl<'a> Pass<'a> {
     /// Starts a pass from `cached`, re-reading the object when the cache may be
     /// older than this process's own last write. `None`: the object is gone.
@@ -367,18 +372,37 @@ impl<'a> Pass<'a> {
             .may_publish(&self.key, &self.published(), self.term);
     }
 
-    /// Wakes the other TargetLeases on the same target (the queue may have moved).
+    /// Wakes the other TargetLeases on the same target (the queue may have
+    /// moved), at once and again at each [`WAKE_AGAIN`]: a waiter woken before
+    /// the cache shows the status this pass wrote (its echo triggers no
+    /// reconcile) plans from the old one, still Held, and would otherwise
+    /// wait for that status's published expiry.
     pub(super) fn wake_waiters(&self) {
         let ns = self.tl.namespace().unwrap_or_default();
-        let on_target = self
+        let others: Vec<ObjectRef<TargetLease>> = self
             .ctx
             .lease_index
-            .on_target(&self.ctx.leases, &ns, &self.tl.spec.target);
-        for other in on_target {
-            if ObjectRef::from_obj(&*other) != self.key {
-                let _ = self.ctx.wake.unbounded_send(ObjectRef::from_obj(&*other));
-            }
+            .on_target(&self.ctx.leases, &ns, &self.tl.spec.target)
+            .iter()
+            .map(|other| ObjectRef::from_obj(&**other))
+            .filter(|other| *other != self.key)
+            .collect();
+        if others.is_empty() {
+            return;
         }
+        for other in &others {
+            let _ = self.ctx.wake.unbounded_send(other.clone());
+        }
+        let wake = self.ctx.wake.clone();
+        let woken = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            for after in WAKE_AGAIN {
+                tokio::time::sleep_until(woken + after).await;
+                for other in &others {
+                    let _ = wake.unbounded_send(other.clone());
+                }
+            }
+        });
     }
 
     /// When to look again, for a transition's [`Next`].
