@@ -15,6 +15,14 @@
 //! cache took them, and answers only with names: objects are read from the
 //! cache, so an index that runs a moment ahead or behind never makes a pass
 //! plan from anything but the cache.
+//!
+//! It also says when a member stops publishing its Held token (a release, a
+//! loss, a deletion, a move to another target, whoever wrote it):
+//! [`LeaseIndex::apply`] returns those [`Withdrawn`] publications, and the
+//! controller wakes the target's other members then. A waiter plans from the
+//! cache, so a waiter woken only by the pass that wrote the change may still
+//! see the old Held status and wait for its published expiry; woken when
+//! the cache took the change, it cannot.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,12 +58,32 @@ struct Queue {
     published: Option<Arc<Published>>,
 }
 
+/// A member published Held and no longer does (or is gone, or moved to
+/// another target): its target's other members may go ahead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Withdrawn {
+    /// The member's namespace.
+    pub namespace: String,
+    /// The target it published Held on.
+    pub target: String,
+    /// The member that withdrew its publication.
+    pub name: String,
+}
+
+/// Where a member is, and the token its status publishes as Held.
+#[derive(Clone, PartialEq, Eq)]
+struct Member {
+    target: String,
+    place: Place,
+    held: Option<u64>,
+}
+
 #[derive(Default)]
 struct Table {
     /// By (namespace, target).
     targets: HashMap<(String, String), Queue>,
-    /// By (namespace, name): the target and place.
-    place: HashMap<(String, String), (String, Place)>,
+    /// By (namespace, name).
+    place: HashMap<(String, String), Member>,
     /// Names by namespace.
     by_namespace: HashMap<String, BTreeSet<String>>,
 }
@@ -80,30 +108,53 @@ fn place_of(tl: &TargetLease) -> Place {
     (tl.creation_timestamp().map(|t| t.0), tl.name_any())
 }
 
+/// The token `tl`'s status publishes as Held, if it does.
+fn held_token(tl: &TargetLease) -> Option<u64> {
+    tl.status
+        .as_ref()
+        .filter(|s| plan::is_published_held(s))
+        .map(|s| s.fencing_token.unwrap_or(0))
+}
+
+/// Whether `was` published a Held that `now` (the same member, or `None`
+/// when it is gone) no longer publishes on the same target.
+fn withdrawn(was: &Member, now: Option<&Member>) -> bool {
+    was.held.is_some() && now.is_none_or(|now| now.target != was.target || now.held != was.held)
+}
+
 impl Table {
-    fn insert(&mut self, tl: &TargetLease, epoch: u64) {
+    /// Takes `tl` in; the member it was before, if any.
+    fn insert(&mut self, tl: &TargetLease, epoch: u64) -> Option<Member> {
         let ns = tl.namespace().unwrap_or_default();
         let name = tl.name_any();
-        let place = place_of(tl);
+        let member = Member {
+            target: tl.spec.target.clone(),
+            place: place_of(tl),
+            held: held_token(tl),
+        };
         let key = (ns.clone(), name.clone());
-        if let Some((old_target, old_place)) = self.place.remove(&key) {
-            self.leave(&ns, old_target, &old_place, epoch);
+        let was = self.place.remove(&key);
+        if let Some(old) = &was {
+            self.leave(&ns, old.target.clone(), &old.place, epoch);
         }
         let q = self
             .targets
-            .entry((ns.clone(), tl.spec.target.clone()))
+            .entry((ns.clone(), member.target.clone()))
             .or_default();
-        q.members.insert(place.clone());
+        q.members.insert(member.place.clone());
         q.touch(epoch);
-        self.place.insert(key, (tl.spec.target.clone(), place));
+        self.place.insert(key, member);
         self.by_namespace.entry(ns).or_default().insert(name);
+        was
     }
 
-    fn remove(&mut self, tl: &TargetLease, epoch: u64) {
+    /// Lets `tl` go; the member it was, if any.
+    fn remove(&mut self, tl: &TargetLease, epoch: u64) -> Option<Member> {
         let ns = tl.namespace().unwrap_or_default();
         let name = tl.name_any();
-        if let Some((target, place)) = self.place.remove(&(ns.clone(), name.clone())) {
-            self.leave(&ns, target, &place, epoch);
+        let was = self.place.remove(&(ns.clone(), name.clone()));
+        if let Some(old) = &was {
+            self.leave(&ns, old.target.clone(), &old.place, epoch);
         }
         if let Some(names) = self.by_namespace.get_mut(&ns) {
             names.remove(&name);
@@ -111,6 +162,7 @@ impl Table {
                 self.by_namespace.remove(&ns);
             }
         }
+        was
     }
 
     fn leave(&mut self, ns: &str, target: String, place: &Place, epoch: u64) {
@@ -134,17 +186,57 @@ impl Queue {
 }
 
 impl LeaseIndex {
-    /// Takes in one event of the lease watch (after the cache took it).
-    pub fn apply(&self, event: &Event<TargetLease>) {
+    /// Takes in one event of the lease watch (after the cache took it), and
+    /// says which Held publications it withdrew (see the [module
+    /// docs](self)): after a relist, every one the new list no longer has.
+    pub fn apply(&self, event: &Event<TargetLease>) -> Vec<Withdrawn> {
         let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         l.counter += 1;
         let epoch = l.counter;
+        let withdrew = |tl: &TargetLease, was: Option<Member>, now: Option<&Member>| {
+            was.filter(|was| withdrawn(was, now))
+                .map(|was| Withdrawn {
+                    namespace: tl.namespace().unwrap_or_default(),
+                    target: was.target,
+                    name: tl.name_any(),
+                })
+                .into_iter()
+                .collect()
+        };
         match event {
-            Event::Apply(tl) => l.live.insert(tl, epoch),
-            Event::Delete(tl) => l.live.remove(tl, epoch),
-            Event::Init => l.relist = Some(Table::default()),
-            Event::InitApply(tl) => l.relist.get_or_insert_default().insert(tl, epoch),
-            Event::InitDone => l.live = l.relist.take().unwrap_or_default(),
+            Event::Apply(tl) => {
+                let was = l.live.insert(tl, epoch);
+                let now = l
+                    .live
+                    .place
+                    .get(&(tl.namespace().unwrap_or_default(), tl.name_any()));
+                withdrew(tl, was, now)
+            }
+            Event::Delete(tl) => {
+                let was = l.live.remove(tl, epoch);
+                withdrew(tl, was, None)
+            }
+            Event::Init => {
+                l.relist = Some(Table::default());
+                Vec::new()
+            }
+            Event::InitApply(tl) => {
+                l.relist.get_or_insert_default().insert(tl, epoch);
+                Vec::new()
+            }
+            Event::InitDone => {
+                let relisted = l.relist.take().unwrap_or_default();
+                let old = std::mem::replace(&mut l.live, relisted);
+                old.place
+                    .into_iter()
+                    .filter(|(key, was)| withdrawn(was, l.live.place.get(key)))
+                    .map(|((namespace, name), was)| Withdrawn {
+                        namespace,
+                        target: was.target,
+                        name,
+                    })
+                    .collect()
+            }
         }
     }
 

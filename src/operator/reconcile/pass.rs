@@ -48,11 +48,6 @@ pub(super) struct Pass<'a> {
 /// acquire, with a reclaim in between, fit comfortably).
 const MAX_STEPS: usize = 8;
 
-/// When the TargetLeases a pass woke are woken again, after the first wake
-/// (see [`Pass::wake_waiters`]): past a watch's usual delay, and a loaded
-/// one's.
-const WAKE_AGAIN: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
-
 impl<'a> Pass<'a> {
     /// Starts a pass from `cached`, re-reading the object when the cache may be
     /// older than this process's own last write. `None`: the object is gone.
@@ -373,36 +368,21 @@ impl<'a> Pass<'a> {
     }
 
     /// Wakes the other TargetLeases on the same target (the queue may have
-    /// moved), at once and again at each [`WAKE_AGAIN`]: a waiter woken before
-    /// the cache shows the status this pass wrote (its echo triggers no
-    /// reconcile) plans from the old one, still Held, and would otherwise
-    /// wait for that status's published expiry.
+    /// moved). A waiter woken before the cache shows the status this pass
+    /// wrote plans from the old one; it is woken again when the cache takes
+    /// the new one (see [`super::index`]).
     pub(super) fn wake_waiters(&self) {
         let ns = self.tl.namespace().unwrap_or_default();
-        let others: Vec<ObjectRef<TargetLease>> = self
+        for other in self
             .ctx
             .lease_index
             .on_target(&self.ctx.leases, &ns, &self.tl.spec.target)
-            .iter()
-            .map(|other| ObjectRef::from_obj(&**other))
-            .filter(|other| *other != self.key)
-            .collect();
-        if others.is_empty() {
-            return;
-        }
-        for other in &others {
-            let _ = self.ctx.wake.unbounded_send(other.clone());
-        }
-        let wake = self.ctx.wake.clone();
-        let woken = tokio::time::Instant::now();
-        tokio::spawn(async move {
-            for after in WAKE_AGAIN {
-                tokio::time::sleep_until(woken + after).await;
-                for other in &others {
-                    let _ = wake.unbounded_send(other.clone());
-                }
+        {
+            let other = ObjectRef::from_obj(&*other);
+            if other != self.key {
+                let _ = self.ctx.wake.unbounded_send(other);
             }
-        });
+        }
     }
 
     /// When to look again, for a transition's [`Next`].

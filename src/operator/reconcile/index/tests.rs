@@ -31,9 +31,9 @@ impl Cache {
         }
     }
 
-    fn send(&mut self, event: Event<TargetLease>) {
+    fn send(&mut self, event: Event<TargetLease>) -> Vec<Withdrawn> {
         self.writer.apply_watcher_event(&event);
-        self.index.apply(&event);
+        self.index.apply(&event)
     }
 
     fn get(&self, name: &str) -> Arc<TargetLease> {
@@ -156,20 +156,8 @@ fn a_resync_of_one_target_costs_work_linear_in_its_members() {
 #[test]
 fn held_members_and_the_highest_token_are_read_from_the_target_only() {
     let mut c = Cache::new();
-    let held = |name: &str, target: &str, token: u64| {
-        let mut l = tl(name, target, 1);
-        l.status = Some(TargetLeaseStatus {
-            phase: Some(Phase::Held),
-            fencing_token: Some(token),
-            holder: Some(name.into()),
-            acquisition_id: Some("a".into()),
-            expires_at: Some(Time(Timestamp::from_second(100).unwrap())),
-            ..Default::default()
-        });
-        l
-    };
-    c.send(Event::Apply(held("a", "t", 3)));
-    c.send(Event::Apply(held("b", "u", 12)));
+    c.send(Event::Apply(held("a", "t", 3, 100)));
+    c.send(Event::Apply(held("b", "u", 12, 100)));
     c.send(Event::Apply(tl("c", "t", 2)));
     let p = c.index.published(&c.store, "ns", "t");
     assert_eq!(p.max_token, 3);
@@ -189,4 +177,61 @@ fn held_members_and_the_highest_token_are_read_from_the_target_only() {
     );
     assert_eq!(c.index.on_target(&c.store, "ns", "u").len(), 0);
     assert_eq!(c.index.in_namespace(&c.store, "ns").len(), 1);
+}
+
+/// `name` on `target`, its status publishing Held with `token`.
+fn held(name: &str, target: &str, token: u64, expires_s: i64) -> TargetLease {
+    let mut l = tl(name, target, 1);
+    l.status = Some(TargetLeaseStatus {
+        phase: Some(Phase::Held),
+        fencing_token: Some(token),
+        holder: Some(name.into()),
+        acquisition_id: Some("a".into()),
+        expires_at: Some(Time(Timestamp::from_second(expires_s).unwrap())),
+        ..Default::default()
+    });
+    l
+}
+
+#[test]
+fn a_member_that_stops_publishing_held_is_reported_whoever_wrote_it() {
+    let mut c = Cache::new();
+    let gone = |name: &str, target: &str| {
+        vec![Withdrawn {
+            namespace: "ns".into(),
+            target: target.into(),
+            name: name.into(),
+        }]
+    };
+    assert_eq!(c.send(Event::Apply(tl("x", "t", 1))), []);
+    assert_eq!(c.send(Event::Apply(tl("y", "t", 2))), []);
+    assert_eq!(c.send(Event::Apply(held("x", "t", 3, 100))), []);
+    assert_eq!(
+        c.send(Event::Apply(held("x", "t", 3, 160))),
+        [],
+        "a renewal"
+    );
+    // Released: Pending, or Held again under another token.
+    let mut pending = held("x", "t", 3, 160);
+    pending.status.as_mut().unwrap().phase = Some(Phase::Pending);
+    assert_eq!(c.send(Event::Apply(pending)), gone("x", "t"));
+    assert_eq!(c.send(Event::Apply(held("x", "t", 4, 200))), []);
+    assert_eq!(c.send(Event::Apply(held("x", "t", 5, 200))), gone("x", "t"));
+    // Moved to another target, still Held: the old target is free.
+    assert_eq!(c.send(Event::Apply(held("x", "u", 5, 200))), gone("x", "t"));
+    assert_eq!(
+        c.send(Event::Delete(held("x", "u", 5, 200))),
+        gone("x", "u")
+    );
+    assert_eq!(c.send(Event::Delete(tl("y", "t", 2))), [], "never Held");
+    // A relist that no longer has a Held member, or has it Pending.
+    c.send(Event::Apply(held("a", "t", 6, 300)));
+    c.send(Event::Apply(held("b", "v", 1, 300)));
+    c.send(Event::Apply(held("c", "w", 1, 300)));
+    assert_eq!(c.send(Event::Init), []);
+    assert_eq!(c.send(Event::InitApply(tl("b", "v", 1))), []);
+    assert_eq!(c.send(Event::InitApply(held("c", "w", 1, 360))), []);
+    let mut withdrawn = c.send(Event::InitDone);
+    withdrawn.sort_by(|l, r| l.name.cmp(&r.name));
+    assert_eq!(withdrawn, [gone("a", "t"), gone("b", "v")].concat());
 }
