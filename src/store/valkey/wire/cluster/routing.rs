@@ -343,10 +343,12 @@ impl Router {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .retain(|a, _| primaries.contains(a));
-                    self.suspects
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|a| primaries.contains(a) || self.seeds.contains(a));
+                    {
+                        let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+                        suspects.retain(|a| primaries.contains(a) || self.seeds.contains(a));
+                        self.any_suspects
+                            .store(!suspects.is_empty(), Ordering::Relaxed);
+                    }
                     *self.map.write().unwrap_or_else(|p| p.into_inner()) = map;
                     self.stale.store(false, Ordering::SeqCst);
                     return Ok(());
