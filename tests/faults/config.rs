@@ -12,7 +12,7 @@
 //! | `FAULTS_PARTS` | [`Config::parts`] | `docs/faults/runs` of this tree |
 //! | `FAULTS_KEEP_HISTORIES` | [`Config::keep_histories`] | 1 |
 //! | `FAULTS_REPORT` | [`Config::report`] | none |
-//! | `FAULTS_REPORT_NOTE` | [`Config::report_note`] | empty |
+//! | `FAULTS_REPORT_NOTE` | [`Config::report_note`] | `NOTE.md` in [`Config::parts`], else empty |
 //! | `FAULTS_DUMP` | [`Config::dump_all`] | off |
 //! | `FAULTS_DUMP_DIR` | [`Config::dump_dir`] | `faults/` in cargo's scratch directory |
 //! | `FAULTS_GDB` | [`Config::gdb`] | off |
@@ -28,6 +28,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// The page's note, in the records' directory (see [`Config::report_note`]).
+const NOTE: &str = "NOTE.md";
 /// The full long mode: runs and seconds per scenario.
 pub const FULL_RUNS: u64 = 10;
 pub const FULL_SECS: u64 = 300;
@@ -59,7 +61,9 @@ pub struct Config {
     pub keep_histories: usize,
     /// Write the page (docs/faults.md) to this path.
     pub report: Option<PathBuf>,
-    /// A line for the page's header.
+    /// A paragraph for the page's header: what the records are and what
+    /// they found, kept beside them (`NOTE.md`), so every render of the page
+    /// keeps it.
     pub report_note: String,
     /// Save every run's history, not only failed ones.
     pub dump_all: bool,
@@ -97,15 +101,21 @@ impl Config {
         };
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let repo = repo.canonicalize().unwrap_or(repo);
+        let parts =
+            var("FAULTS_PARTS").map_or_else(|| repo.join("docs/faults/runs"), PathBuf::from);
         Config {
             quick_secs: number("FAULTS_QUICK_SECS", 8),
             quick_at_once: number("FAULTS_QUICK_AT_ONCE", 3).max(1) as usize,
             runs: number("FAULTS_RUNS", FULL_RUNS),
             secs: number("FAULTS_SECS", FULL_SECS),
-            parts: var("FAULTS_PARTS").map_or_else(|| repo.join("docs/faults/runs"), PathBuf::from),
+            report_note: var("FAULTS_REPORT_NOTE").unwrap_or_else(|| {
+                std::fs::read_to_string(parts.join(NOTE))
+                    .map(|n| n.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .unwrap_or_default()
+            }),
+            parts,
             keep_histories: number("FAULTS_KEEP_HISTORIES", 1) as usize,
             report: var("FAULTS_REPORT").map(PathBuf::from),
-            report_note: var("FAULTS_REPORT_NOTE").unwrap_or_default(),
             dump_all: var("FAULTS_DUMP").is_some(),
             dump_dir: var("FAULTS_DUMP_DIR")
                 .map_or_else(|| built.scratch.join("faults"), PathBuf::from),
