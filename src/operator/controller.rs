@@ -170,22 +170,15 @@ pub async fn control(
         )
         .map_ok(lease_event),
     )
-    // A member that stops publishing Held wakes its target's others, once the
-    // cache shows it (see `LeaseIndex`): whoever wrote it, and even though the
-    // operator's own writes trigger no reconcile.
+    // A member that stops publishing Held or leaves the queue wakes its
+    // target's others, once the cache shows it (see `LeaseIndex`): whoever
+    // wrote it, and even though the operator's own writes trigger no
+    // reconcile.
     .inspect_ok({
         let index = lease_index.clone();
         let leases = leases.clone();
         let wake = wake_tx.clone();
-        move |event| {
-            for w in index.apply(event) {
-                for other in index.on_target(&leases, &w.namespace, &w.target) {
-                    if other.name_any() != w.name {
-                        let _ = wake.unbounded_send(ObjectRef::from_obj(&*other));
-                    }
-                }
-            }
-        }
+        move |event| index.wake_others(&leases, event, &wake)
     })
     .inspect_ok(caches.watching(Cache::Leases))
     .touched_objects()

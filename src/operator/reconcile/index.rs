@@ -16,10 +16,12 @@
 //! cache, so an index that runs a moment ahead or behind never makes a pass
 //! plan from anything but the cache.
 //!
-//! It also says when a member stops publishing its Held token (a release, a
-//! loss, a deletion, a move to another target, whoever wrote it):
-//! [`LeaseIndex::apply`] returns those [`Withdrawn`] publications, and the
-//! controller wakes the target's other members then. A waiter plans from the
+//! It also says when a target's queue may have moved: a member stopped
+//! publishing its Held token (another phase or token, whoever wrote it),
+//! left the queue (being deleted, or in error), or left the target (deleted,
+//! or missing from a relist). [`LeaseIndex::apply`] returns those
+//! [`Withdrawn`] members, and [`LeaseIndex::wake_others`] wakes the target's
+//! other members then. A waiter plans from the
 //! cache, so a waiter woken only by the pass that wrote the change may still
 //! see the old Held status and wait for its published expiry; woken when
 //! the cache took the change, it cannot.
@@ -58,24 +60,26 @@ struct Queue {
     published: Option<Arc<Published>>,
 }
 
-/// A member published Held and no longer does (or is gone, or moved to
-/// another target): its target's other members may go ahead.
+/// A member no longer publishes the Held it did, or left its target's
+/// queue or the target: the target's other members may go ahead.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Withdrawn {
     /// The member's namespace.
     pub namespace: String,
-    /// The target it published Held on.
+    /// The target it was on.
     pub target: String,
-    /// The member that withdrew its publication.
+    /// The member that withdrew (its Held, or itself).
     pub name: String,
 }
 
-/// Where a member is, and the token its status publishes as Held.
+/// Where a member is, the token its status publishes as Held, and whether
+/// it may be in the queue ([`queue::may_queue`]).
 #[derive(Clone, PartialEq, Eq)]
 struct Member {
     target: String,
     place: Place,
     held: Option<u64>,
+    queues: bool,
 }
 
 #[derive(Default)]
@@ -116,10 +120,15 @@ fn held_token(tl: &TargetLease) -> Option<u64> {
         .map(|s| s.fencing_token.unwrap_or(0))
 }
 
-/// Whether `was` published a Held that `now` (the same member, or `None`
-/// when it is gone) no longer publishes on the same target.
+/// Whether `now` (the same member, or `None` when it is gone) left the
+/// target or the queue `was` was in, or no longer publishes the Held `was`
+/// published.
 fn withdrawn(was: &Member, now: Option<&Member>) -> bool {
-    was.held.is_some() && now.is_none_or(|now| now.target != was.target || now.held != was.held)
+    now.is_none_or(|now| {
+        now.target != was.target
+            || (was.queues && !now.queues)
+            || (was.held.is_some() && now.held != was.held)
+    })
 }
 
 impl Table {
@@ -131,6 +140,7 @@ impl Table {
             target: tl.spec.target.clone(),
             place: place_of(tl),
             held: held_token(tl),
+            queues: queue::may_queue(tl),
         };
         let key = (ns.clone(), name.clone());
         let was = self.place.remove(&key);
@@ -187,8 +197,9 @@ impl Queue {
 
 impl LeaseIndex {
     /// Takes in one event of the lease watch (after the cache took it), and
-    /// says which Held publications it withdrew (see the [module
-    /// docs](self)): after a relist, every one the new list no longer has.
+    /// says which members it withdrew (see the [module docs](self)): after a
+    /// relist, every member the new list no longer has, and every Held it no
+    /// longer publishes.
     pub fn apply(&self, event: &Event<TargetLease>) -> Vec<Withdrawn> {
         let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         l.counter += 1;
@@ -236,6 +247,24 @@ impl LeaseIndex {
                         name,
                     })
                     .collect()
+            }
+        }
+    }
+
+    /// Takes in one event of the lease watch, as [`Self::apply`], and wakes
+    /// the other members of every target it withdrew a member from (through
+    /// `wake`, the controller's wake-up channel).
+    pub fn wake_others(
+        &self,
+        cache: &Store<TargetLease>,
+        event: &Event<TargetLease>,
+        wake: &futures::channel::mpsc::UnboundedSender<ObjectRef<TargetLease>>,
+    ) {
+        for w in self.apply(event) {
+            for other in self.on_target(cache, &w.namespace, &w.target) {
+                if other.name_any() != w.name {
+                    let _ = wake.unbounded_send(ObjectRef::from_obj(&*other));
+                }
             }
         }
     }

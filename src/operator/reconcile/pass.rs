@@ -369,8 +369,9 @@ impl<'a> Pass<'a> {
 
     /// Wakes the other TargetLeases on the same target (the queue may have
     /// moved). A waiter woken before the cache shows the status this pass
-    /// wrote plans from the old one; it is woken again when the cache takes
-    /// the new one (see [`super::index`]).
+    /// wrote plans from the old one; where that status withdrew Held or
+    /// left the queue, the waiter is woken again when the cache takes it
+    /// (see [`super::index`]).
     pub(super) fn wake_waiters(&self) {
         let ns = self.tl.namespace().unwrap_or_default();
         for other in self

@@ -36,6 +36,19 @@ impl Cache {
         self.index.apply(&event)
     }
 
+    /// Sends `event` the way the controller does; the names it woke.
+    fn wake(&mut self, event: Event<TargetLease>) -> Vec<String> {
+        let (tx, mut rx) = futures::channel::mpsc::unbounded();
+        self.writer.apply_watcher_event(&event);
+        self.index.wake_others(&self.store, &event, &tx);
+        drop(tx);
+        let mut woken = Vec::new();
+        while let Ok(key) = rx.try_recv() {
+            woken.push(key.name);
+        }
+        woken
+    }
+
     fn get(&self, name: &str) -> Arc<TargetLease> {
         self.store.get(&ObjectRef::new(name).within("ns")).unwrap()
     }
@@ -194,7 +207,7 @@ fn held(name: &str, target: &str, token: u64, expires_s: i64) -> TargetLease {
 }
 
 #[test]
-fn a_member_that_stops_publishing_held_is_reported_whoever_wrote_it() {
+fn a_member_that_stops_publishing_held_or_leaves_is_reported_whoever_wrote_it() {
     let mut c = Cache::new();
     let gone = |name: &str, target: &str| {
         vec![Withdrawn {
@@ -217,21 +230,57 @@ fn a_member_that_stops_publishing_held_is_reported_whoever_wrote_it() {
     assert_eq!(c.send(Event::Apply(pending)), gone("x", "t"));
     assert_eq!(c.send(Event::Apply(held("x", "t", 4, 200))), []);
     assert_eq!(c.send(Event::Apply(held("x", "t", 5, 200))), gone("x", "t"));
-    // Moved to another target, still Held: the old target is free.
+    // Seen on another target (the API refuses the edit; a delete and
+    // create under the same name between two relists looks the same).
     assert_eq!(c.send(Event::Apply(held("x", "u", 5, 200))), gone("x", "t"));
     assert_eq!(
         c.send(Event::Delete(held("x", "u", 5, 200))),
         gone("x", "u")
     );
-    assert_eq!(c.send(Event::Delete(tl("y", "t", 2))), [], "never Held");
-    // A relist that no longer has a Held member, or has it Pending.
+    // A member that never published Held leaving: the queue moved.
+    assert_eq!(c.send(Event::Delete(tl("y", "t", 2))), gone("y", "t"));
+    // A relist that no longer has a member, or has it no longer Held.
     c.send(Event::Apply(held("a", "t", 6, 300)));
     c.send(Event::Apply(held("b", "v", 1, 300)));
     c.send(Event::Apply(held("c", "w", 1, 300)));
+    c.send(Event::Apply(tl("d", "w", 2)));
+    c.send(Event::Apply(tl("e", "w", 3)));
     assert_eq!(c.send(Event::Init), []);
     assert_eq!(c.send(Event::InitApply(tl("b", "v", 1))), []);
     assert_eq!(c.send(Event::InitApply(held("c", "w", 1, 360))), []);
+    assert_eq!(c.send(Event::InitApply(tl("e", "w", 3))), []);
     let mut withdrawn = c.send(Event::InitDone);
     withdrawn.sort_by(|l, r| l.name.cmp(&r.name));
-    assert_eq!(withdrawn, [gone("a", "t"), gone("b", "v")].concat());
+    assert_eq!(
+        withdrawn,
+        [gone("a", "t"), gone("b", "v"), gone("d", "w")].concat()
+    );
+}
+
+#[test]
+fn the_others_on_the_target_are_woken_when_the_cache_takes_the_change() {
+    let mut c = Cache::new();
+    let with_phase = |mut l: TargetLease, phase: Phase| {
+        l.status.get_or_insert_default().phase = Some(phase);
+        l
+    };
+    for l in [tl("y", "t", 2), tl("z", "t", 3), tl("w", "u", 4)] {
+        assert!(c.wake(Event::Apply(l)).is_empty());
+    }
+    assert!(c.wake(Event::Apply(held("x", "t", 1, 100))).is_empty());
+    let pending = with_phase(held("x", "t", 1, 100), Phase::Pending);
+    assert_eq!(
+        c.wake(Event::Apply(pending)),
+        ["y", "z"],
+        "never x, never u's w"
+    );
+    // The head of the queue goes into error (it leaves the queue).
+    let error = with_phase(tl("y", "t", 2), Phase::Error);
+    assert_eq!(c.wake(Event::Apply(error.clone())), ["x", "z"]);
+    assert!(c.wake(Event::Apply(error)).is_empty(), "already out");
+    // Being deleted, then gone.
+    let mut deleting = tl("z", "t", 3);
+    deleting.metadata.deletion_timestamp = deleting.metadata.creation_timestamp.clone();
+    assert_eq!(c.wake(Event::Apply(deleting.clone())), ["x", "y"]);
+    assert_eq!(c.wake(Event::Delete(deleting)), ["x", "y"]);
 }
