@@ -109,9 +109,12 @@ impl Config {
             runs: number("FAULTS_RUNS", FULL_RUNS),
             secs: number("FAULTS_SECS", FULL_SECS),
             report_note: var("FAULTS_REPORT_NOTE").unwrap_or_else(|| {
-                std::fs::read_to_string(parts.join(NOTE))
-                    .map(|n| n.split_whitespace().collect::<Vec<_>>().join(" "))
-                    .unwrap_or_default()
+                let path = parts.join(NOTE);
+                match std::fs::read_to_string(&path) {
+                    Ok(n) => n.split_whitespace().collect::<Vec<_>>().join(" "),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                    Err(e) => panic!("the page's note {}: {e}", path.display()),
+                }
             }),
             parts,
             keep_histories: number("FAULTS_KEEP_HISTORIES", 1) as usize,
