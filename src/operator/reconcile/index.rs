@@ -53,10 +53,12 @@ pub struct Published {
 #[derive(Default)]
 struct Queue {
     /// In queue order. A sorted `Vec`: most targets have one member, which
-    /// costs one 48-byte slot here against a 544-byte B-tree node; an
-    /// insertion moves the members after it, a cost that matters only on
-    /// targets with thousands of members (a relist of 10,000 on one target
-    /// moves about 1.2 GB: 0.15 s more than a B-tree's, measured).
+    /// costs one 48-byte slot here against a 544-byte B-tree node (a target
+    /// that once had many keeps their room until it empties); an insertion
+    /// moves the members after it, a cost that matters only on targets with
+    /// thousands of members (a relist of 10,000 on one target in no
+    /// particular order moves about 1.2 GB: 0.15 s more than a B-tree's,
+    /// measured).
     members: Vec<Place>,
     /// Changes with every event of a member (from [`Leases::counter`]).
     epoch: u64,
