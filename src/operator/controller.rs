@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::utils::ResetTimerBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -22,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::admin::RuntimeStatus;
 use super::cache::{LIST_PAGE, WatchedLease, lease_event};
 use super::crd::TargetLease;
+use super::events::Recorder;
 use super::floor::{FloorPolicy, FloorStore};
 use super::leadership::Leadership;
 use super::lease_id::LeaseIdKey;
@@ -223,13 +223,7 @@ pub async fn control(
         selectors: selectors.clone(),
         slots: FairSlots::new(cfg.concurrency.into()),
         floors,
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "targetlease-operator".into(),
-                instance: Some(cfg.instance.clone()),
-            },
-        ),
+        recorder: Recorder::new(client.clone(), "targetlease-operator", Some(&cfg.instance)),
         lease_ids: cfg.lease_ids.clone(),
         wake: wake_tx,
         echoes,

@@ -16,6 +16,7 @@ pub mod config_error;
 pub mod controller;
 pub mod crd;
 pub mod election;
+pub mod events;
 pub mod floor;
 pub mod leadership;
 pub mod leading;

@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::operator::api_timeout::ApiTimedOut;
@@ -72,7 +71,7 @@ pub struct Context {
     /// Tokens of deleted leases.
     pub floors: FloorStore,
     /// Publishes Events.
-    pub recorder: Recorder,
+    pub recorder: crate::operator::events::Recorder,
     /// Derives lease ids from acquisition ids.
     pub lease_ids: LeaseIdKey,
     /// Wakes other TargetLeases (same target) when the queue may have moved.

@@ -22,8 +22,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::operator::events::Event;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use super::pass::Pass;
@@ -194,20 +194,15 @@ impl Pass<'_> {
             self.ctx.metrics.lease_lost();
         }
         let ev = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.as_str().into(),
+            warning: note.warning,
+            reason: note.reason.as_str(),
             action: transition::event_action(&note),
-            note: Some(note.message),
-            secondary: None,
+            note: note.message,
         };
         if let Err(e) = self
             .ctx
             .recorder
-            .publish(&ev, &self.tl.object_ref(&()))
+            .publish(ev, &self.tl.object_ref(&()))
             .await
         {
             tracing::debug!(error = %e, "cannot publish event");

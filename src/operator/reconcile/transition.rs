@@ -355,8 +355,9 @@ pub fn time_ms(ms: u64) -> Option<Time> {
         .map(Time)
 }
 
-/// The Event's action. kube's Recorder folds Events of one object that share
-/// type, reason and action into one series and keeps the first note, so two
+/// The Event's action. The recorder ([`crate::operator::events`]) folds
+/// Events of one object that share type, reason and action into one series
+/// and keeps the first note, so two
 /// grants (two holders, two tokens) would read `Acquired (x2)` with the
 /// first token. The action carries a digest of the note: only Events that
 /// say exactly the same thing fold.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kube::api::Api;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
+use targetlease::operator::events::Recorder;
 use targetlease::operator::floor::FloorStore;
 use targetlease::operator::leadership::Leadership;
 use targetlease::operator::reconcile::clock::ServerClock;
@@ -95,13 +95,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         selectors: Default::default(),
         slots: targetlease::operator::reconcile::slots::FairSlots::new(1),
         floors: FloorStore::new(client.clone(), &env.ns, "floors", floor_cache),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "sweep-test".into(),
-                instance: None,
-            },
-        ),
+        recorder: Recorder::new(client.clone(), "sweep-test", None),
         lease_ids: env.lease_id_key(),
         echoes: targetlease::operator::reconcile::echoes::Echoes::new(wake.clone()),
         wake,

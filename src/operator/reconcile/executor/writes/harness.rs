@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::operator::events::Recorder;
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -307,13 +307,7 @@ impl Harness {
             selectors: Default::default(),
             slots: crate::operator::reconcile::slots::FairSlots::new(1),
             floors: FloorStore::new(client.clone(), "floors", "floors", floor_cache),
-            recorder: Recorder::new(
-                client,
-                Reporter {
-                    controller: "writes-test".into(),
-                    instance: None,
-                },
-            ),
+            recorder: Recorder::new(client, "writes-test", None),
             lease_ids: crate::operator::lease_id::LeaseIdKey::random(),
             echoes: crate::operator::reconcile::echoes::Echoes::new(wake.clone()),
             wake,
