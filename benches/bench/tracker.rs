@@ -19,6 +19,7 @@ pub struct Seen {
     pub phase: Option<Phase>,
     pub holder: Option<String>,
     pub token: Option<u64>,
+    pub expires_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     pub resource_version: Option<String>,
 }
 
@@ -34,6 +35,10 @@ struct State {
     held: usize,
     /// Watch events that changed a lease (object modifications seen).
     changes: u64,
+    /// Watch events that only moved a `Held` lease's published expiry later
+    /// (same holder and token): the operator's scheduled republish of a
+    /// lease it holds, not work towards a new lease's `Held`.
+    republished: u64,
     /// Pods carrying the leader label.
     leaders: HashMap<String, bool>,
 }
@@ -48,8 +53,14 @@ impl State {
                 phase: st.phase,
                 holder: st.holder,
                 token: st.fencing_token,
+                expires_at: st.expires_at,
                 resource_version: tl.resource_version(),
             };
+            let old = self.leases.get(&tl.name_any());
+            if let Some(old) = old.filter(|o| o.held() && seen.held()) {
+                let same = old.holder == seen.holder && old.token == seen.token;
+                self.republished += (same && seen.expires_at > old.expires_at) as u64;
+            }
             self.held += seen.held() as usize;
             self.leases.insert(tl.name_any(), seen)
         };
@@ -125,6 +136,11 @@ impl Tracker {
 
     pub fn changes(&self) -> u64 {
         self.state.lock().unwrap().changes
+    }
+
+    /// Republishes seen so far (see `State::republished`).
+    pub fn republished(&self) -> u64 {
+        self.state.lock().unwrap().republished
     }
 
     pub fn get(&self, name: &str) -> Option<Seen> {

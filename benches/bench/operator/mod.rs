@@ -110,8 +110,12 @@ pub struct Scale {
     pub rss_hwm_kb: u64,
     pub rss_kb: u64,
     /// TargetLease API writes (all verbs, main resource and status) per lease
-    /// from the first create until all were Held, the creates excluded.
+    /// from the first create until all were Held, the creates and the
+    /// republishes excluded.
     pub writes_per_lease_to_held: f64,
+    /// Republishes in the same window: a lease already Held rewriting its
+    /// published expiry on its schedule (seen by the bench's watch).
+    pub republished: f64,
     /// Mean store call latency inside the operator, by operation (ms, count).
     pub store_calls: Vec<(String, f64, f64)>,
     /// Mean reconcile duration (ms) and reconciles.
