@@ -183,6 +183,16 @@ fn timed_out(e: &kube::Error) -> bool {
     caused_by::<ApiTimedOut>(e)
 }
 
+/// A TargetLease's key in the operator's own maps (what it remembers, what
+/// it keeps renewing): its namespace and name. `ObjectRef::from_obj` also
+/// carries the object's resourceVersion and UID, which lookups ignore but
+/// every map entry would keep, two more strings per TargetLease per map.
+pub fn key_of(tl: &TargetLease) -> ObjectRef<TargetLease> {
+    let mut key = ObjectRef::new(&kube::ResourceExt::name_any(tl));
+    key.namespace = kube::ResourceExt::namespace(tl);
+    key
+}
+
 impl Context {
     fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Carryover) -> T) -> T {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
@@ -264,7 +274,7 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
     // What is remembered is read here and dropped before the wait: the
     // waiting future keeps only the schedule.
     let scheduled = {
-        let m = ctx.remember(&ObjectRef::from_obj(&*tl), |m| {
+        let m = ctx.remember(&key_of(&tl), |m| {
             let recalled = m.clone();
             m.woken = false;
             recalled
@@ -328,7 +338,7 @@ async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Erro
     ctx.leadership.check()?;
     // (client required) the object as of the operator's own last write.
     let Some(mut pass) = pass::Pass::start(ctx, tl).await? else {
-        ctx.forget(&ObjectRef::from_obj(tl));
+        ctx.forget(&key_of(tl));
         return Ok(Action::await_change());
     };
     if pass.deleting() {
@@ -340,7 +350,7 @@ async fn reconcile_inner(tl: &TargetLease, ctx: &Context) -> Result<Action, Erro
 
 /// Backoff for failed reconciles: one per-object policy for API and store errors.
 pub fn error_policy(tl: Arc<TargetLease>, err: &Error, ctx: Arc<Context>) -> Action {
-    let key = ObjectRef::from_obj(&*tl);
+    let key = key_of(&tl);
     if let Error::Kube(e) = err {
         // The cache may not show what the server has: read the object first.
         ctx.remember(&key, |m| m.reread = true);

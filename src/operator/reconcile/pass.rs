@@ -57,7 +57,7 @@ impl<'a> Pass<'a> {
     ) -> Result<Option<Self>, Error> {
         let ns = cached.namespace().ok_or(Error::NoNamespace)?;
         let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-        let key = ObjectRef::from_obj(cached);
+        let key = super::key_of(cached);
         let term = ctx.keeper.term();
         let carried = ctx.recall(&key);
         let known = carried.known_version;

@@ -69,3 +69,20 @@ fn a_pod_or_a_wake_up_near_a_renewal_takes_a_slot_at_once() {
     };
     assert_eq!(scheduled_renewal(&tl, &stale, NOW_MS), None);
 }
+
+#[test]
+fn a_map_key_finds_what_the_full_reference_finds_without_its_version_and_uid() {
+    let mut tl = held();
+    tl.metadata.uid = Some("uid-1".into());
+    let full = ObjectRef::from_obj(&tl);
+    let key = key_of(&tl);
+    assert_eq!(key, full, "lookups treat them as one");
+    assert_eq!(key.namespace.as_deref(), Some("team"));
+    assert_eq!(key.name, "job");
+    assert!(full.extra.resource_version.is_some() && full.extra.uid.is_some());
+    assert_eq!(key.extra.resource_version, None);
+    assert_eq!(key.extra.uid, None);
+    let mut map = std::collections::HashMap::new();
+    map.insert(key, ());
+    assert!(map.contains_key(&full));
+}
