@@ -9,7 +9,7 @@
 //! heap at its peak. It also went through all of them on every Event to
 //! drop the old ones. This one keeps what a series needs (the Event's name
 //! and namespace, its count and when it was last seen: about 300 bytes with
-//! its key) and drops the old ones once a minute.
+//! its key) and drops the old ones at most once a minute, when it publishes.
 //!
 //! Events fold when they are about the same object (by UID) and share type,
 //! reason and action; the operator's actions carry a digest of the note
@@ -77,6 +77,15 @@ struct Recent {
 }
 
 impl Recent {
+    /// The Event `key` folds into at `now`, if one was seen within
+    /// [`SERIES_TTL`] (pruned or not): its namespace, name and next count.
+    fn folds_into(&self, key: &Key, now: Instant) -> Option<(Box<str>, Box<str>, i32)> {
+        self.series
+            .get(key)
+            .filter(|s| now.saturating_duration_since(s.seen) < SERIES_TTL)
+            .map(|s| (s.namespace.clone(), s.name.clone(), s.count + 1))
+    }
+
     /// Forgets the Events last seen more than [`SERIES_TTL`] ago, at most
     /// once per [`PRUNE_EVERY`].
     fn prune(&mut self, now: Instant) {
@@ -141,11 +150,7 @@ impl Recorder {
         let folded = {
             let mut recent = self.recent();
             recent.prune(now);
-            recent
-                .series
-                .get(&key)
-                .filter(|s| now.saturating_duration_since(s.seen) < SERIES_TTL)
-                .map(|s| (s.namespace.clone(), s.name.clone(), s.count + 1))
+            recent.folds_into(&key, now)
         };
         if let Some((namespace, name, count)) = folded {
             match self.fold(&namespace, &name, count).await {
@@ -283,6 +288,21 @@ mod tests {
         assert_eq!(r.series.len(), 1);
         r.prune(later + PRUNE_EVERY);
         assert!(r.series.is_empty());
+    }
+
+    #[test]
+    fn an_event_folds_only_within_the_ttl_of_when_it_was_last_seen() {
+        let start = Instant::now();
+        let mut r = Recent::default();
+        r.series.insert(key("a"), series(start));
+        let within = start + SERIES_TTL - Duration::from_secs(1);
+        assert_eq!(
+            r.folds_into(&key("a"), within),
+            Some(("ns".into(), "tl.1".into(), 2))
+        );
+        assert_eq!(r.folds_into(&key("b"), within), None, "another action");
+        // Too old, even before a prune drops it.
+        assert_eq!(r.folds_into(&key("a"), start + SERIES_TTL), None);
     }
 
     #[test]

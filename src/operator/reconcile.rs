@@ -196,7 +196,13 @@ pub fn key_of(tl: &TargetLease) -> ObjectRef<TargetLease> {
 impl Context {
     fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Carryover) -> T) -> T {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
-        f(all.entry(key.clone()).or_default())
+        if let Some(m) = all.get_mut(key) {
+            return f(m);
+        }
+        // A new entry keeps the key without its version and UID ([`key_of`]).
+        let mut bare = key.clone();
+        bare.extra = Default::default();
+        f(all.entry(bare).or_default())
     }
 
     fn recall(&self, key: &ObjectRef<TargetLease>) -> Carryover {

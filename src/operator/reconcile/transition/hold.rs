@@ -62,8 +62,13 @@ pub fn after_renew(
         (outcome, _) => {
             // expired / not_owner: Valkey no longer has this lease.
             d.t.status.acquisition_id = None;
+            // The token names the grant, so two grants lost are two Events.
+            let grant = status
+                .fencing_token
+                .map(|t| format!(" with fencing token {t}"))
+                .unwrap_or_default();
             let message = format!(
-                "the lease ended in the store ({outcome}): {}",
+                "the lease{grant} ended in the store ({outcome}): {}",
                 reply.message
             );
             d.not_held(Phase::Lost, Reason::LeaseLost, &message);
