@@ -125,11 +125,13 @@ async fn measure(
                 tracker.held_count()
             )
         });
-    let after = apiserver_metrics(&b.cp);
     // Leases Held early are republished (`leaseDuration - renewInterval`
     // after their acquisition) while later ones are still being acquired:
-    // writes of leases already Held, not towards a new lease's Held.
+    // writes of leases already Held, not towards a new lease's Held. Read
+    // before the API server's counters: a write the watch showed was counted
+    // there too, so any error makes the figure worse, never better.
     let republished = tracker.republished() as f64;
+    let after = apiserver_metrics(&b.cp);
     let (hwm, rss) = op.rss();
     eprintln!("bench: {n} Held; operator VmHWM {hwm} kB, VmRSS {rss} kB");
     let m = op.metrics();
