@@ -59,6 +59,21 @@ struct Entry {
     ours: Vec<String>,
 }
 
+impl Entry {
+    /// The event of `wrote[at]` came. The watch shows one object's versions
+    /// in order, so the events of the writes before it came before it or
+    /// never will (a relist shows only the latest): only that version is
+    /// kept of them, for a relist that shows it again. Without this, each
+    /// TargetLease kept its last [`RECENT`] versions for good, one more with
+    /// every republish of its status.
+    fn seen(&mut self, at: usize) {
+        self.wrote.drain(..at);
+        if self.wrote.capacity() > 2 * self.wrote.len().max(1) {
+            self.wrote.shrink_to_fit();
+        }
+    }
+}
+
 /// How many of an object's own write versions are recognised when their
 /// events come late (a reconcile writes a finalizer, a status and at
 /// deletion a withdrawal: a few writes, never many, before their events).
@@ -86,7 +101,8 @@ impl Echoes {
             return true;
         };
         let version = tl.resource_version().unwrap_or_default();
-        if e.wrote.contains(&version) {
+        if let Some(at) = e.wrote.iter().position(|v| *v == version) {
+            e.seen(at);
             return false;
         }
         if e.writing > 0 {

@@ -121,3 +121,32 @@ fn a_change_the_reply_of_a_write_already_shows_still_wakes() {
     b.wrote(Some("104".into()));
     assert!(woken(&mut rx).is_empty());
 }
+
+/// An echo that came lets go of the versions written before it (their
+/// events came first or never will), and keeps its own for a relist that
+/// shows it again.
+#[test]
+fn an_echo_that_came_keeps_only_its_own_version_of_the_writes_before_it() {
+    let (echoes, mut rx) = echoes();
+    let key = ObjectRef::from_obj(&at("1"));
+    for v in ["2", "3", "4"] {
+        echoes.writing(&key).wrote(Some(v.into()));
+    }
+    assert!(!echoes.triggers(&at("3")), "an echo, the one of 2 skipped");
+    let kept = |echoes: &Echoes| echoes.lock().get(&key_of(&key)).unwrap().wrote.clone();
+    assert_eq!(kept(&echoes), ["3", "4"]);
+    assert!(!echoes.triggers(&at("3")), "a relist showing it again");
+    assert!(
+        echoes.triggers(&at("2")),
+        "forgotten: older than an echo that came"
+    );
+    assert!(!echoes.triggers(&at("4")));
+    assert_eq!(kept(&echoes), ["4"]);
+    // A lease republished for hours keeps one version, not the last eight.
+    for v in 10..100 {
+        echoes.writing(&key).wrote(Some(v.to_string()));
+        assert!(!echoes.triggers(&at(&v.to_string())));
+    }
+    assert_eq!(kept(&echoes), ["99"]);
+    assert!(woken(&mut rx).is_empty());
+}
