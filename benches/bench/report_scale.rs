@@ -45,9 +45,19 @@ pub fn targets(scales: &[Scale]) -> Vec<Target> {
             why: if ok {
                 String::new()
             } else {
-                "writes beyond the finalizer and `Held`: conflicts retried, or a status written \
-                 twice (see the apiserver's counts)"
-                    .into()
+                let kinds: Vec<String> = s
+                    .write_kinds
+                    .iter()
+                    .map(|(what, n)| format!("{what} × {n:.0}"))
+                    .collect();
+                format!(
+                    "writes beyond the finalizer and `Held` ({:.0} of {:.0}): conflicts retried, \
+                     or a status written twice; the API server counted {} (republishes \
+                     included)",
+                    (writes - WRITES_PER_LEASE) * n as f64,
+                    writes * n as f64,
+                    kinds.join(", ")
+                )
             },
         });
         let per = s.reconciles / n as f64;

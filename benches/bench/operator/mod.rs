@@ -116,6 +116,9 @@ pub struct Scale {
     /// Republishes in the same window: a lease already Held rewriting its
     /// published expiry on its schedule (seen by the bench's watch).
     pub republished: f64,
+    /// The same writes (republishes included) by verb, subresource and
+    /// response code, the most first.
+    pub write_kinds: Vec<(String, f64)>,
     /// Mean store call latency inside the operator, by operation (ms, count).
     pub store_calls: Vec<(String, f64, f64)>,
     /// Mean reconcile duration (ms) and reconciles.

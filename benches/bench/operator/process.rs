@@ -226,6 +226,46 @@ pub(super) fn apiserver_metrics(cp: &ControlPlane) -> Metrics {
 
 pub(super) const WRITE_VERBS: [&str; 5] = ["APPLY", "PATCH", "UPDATE", "POST", "DELETE"];
 
+/// TargetLease writes by the operator (all but creates and deletes) between
+/// two scrapes, by verb, subresource and response code, the most first:
+/// where writes beyond the expected ones went.
+pub(super) fn tl_write_kinds(before: &Metrics, after: &Metrics) -> Vec<(String, f64)> {
+    let label = |l: &str, k: &str| {
+        l.split(',')
+            .find_map(|p| p.strip_prefix(&format!("{k}=\"")))
+            .map(|v| v.trim_end_matches('"').to_string())
+            .unwrap_or_default()
+    };
+    let mut kinds: std::collections::BTreeMap<String, f64> = Default::default();
+    for (m, sign) in [(after, 1.0), (before, -1.0)] {
+        for (n, l, v) in &m.0 {
+            let verb = label(l, "verb");
+            if n != "apiserver_request_total"
+                || label(l, "resource") != "targetleases"
+                || !WRITE_VERBS.contains(&verb.as_str())
+                || verb == "POST"
+                || verb == "DELETE"
+            {
+                continue;
+            }
+            let sub = label(l, "subresource");
+            let what = format!(
+                "{verb}{} {}",
+                if sub.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {sub}")
+                },
+                label(l, "code")
+            );
+            *kinds.entry(what).or_default() += sign * v;
+        }
+    }
+    let mut kinds: Vec<(String, f64)> = kinds.into_iter().filter(|(_, n)| *n > 0.0).collect();
+    kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+    kinds
+}
+
 /// TargetLease writes by the operator (status subresource, or all but creates).
 pub(super) fn tl_writes(m: &Metrics, status_only: bool) -> f64 {
     let mut total = 0.0;

@@ -7,7 +7,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use targetlease::operator::crd::TargetLease;
 
 use super::objects::{create_all, holder_lease};
-use super::process::{Operator, apiserver_metrics, store_call_means, tl_writes};
+use super::process::{Operator, apiserver_metrics, store_call_means, tl_write_kinds, tl_writes};
 use super::{Bench, Results, Scale};
 use crate::tracker::Tracker;
 
@@ -150,6 +150,7 @@ async fn measure(
             - republished)
             / n as f64,
         republished,
+        write_kinds: tl_write_kinds(&before, &after),
         store_calls: store_call_means(&m),
         reconcile_mean_ms: m.sum("targetlease_reconcile_duration_seconds_sum", &[]) * 1e3
             / reconciles.max(1.0),
