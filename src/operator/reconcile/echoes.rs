@@ -49,7 +49,8 @@ pub struct Echoes {
 struct Entry {
     /// Writes of the object in flight.
     writing: u32,
-    /// The resourceVersions the last acknowledged writes returned (at most
+    /// The resourceVersions acknowledged writes returned, in the order their
+    /// replies came, from the latest one whose event came on (at most
     /// [`RECENT`], the latest last).
     wrote: Vec<String>,
     /// The versions of the events held back while writes were in flight.
@@ -66,9 +67,17 @@ impl Entry {
     /// kept of them, for a relist that shows it again. Without this, each
     /// TargetLease kept its last [`RECENT`] versions for good, one more with
     /// every republish of its status.
+    ///
+    /// `wrote` is in the order the replies came. One object's writes are
+    /// sent one after another (a pass awaits each, and the controller runs
+    /// one reconcile of an object at a time), so that is the order of their
+    /// versions. Were two in flight at once and answered out of order, the
+    /// drain could drop the later one's version before its event came: one
+    /// more reconcile, never a change of someone else's missed (that is
+    /// decided by `held` and `ours`, which this leaves alone).
     fn seen(&mut self, at: usize) {
         self.wrote.drain(..at);
-        if self.wrote.capacity() > 2 * self.wrote.len().max(1) {
+        if self.wrote.capacity() > RECENT {
             self.wrote.shrink_to_fit();
         }
     }
@@ -139,6 +148,15 @@ impl Echoes {
             }
             if e.writing > 0 {
                 return;
+            }
+            // Held events of these writes' own came too (before their replies).
+            if let Some(at) = e
+                .held
+                .iter()
+                .filter_map(|v| e.wrote.iter().position(|w| w == v))
+                .max()
+            {
+                e.seen(at);
             }
             // Every held event must be one of these writes' own: a reply can
             // show someone else's change made meanwhile (a patch that is not
