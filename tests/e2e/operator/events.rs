@@ -9,20 +9,9 @@ use kube::api::ListParams;
 use super::*;
 
 async fn acquired_events(env: &OperatorEnv, lease: &str) -> Vec<Event> {
-    let events: kube::Api<Event> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let mut events = events_about(env, lease).await;
+    events.retain(|e| e.reason.as_deref() == Some("Acquired"));
     events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("Acquired"))
-        .filter(|e| {
-            e.regarding
-                .as_ref()
-                .is_some_and(|r| r.name.as_deref() == Some(lease))
-        })
-        .collect()
 }
 
 #[tokio::test]
