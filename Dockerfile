@@ -30,9 +30,15 @@ COPY tests/support ./tests/support
 COPY tests/faults ./tests/faults
 COPY src ./src
 COPY lua ./lua
+# jemalloc (the binary's allocator) fixes its page size when it is built: on
+# arm64, whose kernels use 4, 16 or 64 KiB pages, it is built for 64 KiB so
+# the image starts on any of them (jemalloc refuses a larger page than it was
+# built for).
+ARG TARGETARCH
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --bin targetlease \
+    if [ "$TARGETARCH" = arm64 ]; then export JEMALLOC_SYS_WITH_LG_PAGE=16; fi \
+ && cargo build --release --locked --bin targetlease \
  && install -D -m 0755 target/release/targetlease /out/targetlease
 
 # Runtime: distroless with glibc and CA certificates, no shell, no package

