@@ -79,6 +79,19 @@ fi
 
 # Build first, in the foreground: Ctrl-C stops cargo like any command.
 cargo bench --bench targetlease --no-run
+# The operator part's pods and heap steps also run the same source built with
+# the C library's malloc (without the default `jemalloc` feature): the heap
+# profile needs it (heaptrack sees no other allocator) and the memory step
+# compares the two.
+# In a target directory of its own, so that neither build undoes the other.
+unset BENCH_GLIBC_EXE
+steps="${BENCH_STEPS:-}"
+steps=",${steps// /},"
+if "$profiles" && [[ -z "${BENCH_STEPS:-}" || "$steps" == *,pods,* || "$steps" == *,heap,* ]]; then
+  glibc_target="${CARGO_TARGET_DIR:-$REPO/target}/glibc"
+  cargo build --release --no-default-features --bin targetlease --target-dir "$glibc_target"
+  export BENCH_GLIBC_EXE="$glibc_target/release/targetlease"
+fi
 
 # A private temp dir for the control plane, Valkey and operator files, so
 # nothing that tidies /tmp/targetlease-cp-* elsewhere can stop ours mid-run.

@@ -52,8 +52,9 @@ pub fn targets(scales: &[Scale]) -> Vec<Target> {
                     .collect();
                 format!(
                     "writes beyond the finalizer and `Held` ({:.0} of {:.0}): conflicts retried, \
-                     or a status written twice; the API server counted {} (republishes \
-                     included)",
+                     a status written twice, or republishes not taken off (written after the \
+                     version they are counted up to, or sooner than 55 s after the bench saw \
+                     the lease Held); the API server counted {} (republishes included)",
                     (writes - WRITES_PER_LEASE) * n as f64,
                     writes * n as f64,
                     kinds.join(", ")

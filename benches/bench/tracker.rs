@@ -48,7 +48,11 @@ struct State {
     /// first seen Held: the operator's scheduled republish of a lease it
     /// holds, not work towards a new lease's `Held`. A rewrite sooner than
     /// that is not counted here (it stays a write of the lease's way to Held).
-    republished: u64,
+    /// Each is kept as its resourceVersion (a number; one the API server
+    /// gave in another form counts as the newest there is).
+    republished: Vec<u64>,
+    /// The newest TargetLease resourceVersion the watch delivered.
+    newest_version: u64,
     /// Pods carrying the leader label.
     leaders: HashMap<String, bool>,
 }
@@ -68,6 +72,8 @@ impl State {
                 held_since: None,
             };
             let now = Instant::now();
+            let version = version_number(seen.resource_version.as_deref());
+            self.newest_version = self.newest_version.max(version);
             let same_grant = self.leases.get(&tl.name_any()).filter(|o| {
                 o.held() && seen.held() && o.holder == seen.holder && o.token == seen.token
             });
@@ -76,7 +82,9 @@ impl State {
                 Some(old) => {
                     let since = old.held_since.unwrap_or(now);
                     let due = now.saturating_duration_since(since) >= REPUBLISH_AFTER;
-                    self.republished += (due && seen.expires_at > old.expires_at) as u64;
+                    if due && seen.expires_at > old.expires_at {
+                        self.republished.push(version);
+                    }
                     Some(since)
                 }
                 None => seen.held().then_some(now),
@@ -100,6 +108,12 @@ impl State {
             self.leaders.insert(p.name_any(), leader);
         }
     }
+}
+
+/// A resourceVersion as a number (etcd's revision, which the API server
+/// hands out in order); anything else sorts after every number.
+pub fn version_number(v: Option<&str>) -> u64 {
+    v.and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
 }
 
 /// Applies every object version the watch on `api` delivers to the shared
@@ -158,9 +172,16 @@ impl Tracker {
         self.state.lock().unwrap().changes
     }
 
-    /// Republishes seen so far (see `State::republished`).
-    pub fn republished(&self) -> u64 {
-        self.state.lock().unwrap().republished
+    /// Republishes (see `State::republished`) seen so far whose
+    /// resourceVersion is at most `version`.
+    pub fn republished_upto(&self, version: u64) -> u64 {
+        let st = self.state.lock().unwrap();
+        st.republished.iter().filter(|v| **v <= version).count() as u64
+    }
+
+    /// The newest TargetLease resourceVersion the watch delivered.
+    pub fn newest_version(&self) -> u64 {
+        self.state.lock().unwrap().newest_version
     }
 
     pub fn get(&self, name: &str) -> Option<Seen> {

@@ -29,10 +29,19 @@ pub(super) async fn heap_profile(
     let heaptrack = crate::support::tools::tool("heaptrack");
     let wrapper = [heaptrack.as_os_str(), OsStr::new("-o"), out.as_os_str()];
     let started = Instant::now();
+    // heaptrack sees the C library's malloc only: the binary's own
+    // allocator (jemalloc) is linked in under names of its own, so the
+    // profile is of the same source built with `--no-default-features`
+    // (scripts/bench.sh builds it): the same live heap, allocated by glibc.
+    let glibc = super::glibc_exe();
+    if std::env::var_os("BENCH_OPERATOR_EXE").is_some() {
+        eprintln!("bench: the heap profile is of this tree's source, not of BENCH_OPERATOR_EXE");
+    }
     let how = How {
         watch: Some(ns),
         wrapper: &wrapper,
         concurrency: None,
+        exe: Some(&glibc),
     };
     let mut prof = Operator::start_watching(&b.cp, &b.valkey, ns, b.dir.path(), 300, &how);
     assert!(

@@ -18,6 +18,9 @@ pub(super) struct How<'a> {
     pub wrapper: &'a [&'a std::ffi::OsStr],
     /// Its `--concurrency` (the default when `None`).
     pub concurrency: Option<u16>,
+    /// Another binary than the run's operator (`BENCH_OPERATOR_EXE`, else
+    /// this build's).
+    pub exe: Option<&'a std::path::Path>,
 }
 
 /// One operator process with its admin port.
@@ -51,6 +54,7 @@ impl Operator {
             watch: Some(ns),
             wrapper: &[],
             concurrency,
+            exe: None,
         };
         Self::start_watching(cp, valkey, ns, dir, n, &how)
     }
@@ -68,13 +72,16 @@ impl Operator {
             watch,
             wrapper,
             concurrency,
+            exe,
         } = *how;
         let admin_port = free_port();
         let log =
             std::fs::File::create(dir.join(format!("operator-{floor_ns}-{n}.log"))).expect("log");
         // Another build of the operator, to compare two in one run.
-        let exe = std::env::var_os("BENCH_OPERATOR_EXE")
-            .unwrap_or_else(|| env!("CARGO_BIN_EXE_targetlease").into());
+        let exe = exe.map(|p| p.as_os_str().to_owned()).unwrap_or_else(|| {
+            std::env::var_os("BENCH_OPERATOR_EXE")
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_targetlease").into())
+        });
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
@@ -213,15 +220,20 @@ impl Metrics {
     }
 }
 
-/// The apiserver's own request counters.
-pub(super) fn apiserver_metrics(cp: &ControlPlane) -> Metrics {
-    let out = Command::new(crate::support::tools::tool("kubectl"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        .args(["get", "--raw", "/metrics"])
-        .output()
-        .expect("kubectl get --raw /metrics");
-    Metrics::parse(&String::from_utf8_lossy(&out.stdout))
+/// The API server's request counters, through the bench's own client:
+/// counted within a round trip of the call (a `kubectl` process would first
+/// start and shake hands while the operator's writes go on).
+pub(super) async fn apiserver_metrics(client: &kube::Client) -> Metrics {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("a GET request");
+    let text = client.request_text(req).await.expect("GET /metrics");
+    let m = Metrics::parse(&text);
+    assert!(
+        m.0.iter().any(|(n, _, _)| n == "apiserver_request_total"),
+        "the API server's metrics have no apiserver_request_total"
+    );
+    m
 }
 
 pub(super) const WRITE_VERBS: [&str; 5] = ["APPLY", "PATCH", "UPDATE", "POST", "DELETE"];

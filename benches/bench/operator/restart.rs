@@ -75,7 +75,7 @@ pub(super) async fn restart(
     let tokens_before = valkey_tokens(names.clone()).await;
     op.kill();
     let changes_before = tracker.changes();
-    let api_before = apiserver_metrics(&b.cp);
+    let api_before = apiserver_metrics(&b.client).await;
     let restarted = Instant::now();
     let op2 = Operator::start(&b.cp, &b.valkey, ns, b.dir.path(), 99);
     assert!(
@@ -93,7 +93,7 @@ pub(super) async fn restart(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let api_after = apiserver_metrics(&b.cp);
+    let api_after = apiserver_metrics(&b.client).await;
     let tokens_after = valkey_tokens(names).await;
     let seen_after = tracker.snapshot();
     results.restart = Some(Restart {

@@ -112,7 +112,7 @@ async fn measure(
     let objs: Vec<_> = (0..n)
         .map(|i| holder_lease(&format!("lease-{i:05}"), ns, &format!("worker-{i}")))
         .collect();
-    let before = apiserver_metrics(&b.cp);
+    let before = apiserver_metrics(&b.client).await;
     let first = Instant::now();
     let last_create = create_all(&api, objs, b.p.create_parallelism).await;
     let timeout = Duration::from_secs(120 + n as u64 / 20);
@@ -126,13 +126,31 @@ async fn measure(
             )
         });
     // Leases Held early are republished (`leaseDuration - renewInterval`
-    // after their acquisition) while later ones are still being acquired:
-    // writes of leases already Held, not towards a new lease's Held. Read
-    // before the API server's counters: a write the watch showed was counted
-    // there too, so any error makes the figure worse, never better.
-    let republished = tracker.republished() as f64;
-    let after = apiserver_metrics(&b.cp);
+    // after their acquisition, later when their renewals wait behind the
+    // acquisitions) while later ones are still being acquired: writes of
+    // leases already Held, not towards a new lease's Held. Only those up to
+    // a resourceVersion read before the API server's counters are taken
+    // off, and the counters are read a moment later (a write is counted
+    // once its reply is sent, after etcd gave it its version): each was
+    // counted there too, so any error makes the figure worse (the writes of
+    // that moment count), never better. The watch may deliver them after
+    // the counters are read (thousands of republishes can come in the last
+    // seconds): wait until it is past that version (for at most 10 s: when
+    // no write follows, nothing newer comes).
     let (hwm, rss) = op.rss();
+    let upto = newest_version(&api).await;
+    tokio::time::sleep(COUNTED_AFTER).await;
+    let after = apiserver_metrics(&b.client).await;
+    let caught_up = tracker
+        .wait(Duration::from_secs(10), |t| t.newest_version() >= upto)
+        .await
+        .is_some();
+    let republished = tracker.republished_upto(upto) as f64;
+    if !caught_up {
+        eprintln!(
+            "bench: the watch showed nothing past version {upto} in 10 s: republishes up to it counted as seen"
+        );
+    }
     eprintln!("bench: {n} Held; operator VmHWM {hwm} kB, VmRSS {rss} kB");
     let m = op.metrics();
     let reconciles = m.sum("targetlease_reconcile_duration_seconds_count", &[]);
@@ -157,4 +175,23 @@ async fn measure(
         reconciles,
     };
     (s, op, tracker)
+}
+
+/// How long after a write has its version the API server has, in practice,
+/// counted it (it counts a request once its reply is written); republishes
+/// written meanwhile count against the figure.
+const COUNTED_AFTER: Duration = Duration::from_millis(500);
+
+/// The newest resourceVersion of the API server (a list's), read by listing
+/// one TargetLease of the namespace. Republishes up to it are taken off the
+/// writes, so one that is not a number (none to compare) stops the bench.
+async fn newest_version(api: &Api<TargetLease>) -> u64 {
+    let list = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .expect("list the TargetLeases");
+    let version = list.metadata.resource_version.unwrap_or_default();
+    version
+        .parse()
+        .unwrap_or_else(|_| panic!("a list's resourceVersion {version:?} is not a number"))
 }

@@ -16,7 +16,7 @@ pub(super) async fn steady(
     // Steady state: API writes over the window, with a client-go-style Lease beside.
     eprintln!("bench: steady state for {:?}", b.p.steady);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let before = apiserver_metrics(&b.cp);
+    let before = apiserver_metrics(&b.client).await;
     let renews_before = renews(&op.metrics());
     let start = Instant::now();
     let baseline = tokio::spawn(renew_lease_every_2s(
@@ -25,7 +25,7 @@ pub(super) async fn steady(
         stop_rx,
     ));
     tokio::time::sleep(b.p.steady).await;
-    let after = apiserver_metrics(&b.cp);
+    let after = apiserver_metrics(&b.client).await;
     let window = start.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     // Counted by the client: the apiserver's own identity Lease also counts as a

@@ -21,14 +21,14 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// The pods' label naming one of `COMPONENTS` groups.
 const COMPONENT: &str = "app.kubernetes.io/component";
 const COMPONENTS: usize = 50;
-/// Other allocators tried on the same start: (name, environment).
-const ALLOCATORS: [(&str, &str); 2] = [
-    ("glibc malloc, MALLOC_ARENA_MAX=2", "MALLOC_ARENA_MAX=2"),
-    (
-        "jemalloc 5 (LD_PRELOAD, Debian libjemalloc2)",
-        "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
-    ),
-];
+/// The C library's malloc, as the memory table names it.
+pub const GLIBC: &str = "glibc malloc (the same source, `--no-default-features`)";
+/// The allocator (jemalloc, compiled in) tuned otherwise on the same start:
+/// (name, environment).
+const ALLOCATORS: [(&str, &str); 1] = [(
+    "jemalloc with one arena (`_RJEM_MALLOC_CONF=narenas:1`)",
+    "_RJEM_MALLOC_CONF=narenas:1",
+)];
 
 pub(super) async fn unrelated_pods(b: &Bench<'_>, n: usize, results: &mut Results) {
     let ns = b.cp.namespace("unrelated-pods").await;
@@ -47,18 +47,19 @@ pub(super) async fn unrelated_pods(b: &Bench<'_>, n: usize, results: &mut Result
         panic!("creating the unrelated pods: {e}");
     }
     let with_pods = operator_memory(b, &ns, 1).await;
-    // The same start under other allocators, measured rather than guessed.
-    let mut allocators = Vec::new();
+    // The same start with another allocator, measured rather than guessed:
+    // the C library's (the same source built without jemalloc), and
+    // jemalloc tuned otherwise.
+    let glibc = super::glibc_exe();
+    if std::env::var_os("BENCH_OPERATOR_EXE").is_some() {
+        eprintln!("bench: the glibc row is of this tree's source, not of BENCH_OPERATOR_EXE");
+    }
+    let mem = operator_memory_under(b, &ns, 2, &[], Some(&glibc)).await;
+    let mut allocators = vec![(GLIBC.to_string(), mem.0)];
     for (k, (name, env)) in ALLOCATORS.iter().enumerate() {
-        if let Some(lib) = env.strip_prefix("LD_PRELOAD=")
-            && !std::path::Path::new(lib).exists()
-        {
-            allocators.push((name.to_string(), None));
-            continue;
-        }
         let wrapper = [OsStr::new("env"), OsStr::new(env)];
-        let mem = operator_memory_under(b, &ns, 2 + k, &wrapper).await;
-        allocators.push((name.to_string(), Some(mem.0)));
+        let mem = operator_memory_under(b, &ns, 3 + k, &wrapper, None).await;
+        allocators.push((name.to_string(), mem.0));
     }
     results.unrelated_pods = Some(UnrelatedPods {
         pods: n,
@@ -85,7 +86,7 @@ pub(super) async fn unrelated_pods(b: &Bench<'_>, n: usize, results: &mut Result
 /// (VmHWM, VmRSS) in kB of an operator watching every namespace, once it is
 /// ready (every cache listed) and has had `SETTLE` to handle the events.
 async fn operator_memory(b: &Bench<'_>, ns: &str, k: usize) -> (u64, u64) {
-    operator_memory_under(b, ns, k, &[]).await
+    operator_memory_under(b, ns, k, &[], None).await
 }
 
 async fn operator_memory_under(
@@ -93,11 +94,13 @@ async fn operator_memory_under(
     ns: &str,
     k: usize,
     wrapper: &[&OsStr],
+    exe: Option<&std::path::Path>,
 ) -> (u64, u64) {
     let how = How {
         watch: None,
         wrapper,
         concurrency: None,
+        exe,
     };
     let mut op = Operator::start_watching(&b.cp, &b.valkey, ns, b.dir.path(), 100 + k, &how);
     assert!(
