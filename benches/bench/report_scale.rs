@@ -51,10 +51,10 @@ pub fn targets(scales: &[Scale]) -> Vec<Target> {
                     .map(|(what, n)| format!("{what} × {n:.0}"))
                     .collect();
                 format!(
-                    "writes beyond the finalizer and `Held` ({:.0} of {:.0}): conflicts retried, \
-                     a status written twice, or republishes not taken off (written after the \
-                     version they are counted up to, or sooner than 55 s after the bench saw \
-                     the lease Held); the API server counted {} (republishes included)",
+                    "writes beyond the finalizer and `Held` ({:.0} of {:.0}): conflicts retried or \
+                     a status written twice (a rewrite moving a `Held` lease's expiry less than \
+                     55 s later is counted here); the API server counted {} (republishes \
+                     included)",
                     (writes - WRITES_PER_LEASE) * n as f64,
                     writes * n as f64,
                     kinds.join(", ")

@@ -168,6 +168,24 @@ impl Operator {
         let _ = self.child.wait();
     }
 
+    /// Stops the operator (SIGSTOP): it sends nothing until [`Self::resume`].
+    pub(super) fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused operator go on (SIGCONT).
+    pub(super) fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let sent = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(sent, "kill {sig} to the operator failed");
+    }
+
     /// SIGTERM to the operator, then waits for the child (and a wrapper's
     /// own work after the operator exits).
     pub(super) fn stop(&mut self) {

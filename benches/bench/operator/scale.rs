@@ -9,7 +9,7 @@ use targetlease::operator::crd::TargetLease;
 use super::objects::{create_all, holder_lease};
 use super::process::{Operator, apiserver_metrics, store_call_means, tl_write_kinds, tl_writes};
 use super::{Bench, Results, Scale};
-use crate::tracker::Tracker;
+use crate::tracker::{Tracker, version_number};
 
 pub(super) async fn scale(b: &Bench<'_>, results: &mut Results) -> (String, Operator, Tracker) {
     let mut last: Option<(String, Operator, Tracker)> = None;
@@ -125,34 +125,32 @@ async fn measure(
                 tracker.held_count()
             )
         });
-    // Leases Held early are republished (`leaseDuration - renewInterval`
-    // after their acquisition, later when their renewals wait behind the
-    // acquisitions) while later ones are still being acquired: writes of
-    // leases already Held, not towards a new lease's Held. Only those up to
-    // a resourceVersion read before the API server's counters are taken
-    // off, and the counters are read a moment later (a write is counted
-    // once its reply is sent, after etcd gave it its version): each was
-    // counted there too, so any error makes the figure worse (the writes of
-    // that moment count), never better. The watch may deliver them after
-    // the counters are read (thousands of republishes can come in the last
-    // seconds): wait until it is past that version (for at most 10 s: when
-    // no write follows, nothing newer comes).
+    // The writes that brought every lease to Held, and nothing after: the
+    // operator is stopped (SIGSTOP) as soon as the last lease is seen Held,
+    // and the API server's counters are read once the writes it had in
+    // flight were answered (a write is counted once its reply is sent).
+    // Leases Held early were republished meanwhile (`leaseDuration -
+    // renewInterval` after their acquisition, later when their renewals
+    // waited behind the acquisitions): writes of leases already Held, not
+    // towards a new lease's Held, taken off. The watch has delivered every
+    // one of them once it delivers a write the bench makes after the
+    // counters were read (an annotation, itself not counted).
     let (hwm, rss) = op.rss();
-    let upto = newest_version(&api).await;
+    let m = op.metrics();
+    op.pause();
     tokio::time::sleep(COUNTED_AFTER).await;
     let after = apiserver_metrics(&b.client).await;
+    let mark = annotate(&api, "lease-00000").await;
     let caught_up = tracker
-        .wait(Duration::from_secs(10), |t| t.newest_version() >= upto)
-        .await
-        .is_some();
-    let republished = tracker.republished_upto(upto) as f64;
-    if !caught_up {
-        eprintln!(
-            "bench: the watch showed nothing past version {upto} in 10 s: republishes up to it counted as seen"
-        );
-    }
+        .wait(Duration::from_secs(30), |t| t.newest_version() >= mark)
+        .await;
+    assert!(
+        caught_up.is_some(),
+        "the watch did not deliver the bench's own write (version {mark}) in 30 s"
+    );
+    let republished = tracker.republished_upto(mark) as f64;
+    op.resume();
     eprintln!("bench: {n} Held; operator VmHWM {hwm} kB, VmRSS {rss} kB");
-    let m = op.metrics();
     let reconciles = m.sum("targetlease_reconcile_duration_seconds_count", &[]);
     let s = Scale {
         leases: n,
@@ -177,21 +175,20 @@ async fn measure(
     (s, op, tracker)
 }
 
-/// How long after a write has its version the API server has, in practice,
-/// counted it (it counts a request once its reply is written); republishes
-/// written meanwhile count against the figure.
+/// How long the API server is given to answer the writes a stopped operator
+/// had in flight before its counters are read.
 const COUNTED_AFTER: Duration = Duration::from_millis(500);
 
-/// The newest resourceVersion of the API server (a list's), read by listing
-/// one TargetLease of the namespace. Republishes up to it are taken off the
-/// writes, so one that is not a number (none to compare) stops the bench.
-async fn newest_version(api: &Api<TargetLease>) -> u64 {
-    let list = api
-        .list_metadata(&ListParams::default().limit(1))
+/// Writes an annotation on the TargetLease `name` and returns the version the
+/// write gave it: every TargetLease write before it has an older version.
+async fn annotate(api: &Api<TargetLease>, name: &str) -> u64 {
+    use kube::api::{Patch, PatchParams};
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { "bench.targetlease.dev/counted": "true" } }
+    });
+    let tl = api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .expect("list the TargetLeases");
-    let version = list.metadata.resource_version.unwrap_or_default();
-    version
-        .parse()
-        .unwrap_or_else(|_| panic!("a list's resourceVersion {version:?} is not a number"))
+        .expect("annotate a TargetLease");
+    version_number(tl.metadata.resource_version.as_deref())
 }
