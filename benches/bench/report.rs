@@ -175,12 +175,15 @@ fn operator_section(w: &mut String, o: &operator::Results) {
          The bench creates the TargetLeases through kube-rs (no client-side rate limit) with 64 \
          creates in flight and watches them until every one is `Held` with a token. API writes \
          are the kube-apiserver's own `apiserver_request_total` deltas up to that moment: the \
-         operator is stopped (SIGSTOP) as soon as the last lease is seen `Held`, the counters \
-         are read 500 ms later, and it goes on afterwards. Less the republishes: a lease `Held` \
+         operator is stopped (SIGSTOP) once the last lease is seen `Held` and its reconcile \
+         count stopped moving, the counters are read from 500 ms later until two reads agree, \
+         and it goes on 5 s before the next step. Less the republishes: a lease `Held` \
          early rewrites its published `expiresAt` once per `leaseDuration − renewInterval` \
          (60 s) while later ones are still being acquired, and those writes (counted by the \
          bench's watch: same holder and token, the published expiry moved at least 55 s later) \
-         are shown apart. Reconciles are counted when the last lease is seen `Held`.\n"
+         are shown apart; fewer than 2 writes per lease (the finalizer and `Held`) would be an \
+         accounting error, and the row says so. Reconciles are counted when their count stopped \
+         moving after the last lease was seen `Held`.\n"
     );
     let _ = writeln!(
         w,

@@ -55,6 +55,10 @@ struct State {
     /// Each is kept as its resourceVersion (a number; one the API server
     /// gave in another form counts as the newest there is).
     republished: Vec<u64>,
+    /// The same by the rule the bench used before: a rewrite moving the
+    /// expiry later at least [`REPUBLISH_MOVES`] after the bench first saw the
+    /// lease Held (kept to compare the two rules in one run).
+    republished_by_age: Vec<u64>,
     /// The newest TargetLease resourceVersion the watch delivered.
     newest_version: u64,
     /// Pods carrying the leader label.
@@ -84,10 +88,15 @@ impl State {
             let mut seen = seen;
             seen.held_since = match same_grant {
                 Some(old) => {
-                    if moved_ms(old, &seen) >= REPUBLISH_MOVES.as_millis() as i64 {
+                    let moved = moved_ms(old, &seen);
+                    if moved >= REPUBLISH_MOVES.as_millis() as i64 {
                         self.republished.push(version);
                     }
-                    Some(old.held_since.unwrap_or(now))
+                    let since = old.held_since.unwrap_or(now);
+                    if moved > 0 && now.saturating_duration_since(since) >= REPUBLISH_MOVES {
+                        self.republished_by_age.push(version);
+                    }
+                    Some(since)
                 }
                 None => seen.held().then_some(now),
             };
@@ -190,6 +199,15 @@ impl Tracker {
         st.republished.iter().filter(|v| **v <= version).count() as u64
     }
 
+    /// The same by the bench's earlier rule (see `State::republished_by_age`).
+    pub fn republished_by_age_upto(&self, version: u64) -> u64 {
+        let st = self.state.lock().unwrap();
+        st.republished_by_age
+            .iter()
+            .filter(|v| **v <= version)
+            .count() as u64
+    }
+
     /// The newest TargetLease resourceVersion the watch delivered.
     pub fn newest_version(&self) -> u64 {
         self.state.lock().unwrap().newest_version
@@ -234,4 +252,3 @@ impl Tracker {
         }
     }
 }
-

@@ -7,9 +7,11 @@ use kube::api::{Api, DeleteParams, ListParams};
 use targetlease::operator::crd::TargetLease;
 
 use super::objects::{create_all, holder_lease};
-use super::process::{Operator, apiserver_metrics, store_call_means, tl_write_kinds, tl_writes};
+use super::process::{
+    Metrics, Operator, apiserver_metrics, store_call_means, tl_write_kinds, tl_writes,
+};
 use super::{Bench, Results, Scale};
-use crate::tracker::{Tracker, version_number};
+use crate::tracker::Tracker;
 
 pub(super) async fn scale(b: &Bench<'_>, results: &mut Results) -> (String, Operator, Tracker) {
     let mut last: Option<(String, Operator, Tracker)> = None;
@@ -125,21 +127,24 @@ async fn measure(
                 tracker.held_count()
             )
         });
-    // The writes that brought every lease to Held, and nothing after: the
-    // operator is stopped (SIGSTOP) as soon as the last lease is seen Held,
-    // and the API server's counters are read once the writes it had in
-    // flight were answered (a write is counted once its reply is sent).
-    // Leases Held early were republished meanwhile (`leaseDuration -
-    // renewInterval` after their acquisition, later when their renewals
-    // waited behind the acquisitions): writes of leases already Held, not
-    // towards a new lease's Held, taken off. The watch has delivered every
-    // one of them once it delivers a write the bench makes after the
-    // counters were read (an annotation, itself not counted).
+    // The reconciles that brought them there may still be ending (their
+    // status write is seen before they return): counted once the count
+    // stops moving.
+    let m = settled_metrics(&op).await;
     let (hwm, rss) = op.rss();
-    let m = op.metrics();
+    // The writes that brought every lease to Held, and nothing after: the
+    // operator is stopped (SIGSTOP), and the API server's counters are read
+    // once the writes it had in flight were answered (a write is counted
+    // once its reply is sent): when two reads agree. Leases Held early were
+    // republished meanwhile (`leaseDuration - renewInterval` after their
+    // acquisition, later when their renewals waited behind the
+    // acquisitions): writes of leases already Held, not towards a new
+    // lease's Held, taken off. The watch has delivered every one of them
+    // once it delivers a write the bench makes after the counters were read
+    // (an annotation, itself not counted).
     op.pause();
     tokio::time::sleep(COUNTED_AFTER).await;
-    let after = apiserver_metrics(&b.client).await;
+    let after = settled_counters(&b.client).await;
     let mark = annotate(&api, "lease-00000").await;
     let caught_up = tracker
         .wait(Duration::from_secs(30), |t| t.newest_version() >= mark)
@@ -149,7 +154,16 @@ async fn measure(
         "the watch did not deliver the bench's own write (version {mark}) in 30 s"
     );
     let republished = tracker.republished_upto(mark) as f64;
+    let counted = tl_writes(&after, false) - tl_writes(&before, false);
+    eprintln!(
+        "bench: {n} leases: {counted:.0} TargetLease writes counted, {republished:.0} republishes \
+         taken off ({} by the earlier rule: 55 s after the bench saw the lease Held)",
+        tracker.republished_by_age_upto(mark)
+    );
     op.resume();
+    // Renewals that fell due while it was stopped run at once: not in the
+    // next step's window.
+    tokio::time::sleep(SETTLE).await;
     eprintln!("bench: {n} Held; operator VmHWM {hwm} kB, VmRSS {rss} kB");
     let reconciles = m.sum("targetlease_reconcile_duration_seconds_count", &[]);
     let s = Scale {
@@ -161,10 +175,7 @@ async fn measure(
         first_create_to_all_held_secs: (all_held - first).as_secs_f64(),
         rss_hwm_kb: hwm,
         rss_kb: rss,
-        writes_per_lease_to_held: (tl_writes(&after, false)
-            - tl_writes(&before, false)
-            - republished)
-            / n as f64,
+        writes_per_lease_to_held: (counted - republished) / n as f64,
         republished,
         write_kinds: tl_write_kinds(&before, &after),
         store_calls: store_call_means(&m),
@@ -179,6 +190,41 @@ async fn measure(
 /// had in flight before its counters are read.
 const COUNTED_AFTER: Duration = Duration::from_millis(500);
 
+/// How long the operator is left to catch up after a pause before the next
+/// step measures anything.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// The operator's metrics once its reconcile count stopped moving (two reads
+/// 200 ms apart agree; at most 5 s).
+async fn settled_metrics(op: &Operator) -> Metrics {
+    let count = |m: &Metrics| m.sum("targetlease_reconcile_duration_seconds_count", &[]);
+    let mut m = op.metrics();
+    for _ in 0..25 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let next = op.metrics();
+        if count(&next) == count(&m) {
+            return next;
+        }
+        m = next;
+    }
+    m
+}
+
+/// The API server's counters once two reads 250 ms apart agree on the
+/// TargetLease writes (at most 20 reads).
+async fn settled_counters(client: &kube::Client) -> Metrics {
+    let mut m = apiserver_metrics(client).await;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let next = apiserver_metrics(client).await;
+        if tl_writes(&next, false) == tl_writes(&m, false) {
+            return next;
+        }
+        m = next;
+    }
+    panic!("the API server's TargetLease write counters kept moving with the operator stopped")
+}
+
 /// Writes an annotation on the TargetLease `name` and returns the version the
 /// write gave it: every TargetLease write before it has an older version.
 async fn annotate(api: &Api<TargetLease>, name: &str) -> u64 {
@@ -186,9 +232,24 @@ async fn annotate(api: &Api<TargetLease>, name: &str) -> u64 {
     let patch = serde_json::json!({
         "metadata": { "annotations": { "bench.targetlease.dev/counted": "true" } }
     });
-    let tl = api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotate a TargetLease");
-    version_number(tl.metadata.resource_version.as_deref())
+    // A connection the API server closed while idle can fail the request
+    // (an incomplete message): ask again.
+    let mut tries = 0;
+    let tl = loop {
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(tl) => break tl,
+            Err(e) => {
+                tries += 1;
+                assert!(tries < 5, "annotate the TargetLease {name}: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let version = tl.metadata.resource_version.unwrap_or_default();
+    version
+        .parse()
+        .unwrap_or_else(|_| panic!("a write's resourceVersion {version:?} is not a number"))
 }
