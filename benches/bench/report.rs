@@ -176,8 +176,9 @@ fn operator_section(w: &mut String, o: &operator::Results) {
          creates in flight and watches them until every one is `Held` with a token. API writes \
          are the kube-apiserver's own `apiserver_request_total` deltas up to that moment: the \
          operator is stopped (SIGSTOP) once the last lease is seen `Held` and its reconcile \
-         count stopped moving, the counters are read from 500 ms later until two reads agree, \
-         and it goes on 5 s before the next step. Less the republishes: a lease `Held` \
+         count stopped moving, the counters are read from 500 ms later until two reads agree \
+         and once more after the bench's own write (an annotation, taken off) has reached its \
+         watch, and it goes on 5 s before the next step. Less the republishes: a lease `Held` \
          early rewrites its published `expiresAt` once per `leaseDuration − renewInterval` \
          (60 s) while later ones are still being acquired, and those writes (counted by the \
          bench's watch: same holder and token, the published expiry moved at least 55 s later) \

@@ -80,12 +80,6 @@ pub fn targets(scales: &[Scale]) -> Vec<Target> {
             met: ok,
             why: if ok {
                 String::new()
-            } else if undercounted {
-                format!(
-                    "below the finalizer and `Held` every new lease needs: the accounting took \
-                     off {:.0} writes the API server's counters had not counted",
-                    (WRITES_PER_LEASE - writes) * n as f64
-                )
             } else {
                 "reconciles beyond one per lease: woken by the operator's own writes, or \
                  renewals taken before they were due"
