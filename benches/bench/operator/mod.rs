@@ -108,6 +108,9 @@ pub struct Scale {
     pub create_secs: f64,
     pub last_create_to_all_held_secs: f64,
     pub first_create_to_all_held_secs: f64,
+    /// From the first create until the operator was stopped to count its
+    /// writes (a little after all were Held).
+    pub counted_secs: f64,
     pub rss_hwm_kb: u64,
     pub rss_kb: u64,
     /// TargetLease API writes (all verbs, main resource and status) per lease
@@ -115,11 +118,15 @@ pub struct Scale {
     /// republishes excluded.
     pub writes_per_lease_to_held: f64,
     /// Republishes in the same window: a lease already Held rewriting its
-    /// published expiry on its schedule (seen by the bench's watch).
-    pub republished: f64,
+    /// published expiry later, after Valkey renewed it (seen by the bench's
+    /// watch), by how far they moved it; all but the doubled ones are taken
+    /// off `writes_per_lease_to_held`.
+    pub republished: crate::tracker::Republishes,
     /// The same writes (republishes included) by verb, subresource and
     /// response code, the most first.
     pub write_kinds: Vec<(String, f64)>,
+    /// The API server's mean time over those writes (ms).
+    pub api_write_ms: Option<f64>,
     /// Mean store call latency inside the operator, by operation (ms, count).
     pub store_calls: Vec<(String, f64, f64)>,
     /// Mean reconcile duration (ms) and reconciles.

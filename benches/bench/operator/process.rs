@@ -322,6 +322,23 @@ pub(super) fn tl_writes(m: &Metrics, status_only: bool) -> f64 {
     total
 }
 
+/// The mean time the API server took over the operator's TargetLease
+/// writes (all but creates and deletes) between two scrapes, in
+/// milliseconds (`apiserver_request_duration_seconds`); `None` with none.
+pub(super) fn tl_write_ms(before: &Metrics, after: &Metrics) -> Option<f64> {
+    let (mut secs, mut count) = (0.0, 0.0);
+    for verb in WRITE_VERBS {
+        if verb == "POST" || verb == "DELETE" {
+            continue;
+        }
+        let labels = [("resource", "targetleases"), ("verb", verb)];
+        let delta = |name: &str| after.sum(name, &labels) - before.sum(name, &labels);
+        secs += delta("apiserver_request_duration_seconds_sum");
+        count += delta("apiserver_request_duration_seconds_count");
+    }
+    (count > 0.0).then(|| secs * 1e3 / count)
+}
+
 pub(super) fn store_call_means(m: &Metrics) -> Vec<(String, f64, f64)> {
     let mut ops: Vec<String> =
         m.0.iter()
