@@ -154,16 +154,20 @@ impl State {
             if let Some(old) = same_grant {
                 seen.republished_at = old.republished_at;
                 let moved_ms = moved_ms(old, &seen);
-                if moved_ms > 0 && change == Change::Applied {
+                if moved_ms > 0 {
                     let now = Instant::now();
-                    let doubled = old
-                        .republished_at
-                        .is_some_and(|at| now.saturating_duration_since(at) < ONE_RENEWAL);
-                    self.republished.push(Republish {
-                        version,
-                        moved_ms,
-                        doubled,
-                    });
+                    // Seen only in a relist: not taken off, yet a republish
+                    // right after it is one too many all the same.
+                    if change == Change::Applied {
+                        let doubled = old
+                            .republished_at
+                            .is_some_and(|at| now.saturating_duration_since(at) < ONE_RENEWAL);
+                        self.republished.push(Republish {
+                            version,
+                            moved_ms,
+                            doubled,
+                        });
+                    }
                     seen.republished_at = Some(now);
                 }
             }

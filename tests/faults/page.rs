@@ -89,7 +89,8 @@ impl Row {
     }
 }
 
-/// Sums the figures of several runs.
+/// Sums the figures of several runs (a longest figure is the longest of
+/// any run).
 pub fn total(runs: &[Figures]) -> Figures {
     let mut t = Figures::default();
     for f in runs {
@@ -107,7 +108,12 @@ pub fn total(runs: &[Figures]) -> Figures {
             *t.violations.entry(*k).or_default() += v;
         }
         for (k, v) in &f.effects {
-            *t.effects.entry(k.clone()).or_default() += v;
+            let e = t.effects.entry(k.clone()).or_default();
+            *e = if crate::report::is_maximum(k) {
+                (*e).max(*v)
+            } else {
+                *e + v
+            };
         }
         t.recovery_ms.extend(&f.recovery_ms);
         t.unrecovered += f.unrecovered;
@@ -353,4 +359,29 @@ fn contrasts(rows: &[Row]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts add up over runs; a longest figure is the longest run's.
+    #[test]
+    fn runs_add_counts_and_keep_the_longest() {
+        let run = |lingered: u64, busy: u64| {
+            let mut f = Figures::default();
+            f.effects.insert(
+                "longest a lease was seen past its deadline (ms)".into(),
+                lingered,
+            );
+            f.effects.insert("BUSY answers".into(), busy);
+            f
+        };
+        let t = total(&[run(5694, 2), run(3100, 3)]);
+        assert_eq!(
+            t.effects["longest a lease was seen past its deadline (ms)"],
+            5694
+        );
+        assert_eq!(t.effects["BUSY answers"], 5);
+    }
 }

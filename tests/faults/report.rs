@@ -135,6 +135,12 @@ fn shown(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
 /// change restarting the TTL).
 const LINGERED: &str = "longest a lease was seen past its deadline (ms)";
 
+/// Whether the effect `name` is a run's maximum (several runs' figures are
+/// then their maximum, not their sum, as the other effects are counts).
+pub fn is_maximum(name: &str) -> bool {
+    name == LINGERED
+}
+
 fn lingered(h: &crate::history::History) -> u64 {
     h.sightings
         .iter()
