@@ -150,20 +150,15 @@ case "$mode" in
       fi
       unset "running[$pid]"
     }
-    # Only runs the current checker judged count: a record of an older
-    # version is not evidence for the current rules (records without a
-    # version were judged by v1).
+    # Only runs that count as judged by the current checker are evidence
+    # for its rules: the harness says which (a record of an older version
+    # counts only where the rules it was judged by are the same).
     checker="$("$exe" checker)"
     [[ "$checker" =~ ^[0-9]+$ ]] || { echo "faults fill: no checker version from $exe" >&2; exit 1; }
-    recorded() {
-      [ -f "$1" ] || { echo 0; return; }
-      # Lines that do not parse (a torn last line) are not runs.
-      "$JQ" -R --argjson s "$secs" --argjson c "$checker" \
-        'fromjson? | select(.secs == $s and (.checker // 1) == $c) | 1' "$1" | wc -l
-    }
     names="$("$exe" list "$@")"
     for name in $names; do
-      have="$(recorded "$parts/$name.jsonl")"
+      have="$("$exe" recorded "$secs" "$name")"
+      [[ "$have" =~ ^[0-9]+$ ]] || { echo "faults fill: cannot count the runs of $name" >&2; exit 1; }
       missing=$((runs - have))
       if [ "$missing" -le 0 ]; then
         echo "faults fill: $name has $have run(s) of ${secs}s by checker v$checker"

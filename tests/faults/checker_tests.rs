@@ -263,3 +263,28 @@ fn a_slow_disk_takes_its_time_over_each_fsync_of_an_append_only_file() {
     let other = timed(&dir.path().join("other"));
     assert!(other < powerloss::SLOW_FSYNC, "{other:?}");
 }
+
+/// Which records of an older checker count as judged by the current one:
+/// those whose rules did not change for their store, or in which the older
+/// checker found nothing the newer one could find more of.
+#[test]
+fn an_older_record_counts_only_where_the_rules_are_the_same_or_it_found_nothing() {
+    use history::Dating::{ClientBeforeSend, Store};
+    assert_eq!(check::CHECKER, 7);
+    assert_eq!(check::counts_as(6, Store, 3), 7);
+    assert_eq!(check::counts_as(6, ClientBeforeSend, 0), 7);
+    assert_eq!(check::counts_as(6, ClientBeforeSend, 1), 6);
+    assert_eq!(check::counts_as(5, Store, 0), 5);
+    assert_eq!(check::counts_as(7, ClientBeforeSend, 2), 7);
+    let dating = |name: &str| {
+        crate::scenarios::all()
+            .into_iter()
+            .find(|s| s.name == name)
+            .map(|s| s.backend.dating())
+    };
+    assert_eq!(dating("etcd-baseline"), Some(ClientBeforeSend));
+    assert_eq!(dating("etcd-operator-kill"), Some(ClientBeforeSend));
+    // The API server's etcd compacted under an operator on Valkey.
+    assert_eq!(dating("etcd-compaction"), Some(Store));
+    assert_eq!(dating("baseline"), Some(Store));
+}

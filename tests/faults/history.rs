@@ -6,7 +6,9 @@
 //!
 //! Plain data: the checker (`check/`) is a pure function of it. Local times
 //! are wall-clock Unix milliseconds (worker processes report in the same
-//! clock); lease times are Valkey server milliseconds, as the store reports.
+//! clock); lease times are the store's milliseconds as it reports them:
+//! Valkey's own clock, or for a store without one (etcd) the client's clock
+//! sampled before the call was sent ([`Dating`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -227,9 +229,41 @@ pub struct CommitState {
     pub write_id: String,
 }
 
+/// What a store's reported times (`server_ms`, a lease's expiry) are read
+/// from, which decides what a look proves about time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dating {
+    /// The store's clock when it applied the call (Valkey's `TIME` inside
+    /// the script): the call took effect at `server_ms`.
+    #[default]
+    Store,
+    /// The client's clock sampled before the call was sent (etcd has no
+    /// clock in its replies): the call took effect somewhere between
+    /// `server_ms` and its reply, so it is known to have happened by the
+    /// reply, not by `server_ms`.
+    ClientBeforeSend,
+}
+
+impl Dating {
+    /// The latest moment, on the clock lease times are read from, at which
+    /// a call dated `server_ms` and answered at `complete_ms` (local clock)
+    /// can have taken effect.
+    pub fn latest(self, server_ms: u64, complete_ms: u64) -> u64 {
+        match self {
+            Dating::Store => server_ms,
+            Dating::ClientBeforeSend => server_ms.max(complete_ms),
+        }
+    }
+}
+
 /// Everything recorded, in arrival order.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct History {
+    /// What the store's times are read from (histories kept before it was
+    /// recorded are dated by their scenario when re-judged).
+    #[serde(default)]
+    pub dating: Dating,
     pub ops: Vec<OpRecord>,
     pub writes: Vec<WriteRecord>,
     pub sightings: Vec<Sighting>,
@@ -274,6 +308,14 @@ pub enum Event {
 pub struct Recorder(Arc<Mutex<History>>);
 
 impl Recorder {
+    /// An empty recorder for a store whose times are read as `dating` says.
+    pub fn dated(dating: Dating) -> Recorder {
+        Recorder(Arc::new(Mutex::new(History {
+            dating,
+            ..History::default()
+        })))
+    }
+
     fn with<R>(&self, f: impl FnOnce(&mut History) -> R) -> R {
         f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }

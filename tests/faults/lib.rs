@@ -82,6 +82,17 @@ pub fn main(args: &[String], config: Config) -> ExitCode {
             println!("{}", check::CHECKER);
             return ExitCode::SUCCESS;
         }
+        Some("recorded") => {
+            // `recorded SECS NAME`: how many runs of that length count as
+            // judged by the current checker.
+            let secs: u64 = args[1].parse().expect("recorded SECS NAME");
+            let s = scenarios::all()
+                .into_iter()
+                .find(|s| s.name == args[2])
+                .unwrap_or_else(|| panic!("no scenario {}", args[2]));
+            println!("{}", parts::current_runs(&config.parts, &s, secs));
+            return ExitCode::SUCCESS;
+        }
         Some("list") => {
             let args::Words { words, skips } = args::words(&args[1..]);
             let words: Vec<&str> = words.into_iter().filter(|w| *w != "long").collect();

@@ -34,6 +34,9 @@ pub struct Row {
     /// or a quick run judged now), and how many of them kept their history.
     pub checker: Option<u32>,
     pub kept: usize,
+    /// Runs judged by an older checker that count as judged by this one
+    /// ([`crate::check::counts_as`]).
+    pub carried: usize,
 }
 
 impl Row {
@@ -71,6 +74,13 @@ impl Row {
         match self.checker {
             Some(v) if v == crate::check::CHECKER => {
                 cell += &format!("<br>checker v{v}, {} with a kept history", self.kept);
+                if self.carried > 0 {
+                    cell += &format!(
+                        ", {} judged by v{} (counted: see \"Checker versions\")",
+                        self.carried,
+                        v - 1
+                    );
+                }
             }
             Some(v) => {
                 cell += &format!(

@@ -42,6 +42,28 @@ pub struct Record {
     pub history: Option<String>,
 }
 
+impl Record {
+    /// The checker version this record counts as, for scenario `s`
+    /// ([`crate::check::counts_as`]).
+    pub fn judged_as(&self, s: &Scenario) -> u32 {
+        crate::check::counts_as(
+            self.checker,
+            s.backend.dating(),
+            self.figures.violations.values().sum(),
+        )
+    }
+}
+
+/// How many runs of `secs` seconds recorded for `s` in `dir` count as
+/// judged by the current checker (what `scripts/faults.sh fill` tops up).
+pub fn current_runs(dir: &Path, s: &Scenario, secs: u64) -> usize {
+    let (records, _) = load(dir, s);
+    records
+        .iter()
+        .filter(|r| r.secs == secs && r.judged_as(s) == crate::check::CHECKER)
+        .count()
+}
+
 fn one() -> usize {
     1
 }
@@ -121,7 +143,7 @@ pub fn keeps_history(dir: &Path, s: &Scenario, secs: u64, failed: bool) -> bool 
     let (records, _) = load(dir, s);
     let kept = records
         .iter()
-        .filter(|r| r.checker == crate::check::CHECKER && r.secs == secs)
+        .filter(|r| r.judged_as(s) == crate::check::CHECKER && r.secs == secs)
         .filter(|r| r.failures.is_empty() && r.history.is_some())
         .count();
     kept < histories_kept()
@@ -281,14 +303,14 @@ pub fn rows(dir: &Path, all: &[Scenario]) -> Vec<Row> {
     let mut out = Vec::new();
     for s in all {
         let (recorded, unreadable) = load(dir, s);
-        let mut versions: Vec<u32> = recorded.iter().map(|r| r.checker).collect();
+        let mut versions: Vec<u32> = recorded.iter().map(|r| r.judged_as(s)).collect();
         versions.push(crate::check::CHECKER);
         versions.sort_unstable_by(|a, b| b.cmp(a));
         versions.dedup();
         for v in versions {
             let mine: Vec<Record> = recorded
                 .iter()
-                .filter(|r| r.checker == v)
+                .filter(|r| r.judged_as(s) == v)
                 .cloned()
                 .collect();
             if mine.is_empty() && v != crate::check::CHECKER {
@@ -329,6 +351,7 @@ fn row(s: &Scenario, recorded: &[Record]) -> Row {
         unreadable: 0,
         checker: None,
         kept: runs.iter().filter(|r| r.history.is_some()).count(),
+        carried: runs.iter().filter(|r| r.checker != r.judged_as(s)).count(),
     }
 }
 

@@ -23,7 +23,12 @@ pub fn rejudge(words: &[String]) -> ExitCode {
                 continue;
             };
             let history = match parts::load_history(dir, &name) {
-                Ok(h) => h,
+                // Histories kept before the dating was recorded have the
+                // default: their scenario knows.
+                Ok(h) => crate::history::History {
+                    dating: s.backend.dating(),
+                    ..h
+                },
                 Err(e) => {
                     println!("  {}: {e}", s.name);
                     failed += 1;

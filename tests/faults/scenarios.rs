@@ -102,6 +102,16 @@ impl Backend {
             Backend::Valkey(_) | Backend::Etcd(_) => None,
         }
     }
+
+    /// What the store's reported times are read from: etcd has no clock.
+    pub fn dating(&self) -> crate::history::Dating {
+        match self {
+            Backend::Valkey(_) | Backend::Operator { .. } => crate::history::Dating::Store,
+            Backend::Etcd(_) | Backend::EtcdOperator { .. } => {
+                crate::history::Dating::ClientBeforeSend
+            }
+        }
+    }
 }
 
 /// One violation a positive control must make the checker report.

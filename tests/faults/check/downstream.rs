@@ -107,18 +107,20 @@ fn commits(h: &History, out: &mut Vec<Violation>) {
             .into_iter()
             .filter(|w| !uncertain.contains(w.write_id.as_str()))
             .collect();
+        // A commit took effect no earlier than `server_ms` and no later than
+        // `h.dating.latest(..)` (the same moment where the store dates it);
+        // p is ordered before w only when p's latest is before w's earliest.
+        let latest = |w: &WriteRecord| h.dating.latest(w.server_ms, w.complete_ms);
         ws.sort_by_key(|w| (w.server_ms, w.token));
-        // Only commits in strictly earlier server milliseconds are ordered.
+        let mut by_latest = ws.clone();
+        by_latest.sort_by_key(|w| (latest(w), w.token));
+        let mut before = by_latest.iter().peekable();
         let mut top: Option<&WriteRecord> = None;
-        let mut pending: Option<&WriteRecord> = None;
         for w in &ws {
-            if let Some(p) = pending
-                && p.server_ms < w.server_ms
-            {
+            while let Some(p) = before.next_if(|p| latest(p) < w.server_ms) {
                 if top.is_none_or(|t| p.token > t.token) {
                     top = Some(p);
                 }
-                pending = None;
             }
             if let Some(t) = top
                 && w.token < t.token
@@ -129,12 +131,14 @@ fn commits(h: &History, out: &mut Vec<Violation>) {
                     &resource,
                     format!(
                         "commit {} with token {} accepted at {} after commit {} with token {} at {}",
-                        w.write_id, w.token, w.server_ms, t.write_id, t.token, t.server_ms
+                        w.write_id,
+                        w.token,
+                        w.server_ms,
+                        t.write_id,
+                        t.token,
+                        latest(t)
                     ),
                 ));
-            }
-            if pending.is_none_or(|p| w.token > p.token) {
-                pending = Some(w);
             }
         }
         let Some(highest) = highest else {
@@ -229,6 +233,42 @@ mod tests {
             .commits(&[("r", 5, "c2")])
             .build();
         assert_eq!(check(&h), vec![]);
+    }
+
+    #[test]
+    fn without_a_store_clock_commits_are_ordered_by_send_and_reply() {
+        use crate::history::Dating;
+        // Token 4 is sent at 100 and answered at 400; token 2 is sent at
+        // 150, while token 4 may not have been applied yet.
+        let history = |dating, sent_ms| {
+            let mut h = H::new()
+                .dated(dating)
+                .at(100)
+                .write(Sink::Commit, "r", 4, "c1", said("committed"), 100)
+                .at(sent_ms)
+                .write(Sink::Commit, "r", 2, "c2", said("committed"), sent_ms)
+                .commits(&[("r", 4, "c1")])
+                .build();
+            h.writes[0].complete_ms = 400;
+            h
+        };
+        assert_eq!(check(&history(Dating::ClientBeforeSend, 150)), vec![]);
+        // Sent after token 4's reply: accepting it is caught.
+        let after = check(&history(Dating::ClientBeforeSend, 500));
+        assert!(
+            after[0]
+                .detail
+                .contains("commit c2 with token 2 accepted at 500"),
+            "{after:?}"
+        );
+        // Where the store dates commits, 100 before 150 orders them.
+        let valkey = check(&history(Dating::Store, 150));
+        assert!(
+            valkey[0]
+                .detail
+                .contains("commit c2 with token 2 accepted at 150"),
+            "{valkey:?}"
+        );
     }
 
     #[test]

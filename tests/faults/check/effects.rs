@@ -15,6 +15,11 @@
 //! - an acknowledged commit must have happened: no read sent after its reply
 //!   shows a lower token, or a value surely older than it.
 //!
+//! Where the store has no clock (etcd reports the client's clock before the
+//! call was sent), an observation is placed at its reply, the latest moment
+//! it can describe: a look sent just before an expiry and answered after it
+//! proves nothing about the time before the expiry.
+//!
 //! An observation is evidence only when real time orders it after the
 //! reply (sent after the reply came), and only until a fault that can lose
 //! acknowledged state (restart, failover, power cut): what a lossy mode
@@ -29,7 +34,10 @@ use crate::history::{Answer, History, LeaseView, OpKind, OpRecord, Sink};
 pub(crate) struct Look<'a> {
     pub invoke_ms: u64,
     pub complete_ms: u64,
-    pub server_ms: u64,
+    /// The latest moment on the store's clock the look can describe
+    /// ([`crate::history::Dating::latest`]): a look proves that something
+    /// happened before a deadline only when this is before it.
+    pub latest_ms: u64,
     pub lease: Option<&'a LeaseView>,
 }
 
@@ -41,7 +49,7 @@ pub(crate) fn looks(h: &History) -> BTreeMap<&str, Vec<Look<'_>>> {
         out.entry(&s.target).or_default().push(Look {
             invoke_ms: s.invoke_ms,
             complete_ms: s.at_ms,
-            server_ms: s.server_ms,
+            latest_ms: h.dating.latest(s.server_ms, s.at_ms),
             lease: s.lease.as_ref(),
         });
     }
@@ -53,7 +61,7 @@ pub(crate) fn looks(h: &History) -> BTreeMap<&str, Vec<Look<'_>>> {
             out.entry(&o.target).or_default().push(Look {
                 invoke_ms: o.invoke_ms,
                 complete_ms: o.complete_ms,
-                server_ms: o.server_ms,
+                latest_ms: h.dating.latest(o.server_ms, o.complete_ms),
                 lease: Some(l),
             });
         }
@@ -186,16 +194,16 @@ pub fn check(h: &History) -> Vec<Violation> {
                     }
                     format!(
                         "its expiry was {} at {}",
-                        seen.expires_at_ms, look.server_ms
+                        seen.expires_at_ms, look.latest_ms
                     )
                 }
-                _ if look.server_ms >= l.expires_at_ms => continue,
+                _ if look.latest_ms >= l.expires_at_ms => continue,
                 _ if ended_before(&o.target, l.token, issue, look.complete_ms, false) => continue,
                 Some(other) => format!(
                     "at {} the target was held by {} (token {})",
-                    look.server_ms, other.issue, other.token
+                    look.latest_ms, other.issue, other.token
                 ),
-                None => format!("at {} the target was free", look.server_ms),
+                None => format!("at {} the target was free", look.latest_ms),
             };
             out.push(Violation::new(
                 Property::Honesty,
@@ -237,7 +245,7 @@ pub fn check(h: &History) -> Vec<Violation> {
                     kind_word(ack.kind),
                     ack.request_id,
                     ack.client,
-                    look.server_ms
+                    look.latest_ms
                 ),
             ));
         }
@@ -404,7 +412,7 @@ fn refused_enders(
                     .map(|(_, e)| *e)
                     .max();
                 look.invoke_ms > started
-                    && promised.is_some_and(|e| look.server_ms < e)
+                    && promised.is_some_and(|e| look.latest_ms < e)
                     && look.lease.is_none_or(|l| !same(l, issue, token))
                     && !loss_between(lossy, granted, look.complete_ms)
             });
@@ -419,7 +427,7 @@ fn refused_enders(
                     kind_word(first.kind),
                     first.request_id,
                     first.client,
-                    look.server_ms
+                    look.latest_ms
                 ),
             ));
         }
@@ -453,7 +461,7 @@ fn commits(h: &History, lossy: &[(u64, u64)], out: &mut Vec<Violation>) {
             let look = Look {
                 invoke_ms: r.invoke_ms,
                 complete_ms: r.complete_ms,
-                server_ms: r.server_ms,
+                latest_ms: h.dating.latest(r.server_ms, r.complete_ms),
                 lease: None,
             };
             if r.resource != w.resource

@@ -47,6 +47,12 @@ impl H {
         Self::default()
     }
 
+    /// The store's times are read as `dating` says.
+    pub fn dated(mut self, dating: crate::history::Dating) -> Self {
+        self.h.dating = dating;
+        self
+    }
+
     /// The next record is sent at local time `ms` (and answered 1 ms later).
     pub fn at(mut self, ms: u64) -> Self {
         self.clock = ms.saturating_sub(2);

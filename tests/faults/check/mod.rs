@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::history::History;
+use super::history::{Dating, History};
 
 /// The checker's version, recorded with every run it judged (and raised
 /// whenever a rule changes, so that records judged by different rules are
@@ -45,8 +45,29 @@ use super::history::History;
 /// a renew reported refused is held only to what was seen after it was sent;
 /// 6: where the fault wipes every fence counter, PostgreSQL's recovery is
 /// shown, not held to the bound (it rightly refuses the tokens issued again
-/// until the counter passes the highest it accepted).
-pub const CHECKER: u32 = 6;
+/// until the counter passes the highest it accepted); 7: where the store
+/// has no clock (etcd dates a reply by the client's clock before the call
+/// was sent), a look is placed at its reply and a commit is ordered after
+/// another only when it was sent after the other's reply ([`counts_as`]
+/// says which records of 6 count as 7).
+pub const CHECKER: u32 = 7;
+
+/// The checker version a record counts as: one judged by `v`, of a
+/// scenario whose store's times are read as `dating`, in which that checker
+/// found `violations`. Version 7 changed only how looks and commits are
+/// dated where the store has no clock, and there it can only find fewer
+/// violations (a look placed later proves less about the time before a
+/// deadline, an ordering needs more), with every other figure unchanged. So
+/// a record of 6 counts as 7 when the store dates its history (the rules
+/// are the same), or when 6 found no violation in it (7 would find none
+/// either); any other needs `rejudge` or a new run.
+pub fn counts_as(v: u32, dating: Dating, violations: usize) -> u32 {
+    if v == 6 && (dating == Dating::Store || violations == 0) {
+        7
+    } else {
+        v
+    }
+}
 
 /// One of the four checked properties.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

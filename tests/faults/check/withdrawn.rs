@@ -63,7 +63,7 @@ pub fn check(h: &History) -> Vec<Violation> {
                 let backed = look.lease.as_ref().is_some_and(|l| l.issue == *acq);
                 if v.phase != "Held"
                     || backed
-                    || look.server_ms + 500 >= expires
+                    || h.dating.latest(look.server_ms, look.at_ms) + 500 >= expires
                     || withdrawn_by <= until
                 {
                     continue;
@@ -81,7 +81,7 @@ pub fn check(h: &History) -> Vec<Violation> {
                             Some(l) => format!("held by {} (token {})", l.issue, l.token),
                             None => "free".into(),
                         },
-                        look.server_ms
+                        h.dating.latest(look.server_ms, look.at_ms)
                     ),
                 ));
                 break 'look;
@@ -128,5 +128,34 @@ mod tests {
             .build();
         // (The look at 9000 is too close to the end of the history to tell.)
         assert_eq!(check(&backed), vec![]);
+    }
+
+    #[test]
+    fn without_a_store_clock_a_look_counts_from_its_reply() {
+        use crate::history::Dating;
+        // x Held q1 until 2000; a look dated 1000, before it was sent,
+        // finds the target free.
+        let history = |dating, answered_ms| {
+            let mut h = H::new()
+                .dated(dating)
+                .at(100)
+                .publish("x", "op", 1, Some(5), Some(("q1", 100, 2000)))
+                .at(1000)
+                .look("op", None, 1000)
+                .at(9000)
+                .look("op", None, 9000)
+                .build();
+            h.sightings[0].at_ms = answered_ms;
+            h
+        };
+        // Answered within 500 ms of the expiry: Held may have been right.
+        assert_eq!(check(&history(Dating::ClientBeforeSend, 1600)), vec![]);
+        let early = check(&history(Dating::ClientBeforeSend, 1200));
+        assert!(early[0].detail.contains("target free at 1200"), "{early:?}");
+        let valkey = check(&history(Dating::Store, 1600));
+        assert!(
+            valkey[0].detail.contains("target free at 1000"),
+            "{valkey:?}"
+        );
     }
 }

@@ -154,7 +154,7 @@ pub async fn run(
         clients: etcd.url(),
         observer: etcd.direct_url(),
     };
-    let rec = Recorder::default();
+    let rec = Recorder::dated(s.backend.dating());
     let stop = Stop::default();
     let tasks = run::clients(&urls, s, &sink, &rec, &stop, &[], None).await;
     let holder = run::paused_holder(s, &urls, &sink, &rec);

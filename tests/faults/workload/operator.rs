@@ -341,7 +341,7 @@ pub async fn run(s: &Scenario, secs: u64, sink: PgSink, started: Instant) -> Run
     )
     .await;
 
-    let rec = Recorder::default();
+    let rec = Recorder::dated(s.backend.dating());
     let stop = Stop::default();
     let holders = Holders::new(sink.writer("holders").await, rec.clone());
     let urls = run::Urls {

@@ -29,6 +29,61 @@ fn what_observers_saw_matches_every_report() {
 }
 
 #[test]
+fn without_a_store_clock_a_look_counts_from_its_reply() {
+    use crate::history::Dating;
+    // An acquire acknowledged until 3000; a look dated 2990 (etcd: the
+    // client's clock before it was sent) shows the next token.
+    let history = |dating, answered_ms| {
+        let mut h = H::new()
+            .dated(dating)
+            .at(1000)
+            .acquired("a", "t", "r1", 1, 1000, 3000)
+            .at(2990)
+            .look("t", l(2, "r2", 5000), 2990)
+            .build();
+        h.sightings[0].at_ms = answered_ms;
+        h
+    };
+    // Answered after the expiry: it may have been read after it.
+    assert_eq!(
+        found(&history(Dating::ClientBeforeSend, 3100)),
+        Vec::<String>::new()
+    );
+    // Answered before the expiry: the lie is caught.
+    let early = found(&history(Dating::ClientBeforeSend, 2995));
+    assert!(
+        early[0].contains("at 2995 the target was held by r2"),
+        "{early:?}"
+    );
+    // Where the store dates the look, its date is when it was read.
+    let valkey = found(&history(Dating::Store, 3100));
+    assert!(
+        valkey[0].contains("at 2990 the target was held by r2"),
+        "{valkey:?}"
+    );
+    // A refused release, then a look dated before the expiry that finds
+    // the lease gone: the same rule.
+    let refused = |answered_ms| {
+        let mut h = H::new()
+            .dated(Dating::ClientBeforeSend)
+            .at(1000)
+            .acquired("a", "t", "r1", 1, 1000, 3000)
+            .release("a", "t", 1, said("not_holder"), 1600)
+            .at(2990)
+            .look("t", None, 2990)
+            .build();
+        h.sightings[0].at_ms = answered_ms;
+        h
+    };
+    assert_eq!(found(&refused(3100)), Vec::<String>::new());
+    assert!(
+        found(&refused(2995))[0].contains("reported as refused"),
+        "{:?}",
+        found(&refused(2995))
+    );
+}
+
+#[test]
 fn a_renewal_reported_done_that_never_ran_is_caught() {
     // Control: a lost reply reported as renewed.
     let h = H::new()
