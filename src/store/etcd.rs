@@ -15,8 +15,12 @@
 //! the record longer (TTLs round up to whole seconds, expired leases are
 //! revoked on a 500 ms ticker, a leader change restarts every TTL), and
 //! until it goes the target stays held: a delay for the next owner, never
-//! two owners. Renewals and commits of a record past its deadline are
-//! refused (`expired`), which is also how `max_lifetime` holds.
+//! two owners. Renewals and commits of a record whose deadline has passed
+//! when their write is sent (judged by the client's clock just before it)
+//! are refused (`expired`), which is also how `max_lifetime` holds. One
+//! sent just before may be applied up to its own latency after the
+//! deadline; no other holder can have been granted meanwhile, since that
+//! changes the record and fails the write's guard.
 //!
 //! Files: keys in [`keys`], stored values in `records.rs`, the etcd calls in
 //! `kv.rs`, error meaning in `errors.rs`, the replay rule in `replay.rs`,

@@ -15,6 +15,7 @@ use crate::support::valkey_server;
 use targetlease_test_support as support;
 
 mod cases;
+mod etcd_deadline;
 mod etcd_harness;
 mod etcd_watch;
 

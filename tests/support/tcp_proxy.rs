@@ -43,6 +43,8 @@ pub enum Mode {
     DropReplies,
     /// Nothing is forwarded in either direction (bytes are read and thrown away).
     Blackhole,
+    /// Everything is forwarded, each read held this long first (a slow link).
+    Delay(std::time::Duration),
 }
 
 /// A running proxy; stops (closing every connection) on drop.
@@ -273,9 +275,17 @@ impl Shared {
     /// Whether the mode lets bytes read now pass (`up`: from the client).
     fn mode_passes(&self, up: bool) -> bool {
         match *self.mode.lock().unwrap() {
-            Mode::Pass => true,
+            Mode::Pass | Mode::Delay(_) => true,
             Mode::DropReplies => up,
             Mode::Blackhole => false,
+        }
+    }
+
+    /// How long the mode holds bytes read now before forwarding them.
+    fn mode_delay(&self) -> Option<std::time::Duration> {
+        match *self.mode.lock().unwrap() {
+            Mode::Delay(d) => Some(d),
+            _ => None,
         }
     }
 }
@@ -313,6 +323,9 @@ async fn connection(
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     broken |= !shared.trap_passes(id, true);
+                    if let Some(d) = shared.mode_delay() {
+                        tokio::time::sleep(d).await;
+                    }
                     if !broken && shared.mode_passes(true) {
                         if sw.write_all(&up[..n]).await.is_err() {
                             return;
@@ -325,6 +338,9 @@ async fn connection(
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     broken |= !shared.trap_passes(id, false);
+                    if let Some(d) = shared.mode_delay() {
+                        tokio::time::sleep(d).await;
+                    }
                     if !broken && shared.mode_passes(false) && cw.write_all(&down[..n]).await.is_err() {
                         return;
                     }

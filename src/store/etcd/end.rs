@@ -8,7 +8,7 @@ use etcd_client::TxnOp;
 
 use super::EtcdStore;
 use super::grant::{FENCE, LEASE, NOT_OWNER, REQUEST, ROUNDS, busy, put};
-use super::kv::{Deadline, Guarded, Snapshot};
+use super::kv::{Deadline, Guarded, Snapshot, now_ms};
 use super::records::{Cached, CommitRecord, Slot, counter, fingerprint};
 use super::replay::{Rule, bare, replay, reply};
 use crate::store::{
@@ -49,6 +49,15 @@ async fn rounds(
     let deadline = Deadline::after(s.timeout);
     let mut snap = s.kv.read(keys, deadline).await?;
     for _ in 0..ROUNDS {
+        if decide(&snap).cache.is_some() {
+            // Fetched before the decision that is sent, so that the clock
+            // it is judged by is read as late as it can be.
+            s.kv.bucket(IDEMPOTENCY_WINDOW, snap.now, deadline).await?;
+        }
+        // etcd has no clock: a deadline is judged by this client's clock
+        // just before the write is sent, not when the keys were read (a
+        // record whose deadline passed meanwhile has ended).
+        snap.now = now_ms();
         let Plan {
             answer,
             mut writes,

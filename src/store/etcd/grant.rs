@@ -256,6 +256,14 @@ pub(super) async fn renew(s: &EtcdStore, req: &RenewRequest) -> Result<Reply, St
             return Ok(bare(now, Outcome::Expired, "the lease has ended"));
         }
         let etcd_lease = s.kv.grant(expires - now, deadline).await?;
+        // etcd has no clock: the holder's deadline is judged by this
+        // client's clock just before the write is sent, not when the record
+        // was read; a holder past it has stopped, and is not renewed.
+        let sending = now_ms();
+        if rec.expires_ms <= sending {
+            s.kv.revoke_later(etcd_lease);
+            return Ok(bare(sending, Outcome::Expired, "the lease has ended"));
+        }
         rec.expires_ms = expires;
         let cached = Cached {
             fp: fp.clone(),

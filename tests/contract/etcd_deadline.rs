@@ -1,0 +1,110 @@
+//! etcd has no clock, so the store judges a holder's deadline by the
+//! client's clock, and must judge it when the write is sent, not when the
+//! record was read: over a slow link a renewal or a fenced commit whose
+//! read began just before the deadline is sent after it, and must be
+//! refused (`expired`), not applied to a lease whose holder has stopped.
+//!
+//! The store reaches one member through a proxy that holds every read on
+//! the link; etcd itself still keeps the record past the deadline (its
+//! lease is whole seconds), so a write sent late would still find it.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use targetlease::store::etcd::{EtcdConfig, EtcdStore};
+use targetlease::store::{CommitRequest, Lease, LeaseStore, Outcome, RenewRequest};
+
+use crate::cases::{handle, held, target};
+use crate::etcd_cluster::EtcdCluster;
+use crate::support::tcp_proxy::{Mode, TcpProxy};
+
+/// The lease's life: etcd's lease is 2 s (whole seconds, rounded up), so
+/// etcd keeps the record about 0.9 s past the holder's deadline.
+const TTL: Duration = Duration::from_millis(1100);
+/// How long the proxy holds each read either way: a round trip takes at
+/// least twice this.
+const SLOW: Duration = Duration::from_millis(100);
+/// How long before the deadline the request is made: less than one round
+/// trip over the slow link, so its write is always sent after the deadline.
+const BEFORE_MS: u64 = 60;
+
+struct Slow {
+    _cluster: EtcdCluster,
+    proxy: TcpProxy,
+    store: EtcdStore,
+}
+
+async fn slow() -> Slow {
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .expect("start the etcd cluster");
+    let proxy = TcpProxy::start(&cluster.endpoints()[0]);
+    let store = EtcdStore::connect(&EtcdConfig {
+        url: format!("etcd://127.0.0.1:{}", proxy.port),
+        timeout: Duration::from_secs(10),
+        ..EtcdConfig::default()
+    })
+    .await
+    .expect("connect through the proxy");
+    Slow {
+        _cluster: cluster,
+        proxy,
+        store,
+    }
+}
+
+impl Slow {
+    /// Holds a lease on `name`, then waits until [`BEFORE_MS`] before its
+    /// deadline and slows the link down.
+    async fn lease_about_to_end(&self, name: &str) -> Lease {
+        let lease = held(&self.store, &target(name), "alice", TTL).await;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as u64;
+        let wait = lease.expires_at_ms.saturating_sub(BEFORE_MS + now);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        self.proxy.set_mode(Mode::Delay(SLOW));
+        lease
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renewal_sent_after_the_deadline_is_refused_though_read_before_it() {
+    let s = slow().await;
+    let lease = s.lease_about_to_end("late-renew").await;
+    let r = s
+        .store
+        .renew(&RenewRequest::new(
+            target("late-renew"),
+            handle(&lease),
+            TTL,
+        ))
+        .await
+        .expect("renew");
+    assert_eq!(
+        r.outcome,
+        Outcome::Expired,
+        "a renewal made {BEFORE_MS} ms before the deadline, its write sent after it: {r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_sent_after_the_deadline_is_refused_though_read_before_it() {
+    let s = slow().await;
+    let lease = s.lease_about_to_end("late-commit").await;
+    let r = s
+        .store
+        .commit(&CommitRequest::new(
+            target("late-commit"),
+            lease.fencing_token,
+            "k",
+            "v",
+        ))
+        .await
+        .expect("commit");
+    assert_eq!(
+        r.outcome,
+        Outcome::Expired,
+        "a commit made {BEFORE_MS} ms before the deadline, its write sent after it: {r:?}"
+    );
+}
