@@ -9,7 +9,8 @@
 //!
 //! etcd has no clock to offer, so the times this store reports are the
 //! client's: `server_time_ms` is the client clock sampled before the
-//! request, and `expires_at_ms` is that sample plus the ttl — a deadline
+//! request's write is sent (before its read, for a request that writes
+//! nothing), and `expires_at_ms` of a grant is such a sample plus the ttl — a deadline
 //! that ends no later than etcd's lease, which starts after the sample and
 //! lasts at least as long. Its holder stops at that deadline; etcd may keep
 //! the record longer (TTLs round up to whole seconds, expired leases are
@@ -18,9 +19,10 @@
 //! two owners. Renewals and commits of a record whose deadline has passed
 //! when their write is sent (judged by the client's clock just before it)
 //! are refused (`expired`), which is also how `max_lifetime` holds. One
-//! sent just before may be applied up to its own latency after the
-//! deadline; no other holder can have been granted meanwhile, since that
-//! changes the record and fails the write's guard.
+//! sent just before may be applied after the deadline (for a reply never
+//! received, as long as etcd keeps the record unchanged, possibly seconds),
+//! never after another acquisition: that changes the record and fails the
+//! write's guard.
 //!
 //! Files: keys in [`keys`], stored values in `records.rs`, the etcd calls in
 //! `kv.rs`, error meaning in `errors.rs`, the replay rule in `replay.rs`,

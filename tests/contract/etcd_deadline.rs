@@ -11,7 +11,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use targetlease::store::etcd::{EtcdConfig, EtcdStore};
-use targetlease::store::{CommitRequest, Lease, LeaseStore, Outcome, RenewRequest};
+use targetlease::store::{CommitRequest, Lease, LeaseStore, Outcome, RenewRequest, Target};
 
 use crate::cases::{handle, held, target};
 use crate::etcd_cluster::EtcdCluster;
@@ -25,7 +25,10 @@ const TTL: Duration = Duration::from_millis(1100);
 const SLOW: Duration = Duration::from_millis(100);
 /// How long before the deadline the request is made: less than one round
 /// trip over the slow link, so its write is always sent after the deadline.
-const BEFORE_MS: u64 = 60;
+const BEFORE_MS: u64 = 150;
+/// How late the request may start and still be read before the deadline
+/// (a loaded machine oversleeps): later, the test takes another lease.
+const LATE_MS: u64 = 50;
 
 struct Slow {
     _cluster: EtcdCluster,
@@ -52,33 +55,40 @@ async fn slow() -> Slow {
     }
 }
 
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
 impl Slow {
-    /// Holds a lease on `name`, then waits until [`BEFORE_MS`] before its
-    /// deadline and slows the link down.
-    async fn lease_about_to_end(&self, name: &str) -> Lease {
-        let lease = held(&self.store, &target(name), "alice", TTL).await;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis() as u64;
-        let wait = lease.expires_at_ms.saturating_sub(BEFORE_MS + now);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
-        self.proxy.set_mode(Mode::Delay(SLOW));
-        lease
+    /// A lease on a target named after `name`, [`BEFORE_MS`] (give or take
+    /// [`LATE_MS`]) before its deadline, with the link slowed down: the
+    /// target and the lease.
+    async fn lease_about_to_end(&self, name: &str) -> (Target, Lease) {
+        for attempt in 0..5 {
+            self.proxy.set_mode(Mode::Pass);
+            let t = target(&format!("{name}-{attempt}"));
+            let lease = held(&self.store, &t, "alice", TTL).await;
+            let wait = lease.expires_at_ms.saturating_sub(BEFORE_MS + now_ms());
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            self.proxy.set_mode(Mode::Delay(SLOW));
+            if now_ms() + BEFORE_MS <= lease.expires_at_ms + LATE_MS {
+                return (t, lease);
+            }
+        }
+        panic!("five times the machine slept far past the moment to send the request");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_renewal_sent_after_the_deadline_is_refused_though_read_before_it() {
     let s = slow().await;
-    let lease = s.lease_about_to_end("late-renew").await;
+    let (t, lease) = s.lease_about_to_end("late-renew").await;
     let r = s
         .store
-        .renew(&RenewRequest::new(
-            target("late-renew"),
-            handle(&lease),
-            TTL,
-        ))
+        .renew(&RenewRequest::new(t, handle(&lease), TTL))
         .await
         .expect("renew");
     assert_eq!(
@@ -91,15 +101,10 @@ async fn a_renewal_sent_after_the_deadline_is_refused_though_read_before_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_commit_sent_after_the_deadline_is_refused_though_read_before_it() {
     let s = slow().await;
-    let lease = s.lease_about_to_end("late-commit").await;
+    let (t, lease) = s.lease_about_to_end("late-commit").await;
     let r = s
         .store
-        .commit(&CommitRequest::new(
-            target("late-commit"),
-            lease.fencing_token,
-            "k",
-            "v",
-        ))
+        .commit(&CommitRequest::new(t, lease.fencing_token, "k", "v"))
         .await
         .expect("commit");
     assert_eq!(

@@ -288,3 +288,51 @@ fn an_older_record_counts_only_where_the_rules_are_the_same_or_it_found_nothing(
     assert_eq!(dating("etcd-compaction"), Some(Store));
     assert_eq!(dating("baseline"), Some(Store));
 }
+
+/// The page's rows and `fill`'s count read records through that rule: an
+/// etcd record of 6 with a violation stays in a row of its own, marked
+/// older, one without counts with the current version's runs.
+#[test]
+fn records_of_an_older_checker_are_counted_or_kept_apart_by_the_rule() {
+    use crate::check::{Property, Scope};
+    use crate::{parts, report, scenarios};
+    let dir = std::env::temp_dir().join(format!("faults-parts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = scenarios::all()
+        .into_iter()
+        .find(|s| s.name == "etcd-baseline")
+        .unwrap();
+    let record = |checker: u32, violations: usize| {
+        let mut fig = report::Figures::default();
+        if violations > 0 {
+            fig.violations
+                .insert((Property::Honesty, Scope::Lease), violations);
+        }
+        let failures = if violations > 0 {
+            vec!["a violation".to_string()]
+        } else {
+            Vec::new()
+        };
+        parts::Record {
+            checker,
+            ..parts::Record::new(300, &fig, false, &failures)
+        }
+    };
+    parts::rewrite(
+        &dir,
+        &s,
+        &[record(6, 0), record(6, 1), record(7, 0), record(5, 0)],
+    );
+    assert_eq!(parts::current_runs(&dir, &s, 300), 2);
+    let rows = parts::rows(&dir, std::slice::from_ref(&s));
+    let versions: Vec<(Option<u32>, usize, usize)> = rows
+        .iter()
+        .map(|r| (r.checker, r.runs.len(), r.failed))
+        .collect();
+    assert_eq!(
+        versions,
+        vec![(Some(7), 2, 0), (Some(6), 1, 1), (Some(5), 1, 0)]
+    );
+    assert_eq!(rows[0].carried.get(&6), Some(&1));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -89,7 +89,8 @@ pub struct OpRecord {
     pub lease: Option<LeaseView>,
     /// For renew/release/revoke: the token of the lease named in the request.
     pub token: Option<u64>,
-    /// The store's clock when it decided (0 when no server answered).
+    /// The time the store reported (0 when no server answered): as
+    /// [`History::dating`] says, when it decided or when the client sent it.
     pub server_ms: u64,
     /// For renew/release: the acquire request id of the lease acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,7 +122,8 @@ pub struct WriteRecord {
     pub complete_ms: u64,
     /// `accepted` / `refused` (as `Said`), `Unavailable` or `Unknown`.
     pub answer: Answer,
-    /// Valkey's clock for commits that got a reply (0 otherwise).
+    /// The time the store reported for commits that got a reply (0
+    /// otherwise), read as [`History::dating`] says.
     pub server_ms: u64,
 }
 
@@ -136,7 +138,8 @@ pub struct Sighting {
     /// When the `get` was sent (local clock; 0 in records before it was kept).
     #[serde(default)]
     pub invoke_ms: u64,
-    /// The store's clock when it answered (0 when unknown).
+    /// The time the store reported (0 when unknown), read as
+    /// [`History::dating`] says.
     #[serde(default)]
     pub server_ms: u64,
 }
@@ -303,8 +306,9 @@ pub enum Event {
     Read(ReadRecord),
 }
 
-/// A shared, append-only recorder handed to every workload task.
-#[derive(Clone, Default)]
+/// A shared, append-only recorder handed to every workload task (no
+/// default: each run says how its store's times are read).
+#[derive(Clone)]
 pub struct Recorder(Arc<Mutex<History>>);
 
 impl Recorder {

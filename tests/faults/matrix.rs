@@ -245,7 +245,7 @@ async fn run_scenario(
         // Judged now, by this checker.
         checker: Some(check::CHECKER),
         kept: 0,
-        carried: 0,
+        carried: Default::default(),
     }
 }
 

@@ -35,8 +35,8 @@ pub struct Row {
     pub checker: Option<u32>,
     pub kept: usize,
     /// Runs judged by an older checker that count as judged by this one
-    /// ([`crate::check::counts_as`]).
-    pub carried: usize,
+    /// ([`crate::check::counts_as`]): how many, per version that judged them.
+    pub carried: std::collections::BTreeMap<u32, usize>,
 }
 
 impl Row {
@@ -74,12 +74,9 @@ impl Row {
         match self.checker {
             Some(v) if v == crate::check::CHECKER => {
                 cell += &format!("<br>checker v{v}, {} with a kept history", self.kept);
-                if self.carried > 0 {
-                    cell += &format!(
-                        ", {} judged by v{} (counted: see \"Checker versions\")",
-                        self.carried,
-                        v - 1
-                    );
+                for (older, n) in &self.carried {
+                    cell +=
+                        &format!(", {n} judged by v{older} (counted: see \"Checker versions\")");
                 }
             }
             Some(v) => {

@@ -351,7 +351,13 @@ fn row(s: &Scenario, recorded: &[Record]) -> Row {
         unreadable: 0,
         checker: None,
         kept: runs.iter().filter(|r| r.history.is_some()).count(),
-        carried: runs.iter().filter(|r| r.checker != r.judged_as(s)).count(),
+        carried: runs.iter().filter(|r| r.checker != r.judged_as(s)).fold(
+            Default::default(),
+            |mut m, r| {
+                *m.entry(r.checker).or_default() += 1;
+                m
+            },
+        ),
     }
 }
 

@@ -141,6 +141,8 @@ pub fn is_maximum(name: &str) -> bool {
     name == LINGERED
 }
 
+/// From the time each sighting carries: on etcd the client's clock before
+/// the read was sent, so the figure there is a lower bound.
 fn lingered(h: &crate::history::History) -> u64 {
     h.sightings
         .iter()

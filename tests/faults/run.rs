@@ -418,7 +418,7 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
         clients: valkey.url(),
         observer: valkey.direct_url(),
     };
-    let rec = Recorder::default();
+    let rec = Recorder::dated(s.backend.dating());
     let stop = Stop::default();
     let (lag, cue) = if s.fault == Fault::SentinelFailover {
         let (tx, rx) = watch::channel(None);

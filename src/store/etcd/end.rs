@@ -49,11 +49,15 @@ async fn rounds(
     let deadline = Deadline::after(s.timeout);
     let mut snap = s.kv.read(keys, deadline).await?;
     for _ in 0..ROUNDS {
-        if decide(&snap).cache.is_some() {
-            // Fetched before the decision that is sent, so that the clock
-            // it is judged by is read as late as it can be.
-            s.kv.bucket(IDEMPOTENCY_WINDOW, snap.now, deadline).await?;
-        }
+        // The request cache's bucket is fetched before the decision that
+        // is sent, so that the clock it is judged by is read as late as it
+        // can be; it lasts the window from any moment until the deadline.
+        let bucket = if decide(&snap).cache.is_some() {
+            let window = IDEMPOTENCY_WINDOW + s.timeout;
+            Some(s.kv.bucket(window, now_ms(), deadline).await?)
+        } else {
+            None
+        };
         // etcd has no clock: a deadline is judged by this client's clock
         // just before the write is sent, not when the keys were read (a
         // record whose deadline passed meanwhile has ended).
@@ -67,7 +71,10 @@ async fn rounds(
             return Ok(answer);
         }
         if let Some(cached) = cache {
-            let bucket = s.kv.bucket(IDEMPOTENCY_WINDOW, snap.now, deadline).await?;
+            let bucket = match bucket {
+                Some(b) => b,
+                None => s.kv.bucket(IDEMPOTENCY_WINDOW, snap.now, deadline).await?,
+            };
             writes.push(put(&keys[REQUEST], cached.encode(), bucket));
         }
         let old = snap.get(LEASE).map_or(0, |l| l.lease);
