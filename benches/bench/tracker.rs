@@ -1,7 +1,7 @@
 //! What the bench sees of TargetLeases and pods, kept current by watches, so
 //! waiting for "all Held" costs no polling of the API server.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -178,6 +178,27 @@ impl State {
         self.changes += 1;
     }
 
+    /// After a relist: forgets the leases it did not list (deleted while
+    /// the watch was away), as a deletion would.
+    fn leases_relisted(&mut self, listed: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .leases
+            .keys()
+            .filter(|name| !listed.contains(*name))
+            .cloned()
+            .collect();
+        for name in gone {
+            if self.leases.remove(&name).is_some_and(|s| s.held()) {
+                self.held -= 1;
+            }
+            self.changes += 1;
+        }
+    }
+
+    fn pods_relisted(&mut self, listed: &HashSet<String>) {
+        self.leaders.retain(|name, _| listed.contains(name));
+    }
+
     fn pod_seen(&mut self, p: Pod, change: Change) {
         if change == Change::Deleted {
             self.leaders.remove(&p.name_any());
@@ -207,18 +228,24 @@ pub fn version_number(v: Option<&str>) -> u64 {
     v.and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
 }
 
+/// What a watch's events do to the state: one object version, and the end
+/// of a relist (the names it listed).
+type Handlers<K> = (fn(&mut State, K, Change), fn(&mut State, &HashSet<String>));
+
 /// Applies every object version the watch on `api` delivers to the shared
-/// state (with what the event did), then wakes the waiters.
+/// state (with what the event did; after a relist, `relisted` with the
+/// names it listed), then wakes the waiters.
 fn follow<K>(
     api: Api<K>,
     state: Arc<Mutex<State>>,
     bump: Arc<watch::Sender<u64>>,
-    apply: fn(&mut State, K, Change),
+    (apply, relisted): Handlers<K>,
 ) where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     tokio::spawn(async move {
         let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+        let mut listed = HashSet::new();
         while let Some(ev) = events.next().await {
             let (object, change) = match ev {
                 Err(_) => {
@@ -227,9 +254,20 @@ fn follow<K>(
                     continue;
                 }
                 Ok(Event::Apply(o)) => (o, Change::Applied),
-                Ok(Event::InitApply(o)) => (o, Change::Relisted),
+                Ok(Event::InitApply(o)) => {
+                    listed.insert(o.name_any());
+                    (o, Change::Relisted)
+                }
                 Ok(Event::Delete(o)) => (o, Change::Deleted),
-                Ok(Event::Init | Event::InitDone) => continue,
+                Ok(Event::Init) => {
+                    listed.clear();
+                    continue;
+                }
+                Ok(Event::InitDone) => {
+                    relisted(&mut state.lock().unwrap(), &std::mem::take(&mut listed));
+                    bump.send_modify(|n| *n += 1);
+                    continue;
+                }
             };
             apply(&mut state.lock().unwrap(), object, change);
             bump.send_modify(|n| *n += 1);
@@ -251,8 +289,10 @@ impl Tracker {
         let tx = Arc::new(tx);
         let leases: Api<TargetLease> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        follow(leases, state.clone(), tx.clone(), State::lease_seen);
-        follow(pods, state.clone(), tx, State::pod_seen);
+        let lease_events: Handlers<TargetLease> = (State::lease_seen, State::leases_relisted);
+        follow(leases, state.clone(), tx.clone(), lease_events);
+        let pod_events: Handlers<Pod> = (State::pod_seen, State::pods_relisted);
+        follow(pods, state.clone(), tx, pod_events);
         Tracker { state, bump: rx }
     }
 
