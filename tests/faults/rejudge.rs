@@ -67,7 +67,9 @@ pub fn rejudge(words: &[String]) -> ExitCode {
 }
 
 /// Runs the checker again on saved histories (`dump`'s files) and prints
-/// what it finds now: for working on the checker without rerunning faults.
+/// what it finds now, and how the history's times are dated (a dump saved
+/// before that was recorded says `Store`, even from etcd): for working on
+/// the checker without rerunning faults.
 pub fn recheck(paths: &[String]) -> ExitCode {
     #[derive(serde::Deserialize)]
     struct Saved {
@@ -79,7 +81,12 @@ pub fn recheck(paths: &[String]) -> ExitCode {
         let saved: Saved =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {path}: {e}"));
         let report = check::check(&saved.history);
-        println!("{path}: {:?}", report.counts());
+        // A dump saved before the dating was recorded reads as the store's.
+        println!(
+            "{path} (times dated by {:?}): {:?}",
+            saved.history.dating,
+            report.counts()
+        );
         for v in report.violations.iter().take(10) {
             println!("  {v}");
         }
