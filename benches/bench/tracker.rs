@@ -172,7 +172,16 @@ impl State {
                 }
             }
             self.held += seen.held() as usize;
-            self.leases.insert(tl.name_any(), seen)
+            let version = seen.resource_version.clone();
+            let old = self.leases.insert(tl.name_any(), seen);
+            // A relist hands every object over again: only a new version is a change.
+            if change == Change::Relisted
+                && old.as_ref().is_some_and(|o| o.resource_version == version)
+            {
+                self.held -= old.as_ref().is_some_and(Seen::held) as usize;
+                return;
+            }
+            old
         };
         self.held -= old.as_ref().is_some_and(Seen::held) as usize;
         self.changes += 1;

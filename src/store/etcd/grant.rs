@@ -244,7 +244,9 @@ pub(super) async fn renew(s: &EtcdStore, req: &RenewRequest) -> Result<Reply, St
             }
             Slot::Live(r) => r,
         };
-        let bucket = s.kv.bucket(IDEMPOTENCY_WINDOW, snap.now, deadline).await?;
+        // It lasts the window from any moment until the call's deadline.
+        let window = IDEMPOTENCY_WINDOW + s.timeout;
+        let bucket = s.kv.bucket(window, now_ms(), deadline).await?;
         let now = now_ms();
         let mut expires = now + ms(req.ttl);
         if req.extend_only {
