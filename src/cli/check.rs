@@ -26,7 +26,7 @@ mod etcd;
 /// Arguments of `targetlease check`.
 #[derive(Args, Debug)]
 pub struct CheckArgs {
-    /// How to reach Valkey.
+    /// How to reach the store (Valkey or etcd).
     #[command(flatten)]
     pub conn: ConnectionArgs,
     /// How the report is printed (json: one object; text: a line per check).

@@ -22,6 +22,9 @@ pub const DEFAULT_STORE_URL: &str = "redis://127.0.0.1:6379";
 
 /// The flag a bad URL is blamed on (it has two names).
 const URL_FLAG: &str = "--store-url (--valkey-url)";
+const DEFAULT_POOL_SIZE: usize = 1;
+const DEFAULT_DURABLE_POOL_SIZE: usize = 16;
+const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 /// How to reach the store.
 #[derive(Args, Clone, Debug)]
@@ -75,15 +78,15 @@ pub struct ConnectionArgs {
     pub connect_timeout: Duration,
     /// Shared connections per server (1 to 128); each call goes to the least
     /// loaded one, another is opened when every open one is busy.
-    #[arg(long, env = "TARGETLEASE_POOL_SIZE", default_value_t = 1)]
+    #[arg(long, env = "TARGETLEASE_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
     pub pool_size: usize,
     /// Connections per server for durable writes (with --durability), in
     /// use or kept warm for reuse (1 to 64).
-    #[arg(long, env = "TARGETLEASE_DURABLE_POOL_SIZE", default_value_t = 16)]
+    #[arg(long, env = "TARGETLEASE_DURABLE_POOL_SIZE", default_value_t = DEFAULT_DURABLE_POOL_SIZE)]
     pub durable_pool_size: usize,
     /// Requests queued or awaiting a reply on one connection; one more is
     /// refused at once, never sent (1 to 65536).
-    #[arg(long, env = "TARGETLEASE_MAX_IN_FLIGHT", default_value_t = 1024)]
+    #[arg(long, env = "TARGETLEASE_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
     /// PEM CA bundle to trust for TLS instead of the system roots.
     #[arg(long, env = "TARGETLEASE_TLS_CA_FILE")]
@@ -214,6 +217,22 @@ impl ConnectionArgs {
                 "--durability",
                 "is for Valkey: etcd acknowledges a write once a quorum has it",
             ));
+        }
+        for (flag, given, default) in [
+            ("--pool-size", self.pool_size, DEFAULT_POOL_SIZE),
+            (
+                "--durable-pool-size",
+                self.durable_pool_size,
+                DEFAULT_DURABLE_POOL_SIZE,
+            ),
+            ("--max-in-flight", self.max_in_flight, DEFAULT_MAX_IN_FLIGHT),
+        ] {
+            if given != default {
+                return Err(ConfigError::of(
+                    flag,
+                    "is for Valkey: the etcd client sends every call over one connection per member",
+                ));
+            }
         }
         self.check_common()?;
         let password = match &self.password_file {
@@ -422,5 +441,30 @@ mod tests {
             .to_config()
             .unwrap();
         assert_eq!((cfg.sentinel_username, cfg.sentinel_password), (None, None));
+    }
+
+    #[test]
+    fn valkey_connection_settings_are_refused_for_etcd() {
+        let etcd = ["t", "--store-url", "etcd://127.0.0.1:2379"];
+        assert!(Cli::parse_from(etcd).conn.to_store_config().is_ok());
+        for (flag, value) in [
+            ("--pool-size", "4"),
+            ("--durable-pool-size", "2"),
+            ("--max-in-flight", "10"),
+            ("--durability", "aof"),
+        ] {
+            let cli = Cli::parse_from(etcd.into_iter().chain([flag, value]));
+            let err = cli.conn.to_store_config().unwrap_err().to_string();
+            assert!(
+                err.contains(flag) && err.contains("Valkey"),
+                "{flag}: {err}"
+            );
+            // The same setting is taken with a Valkey URL.
+            let valkey = ["t", "--store-url", "redis://127.0.0.1:6379", flag, value];
+            assert!(
+                Cli::parse_from(valkey).conn.to_store_config().is_ok(),
+                "{flag}"
+            );
+        }
     }
 }

@@ -137,10 +137,10 @@ impl AcquireFlags {
     }
 }
 
-/// How a `lease` or `run` invocation reaches Valkey, prints, and logs.
+/// How a `lease` or `run` invocation reaches the store, prints, and logs.
 #[derive(Args, Debug)]
 pub struct ClientArgs {
-    /// How to reach Valkey.
+    /// How to reach the store (Valkey or etcd).
     #[command(flatten)]
     pub conn: ConnectionArgs,
     /// How the result is printed.
@@ -264,7 +264,7 @@ pub struct ListArgs {
     /// Only targets whose names start with this.
     #[arg(long, env = "TARGETLEASE_TARGET_PREFIX", default_value = "")]
     pub target_prefix: String,
-    /// How to reach Valkey, and diagnostics.
+    /// How to reach the store (Valkey or etcd), and diagnostics.
     #[command(flatten)]
     pub client: ClientArgs,
 }

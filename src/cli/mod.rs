@@ -36,7 +36,7 @@ pub fn version() -> &'static str {
     &VERSION
 }
 
-/// Leases with fencing tokens for Kubernetes workloads, stored in Valkey.
+/// Leases with fencing tokens for Kubernetes workloads, stored in Valkey or etcd.
 #[derive(Parser, Debug)]
 #[command(
     name = "targetlease",
@@ -62,9 +62,9 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the TargetLease CustomResourceDefinition as YAML (committed under crds/).
     Crd(crd::CrdArgs),
-    /// Run the operator: reconcile TargetLeases against Valkey.
+    /// Run the operator: reconcile TargetLeases against the store (Valkey or etcd).
     Operator(Box<operator::OperatorArgs>),
-    /// Check that a Valkey deployment is safe for leases (JSON on stdout; -o text for people).
+    /// Check that a Valkey deployment or an etcd cluster is safe for leases (JSON on stdout; -o text for people).
     Check(check::CheckArgs),
     /// Wait until a TargetLease is Held for this pod (or identity) and print its
     /// fencing token; `--follow --file F` keeps F up to date (a sidecar).

@@ -42,7 +42,7 @@ pub use report::{EXIT_BUSY, EXIT_LOST};
 pub struct RunArgs {
     #[command(flatten)]
     acquire: AcquireFlags,
-    /// How long to wait while the target is held (or Valkey unreachable)
+    /// How long to wait while the target is held (or the store unreachable)
     /// before giving up without starting CMD; `0s`: try once.
     #[arg(long, env = "TARGETLEASE_WAIT", default_value = DEFAULT_WAIT, value_parser = humantime::parse_duration)]
     wait: Duration,

@@ -56,6 +56,22 @@ use super::{
     ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
+/// How long a connection with a call or Watch open may be silent before it
+/// is pinged: gRPC's own floor for client keep-alive (its clients never ping
+/// more often), twice etcd's default `--grpc-keepalive-min-time`.
+const KEEP_ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What [`EtcdStore::space`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Space {
+    /// Alarms raised, e.g. `NOSPACE on member 8e9e05c52164694d`.
+    pub alarms: Vec<String>,
+    /// The answering member's database file, in bytes.
+    pub db_size: u64,
+    /// Its quota (`--quota-backend-bytes`), when the member reports it.
+    pub quota: Option<u64>,
+}
+
 /// [`super::LeaseStore`] on an etcd cluster (v3 API).
 pub struct EtcdStore {
     kv: Kv,
@@ -119,7 +135,14 @@ impl EtcdStore {
         let endpoints = config::parse(&cfg.url).map_err(invalid)?;
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(cfg.connect_timeout)
-            .with_keep_alive(cfg.connect_timeout, cfg.connect_timeout)
+            // A member closes a connection that pings it more often than
+            // every 5 s, or at all while no call is open (etcd's default
+            // `--grpc-keepalive-min-time` and its policy): ping only while
+            // a call or a Watch is open, and no more often than gRPC's own
+            // clients do; a member that stops answering is given up after
+            // the connect timeout.
+            .with_keep_alive(KEEP_ALIVE_EVERY, cfg.connect_timeout)
+            .with_keep_alive_while_idle(false)
             // A member without a leader refuses at once ("no leader"), definitely.
             .with_require_leader(true);
         if endpoints.tls {
@@ -171,6 +194,14 @@ impl EtcdStore {
             .await
             .map_err(|e| tls_hint(e, &endpoints, cfg))?;
         Ok(store)
+    }
+
+    /// etcd's alarms and the answering member's space (for `check`): while
+    /// an alarm is raised etcd refuses every write, and it raises
+    /// `NOSPACE` when a member's database reaches its quota. Any
+    /// authenticated user may ask.
+    pub async fn space(&self) -> Result<Space, StoreError> {
+        self.kv.space(Deadline::after(self.timeout)).await
     }
 
     /// The key layout this store writes.

@@ -76,11 +76,16 @@ pub struct Lease {
     pub owner: String,
     /// Strictly greater than every token issued before for this target.
     pub fencing_token: u64,
-    /// Server time of acquisition, in Unix milliseconds.
+    /// Server time of acquisition, in Unix milliseconds (on a store
+    /// without a clock, etcd: the client's, sampled before the request).
     pub acquired_at_ms: u64,
-    /// Server time at which the lease ends unless renewed, in Unix milliseconds.
+    /// Server time at which the lease ends unless renewed, in Unix
+    /// milliseconds. On a store without a clock (etcd) it is the holder's
+    /// deadline: the client's clock sampled before the request, plus the
+    /// ttl; the store may keep the record a little longer, never less.
     pub expires_at_ms: u64,
-    /// Server time past which no renewal can extend the lease.
+    /// Server time past which no renewal can extend the lease (the
+    /// holder's clock on etcd, as for `expires_at_ms`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_expires_at_ms: Option<u64>,
     /// The metadata given at acquisition.
@@ -207,7 +212,8 @@ pub struct Reply {
     pub outcome: Outcome,
     /// The lease the outcome is about, when there is one to show.
     pub lease: Option<Lease>,
-    /// The store's clock when it decided, in Unix milliseconds.
+    /// The store's clock when it decided, in Unix milliseconds (etcd has
+    /// none: the client's clock sampled before the request was sent).
     pub server_time_ms: u64,
     /// One human sentence; never contains secrets.
     pub message: String,
@@ -266,7 +272,8 @@ impl Listed {
 /// What a health probe learned about the backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
-    /// The store's clock, in Unix milliseconds.
+    /// The store's clock, in Unix milliseconds (on etcd: the client's,
+    /// sampled before the probe was sent).
     pub server_time_ms: u64,
     /// Round trip of the probe.
     pub latency: Duration,

@@ -103,3 +103,88 @@ fn lease_commands_list_and_check_work_against_etcd() {
     .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+/// Raises the `NOSPACE` alarm on the member the client reaches (as etcd
+/// does when a database reaches its quota), or (`on` false) clears every
+/// alarm raised.
+fn nospace_alarm(cluster: &EtcdCluster, on: bool) {
+    use etcd_client::{AlarmAction, AlarmOptions, AlarmType, Client};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = Client::connect(cluster.endpoints(), None)
+            .await
+            .expect("connect to etcd");
+        let members = if on {
+            let status = c.status().await.expect("member status");
+            vec![status.header().expect("a header").member_id()]
+        } else {
+            let raised = c.alarm(AlarmAction::Get, AlarmType::None, None).await;
+            let raised = raised.expect("alarms");
+            raised.alarms().iter().map(|a| a.member_id()).collect()
+        };
+        let action = if on {
+            AlarmAction::Activate
+        } else {
+            AlarmAction::Deactivate
+        };
+        for id in members {
+            let mut member = AlarmOptions::new();
+            member.with_member(id);
+            c.alarm(action, AlarmType::Nospace, Some(member))
+                .await
+                .expect("alarm");
+        }
+    });
+}
+
+fn check_report(url: &str) -> (Option<i32>, Value) {
+    let out = targetlease(&["check", "--store-url", url])
+        .output()
+        .unwrap();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code(), report)
+}
+
+fn space_of(report: &Value) -> &Value {
+    report["checks"]
+        .as_array()
+        .and_then(|checks| checks.iter().find(|c| c["name"] == "space"))
+        .unwrap_or_else(|| panic!("no space check: {report}"))
+}
+
+#[test]
+fn check_fails_while_etcd_refuses_writes_for_lack_of_space() {
+    let cluster = EtcdCluster::start();
+    let url = cluster.url();
+    let (code, report) = check_report(&url);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(space_of(&report)["status"], "ok", "{report}");
+
+    nospace_alarm(&cluster, true);
+    // etcd refuses the write, definitely.
+    on(&url, "acquire")
+        .target("db")
+        .owner("alice")
+        .ttl("30s")
+        .ok("backend_unavailable", 3);
+    let (code, report) = check_report(&url);
+    assert_eq!(code, Some(1), "{report}");
+    let space = space_of(&report);
+    assert_eq!(space["status"], "fail", "{report}");
+    assert!(
+        space["detail"]
+            .as_str()
+            .unwrap()
+            .contains("NOSPACE on member"),
+        "{report}"
+    );
+
+    nospace_alarm(&cluster, false);
+    let (code, report) = check_report(&url);
+    assert_eq!(code, Some(0), "{report}");
+    on(&url, "acquire")
+        .target("db")
+        .owner("alice")
+        .ttl("30s")
+        .ok("acquired", 0);
+}

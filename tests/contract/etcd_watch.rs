@@ -177,3 +177,36 @@ async fn the_operators_watch_names_every_target_whose_lease_ends_and_nothing_els
     held(&s.direct, &e, "erin", Duration::from_secs(1)).await;
     assert_eq!(next(&mut ended, HEARD_WITHIN).await, Some(e));
 }
+
+/// Long enough for a client pinging more often than etcd allows to be cut
+/// off even by the most lenient rule (three pings too many, 10 s apart,
+/// with no call open).
+const IDLE_FOR: Duration = Duration::from_secs(50);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_are_not_closed_by_the_members_for_pinging_too_often() {
+    let s = setup().await;
+    let t = target("idle");
+    let alice = held(&s.direct, &t, "alice", Duration::from_secs(120)).await;
+    // One client waits on a Watch; another has nothing open at all.
+    let mut notices = s.waiter.notices(&t).await.expect("subscribe");
+    let quiet_proxy = TcpProxy::start(&s.cluster.endpoints()[0]);
+    let quiet = connect(format!("etcd://127.0.0.1:{}", quiet_proxy.port)).await;
+    let (watching, idle) = (s.proxy.accepted(), quiet_proxy.accepted());
+
+    tokio::time::sleep(IDLE_FOR).await;
+    assert_eq!(
+        release(&s.direct, &t, &alice).await.outcome,
+        Outcome::Released
+    );
+    assert_eq!(next(&mut notices, HEARD_WITHIN).await, Some(Notice::Freed));
+    let free = quiet.get(&t).await.expect("get after idling");
+    assert_eq!(free.outcome, Outcome::NotFound);
+    assert_eq!(
+        (s.proxy.accepted(), quiet_proxy.accepted()),
+        (watching, idle),
+        "a member closed a connection while it idled, so the client connected again \
+         (members' logs, \"too many pings\": {})",
+        s.cluster.log_path(0).display()
+    );
+}

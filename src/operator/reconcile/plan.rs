@@ -316,11 +316,22 @@ pub fn expiry_margin(renew_interval: Duration) -> Duration {
 
 /// How long a waiter sleeps before retrying a target held until `lease_expires_ms`:
 /// just past that lease's expiry (server clock difference), at most a minute.
+/// A target still held past that expiry is one whose store has no clock of
+/// its own (etcd): it keeps a record a little past the deadline its holder
+/// was given, longer after a leader change, and the record's deletion is what
+/// wakes the waiter; meanwhile it looks again only every
+/// [`HELD_PAST_EXPIRY_RETRY`].
 pub fn retry_after_held(lease_expires_ms: u64, server_now_ms: u64) -> Duration {
-    let left = lease_expires_ms.saturating_sub(server_now_ms);
+    if lease_expires_ms <= server_now_ms {
+        return HELD_PAST_EXPIRY_RETRY;
+    }
+    let left = lease_expires_ms - server_now_ms;
     Duration::from_millis(left.saturating_add(50))
         .clamp(Duration::from_millis(100), Duration::from_secs(60))
 }
+
+/// See [`retry_after_held`].
+pub const HELD_PAST_EXPIRY_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a waiter sleeps before it looks again on its own (it is also woken
 /// by releases and pod changes; this bounds what a lost wake-up can cost).

@@ -9,9 +9,12 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, TxnOp, TxnOpResponse};
+use etcd_client::{
+    AlarmAction, AlarmType, Client, Compare, CompareOp, GetOptions, TxnOp, TxnOpResponse,
+};
 use tokio::time::Instant;
 
+use super::Space;
 use super::errors::{Effect, classify, late, lease_not_found};
 use super::records::Stored;
 use crate::store::StoreError;
@@ -232,6 +235,31 @@ impl Kv {
             .run(Effect::Read, self.client.kv_client().get(key, Some(opts)))
             .await
             .map(|_| ())
+    }
+
+    /// The alarms raised on any member, and the answering member's
+    /// database size and quota: what `check` shows of etcd's space.
+    pub(super) async fn space(&self, deadline: Deadline) -> Result<Space, StoreError> {
+        let mut m = self.client.maintenance_client();
+        let alarms = deadline
+            .run(
+                Effect::Read,
+                m.alarm(AlarmAction::Get, AlarmType::None, None),
+            )
+            .await?;
+        let status = deadline.run(Effect::Read, m.status()).await?;
+        Ok(Space {
+            alarms: alarms
+                .alarms()
+                .iter()
+                .map(|a| format!("{} on member {:x}", a.alarm().as_str_name(), a.member_id()))
+                .collect(),
+            db_size: u64::try_from(status.db_size()).unwrap_or(0),
+            // etcd before 3.6 does not report it.
+            quota: u64::try_from(status.db_size_quota())
+                .ok()
+                .filter(|q| *q > 0),
+        })
     }
 
     fn lock_buckets(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, i64>> {
