@@ -108,19 +108,36 @@ pub fn section(w: &mut String, o: &Results) {
         "Each operation on its own, the same workload through both of our stores (the store \
          part's, without server statistics): `acquire` on targets never used before, `renew` \
          and `commit` on one live lease per worker, `release` of the leases the acquire cell \
-         granted. etcd's lock has no renew (its session's keep-alive renews every lock of the \
-         session at once) and no fenced commit, so it has no column here; its acquire+release \
-         cycle is above.\n"
+         granted. Beside them, etcd's lock: its Lock beside our acquire and its Unlock beside \
+         our release, each timed on its own within the cycles above (so no ops/s of its own). \
+         etcd's lock has no renew (its session's keep-alive renews every lock of the session at \
+         once) and no fenced commit.\n"
     );
     let _ = writeln!(
         w,
-        "| concurrency | operation | etcd store ops/s | p50 / p99 | Valkey store ops/s | p50 / p99 | etcd ÷ Valkey |"
+        "| concurrency | operation | etcd store ops/s | p50 / p99 | Valkey store ops/s | p50 / p99 | etcd ÷ Valkey | etcd's lock p50 / p99 | etcd store p50 ÷ etcd's lock p50 |"
     );
-    let _ = writeln!(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(
+        w,
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for p in &o.peer_ops {
+        let cell = o.peer.iter().find(|c| c.concurrency == p.concurrency);
+        let lock = cell.and_then(|c| match p.op.as_str() {
+            "acquire" => Some(("Lock", c.etcd_lock_us)),
+            "release" => Some(("Unlock", c.etcd_unlock_us)),
+            _ => None,
+        });
+        let (theirs, versus) = match lock {
+            Some((name, (p50, p99))) => (
+                format!("{name} {p50:.0} / {p99:.0} µs"),
+                format!("{:.2}×", p.etcd.p50_us / p50),
+            ),
+            None => ("–".to_owned(), "–".to_owned()),
+        };
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {theirs} | {versus} |",
             p.concurrency,
             p.op,
             cells(&p.etcd),

@@ -45,7 +45,8 @@ pub(super) async fn etcd_peer(b: &Bench<'_>, results: &mut Results) {
             b.p.peer_cycles
         };
         eprintln!("bench: etcd lock vs ours at concurrency {c} ({cycles} cycles)");
-        let (etcd, etcd_errors) = etcd_lock(&bin, etcd_port.trim(), c, cycles);
+        let lock = etcd_lock(&bin, etcd_port.trim(), c, cycles);
+        let etcd = lock.cycle;
         let targets: Vec<Target> = (0..c)
             .map(|k| Target::new("peer", format!("c{c}-w{k}")))
             .collect();
@@ -75,7 +76,9 @@ pub(super) async fn etcd_peer(b: &Bench<'_>, results: &mut Results) {
         results.peer.push(PeerCell {
             concurrency: c,
             etcd,
-            etcd_errors,
+            etcd_errors: lock.errors,
+            etcd_lock_us: lock.lock_us,
+            etcd_unlock_us: lock.unlock_us,
             ours,
             ours_etcd,
         });
@@ -113,8 +116,18 @@ async fn cycle(store: &impl LeaseStore, target: &Target) -> bool {
         && matches!(store.release(&release).await, Ok(r) if r.outcome == Outcome::Released)
 }
 
-/// Runs `etcd-lock` for one concurrency; (figure, errors).
-fn etcd_lock(bin: &std::path::Path, port: &str, c: usize, cycles: usize) -> (Figure, u64) {
+/// What `etcd-lock` measured at one concurrency.
+struct LockRun {
+    /// Whole Lock+Unlock cycles.
+    cycle: Figure,
+    errors: u64,
+    /// (p50, p99) µs of Lock alone, and of Unlock alone.
+    lock_us: (f64, f64),
+    unlock_us: (f64, f64),
+}
+
+/// Runs `etcd-lock` for one concurrency.
+fn etcd_lock(bin: &std::path::Path, port: &str, c: usize, cycles: usize) -> LockRun {
     let out = Command::new(bin)
         .args(["-endpoints", &format!("127.0.0.1:{port}")])
         .args(["-concurrency", &c.to_string()])
@@ -138,5 +151,10 @@ fn etcd_lock(bin: &std::path::Path, port: &str, c: usize, cycles: usize) -> (Fig
         server_us: None,
         server_cmds: None,
     };
-    (figure, num("errors") as u64)
+    LockRun {
+        cycle: figure,
+        errors: num("errors") as u64,
+        lock_us: (num("lock_p50_us"), num("lock_p99_us")),
+        unlock_us: (num("unlock_p50_us"), num("unlock_p99_us")),
+    }
 }

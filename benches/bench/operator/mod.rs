@@ -89,6 +89,10 @@ pub struct PeerCell {
     pub concurrency: usize,
     pub etcd: crate::stats::Figure,
     pub etcd_errors: u64,
+    /// etcd's Lock on its own, then its Unlock: (p50, p99) µs, from the
+    /// same cycles.
+    pub etcd_lock_us: (f64, f64),
+    pub etcd_unlock_us: (f64, f64),
     /// Our Valkey store.
     pub ours: crate::stats::Figure,
     /// Our etcd store, on the same etcd as etcd's lock.

@@ -2,7 +2,10 @@
 // cycles of etcd's own lock (go.etcd.io/etcd/client/v3/concurrency Mutex)
 // against a running etcd, one JSON line per concurrency on stdout:
 //
-//	{"concurrency":16,"cycles":10000,"secs":1.9,"cycles_per_sec":5263,"p50_us":2900,"p99_us":7100,"errors":0}
+//	{"concurrency":16,"cycles":10000,"secs":1.9,"cycles_per_sec":5263,"p50_us":2900,"p99_us":7100,
+//	 "lock_p50_us":1500,"lock_p99_us":3900,"unlock_p50_us":1400,"unlock_p99_us":3500,"errors":0}
+//
+// (p50/p99 of whole cycles, and of Lock and of Unlock on their own.)
 //
 // Each worker holds its own session (one etcd lease kept alive, as a
 // service using the lock would) and locks its own key, so the figure is the
@@ -38,6 +41,10 @@ type cell struct {
 	CyclesPerSec float64 `json:"cycles_per_sec"`
 	P50Us        float64 `json:"p50_us"`
 	P99Us        float64 `json:"p99_us"`
+	LockP50Us    float64 `json:"lock_p50_us"`
+	LockP99Us    float64 `json:"lock_p99_us"`
+	UnlockP50Us  float64 `json:"unlock_p50_us"`
+	UnlockP99Us  float64 `json:"unlock_p99_us"`
 	Errors       int64   `json:"errors"`
 }
 
@@ -88,6 +95,8 @@ func run(cli *clientv3.Client, c, n, ttl int, prefix string) cell {
 	}
 	var next, errors atomic.Int64
 	samples := make([][]time.Duration, c)
+	locks := make([][]time.Duration, c)
+	unlocks := make([][]time.Duration, c)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := 0; w < c; w++ {
@@ -96,18 +105,24 @@ func run(cli *clientv3.Client, c, n, ttl int, prefix string) cell {
 			defer wg.Done()
 			m := concurrency.NewMutex(sessions[w], fmt.Sprintf("%s/w%d", prefix, w))
 			lat := make([]time.Duration, 0, n/c+1)
+			lock := make([]time.Duration, 0, n/c+1)
+			unlock := make([]time.Duration, 0, n/c+1)
 			for next.Add(1) <= int64(n) {
 				t := time.Now()
 				if err := m.Lock(ctx); err != nil {
 					errors.Add(1)
 					continue
 				}
+				locked := time.Now()
+				lock = append(lock, locked.Sub(t))
 				if err := m.Unlock(ctx); err != nil {
 					errors.Add(1)
+					continue
 				}
+				unlock = append(unlock, time.Since(locked))
 				lat = append(lat, time.Since(t))
 			}
-			samples[w] = lat
+			samples[w], locks[w], unlocks[w] = lat, lock, unlock
 		}(w)
 	}
 	wg.Wait()
@@ -115,11 +130,7 @@ func run(cli *clientv3.Client, c, n, ttl int, prefix string) cell {
 	for _, s := range sessions {
 		_ = s.Close() // revokes the session's lease
 	}
-	var all []time.Duration
-	for _, s := range samples {
-		all = append(all, s...)
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	all, lock, unlock := sorted(samples), sorted(locks), sorted(unlocks)
 	return cell{
 		Concurrency:  c,
 		Cycles:       len(all),
@@ -127,8 +138,22 @@ func run(cli *clientv3.Client, c, n, ttl int, prefix string) cell {
 		CyclesPerSec: float64(len(all)) / secs,
 		P50Us:        quantile(all, 0.50),
 		P99Us:        quantile(all, 0.99),
+		LockP50Us:    quantile(lock, 0.50),
+		LockP99Us:    quantile(lock, 0.99),
+		UnlockP50Us:  quantile(unlock, 0.50),
+		UnlockP99Us:  quantile(unlock, 0.99),
 		Errors:       errors.Load(),
 	}
+}
+
+// sorted joins every worker's samples, in ascending order.
+func sorted(per [][]time.Duration) []time.Duration {
+	var all []time.Duration
+	for _, s := range per {
+		all = append(all, s...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	return all
 }
 
 // quantile is the nearest-rank percentile, as the Rust side computes it.
