@@ -128,12 +128,13 @@ pub fn section(w: &mut String, o: &Results) {
             "release" => Some(("Unlock", c.etcd_unlock_us)),
             _ => None,
         });
+        let measured = |v: f64| v.is_finite() && v > 0.0;
         let (theirs, versus) = match lock {
-            Some((name, (p50, p99))) => (
+            Some((name, (p50, p99))) if measured(p50) && measured(p99) => (
                 format!("{name} {p50:.0} / {p99:.0} µs"),
                 format!("{:.2}×", p.etcd.p50_us / p50),
             ),
-            None => ("–".to_owned(), "–".to_owned()),
+            _ => ("–".to_owned(), "–".to_owned()),
         };
         let _ = writeln!(
             w,
@@ -148,8 +149,8 @@ pub fn section(w: &mut String, o: &Results) {
     let _ = writeln!(w);
 }
 
-/// One row per concurrency: who is ahead, by how much (the issue asks to
-/// say so); then our etcd store against etcd's lock.
+/// One row per concurrency: who is ahead, by how much; then our etcd store
+/// against etcd's lock.
 pub fn targets(o: &Results) -> Vec<Target> {
     let mut rows = valkey_targets(o);
     rows.extend(o.peer.iter().map(|c| {

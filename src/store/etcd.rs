@@ -64,8 +64,8 @@ const KEEP_ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10)
 /// What [`EtcdStore::space`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Space {
-    /// Alarms raised, e.g. `NOSPACE on member 8e9e05c52164694d`.
-    pub alarms: Vec<String>,
+    /// Alarms raised: the alarm (`NOSPACE`, `CORRUPT`) and the member's id.
+    pub alarms: Vec<(String, u64)>,
     /// The answering member's database file, in bytes.
     pub db_size: u64,
     /// Its quota (`--quota-backend-bytes`), when the member reports it.

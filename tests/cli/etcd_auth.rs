@@ -151,6 +151,14 @@ fn the_documented_role_runs_every_lease_command() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], true, "{report}");
+    // Every check answered in full: the role may read etcd's alarms and
+    // space too (any authenticated user may).
+    // (Reachability may warn of a slow answer on a loaded machine.)
+    let checks = report["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(names, ["reachability", "permissions", "space"], "{report}");
+    assert_eq!(checks[1]["status"], "ok", "{report}");
+    assert_eq!(checks[2]["status"], "ok", "{report}");
 }
 
 #[test]

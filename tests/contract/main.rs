@@ -17,6 +17,7 @@ use targetlease_test_support as support;
 mod cases;
 mod etcd_deadline;
 mod etcd_harness;
+mod etcd_silent_member;
 mod etcd_watch;
 
 use std::sync::Arc;

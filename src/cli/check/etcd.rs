@@ -37,27 +37,34 @@ pub(super) async fn checks(cfg: &EtcdConfig) -> (Vec<Check>, u8) {
     }
     // A read of a probe target needs read access to the key range.
     let probe = Target::new("targetlease-check", "probe");
-    out.push(match store.get(&probe).await {
-        Ok(_) => check("permissions", Verdict::Ok, "the lease keys can be read (writes are not probed: a probe would write)"),
-        Err(StoreError::BackendUnavailable(why)) if why.contains("permission denied") => check(
+    match store.get(&probe).await {
+        Ok(_) => out.push(check("permissions", Verdict::Ok, "the lease keys can be read (writes are not probed: a probe would write)")),
+        Err(StoreError::BackendUnavailable(why)) if why.contains("permission denied") => out.push(check(
             "permissions",
             Verdict::Fail,
             format!(
                 "the user may not read the lease keys ({why}): grant read and write on the key prefix"
             ),
-        ),
-        Err(e) => check("permissions", Verdict::Fail, e.to_string()),
-    });
-    out.push(match store.space().await {
-        Ok(space) => space_check(&space),
-        Err(e) => check(
+        )),
+        Err(e) => {
+            out.push(check("permissions", Verdict::Fail, e.to_string()));
+            return (out, EXIT_UNREACHABLE);
+        }
+    }
+    match store.space().await {
+        Ok(space) => out.push(space_check(&space)),
+        Err(StoreError::BackendUnavailable(why)) if refused_to_user(&why) => out.push(check(
             "space",
             Verdict::Warn,
             format!(
-                "cannot read etcd's alarms and database size ({e}): watch its NOSPACE alarm and etcd_mvcc_db_total_size_in_bytes yourself"
+                "cannot read etcd's alarms and database size ({why}): watch its NOSPACE alarm and etcd_mvcc_db_total_size_in_bytes yourself"
             ),
-        ),
-    });
+        )),
+        Err(e) => {
+            out.push(check("space", Verdict::Fail, e.to_string()));
+            return (out, EXIT_UNREACHABLE);
+        }
+    }
     let code = if out.iter().any(|c| c.status == Verdict::Fail) {
         super::EXIT_FAILED
     } else {
@@ -66,51 +73,69 @@ pub(super) async fn checks(cfg: &EtcdConfig) -> (Vec<Check>, u8) {
     (out, code)
 }
 
+/// Whether etcd refused a call to this user (rather than not answering).
+fn refused_to_user(why: &str) -> bool {
+    [
+        "permission denied",
+        "user name",
+        "authentication",
+        "auth token",
+    ]
+    .iter()
+    .any(|m| why.contains(m))
+}
+
 /// A database this full of its quota is warned about.
 const NEARLY_FULL_PERCENT: u64 = 80;
+
+/// etcd's quota when a member does not report one (before 3.6).
+const DEFAULT_QUOTA: u64 = 2 * 1024 * 1024 * 1024;
 
 /// The verdict on etcd's alarms and space.
 fn space_check(space: &Space) -> Check {
     const MIB: u64 = 1024 * 1024;
-    let size = space.db_size.div_ceil(MIB);
     if !space.alarms.is_empty() {
+        let raised: Vec<String> = space
+            .alarms
+            .iter()
+            .map(|(kind, member)| format!("{kind} on member {member:x}"))
+            .collect();
+        let what_to_do = if space.alarms.iter().any(|(kind, _)| kind == "CORRUPT") {
+            "a member's data differs from the others': follow etcd's data corruption recovery (replace that member), do not just disarm it"
+        } else {
+            "compact and defragment, then `etcdctl alarm disarm`"
+        };
         return check(
             "space",
             Verdict::Fail,
             format!(
-                "etcd refuses every write while an alarm is raised: {} (compact and defragment, then `etcdctl alarm disarm`)",
-                space.alarms.join(", ")
+                "etcd refuses every write while an alarm is raised: {} ({what_to_do})",
+                raised.join(", ")
             ),
         );
     }
-    match space.quota {
-        Some(quota)
-            if space.db_size.saturating_mul(100) >= quota.saturating_mul(NEARLY_FULL_PERCENT) =>
-        {
-            check(
-                "space",
-                Verdict::Warn,
-                format!(
-                    "the answering member's database uses {size} MiB of its {} MiB quota: at the quota etcd refuses every write (run etcd with --auto-compaction-retention, defragment, or raise --quota-backend-bytes)",
-                    quota.div_ceil(MIB)
-                ),
-            )
-        }
-        Some(quota) => check(
-            "space",
-            Verdict::Ok,
-            format!(
-                "no alarm; the answering member's database uses {size} MiB of its {} MiB quota",
-                quota.div_ceil(MIB)
-            ),
+    let size = space.db_size.div_ceil(MIB);
+    let (quota, assumed) = match space.quota {
+        Some(q) => (q, ""),
+        None => (
+            DEFAULT_QUOTA,
+            " (not reported before etcd 3.6: etcd's default assumed)",
         ),
-        None => check(
+    };
+    let used = format!(
+        "the answering member's database uses {size} MiB of its {} MiB quota{assumed}",
+        quota.div_ceil(MIB)
+    );
+    if space.db_size.saturating_mul(100) >= quota.saturating_mul(NEARLY_FULL_PERCENT) {
+        check(
             "space",
-            Verdict::Ok,
+            Verdict::Warn,
             format!(
-                "no alarm; the answering member's database uses {size} MiB (its quota is not reported before etcd 3.6; the default is 2 GiB)"
+                "{used}: at the quota etcd refuses every write (run etcd with --auto-compaction-retention, defragment, or raise --quota-backend-bytes)"
             ),
-        ),
+        )
+    } else {
+        check("space", Verdict::Ok, format!("no alarm; {used}"))
     }
 }
 
@@ -118,9 +143,9 @@ fn space_check(space: &Space) -> Check {
 mod tests {
     use super::*;
 
-    fn space(alarms: &[&str], db_size: u64, quota: Option<u64>) -> Space {
+    fn space(alarms: &[(&str, u64)], db_size: u64, quota: Option<u64>) -> Space {
         Space {
-            alarms: alarms.iter().map(|a| a.to_string()).collect(),
+            alarms: alarms.iter().map(|(k, m)| (k.to_string(), *m)).collect(),
             db_size,
             quota,
         }
@@ -129,12 +154,20 @@ mod tests {
     #[test]
     fn an_alarm_fails_and_a_nearly_full_database_warns() {
         const MIB: u64 = 1024 * 1024;
-        let full = space_check(&space(&["NOSPACE on member 1"], MIB, Some(2048 * MIB)));
+        let full = space_check(&space(&[("NOSPACE", 0x1f)], MIB, Some(2048 * MIB)));
         assert_eq!(full.status, Verdict::Fail);
         assert!(
-            full.detail.contains("NOSPACE on member 1"),
+            full.detail.contains("NOSPACE on member 1f"),
             "{}",
             full.detail
+        );
+        assert!(full.detail.contains("alarm disarm"), "{}", full.detail);
+        let corrupt = space_check(&space(&[("CORRUPT", 2)], MIB, Some(2048 * MIB)));
+        assert_eq!(corrupt.status, Verdict::Fail);
+        assert!(
+            !corrupt.detail.contains("alarm disarm"),
+            "{}",
+            corrupt.detail
         );
         let nearly = space_check(&space(&[], 80 * MIB, Some(100 * MIB)));
         assert_eq!(nearly.status, Verdict::Warn);
@@ -147,12 +180,19 @@ mod tests {
             space_check(&space(&[], 79 * MIB, Some(100 * MIB))).status,
             Verdict::Ok
         );
-        let unknown = space_check(&space(&[], 79 * MIB, None));
-        assert_eq!(unknown.status, Verdict::Ok);
+        // Not reported (before 3.6): etcd's default of 2 GiB.
+        let unknown = space_check(&space(&[], 1700 * MIB, None));
+        assert_eq!(unknown.status, Verdict::Warn);
         assert!(
-            unknown.detail.contains("not reported"),
+            unknown
+                .detail
+                .contains("of its 2048 MiB quota (not reported"),
             "{}",
             unknown.detail
+        );
+        assert_eq!(
+            space_check(&space(&[], 100 * MIB, None)).status,
+            Verdict::Ok
         );
     }
 }

@@ -252,7 +252,7 @@ impl Kv {
             alarms: alarms
                 .alarms()
                 .iter()
-                .map(|a| format!("{} on member {:x}", a.alarm().as_str_name(), a.member_id()))
+                .map(|a| (a.alarm().as_str_name().to_owned(), a.member_id()))
                 .collect(),
             db_size: u64::try_from(status.db_size()).unwrap_or(0),
             // etcd before 3.6 does not report it.
