@@ -42,7 +42,7 @@ mod watch;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use futures::stream::BoxStream;
 
 pub use config::{EtcdConfig, is_etcd_url};
@@ -56,10 +56,13 @@ use super::{
     ReleaseRequest, RenewRequest, Reply, RevokeRequest, StoreError, Target,
 };
 
-/// How long a connection with a call or Watch open may be silent before it
-/// is pinged: gRPC's own floor for client keep-alive (its clients never ping
-/// more often), twice etcd's default `--grpc-keepalive-min-time`.
-const KEEP_ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the Watches' connection may be silent, with a Watch open,
+/// before it is pinged. A Watch waiting for a release hears nothing for
+/// minutes, and a member closes a connection pinged more often than every
+/// 5 s with nothing sent in between (etcd's default
+/// `--grpc-keepalive-min-time`): gRPC's own clients never ping more often
+/// than this.
+const WATCH_KEEP_ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What [`EtcdStore::space`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,14 +138,6 @@ impl EtcdStore {
         let endpoints = config::parse(&cfg.url).map_err(invalid)?;
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(cfg.connect_timeout)
-            // A member closes a connection that pings it more often than
-            // every 5 s, or at all while no call is open (etcd's default
-            // `--grpc-keepalive-min-time` and its policy): ping only while
-            // a call or a Watch is open, and no more often than gRPC's own
-            // clients do; a member that stops answering is given up after
-            // the connect timeout.
-            .with_keep_alive(KEEP_ALIVE_EVERY, cfg.connect_timeout)
-            .with_keep_alive_while_idle(false)
             // A member without a leader refuses at once ("no leader"), definitely.
             .with_require_leader(true);
         if endpoints.tls {
@@ -172,19 +167,30 @@ impl EtcdStore {
             }
             (None, None) => {}
         }
-        let connect = Client::connect(endpoints.uris(), Some(opts));
-        let client = match tokio::time::timeout(cfg.connect_timeout, connect).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(errors::classify(&e, errors::Effect::Read)),
-            Err(_) => {
-                return Err(StoreError::BackendUnavailable(format!(
-                    "cannot reach etcd within {}",
-                    humantime::format_duration(cfg.connect_timeout)
-                )));
-            }
-        };
+        // Pinged only while something is open (a member closes a
+        // connection pinged while nothing is, etcd's policy), and given up
+        // when a ping is not answered within the connect timeout. Calls
+        // have a connection of their own, pinged after `--connect-timeout`
+        // without a byte from the member while a call is open, so a member
+        // gone silent is found that fast; the Watches have another, pinged
+        // far less often (see `WATCH_KEEP_ALIVE_EVERY`), made on first use.
+        let calls = opts
+            .clone()
+            .with_keep_alive(cfg.connect_timeout, cfg.connect_timeout)
+            .with_keep_alive_while_idle(false);
+        let watches = opts
+            .with_keep_alive(WATCH_KEEP_ALIVE_EVERY, cfg.connect_timeout)
+            .with_keep_alive_while_idle(false);
+        let client = kv::connect(&endpoints.uris(), calls, cfg.connect_timeout).await?;
         let store = Self {
-            kv: Kv::new(client),
+            kv: Kv::new(
+                client,
+                kv::Later {
+                    uris: endpoints.uris(),
+                    opts: watches,
+                    timeout: cfg.connect_timeout,
+                },
+            ),
             keys,
             timeout: cfg.timeout,
         };
@@ -215,7 +221,8 @@ impl EtcdStore {
     /// stream from where it stopped; the stream ends when the store can no
     /// longer watch (the client is gone).
     pub async fn release_notices(&self) -> Result<BoxStream<'static, Target>, StoreError> {
-        watch::release_notices(self.kv.watch_client(), self.keys.clone(), self.timeout).await
+        let client = self.kv.watch_client().await?;
+        watch::release_notices(client, self.keys.clone(), self.timeout).await
     }
 
     fn judged(&self, target: &Target, slot: Slot, now: u64) -> Reply {
@@ -382,7 +389,7 @@ impl LeaseStore for EtcdStore {
     async fn notices(&self, target: &Target) -> Result<super::Notices, StoreError> {
         target.validate()?;
         let key = self.keys.lease(target);
-        watch::notices(self.kv.watch_client(), key, self.timeout).await
+        watch::notices(self.kv.watch_client().await?, key, self.timeout).await
     }
 
     async fn health(&self) -> Result<Health, StoreError> {

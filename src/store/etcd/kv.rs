@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    AlarmAction, AlarmType, Client, Compare, CompareOp, GetOptions, TxnOp, TxnOpResponse,
+    AlarmAction, AlarmType, Client, Compare, CompareOp, ConnectOptions, GetOptions, TxnOp,
+    TxnOpResponse,
 };
 use tokio::time::Instant;
 
@@ -62,21 +63,60 @@ pub(super) enum Guarded {
 /// The etcd client and the request cache's bucket leases.
 pub(super) struct Kv {
     client: Client,
+    /// The Watches' own client, made on first use from `watching`.
+    watches: tokio::sync::OnceCell<Client>,
+    watching: Later,
     /// Bucket index -> etcd lease id, for request cache entries.
     buckets: Mutex<BTreeMap<u64, i64>>,
 }
 
+/// How to make a client later (its options hold the password: no `Debug`).
+pub(super) struct Later {
+    pub uris: Vec<String>,
+    pub opts: ConnectOptions,
+    pub timeout: Duration,
+}
+
+/// A client on `uris`, connected within `timeout`.
+pub(super) async fn connect(
+    uris: &[String],
+    opts: ConnectOptions,
+    timeout: Duration,
+) -> Result<Client, StoreError> {
+    match tokio::time::timeout(timeout, Client::connect(uris, Some(opts))).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(classify(&e, Effect::Read)),
+        Err(_) => Err(StoreError::BackendUnavailable(format!(
+            "cannot reach etcd within {}",
+            humantime::format_duration(timeout)
+        ))),
+    }
+}
+
 impl Kv {
-    pub(super) fn new(client: Client) -> Self {
+    pub(super) fn new(client: Client, watching: Later) -> Self {
         Self {
             client,
+            watches: tokio::sync::OnceCell::new(),
+            watching,
             buckets: Mutex::new(BTreeMap::new()),
         }
     }
 
     /// A client for watches (release notices).
-    pub(super) fn watch_client(&self) -> etcd_client::WatchClient {
-        self.client.watch_client()
+    /// A Watch client on the Watches' own connection (made now if it is
+    /// the first).
+    pub(super) async fn watch_client(&self) -> Result<etcd_client::WatchClient, StoreError> {
+        let Later {
+            uris,
+            opts,
+            timeout,
+        } = &self.watching;
+        let client = self
+            .watches
+            .get_or_try_init(|| connect(uris, opts.clone(), *timeout))
+            .await?;
+        Ok(client.watch_client())
     }
 
     /// `keys` at one revision, by one transaction of range reads.
@@ -339,7 +379,12 @@ mod tests {
         let client = Client::connect([format!("http://127.0.0.1:{port}")], None)
             .await
             .unwrap();
-        let kv = Kv::new(client);
+        let never = Later {
+            uris: Vec::new(),
+            opts: ConnectOptions::new(),
+            timeout: Duration::ZERO,
+        };
+        let kv = Kv::new(client, never);
         let snap = Snapshot {
             keys: vec!["k".into()],
             stored: vec![None],
