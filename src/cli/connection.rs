@@ -230,7 +230,7 @@ impl ConnectionArgs {
             if given != default {
                 return Err(ConfigError::of(
                     flag,
-                    "is for Valkey: the etcd client sends every call over one connection per member",
+                    "is for Valkey: the etcd client multiplexes every call over one connection per member",
                 ));
             }
         }

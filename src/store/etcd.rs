@@ -170,13 +170,18 @@ impl EtcdStore {
         // Pinged only while something is open (a member closes a
         // connection pinged while nothing is, etcd's policy), and given up
         // when a ping is not answered within the connect timeout. Calls
-        // have a connection of their own, pinged after `--connect-timeout`
-        // without a byte from the member while a call is open, so a member
-        // gone silent is found that fast; the Watches have another, pinged
-        // far less often (see `WATCH_KEEP_ALIVE_EVERY`), made on first use.
+        // have a connection of their own, pinged once it has heard nothing
+        // from the member for `--connect-timeout` while a call is open, so
+        // a member gone silent is found that fast. No more often than a
+        // third of `--timeout`, though: a member closes a connection whose
+        // fourth ping in a row came before it said anything, so a call it
+        // answers within its deadline never meets that. The Watches have
+        // another connection, pinged far less often (see
+        // `WATCH_KEEP_ALIVE_EVERY`), made on first use.
+        let ping_after = cfg.connect_timeout.max(cfg.timeout / 3);
         let calls = opts
             .clone()
-            .with_keep_alive(cfg.connect_timeout, cfg.connect_timeout)
+            .with_keep_alive(ping_after, cfg.connect_timeout)
             .with_keep_alive_while_idle(false);
         let watches = opts
             .with_keep_alive(WATCH_KEEP_ALIVE_EVERY, cfg.connect_timeout)

@@ -103,7 +103,6 @@ impl Kv {
         }
     }
 
-    /// A client for watches (release notices).
     /// A Watch client on the Watches' own connection (made now if it is
     /// the first).
     pub(super) async fn watch_client(&self) -> Result<etcd_client::WatchClient, StoreError> {
