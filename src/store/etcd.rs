@@ -9,8 +9,9 @@
 //!
 //! etcd has no clock to offer, so the times this store reports are the
 //! client's: `server_time_ms` is the client clock sampled before the
-//! request's write is sent (before its read, for a request that writes
-//! nothing), and `expires_at_ms` of a grant is such a sample plus the ttl — a deadline
+//! request's write is sent (where nothing is written, the sample the answer
+//! was decided by: before the read for `get`, `read`, `list`, `acquire` and
+//! `renew`, after it for `release`, `revoke` and `commit`), and `expires_at_ms` of a grant is such a sample plus the ttl — a deadline
 //! that ends no later than etcd's lease, which starts after the sample and
 //! lasts at least as long. Its holder stops at that deadline; etcd may keep
 //! the record longer (TTLs round up to whole seconds, expired leases are
@@ -186,7 +187,9 @@ impl EtcdStore {
         let watches = opts
             .with_keep_alive(WATCH_KEEP_ALIVE_EVERY, cfg.connect_timeout)
             .with_keep_alive_while_idle(false);
-        let client = kv::connect(&endpoints.uris(), calls, cfg.connect_timeout).await?;
+        // Connecting and the first answer share the connect timeout.
+        let deadline = Deadline::after(cfg.connect_timeout);
+        let client = kv::connect(&endpoints.uris(), calls, deadline).await?;
         let store = Self {
             kv: Kv::new(
                 client,
@@ -201,7 +204,7 @@ impl EtcdStore {
         };
         store
             .kv
-            .probe(&store.keys.health(), Deadline::after(cfg.connect_timeout))
+            .probe(&store.keys.health(), deadline)
             .await
             .map_err(|e| tls_hint(e, &endpoints, cfg))?;
         Ok(store)

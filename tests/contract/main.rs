@@ -17,6 +17,8 @@ use targetlease_test_support as support;
 mod cases;
 mod etcd_deadline;
 mod etcd_harness;
+mod etcd_list;
+mod etcd_member_down;
 mod etcd_silent_member;
 mod etcd_watch;
 

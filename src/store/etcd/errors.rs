@@ -12,7 +12,7 @@
 //!
 //! | what happened | read | write |
 //! |---|---|---|
-//! | not sent (no connection, connect refused or timed out, TLS handshake refused, connection closed before the call was handed to it) | `backend_unavailable` | `backend_unavailable` |
+//! | not sent (no connection, connect refused or timed out, TLS handshake refused, connection closed before the call was handed to it; sent again, within the deadline) | `backend_unavailable` | `backend_unavailable` |
 //! | refused before proposing (messages below, auth/permission/argument codes) | `backend_unavailable` | `backend_unavailable` |
 //! | sent, then deadline, reset or any other error | `backend_unavailable` | `outcome_unknown` |
 //!
@@ -70,9 +70,15 @@ pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
     match e {
         E::GRpcStatus(s) => {
             let said = first_words(s.message());
-            if let Some(tls) = std::error::Error::source(s).and_then(tls_failure) {
-                // A TLS failure ends the handshake: no request was read.
-                StoreError::BackendUnavailable(format!("cannot reach etcd: {tls}"))
+            if let Some((tls, handshake)) = std::error::Error::source(s).and_then(tls_failure) {
+                if handshake {
+                    // A refusal of the handshake: no request was read.
+                    StoreError::BackendUnavailable(format!("cannot reach etcd: {tls}"))
+                } else {
+                    // Any other TLS failure can end a connection a request
+                    // was already read from.
+                    unknown(format!("etcd's TLS connection failed: {tls}"))
+                }
             } else if not_sent(s) {
                 // Refused by the connection before it was handed over: no
                 // byte of it left this process, whatever it would change.
@@ -92,7 +98,7 @@ pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
         }
         E::TransportError(t) => StoreError::BackendUnavailable(format!(
             "cannot reach etcd: {}",
-            tls_failure(t).unwrap_or_else(|| first_words(&chain(t)))
+            tls_failure(t).map_or_else(|| first_words(&chain(t)), |(tls, _)| tls)
         )),
         E::InvalidArgs(_) | E::InvalidUri(_) | E::EndpointError(_) => {
             StoreError::BackendUnavailable(format!("cannot use the etcd endpoints: {e}"))
@@ -102,6 +108,13 @@ pub(super) fn classify(e: &etcd_client::Error, effect: Effect) -> StoreError {
             first_words(&other.to_string())
         )),
     }
+}
+
+/// True when `e` says the call was never sent: the connection it was
+/// handed could not be made, or had ended before the call was handed to it.
+/// Making it again cannot apply anything twice.
+pub(super) fn unsent(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if not_sent(s) || never_connected(s))
 }
 
 /// Our deadline passed while a call was out.
@@ -183,23 +196,59 @@ fn not_sent(s: &tonic::Status) -> bool {
 }
 
 /// The TLS failure among `e` and its sources, as a sentence (never the TLS
-/// library's variant names).
-fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+/// library's variant names), and whether only a handshake ends that way.
+fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<(String, bool)> {
     let mut source = Some(e);
     while let Some(e) = source {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|i| i.is::<rustls::Error>()) {
-                return Some(crate::store::valkey::tls::describe_io(io, None));
+            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                let said = crate::store::valkey::tls::describe_io(io, None);
+                return Some((said, handshake_only(tls)));
             }
             // An alert read after the handshake reaches us as text only.
             if let Some(alert) = alert_named(&io.to_string()) {
+                let handshake = handshake_only(&alert);
                 let io = std::io::Error::new(std::io::ErrorKind::InvalidData, alert);
-                return Some(crate::store::valkey::tls::describe_io(&io, None));
+                let said = crate::store::valkey::tls::describe_io(&io, None);
+                return Some((said, handshake));
             }
         }
         source = e.source();
     }
     None
+}
+
+/// Whether `e` can end only a handshake: a certificate, name or protocol
+/// refused, by us or by the member (which refuses before reading a request,
+/// even when, with TLS 1.3, its refusal of our certificate arrives after
+/// we sent one). Anything else (a record that does not decrypt, a member
+/// that misbehaves) can end a connection a request was read from.
+fn handshake_only(e: &rustls::Error) -> bool {
+    use rustls::{AlertDescription as A, Error as E};
+    match e {
+        E::InvalidCertificate(_)
+        | E::NoCertificatesPresented
+        | E::UnsupportedNameType
+        | E::PeerIncompatible(_)
+        | E::InvalidCertRevocationList(_) => true,
+        E::AlertReceived(a) => matches!(
+            a,
+            A::HandshakeFailure
+                | A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::ProtocolVersion
+                | A::InsufficientSecurity
+                | A::CertificateRequired
+                | A::UnrecognisedName
+                | A::NoApplicationProtocol
+        ),
+        _ => false,
+    }
 }
 
 /// The TLS alert `text` says was received ("received fatal alert: Name").
@@ -279,6 +328,36 @@ mod tests {
             }
             other => panic!("expected backend_unavailable, got {other:?}"),
         }
+    }
+
+    /// A TLS refusal of the handshake is definite even for a write; any
+    /// other TLS failure may end a connection the write was read from.
+    #[test]
+    fn only_a_handshake_refusal_is_a_definite_tls_failure() {
+        let tls = |e: rustls::Error| {
+            let mut s = tonic::Status::new(Code::Unknown, "transport error");
+            s.set_source(std::sync::Arc::new(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                e,
+            )));
+            etcd_client::Error::GRpcStatus(s)
+        };
+        let refused = tls(rustls::Error::AlertReceived(
+            rustls::AlertDescription::CertificateRequired,
+        ));
+        assert!(matches!(
+            classify(&refused, Effect::Write),
+            StoreError::BackendUnavailable(_)
+        ));
+        let broken = tls(rustls::Error::DecryptError);
+        assert!(matches!(
+            classify(&broken, Effect::Write),
+            StoreError::OutcomeUnknown(_)
+        ));
+        assert!(matches!(
+            classify(&broken, Effect::Read),
+            StoreError::BackendUnavailable(_)
+        ));
     }
 
     /// A call the connection gave back unsent is a definite failure, even

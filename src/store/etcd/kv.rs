@@ -16,13 +16,26 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use super::Space;
-use super::errors::{Effect, classify, late, lease_not_found};
+use super::errors::{Effect, classify, late, lease_not_found, unsent};
 use super::records::Stored;
 use crate::store::StoreError;
 
 /// How long one request cache bucket lease spans: every entry due to end
 /// within the same span shares one etcd lease.
 const BUCKET_MS: u64 = 60_000;
+
+/// How many times one call is made at most while the connection it is
+/// handed cannot be made. The client hands each call to a member at random
+/// and opens the connection when it is needed, so with a member down
+/// (refusing connections at once) a call handed to it was never sent, and
+/// is made again, to be handed to a member again. With one member of three
+/// down, all 16 tries meet it about once in 43 million calls; with every
+/// member down, the caller hears so at once.
+const SEND_TRIES: usize = 16;
+
+/// How many keys one page of a range read holds: a lease record is at most
+/// about 5 KB (owner and metadata bounded), so a page stays under 4 MiB.
+const PAGE: i64 = 500;
 
 /// The client's wall clock, in Unix milliseconds (etcd has none to offer).
 pub(super) fn now_ms() -> u64 {
@@ -77,18 +90,22 @@ pub(super) struct Later {
     pub timeout: Duration,
 }
 
-/// A client on `uris`, connected within `timeout`.
+/// A client on `uris`, connected by `deadline` (with a user, connecting
+/// authenticates, a call: sent again like any call that was never sent).
 pub(super) async fn connect(
     uris: &[String],
     opts: ConnectOptions,
-    timeout: Duration,
+    deadline: Deadline,
 ) -> Result<Client, StoreError> {
-    match tokio::time::timeout(timeout, Client::connect(uris, Some(opts))).await {
+    match deadline
+        .run_raw(|| Client::connect(uris, Some(opts.clone())))
+        .await
+    {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(classify(&e, Effect::Read)),
-        Err(_) => Err(StoreError::BackendUnavailable(format!(
+        Err(()) => Err(StoreError::BackendUnavailable(format!(
             "cannot reach etcd within {}",
-            humantime::format_duration(timeout)
+            humantime::format_duration(deadline.timeout)
         ))),
     }
 }
@@ -113,7 +130,7 @@ impl Kv {
         } = &self.watching;
         let client = self
             .watches
-            .get_or_try_init(|| connect(uris, opts.clone(), *timeout))
+            .get_or_try_init(|| connect(uris, opts.clone(), Deadline::after(*timeout)))
             .await?;
         Ok(client.watch_client())
     }
@@ -126,9 +143,7 @@ impl Kv {
     ) -> Result<Snapshot, StoreError> {
         let now = now_ms();
         let txn = etcd_client::Txn::new().and_then(gets(keys));
-        let resp = deadline
-            .run(Effect::Read, self.client.kv_client().txn(txn))
-            .await?;
+        let resp = deadline.run(Effect::Read, || self.txn(&txn)).await?;
         Ok(Snapshot {
             keys: keys.to_vec(),
             stored: decode_gets(&resp.op_responses()),
@@ -164,7 +179,7 @@ impl Kv {
             .when(guards)
             .and_then(writes)
             .or_else(gets(&snap.keys));
-        let resp = match deadline.run_raw(self.client.kv_client().txn(txn)).await {
+        let resp = match deadline.run_raw(|| self.txn(&txn)).await {
             Ok(Ok(resp)) => resp,
             Ok(Err(e)) if lease_not_found(&e) => return Ok(Guarded::LeaseGone),
             Ok(Err(e)) => return Err(classify(&e, Effect::Write)),
@@ -180,33 +195,49 @@ impl Kv {
         }))
     }
 
-    /// Every key under `prefix` with its value, at one revision, sorted by key.
+    /// Every key under each of `prefixes` with its value, all at one
+    /// revision, sorted by key; read in pages of [`PAGE`] keys, so that no
+    /// answer outgrows what the client accepts (4 MiB) however many
+    /// targets a namespace has.
     pub(super) async fn range(
         &self,
         prefixes: &[String],
         deadline: Deadline,
     ) -> Result<(Vec<Vec<(Vec<u8>, Stored)>>, u64), StoreError> {
         let now = now_ms();
-        let ops: Vec<TxnOp> = prefixes
-            .iter()
-            .map(|p| TxnOp::get(p.as_str(), Some(GetOptions::new().with_prefix())))
-            .collect();
-        let txn = etcd_client::Txn::new().and_then(ops);
-        let resp = deadline
-            .run(Effect::Read, self.client.kv_client().txn(txn))
-            .await?;
-        let ranges = resp
-            .op_responses()
-            .into_iter()
-            .map(|r| match r {
-                TxnOpResponse::Get(g) => g
-                    .kvs()
-                    .iter()
-                    .map(|kv| (kv.key().to_vec(), stored(kv)))
-                    .collect(),
-                _ => Vec::new(),
-            })
-            .collect();
+        // 0: the newest revision, then the first page's for every page.
+        let mut revision = 0;
+        let mut ranges = Vec::with_capacity(prefixes.len());
+        for prefix in prefixes {
+            let end = prefix_end(prefix.as_bytes());
+            let mut from = prefix.as_bytes().to_vec();
+            let mut keys = Vec::new();
+            loop {
+                let opts = GetOptions::new()
+                    .with_range(end.clone())
+                    .with_limit(PAGE)
+                    .with_revision(revision);
+                let resp = deadline
+                    .run(Effect::Read, || {
+                        let (mut kv, from, opts) =
+                            (self.client.kv_client(), from.clone(), opts.clone());
+                        async move { kv.get(from, Some(opts)).await }
+                    })
+                    .await?;
+                if revision == 0 {
+                    revision = resp.header().map_or(0, |h| h.revision());
+                }
+                keys.extend(resp.kvs().iter().map(|kv| (kv.key().to_vec(), stored(kv))));
+                match resp.kvs().last() {
+                    Some(last) if resp.more() => {
+                        from = last.key().to_vec();
+                        from.push(0);
+                    }
+                    _ => break,
+                }
+            }
+            ranges.push(keys);
+        }
         Ok((ranges, now))
     }
 
@@ -215,7 +246,10 @@ impl Kv {
     pub(super) async fn grant(&self, ttl_ms: u64, deadline: Deadline) -> Result<i64, StoreError> {
         let secs = ttl_ms.div_ceil(1000).max(1) as i64;
         let resp = deadline
-            .run(Effect::Read, self.client.lease_client().grant(secs, None))
+            .run(Effect::Read, || {
+                let mut lease = self.client.lease_client();
+                async move { lease.grant(secs, None).await }
+            })
             .await?;
         Ok(resp.id())
     }
@@ -271,7 +305,10 @@ impl Kv {
     pub(super) async fn probe(&self, key: &str, deadline: Deadline) -> Result<(), StoreError> {
         let opts = GetOptions::new().with_count_only();
         deadline
-            .run(Effect::Read, self.client.kv_client().get(key, Some(opts)))
+            .run(Effect::Read, || {
+                let (mut kv, opts) = (self.client.kv_client(), opts.clone());
+                async move { kv.get(key, Some(opts)).await }
+            })
             .await
             .map(|_| ())
     }
@@ -279,14 +316,15 @@ impl Kv {
     /// The alarms raised on any member, and the answering member's
     /// database size and quota: what `check` shows of etcd's space.
     pub(super) async fn space(&self, deadline: Deadline) -> Result<Space, StoreError> {
-        let mut m = self.client.maintenance_client();
+        let m = || self.client.maintenance_client();
         let alarms = deadline
-            .run(
-                Effect::Read,
-                m.alarm(AlarmAction::Get, AlarmType::None, None),
-            )
+            .run(Effect::Read, || async move {
+                m().alarm(AlarmAction::Get, AlarmType::None, None).await
+            })
             .await?;
-        let status = deadline.run(Effect::Read, m.status()).await?;
+        let status = deadline
+            .run(Effect::Read, || async move { m().status().await })
+            .await?;
         Ok(Space {
             alarms: alarms
                 .alarms()
@@ -301,9 +339,32 @@ impl Kv {
         })
     }
 
+    /// `txn` sent on a client of its own (the call may be made again).
+    fn txn(
+        &self,
+        txn: &etcd_client::Txn,
+    ) -> impl std::future::Future<Output = Result<etcd_client::TxnResponse, etcd_client::Error>>
+    {
+        let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+        async move { kv.txn(txn).await }
+    }
+
     fn lock_buckets(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, i64>> {
         self.buckets.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The end of the range of keys starting with `prefix` (exclusive).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff: every key from the prefix on.
+    vec![0]
 }
 
 fn gets(keys: &[String]) -> Vec<TxnOp> {
@@ -343,23 +404,36 @@ impl Deadline {
         }
     }
 
-    /// `call`, or the deadline's error for `effect`.
-    async fn run<T>(
-        &self,
-        effect: Effect,
-        call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
+    /// The answer to `call`, or the deadline's error for `effect`.
+    async fn run<T, F, Fut>(&self, effect: Effect, call: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
         match self.run_raw(call).await {
             Ok(r) => r.map_err(|e| classify(&e, effect)),
             Err(()) => Err(late(effect, self.timeout)),
         }
     }
 
-    async fn run_raw<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<Result<T, etcd_client::Error>, ()> {
-        tokio::time::timeout_at(self.at, call).await.map_err(|_| ())
+    /// The answer to the call `call` makes, made again while the
+    /// connection it was handed could not be made (it was never sent), at
+    /// most [`SEND_TRIES`] times; `Err(())` when the deadline passed first.
+    async fn run_raw<T, F, Fut>(&self, mut call: F) -> Result<Result<T, etcd_client::Error>, ()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let sent = async {
+            let mut tries = 1;
+            loop {
+                match call().await {
+                    Err(e) if tries < SEND_TRIES && unsent(&e) => tries += 1,
+                    answer => return answer,
+                }
+            }
+        };
+        tokio::time::timeout_at(self.at, sent).await.map_err(|_| ())
     }
 }
 
