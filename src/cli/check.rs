@@ -90,7 +90,10 @@ pub async fn main(args: CheckArgs) -> ExitCode {
     logging::init(&args.log);
     let config = match args.conn.to_store_config() {
         Ok(StoreConfig::Valkey(c)) => c,
-        Ok(StoreConfig::Etcd(c)) => return print(&args, etcd::checks(&c).await),
+        Ok(StoreConfig::Etcd(c)) => {
+            let report = etcd::checks(&c).await;
+            return report.map_or_else(|msg| output::usage_error(&msg), |r| print(&args, r));
+        }
         Err(msg) => return output::usage_error(&msg),
     };
     let (checks, code) = match ValkeyStore::connect_only(&config).await {

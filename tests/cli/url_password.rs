@@ -132,3 +132,91 @@ fn a_user_name_alone_in_the_url_is_accepted() {
     assert_ne!(out.status.code(), Some(2), "{stderr}");
     assert!(connections.load(Ordering::SeqCst) >= 1, "{stderr}");
 }
+
+/// The same for an etcd URL, given as `--store-url` or through
+/// `TARGETLEASE_STORE_URL`; that variable is read before
+/// `TARGETLEASE_VALKEY_URL`, which names a server that would be reached.
+#[test]
+fn a_password_inside_an_etcd_url_is_refused_before_anything_connects() {
+    let (port, connections) = counting_listener();
+    let (valkey_port, valkey_connections) = counting_listener();
+    let url = format!("etcd://user:{CANARY}@127.0.0.1:{port}");
+    for args in commands(&url) {
+        let flag = args.iter().position(|a| a == "--valkey-url").unwrap();
+        let mut store_flag = args.clone();
+        store_flag[flag] = "--store-url".into();
+        let mut from_env = args.clone();
+        from_env.drain(flag..flag + 2);
+        for (args, env) in [(&store_flag, false), (&from_env, true)] {
+            let mut cmd = targetlease(args);
+            cmd.env("RUST_LOG", "trace");
+            if env {
+                cmd.env("TARGETLEASE_STORE_URL", &url).env(
+                    "TARGETLEASE_VALKEY_URL",
+                    format!("redis://127.0.0.1:{valkey_port}"),
+                );
+            }
+            let out = cmd.output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let shown = format!("{args:?} (url from env: {env}): {stdout} {stderr}");
+            assert_eq!(out.status.code(), Some(2), "{shown}");
+            assert!(stderr.contains("--password-file"), "{shown}");
+            assert!(stderr.contains("password inside the URL"), "{shown}");
+            assert!(
+                !stdout.contains(CANARY) && !stderr.contains(CANARY),
+                "{shown}"
+            );
+        }
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst) + valkey_connections.load(Ordering::SeqCst),
+        0,
+        "a command connected before refusing the URL"
+    );
+}
+
+/// Settings an etcd connection cannot use together are refused before
+/// anything connects (exit 2), each with what to change: a password with
+/// no user, a user with no password, TLS files with a URL without TLS
+/// (`lease`, `run` and `check`).
+#[test]
+fn etcd_settings_that_do_not_go_together_are_refused_before_anything_connects() {
+    let (port, connections) = counting_listener();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "pw\n").unwrap();
+    let file = file.to_str().unwrap();
+    let cases: [(&str, &[&str], &str); 3] = [
+        (
+            "etcd",
+            &["--password-file", file],
+            "a password needs a user name",
+        ),
+        ("etcd", &["--username", "app"], "needs a password"),
+        (
+            "etcd",
+            &["--tls-ca-file", file],
+            "the URL does not use TLS (etcds://)",
+        ),
+    ];
+    for (scheme, extra, said) in cases {
+        let url = format!("{scheme}://127.0.0.1:{port}");
+        // The operator reaches the Kubernetes API before the store.
+        for mut args in commands(&url).into_iter().filter(|a| a[0] != "operator") {
+            // Before `run`'s command, if any.
+            let at = args.iter().position(|a| a == "--").unwrap_or(args.len());
+            args.splice(at..at, extra.iter().map(|s| s.to_string()));
+            let out = targetlease(&args).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let shown = format!("{args:?}: {stderr}");
+            assert_eq!(out.status.code(), Some(2), "{shown}");
+            assert!(stderr.contains(said), "{shown}");
+        }
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a command connected before refusing its settings"
+    );
+}

@@ -113,3 +113,71 @@ async fn a_commit_sent_after_the_deadline_is_refused_though_read_before_it() {
         "a commit made {BEFORE_MS} ms before the deadline, its write sent after it: {r:?}"
     );
 }
+
+/// A ttl that is not whole seconds: etcd's lease for it is 3 s (long
+/// enough to be read after an acquire over the slow link).
+const FRACTIONAL_TTL: Duration = Duration::from_millis(2500);
+/// The link's delay for the grant test, each way.
+const GRANT_SLOW: Duration = Duration::from_millis(250);
+
+/// The holder's deadline (`expires_at_ms`) counts from a moment before
+/// etcd's lease was granted, and that lease is the ttl rounded up to whole
+/// seconds: the deadline ends first, however slow the link. Over a slow
+/// link, an acquire reads the target (one round trip), samples the clock,
+/// then grants etcd's lease (another round trip): the deadline's start must
+/// come before the grant could have been answered, so well within two
+/// round trips of the request (one is timed just before, by a `get`, the
+/// same read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_holders_deadline_ends_before_etcds_lease() {
+    let s = slow().await;
+    let raw = etcd_client::Client::connect(s._cluster.endpoints(), None)
+        .await
+        .expect("raw etcd client");
+    let ttl = FRACTIONAL_TTL.as_millis() as u64;
+    // The request cache's bucket lease is granted once and then shared,
+    // unless an acquire's window falls in the next minute's bucket: then
+    // its grant comes before the sample too, so one of two tries may be
+    // late for that reason alone.
+    held(&s.store, &target("grant-warm"), "alice", FRACTIONAL_TTL).await;
+    let mut tries = Vec::new();
+    for attempt in 0..2 {
+        let t = target(&format!("grant-{attempt}"));
+        s.proxy.set_mode(Mode::Delay(GRANT_SLOW));
+        let timed = now_ms();
+        s.store.get(&t).await.expect("get over the slow link");
+        let round_trip = now_ms() - timed;
+        let before = now_ms();
+        let lease = held(&s.store, &t, "alice", FRACTIONAL_TTL).await;
+        s.proxy.set_mode(Mode::Pass);
+        let record = raw
+            .kv_client()
+            .get(s.store.keys().lease(&t).as_str(), None)
+            .await
+            .expect("read the record");
+        let etcd_lease = record
+            .kvs()
+            .first()
+            .expect("the record is gone already: its etcd lease was shorter than granted")
+            .lease();
+        let granted = raw
+            .lease_client()
+            .time_to_live(etcd_lease, None)
+            .await
+            .expect("the record's etcd lease")
+            .granted_ttl();
+        assert_eq!(
+            granted, 3,
+            "a {FRACTIONAL_TTL:?} lease's etcd lease is {granted} s, not its ttl rounded up"
+        );
+        let started = lease.expires_at_ms - ttl - before;
+        tries.push((started, round_trip));
+        if started < round_trip + round_trip / 2 {
+            return;
+        }
+    }
+    panic!(
+        "the deadline started this long (ms) after the request, with a round trip taking this \
+         long (ms): {tries:?}; it counts from after etcd's lease was granted"
+    );
+}

@@ -23,11 +23,47 @@ const PINGED_AFTER: Duration = CONNECT_TIMEOUT;
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Timers on a loaded machine.
 const SLACK: Duration = Duration::from_secs(3);
+/// A deadline longer than three connect timeouts.
+const LONG_CALL_TIMEOUT: Duration = Duration::from_secs(9);
 /// How long calls are made after the member fell silent.
 const WATCHED_FOR: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_gone_silent_is_given_up_within_the_keep_alive_bound() {
+    let failed_at = calls_after_a_member_falls_silent(CALL_TIMEOUT).await;
+    let last = *failed_at
+        .last()
+        .expect("no call went to the silent member: the test proved nothing");
+    let bound = PINGED_AFTER + CONNECT_TIMEOUT + CALL_TIMEOUT + SLACK;
+    assert!(
+        last <= bound,
+        "calls still failed {last:?} after a member fell silent (bound {bound:?}); \
+         failures at {failed_at:?}"
+    );
+}
+
+/// With a `--timeout` longer than three connect timeouts the connection is
+/// pinged after a third of it (a member closes a connection pinged more
+/// often than it answers), and a silent member is still given up then plus
+/// the connect timeout: a call open on it ends there, not at its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_a_long_timeout_a_silent_member_is_given_up_after_a_third_of_it() {
+    let timeout = LONG_CALL_TIMEOUT;
+    let failed_at = calls_after_a_member_falls_silent(timeout).await;
+    let last = *failed_at
+        .last()
+        .expect("no call went to the silent member: the test proved nothing");
+    let bound = timeout / 3 + CONNECT_TIMEOUT + SLACK;
+    assert!(
+        last <= bound && bound < timeout,
+        "calls still failed {last:?} after a member fell silent (bound {bound:?}, \
+         --timeout {timeout:?}); failures at {failed_at:?}"
+    );
+}
+
+/// When each call made for [`WATCHED_FOR`] after one of three members fell
+/// silent failed, counted from that moment.
+async fn calls_after_a_member_falls_silent(call_timeout: Duration) -> Vec<Duration> {
     let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
         .await
         .expect("start the etcd cluster");
@@ -39,7 +75,7 @@ async fn a_member_gone_silent_is_given_up_within_the_keep_alive_bound() {
         .join(",");
     let store = EtcdStore::connect(&EtcdConfig {
         url: format!("etcd://{url}"),
-        timeout: CALL_TIMEOUT,
+        timeout: call_timeout,
         connect_timeout: CONNECT_TIMEOUT,
         ..EtcdConfig::default()
     })
@@ -64,17 +100,10 @@ async fn a_member_gone_silent_is_given_up_within_the_keep_alive_bound() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let last = *failed_at
-        .last()
-        .expect("no call went to the silent member: the test proved nothing");
-    let bound = PINGED_AFTER + CONNECT_TIMEOUT + CALL_TIMEOUT + SLACK;
-    assert!(
-        last <= bound,
-        "calls still failed {last:?} after a member fell silent (bound {bound:?}); \
-         failures at {failed_at:?}"
-    );
     assert!(
         proxies[0].accepted() > accepted[0],
         "the silent member's connection was never replaced"
     );
+    drop(cluster);
+    failed_at
 }

@@ -7,17 +7,24 @@ use super::{Check, EXIT_UNREACHABLE, SLOW, Verdict, check};
 use crate::store::etcd::{EtcdConfig, EtcdStore, Space};
 use crate::store::{LeaseStore, StoreError, Target};
 
-/// Every etcd check, in order, and the exit code.
-pub(super) async fn checks(cfg: &EtcdConfig) -> (Vec<Check>, u8) {
+/// Every etcd check, in order, and the exit code; settings that cannot
+/// be used (refused before anything connects) are the caller's to report.
+pub(super) async fn checks(cfg: &EtcdConfig) -> Result<(Vec<Check>, u8), String> {
     let store = match EtcdStore::connect(cfg).await {
         Ok(s) => s,
+        Err(StoreError::Invalid(why)) => return Err(why),
         Err(e) => {
-            return (
+            return Ok((
                 vec![check("reachability", Verdict::Fail, e.to_string())],
                 EXIT_UNREACHABLE,
-            );
+            ));
         }
     };
+    Ok(on(&store).await)
+}
+
+/// The checks of a connected store, and the exit code.
+async fn on(store: &EtcdStore) -> (Vec<Check>, u8) {
     let mut out = Vec::new();
     match store.health().await {
         Ok(h) => {

@@ -55,7 +55,7 @@ impl fmt::Debug for EtcdConfig {
             tls,
         } = self;
         f.debug_struct("EtcdConfig")
-            .field("url", url)
+            .field("url", &redacted(url))
             .field("username", username)
             .field("password", password)
             .field("key_prefix", key_prefix)
@@ -63,6 +63,21 @@ impl fmt::Debug for EtcdConfig {
             .field("connect_timeout", connect_timeout)
             .field("tls", tls)
             .finish()
+    }
+}
+
+/// `url` safe to show: a password in it (refused when parsed, but a
+/// config may be built by hand) replaced.
+fn redacted(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((user, hosts)) if user.contains(':') => {
+                let name = user.split(':').next().unwrap_or_default();
+                format!("{scheme}://{name}:redacted@{hosts}")
+            }
+            _ => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 
@@ -193,6 +208,23 @@ mod tests {
         assert_eq!(e.username.as_deref(), Some("app"));
         assert_eq!(e.uris(), ["https://etcd.example:2379"]);
         assert!(is_etcd_url("etcds://x") && is_etcd_url("etcd://x") && !is_etcd_url("redis://x"));
+    }
+
+    /// A config built by hand with a password in its URL (parsing refuses
+    /// one) does not show it.
+    #[test]
+    fn debug_never_shows_a_password_in_the_url() {
+        for url in ["etcd://u:s3cret@h:1", "etcds://u:p@s3cret@h:1,h:2"] {
+            let cfg = EtcdConfig {
+                url: url.into(),
+                ..EtcdConfig::default()
+            };
+            let shown = format!("{cfg:?}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("u:redacted@h:1"), "{shown}");
+        }
+        let plain = "etcd://app@h:1,h:2";
+        assert_eq!(redacted(plain), plain);
     }
 
     #[test]
