@@ -137,11 +137,11 @@ async fn the_holders_deadline_ends_before_etcds_lease() {
     let ttl = FRACTIONAL_TTL.as_millis() as u64;
     // The request cache's bucket lease is granted once and then shared,
     // unless an acquire's window falls in the next minute's bucket: then
-    // its grant comes before the sample too, so one of two tries may be
-    // late for that reason alone.
+    // its grant comes before the sample too, so one try may be late for
+    // that reason alone (or for a stall of the loaded machine).
     held(&s.store, &target("grant-warm"), "alice", FRACTIONAL_TTL).await;
     let mut tries = Vec::new();
-    for attempt in 0..2 {
+    for attempt in 0..3 {
         let t = target(&format!("grant-{attempt}"));
         s.proxy.set_mode(Mode::Delay(GRANT_SLOW));
         let timed = now_ms();

@@ -20,8 +20,11 @@ async fn list_reads_a_namespace_larger_than_one_answer() {
     let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
         .await
         .expect("start the etcd cluster");
+    // Every page of the listing shares one deadline: a loaded machine
+    // needs more than the default 2 s for 6 MB.
     let store = EtcdStore::connect(&EtcdConfig {
         url: cluster.url(),
+        timeout: std::time::Duration::from_secs(10),
         ..EtcdConfig::default()
     })
     .await

@@ -42,9 +42,13 @@ async fn one_member_down() -> EtcdCluster {
     .expect("start the etcd cluster")
 }
 
+/// Every write needs both members left: a deadline a loaded machine
+/// meets, so that only calls the dead member refused can fail.
 fn config(cluster: &EtcdCluster) -> EtcdConfig {
     EtcdConfig {
         url: cluster.url(),
+        timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(10),
         ..EtcdConfig::default()
     }
 }

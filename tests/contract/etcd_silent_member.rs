@@ -54,6 +54,15 @@ async fn with_a_long_timeout_a_silent_member_is_given_up_after_a_third_of_it() {
         .last()
         .expect("no call went to the silent member: the test proved nothing");
     let bound = timeout / 3 + CONNECT_TIMEOUT + SLACK;
+    // Not earlier either: timers never fire early, so a member given up
+    // sooner was pinged after less than a third of the timeout.
+    let earliest = timeout / 3 + CONNECT_TIMEOUT - Duration::from_millis(500);
+    assert!(
+        last >= earliest,
+        "a call open on the silent member failed at {last:?}, before a ping sent after a \
+         third of --timeout {timeout:?} could have gone unanswered ({earliest:?}); \
+         failures at {failed_at:?}"
+    );
     assert!(
         last <= bound && bound < timeout,
         "calls still failed {last:?} after a member fell silent (bound {bound:?}, \

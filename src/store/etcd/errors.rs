@@ -155,13 +155,17 @@ fn never_connected(s: &tonic::Status) -> bool {
             return true;
         }
         let text = e.to_string();
-        if text.contains("tcp connect error") || text.contains("dns error") {
+        if e.is::<tonic::ConnectError>()
+            || text.contains("tcp connect error")
+            || text.contains("dns error")
+        {
             return true;
         }
         source = e.source();
     }
-    let text = s.message();
-    text.contains("tcp connect error") || text.contains("error trying to connect")
+    // Never the status's message: it may be the server's (a proxy's words
+    // would otherwise make a write that ran look unsent, and sent again).
+    false
 }
 
 /// What [`classify`] says of a connection closed before its answer came.
