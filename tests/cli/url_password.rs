@@ -26,6 +26,23 @@ fn counting_listener() -> (u16, Arc<AtomicUsize>) {
     (port, count)
 }
 
+/// Asserts that `out` is a refusal of a password in the URL (exit 2, naming
+/// `--password-file`) that shows the password nowhere; its stderr and what
+/// to show on failure (`what` names the command).
+fn assert_password_refused(out: &std::process::Output, what: String) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let shown = format!("{what}: {stdout} {stderr}");
+    assert_eq!(out.status.code(), Some(2), "{shown}");
+    assert!(stderr.contains("--password-file"), "{shown}");
+    assert!(stderr.contains("password inside the URL"), "{shown}");
+    assert!(
+        !stdout.contains(CANARY) && !stderr.contains(CANARY),
+        "{shown}"
+    );
+    (stderr, shown)
+}
+
 /// Each command that takes a Valkey URL, with the URL and a short deadline.
 fn commands(url: &str) -> Vec<Vec<String>> {
     let tail = |v: Vec<&str>| {
@@ -85,20 +102,11 @@ fn a_password_inside_the_url_is_refused_before_anything_connects() {
                     cmd.env("TARGETLEASE_VALKEY_URL", url);
                 }
                 let out = cmd.output().unwrap();
-                let stdout = String::from_utf8_lossy(&out.stdout);
-                let stderr = String::from_utf8_lossy(&out.stderr);
-                let shown = format!(
-                    "{args:?} (url from env: {}): {stdout} {stderr}",
-                    env.is_some()
+                let (stderr, shown) = assert_password_refused(
+                    &out,
+                    format!("{args:?} (url from env: {})", env.is_some()),
                 );
-                assert_eq!(out.status.code(), Some(2), "{shown}");
                 assert!(stderr.contains("--valkey-url"), "{shown}");
-                assert!(stderr.contains("--password-file"), "{shown}");
-                assert!(stderr.contains("password inside the URL"), "{shown}");
-                assert!(
-                    !stdout.contains(CANARY) && !stderr.contains(CANARY),
-                    "{shown}"
-                );
             }
         }
     }
@@ -157,16 +165,7 @@ fn a_password_inside_an_etcd_url_is_refused_before_anything_connects() {
                 );
             }
             let out = cmd.output().unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let shown = format!("{args:?} (url from env: {env}): {stdout} {stderr}");
-            assert_eq!(out.status.code(), Some(2), "{shown}");
-            assert!(stderr.contains("--password-file"), "{shown}");
-            assert!(stderr.contains("password inside the URL"), "{shown}");
-            assert!(
-                !stdout.contains(CANARY) && !stderr.contains(CANARY),
-                "{shown}"
-            );
+            assert_password_refused(&out, format!("{args:?} (url from env: {env})"));
         }
     }
     assert_eq!(
