@@ -31,11 +31,13 @@ impl EtcdHarness {
             .await
             .expect("start the etcd cluster");
         // The suite tests decisions, not deadlines: 10 s, not the default
-        // 2 s, so that 100 clients contending on a loaded 2-core machine
-        // (the test lanes run at once) are answered rather than timed out.
+        // 2 s, so that 100 clients connecting and contending on a loaded
+        // 2-core machine (the test lanes run at once) are answered rather
+        // than timed out.
         let config = EtcdConfig {
             url: cluster.url(),
             timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
             ..EtcdConfig::default()
         };
         let store = Arc::new(

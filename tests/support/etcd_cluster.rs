@@ -20,9 +20,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::process::{log_to, wait_ready};
+use super::process::{describe, explain, log_to, wait_ready};
 use super::valkey_server::free_port;
 
 /// How many members the cluster has.
@@ -173,22 +173,43 @@ impl EtcdCluster {
             let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
             self.children.push(Some(child));
         }
-        for i in 0..MEMBERS {
-            let health = self.ports[i].health();
-            let log = self.log_path(i);
-            let child = self.children[i].as_mut().expect("just started");
-            if let Err(e) = wait_ready(
-                &format!("etcd member m{i} (health on {health})"),
-                child,
-                &log,
-                Duration::from_secs(30),
-                || healthy(&health),
-            ) {
+        // Every member is watched at once: one whose bind failed ends at
+        // once, while the others wait for it and never come up.
+        let within = Duration::from_secs(30);
+        let deadline = Instant::now() + within;
+        let mut up = [false; MEMBERS];
+        loop {
+            for i in 0..MEMBERS {
+                up[i] = up[i] || healthy(&self.ports[i].health());
+                let child = self.children[i].as_mut().expect("just started");
+                let how = match child.try_wait() {
+                    Ok(None) => continue,
+                    Ok(Some(status)) => {
+                        format!("(pid {}) {} during startup", child.id(), describe(status))
+                    }
+                    Err(e) => format!("(pid {}) cannot be waited for: {e}", child.id()),
+                };
+                let e = explain(&self.member(i), &how, &self.log_path(i));
                 self.kill_all();
                 return Err(e);
             }
+            if up.iter().all(|&u| u) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let i = up.iter().position(|&u| !u).expect("one is not up");
+                let pid = self.pid(i).unwrap_or(0);
+                let how = format!("(pid {pid}) is running but did not come up within {within:?}");
+                let e = explain(&self.member(i), &how, &self.log_path(i));
+                self.kill_all();
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(())
+    }
+
+    fn member(&self, i: usize) -> String {
+        format!("etcd member m{i} (health on {})", self.ports[i].health())
     }
 
     /// The command that starts member `i` (again: its data directory
