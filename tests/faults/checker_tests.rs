@@ -285,7 +285,7 @@ fn an_older_record_counts_only_where_the_rules_are_the_same_or_it_found_nothing(
     assert_eq!(dating("etcd-baseline"), Some(ClientBeforeSend));
     assert_eq!(dating("etcd-operator-kill"), Some(ClientBeforeSend));
     // The API server's etcd compacted under an operator on Valkey.
-    assert_eq!(dating("etcd-compaction"), Some(Store));
+    assert_eq!(dating("apiserver-compaction"), Some(Store));
     assert_eq!(dating("baseline"), Some(Store));
 }
 

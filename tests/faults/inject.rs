@@ -83,7 +83,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, mut pace: Pace) ->
     if let Some(etcd) = t.etcd.clone()
         && !matches!(fault, Fault::None | Fault::PauseHolder)
     {
-        crate::etcd::run::inject(fault, etcd, &rec, &mut pace).await;
+        crate::etcd::run::inject(fault, etcd, &rec, &mut pace, t.lag.clone()).await;
         return t;
     }
     let valkey = || {

@@ -283,6 +283,13 @@ const CONTRASTS: &[Contrast] = &[
         safe: "failover-replicas-1",
     },
     Contrast {
+        what: "the same holder's renewal and grant acknowledged right before the node that \
+               answered them is SIGKILLed (lease ttl 10 s): lost by Valkey's asynchronous \
+               replica under `none`, kept by etcd's quorum",
+        lossy: "failover-durability-none",
+        safe: "etcd-leader-kill-after-renewal",
+    },
+    Contrast {
         what: "a SIGKILL while `everysec` has postponed its AOF write (a slow disk): what \
                `WAITAOF` buys across a process crash",
         lossy: "restart-slow-fsync-everysec",

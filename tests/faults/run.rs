@@ -420,7 +420,7 @@ async fn run_inner(s: &Scenario, secs: u64, pg: Arc<Postgres>, seq: usize) -> Ru
     };
     let rec = Recorder::dated(s.backend.dating());
     let stop = Stop::default();
-    let (lag, cue) = if s.fault == Fault::SentinelFailover {
+    let (lag, cue) = if s.lag_window_holder() {
         let (tx, rx) = watch::channel(None);
         (Some(tx), Some(rx))
     } else {

@@ -207,6 +207,13 @@ impl Scenario {
         self.is_control() && self.expect.iter().all(|e| e.count(report) > 0)
     }
 
+    /// Whether a lag-window holder runs (`workload/lag.rs`): across every
+    /// Sentinel failover, and where the row asks for its effects (etcd's
+    /// leader killed right after its renewal, the contrast).
+    pub fn lag_window_holder(&self) -> bool {
+        self.fault == Fault::SentinelFailover || self.effects.contains(&LAG_RENEWED)
+    }
+
     /// How long every part may take to succeed again after a fault heals.
     pub fn recovery_bound(&self) -> Duration {
         self.ttl + Duration::from_secs(4)

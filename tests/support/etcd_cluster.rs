@@ -173,14 +173,17 @@ impl EtcdCluster {
             let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
             self.children.push(Some(child));
         }
-        // Every member is watched at once: one whose bind failed ends at
-        // once, while the others wait for it and never come up.
-        let within = Duration::from_secs(30);
+        // Every member is watched at once, every time: one whose bind
+        // failed (its port taken by another test) ends at once, and is
+        // reported then, not after the wait for another member; a member
+        // counted as up is still watched (a port of its could be answered by
+        // another test's member after it ended).
+        let within = Duration::from_secs(60);
         let deadline = Instant::now() + within;
         let mut up = [false; MEMBERS];
         loop {
-            for i in 0..MEMBERS {
-                up[i] = up[i] || healthy(&self.ports[i].health());
+            for (i, up) in up.iter_mut().enumerate() {
+                *up = *up || healthy(&self.ports[i].health());
                 let child = self.children[i].as_mut().expect("just started");
                 let how = match child.try_wait() {
                     Ok(None) => continue,
@@ -197,10 +200,13 @@ impl EtcdCluster {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                let i = up.iter().position(|&u| !u).expect("one is not up");
-                let pid = self.pid(i).unwrap_or(0);
-                let how = format!("(pid {pid}) is running but did not come up within {within:?}");
-                let e = explain(&self.member(i), &how, &self.log_path(i));
+                let mut e = String::new();
+                for i in (0..MEMBERS).filter(|&i| !up[i]) {
+                    let pid = self.pid(i).unwrap_or(0);
+                    let how =
+                        format!("(pid {pid}) is running but did not come up within {within:?}");
+                    e += &explain(&self.member(i), &how, &self.log_path(i));
+                }
                 self.kill_all();
                 return Err(e);
             }

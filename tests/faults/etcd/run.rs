@@ -14,6 +14,8 @@ use crate::run::{self, Finals, RunResult, Urls};
 use crate::scenarios::{Fault, Scenario};
 use crate::sink::PgSink;
 use crate::workload::Stop;
+use crate::workload::lag::{Cue, TAKE_AHEAD};
+use tokio::sync::watch;
 
 /// A killed leader stays down this long (its successor serves meanwhile).
 const DOWN: Duration = Duration::from_secs(1);
@@ -26,6 +28,12 @@ const PAUSE: Duration = Duration::from_millis(1500);
 const CUT: Duration = Duration::from_millis(1500);
 /// The proxies' blackhole.
 const BLACKHOLE: Duration = Duration::from_millis(1500);
+/// How long before the leader's kill the lag-window holder is told to renew
+/// (and take a target): its replies come before the kill.
+const RENEWED_BEFORE_KILL: Duration = Duration::from_millis(300);
+
+/// What tells the lag-window holder when to take and when to renew.
+type Lag = watch::Sender<Option<Cue>>;
 
 async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
     tokio::task::spawn_blocking(f)
@@ -74,8 +82,43 @@ async fn at_the_leader(
     }
 }
 
-/// Injects `fault` on the cluster until the pace stops it.
-pub async fn inject(fault: Fault, etcd: Arc<Etcd>, rec: &Recorder, pace: &mut Pace) {
+/// The leader killed right after the lag-window holder renewed its lease
+/// and took a target (`workload/lag.rs`), every time, until the pace stops
+/// it: what a Valkey failover loses in its replica's lag window
+/// (`failover-durability-none`) etcd has on a quorum before it answers.
+async fn kill_after_renewal(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace, lag: &Lag) {
+    while !pace.wait(Duration::from_secs(1)).await {
+        let _ = lag.send(Some(Cue::Take(Instant::now() + TAKE_AHEAD)));
+        tokio::time::sleep(TAKE_AHEAD).await;
+        let _ = lag.send(Some(Cue::Renew(Instant::now() + RENEWED_BEFORE_KILL)));
+        tokio::time::sleep(RENEWED_BEFORE_KILL).await;
+        let e = etcd.clone();
+        let Some(old) = blocking(move || e.leader()).await else {
+            continue;
+        };
+        rec.fault("etcd leader SIGKILL right after a renewal, restart");
+        let e = etcd.clone();
+        let new = blocking(move || e.kill_and_restart(old, DOWN)).await;
+        rec.healed();
+        rec.effect("etcd leaders killed and started again", 1);
+        if new.is_some_and(|n| n != old) {
+            rec.effect("new etcd leaders elected", 1);
+        }
+    }
+}
+
+/// Injects `fault` on the cluster until the pace stops it; with `lag`, the
+/// leader's kills come right after the lag-window holder's renewals.
+pub async fn inject(
+    fault: Fault,
+    etcd: Arc<Etcd>,
+    rec: &Recorder,
+    pace: &mut Pace,
+    lag: Option<Lag>,
+) {
+    if let (Fault::EtcdLeaderKill, Some(lag)) = (fault, &lag) {
+        return kill_after_renewal(&etcd, rec, pace, lag).await;
+    }
     match fault {
         Fault::None | Fault::PauseHolder => unreachable!("handled by inject::run"),
         Fault::EtcdLeaderKill => {
@@ -156,14 +199,20 @@ pub async fn run(
     };
     let rec = Recorder::dated(s.backend.dating());
     let stop = Stop::default();
-    let tasks = run::clients(&urls, s, &sink, &rec, &stop, &[], None).await;
+    let (lag, cue) = if s.lag_window_holder() {
+        let (tx, rx) = watch::channel(None);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let tasks = run::clients(&urls, s, &sink, &rec, &stop, &[], cue).await;
     let holder = run::paused_holder(s, &urls, &sink, &rec);
     let targets = Targets {
         valkey: None,
         etcd: Some(etcd.clone()),
         holder,
         ttl: s.ttl,
-        lag: None,
+        lag,
     };
     run::inject_then_stop(s, secs, targets, &rec, &stop).await;
     for (what, n) in etcd.effects() {

@@ -6,7 +6,7 @@
 //! the checker still catches each lie on etcd, the product broken through
 //! the same fail points (`src/store/failpoints.rs`) at their etcd sites.
 
-use super::{Backend, Expect, Fault, Scenario, scenario};
+use super::{Backend, Expect, FAILOVER_TTL, Fault, LAG_GRANTED, LAG_RENEWED, Scenario, scenario};
 use crate::check::{Property, Scope};
 use crate::controls::Control;
 use crate::etcd::Setup;
@@ -37,6 +37,18 @@ pub fn rows() -> Vec<Scenario> {
             direct(),
             Fault::EtcdLeaderKill,
         ),
+        Scenario {
+            // The holder's renewal and grant acknowledged right before the
+            // kill: the writes `failover-durability-none` loses.
+            effects: &[LAG_RENEWED, LAG_GRANTED],
+            ttl: FAILOVER_TTL,
+            ..scenario(
+                "etcd-leader-kill-after-renewal",
+                "etcd: the leader SIGKILLed 300 ms after a holder renewed its lease and took a target (lease ttl 10 s), restarted from its data 1 s later: the writes a Valkey failover loses in its lag window",
+                direct(),
+                Fault::EtcdLeaderKill,
+            )
+        },
         scenario(
             "etcd-leader-pause",
             "etcd: the leader SIGSTOPped 1.5 s, past the 500 ms election timeout (a new leader seen), then SIGCONT: a stale leader",

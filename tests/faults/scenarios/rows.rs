@@ -207,7 +207,7 @@ pub fn all() -> Vec<Scenario> {
             Fault::ApiserverRestart,
         ),
         scenario(
-            "etcd-compaction",
+            "apiserver-compaction",
             "kube-apiserver stopped, etcd written and compacted past every watch, restarted (every watch relists)",
             Backend::Operator { replicas: 1 },
             Fault::EtcdCompaction,
