@@ -81,6 +81,11 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
             "etcd leaders killed and started again",
             "new etcd leaders elected",
         ],
+        Fault::EtcdLeaderKillBehind => &[
+            BEHIND_KILLS,
+            "new etcd leaders elected",
+            crate::scenarios::LAG_RENEWALS,
+        ],
         Fault::EtcdLeaderPause => &[
             "etcd leaders stopped past the election timeout",
             "new etcd leaders elected while the old one was stopped",
@@ -92,14 +97,20 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
     }
 }
 
+/// What the held-behind leader kill counts of itself.
+pub const BEHIND_KILLS: &str = "etcd leaders killed with a follower held behind";
+
 /// For the etcd leader faults: the effect counting the faults and the one
 /// counting the new leaders seen after them, which must be equal.
 fn leader_change(fault: Fault) -> Option<(&'static str, &'static str)> {
     match required_effect(fault) {
-        [done, seen]
+        [done, seen, ..]
             if matches!(
                 fault,
-                Fault::EtcdLeaderKill | Fault::EtcdLeaderPause | Fault::EtcdPartitionLeader
+                Fault::EtcdLeaderKill
+                    | Fault::EtcdLeaderKillBehind
+                    | Fault::EtcdLeaderPause
+                    | Fault::EtcdPartitionLeader
             ) =>
         {
             Some((done, seen))

@@ -67,6 +67,12 @@ pub enum Fault {
     /// SIGKILL the etcd cluster's leader; the others elect a new one (seen);
     /// start it again from its data directory 1 s later.
     EtcdLeaderKill,
+    /// SIGSTOP one follower (held behind), let the lag-window holder renew
+    /// and take a target, then SIGKILL the leader and SIGCONT the follower
+    /// at once: the new leader must come from the follower that has the
+    /// writes (the other's older log gets no vote); the old leader is
+    /// started again 1 s later.
+    EtcdLeaderKillBehind,
     /// SIGSTOP the etcd cluster's leader for 1.5 s (past the 500 ms election
     /// timeout; a new leader seen meanwhile), then SIGCONT: a stale leader.
     EtcdLeaderPause,
@@ -208,10 +214,13 @@ impl Scenario {
     }
 
     /// Whether a lag-window holder runs (`workload/lag.rs`): across every
-    /// Sentinel failover, and where the row asks for its effects (etcd's
-    /// leader killed right after its renewal, the contrast).
+    /// Sentinel failover, and every etcd leader kill with a follower held
+    /// behind.
     pub fn lag_window_holder(&self) -> bool {
-        self.fault == Fault::SentinelFailover || self.effects.contains(&LAG_RENEWED)
+        matches!(
+            self.fault,
+            Fault::SentinelFailover | Fault::EtcdLeaderKillBehind
+        )
     }
 
     /// How long every part may take to succeed again after a fault heals.

@@ -139,6 +139,14 @@ impl Etcd {
         self.lock().url()
     }
 
+    /// The URL of every member but `i`, never through a proxy: clients and
+    /// an observer that never call the member held behind.
+    pub fn url_without(&self, i: usize) -> String {
+        let mut members = self.lock().endpoints();
+        members.remove(i);
+        format!("etcd://{}", members.join(","))
+    }
+
     /// What the proxies counted.
     pub fn effects(&self) -> Vec<(String, u64)> {
         if self.proxies.is_empty() {
@@ -184,6 +192,31 @@ impl Etcd {
     /// The new leader, if one was seen.
     pub fn kill_and_restart(&self, i: usize, down: Duration) -> Option<usize> {
         self.lock().kill(i);
+        let started = Instant::now();
+        let new = self.await_leader(Some(i));
+        if let Some(left) = down.checked_sub(started.elapsed()) {
+            std::thread::sleep(left);
+        }
+        self.lock()
+            .restart(i)
+            .unwrap_or_else(|e| panic!("restart etcd member m{i}: {e}"));
+        new
+    }
+
+    /// SIGSTOPs member `i`: it falls behind the others' log.
+    pub fn hold_behind(&self, i: usize) {
+        let pid = self.lock().pid(i).expect("a running member") as i32;
+        let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    }
+
+    /// SIGKILLs leader `i` and SIGCONTs `behind` (held by
+    /// [`Etcd::hold_behind`]) at once, waits for a new leader, starts `i`
+    /// again from its data directory `down` after the kill. The new leader,
+    /// if one was seen.
+    pub fn kill_with_one_behind(&self, i: usize, behind: usize, down: Duration) -> Option<usize> {
+        let pid = self.lock().pid(behind).expect("a member held behind") as i32;
+        self.lock().kill(i);
+        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
         let started = Instant::now();
         let new = self.await_leader(Some(i));
         if let Some(left) = down.checked_sub(started.elapsed()) {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::{Etcd, Setup};
 use crate::history::Recorder;
 use crate::inject::{Pace, Targets};
+use crate::report::BEHIND_KILLS;
 use crate::run::{self, Finals, RunResult, Urls};
 use crate::scenarios::{Fault, Scenario};
 use crate::sink::PgSink;
@@ -28,9 +29,10 @@ const PAUSE: Duration = Duration::from_millis(1500);
 const CUT: Duration = Duration::from_millis(1500);
 /// The proxies' blackhole.
 const BLACKHOLE: Duration = Duration::from_millis(1500);
-/// How long before the leader's kill the lag-window holder is told to renew
-/// (and take a target): its replies come before the kill.
-const RENEWED_BEFORE_KILL: Duration = Duration::from_millis(300);
+/// How long a follower is held behind before the leader's kill: the
+/// lag-window holder is told to renew and take a target at its start, and
+/// what it is answered before its end came before the kill.
+const HELD_BEHIND: Duration = Duration::from_secs(1);
 
 /// What tells the lag-window holder when to take and when to renew.
 type Lag = watch::Sender<Option<Cue>>;
@@ -82,33 +84,61 @@ async fn at_the_leader(
     }
 }
 
-/// The leader killed right after the lag-window holder renewed its lease
-/// and took a target (`workload/lag.rs`), every time, until the pace stops
-/// it: what a Valkey failover loses in its replica's lag window
-/// (`failover-durability-none`) etcd has on a quorum before it answers.
-async fn kill_after_renewal(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace, lag: &Lag) {
+/// The member held behind by the held-behind kill. No client calls it
+/// (their URLs leave it out), as no Valkey client calls a replica.
+pub const BEHIND: usize = 2;
+
+/// Member [`BEHIND`] held behind (SIGSTOP) while the lag-window holder
+/// renews its lease and takes a target (`workload/lag.rs`), then the leader
+/// killed and that member let go at once, until the pace stops it: the only
+/// member with those writes besides the leader is the third one, as a
+/// Valkey primary's writes are on no replica in its lag window
+/// (`failover-durability-none`). etcd answered them only once the third had
+/// them, so they survive; the one held behind, its log older, gets no vote.
+/// When [`BEHIND`] leads, it is killed alone (no holder cued), so that the
+/// lead moves to a member the clients call.
+async fn kill_with_one_behind(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace, lag: &Lag) {
     while !pace.wait(Duration::from_secs(1)).await {
-        let _ = lag.send(Some(Cue::Take(Instant::now() + TAKE_AHEAD)));
-        tokio::time::sleep(TAKE_AHEAD).await;
-        let _ = lag.send(Some(Cue::Renew(Instant::now() + RENEWED_BEFORE_KILL)));
-        tokio::time::sleep(RENEWED_BEFORE_KILL).await;
         let e = etcd.clone();
         let Some(old) = blocking(move || e.leader()).await else {
             continue;
         };
-        rec.fault("etcd leader SIGKILL right after a renewal, restart");
+        if old == BEHIND {
+            rec.fault("etcd leader SIGKILL, restart (the member held behind led)");
+            let e = etcd.clone();
+            blocking(move || e.kill_and_restart(old, DOWN)).await;
+            rec.healed();
+            continue;
+        }
+        let _ = lag.send(Some(Cue::Take(Instant::now() + TAKE_AHEAD)));
+        tokio::time::sleep(TAKE_AHEAD).await;
         let e = etcd.clone();
-        let new = blocking(move || e.kill_and_restart(old, DOWN)).await;
+        blocking(move || e.hold_behind(BEHIND)).await;
+        rec.fault("etcd follower held behind, leader SIGKILL, restart");
+        let _ = lag.send(Some(Cue::Renew(Instant::now() + HELD_BEHIND)));
+        tokio::time::sleep(HELD_BEHIND).await;
+        let e = etcd.clone();
+        // The leader may have changed in the 3 s: the one now (a member
+        // stopped cannot answer as one).
+        let now = blocking(move || e.leader())
+            .await
+            .filter(|&l| l != BEHIND)
+            .unwrap_or(old);
+        let e = etcd.clone();
+        let new = blocking(move || e.kill_with_one_behind(now, BEHIND, DOWN)).await;
         rec.healed();
-        rec.effect("etcd leaders killed and started again", 1);
-        if new.is_some_and(|n| n != old) {
+        rec.effect(BEHIND_KILLS, 1);
+        if let Some(new) = new.filter(|&n| n != now) {
             rec.effect("new etcd leaders elected", 1);
+            if new == BEHIND {
+                rec.effect("new etcd leaders that had been held behind", 1);
+            }
         }
     }
 }
 
-/// Injects `fault` on the cluster until the pace stops it; with `lag`, the
-/// leader's kills come right after the lag-window holder's renewals.
+/// Injects `fault` on the cluster until the pace stops it; `lag` cues the
+/// lag-window holder (the held-behind kill's).
 pub async fn inject(
     fault: Fault,
     etcd: Arc<Etcd>,
@@ -116,11 +146,12 @@ pub async fn inject(
     pace: &mut Pace,
     lag: Option<Lag>,
 ) {
-    if let (Fault::EtcdLeaderKill, Some(lag)) = (fault, &lag) {
-        return kill_after_renewal(&etcd, rec, pace, lag).await;
-    }
     match fault {
         Fault::None | Fault::PauseHolder => unreachable!("handled by inject::run"),
+        Fault::EtcdLeaderKillBehind => {
+            let lag = lag.expect("a lag-window holder to cue");
+            kill_with_one_behind(&etcd, rec, pace, &lag).await;
+        }
         Fault::EtcdLeaderKill => {
             let turn = Turn {
                 what: "etcd leader SIGKILL, restart",
@@ -193,9 +224,17 @@ pub async fn run(
     started: Instant,
 ) -> RunResult {
     let etcd = Arc::new(blocking(move || Etcd::start(setup)).await);
-    let urls = Urls {
-        clients: etcd.url(),
-        observer: etcd.direct_url(),
+    let urls = if s.fault == Fault::EtcdLeaderKillBehind {
+        let url = etcd.url_without(BEHIND);
+        Urls {
+            clients: url.clone(),
+            observer: url,
+        }
+    } else {
+        Urls {
+            clients: etcd.url(),
+            observer: etcd.direct_url(),
+        }
     };
     let rec = Recorder::dated(s.backend.dating());
     let stop = Stop::default();

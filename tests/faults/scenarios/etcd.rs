@@ -38,15 +38,16 @@ pub fn rows() -> Vec<Scenario> {
             Fault::EtcdLeaderKill,
         ),
         Scenario {
-            // The holder's renewal and grant acknowledged right before the
-            // kill: the writes `failover-durability-none` loses.
+            // The holder's renewal and grant acknowledged while a follower
+            // was held behind, before the kill: the writes
+            // `failover-durability-none` loses.
             effects: &[LAG_RENEWED, LAG_GRANTED],
             ttl: FAILOVER_TTL,
             ..scenario(
-                "etcd-leader-kill-after-renewal",
-                "etcd: the leader SIGKILLed 300 ms after a holder renewed its lease and took a target (lease ttl 10 s), restarted from its data 1 s later: the writes a Valkey failover loses in its lag window",
+                "etcd-leader-kill-one-behind",
+                "etcd: a follower SIGSTOPped (held behind) while a holder renews its lease and takes a target (lease ttl 10 s), then the leader SIGKILLed and the follower resumed at once (a new leader seen), the leader restarted 1 s later: the writes a Valkey failover loses in its lag window",
                 direct(),
-                Fault::EtcdLeaderKill,
+                Fault::EtcdLeaderKillBehind,
             )
         },
         scenario(
