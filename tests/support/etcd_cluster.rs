@@ -97,7 +97,8 @@ impl EtcdCluster {
     /// A fresh, empty cluster, every member healthy. Ports found free can be
     /// taken by anything before a member binds them (tests run in
     /// parallel): a cluster whose member could not bind is started again
-    /// on new ports; any other failure is reported at once, with why.
+    /// on new ports; a member that ends for another reason is reported at once,
+    /// one that does not come up within 60 s then, each with why.
     pub fn start() -> Self {
         Self::start_with(None)
     }
