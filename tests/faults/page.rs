@@ -283,15 +283,6 @@ const CONTRASTS: &[Contrast] = &[
         safe: "failover-replicas-1",
     },
     Contrast {
-        what: "the same holder's renewal and grant (lease ttl 10 s) acknowledged while one \
-               copy is held behind, then the node that took them SIGKILLed: lost by Valkey's \
-               replica under `none`; on etcd a follower is held behind and the leader killed, \
-               and what it answered was already on the other follower (a lost renewal would \
-               show as (c), a lost grant as (a))",
-        lossy: "failover-durability-none",
-        safe: "etcd-leader-kill-one-behind",
-    },
-    Contrast {
         what: "a SIGKILL while `everysec` has postponed its AOF write (a slow disk): what \
                `WAITAOF` buys across a process crash",
         lossy: "restart-slow-fsync-everysec",
@@ -350,8 +341,7 @@ fn contrasts(rows: &[Row]) -> String {
     let mut out = String::from(
         "\n## Lossy modes against their contrasts\n\nFrom the records above (the current \
          checker's runs only): what each lossy mode lost, beside the mode that must lose nothing \
-         on the same workload and fault (for etcd, the nearest fault it has: see its row). A \
-         lossy row whose cost is 0 fails its run where the \
+         on the same workload and fault. A lossy row whose cost is 0 fails its run where the \
          scenario says it must show it (see \"Modes that cannot promise every property\").\n\n\
          | what | lossy mode | (a) client leases | (b) lease commit | (d) client leases | \
          contrast | (a) client leases | (b) lease commit | (d) client leases |\n\

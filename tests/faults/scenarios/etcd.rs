@@ -39,13 +39,12 @@ pub fn rows() -> Vec<Scenario> {
         ),
         Scenario {
             // The holder's renewal and grant acknowledged while a follower
-            // was held behind, before the kill: the writes
-            // `failover-durability-none` loses.
+            // was stopped, before the leader's kill.
             effects: &[LAG_RENEWED, LAG_GRANTED],
             ttl: FAILOVER_TTL,
             ..scenario(
                 "etcd-leader-kill-one-behind",
-                "etcd: a follower SIGSTOPped (held behind) while a holder renews its lease and takes a target (lease ttl 10 s), then the leader SIGKILLed and the follower resumed at once (a new leader seen), the leader restarted 1 s later: the writes a Valkey failover loses in its lag window",
+                "etcd: a follower SIGSTOPped while a holder renews its lease and takes a target (lease ttl 10 s), then the leader SIGKILLed and the follower resumed at once (a new leader seen), the leader restarted 1 s later: acknowledged renewals and grants across a leader's kill",
                 direct(),
                 Fault::EtcdLeaderKillBehind,
             )
