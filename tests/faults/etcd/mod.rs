@@ -192,6 +192,13 @@ impl Etcd {
     /// The new leader, if one was seen.
     pub fn kill_and_restart(&self, i: usize, down: Duration) -> Option<usize> {
         self.lock().kill(i);
+        self.restart_after_kill(i, down)
+    }
+
+    /// After leader `i`'s kill: waits for the others to elect a new one,
+    /// starts `i` again from its data directory `down` after the kill (and
+    /// waits until it is healthy). The new leader, if one was seen.
+    fn restart_after_kill(&self, i: usize, down: Duration) -> Option<usize> {
         let started = Instant::now();
         let new = self.await_leader(Some(i));
         if let Some(left) = down.checked_sub(started.elapsed()) {
@@ -203,7 +210,8 @@ impl Etcd {
         new
     }
 
-    /// SIGSTOPs member `i`: it falls behind the others' log.
+    /// SIGSTOPs member `i`. It is not kept behind: the leader's entries
+    /// wait in its socket, and it reads them once resumed.
     pub fn hold_behind(&self, i: usize) {
         let pid = self.lock().pid(i).expect("a running member") as i32;
         let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
@@ -217,15 +225,7 @@ impl Etcd {
         let pid = self.lock().pid(behind).expect("a member held behind") as i32;
         self.lock().kill(i);
         let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-        let started = Instant::now();
-        let new = self.await_leader(Some(i));
-        if let Some(left) = down.checked_sub(started.elapsed()) {
-            std::thread::sleep(left);
-        }
-        self.lock()
-            .restart(i)
-            .unwrap_or_else(|e| panic!("restart etcd member m{i}: {e}"));
-        new
+        self.restart_after_kill(i, down)
     }
 
     /// SIGSTOPs leader `i` for `pause` (past the election timeout), watching
