@@ -99,11 +99,19 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
 
 /// What the held-behind leader kill counts of itself.
 pub const BEHIND_KILLS: &str = "etcd leaders killed with a follower held behind";
+/// The held-behind kill's new leaders that were the member held behind:
+/// Raft refuses them the vote they need, so any fails the run.
+pub const HELD_BEHIND_LED: &str = "new etcd leaders that had been held behind";
+/// The held-behind kill's plain kills, made when the member it holds
+/// behind led (so that a member the clients call leads), and the new
+/// leaders seen after them.
+pub const BEHIND_LED: &str = "etcd leaders killed alone (the member held behind led)";
+pub const AFTER_BEHIND_LED: &str = "new etcd leaders elected after those";
 
-/// For the etcd leader faults: the effect counting the faults and the one
-/// counting the new leaders seen after them, which must be equal.
-fn leader_change(fault: Fault) -> Option<(&'static str, &'static str)> {
-    match required_effect(fault) {
+/// For the etcd leader faults: the effects counting the faults and the
+/// ones counting the new leaders seen after them, which must be equal.
+fn leader_changes(fault: Fault) -> Vec<(&'static str, &'static str)> {
+    let mut pairs = match required_effect(fault) {
         [done, seen, ..]
             if matches!(
                 fault,
@@ -113,9 +121,21 @@ fn leader_change(fault: Fault) -> Option<(&'static str, &'static str)> {
                     | Fault::EtcdPartitionLeader
             ) =>
         {
-            Some((done, seen))
+            vec![(*done, *seen)]
         }
-        _ => None,
+        _ => Vec::new(),
+    };
+    if fault == Fault::EtcdLeaderKillBehind {
+        pairs.push((BEHIND_LED, AFTER_BEHIND_LED));
+    }
+    pairs
+}
+
+/// Effects that fail a run of `fault` if any was counted.
+fn never(fault: Fault) -> &'static [&'static str] {
+    match fault {
+        Fault::EtcdLeaderKillBehind => &[HELD_BEHIND_LED],
+        _ => &[],
     }
 }
 
@@ -132,12 +152,16 @@ fn shown(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
         Fault::PowerCut => &[crate::scenarios::UNSYNCED_CUT],
         // 0 with `replicas:1`, and that is the point.
         Fault::SentinelFailover => &[crate::scenarios::LAG_RENEWED, crate::scenarios::LAG_GRANTED],
+        Fault::EtcdLeaderKillBehind => &[BEHIND_LED, AFTER_BEHIND_LED],
         _ => &[],
     };
     // On etcd: how long the store kept targets taken past their holders'
     // deadlines (a leader change restarts every lease's TTL).
     let etcd = matches!(s.backend, Backend::Etcd(_)).then_some(LINGERED);
-    required(s).chain(also.iter().copied()).chain(etcd)
+    required(s)
+        .chain(also.iter().copied())
+        .chain(never(s.fault).iter().copied())
+        .chain(etcd)
 }
 
 /// The longest an observer saw a lease past its holder's deadline (the
@@ -275,14 +299,19 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
     }
     // Each leader killed or stopped must be followed by another leading,
     // not only one of them per run.
-    if let Some((done, seen)) = leader_change(s.fault) {
-        let count = |what| fig.effects.get(what).copied().unwrap_or(0);
+    let count = |what| fig.effects.get(what).copied().unwrap_or(0);
+    for (done, seen) in leader_changes(s.fault) {
         if count(done) != count(seen) {
             failures.push(format!(
                 "{} {done} but {} {seen}: a leader fault without its new leader",
                 count(done),
                 count(seen)
             ));
+        }
+    }
+    for what in never(s.fault) {
+        if count(what) > 0 {
+            failures.push(format!("{} {what}", count(what)));
         }
     }
     // Where the fault wipes the counters, PostgreSQL rightly refuses the
@@ -405,5 +434,47 @@ mod tests {
         let s = scenario("restart-no-persistence");
         let (_, failures) = judge(&s, &run);
         assert_eq!(sink_failures(&failures, "lease commit"), 1);
+    }
+
+    /// The held-behind kill fails a run whose new leader was the member
+    /// held behind, and one whose plain kill saw no new leader; counted as
+    /// they should be, its effects fail nothing.
+    #[test]
+    fn the_member_held_behind_must_never_lead() {
+        let s = scenario("etcd-leader-kill-one-behind");
+        let failures_with = |counts: &[(&str, u64)]| {
+            let mut run = sink_refusing_after_a_restart();
+            for &(what, n) in counts {
+                run.history.effects.insert(what.into(), n);
+            }
+            let (fig, failures) = judge(&s, &run);
+            assert!(fig.effects.contains_key(HELD_BEHIND_LED), "shown, even 0");
+            failures
+        };
+        let about =
+            |failures: &[String], what: &str| failures.iter().filter(|f| f.contains(what)).count();
+        let sound = [
+            (BEHIND_KILLS, 3),
+            ("new etcd leaders elected", 3),
+            (BEHIND_LED, 1),
+            (AFTER_BEHIND_LED, 1),
+        ];
+        let failures = failures_with(&sound);
+        assert_eq!(about(&failures, "held behind"), 0, "{failures:?}");
+        assert_eq!(about(&failures, "without its new leader"), 0);
+
+        let mut led = sound.to_vec();
+        led.push((HELD_BEHIND_LED, 1));
+        let failures = failures_with(&led);
+        assert_eq!(about(&failures, HELD_BEHIND_LED), 1, "{failures:?}");
+
+        let mut unseen = sound.to_vec();
+        unseen[3] = (AFTER_BEHIND_LED, 0);
+        let failures = failures_with(&unseen);
+        assert_eq!(
+            about(&failures, "without its new leader"),
+            1,
+            "{failures:?}"
+        );
     }
 }

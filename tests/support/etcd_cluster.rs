@@ -279,6 +279,13 @@ impl EtcdCluster {
     /// Starts member `i` again from its data directory (after [`Self::kill`])
     /// and waits until it reports healthy (a leader, linearizable reads).
     pub fn restart(&mut self, i: usize) -> Result<(), String> {
+        self.respawn(i)?;
+        self.await_healthy(i)
+    }
+
+    /// Starts member `i` again from its data directory (after
+    /// [`Self::kill`]), without waiting for it ([`Self::await_healthy`]).
+    pub fn respawn(&mut self, i: usize) -> Result<(), String> {
         self.kill(i);
         let initial: Vec<String> = self
             .ports
@@ -291,8 +298,17 @@ impl EtcdCluster {
         log_to(&mut cmd, &log);
         let child = cmd.spawn().map_err(|e| format!("cannot start etcd: {e}"))?;
         self.children[i] = Some(child);
+        Ok(())
+    }
+
+    /// Waits until member `i`, started again by [`Self::respawn`], reports
+    /// healthy (a leader, linearizable reads).
+    pub fn await_healthy(&mut self, i: usize) -> Result<(), String> {
+        let log = self.log_path(i);
         let health = self.ports[i].health();
-        let child = self.children[i].as_mut().expect("just started");
+        let child = self.children[i]
+            .as_mut()
+            .ok_or_else(|| format!("etcd member m{i} is not running"))?;
         wait_ready(
             &format!("etcd member m{i} (restarted; health on {health})"),
             child,

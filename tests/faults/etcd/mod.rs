@@ -210,22 +210,42 @@ impl Etcd {
         new
     }
 
-    /// SIGSTOPs member `i`. It is not kept behind: the leader's entries
-    /// wait in its socket, and it reads them once resumed.
+    /// SIGKILLs follower `i`: what the cluster commits from now on (with
+    /// the two others, a quorum) is not on it. A stopped member would not
+    /// do: the leader's entries wait in its socket, and it reads them once
+    /// resumed.
     pub fn hold_behind(&self, i: usize) {
-        let pid = self.lock().pid(i).expect("a running member") as i32;
-        let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+        self.lock().kill(i);
     }
 
-    /// SIGKILLs leader `i` and SIGCONTs `behind` (held by
-    /// [`Etcd::hold_behind`]) at once, waits for a new leader, starts `i`
-    /// again from its data directory `down` after the kill. The new leader,
-    /// if one was seen.
+    /// Starts `behind` (killed by [`Etcd::hold_behind`]) again from its data
+    /// directory and waits until it is healthy: a hold that ended without a
+    /// leader's kill.
+    pub fn release_behind(&self, behind: usize) {
+        self.lock()
+            .restart(behind)
+            .unwrap_or_else(|e| panic!("restart etcd member m{behind}: {e}"));
+    }
+
+    /// SIGKILLs leader `i` and starts `behind` (killed by
+    /// [`Etcd::hold_behind`]) again from its data directory at once, waits
+    /// for a new leader, starts `i` again `down` after the kill. The one
+    /// other member has every entry `behind` lacks; `behind` needs its vote,
+    /// which Raft refuses to a log older than its own. The new leader, if
+    /// one was seen.
     pub fn kill_with_one_behind(&self, i: usize, behind: usize, down: Duration) -> Option<usize> {
-        let pid = self.lock().pid(behind).expect("a member held behind") as i32;
-        self.lock().kill(i);
-        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-        self.restart_after_kill(i, down)
+        {
+            let mut cluster = self.lock();
+            cluster.kill(i);
+            cluster
+                .respawn(behind)
+                .unwrap_or_else(|e| panic!("start etcd member m{behind} again: {e}"));
+        }
+        let new = self.restart_after_kill(i, down);
+        self.lock()
+            .await_healthy(behind)
+            .unwrap_or_else(|e| panic!("restart etcd member m{behind}: {e}"));
+        new
     }
 
     /// SIGSTOPs leader `i` for `pause` (past the election timeout), watching

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::{Etcd, Setup};
 use crate::history::Recorder;
 use crate::inject::{Pace, Targets};
-use crate::report::BEHIND_KILLS;
+use crate::report::{AFTER_BEHIND_LED, BEHIND_KILLS, BEHIND_LED, HELD_BEHIND_LED};
 use crate::run::{self, Finals, RunResult, Urls};
 use crate::scenarios::{Fault, Scenario};
 use crate::sink::PgSink;
@@ -88,16 +88,16 @@ async fn at_the_leader(
 /// (their URLs leave it out), as no Valkey client calls a replica.
 pub const BEHIND: usize = 2;
 
-/// Member [`BEHIND`] stopped (SIGSTOP) while the lag-window holder renews
+/// Member [`BEHIND`] killed (SIGKILL) while the lag-window holder renews
 /// its lease and takes a target (`workload/lag.rs`), then the leader killed
-/// and that member resumed at once, until the pace stops it: what was
-/// acknowledged before the kill must survive it. A stopped member is not
-/// kept behind: the leader's entries wait in its socket, it reads them
-/// once resumed and may win the election (it did after 15 of 32 kills in
-/// one run). Holding it behind for real (killing it, or cutting its peer
-/// links) is the row's next form.
-/// When [`BEHIND`] leads, it is killed alone (no holder cued), so that the
-/// lead moves to a member the clients call.
+/// and that member started again at once, until the pace stops it. What
+/// was acknowledged during the hold is on the third member only, as a
+/// Valkey primary's writes in the lag window are on no replica; Raft
+/// elects the third member (the held one needs its vote, refused to an
+/// older log), so what was acknowledged must survive the kill, and the
+/// held member must never be the new leader.
+/// When [`BEHIND`] leads, it is first killed alone (no holder cued), so
+/// that the lead moves to a member the clients call.
 async fn kill_with_one_behind(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace, lag: &Lag) {
     while !pace.wait(Duration::from_secs(1)).await {
         let e = etcd.clone();
@@ -107,24 +107,34 @@ async fn kill_with_one_behind(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace,
         if old == BEHIND {
             rec.fault("etcd leader SIGKILL, restart (the member held behind led)");
             let e = etcd.clone();
-            blocking(move || e.kill_and_restart(old, DOWN)).await;
+            let new = blocking(move || e.kill_and_restart(old, DOWN)).await;
             rec.healed();
-            continue;
+            rec.effect(BEHIND_LED, 1);
+            if new.is_none() {
+                continue;
+            }
+            rec.effect(AFTER_BEHIND_LED, 1);
         }
         let _ = lag.send(Some(Cue::Take(Instant::now() + TAKE_AHEAD)));
         tokio::time::sleep(TAKE_AHEAD).await;
         let e = etcd.clone();
         blocking(move || e.hold_behind(BEHIND)).await;
-        rec.fault("etcd follower held behind, leader SIGKILL, restart");
-        let _ = lag.send(Some(Cue::Renew(Instant::now() + HELD_BEHIND)));
+        rec.fault("etcd follower held behind (SIGKILL), leader SIGKILL, restart");
+        // What the holder is answered before `held_until` counts as
+        // acknowledged during the hold (workload/lag.rs): the leader's kill
+        // comes after it.
+        let held_until = Instant::now() + HELD_BEHIND;
+        let _ = lag.send(Some(Cue::Renew(held_until)));
         tokio::time::sleep(HELD_BEHIND).await;
         let e = etcd.clone();
-        // The leader may have changed in the 3 s: the one now (a member
-        // stopped cannot answer as one).
-        let now = blocking(move || e.leader())
-            .await
-            .filter(|&l| l != BEHIND)
-            .unwrap_or(old);
+        // The leader now (it may have changed in the 3 s); none seen: the
+        // turn ends without a kill.
+        let Some(now) = blocking(move || e.leader()).await else {
+            let e = etcd.clone();
+            blocking(move || e.release_behind(BEHIND)).await;
+            rec.healed();
+            continue;
+        };
         let e = etcd.clone();
         let new = blocking(move || e.kill_with_one_behind(now, BEHIND, DOWN)).await;
         rec.healed();
@@ -132,7 +142,7 @@ async fn kill_with_one_behind(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace,
         if let Some(new) = new.filter(|&n| n != now) {
             rec.effect("new etcd leaders elected", 1);
             if new == BEHIND {
-                rec.effect("new etcd leaders that had been held behind", 1);
+                rec.effect(HELD_BEHIND_LED, 1);
             }
         }
     }

@@ -39,12 +39,12 @@ pub fn rows() -> Vec<Scenario> {
         ),
         Scenario {
             // The holder's renewal and grant acknowledged while a follower
-            // was stopped, before the leader's kill.
+            // was down, before the leader's kill.
             effects: &[LAG_RENEWED, LAG_GRANTED],
             ttl: FAILOVER_TTL,
             ..scenario(
                 "etcd-leader-kill-one-behind",
-                "etcd: a follower SIGSTOPped while a holder renews its lease and takes a target (lease ttl 10 s), then the leader SIGKILLed and the follower resumed at once (a new leader seen), the leader restarted 1 s later: acknowledged renewals and grants across a leader's kill",
+                "etcd: a follower SIGKILLed while a holder renews its lease and takes a target (lease ttl 10 s), 1 s later the leader SIGKILLed and the follower started again at once, behind (a new leader seen, never the follower held behind), the leader restarted 1 s later: what was acknowledged only on the two members up, across the leader's kill",
                 direct(),
                 Fault::EtcdLeaderKillBehind,
             )
