@@ -283,6 +283,14 @@ const CONTRASTS: &[Contrast] = &[
         safe: "failover-replicas-1",
     },
     Contrast {
+        what: "the same holder's renewal and grant (lease ttl 10 s) acknowledged while one copy \
+               is behind, then the node that took them SIGKILLed: lost with Valkey's primary \
+               under `none`; on etcd a follower is down while they are acknowledged and the \
+               leader is killed as it comes back, and Raft elects the member that has them",
+        lossy: "failover-durability-none",
+        safe: "etcd-leader-kill-one-behind",
+    },
+    Contrast {
         what: "a SIGKILL while `everysec` has postponed its AOF write (a slow disk): what \
                `WAITAOF` buys across a process crash",
         lossy: "restart-slow-fsync-everysec",

@@ -84,6 +84,7 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
         Fault::EtcdLeaderKillBehind => &[
             BEHIND_KILLS,
             "new etcd leaders elected",
+            KILLS_BEHIND,
             crate::scenarios::LAG_RENEWALS,
         ],
         Fault::EtcdLeaderPause => &[
@@ -99,9 +100,15 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
 
 /// What the held-behind leader kill counts of itself.
 pub const BEHIND_KILLS: &str = "etcd leaders killed with a follower held behind";
-/// The held-behind kill's new leaders that were the member held behind:
-/// Raft refuses them the vote they need, so any fails the run.
+/// The held-behind kills after which the others had committed entries the
+/// member held behind lacks (counted from their metrics): every kill must.
+pub const KILLS_BEHIND: &str = "of those, with entries committed while the follower was down";
+/// The held-behind kill's new leaders that were the member held behind,
+/// entries behind: Raft refuses them the vote they need, so any fails the
+/// run.
 pub const HELD_BEHIND_LED: &str = "new etcd leaders that had been held behind";
+/// Holds after which no leader was seen: they end without a kill.
+pub const HOLDS_WITHOUT_LEADER: &str = "holds ended without a leader seen (no kill)";
 /// The held-behind kill's plain kills, made when the member it holds
 /// behind led (so that a member the clients call leads), and the new
 /// leaders seen after them.
@@ -152,7 +159,7 @@ fn shown(s: &Scenario) -> impl Iterator<Item = &'static str> + '_ {
         Fault::PowerCut => &[crate::scenarios::UNSYNCED_CUT],
         // 0 with `replicas:1`, and that is the point.
         Fault::SentinelFailover => &[crate::scenarios::LAG_RENEWED, crate::scenarios::LAG_GRANTED],
-        Fault::EtcdLeaderKillBehind => &[BEHIND_LED, AFTER_BEHIND_LED],
+        Fault::EtcdLeaderKillBehind => &[BEHIND_LED, AFTER_BEHIND_LED, HOLDS_WITHOUT_LEADER],
         _ => &[],
     };
     // On etcd: how long the store kept targets taken past their holders'
@@ -309,6 +316,13 @@ pub fn judge(s: &Scenario, r: &RunResult) -> (Figures, Vec<String>) {
             ));
         }
     }
+    if s.fault == Fault::EtcdLeaderKillBehind && count(BEHIND_KILLS) != count(KILLS_BEHIND) {
+        failures.push(format!(
+            "{} {BEHIND_KILLS} but {} {KILLS_BEHIND}: a follower not held behind",
+            count(BEHIND_KILLS),
+            count(KILLS_BEHIND)
+        ));
+    }
     for what in never(s.fault) {
         if count(what) > 0 {
             failures.push(format!("{} {what}", count(what)));
@@ -456,6 +470,7 @@ mod tests {
         let sound = [
             (BEHIND_KILLS, 3),
             ("new etcd leaders elected", 3),
+            (KILLS_BEHIND, 3),
             (BEHIND_LED, 1),
             (AFTER_BEHIND_LED, 1),
         ];
@@ -469,12 +484,17 @@ mod tests {
         assert_eq!(about(&failures, HELD_BEHIND_LED), 1, "{failures:?}");
 
         let mut unseen = sound.to_vec();
-        unseen[3] = (AFTER_BEHIND_LED, 0);
+        unseen[4] = (AFTER_BEHIND_LED, 0);
         let failures = failures_with(&unseen);
         assert_eq!(
             about(&failures, "without its new leader"),
             1,
             "{failures:?}"
         );
+
+        let mut level = sound.to_vec();
+        level[2] = (KILLS_BEHIND, 2);
+        let failures = failures_with(&level);
+        assert_eq!(about(&failures, "not held behind"), 1, "{failures:?}");
     }
 }

@@ -52,24 +52,35 @@ pub const CUT_LEADERS_ANSWERING: &str = "cut leaders answering clients as leader
 /// How long a new leader may take to show after the old one stops.
 const ELECTION: Duration = Duration::from_secs(5);
 
-/// Whether the member serving clients on `endpoint` says it leads
-/// (`etcd_server_is_leader 1` in its `/metrics`) within `wait`; false when
-/// it does not answer in that time (a stopped, dead or unreachable member).
-fn leads_within(endpoint: &str, wait: Duration) -> bool {
-    let Ok(addr) = endpoint.parse() else {
-        return false;
-    };
-    let Ok(mut conn) = TcpStream::connect_timeout(&addr, wait) else {
-        return false;
-    };
+/// The `/metrics` page of the member serving clients on `endpoint`, if it
+/// answers within `wait` (not a stopped, dead or unreachable member).
+fn metrics(endpoint: &str, wait: Duration) -> Option<String> {
+    let addr = endpoint.parse().ok()?;
+    let mut conn = TcpStream::connect_timeout(&addr, wait).ok()?;
     let _ = conn.set_read_timeout(Some(wait));
     let request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if conn.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
+    conn.write_all(request.as_bytes()).ok()?;
     let mut reply = String::new();
     let _ = conn.read_to_string(&mut reply);
-    reply.lines().any(|l| l.trim() == "etcd_server_is_leader 1")
+    Some(reply)
+}
+
+/// Whether the member serving clients on `endpoint` says it leads
+/// (`etcd_server_is_leader 1` in its `/metrics`) within `wait`; false when
+/// it does not answer in that time.
+fn leads_within(endpoint: &str, wait: Duration) -> bool {
+    metrics(endpoint, wait)
+        .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
+}
+
+/// The Raft entries the member on `endpoint` knows committed
+/// (`etcd_server_proposals_committed_total`), if it answers.
+fn committed_on(endpoint: &str) -> Option<u64> {
+    let page = metrics(endpoint, Duration::from_millis(300))?;
+    page.lines().find_map(|l| {
+        let value = l.strip_prefix("etcd_server_proposals_committed_total ")?;
+        value.trim().parse::<f64>().ok().map(|v| v as u64)
+    })
 }
 
 /// [`leads_within`] 300 ms.
@@ -216,6 +227,16 @@ impl Etcd {
     /// resumed.
     pub fn hold_behind(&self, i: usize) {
         self.lock().kill(i);
+    }
+
+    /// The most Raft entries any member other than `not` knows committed:
+    /// it grows while `not` is down only if they commit without it.
+    pub fn committed_without(&self, not: usize) -> Option<u64> {
+        let endpoints = self.lock().endpoints();
+        (0..MEMBERS)
+            .filter(|&i| i != not)
+            .filter_map(|i| committed_on(&endpoints[i]))
+            .max()
     }
 
     /// Starts `behind` (killed by [`Etcd::hold_behind`]) again from its data

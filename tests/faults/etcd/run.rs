@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use super::{Etcd, Setup};
 use crate::history::Recorder;
 use crate::inject::{Pace, Targets};
-use crate::report::{AFTER_BEHIND_LED, BEHIND_KILLS, BEHIND_LED, HELD_BEHIND_LED};
+use crate::report::{
+    AFTER_BEHIND_LED, BEHIND_KILLS, BEHIND_LED, HELD_BEHIND_LED, HOLDS_WITHOUT_LEADER, KILLS_BEHIND,
+};
 use crate::run::{self, Finals, RunResult, Urls};
 use crate::scenarios::{Fault, Scenario};
 use crate::sink::PgSink;
@@ -118,7 +120,11 @@ async fn kill_with_one_behind(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace,
         let _ = lag.send(Some(Cue::Take(Instant::now() + TAKE_AHEAD)));
         tokio::time::sleep(TAKE_AHEAD).await;
         let e = etcd.clone();
-        blocking(move || e.hold_behind(BEHIND)).await;
+        let before = blocking(move || {
+            e.hold_behind(BEHIND);
+            e.committed_without(BEHIND)
+        })
+        .await;
         rec.fault("etcd follower held behind (SIGKILL), leader SIGKILL, restart");
         // What the holder is answered before `held_until` counts as
         // acknowledged during the hold (workload/lag.rs): the leader's kill
@@ -133,15 +139,23 @@ async fn kill_with_one_behind(etcd: &Arc<Etcd>, rec: &Recorder, pace: &mut Pace,
             let e = etcd.clone();
             blocking(move || e.release_behind(BEHIND)).await;
             rec.healed();
+            rec.effect(HOLDS_WITHOUT_LEADER, 1);
             continue;
         };
+        let e = etcd.clone();
+        let after = blocking(move || e.committed_without(BEHIND)).await;
         let e = etcd.clone();
         let new = blocking(move || e.kill_with_one_behind(now, BEHIND, DOWN)).await;
         rec.healed();
         rec.effect(BEHIND_KILLS, 1);
+        // Behind for real: entries committed without it during the hold.
+        let behind = matches!((before, after), (Some(b), Some(a)) if a > b);
+        if behind {
+            rec.effect(KILLS_BEHIND, 1);
+        }
         if let Some(new) = new.filter(|&n| n != now) {
             rec.effect("new etcd leaders elected", 1);
-            if new == BEHIND {
+            if new == BEHIND && behind {
                 rec.effect(HELD_BEHIND_LED, 1);
             }
         }

@@ -44,7 +44,7 @@ pub fn rows() -> Vec<Scenario> {
             ttl: FAILOVER_TTL,
             ..scenario(
                 "etcd-leader-kill-one-behind",
-                "etcd: a follower SIGKILLed while a holder renews its lease and takes a target (lease ttl 10 s), 1 s later the leader SIGKILLed and the follower started again at once, behind (a new leader seen, never the follower held behind), the leader restarted 1 s later: what was acknowledged only on the two members up, across the leader's kill",
+                "etcd: a follower SIGKILLed while a holder renews its lease and takes a target (lease ttl 10 s), 1 s later the leader SIGKILLed and the follower started again at once, behind (a new leader seen, never the follower held behind), the leader restarted 1 s later: what was acknowledged while the follower was down survives the leader's kill",
                 direct(),
                 Fault::EtcdLeaderKillBehind,
             )
