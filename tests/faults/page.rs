@@ -286,7 +286,9 @@ const CONTRASTS: &[Contrast] = &[
         what: "the same holder's renewal and grant (lease ttl 10 s) acknowledged while one copy \
                is behind, then the node that took them SIGKILLed: lost with Valkey's primary \
                under `none`; on etcd a follower is down while they are acknowledged and the \
-               leader is killed as it comes back, and Raft elects the member that has them",
+               leader is killed as it comes back, and Raft elects the member that has them \
+               (there a lost renewal would show as (c), not as (d): a leader change restarts \
+               the record's TTL in full; its row shows 0 for every property)",
         lossy: "failover-durability-none",
         safe: "etcd-leader-kill-one-behind",
     },

@@ -102,7 +102,8 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
 pub const BEHIND_KILLS: &str = "etcd leaders killed with a follower held behind";
 /// The held-behind kills after which the others had committed entries the
 /// member held behind lacks (counted from their metrics): every kill must.
-pub const KILLS_BEHIND: &str = "of those, with entries committed while the follower was down";
+pub const KILLS_BEHIND: &str =
+    "held-behind kills after which the others had committed without the follower";
 /// The held-behind kill's new leaders that were the member held behind,
 /// entries behind: Raft refuses them the vote they need, so any fails the
 /// run.
@@ -112,8 +113,9 @@ pub const HOLDS_WITHOUT_LEADER: &str = "holds ended without a leader seen (no ki
 /// The held-behind kill's plain kills, made when the member it holds
 /// behind led (so that a member the clients call leads), and the new
 /// leaders seen after them.
-pub const BEHIND_LED: &str = "etcd leaders killed alone (the member held behind led)";
-pub const AFTER_BEHIND_LED: &str = "new etcd leaders elected after those";
+pub const BEHIND_LED: &str =
+    "etcd leaders killed alone before a hold (the follower to hold back led)";
+pub const AFTER_BEHIND_LED: &str = "new etcd leaders elected after those lone kills";
 
 /// For the etcd leader faults: the effects counting the faults and the
 /// ones counting the new leaders seen after them, which must be equal.

@@ -67,11 +67,9 @@ pub enum Fault {
     /// SIGKILL the etcd cluster's leader; the others elect a new one (seen);
     /// start it again from its data directory 1 s later.
     EtcdLeaderKill,
-    /// SIGSTOP one follower, let the lag-window holder renew and take a
-    /// target, then SIGKILL the leader and SIGCONT the follower at once; the
-    /// old leader is started again 1 s later. The stopped follower is not
-    /// kept behind: the leader's entries wait in its socket and it reads
-    /// them when resumed (it then wins about half the elections).
+    /// SIGKILL one follower, let the lag-window holder renew and take a
+    /// target, then SIGKILL the leader and start the follower again at once,
+    /// behind; the old leader is started again 1 s later.
     EtcdLeaderKillBehind,
     /// SIGSTOP the etcd cluster's leader for 1.5 s (past the 500 ms election
     /// timeout; a new leader seen meanwhile), then SIGCONT: a stale leader.
