@@ -100,19 +100,14 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
 
 /// What the held-behind leader kill counts of itself.
 pub const BEHIND_KILLS: &str = "etcd leaders killed with a follower held behind";
-/// The held-behind kills after which the others had committed entries the
-/// member held behind lacks (counted from their metrics): every kill must.
+/// Every held-behind kill must come after the others committed without it.
 pub const KILLS_BEHIND: &str =
     "held-behind kills after which the others had committed without the follower";
-/// The held-behind kill's new leaders that were the member held behind,
-/// entries behind: Raft refuses them the vote they need, so any fails the
-/// run.
+/// New leaders that were the member held behind: any fails the run.
 pub const HELD_BEHIND_LED: &str = "new etcd leaders that had been held behind";
 /// Holds after which no leader was seen: they end without a kill.
 pub const HOLDS_WITHOUT_LEADER: &str = "holds ended without a leader seen (no kill)";
-/// The held-behind kill's plain kills, made when the member it holds
-/// behind led (so that a member the clients call leads), and the new
-/// leaders seen after them.
+/// Kills of the member to hold behind when it led, and new leaders after.
 pub const BEHIND_LED: &str =
     "etcd leaders killed alone before a hold (the follower to hold back led)";
 pub const AFTER_BEHIND_LED: &str = "new etcd leaders elected after those lone kills";
