@@ -13,7 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Config as ControllerConfig, Controller, Error as ControllerError};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::utils::ResetTimerBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -211,6 +211,7 @@ pub async fn control(
         cfg.runtime.clone(),
     ));
     let selectors = Arc::new(Selectors::default());
+    let (slots, slot_turns) = FairSlots::with_wakes(cfg.concurrency.into());
     let ctx = Arc::new(Context {
         client: client.clone(),
         store: cfg.store.clone(),
@@ -221,7 +222,7 @@ pub async fn control(
             index: pod_index,
         },
         selectors: selectors.clone(),
-        slots: FairSlots::new(cfg.concurrency.into()),
+        slots: slots.clone(),
         floors,
         recorder: Recorder::new(client.clone(), "targetlease-operator", Some(&cfg.instance)),
         lease_ids: cfg.lease_ids.clone(),
@@ -237,6 +238,7 @@ pub async fn control(
     });
     cfg.keeper.wake_through(Some(ctx.wake.clone()));
     let sweeper = tokio::spawn(sweep::sweep(ctx.clone()));
+    let take_back = tokio::spawn(slots.clone().take_back_unused());
     let retention = tokio::spawn(retention::expire_floors(ctx.clone(), cfg.floor_policy));
     let released = {
         let ctx = ctx.clone();
@@ -255,12 +257,15 @@ pub async fn control(
         let ctx = ctx.clone();
         futures::stream::select(wake_rx, released).inspect(move |key| ctx.woken(key))
     };
+    // ...and so does every key whose turn for a slot came (one is set aside).
+    let triggers = futures::stream::select(woken, slot_turns);
     let mapped = ctx.clone();
     controller
-        // Every due reconcile starts at once and waits for one of the
-        // `concurrency` slots in its namespace's turn (`FairSlots`): the
-        // controller's own limit would serve them by due time, letting one
-        // namespace's backlog delay every other namespace's renewals.
+        // Every due reconcile starts at once and takes one of the
+        // `concurrency` slots, or leaves its key in its namespace's line
+        // and returns (`FairSlots`): the controller's own limit would serve
+        // them by due time, letting one namespace's backlog delay every
+        // other namespace's renewals.
         .with_config(ControllerConfig::default())
         .trigger_backoff(backoff())
         .watches_stream(pod_stream, move |pod: CachedPod| {
@@ -283,14 +288,21 @@ pub async fn control(
                 .inspect(|key| mapped.woken(key))
                 .collect::<Vec<_>>()
         })
-        .reconcile_on(woken)
+        .reconcile_on(triggers)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
-        .for_each(|result| async move {
+        .for_each(|result| {
             match result {
                 Ok((obj, _)) => tracing::debug!(lease = %obj, "reconciled"),
+                // A slot set aside for it goes on at once.
+                Err(ControllerError::ObjectNotFound(obj)) => {
+                    let mut key = ObjectRef::new(&obj.name);
+                    key.namespace = obj.namespace;
+                    slots.not_coming(&key);
+                }
                 Err(e) => tracing::debug!(error = %e, "reconcile error"),
             }
+            futures::future::ready(())
         })
         .await;
     cfg.keeper.wake_through(None);
@@ -299,6 +311,7 @@ pub async fn control(
     let _ = sync_task.await;
     floor_task.abort();
     sweeper.abort();
+    take_back.abort();
     retention.abort();
     cfg.runtime.synced.store(false, Ordering::SeqCst);
     if let Ok(mut slot) = cfg.runtime.leases.write() {

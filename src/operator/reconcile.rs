@@ -261,8 +261,9 @@ impl Context {
     }
 }
 
-/// Entry point for the controller: waits for a slot in its namespace's turn
-/// ([`slots`]), then reconciles the newest cached version of the object.
+/// Entry point for the controller: takes a slot, or leaves the key in its
+/// namespace's line to be reconciled in its turn ([`slots`]), then
+/// reconciles the newest cached version of the object.
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::ResourceExt;
     // Never plan from caches that have not synced: wait for them, before a
@@ -277,10 +278,10 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::requeue(Duration::ZERO));
     }
     let queued = Instant::now();
-    // What is remembered is read here and dropped before the wait: the
-    // waiting future keeps only the schedule.
+    let key = key_of(&tl);
+    // What is remembered is read here and dropped before the wait.
     let scheduled = {
-        let m = ctx.remember(&key_of(&tl), |m| {
+        let m = ctx.remember(&key, |m| {
             let recalled = m.clone();
             m.woken = false;
             recalled
@@ -288,19 +289,19 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
         scheduled_renewal(&tl, &m, ctx.server_now_ms())
     };
     let deadline = plan::timing::slot_deadline(queued, scheduled);
-    let _slot = ctx
-        .slots
-        .acquire(&tl.namespace().unwrap_or_default(), deadline)
-        .await;
-    ctx.metrics.queued(queued.elapsed());
+    let namespace = tl.namespace().unwrap_or_default();
+    let Some((_slot, since)) = ctx.slots.take_or_queue(&key, &namespace, deadline) else {
+        // Every slot is taken: the key waits in its namespace's line, and
+        // is reconciled again when its turn comes (`FairSlots`), with a
+        // slot set aside for it. Nothing waits here meanwhile.
+        return Ok(Action::await_change());
+    };
+    ctx.metrics.queued(since.elapsed());
     // It may have changed while it waited.
     let tl = ctx.leases.get(&ObjectRef::from_obj(&*tl)).unwrap_or(tl);
     let started = Instant::now();
-    // Boxed: the pass's state machine is large (every write it may make),
-    // and every due reconcile waits above for a slot, so unboxed each
-    // waiting one would hold that much memory for nothing (about 10 KB,
-    // 20 MB with 2,000 new leases queued); boxed, only the reconciles
-    // holding a slot do.
+    // Boxed: the pass's state machine is large (every write it may make,
+    // about 10 KB), and only the reconciles holding a slot need it.
     let result = Box::pin(reconcile_inner(&tl, &ctx)).await;
     ctx.metrics.reconciled(
         started.elapsed(),

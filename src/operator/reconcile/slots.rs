@@ -18,17 +18,36 @@
 //! schedule has slack before its lease needs it ([`super::plan::timing::slot_deadline`]),
 //! so new acquisitions do not wait behind renewals that can still wait, and
 //! a renewal whose slack has run out goes before whatever came after.
+//!
+//! A reconcile does not wait in its future: it leaves its TargetLease's key
+//! in the line and returns ([`FairSlots::take_or_queue`]), so a burst of
+//! thousands costs a key each, not a parked reconcile each. When the key's
+//! turn comes a slot is set aside for it and the key is sent to the
+//! controller ([`FairSlots::with_wakes`]); the reconcile that follows takes
+//! that slot. A slot set aside and not taken within [`RESERVED_FOR`] (the
+//! TargetLease went away meanwhile) is handed on.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::oneshot;
+
+use crate::operator::crd::TargetLease;
+
+/// How long a slot set aside for a key waits for its reconcile.
+pub const RESERVED_FOR: Duration = Duration::from_secs(5);
+
+type Key = ObjectRef<TargetLease>;
 
 /// The slots and the lines waiting for them.
 pub struct FairSlots {
     state: Mutex<State>,
+    /// Where a key whose turn came is sent (the controller's triggers).
+    wake: UnboundedSender<Key>,
 }
 
 #[derive(Default)]
@@ -41,13 +60,26 @@ struct State {
     lines: HashMap<String, BinaryHeap<Reverse<Waiter>>>,
     /// Arrivals so far (ties between equal deadlines go by arrival).
     arrivals: u64,
+    /// The keys in a line: the arrival of each one's live entry (an entry
+    /// of another arrival was overtaken by an earlier deadline), that
+    /// deadline, and since when it waits.
+    queued: HashMap<Key, (u64, Instant, Instant)>,
+    /// Slots set aside for keys sent to the controller: since when each
+    /// waited, and when the slot was set aside (the runtime's clock).
+    reserved: HashMap<Key, (Instant, tokio::time::Instant)>,
+}
+
+/// Who waits for a slot: a task, or a key whose reconcile returned.
+enum Who {
+    Task(oneshot::Sender<Slot>),
+    Key(Key),
 }
 
 /// A reconcile waiting for a slot.
 struct Waiter {
     deadline: Instant,
     arrival: u64,
-    tx: oneshot::Sender<Slot>,
+    who: Who,
 }
 
 impl Waiter {
@@ -78,17 +110,47 @@ impl Ord for Waiter {
 
 impl State {
     /// The next waiter in turn; its namespace goes to the back of the turns
-    /// while it has more waiting.
-    fn next_waiter(&mut self) -> Option<oneshot::Sender<Slot>> {
-        let ns = self.turns.pop_front()?;
-        let line = self.lines.get_mut(&ns)?;
-        let waiter = line.pop().map(|Reverse(w)| w.tx);
-        if line.is_empty() {
-            self.lines.remove(&ns);
-        } else {
-            self.turns.push_back(ns);
+    /// while it has more waiting. Entries of keys that were overtaken by an
+    /// earlier deadline of their own are dropped on the way.
+    fn next_waiter(&mut self) -> Option<Who> {
+        loop {
+            let ns = self.turns.pop_front()?;
+            let line = self.lines.get_mut(&ns)?;
+            let waiter = line.pop().map(|Reverse(w)| w);
+            if line.is_empty() {
+                self.lines.remove(&ns);
+            } else {
+                self.turns.push_back(ns);
+            }
+            let Some(w) = waiter else { continue };
+            if let Who::Key(key) = &w.who {
+                match self.queued.get(key) {
+                    Some((arrival, ..)) if *arrival == w.arrival => {}
+                    _ => continue,
+                }
+            }
+            return Some(w.who);
         }
-        waiter
+    }
+
+    fn push(&mut self, namespace: &str, waiter: Waiter) {
+        let waiter = Reverse(waiter);
+        match self.lines.get_mut(namespace) {
+            Some(line) => line.push(waiter),
+            None => {
+                self.lines
+                    .insert(namespace.to_owned(), BinaryHeap::from([waiter]));
+                self.turns.push_back(namespace.to_owned());
+            }
+        }
+    }
+
+    /// Slots set aside longer than [`RESERVED_FOR`] ago: taken back.
+    fn expired(&mut self, now: tokio::time::Instant) -> usize {
+        let before = self.reserved.len();
+        self.reserved
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < RESERVED_FOR);
+        before - self.reserved.len()
     }
 }
 
@@ -106,18 +168,35 @@ impl Drop for Slot {
 }
 
 impl FairSlots {
-    /// `n` slots (at least one).
+    /// `n` slots (at least one), for reconciles that wait in their futures
+    /// ([`FairSlots::acquire`]): nobody is woken, so a key left in a line
+    /// by [`FairSlots::take_or_queue`] is dropped when its turn comes.
     pub fn new(n: usize) -> Arc<Self> {
-        Arc::new(Self {
+        Self::with_wakes(n).0
+    }
+
+    /// `n` slots (at least one), and the keys whose turn came, to be
+    /// reconciled (they each have a slot set aside).
+    pub fn with_wakes(n: usize) -> (Arc<Self>, UnboundedReceiver<Key>) {
+        let (wake, woken) = unbounded();
+        let slots = Arc::new(Self {
             state: Mutex::new(State {
                 free: n.max(1),
                 ..State::default()
             }),
-        })
+            wake,
+        });
+        (slots, woken)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(self: &Arc<Self>) -> Slot {
+        Slot {
+            slots: Some(self.clone()),
+        }
     }
 
     /// A slot for a reconcile in `namespace` that should start by
@@ -128,31 +207,91 @@ impl FairSlots {
             let mut state = self.lock();
             if state.free > 0 {
                 state.free -= 1;
-                return Slot {
-                    slots: Some(self.clone()),
-                };
+                return self.slot();
             }
             let (tx, rx) = oneshot::channel();
             state.arrivals += 1;
-            let waiter = Reverse(Waiter {
-                deadline,
-                arrival: state.arrivals,
-                tx,
-            });
-            match state.lines.get_mut(namespace) {
-                Some(line) => line.push(waiter),
-                None => {
-                    state
-                        .lines
-                        .insert(namespace.to_owned(), BinaryHeap::from([waiter]));
-                    state.turns.push_back(namespace.to_owned());
-                }
-            }
+            let arrival = state.arrivals;
+            state.push(
+                namespace,
+                Waiter {
+                    deadline,
+                    arrival,
+                    who: Who::Task(tx),
+                },
+            );
             rx
         };
         // The sender is only ever dropped by sending (the slots outlive
         // every waiter: each waiter holds them).
         rx.await.unwrap_or(Slot { slots: None })
+    }
+
+    /// A slot for `key`'s reconcile, in `namespace`, that should start by
+    /// `deadline`, and since when it waited for it: the slot set aside for
+    /// it, or a free one; otherwise `None`, and the key waits in its
+    /// namespace's line (once, by its earliest deadline) until a slot is set
+    /// aside for it and it is sent to be reconciled.
+    pub fn take_or_queue(
+        self: &Arc<Self>,
+        key: &Key,
+        namespace: &str,
+        deadline: Instant,
+    ) -> Option<(Slot, Instant)> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        if let Some((since, _)) = state.reserved.remove(key) {
+            return Some((self.slot(), since));
+        }
+        // A free slot means nobody waits (a freed slot goes to a waiter).
+        if state.free > 0 {
+            state.free -= 1;
+            return Some((self.slot(), now));
+        }
+        let since = match state.queued.get(key) {
+            Some(&(_, by, _)) if by <= deadline => return None,
+            Some(&(.., since)) => since,
+            None => now,
+        };
+        state.arrivals += 1;
+        let arrival = state.arrivals;
+        state.queued.insert(key.clone(), (arrival, deadline, since));
+        state.push(
+            namespace,
+            Waiter {
+                deadline,
+                arrival,
+                who: Who::Key(key.clone()),
+            },
+        );
+        None
+    }
+
+    /// The slot set aside for `key` goes on: its reconcile will not come
+    /// (the controller found no such TargetLease).
+    pub fn not_coming(self: &Arc<Self>, key: &Key) {
+        let gone = self.lock().reserved.remove(key).is_some();
+        if gone {
+            self.clone().hand_on();
+        }
+    }
+
+    /// Takes back, every second until dropped, the slots set aside for
+    /// longer than [`RESERVED_FOR`] (whatever their reconciles became).
+    pub async fn take_back_unused(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(RESERVED_FOR / 5).await;
+            let expired = self.lock().expired(tokio::time::Instant::now());
+            if expired > 0 {
+                tracing::debug!(
+                    expired,
+                    "reconcile slots set aside and not taken: handed on"
+                );
+            }
+            for _ in 0..expired {
+                self.clone().hand_on();
+            }
+        }
     }
 
     /// A slot came free: to the next waiter in turn, or back to the free ones.
@@ -161,184 +300,51 @@ impl FairSlots {
             let next = {
                 let mut state = self.lock();
                 match state.next_waiter() {
-                    Some(tx) => tx,
+                    Some(Who::Key(key)) => {
+                        let since = state
+                            .queued
+                            .remove(&key)
+                            .map_or_else(Instant::now, |(.., s)| s);
+                        let at = tokio::time::Instant::now();
+                        state.reserved.insert(key.clone(), (since, at));
+                        Who::Key(key)
+                    }
+                    Some(task) => task,
                     None => {
                         state.free += 1;
                         return;
                     }
                 }
             };
-            let slot = Slot {
-                slots: Some(self.clone()),
-            };
-            match next.send(slot) {
-                Ok(()) => return,
-                // That waiter gave up (its reconcile was dropped): the next one.
-                Err(mut unwanted) => {
-                    unwanted.slots = None;
-                }
+            match next {
+                Who::Task(tx) => match tx.send(self.slot()) {
+                    Ok(()) => return,
+                    // That waiter gave up (its reconcile was dropped): the next one.
+                    Err(mut unwanted) => unwanted.slots = None,
+                },
+                Who::Key(key) => match self.wake.unbounded_send(key) {
+                    Ok(()) => return,
+                    // Nobody to wake any more (the controller stopped).
+                    Err(e) => {
+                        self.lock().reserved.remove(&e.into_inner());
+                    }
+                },
             }
         }
     }
 
     /// Reconciles waiting for a slot, per namespace (for tests and metrics).
     pub fn waiting(&self) -> usize {
-        self.lock().lines.values().map(BinaryHeap::len).sum()
+        let state = self.lock();
+        let tasks = state
+            .lines
+            .values()
+            .flat_map(BinaryHeap::iter)
+            .filter(|Reverse(w)| matches!(w.who, Who::Task(_)))
+            .count();
+        tasks + state.queued.len()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    type Order = Arc<Mutex<Vec<String>>>;
-
-    /// Starts a waiter that records `label` when it gets a slot and holds
-    /// the slot until told to let go.
-    fn waiter(
-        slots: &Arc<FairSlots>,
-        ns: &'static str,
-        label: String,
-        order: &Order,
-    ) -> oneshot::Sender<()> {
-        waiter_by(slots, ns, label, Instant::now(), order)
-    }
-
-    /// [`waiter`], to start by `deadline`.
-    fn waiter_by(
-        slots: &Arc<FairSlots>,
-        ns: &'static str,
-        label: String,
-        deadline: Instant,
-        order: &Order,
-    ) -> oneshot::Sender<()> {
-        let (done_tx, done_rx) = oneshot::channel::<()>();
-        let (slots, order) = (slots.clone(), order.clone());
-        tokio::spawn(async move {
-            let _slot = slots.acquire(ns, deadline).await;
-            order.lock().unwrap().push(label);
-            let _ = done_rx.await;
-        });
-        done_tx
-    }
-
-    async fn settle() {
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-        }
-    }
-
-    #[tokio::test]
-    async fn a_flooding_namespace_waits_its_turn_like_any_other() {
-        let slots = FairSlots::new(2);
-        let order: Order = Default::default();
-        let mut done = HashMap::new();
-        // Both slots taken, then a flood of 50 from "noisy" before "quiet" asks.
-        for label in ["r0", "r1"] {
-            done.insert(
-                label.to_string(),
-                waiter(&slots, "noisy", label.into(), &order),
-            );
-        }
-        settle().await;
-        for i in 0..50 {
-            done.insert(
-                format!("n{i}"),
-                waiter(&slots, "noisy", format!("n{i}"), &order),
-            );
-            settle().await;
-        }
-        for label in ["q1", "q2"] {
-            done.insert(
-                label.to_string(),
-                waiter(&slots, "quiet", label.into(), &order),
-            );
-            settle().await;
-        }
-        assert_eq!(slots.waiting(), 52);
-        // Slots are let go in the order they were taken; each goes to the
-        // next namespace in turn.
-        for i in 0..6 {
-            let holder = order.lock().unwrap()[i].clone();
-            let _ = done.remove(&holder).unwrap().send(());
-            settle().await;
-        }
-        let got: Vec<_> = order
-            .lock()
-            .unwrap()
-            .iter()
-            .skip(2)
-            .take(6)
-            .cloned()
-            .collect();
-        assert_eq!(got, ["n0", "q1", "n1", "q2", "n2", "n3"]);
-    }
-
-    #[tokio::test]
-    async fn one_namespace_alone_uses_every_slot_and_dropped_waiters_pass_theirs_on() {
-        let slots = FairSlots::new(3);
-        let a = slots.acquire("a", Instant::now()).await;
-        let b = slots.acquire("a", Instant::now()).await;
-        let c = slots.acquire("a", Instant::now()).await;
-        // A waiter that gives up (its reconcile dropped) never keeps a slot.
-        let gave_up = tokio::time::timeout(
-            Duration::from_millis(10),
-            slots.acquire("b", Instant::now()),
-        )
-        .await;
-        assert!(gave_up.is_err());
-        let next = {
-            let slots = slots.clone();
-            tokio::spawn(async move { slots.acquire("c", Instant::now()).await })
-        };
-        settle().await;
-        drop(a);
-        let _d = tokio::time::timeout(Duration::from_secs(1), next)
-            .await
-            .expect("the slot skips the waiter that left")
-            .unwrap();
-        drop((b, c));
-        // All free again: three at once, without waiting.
-        let all: Vec<_> =
-            futures::future::join_all((0..2).map(|_| slots.acquire("z", Instant::now()))).await;
-        assert_eq!((all.len(), slots.waiting()), (2, 0));
-    }
-
-    #[tokio::test]
-    async fn a_new_lease_goes_before_renewals_that_can_wait_but_not_before_late_ones() {
-        let slots = FairSlots::new(1);
-        let order: Order = Default::default();
-        let mut done = HashMap::new();
-        let now = Instant::now();
-        done.insert(
-            "busy".to_string(),
-            waiter(&slots, "ns", "busy".into(), &order),
-        );
-        settle().await;
-        // Many renewals on their schedule, each with slack left...
-        for i in 0..50 {
-            let label = format!("renew{i}");
-            let by = now + Duration::from_secs(10);
-            done.insert(label.clone(), waiter_by(&slots, "ns", label, by, &order));
-            settle().await;
-        }
-        // ...then a new TargetLease, then a renewal whose slack ran out.
-        done.insert("new".into(), waiter(&slots, "ns", "new".into(), &order));
-        settle().await;
-        let late = now - Duration::from_secs(1);
-        done.insert(
-            "late".into(),
-            waiter_by(&slots, "ns", "late".into(), late, &order),
-        );
-        settle().await;
-        assert_eq!(slots.waiting(), 52);
-        for _ in 0..4 {
-            let holder = order.lock().unwrap().last().unwrap().clone();
-            let _ = done.remove(&holder).unwrap().send(());
-            settle().await;
-        }
-        let got = order.lock().unwrap().clone();
-        assert_eq!(got, ["busy", "late", "new", "renew0", "renew1"]);
-    }
-}
+mod tests;
