@@ -85,8 +85,9 @@ pub struct Context {
     /// Every cache the planner reads has synced (and the store's clock was
     /// read); no pass plans before.
     pub ready: crate::operator::readiness::Ready,
-    /// What this process remembers per TargetLease (dropped when it goes).
-    pub carryover: Mutex<HashMap<ObjectRef<TargetLease>, Carryover>>,
+    /// What this process remembers per TargetLease (dropped when it goes);
+    /// boxed, so the map's spare room costs a pointer per slot.
+    pub carryover: Mutex<HashMap<ObjectRef<TargetLease>, Box<Carryover>>>,
     /// Highest token this process published per (namespace, target).
     pub published: Mutex<HashMap<(String, String), u64>>,
     /// Valkey's clock, estimated from every answer (shared with the keeper).
@@ -207,7 +208,9 @@ impl Context {
 
     fn recall(&self, key: &ObjectRef<TargetLease>) -> Carryover {
         let all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
-        all.get(key).cloned().unwrap_or_default()
+        all.get(key)
+            .map(|m| Carryover::clone(m))
+            .unwrap_or_default()
     }
 
     /// Something outside `key`'s object woke it (see [`Carryover::woken`]).

@@ -60,44 +60,44 @@ impl Sweep {
             return;
         }
         ctx.floors.prune();
-        let uids: HashSet<String> = ctx
-            .leases
-            .state()
+        // Borrowed from one snapshot of the cache: a sweep of 10,000
+        // TargetLeases copies no name, UID or key to look them up.
+        let cached = ctx.leases.state();
+        let uids: HashSet<&str> = cached
             .iter()
-            .filter_map(|tl| tl.uid())
+            .filter_map(|tl| tl.metadata.uid.as_deref())
             .collect();
         ctx.selectors.retain(|uid| uids.contains(uid));
         if ctx.leadership.check().is_err() {
             return;
         }
-        let present: HashSet<ObjectRef<TargetLease>> = ctx
-            .leases
-            .state()
+        let leases: HashSet<(&str, &str)> = cached
             .iter()
-            .map(|tl| ObjectRef::from_obj(&**tl))
+            .map(|tl| {
+                let ns = tl.metadata.namespace.as_deref().unwrap_or_default();
+                (ns, tl.metadata.name.as_deref().unwrap_or_default())
+            })
             .collect();
-        let remembered: Vec<_> = {
-            let carryover = ctx.carryover.lock().unwrap_or_else(|p| p.into_inner());
-            carryover.keys().cloned().collect()
+        let present = |k: &ObjectRef<TargetLease>| {
+            leases.contains(&(k.namespace.as_deref().unwrap_or_default(), k.name.as_str()))
         };
-        let unseen = remembered
+        let unseen: Vec<_> = {
+            let carryover = ctx.carryover.lock().unwrap_or_else(|p| p.into_inner());
+            carryover.keys().filter(|k| !present(k)).cloned().collect()
+        };
+        let unseen = unseen
             .into_iter()
-            .chain(ctx.keeper.keys())
-            .filter(|k| !present.contains(k));
+            .chain(ctx.keeper.keys_where(|k| !present(k)));
         let (vanished, now) = gone(unseen, &self.missing);
         ctx.forget_vanished(|k| !vanished.contains(k));
         ctx.keeper.retain(|k| !vanished.contains(k));
         self.missing = now;
 
-        let leases: HashSet<(String, String)> = present
-            .iter()
-            .map(|r| (r.namespace.clone().unwrap_or_default(), r.name.clone()))
-            .collect();
         let mut marked = Vec::new();
         for pod in ctx.pods.store.state() {
             let ns = pod.namespace().unwrap_or_default();
             for name in reconcile::marks::marked_by(&pod) {
-                if !leases.contains(&(ns.clone(), name.clone())) {
+                if !leases.contains(&(ns.as_str(), name.as_str())) {
                     marked.push((ns.clone(), pod.name_any(), name));
                 }
             }

@@ -57,7 +57,9 @@ const QUIET: Duration = Duration::from_secs(60);
 pub struct Keeper {
     store: Arc<dyn LeaseStore>,
     clock: Arc<ServerClock>,
-    kept: Mutex<HashMap<ObjectRef<TargetLease>, Kept>>,
+    /// Boxed: a map's room for 10,000 leases is 16,384 slots, each as
+    /// large as its value; a box puts the rest where there is a lease.
+    kept: Mutex<HashMap<ObjectRef<TargetLease>, Box<Kept>>>,
     wake: Mutex<Option<UnboundedSender<ObjectRef<TargetLease>>>>,
     /// When the keeper last renewed a lease in place of its reconcile.
     acted: Mutex<Option<Instant>>,
@@ -91,7 +93,7 @@ impl Keeper {
         self.term.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<TargetLease>, Kept>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<TargetLease>, Box<Kept>>> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -119,7 +121,7 @@ impl Keeper {
             kept.serial = old.serial.clone();
             kept.in_flight = old.in_flight;
         }
-        all.insert(key.clone(), kept);
+        all.insert(key.clone(), Box::new(kept));
     }
 
     /// `key`'s status, as the API server showed it (possibly from a cache
@@ -223,7 +225,15 @@ impl Keeper {
 
     /// The TargetLeases whose leases are kept.
     pub fn keys(&self) -> Vec<ObjectRef<TargetLease>> {
-        self.lock().keys().cloned().collect()
+        self.keys_where(|_| true)
+    }
+
+    /// The TargetLeases whose leases are kept, of those `pick` picks.
+    pub fn keys_where(
+        &self,
+        mut pick: impl FnMut(&ObjectRef<TargetLease>) -> bool,
+    ) -> Vec<ObjectRef<TargetLease>> {
+        self.lock().keys().filter(|k| pick(k)).cloned().collect()
     }
 
     /// Keeps only the leases whose TargetLease `keep` says still exists.
@@ -234,7 +244,7 @@ impl Keeper {
     /// The last confirmation of `key`'s lease a reconcile may rely on, if
     /// this process has one ([`Kept::confirmation`]).
     pub fn confirmation(&self, key: &ObjectRef<TargetLease>) -> Option<Confirmation> {
-        self.lock().get(key).and_then(Kept::confirmation)
+        self.lock().get(key).and_then(|k| k.confirmation())
     }
 
     /// The lock a renewal of `key`'s lease holds while it is sent.
@@ -304,7 +314,7 @@ impl Keeper {
             .filter(|(_, k)| k.serial.try_lock().is_ok())
             .map(|(key, k)| {
                 k.in_flight = true;
-                (key.clone(), k.clone())
+                (key.clone(), Kept::clone(k))
             })
             .collect();
         due.sort_by_key(|(_, k)| k.expires_ms);
@@ -320,7 +330,7 @@ impl Keeper {
             return;
         };
         // A reconcile may have renewed it (or given it up) meanwhile.
-        let current = self.lock().get(&key).cloned();
+        let current = self.lock().get(&key).map(|k| Kept::clone(k));
         let Some(current) = current.filter(|c| c.handle == kept.handle) else {
             return;
         };

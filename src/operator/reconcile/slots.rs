@@ -62,8 +62,8 @@ struct State {
     arrivals: u64,
     /// The keys in a line: the arrival of each one's live entry (an entry
     /// of another arrival was overtaken by an earlier deadline), that
-    /// deadline, and since when it waits.
-    queued: HashMap<Key, (u64, Instant, Instant)>,
+    /// deadline, and since when it waits. The line's entries share the key.
+    queued: HashMap<Arc<Key>, (u64, Instant, Instant)>,
     /// Slots set aside for keys sent to the controller: since when each
     /// waited, and when the slot was set aside (the runtime's clock).
     reserved: HashMap<Key, (Instant, tokio::time::Instant)>,
@@ -71,6 +71,12 @@ struct State {
 
 /// Who waits for a slot: a task, or a key whose reconcile returned.
 enum Who {
+    Task(oneshot::Sender<Slot>),
+    Key(Arc<Key>),
+}
+
+/// Whom a freed slot goes to: a task, or a key to send to the controller.
+enum Next {
     Task(oneshot::Sender<Slot>),
     Key(Key),
 }
@@ -124,7 +130,7 @@ impl State {
             }
             let Some(w) = waiter else { continue };
             if let Who::Key(key) = &w.who {
-                match self.queued.get(key) {
+                match self.queued.get(&**key) {
                     Some((arrival, ..)) if *arrival == w.arrival => {}
                     _ => continue,
                 }
@@ -248,20 +254,22 @@ impl FairSlots {
             state.free -= 1;
             return Some((self.slot(), now));
         }
-        let since = match state.queued.get(key) {
-            Some(&(_, by, _)) if by <= deadline => return None,
-            Some(&(.., since)) => since,
-            None => now,
+        let (shared, since) = match state.queued.get_key_value(key) {
+            Some((_, &(_, by, _))) if by <= deadline => return None,
+            Some((shared, &(.., since))) => (shared.clone(), since),
+            None => (Arc::new(key.clone()), now),
         };
         state.arrivals += 1;
         let arrival = state.arrivals;
-        state.queued.insert(key.clone(), (arrival, deadline, since));
+        state
+            .queued
+            .insert(shared.clone(), (arrival, deadline, since));
         state.push(
             namespace,
             Waiter {
                 deadline,
                 arrival,
-                who: Who::Key(key.clone()),
+                who: Who::Key(shared),
             },
         );
         None
@@ -303,13 +311,16 @@ impl FairSlots {
                     Some(Who::Key(key)) => {
                         let since = state
                             .queued
-                            .remove(&key)
+                            .remove(&*key)
                             .map_or_else(Instant::now, |(.., s)| s);
+                        // The line's last hold on it (overtaken entries
+                        // were dropped on the way): no copy.
+                        let key = Arc::unwrap_or_clone(key);
                         let at = tokio::time::Instant::now();
                         state.reserved.insert(key.clone(), (since, at));
-                        Who::Key(key)
+                        Next::Key(key)
                     }
-                    Some(task) => task,
+                    Some(Who::Task(tx)) => Next::Task(tx),
                     None => {
                         state.free += 1;
                         return;
@@ -317,12 +328,12 @@ impl FairSlots {
                 }
             };
             match next {
-                Who::Task(tx) => match tx.send(self.slot()) {
+                Next::Task(tx) => match tx.send(self.slot()) {
                     Ok(()) => return,
                     // That waiter gave up (its reconcile was dropped): the next one.
                     Err(mut unwanted) => unwanted.slots = None,
                 },
-                Who::Key(key) => match self.wake.unbounded_send(key) {
+                Next::Key(key) => match self.wake.unbounded_send(key) {
                     Ok(()) => return,
                     // Nobody to wake any more (the controller stopped).
                     Err(e) => {

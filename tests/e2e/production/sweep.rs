@@ -115,7 +115,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         ctx.carryover
             .lock()
             .unwrap()
-            .insert(key.clone(), Carryover::default());
+            .insert(key.clone(), Box::<Carryover>::default());
         ctx.keeper
             .confirmed(key, kept(&env, &key.name), ctx.keeper.term());
     }
