@@ -282,7 +282,7 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
     }
     let queued = Instant::now();
     let key = key_of(&tl);
-    // What is remembered is read here and dropped before the wait.
+    // What is remembered is read here, once.
     let scheduled = {
         let m = ctx.remember(&key, |m| {
             let recalled = m.clone();

@@ -45,21 +45,11 @@ pub struct Sweep {
 }
 
 impl Sweep {
-    /// Removes marks whose TargetLease is gone (a finalizer removed by hand,
-    /// a crash between the status write of a deletion and its unmark),
-    /// forgets what this process remembered of such TargetLeases (the keeper
-    /// stops renewing their leases, which then run out), and forgets the
-    /// floor raises the floor cache shows. Something is judged gone once it
-    /// has been missing from the synced cache at two sweeps in a row
-    /// ([`gone`]); a pod is unmarked only if it is still the version the
-    /// sweep judged (its resourceVersion is the patch's precondition).
-    /// Nothing before the caches synced, and nothing but the floor raises
-    /// once this replica cannot prove it leads.
-    pub async fn once(&mut self, ctx: &Context) {
-        if !ctx.ready.is_ready() {
-            return;
-        }
-        ctx.floors.prune();
+    /// What the sweep judges from one snapshot of the caches, dropped
+    /// before anything is sent: forgets the TargetLeases gone, and returns
+    /// the marks to remove as (namespace, pod, TargetLease); `None` once
+    /// this replica cannot prove it leads.
+    fn judge(&mut self, ctx: &Context) -> Option<HashSet<(String, String, String)>> {
         // Borrowed from one snapshot of the cache: a sweep of 10,000
         // TargetLeases copies no name, UID or key to look them up.
         let cached = ctx.leases.state();
@@ -69,7 +59,7 @@ impl Sweep {
             .collect();
         ctx.selectors.retain(|uid| uids.contains(uid));
         if ctx.leadership.check().is_err() {
-            return;
+            return None;
         }
         let leases: HashSet<(&str, &str)> = cached
             .iter()
@@ -104,6 +94,27 @@ impl Sweep {
         }
         let (orphans, now) = gone(marked, &self.suspects);
         self.suspects = now;
+        Some(orphans)
+    }
+
+    /// Removes marks whose TargetLease is gone (a finalizer removed by hand,
+    /// a crash between the status write of a deletion and its unmark),
+    /// forgets what this process remembered of such TargetLeases (the keeper
+    /// stops renewing their leases, which then run out), and forgets the
+    /// floor raises the floor cache shows. Something is judged gone once it
+    /// has been missing from the synced cache at two sweeps in a row
+    /// ([`gone`]); a pod is unmarked only if it is still the version the
+    /// sweep judged (its resourceVersion is the patch's precondition).
+    /// Nothing before the caches synced, and nothing but the floor raises
+    /// once this replica cannot prove it leads.
+    pub async fn once(&mut self, ctx: &Context) {
+        if !ctx.ready.is_ready() {
+            return;
+        }
+        ctx.floors.prune();
+        let Some(orphans) = self.judge(ctx) else {
+            return;
+        };
         for (ns, pod, name) in orphans {
             if ctx.leadership.check().is_err() {
                 break;

@@ -25,7 +25,9 @@
 //! turn comes a slot is set aside for it and the key is sent to the
 //! controller ([`FairSlots::with_wakes`]); the reconcile that follows takes
 //! that slot. A slot set aside and not taken within [`RESERVED_FOR`] (the
-//! TargetLease went away meanwhile) is handed on.
+//! TargetLease went away meanwhile) is handed on. The key reaches the
+//! controller through its triggers, which pause while its watches back off
+//! after an error (at most a few seconds): [`RESERVED_FOR`] is longer.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -34,12 +36,13 @@ use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::oneshot;
 
 use crate::operator::crd::TargetLease;
 
-/// How long a slot set aside for a key waits for its reconcile.
-pub const RESERVED_FOR: Duration = Duration::from_secs(5);
+/// How long a slot set aside for a key waits for its reconcile: longer than
+/// the controller's triggers pause while a watch backs off (3 s, doubled
+/// at most by jitter), so a reservation outlives the pause.
+pub const RESERVED_FOR: Duration = Duration::from_secs(10);
 
 type Key = ObjectRef<TargetLease>;
 
@@ -52,11 +55,11 @@ pub struct FairSlots {
 
 #[derive(Default)]
 struct State {
-    /// Slots not handed out. Never positive while anyone waits.
+    /// Slots neither held nor set aside. Never positive while a key waits.
     free: usize,
-    /// Namespaces with someone waiting, in the order they get the next slot.
+    /// Namespaces with a key waiting, in the order they get the next slot.
     turns: VecDeque<String>,
-    /// Who waits, per namespace, earliest deadline first.
+    /// The keys waiting, per namespace, earliest deadline first.
     lines: HashMap<String, BinaryHeap<Reverse<Waiter>>>,
     /// Arrivals so far (ties between equal deadlines go by arrival).
     arrivals: u64,
@@ -69,23 +72,11 @@ struct State {
     reserved: HashMap<Key, (Instant, tokio::time::Instant)>,
 }
 
-/// Who waits for a slot: a task, or a key whose reconcile returned.
-enum Who {
-    Task(oneshot::Sender<Slot>),
-    Key(Arc<Key>),
-}
-
-/// Whom a freed slot goes to: a task, or a key to send to the controller.
-enum Next {
-    Task(oneshot::Sender<Slot>),
-    Key(Key),
-}
-
-/// A reconcile waiting for a slot.
+/// A key waiting for a slot.
 struct Waiter {
     deadline: Instant,
     arrival: u64,
-    who: Who,
+    key: Arc<Key>,
 }
 
 impl Waiter {
@@ -115,27 +106,35 @@ impl Ord for Waiter {
 }
 
 impl State {
-    /// The next waiter in turn; its namespace goes to the back of the turns
-    /// while it has more waiting. Entries of keys that were overtaken by an
-    /// earlier deadline of their own are dropped on the way.
-    fn next_waiter(&mut self) -> Option<Who> {
+    /// The next key in turn, taken out of its line; its namespace goes to
+    /// the back of the turns while it has more waiting. Entries that were
+    /// overtaken by an earlier deadline of their own key are dropped on the
+    /// way, without costing their namespace its turn.
+    fn next_key(&mut self) -> Option<Key> {
         loop {
             let ns = self.turns.pop_front()?;
-            let line = self.lines.get_mut(&ns)?;
-            let waiter = line.pop().map(|Reverse(w)| w);
+            let Some(line) = self.lines.get_mut(&ns) else {
+                continue;
+            };
+            let mut live = None;
+            while let Some(Reverse(w)) = line.pop() {
+                if self.queued.get(&*w.key).is_some_and(|q| q.0 == w.arrival) {
+                    live = Some(w.key);
+                    break;
+                }
+            }
             if line.is_empty() {
                 self.lines.remove(&ns);
             } else {
                 self.turns.push_back(ns);
             }
-            let Some(w) = waiter else { continue };
-            if let Who::Key(key) = &w.who {
-                match self.queued.get(&**key) {
-                    Some((arrival, ..)) if *arrival == w.arrival => {}
-                    _ => continue,
-                }
-            }
-            return Some(w.who);
+            let Some(key) = live else { continue };
+            let since = self.queued.remove(&*key).map_or_else(Instant::now, |q| q.2);
+            // Overtaken entries of it may still share it: then it is copied.
+            let key = Arc::unwrap_or_clone(key);
+            self.reserved
+                .insert(key.clone(), (since, tokio::time::Instant::now()));
+            return Some(key);
         }
     }
 
@@ -162,21 +161,18 @@ impl State {
 
 /// One slot, held while a reconcile runs; dropping it hands it on.
 pub struct Slot {
-    slots: Option<Arc<FairSlots>>,
+    slots: Arc<FairSlots>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(slots) = self.slots.take() {
-            slots.hand_on();
-        }
+        self.slots.clone().hand_on();
     }
 }
 
 impl FairSlots {
-    /// `n` slots (at least one), for reconciles that wait in their futures
-    /// ([`FairSlots::acquire`]): nobody is woken, so a key left in a line
-    /// by [`FairSlots::take_or_queue`] is dropped when its turn comes.
+    /// `n` slots (at least one), with nobody to wake: a key left in a line
+    /// is dropped when its turn comes (for callers that never contend).
     pub fn new(n: usize) -> Arc<Self> {
         Self::with_wakes(n).0
     }
@@ -201,36 +197,8 @@ impl FairSlots {
 
     fn slot(self: &Arc<Self>) -> Slot {
         Slot {
-            slots: Some(self.clone()),
+            slots: self.clone(),
         }
-    }
-
-    /// A slot for a reconcile in `namespace` that should start by
-    /// `deadline`: at once when one is free, otherwise when its namespace's
-    /// turn comes and no earlier deadline waits in its line.
-    pub async fn acquire(self: &Arc<Self>, namespace: &str, deadline: Instant) -> Slot {
-        let rx = {
-            let mut state = self.lock();
-            if state.free > 0 {
-                state.free -= 1;
-                return self.slot();
-            }
-            let (tx, rx) = oneshot::channel();
-            state.arrivals += 1;
-            let arrival = state.arrivals;
-            state.push(
-                namespace,
-                Waiter {
-                    deadline,
-                    arrival,
-                    who: Who::Task(tx),
-                },
-            );
-            rx
-        };
-        // The sender is only ever dropped by sending (the slots outlive
-        // every waiter: each waiter holds them).
-        rx.await.unwrap_or(Slot { slots: None })
     }
 
     /// A slot for `key`'s reconcile, in `namespace`, that should start by
@@ -269,7 +237,7 @@ impl FairSlots {
             Waiter {
                 deadline,
                 arrival,
-                who: Who::Key(shared),
+                key: shared,
             },
         );
         None
@@ -284,11 +252,11 @@ impl FairSlots {
         }
     }
 
-    /// Takes back, every second until dropped, the slots set aside for
-    /// longer than [`RESERVED_FOR`] (whatever their reconciles became).
+    /// Takes back, twice every [`RESERVED_FOR`] until dropped, the slots
+    /// set aside for longer than that (whatever their reconciles became).
     pub async fn take_back_unused(self: Arc<Self>) {
         loop {
-            tokio::time::sleep(RESERVED_FOR / 5).await;
+            tokio::time::sleep(RESERVED_FOR / 2).await;
             let expired = self.lock().expired(tokio::time::Instant::now());
             if expired > 0 {
                 tracing::debug!(
@@ -302,58 +270,36 @@ impl FairSlots {
         }
     }
 
-    /// A slot came free: to the next waiter in turn, or back to the free ones.
+    /// A slot came free: set aside for the next key in turn, which is sent
+    /// to the controller, or back to the free ones.
     fn hand_on(self: Arc<Self>) {
         loop {
-            let next = {
+            let key = {
                 let mut state = self.lock();
-                match state.next_waiter() {
-                    Some(Who::Key(key)) => {
-                        let since = state
-                            .queued
-                            .remove(&*key)
-                            .map_or_else(Instant::now, |(.., s)| s);
-                        // The line's last hold on it (overtaken entries
-                        // were dropped on the way): no copy.
-                        let key = Arc::unwrap_or_clone(key);
-                        let at = tokio::time::Instant::now();
-                        state.reserved.insert(key.clone(), (since, at));
-                        Next::Key(key)
-                    }
-                    Some(Who::Task(tx)) => Next::Task(tx),
+                match state.next_key() {
+                    Some(key) => key,
                     None => {
+                        // Under the same lock: a key queued meanwhile
+                        // would find it free.
                         state.free += 1;
                         return;
                     }
                 }
             };
-            match next {
-                Next::Task(tx) => match tx.send(self.slot()) {
-                    Ok(()) => return,
-                    // That waiter gave up (its reconcile was dropped): the next one.
-                    Err(mut unwanted) => unwanted.slots = None,
-                },
-                Next::Key(key) => match self.wake.unbounded_send(key) {
-                    Ok(()) => return,
-                    // Nobody to wake any more (the controller stopped).
-                    Err(e) => {
-                        self.lock().reserved.remove(&e.into_inner());
-                    }
-                },
+            let Err(unsent) = self.wake.unbounded_send(key) else {
+                return;
+            };
+            // Nobody to wake any more (the controller stopped): the slot
+            // goes on, unless something took it meanwhile.
+            if self.lock().reserved.remove(&unsent.into_inner()).is_none() {
+                return;
             }
         }
     }
 
-    /// Reconciles waiting for a slot, per namespace (for tests and metrics).
+    /// Keys waiting for a slot (for tests and metrics).
     pub fn waiting(&self) -> usize {
-        let state = self.lock();
-        let tasks = state
-            .lines
-            .values()
-            .flat_map(BinaryHeap::iter)
-            .filter(|Reverse(w)| matches!(w.who, Who::Task(_)))
-            .count();
-        tasks + state.queued.len()
+        self.lock().queued.len()
     }
 }
 
