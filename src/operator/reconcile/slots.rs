@@ -24,10 +24,11 @@
 //! thousands costs a key each, not a parked reconcile each. When the key's
 //! turn comes a slot is set aside for it and the key is sent to the
 //! controller ([`FairSlots::with_wakes`]); the reconcile that follows takes
-//! that slot. A slot set aside and not taken within [`RESERVED_FOR`] (the
-//! TargetLease went away meanwhile) is handed on. The key reaches the
-//! controller through its triggers, which pause while its watches back off
-//! after an error (at most a few seconds): [`RESERVED_FOR`] is longer.
+//! that slot. A slot set aside for a TargetLease that went away meanwhile
+//! is handed on as soon as the controller says so ([`FairSlots::not_coming`]);
+//! one not taken for another reason, after [`RESERVED_FOR`]. The key reaches
+//! the controller through its triggers, which pause while its watches back
+//! off after an error (at most a few seconds): [`RESERVED_FOR`] is longer.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
