@@ -17,6 +17,7 @@ mod floor;
 pub mod index;
 pub mod keeper;
 pub mod marks;
+pub mod name;
 mod observe;
 mod pass;
 pub mod plan;
@@ -87,9 +88,9 @@ pub struct Context {
     pub ready: crate::operator::readiness::Ready,
     /// What this process remembers per TargetLease (dropped when it goes);
     /// boxed, so the map's spare room costs a pointer per slot.
-    pub carryover: Mutex<HashMap<ObjectRef<TargetLease>, Box<Carryover>>>,
+    pub carryover: Mutex<HashMap<name::NsName, Box<Carryover>>>,
     /// Highest token this process published per (namespace, target).
-    pub published: Mutex<HashMap<(String, String), u64>>,
+    pub published: Mutex<floor::Published>,
     /// Valkey's clock, estimated from every answer (shared with the keeper).
     pub clock: Arc<ServerClock>,
     /// What Valkey last confirmed of each lease; renews published leases whose
@@ -197,18 +198,12 @@ pub fn key_of(tl: &TargetLease) -> ObjectRef<TargetLease> {
 impl Context {
     fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Carryover) -> T) -> T {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = all.get_mut(key) {
-            return f(m);
-        }
-        // A new entry keeps the key without its version and UID ([`key_of`]).
-        let mut bare = key.clone();
-        bare.extra = Default::default();
-        f(all.entry(bare).or_default())
+        f(all.entry(name::NsName::of(key)).or_default())
     }
 
     fn recall(&self, key: &ObjectRef<TargetLease>) -> Carryover {
         let all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
-        all.get(key)
+        all.get(&name::NsName::of(key))
             .map(|m| Carryover::clone(m))
             .unwrap_or_default()
     }
@@ -220,7 +215,7 @@ impl Context {
 
     fn forget(&self, key: &ObjectRef<TargetLease>) {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
-        all.remove(key);
+        all.remove(&name::NsName::of(key));
         self.echoes.forget(key);
     }
 
@@ -257,7 +252,7 @@ impl Context {
 
     /// Forgets what this process remembers of TargetLeases `exists` says are
     /// gone (they vanished without a last reconcile: a finalizer removed by hand).
-    pub fn forget_vanished(&self, exists: impl Fn(&ObjectRef<TargetLease>) -> bool) {
+    pub fn forget_vanished(&self, exists: impl Fn(&name::NsName) -> bool) {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         all.retain(|k, _| exists(k));
         self.echoes.retain(exists);

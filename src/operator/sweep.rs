@@ -8,9 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 
-use crate::operator::crd::TargetLease;
+use crate::operator::reconcile::name::NsName;
 use crate::operator::reconcile::{self, Context};
 
 /// Things judged gone: missing now and at the sweep before (`missing`), so a
@@ -41,7 +40,7 @@ pub async fn sweep(ctx: Arc<Context>) {
 #[derive(Default)]
 pub struct Sweep {
     suspects: HashSet<(String, String, String)>,
-    missing: HashSet<ObjectRef<TargetLease>>,
+    missing: HashSet<NsName>,
 }
 
 impl Sweep {
@@ -68,9 +67,7 @@ impl Sweep {
                 (ns, tl.metadata.name.as_deref().unwrap_or_default())
             })
             .collect();
-        let present = |k: &ObjectRef<TargetLease>| {
-            leases.contains(&(k.namespace.as_deref().unwrap_or_default(), k.name.as_str()))
-        };
+        let present = |k: &NsName| leases.contains(&(k.namespace(), k.name()));
         let unseen: Vec<_> = {
             let carryover = ctx.carryover.lock().unwrap_or_else(|p| p.into_inner());
             carryover.keys().filter(|k| !present(k)).cloned().collect()

@@ -29,19 +29,20 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
+use super::name::NsName;
 use crate::operator::crd::TargetLease;
 
-/// (namespace, name): the key without the version and uid an `ObjectRef`
-/// carries.
-type Key = (String, String);
+type Key = NsName;
 
 fn key_of(r: &ObjectRef<TargetLease>) -> Key {
-    (r.namespace.clone().unwrap_or_default(), r.name.clone())
+    NsName::of(r)
 }
 
 /// The versions this process wrote, and the events held back meanwhile.
 pub struct Echoes {
-    all: Mutex<HashMap<Key, Entry>>,
+    /// Boxed: a map's room for 10,000 TargetLeases is 16,384 slots, each as
+    /// large as its value; a box puts the rest where there is an entry.
+    all: Mutex<HashMap<Key, Box<Entry>>>,
     wake: UnboundedSender<ObjectRef<TargetLease>>,
 }
 
@@ -77,7 +78,8 @@ impl Entry {
     /// decided by `held` and `ours`, which this leaves alone).
     fn seen(&mut self, at: usize) {
         self.wrote.drain(..at);
-        if self.wrote.capacity() > RECENT {
+        // Most TargetLeases keep one version between writes: its room only.
+        if self.wrote.capacity() > self.wrote.len() {
             self.wrote.shrink_to_fit();
         }
     }
@@ -97,7 +99,7 @@ impl Echoes {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Box<Entry>>> {
         self.all.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -167,9 +169,7 @@ impl Echoes {
                 .any(|v| !ours.contains(v))
         };
         if wake {
-            let _ = self
-                .wake
-                .unbounded_send(ObjectRef::new(&key.1).within(&key.0));
+            let _ = self.wake.unbounded_send(key.to_ref());
         }
     }
 
@@ -179,9 +179,8 @@ impl Echoes {
     }
 
     /// Keeps only the TargetLeases `exists` says are there.
-    pub fn retain(&self, exists: impl Fn(&ObjectRef<TargetLease>) -> bool) {
-        self.lock()
-            .retain(|(ns, name), _| exists(&ObjectRef::new(name).within(ns)));
+    pub fn retain(&self, exists: impl Fn(&NsName) -> bool) {
+        self.lock().retain(|k, _| exists(k));
     }
 }
 

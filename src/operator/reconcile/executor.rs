@@ -26,6 +26,7 @@ use crate::operator::events::Event;
 use kube::api::{Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
+use super::name::NsName;
 use super::pass::Pass;
 use super::plan;
 use super::plan::publish::{self, Write};
@@ -179,9 +180,9 @@ impl Pass<'_> {
         writing.wrote(updated.resource_version());
         if let Some(token) = self.working.fencing_token {
             let mut own = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
-            let key = (
-                updated.namespace().unwrap_or_default(),
-                updated.spec.target.clone(),
+            let key = NsName::new(
+                updated.metadata.namespace.as_deref().unwrap_or_default(),
+                &updated.spec.target,
             );
             super::floor::published(&mut own, key, token);
         }
@@ -361,11 +362,11 @@ impl Pass<'_> {
 
     /// The floor now covers what this process published for the target.
     pub(super) fn forget_published(&self) {
-        let ns = self.tl.namespace().unwrap_or_default();
-        let target = self.tl.spec.target.clone();
-        let floor = self.ctx.floors.get(&ns, &target);
+        let ns = self.tl.metadata.namespace.as_deref().unwrap_or_default();
+        let target = &self.tl.spec.target;
+        let floor = self.ctx.floors.get(ns, target);
         let mut published = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
-        floor::forget_covered(&mut published, (ns, target), floor);
+        floor::forget_covered(&mut published, NsName::new(ns, target), floor);
     }
 }
 

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 
 use super::Error;
+use super::name::NsName;
 
 /// The highest token published per (namespace, target) by this process.
-pub type Published = HashMap<(String, String), u64>;
+pub type Published = HashMap<NsName, u64>;
 
 /// The token every new acquisition on a target must exceed: the highest of
 /// what the TargetLeases on it publish (`siblings`, from the cache), what
@@ -29,13 +30,13 @@ pub fn covers(floor: u64, token: u64) -> bool {
 }
 
 /// A status write published `token` on `key`: remember the highest.
-pub fn published(own: &mut Published, key: (String, String), token: u64) {
+pub fn published(own: &mut Published, key: NsName, token: u64) {
     let slot = own.entry(key).or_default();
     *slot = (*slot).max(token);
 }
 
 /// Forgets what this process published on `key` once the floor covers it.
-pub fn forget_covered(own: &mut Published, key: (String, String), floor: u64) {
+pub fn forget_covered(own: &mut Published, key: NsName, floor: u64) {
     if own.get(&key).is_some_and(|t| covers(floor, *t)) {
         own.remove(&key);
     }
@@ -75,7 +76,7 @@ mod tests {
 
     #[test]
     fn the_own_record_goes_once_the_floor_covers_it_and_never_decreases() {
-        let key = || ("ns".to_owned(), "t".to_owned());
+        let key = || NsName::new("ns", "t");
         let mut own = Published::new();
         published(&mut own, key(), 7);
         published(&mut own, key(), 5);

@@ -35,17 +35,19 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 
+use super::name::NsName;
 use super::{plan, queue};
 use crate::operator::crd::TargetLease;
 
-/// A place in a target's queue: creation time, then name.
-type Place = (Option<Timestamp>, String);
+/// A place in a target's queue: creation time, then name (shared by every
+/// table that names the member).
+type Place = (Option<Timestamp>, Arc<str>);
 
 /// What a target's members publish, read once per change of the target.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Published {
     /// Members whose status publishes Held, with the published expiry (ms).
-    pub held: Vec<(String, u64)>,
+    pub held: Vec<(Arc<str>, u64)>,
     /// The highest token any member's status publishes.
     pub max_token: u64,
 }
@@ -83,20 +85,23 @@ pub struct Withdrawn {
 /// it may be in the queue ([`queue::may_queue`]).
 #[derive(Clone, PartialEq, Eq)]
 struct Member {
-    target: String,
+    target: Arc<str>,
     place: Place,
     held: Option<u64>,
     queues: bool,
 }
 
+/// Keyed by [`NsName`] and boxed: a map's room for 10,000 TargetLeases is
+/// 16,384 slots, each as large as its key and value; a box puts the value
+/// where there is one.
 #[derive(Default)]
 struct Table {
     /// By (namespace, target).
-    targets: HashMap<(String, String), Queue>,
+    targets: HashMap<NsName, Box<Queue>>,
     /// By (namespace, name).
-    place: HashMap<(String, String), Member>,
+    place: HashMap<NsName, Box<Member>>,
     /// Names by namespace.
-    by_namespace: HashMap<String, BTreeSet<String>>,
+    by_namespace: HashMap<String, BTreeSet<Arc<str>>>,
 }
 
 #[derive(Default)]
@@ -116,7 +121,8 @@ pub struct LeaseIndex {
 }
 
 fn place_of(tl: &TargetLease) -> Place {
-    (tl.creation_timestamp().map(|t| t.0), tl.name_any())
+    let name = tl.metadata.name.as_deref().unwrap_or_default();
+    (tl.creation_timestamp().map(|t| t.0), name.into())
 }
 
 /// The token `tl`'s status publishes as Held, if it does.
@@ -141,22 +147,21 @@ fn withdrawn(was: &Member, now: Option<&Member>) -> bool {
 impl Table {
     /// Takes `tl` in; the member it was before, if any.
     fn insert(&mut self, tl: &TargetLease, epoch: u64) -> Option<Member> {
-        let ns = tl.namespace().unwrap_or_default();
-        let name = tl.name_any();
+        let ns = tl.metadata.namespace.as_deref().unwrap_or_default();
         let member = Member {
-            target: tl.spec.target.clone(),
+            target: tl.spec.target.as_str().into(),
             place: place_of(tl),
             held: held_token(tl),
             queues: queue::may_queue(tl),
         };
-        let key = (ns.clone(), name.clone());
-        let was = self.place.remove(&key);
+        let key = NsName::new(ns, &member.place.1);
+        let was = self.place.remove(&key).map(|b| *b);
         if let Some(old) = &was {
-            self.leave(&ns, old.target.clone(), &old.place, epoch);
+            self.leave(ns, &old.target, &old.place, epoch);
         }
         let q = self
             .targets
-            .entry((ns.clone(), member.target.clone()))
+            .entry(NsName::new(ns, &member.target))
             .or_default();
         if let Err(at) = q.members.binary_search(&member.place) {
             if q.members.is_empty() {
@@ -165,30 +170,38 @@ impl Table {
             q.members.insert(at, member.place.clone());
         }
         q.touch(epoch);
-        self.place.insert(key, member);
-        self.by_namespace.entry(ns).or_default().insert(name);
+        let name = member.place.1.clone();
+        self.place.insert(key, Box::new(member));
+        match self.by_namespace.get_mut(ns) {
+            Some(names) => names.insert(name),
+            None => self
+                .by_namespace
+                .entry(ns.to_owned())
+                .or_default()
+                .insert(name),
+        };
         was
     }
 
     /// Lets `tl` go; the member it was, if any.
     fn remove(&mut self, tl: &TargetLease, epoch: u64) -> Option<Member> {
-        let ns = tl.namespace().unwrap_or_default();
-        let name = tl.name_any();
-        let was = self.place.remove(&(ns.clone(), name.clone()));
+        let ns = tl.metadata.namespace.as_deref().unwrap_or_default();
+        let name = tl.metadata.name.as_deref().unwrap_or_default();
+        let was = self.place.remove(&NsName::new(ns, name)).map(|b| *b);
         if let Some(old) = &was {
-            self.leave(&ns, old.target.clone(), &old.place, epoch);
+            self.leave(ns, &old.target, &old.place, epoch);
         }
-        if let Some(names) = self.by_namespace.get_mut(&ns) {
-            names.remove(&name);
+        if let Some(names) = self.by_namespace.get_mut(ns) {
+            names.remove(name);
             if names.is_empty() {
-                self.by_namespace.remove(&ns);
+                self.by_namespace.remove(ns);
             }
         }
         was
     }
 
-    fn leave(&mut self, ns: &str, target: String, place: &Place, epoch: u64) {
-        let key = (ns.to_owned(), target);
+    fn leave(&mut self, ns: &str, target: &str, place: &Place, epoch: u64) {
+        let key = NsName::new(ns, target);
         if let Some(q) = self.targets.get_mut(&key) {
             if let Ok(at) = q.members.binary_search(place) {
                 q.members.remove(at);
@@ -222,7 +235,7 @@ impl LeaseIndex {
             was.filter(|was| withdrawn(was, now))
                 .map(|was| Withdrawn {
                     namespace: tl.namespace().unwrap_or_default(),
-                    target: was.target,
+                    target: was.target.to_string(),
                     name: tl.name_any(),
                 })
                 .into_iter()
@@ -231,11 +244,10 @@ impl LeaseIndex {
         match event {
             Event::Apply(tl) => {
                 let was = l.live.insert(tl, epoch);
-                let now = l
-                    .live
-                    .place
-                    .get(&(tl.namespace().unwrap_or_default(), tl.name_any()));
-                withdrew(tl, was, now)
+                let ns = tl.metadata.namespace.as_deref().unwrap_or_default();
+                let name = tl.metadata.name.as_deref().unwrap_or_default();
+                let now = l.live.place.get(&NsName::new(ns, name));
+                withdrew(tl, was, now.map(|m| &**m))
             }
             Event::Delete(tl) => {
                 let was = l.live.remove(tl, epoch);
@@ -254,11 +266,11 @@ impl LeaseIndex {
                 let old = std::mem::replace(&mut l.live, relisted);
                 old.place
                     .into_iter()
-                    .filter(|(key, was)| withdrawn(was, l.live.place.get(key)))
-                    .map(|((namespace, name), was)| Withdrawn {
-                        namespace,
-                        target: was.target,
-                        name,
+                    .filter(|(key, was)| withdrawn(was, l.live.place.get(key).map(|m| &**m)))
+                    .map(|(key, was)| Withdrawn {
+                        namespace: key.namespace().to_owned(),
+                        target: was.target.to_string(),
+                        name: key.name().to_owned(),
                     })
                     .collect()
             }
@@ -292,7 +304,7 @@ impl LeaseIndex {
     /// The members of `ns`/`target` in queue order, and the target's epoch.
     fn members(&self, ns: &str, target: &str) -> Option<(Vec<Place>, u64)> {
         let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let q = l.live.targets.get(&(ns.to_owned(), target.to_owned()))?;
+        let q = l.live.targets.get(&NsName::new(ns, target))?;
         Some((q.members.clone(), q.epoch))
     }
 
@@ -320,7 +332,7 @@ impl LeaseIndex {
 
     /// The TargetLeases of namespace `ns` as the cache has them.
     pub fn in_namespace(&self, cache: &Store<TargetLease>, ns: &str) -> Vec<Arc<TargetLease>> {
-        let names: Vec<String> = {
+        let names: Vec<Arc<str>> = {
             let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             l.live
                 .by_namespace
@@ -347,11 +359,12 @@ impl LeaseIndex {
     ) -> Option<String> {
         let ns = me.namespace().unwrap_or_default();
         let target = &me.spec.target;
+        let key = NsName::new(&ns, target);
         let cached = {
             let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             l.live
                 .targets
-                .get(&(ns.clone(), target.clone()))
+                .get(&key)
                 .and_then(|q| q.head.clone())
                 .filter(|(e, _)| *e == pods_epoch)
                 .map(|(_, head)| head)
@@ -366,7 +379,7 @@ impl LeaseIndex {
                     })
                 });
                 let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(q) = l.live.targets.get_mut(&(ns.clone(), target.clone()))
+                if let Some(q) = l.live.targets.get_mut(&key)
                     && q.epoch == epoch
                 {
                     q.head = Some((pods_epoch, head.clone()));
@@ -375,19 +388,16 @@ impl LeaseIndex {
             }
         };
         let mine = place_of(me);
-        head.filter(|h| *h < mine && h.1 != mine.1).map(|h| h.1)
+        head.filter(|h| *h < mine && h.1 != mine.1)
+            .map(|h| h.1.to_string())
     }
 
     /// What the members of `ns`/`target` publish (Held, tokens).
     pub fn published(&self, cache: &Store<TargetLease>, ns: &str, target: &str) -> Arc<Published> {
+        let key = NsName::new(ns, target);
         {
             let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(p) = l
-                .live
-                .targets
-                .get(&(ns.to_owned(), target.to_owned()))
-                .and_then(|q| q.published.clone())
-            {
+            if let Some(p) = l.live.targets.get(&key).and_then(|q| q.published.clone()) {
                 return p;
             }
         }
@@ -413,7 +423,7 @@ impl LeaseIndex {
         }
         let published = Arc::new(published);
         let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(q) = l.live.targets.get_mut(&(ns.to_owned(), target.to_owned()))
+        if let Some(q) = l.live.targets.get_mut(&key)
             && q.epoch == epoch
         {
             q.published = Some(published.clone());

@@ -36,6 +36,7 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
 
 use super::clock::ServerClock;
+use super::name::NsName;
 use super::plan;
 use crate::operator::crd::{TargetLease, TargetLeaseStatus};
 use crate::store::{LeaseHandle, LeaseStore, RenewRequest};
@@ -59,7 +60,7 @@ pub struct Keeper {
     clock: Arc<ServerClock>,
     /// Boxed: a map's room for 10,000 leases is 16,384 slots, each as
     /// large as its value; a box puts the rest where there is a lease.
-    kept: Mutex<HashMap<ObjectRef<TargetLease>, Box<Kept>>>,
+    kept: Mutex<HashMap<NsName, Box<Kept>>>,
     wake: Mutex<Option<UnboundedSender<ObjectRef<TargetLease>>>>,
     /// When the keeper last renewed a lease in place of its reconcile.
     acted: Mutex<Option<Instant>>,
@@ -93,7 +94,7 @@ impl Keeper {
         self.term.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<TargetLease>, Box<Kept>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NsName, Box<Kept>>> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -112,7 +113,8 @@ impl Keeper {
         if term != self.term() {
             return;
         }
-        if let Some(old) = all.get(key)
+        let key = NsName::of(key);
+        if let Some(old) = all.get(&key)
             && old.handle == kept.handle
         {
             kept.published = old.published;
@@ -121,7 +123,7 @@ impl Keeper {
             kept.serial = old.serial.clone();
             kept.in_flight = old.in_flight;
         }
-        all.insert(key.clone(), Box::new(kept));
+        all.insert(key, Box::new(kept));
     }
 
     /// `key`'s status, as the API server showed it (possibly from a cache
@@ -135,7 +137,7 @@ impl Keeper {
         if term != self.term() {
             return;
         }
-        if let Some(k) = all.get_mut(key)
+        if let Some(k) = all.get_mut(&NsName::of(key))
             && let Some(expiry) = publication(k, status)
         {
             k.published = true;
@@ -152,7 +154,7 @@ impl Keeper {
     /// has `status`: whether it publishes the kept lease (and with which
     /// expiry) is now known for certain.
     pub fn acknowledged(&self, key: &ObjectRef<TargetLease>, status: &TargetLeaseStatus) {
-        if let Some(k) = self.lock().get_mut(key) {
+        if let Some(k) = self.lock().get_mut(&NsName::of(key)) {
             let publication = publication(k, status);
             k.published = publication.is_some();
             k.publishes = publication.flatten().into_iter().collect();
@@ -162,14 +164,14 @@ impl Keeper {
     /// The lease of `key` is given up (Valkey ended it, or its release was
     /// published and sent, or its TargetLease is gone).
     pub fn forget(&self, key: &ObjectRef<TargetLease>) {
-        self.lock().remove(key);
+        self.lock().remove(&NsName::of(key));
     }
 
     /// A reconcile's renewal of the kept lease with `token` got no answer:
     /// it may have taken effect, so Valkey's expiry is not known until a
     /// renewal is answered ([`Kept::unsure`]).
     pub fn maybe_renewed(&self, key: &ObjectRef<TargetLease>, token: u64) {
-        if let Some(k) = self.lock().get_mut(key)
+        if let Some(k) = self.lock().get_mut(&NsName::of(key))
             && k.handle.token == token
         {
             k.unsure = true;
@@ -224,32 +226,31 @@ impl Keeper {
     }
 
     /// The TargetLeases whose leases are kept.
-    pub fn keys(&self) -> Vec<ObjectRef<TargetLease>> {
+    pub fn keys(&self) -> Vec<NsName> {
         self.keys_where(|_| true)
     }
 
     /// The TargetLeases whose leases are kept, of those `pick` picks.
-    pub fn keys_where(
-        &self,
-        mut pick: impl FnMut(&ObjectRef<TargetLease>) -> bool,
-    ) -> Vec<ObjectRef<TargetLease>> {
+    pub fn keys_where(&self, mut pick: impl FnMut(&NsName) -> bool) -> Vec<NsName> {
         self.lock().keys().filter(|k| pick(k)).cloned().collect()
     }
 
     /// Keeps only the leases whose TargetLease `keep` says still exists.
-    pub fn retain(&self, mut keep: impl FnMut(&ObjectRef<TargetLease>) -> bool) {
+    pub fn retain(&self, mut keep: impl FnMut(&NsName) -> bool) {
         self.lock().retain(|k, _| keep(k));
     }
 
     /// The last confirmation of `key`'s lease a reconcile may rely on, if
     /// this process has one ([`Kept::confirmation`]).
     pub fn confirmation(&self, key: &ObjectRef<TargetLease>) -> Option<Confirmation> {
-        self.lock().get(key).and_then(|k| k.confirmation())
+        self.lock()
+            .get(&NsName::of(key))
+            .and_then(|k| k.confirmation())
     }
 
     /// The lock a renewal of `key`'s lease holds while it is sent.
     pub fn serial(&self, key: &ObjectRef<TargetLease>) -> Option<Arc<tokio::sync::Mutex<()>>> {
-        self.lock().get(key).map(|k| k.serial.clone())
+        self.lock().get(&NsName::of(key)).map(|k| k.serial.clone())
     }
 
     /// Leases kept.
@@ -304,7 +305,7 @@ impl Keeper {
     /// one closest to its expiry first (however many one namespace has due,
     /// the most urgent renewal goes out first). A lease whose reconcile is
     /// renewing it right now is not late. With the term they were taken in.
-    fn take_due(&self, now: Instant) -> (u64, Vec<(ObjectRef<TargetLease>, Kept)>) {
+    fn take_due(&self, now: Instant) -> (u64, Vec<(NsName, Kept)>) {
         let now_ms = self.clock.now_ms();
         let mut all = self.lock();
         let term = self.term();
@@ -322,7 +323,7 @@ impl Keeper {
     }
 
     /// Renews `kept` (taken in `term`), unless that is not needed any more.
-    async fn keep(&self, key: ObjectRef<TargetLease>, kept: Kept, term: u64) {
+    async fn keep(&self, key: NsName, kept: Kept, term: u64) {
         let settle = |sent, after| self.settle(&key, &kept.handle, term, sent, after);
         // A reconcile that started renewing it meanwhile goes on alone.
         let Ok(_serial) = kept.serial.clone().try_lock_owned() else {
@@ -378,14 +379,7 @@ impl Keeper {
     /// unless that term has ended meanwhile: then it only records the expiry
     /// the renewal set (or that its reply was lost) and makes the lease due
     /// again (the new term decides afresh).
-    fn settle(
-        &self,
-        key: &ObjectRef<TargetLease>,
-        handle: &LeaseHandle,
-        term: u64,
-        sent: Instant,
-        after: After,
-    ) {
+    fn settle(&self, key: &NsName, handle: &LeaseHandle, term: u64, sent: Instant, after: After) {
         let mut all = self.lock();
         let Some(k) = all.get_mut(key).filter(|k| k.handle == *handle) else {
             return;
@@ -438,7 +432,7 @@ impl Keeper {
                 all.remove(key);
                 drop(all);
                 if let Some(tx) = self.wake.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                    let _ = tx.unbounded_send(key.clone());
+                    let _ = tx.unbounded_send(key.to_ref());
                 }
             }
         }

@@ -250,9 +250,9 @@ impl Pass<'_> {
         self.siblings()
             .held
             .iter()
-            .find(|(name, expires)| *name != me && *expires > now_ms)
+            .find(|(name, expires)| **name != *me && *expires > now_ms)
             .map(|(name, expires)| plan::HeldElsewhere {
-                name: name.clone(),
+                name: name.to_string(),
                 recheck: plan::retry_after_held(*expires, now_ms),
             })
     }
@@ -276,7 +276,7 @@ impl Pass<'_> {
             .published
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&(ns.clone(), target.clone()))
+            .get(&super::name::NsName::new(&ns, target))
             .copied();
         super::floor::token_floor(
             self.siblings().max_token,

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use kube::runtime::reflector::ObjectRef;
 
+use super::name::NsName;
 use crate::operator::crd::TargetLease;
 
 /// How long a slot set aside for a key waits for its reconcile: longer than
@@ -66,18 +67,19 @@ struct State {
     arrivals: u64,
     /// The keys in a line: the arrival of each one's live entry (an entry
     /// of another arrival was overtaken by an earlier deadline), that
-    /// deadline, and since when it waits. The line's entries share the key.
-    queued: HashMap<Arc<Key>, (u64, Instant, Instant)>,
+    /// deadline, and since when it waits. The line's entries share the key
+    /// ([`NsName`]: one string, however many entries).
+    queued: HashMap<NsName, (u64, Instant, Instant)>,
     /// Slots set aside for keys sent to the controller: since when each
     /// waited, and when the slot was set aside (the runtime's clock).
-    reserved: HashMap<Key, (Instant, tokio::time::Instant)>,
+    reserved: HashMap<NsName, (Instant, tokio::time::Instant)>,
 }
 
 /// A key waiting for a slot.
 struct Waiter {
     deadline: Instant,
     arrival: u64,
-    key: Arc<Key>,
+    key: NsName,
 }
 
 impl Waiter {
@@ -111,7 +113,7 @@ impl State {
     /// the back of the turns while it has more waiting. Entries that were
     /// overtaken by an earlier deadline of their own key are dropped on the
     /// way, without costing their namespace its turn.
-    fn next_key(&mut self) -> Option<Key> {
+    fn next_key(&mut self) -> Option<NsName> {
         loop {
             let ns = self.turns.pop_front()?;
             let Some(line) = self.lines.get_mut(&ns) else {
@@ -119,7 +121,7 @@ impl State {
             };
             let mut live = None;
             while let Some(Reverse(w)) = line.pop() {
-                if self.queued.get(&*w.key).is_some_and(|q| q.0 == w.arrival) {
+                if self.queued.get(&w.key).is_some_and(|q| q.0 == w.arrival) {
                     live = Some(w.key);
                     break;
                 }
@@ -130,9 +132,7 @@ impl State {
                 self.turns.push_back(ns);
             }
             let Some(key) = live else { continue };
-            let since = self.queued.remove(&*key).map_or_else(Instant::now, |q| q.2);
-            // Overtaken entries of it may still share it: then it is copied.
-            let key = Arc::unwrap_or_clone(key);
+            let since = self.queued.remove(&key).map_or_else(Instant::now, |q| q.2);
             self.reserved
                 .insert(key.clone(), (since, tokio::time::Instant::now()));
             return Some(key);
@@ -214,8 +214,9 @@ impl FairSlots {
         deadline: Instant,
     ) -> Option<(Slot, Instant)> {
         let now = Instant::now();
+        let key = NsName::of(key);
         let mut state = self.lock();
-        if let Some((since, _)) = state.reserved.remove(key) {
+        if let Some((since, _)) = state.reserved.remove(&key) {
             return Some((self.slot(), since));
         }
         // A free slot means nobody waits (a freed slot goes to a waiter).
@@ -223,22 +224,20 @@ impl FairSlots {
             state.free -= 1;
             return Some((self.slot(), now));
         }
-        let (shared, since) = match state.queued.get_key_value(key) {
-            Some((_, &(_, by, _))) if by <= deadline => return None,
-            Some((shared, &(.., since))) => (shared.clone(), since),
-            None => (Arc::new(key.clone()), now),
+        let since = match state.queued.get(&key) {
+            Some(&(_, by, _)) if by <= deadline => return None,
+            Some(&(.., since)) => since,
+            None => now,
         };
         state.arrivals += 1;
         let arrival = state.arrivals;
-        state
-            .queued
-            .insert(shared.clone(), (arrival, deadline, since));
+        state.queued.insert(key.clone(), (arrival, deadline, since));
         state.push(
             namespace,
             Waiter {
                 deadline,
                 arrival,
-                key: shared,
+                key,
             },
         );
         None
@@ -247,7 +246,7 @@ impl FairSlots {
     /// The slot set aside for `key` goes on: its reconcile will not come
     /// (the controller found no such TargetLease).
     pub fn not_coming(self: &Arc<Self>, key: &Key) {
-        let gone = self.lock().reserved.remove(key).is_some();
+        let gone = self.lock().reserved.remove(&NsName::of(key)).is_some();
         if gone {
             self.clone().hand_on();
         }
@@ -287,12 +286,12 @@ impl FairSlots {
                     }
                 }
             };
-            let Err(unsent) = self.wake.unbounded_send(key) else {
+            if self.wake.unbounded_send(key.to_ref()).is_ok() {
                 return;
-            };
+            }
             // Nobody to wake any more (the controller stopped): the slot
             // goes on, unless something took it meanwhile.
-            if self.lock().reserved.remove(&unsent.into_inner()).is_none() {
+            if self.lock().reserved.remove(&key).is_none() {
                 return;
             }
         }

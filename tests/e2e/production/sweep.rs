@@ -15,6 +15,7 @@ use targetlease::operator::floor::FloorStore;
 use targetlease::operator::leadership::Leadership;
 use targetlease::operator::reconcile::clock::ServerClock;
 use targetlease::operator::reconcile::keeper::{Keeper, Kept};
+use targetlease::operator::reconcile::name::NsName;
 use targetlease::operator::reconcile::pods::CachedPod;
 use targetlease::operator::reconcile::{Carryover, Context};
 use targetlease::operator::sweep::Sweep;
@@ -115,7 +116,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         ctx.carryover
             .lock()
             .unwrap()
-            .insert(key.clone(), Box::<Carryover>::default());
+            .insert(NsName::of(key), Box::<Carryover>::default());
         ctx.keeper
             .confirmed(key, kept(&env, &key.name), ctx.keeper.term());
     }
@@ -125,13 +126,18 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
             .lock()
             .unwrap()
             .keys()
-            .map(|k| k.name.clone())
+            .map(|k| k.name().to_owned())
             .collect();
         m.sort();
         m
     };
     let kept_keys = |ctx: &Context| {
-        let mut k: Vec<_> = ctx.keeper.keys().into_iter().map(|k| k.name).collect();
+        let mut k: Vec<_> = ctx
+            .keeper
+            .keys()
+            .into_iter()
+            .map(|k| k.name().to_owned())
+            .collect();
         k.sort();
         k
     };

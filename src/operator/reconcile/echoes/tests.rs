@@ -97,7 +97,7 @@ fn held_events_wait_for_every_write_in_flight() {
     assert!(woken(&mut rx).is_empty(), "one write still in flight");
     b.wrote(Some("7".into()));
     assert!(woken(&mut rx).is_empty(), "it was the second write's echo");
-    let kept = |r: &ObjectRef<TargetLease>| r.name != "job";
+    let kept = |r: &NsName| r.name() != "job";
     echoes.retain(kept);
     assert!(echoes.triggers(&at("7")));
 }

@@ -174,7 +174,7 @@ fn held_members_and_the_highest_token_are_read_from_the_target_only() {
     c.send(Event::Apply(tl("c", "t", 2)));
     let p = c.index.published(&c.store, "ns", "t");
     assert_eq!(p.max_token, 3);
-    assert_eq!(p.held, [("a".to_string(), 100_000)]);
+    assert_eq!(p.held, [(Arc::from("a"), 100_000)]);
     // A relist in which `a` is gone (deleted while the watch was down).
     c.send(Event::Init);
     c.send(Event::InitApply(tl("c", "t", 2)));

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::AtomicUsize;
 
-use super::tests::{MS, S, found, handle, kept, key, status};
+use super::tests::{MS, S, found, handle, kept, key, nk, status};
 use super::*;
 use crate::operator::crd::Phase;
 use crate::store::memory::MemoryStore;
@@ -114,7 +114,7 @@ async fn a_lost_renewal_reply_is_not_taken_for_the_new_leaders_renewal() {
     assert!(live(&store).await, "kept alive for 5 durations");
     assert_eq!(
         keeper.keys(),
-        vec![key("a")],
+        vec![nk("a")],
         "still this replica's to renew"
     );
     task.abort();
@@ -142,11 +142,11 @@ fn a_lost_reply_hides_the_confirmation_until_a_renewal_is_answered() {
         expires_ms: 12_000,
         max_expires_ms: None,
     };
-    keeper.settle(&key("a"), &handle(7), term, t0 + 10 * S, renewed);
+    keeper.settle(&nk("a"), &handle(7), term, t0 + 10 * S, renewed);
     assert_eq!(keeper.confirmation(&key("a")).unwrap().expires_ms, 12_000);
     // Its own lost reply: the same.
     let (term, _) = keeper.take_due(t0 + 20 * S);
-    keeper.settle(&key("a"), &handle(7), term, t0 + 20 * S, After::Unknown);
+    keeper.settle(&nk("a"), &handle(7), term, t0 + 20 * S, After::Unknown);
     assert_eq!(keeper.confirmation(&key("a")), None);
 }
 
@@ -161,7 +161,7 @@ async fn a_new_leader_keeps_renewing_the_leases_only_it_kept() {
     let (keeper, _) = keeping(store.clone(), 600 * MS).await;
     keeper.hand_over();
     keeper.take_over();
-    assert_eq!(keeper.keys(), vec![key("a")]);
+    assert_eq!(keeper.keys(), vec![nk("a")]);
     assert_eq!(
         keeper.confirmation(&key("a")),
         None,
@@ -197,12 +197,8 @@ fn what_a_term_started_does_nothing_once_it_ended() {
     assert_eq!(keeper.term(), following, "the same term");
     keeper.take_over();
     for after in [After::HandedOver, After::Ended] {
-        keeper.settle(&key("a"), &handle(7), following, t0 + 10 * S, after);
-        assert_eq!(
-            keeper.keys(),
-            vec![key("a")],
-            "{after:?} from an ended term"
-        );
+        keeper.settle(&nk("a"), &handle(7), following, t0 + 10 * S, after);
+        assert_eq!(keeper.keys(), vec![nk("a")], "{after:?} from an ended term");
     }
     assert!(rx.try_recv().is_err(), "nobody woken");
     let (_, due) = keeper.take_due(t0 + 10 * S);
@@ -218,11 +214,11 @@ fn what_a_term_started_does_nothing_once_it_ended() {
     );
     other.published = true;
     keeper.confirmed(&key("b"), other.clone(), following);
-    assert!(!keeper.keys().contains(&key("b")), "confirms nothing");
+    assert!(!keeper.keys().contains(&nk("b")), "confirms nothing");
     keeper.confirmed(&key("b"), kept(9 * S, 3 * S, t0), keeper.term());
     keeper.acknowledged(&key("b"), &status(1, Phase::Pending));
     keeper.may_publish(&key("b"), &status(7, Phase::Held), following);
-    assert!(!keeper.lock()[&key("b")].published, "publishes nothing");
+    assert!(!keeper.lock()[&nk("b")].published, "publishes nothing");
 }
 
 /// A lease whose expiry reached its hard end (`maxLifetime`) shows the same
@@ -262,7 +258,7 @@ async fn a_renewal_answered_after_the_term_ended_is_not_taken_for_the_new_leader
     let after = after_renew(&store.renew(&req).await);
     // ...but another leader is seen before its answer is settled.
     keeper.hand_over();
-    keeper.settle(&key("a"), &h, term, Instant::now(), after);
+    keeper.settle(&nk("a"), &h, term, Instant::now(), after);
     // Nobody else renews; the keeper runs on past the lease's duration.
     let task = tokio::spawn(keeper.clone().run());
     tokio::time::sleep(2 * S).await;
@@ -271,7 +267,7 @@ async fn a_renewal_answered_after_the_term_ended_is_not_taken_for_the_new_leader
     task.abort();
     assert_eq!(
         kept,
-        vec![key("a")],
+        vec![nk("a")],
         "the keeper let go of a lease nobody else renews"
     );
     assert!(alive, "the lease ran out in the store");

@@ -30,6 +30,11 @@ pub(super) fn key(name: &str) -> ObjectRef<TargetLease> {
     ObjectRef::new(name).within("ns")
 }
 
+/// The keeper's own key of `key(name)`.
+pub(super) fn nk(name: &str) -> NsName {
+    NsName::of(&key(name))
+}
+
 pub(super) fn found(token: u64, expires_ms: u64, now_ms: u64) -> Result<Reply, StoreError> {
     Ok(Reply {
         outcome: Outcome::Found,
@@ -86,7 +91,7 @@ fn the_lease_closest_to_its_expiry_is_renewed_first() {
         .take_due(t0 + 10 * S)
         .1
         .into_iter()
-        .map(|(k, _)| k.name)
+        .map(|(k, _)| k.name().to_owned())
         .collect();
     assert_eq!(due, ["soonest", "middle", "later"]);
     assert!(keeper.take_due(t0 + 10 * S).1.is_empty(), "now in flight");
@@ -217,7 +222,7 @@ fn a_new_lease_replaces_the_kept_one_and_the_same_lease_stays_published() {
     again.published = false;
     keeper.confirmed(&key("a"), again, keeper.term());
     assert!(
-        keeper.lock()[&key("a")].published,
+        keeper.lock()[&nk("a")].published,
         "same lease, still published"
     );
     let mut other = Kept::new(
@@ -230,12 +235,12 @@ fn a_new_lease_replaces_the_kept_one_and_the_same_lease_stays_published() {
     other.published = false;
     keeper.confirmed(&key("a"), other, keeper.term());
     assert!(
-        !keeper.lock()[&key("a")].published,
+        !keeper.lock()[&nk("a")].published,
         "a new token is not published yet"
     );
     keeper.may_publish(&key("a"), &status(7, Phase::Held), keeper.term());
     assert!(
-        !keeper.lock()[&key("a")].published,
+        !keeper.lock()[&nk("a")].published,
         "status names the old token"
     );
     assert_eq!(keeper.confirmation(&key("a")).unwrap().token, 8);
@@ -262,7 +267,7 @@ fn a_lease_is_published_from_the_write_until_its_withdrawal_is_acknowledged() {
     let mut k = kept(9 * S, 3 * S, Instant::now());
     k.published = false;
     keeper.confirmed(&key("a"), k, keeper.term());
-    let published = || keeper.lock()[&key("a")].published;
+    let published = || keeper.lock()[&nk("a")].published;
     let pending = TargetLeaseStatus {
         phase: Some(Phase::Pending),
         ..status(7, Phase::Pending)
@@ -272,7 +277,7 @@ fn a_lease_is_published_from_the_write_until_its_withdrawal_is_acknowledged() {
     // The status write that publishes Held is about to be sent.
     keeper.may_publish(&key("a"), &status(7, Phase::Held), keeper.term());
     assert!(published());
-    assert_eq!(keeper.lock()[&key("a")].publishes, vec![20_000]);
+    assert_eq!(keeper.lock()[&nk("a")].publishes, vec![20_000]);
     // Its reply was lost; the cache still shows the old status.
     keeper.may_publish(&key("a"), &pending, keeper.term());
     assert!(published(), "a read never withdraws it");
@@ -282,11 +287,11 @@ fn a_lease_is_published_from_the_write_until_its_withdrawal_is_acknowledged() {
     // Acknowledged: now it is not.
     keeper.acknowledged(&key("a"), &pending);
     assert!(!published());
-    assert!(keeper.lock()[&key("a")].publishes.is_empty());
+    assert!(keeper.lock()[&nk("a")].publishes.is_empty());
     // An acknowledged write that publishes it, with its expiry.
     keeper.acknowledged(&key("a"), &status(7, Phase::Unknown));
     assert!(published(), "Unknown still publishes the lease");
-    assert_eq!(keeper.lock()[&key("a")].publishes, vec![20_000]);
+    assert_eq!(keeper.lock()[&nk("a")].publishes, vec![20_000]);
 }
 
 /// The keeper alone keeps a published lease alive in the store for many
@@ -476,7 +481,7 @@ async fn a_former_leader_renews_each_lease_until_the_new_leader_does() {
         !live("renewed-by-the-new-leader").await,
         "left to the new leader (which renewed it once, then stopped)"
     );
-    assert_eq!(keeper.keys(), vec![key("not-yet")]);
+    assert_eq!(keeper.keys(), vec![nk("not-yet")]);
     assert!(rx.try_recv().is_err(), "nobody woken");
     task.abort();
 }
