@@ -160,8 +160,6 @@ pub async fn control(
     let echoes = Echoes::new(wake_tx.clone());
     let (leases, lease_writer) = reflector::store::<TargetLease>();
     let lease_index = Arc::new(LeaseIndex::default());
-    // The targets release notices may wake (see `wakeups`).
-    let known = wakeups::Known::default();
     let lease_stream = reflector::reflector(
         lease_writer,
         watcher(
@@ -182,10 +180,6 @@ pub async fn control(
     })
     .inspect_ok(caches.watching(Cache::Leases))
     .touched_objects()
-    .inspect_ok({
-        let known = known.clone();
-        move |tl| known.saw(tl)
-    })
     // The operator's own writes trigger no reconcile (see `echoes`).
     .try_filter({
         let echoes = echoes.clone();
@@ -245,8 +239,7 @@ pub async fn control(
         // Anyone allowed to publish can send notices: bounded before they wake anything.
         wakeups::bounded(
             release_notices,
-            known,
-            leases.clone(),
+            lease_index.clone(),
             cfg.metrics.clone(),
             wakeups::Limits::default(),
         )

@@ -97,8 +97,8 @@ impl Sweep {
     /// Removes marks whose TargetLease is gone (a finalizer removed by hand,
     /// a crash between the status write of a deletion and its unmark),
     /// forgets what this process remembered of such TargetLeases (the keeper
-    /// stops renewing their leases, which then run out), and forgets the
-    /// floor raises the floor cache shows. Something is judged gone once it
+    /// stops renewing their leases, which then run out), forgets the
+    /// floor raises the floor cache shows, and the names no map holds. Something is judged gone once it
     /// has been missing from the synced cache at two sweeps in a row
     /// ([`gone`]); a pod is unmarked only if it is still the version the
     /// sweep judged (its resourceVersion is the patch's precondition).
@@ -109,7 +109,11 @@ impl Sweep {
             return;
         }
         ctx.floors.prune();
-        let Some(orphans) = self.judge(ctx) else {
+        let orphans = self.judge(ctx);
+        // The names of what was just forgotten, and of whatever else no map
+        // holds any more (see `NsName`).
+        NsName::forget_unused();
+        let Some(orphans) = orphans else {
             return;
         };
         for (ns, pod, name) in orphans {

@@ -3,8 +3,8 @@
 //! send any number of them, and each would make the leader reconcile the
 //! TargetLeases on its target. Before a notice wakes anything:
 //!
-//! - a notice for a target no TargetLease names is dropped (a set of the
-//!   targets in the cache, kept as the cache changes: no scan per notice);
+//! - a notice for a target no TargetLease names is dropped (the lease
+//!   index's targets, kept as the cache changes: no scan per notice);
 //! - a target is woken at once, then at most once per [`Limits::per_target`]:
 //!   notices in between are folded into one wake at the end of that time,
 //!   so a real release among forged ones is seen within it;
@@ -17,23 +17,21 @@
 //! So a flood costs a hash lookup per message, and at most one reconcile
 //! per [`Limits::per_target`] of the TargetLeases on each target it names.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use kube::ResourceExt;
-use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::operator::crd::TargetLease;
 use crate::operator::metrics::OperatorMetrics;
+use crate::operator::reconcile::index::LeaseIndex;
 use crate::store::Target;
 
-/// How often the set of known targets forgets targets no TargetLease names.
-const FORGET_EVERY: Duration = Duration::from_secs(60);
+/// How often the gate forgets targets it has nothing due for.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// What a flood of notices may cost.
 #[derive(Clone, Copy, Debug)]
@@ -50,37 +48,6 @@ impl Default for Limits {
             per_target: Duration::from_millis(500),
             per_second: 200,
         }
-    }
-}
-
-/// The targets the TargetLease cache names: learned as the watch delivers
-/// each object ([`Known::saw`]), forgotten once no cached object names them.
-#[derive(Clone, Default)]
-pub struct Known(Arc<Mutex<HashSet<Target>>>);
-
-impl Known {
-    /// Records the target of a TargetLease the cache has just taken in.
-    pub fn saw(&self, tl: &TargetLease) {
-        let target = Target::new(tl.namespace().unwrap_or_default(), &tl.spec.target);
-        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if !set.contains(&target) {
-            set.insert(target);
-        }
-    }
-
-    fn contains(&self, t: &Target) -> bool {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).contains(t)
-    }
-
-    /// Keeps only the targets `leases` names. Read under the lock: an object
-    /// the cache takes in meanwhile is in `leases` or is recorded after.
-    fn forget_unnamed(&self, leases: &Store<TargetLease>) {
-        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        *set = leases
-            .state()
-            .iter()
-            .map(|tl| Target::new(tl.namespace().unwrap_or_default(), &tl.spec.target))
-            .collect();
     }
 }
 
@@ -268,21 +235,20 @@ impl Gate {
 /// Ends when `notices` ends or the returned stream is dropped.
 pub fn bounded(
     mut notices: BoxStream<'static, Target>,
-    known: Known,
-    leases: Store<TargetLease>,
+    index: Arc<LeaseIndex>,
     metrics: OperatorMetrics,
     limits: Limits,
 ) -> BoxStream<'static, Target> {
     let (tx, rx) = mpsc::channel::<Target>(1024);
     tokio::spawn(async move {
         let mut gate = Gate::new(limits, Instant::now());
-        let mut forget_at = Instant::now() + FORGET_EVERY;
+        let mut prune_at = Instant::now() + PRUNE_EVERY;
         loop {
-            let wake_at = gate.next_due().unwrap_or(forget_at).min(forget_at);
+            let wake_at = gate.next_due().unwrap_or(prune_at).min(prune_at);
             tokio::select! {
                 notice = notices.next() => {
                     let Some(t) = notice else { return };
-                    let fate = if known.contains(&t) {
+                    let fate = if index.names_target(&t.namespace, &t.name) {
                         gate.notice(&t, Instant::now())
                     } else {
                         Fate::UnknownTarget
@@ -299,10 +265,9 @@ pub fn bounded(
                             return;
                         }
                     }
-                    if now >= forget_at {
-                        known.forget_unnamed(&leases);
+                    if now >= prune_at {
                         gate.prune(now);
-                        forget_at = now + FORGET_EVERY;
+                        prune_at = now + PRUNE_EVERY;
                     }
                 }
                 _ = tx.closed() => return,
@@ -371,7 +336,7 @@ mod tests {
             assert!(now <= t0 + Duration::from_secs(3), "{now:?}");
         }
         assert_eq!(later.len(), 20);
-        let distinct: HashSet<_> = later.iter().collect();
+        let distinct: std::collections::HashSet<_> = later.iter().collect();
         assert_eq!(distinct.len(), 20);
         assert!(
             now >= t0 + ms(1900),

@@ -295,6 +295,13 @@ impl LeaseIndex {
         }
     }
 
+    /// Whether a cached TargetLease names `ns`/`target` (release notices
+    /// for any other target wake nothing: [`crate::operator::wakeups`]).
+    pub fn names_target(&self, ns: &str, target: &str) -> bool {
+        let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        l.live.targets.contains_key(&NsName::new(ns, target))
+    }
+
     /// Cache reads made so far to answer questions (each answer is reused
     /// until its target changes, so this grows with changes, not with passes).
     pub fn reads(&self) -> u64 {

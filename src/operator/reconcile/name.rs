@@ -6,11 +6,15 @@
 //! version and UID `ObjectRef::from_obj` carries); a `(String, String)` is
 //! 48 bytes and two strings. An [`NsName`] is 16 bytes and one shared
 //! string, so the maps' room for 10,000 TargetLeases costs about 1 MB less
-//! per map, and a name copied between a map's key and its value is a
-//! reference count, not another allocation.
+//! per map. The strings are shared too: every map that names one
+//! TargetLease (or one target) holds the same string, found in a set of the
+//! names in use ([`NsName::new`]) and dropped from it once no map holds it
+//! ([`NsName::forget_unused`], at every minute sweep).
 
+use std::borrow::Borrow;
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use kube::runtime::reflector::ObjectRef;
 
@@ -22,15 +26,39 @@ use crate::operator::crd::TargetLease;
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NsName(Arc<str>);
 
+/// The names in use: one string per name, however many maps hold it.
+static IN_USE: LazyLock<Mutex<HashSet<NsName>>> = LazyLock::new(Mutex::default);
+
+fn in_use() -> std::sync::MutexGuard<'static, HashSet<NsName>> {
+    IN_USE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl NsName {
-    /// `name` in `namespace`.
+    /// `name` in `namespace`: the string already in use for it, if any.
     pub fn new(namespace: &str, name: &str) -> Self {
         debug_assert!(!namespace.contains('/'), "a namespace never holds a '/'");
         let mut s = String::with_capacity(namespace.len() + 1 + name.len());
         s.push_str(namespace);
         s.push('/');
         s.push_str(name);
-        Self(s.into())
+        let mut names = in_use();
+        if let Some(shared) = names.get(s.as_str()) {
+            return shared.clone();
+        }
+        let fresh = Self(s.into());
+        names.insert(fresh.clone());
+        fresh
+    }
+
+    /// Drops the names no map holds any more from the names in use (the
+    /// set's own copy is the only one left); how many were dropped. A name
+    /// can only be copied from a holder or found in the set under its lock,
+    /// so none is dropped while something can still get it.
+    pub fn forget_unused() -> usize {
+        let mut names = in_use();
+        let before = names.len();
+        names.retain(|n| Arc::strong_count(&n.0) > 1);
+        before - names.len()
     }
 
     /// The TargetLease `r` names.
@@ -51,6 +79,12 @@ impl NsName {
     /// The TargetLease it names, as the controller's queue takes it.
     pub fn to_ref(&self) -> ObjectRef<TargetLease> {
         ObjectRef::new(self.name()).within(self.namespace())
+    }
+}
+
+impl Borrow<str> for NsName {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 
@@ -86,5 +120,23 @@ mod tests {
         assert_eq!((n.namespace(), n.name()), ("team-a", "lease-1"));
         assert_eq!(n.to_ref(), r);
         assert_eq!(std::mem::size_of::<NsName>(), 16);
+    }
+
+    #[test]
+    fn every_holder_of_a_name_shares_one_string_until_none_holds_it() {
+        let (ns, name) = ("name-tests", "shared-until-unused");
+        let a = NsName::new(ns, name);
+        let b = NsName::new(ns, name);
+        assert!(Arc::ptr_eq(&a.0, &b.0), "one string for both");
+        drop(a);
+        NsName::forget_unused();
+        let c = NsName::new(ns, name);
+        assert!(Arc::ptr_eq(&b.0, &c.0), "still held by b: kept");
+        drop((b, c));
+        NsName::forget_unused();
+        assert!(
+            in_use().get(&*format!("{ns}/{name}")).is_none(),
+            "dropped once nothing holds it"
+        );
     }
 }

@@ -284,3 +284,26 @@ fn the_others_on_the_target_are_woken_when_the_cache_takes_the_change() {
     assert_eq!(c.wake(Event::Apply(deleting.clone())), ["x", "y"]);
     assert_eq!(c.wake(Event::Delete(deleting)), ["x", "y"]);
 }
+
+#[test]
+fn a_target_is_named_while_a_cached_lease_names_it_and_through_a_relist() {
+    let mut c = Cache::new();
+    assert!(!c.index.names_target("ns", "t"));
+    c.send(Event::Apply(tl("a", "t", 1)));
+    c.send(Event::Apply(tl("b", "t", 2)));
+    assert!(c.index.names_target("ns", "t"));
+    assert!(!c.index.names_target("other-ns", "t"), "per namespace");
+    c.send(Event::Delete(tl("a", "t", 1)));
+    assert!(c.index.names_target("ns", "t"), "b still names it");
+    // b moves to another target.
+    c.send(Event::Apply(tl("b", "u", 2)));
+    assert!(!c.index.names_target("ns", "t"));
+    assert!(c.index.names_target("ns", "u"));
+    // A relist without b: named until the relist is complete, then not.
+    c.send(Event::Init);
+    c.send(Event::InitApply(tl("c", "v", 3)));
+    assert!(c.index.names_target("ns", "u"));
+    c.send(Event::InitDone);
+    assert!(!c.index.names_target("ns", "u"));
+    assert!(c.index.names_target("ns", "v"));
+}
