@@ -10,6 +10,10 @@
 //! drop the old ones. This one keeps what a series needs (the Event's name
 //! and namespace, its count and when it was last seen: about 300 bytes with
 //! its key) and drops the old ones at most once a minute, when it publishes.
+//! It remembers at most [`SERIES_KEPT`] series, as client-go's correlator
+//! does, so 10,000 new TargetLeases do not keep 10,000 series for six
+//! minutes: past that, the older half is forgotten, and an Event whose
+//! series was forgotten starts a new one.
 //!
 //! Events fold when they are about the same object (by UID) and share type,
 //! reason and action; the operator's actions carry a digest of the note
@@ -35,6 +39,10 @@ pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
 /// How often Events older than [`SERIES_TTL`] are forgotten.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// The most series remembered at once (client-go's correlator keeps as
+/// many); past that, the older half is forgotten ([`Recent::bound`]).
+pub const SERIES_KEPT: usize = 4096;
 
 /// One Event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,6 +109,20 @@ impl Recent {
         if self.series.capacity() > 64 && self.series.len() * 4 < self.series.capacity() {
             self.series.shrink_to_fit();
         }
+    }
+
+    /// Past [`SERIES_KEPT`] series, forgets those last seen before the
+    /// newest half of them: one pass per [`SERIES_KEPT`] / 2 new series, so
+    /// a burst of new Events costs a constant time each.
+    fn bound(&mut self) {
+        if self.series.len() <= SERIES_KEPT {
+            return;
+        }
+        let mut seen: Vec<Instant> = self.series.values().map(|s| s.seen).collect();
+        let at = seen.len() - SERIES_KEPT / 2;
+        let (_, cut, _) = seen.select_nth_unstable(at);
+        let cut = *cut;
+        self.series.retain(|_, s| s.seen > cut);
     }
 }
 
@@ -171,7 +193,8 @@ impl Recorder {
     }
 
     fn remember(&self, key: Key, namespace: Box<str>, name: Box<str>, count: i32, seen: Instant) {
-        self.recent().series.insert(
+        let mut recent = self.recent();
+        recent.series.insert(
             key,
             Series {
                 namespace,
@@ -180,6 +203,7 @@ impl Recorder {
                 seen,
             },
         );
+        recent.bound();
     }
 
     /// Creates the Event; its namespace and name.
@@ -319,6 +343,44 @@ mod tests {
             ..r
         };
         assert_eq!(identity(&with_uid), "u-1");
+    }
+
+    #[test]
+    fn past_the_bound_the_older_half_is_forgotten_and_the_newest_kept() {
+        let start = Instant::now();
+        let mut r = Recent::default();
+        let at = |i: usize| start + Duration::from_millis(i as u64);
+        for i in 0..=SERIES_KEPT {
+            r.series.insert(key(&i.to_string()), series(at(i)));
+            r.bound();
+            assert!(r.series.len() <= SERIES_KEPT, "never more than the bound");
+        }
+        assert!(
+            r.series.len() < SERIES_KEPT / 2 + 1,
+            "{} kept",
+            r.series.len()
+        );
+        assert!(
+            r.series.contains_key(&key(&SERIES_KEPT.to_string())),
+            "the newest"
+        );
+        assert!(!r.series.contains_key(&key("0")), "the oldest is gone");
+        // Every series kept is newer than every series forgotten.
+        let oldest_kept = r.series.values().map(|s| s.seen).min().unwrap();
+        let forgotten = (0..=SERIES_KEPT).filter(|i| !r.series.contains_key(&key(&i.to_string())));
+        assert!(forgotten.map(at).all(|t| t < oldest_kept));
+    }
+
+    #[tokio::test]
+    async fn the_recorder_never_remembers_more_than_the_bound() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let recorder = Recorder::new(Client::try_from(config).unwrap(), "test", None);
+        let start = Instant::now();
+        for i in 0..SERIES_KEPT * 2 {
+            let seen = start + Duration::from_millis(i as u64);
+            recorder.remember(key(&i.to_string()), "ns".into(), "tl.1".into(), 1, seen);
+            assert!(recorder.remembered() <= SERIES_KEPT);
+        }
     }
 
     #[test]
