@@ -10,10 +10,11 @@
 //! drop the old ones. This one keeps what a series needs (the Event's name
 //! and namespace, its count and when it was last seen: about 300 bytes with
 //! its key) and drops the old ones at most once a minute, when it publishes.
-//! It remembers at most [`SERIES_KEPT`] series, as client-go's correlator
-//! does, so 10,000 new TargetLeases do not keep 10,000 series for six
-//! minutes: past that, the older half is forgotten, and an Event whose
-//! series was forgotten starts a new one.
+//! It remembers at most [`SERIES_KEPT`] series (client-go's legacy event
+//! correlator keeps as many), so 10,000 new TargetLeases do not keep 10,000
+//! series for six minutes: past that, it forgets the series remembered
+//! earliest, keeping the latest half, and an Event whose series was
+//! forgotten starts a new one.
 //!
 //! Events fold when they are about the same object (by UID) and share type,
 //! reason and action; the operator's actions carry a digest of the note
@@ -40,8 +41,9 @@ pub const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 /// How often Events older than [`SERIES_TTL`] are forgotten.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
-/// The most series remembered at once (client-go's correlator keeps as
-/// many); past that, the older half is forgotten ([`Recent::bound`]).
+/// The most series remembered at once (client-go's legacy event correlator
+/// keeps as many); past that, the ones remembered earliest are forgotten
+/// ([`Recent::bound`]).
 pub const SERIES_KEPT: usize = 4096;
 
 /// One Event to publish.
@@ -76,12 +78,16 @@ struct Series {
     count: i32,
     /// When it was last seen (on this process's monotonic clock).
     seen: Instant,
+    /// When it was last remembered, counted ([`Recent::keep`]).
+    order: u64,
 }
 
 #[derive(Default)]
 struct Recent {
     series: HashMap<Key, Series>,
     pruned: Option<Instant>,
+    /// Series remembered so far.
+    kept: u64,
 }
 
 impl Recent {
@@ -111,18 +117,28 @@ impl Recent {
         }
     }
 
-    /// Past [`SERIES_KEPT`] series, forgets those last seen before the
-    /// newest half of them: one pass per [`SERIES_KEPT`] / 2 new series, so
-    /// a burst of new Events costs a constant time each.
+    /// Remembers `series` under `key`, as the latest remembered.
+    fn keep(&mut self, key: Key, mut series: Series) {
+        self.kept += 1;
+        series.order = self.kept;
+        self.series.insert(key, series);
+        self.bound();
+    }
+
+    /// Past [`SERIES_KEPT`] series, keeps only the [`SERIES_KEPT`] / 2 last
+    /// remembered (by when they were remembered, not when their Event was
+    /// seen: a publish that waited long on the API server is not forgotten
+    /// as soon as it is remembered). One pass per [`SERIES_KEPT`] / 2 new
+    /// series, so a burst of new Events costs a constant time each.
     fn bound(&mut self) {
         if self.series.len() <= SERIES_KEPT {
             return;
         }
-        let mut seen: Vec<Instant> = self.series.values().map(|s| s.seen).collect();
-        let at = seen.len() - SERIES_KEPT / 2;
-        let (_, cut, _) = seen.select_nth_unstable(at);
+        let mut order: Vec<u64> = self.series.values().map(|s| s.order).collect();
+        let at = order.len() - SERIES_KEPT / 2;
+        let (_, cut, _) = order.select_nth_unstable(at - 1);
         let cut = *cut;
-        self.series.retain(|_, s| s.seen > cut);
+        self.series.retain(|_, s| s.order > cut);
     }
 }
 
@@ -193,17 +209,16 @@ impl Recorder {
     }
 
     fn remember(&self, key: Key, namespace: Box<str>, name: Box<str>, count: i32, seen: Instant) {
-        let mut recent = self.recent();
-        recent.series.insert(
+        self.recent().keep(
             key,
             Series {
                 namespace,
                 name,
                 count,
                 seen,
+                order: 0,
             },
         );
-        recent.bound();
     }
 
     /// Creates the Event; its namespace and name.
@@ -291,6 +306,7 @@ mod tests {
             name: "tl.1".into(),
             count: 1,
             seen,
+            order: 0,
         }
     }
 
@@ -346,29 +362,25 @@ mod tests {
     }
 
     #[test]
-    fn past_the_bound_the_older_half_is_forgotten_and_the_newest_kept() {
+    fn past_the_bound_the_series_remembered_last_are_kept() {
         let start = Instant::now();
         let mut r = Recent::default();
-        let at = |i: usize| start + Duration::from_millis(i as u64);
+        // Seen in the opposite order to the one they are remembered in (a
+        // publish that waited long on the API server): what counts is when
+        // each was remembered.
+        let seen = |i: usize| start + Duration::from_millis((SERIES_KEPT - i) as u64);
         for i in 0..=SERIES_KEPT {
-            r.series.insert(key(&i.to_string()), series(at(i)));
-            r.bound();
+            r.keep(key(&i.to_string()), series(seen(i)));
             assert!(r.series.len() <= SERIES_KEPT, "never more than the bound");
         }
+        assert_eq!(r.series.len(), SERIES_KEPT / 2, "the latest half is kept");
+        let kept = |i: usize| r.series.contains_key(&key(&i.to_string()));
+        assert!(kept(SERIES_KEPT), "the one just remembered");
         assert!(
-            r.series.len() < SERIES_KEPT / 2 + 1,
-            "{} kept",
-            r.series.len()
+            (0..=SERIES_KEPT / 2).all(|i| !kept(i)),
+            "the earliest are gone"
         );
-        assert!(
-            r.series.contains_key(&key(&SERIES_KEPT.to_string())),
-            "the newest"
-        );
-        assert!(!r.series.contains_key(&key("0")), "the oldest is gone");
-        // Every series kept is newer than every series forgotten.
-        let oldest_kept = r.series.values().map(|s| s.seen).min().unwrap();
-        let forgotten = (0..=SERIES_KEPT).filter(|i| !r.series.contains_key(&key(&i.to_string())));
-        assert!(forgotten.map(at).all(|t| t < oldest_kept));
+        assert!((SERIES_KEPT / 2 + 1..=SERIES_KEPT).all(kept));
     }
 
     #[tokio::test]

@@ -198,7 +198,10 @@ pub fn key_of(tl: &TargetLease) -> ObjectRef<TargetLease> {
 impl Context {
     fn remember<T>(&self, key: &ObjectRef<TargetLease>, f: impl FnOnce(&mut Carryover) -> T) -> T {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
-        f(all.entry(name::NsName::of(key)).or_default())
+        if let Some(m) = all.get_mut(&name::NsName::of(key)) {
+            return f(m);
+        }
+        f(all.entry(name::NsName::shared_of(key)).or_default())
     }
 
     fn recall(&self, key: &ObjectRef<TargetLease>) -> Carryover {

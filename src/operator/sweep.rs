@@ -106,6 +106,8 @@ impl Sweep {
     /// once this replica cannot prove it leads.
     pub async fn once(&mut self, ctx: &Context) {
         if !ctx.ready.is_ready() {
+            // Caches that never sync still see TargetLeases come and go.
+            NsName::forget_unused();
             return;
         }
         ctx.floors.prune();

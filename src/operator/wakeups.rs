@@ -285,6 +285,30 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    #[tokio::test]
+    async fn only_notices_for_a_target_a_cached_lease_names_wake_anything() {
+        use crate::operator::crd::{TargetLease, TargetLeaseSpec};
+        use kube::runtime::watcher::Event;
+        let spec: TargetLeaseSpec =
+            serde_json::from_value(serde_json::json!({"target": "t", "holder": {"identity": "a"}}))
+                .unwrap();
+        let mut tl = TargetLease::new("a", spec);
+        tl.metadata.namespace = Some("ns".into());
+        let index = Arc::new(LeaseIndex::default());
+        index.apply(&Event::Apply(tl));
+        let notices = [("ns", "u"), ("other", "t"), ("ns/t", ""), ("ns", "t")]
+            .map(|(ns, name)| Target::new(ns, name));
+        let woken: Vec<Target> = bounded(
+            futures::stream::iter(notices).boxed(),
+            index,
+            OperatorMetrics::default(),
+            Limits::default(),
+        )
+        .collect()
+        .await;
+        assert_eq!(woken, [Target::new("ns", "t")]);
+    }
+
     #[test]
     fn a_target_is_woken_at_once_then_at_most_once_per_interval() {
         let t0 = Instant::now();

@@ -126,7 +126,7 @@ impl Echoes {
     /// A write of `key` is about to be sent; say what it returned with
     /// [`Writing::wrote`] (dropping the guard unsaid: it failed).
     pub fn writing(self: &Arc<Self>, key: &ObjectRef<TargetLease>) -> Writing {
-        let key = key_of(key);
+        let key = NsName::shared_of(key);
         self.lock().entry(key.clone()).or_default().writing += 1;
         Writing {
             echoes: self.clone(),

@@ -180,7 +180,7 @@ impl Pass<'_> {
         writing.wrote(updated.resource_version());
         if let Some(token) = self.working.fencing_token {
             let mut own = self.ctx.published.lock().unwrap_or_else(|p| p.into_inner());
-            let key = NsName::new(
+            let key = NsName::shared(
                 updated.metadata.namespace.as_deref().unwrap_or_default(),
                 &updated.spec.target,
             );

@@ -39,8 +39,8 @@ use super::name::NsName;
 use super::{plan, queue};
 use crate::operator::crd::TargetLease;
 
-/// A place in a target's queue: creation time, then name (shared by every
-/// table that names the member).
+/// A place in a target's queue: creation time, then name (one copy, shared
+/// by the tables that name the member, from its first event on).
 type Place = (Option<Timestamp>, Arc<str>);
 
 /// What a target's members publish, read once per change of the target.
@@ -148,20 +148,28 @@ impl Table {
     /// Takes `tl` in; the member it was before, if any.
     fn insert(&mut self, tl: &TargetLease, epoch: u64) -> Option<Member> {
         let ns = tl.metadata.namespace.as_deref().unwrap_or_default();
+        let key = NsName::shared(ns, tl.metadata.name.as_deref().unwrap_or_default());
+        let was = self.place.remove(&key).map(|b| *b);
+        // The member's strings as it had them: one copy of each, however
+        // many events it has.
+        let (created, fresh_name) = place_of(tl);
+        let name = was.as_ref().map_or(fresh_name, |old| old.place.1.clone());
+        let target = match &was {
+            Some(old) if *old.target == *tl.spec.target => old.target.clone(),
+            _ => tl.spec.target.as_str().into(),
+        };
         let member = Member {
-            target: tl.spec.target.as_str().into(),
-            place: place_of(tl),
+            target,
+            place: (created, name),
             held: held_token(tl),
             queues: queue::may_queue(tl),
         };
-        let key = NsName::new(ns, &member.place.1);
-        let was = self.place.remove(&key).map(|b| *b);
         if let Some(old) = &was {
             self.leave(ns, &old.target, &old.place, epoch);
         }
         let q = self
             .targets
-            .entry(NsName::new(ns, &member.target))
+            .entry(NsName::shared(ns, &member.target))
             .or_default();
         if let Err(at) = q.members.binary_search(&member.place) {
             if q.members.is_empty() {
@@ -298,6 +306,11 @@ impl LeaseIndex {
     /// Whether a cached TargetLease names `ns`/`target` (release notices
     /// for any other target wake nothing: [`crate::operator::wakeups`]).
     pub fn names_target(&self, ns: &str, target: &str) -> bool {
+        // Whoever sends a notice chooses its namespace: never one a
+        // Kubernetes namespace cannot be, read as another one's target.
+        if ns.contains('/') {
+            return false;
+        }
         let l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         l.live.targets.contains_key(&NsName::new(ns, target))
     }

@@ -113,7 +113,7 @@ impl Keeper {
         if term != self.term() {
             return;
         }
-        let key = NsName::of(key);
+        let key = NsName::shared_of(key);
         if let Some(old) = all.get(&key)
             && old.handle == kept.handle
         {

@@ -6,10 +6,13 @@
 //! version and UID `ObjectRef::from_obj` carries); a `(String, String)` is
 //! 48 bytes and two strings. An [`NsName`] is 16 bytes and one shared
 //! string, so the maps' room for 10,000 TargetLeases costs about 1 MB less
-//! per map. The strings are shared too: every map that names one
-//! TargetLease (or one target) holds the same string, found in a set of the
-//! names in use ([`NsName::new`]) and dropped from it once no map holds it
-//! ([`NsName::forget_unused`], at every minute sweep).
+//! per map. The strings are shared too: every map that keeps a name of one
+//! TargetLease (or of one target) holds the same string, found in a set of
+//! the names in use ([`NsName::shared`]) and dropped from it once no map
+//! holds it ([`NsName::forget_unused`], at the leader's minute sweep). A
+//! name made only to look something up ([`NsName::new`]) is never added to
+//! that set: what others send (a release notice names any target it likes)
+//! cannot grow it.
 
 use std::borrow::Borrow;
 use std::collections::HashSet;
@@ -33,14 +36,26 @@ fn in_use() -> std::sync::MutexGuard<'static, HashSet<NsName>> {
     IN_USE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+fn joined(namespace: &str, name: &str) -> String {
+    debug_assert!(!namespace.contains('/'), "a namespace never holds a '/'");
+    let mut s = String::with_capacity(namespace.len() + 1 + name.len());
+    s.push_str(namespace);
+    s.push('/');
+    s.push_str(name);
+    s
+}
+
 impl NsName {
-    /// `name` in `namespace`: the string already in use for it, if any.
+    /// `name` in `namespace`, to look it up: a string of its own, not
+    /// added to the names in use.
     pub fn new(namespace: &str, name: &str) -> Self {
-        debug_assert!(!namespace.contains('/'), "a namespace never holds a '/'");
-        let mut s = String::with_capacity(namespace.len() + 1 + name.len());
-        s.push_str(namespace);
-        s.push('/');
-        s.push_str(name);
+        Self(joined(namespace, name).into())
+    }
+
+    /// `name` in `namespace`, to keep in a map: the string already in use
+    /// for it, or a new one added to the names in use.
+    pub fn shared(namespace: &str, name: &str) -> Self {
+        let s = joined(namespace, name);
         let mut names = in_use();
         if let Some(shared) = names.get(s.as_str()) {
             return shared.clone();
@@ -58,12 +73,20 @@ impl NsName {
         let mut names = in_use();
         let before = names.len();
         names.retain(|n| Arc::strong_count(&n.0) > 1);
+        if names.capacity() > 64 && names.len() * 4 < names.capacity() {
+            names.shrink_to_fit();
+        }
         before - names.len()
     }
 
-    /// The TargetLease `r` names.
+    /// The TargetLease `r` names, to look it up ([`Self::new`]).
     pub fn of(r: &ObjectRef<TargetLease>) -> Self {
         Self::new(r.namespace.as_deref().unwrap_or_default(), &r.name)
+    }
+
+    /// The TargetLease `r` names, to keep in a map ([`Self::shared`]).
+    pub fn shared_of(r: &ObjectRef<TargetLease>) -> Self {
+        Self::shared(r.namespace.as_deref().unwrap_or_default(), &r.name)
     }
 
     /// The namespace.
@@ -125,12 +148,12 @@ mod tests {
     #[test]
     fn every_holder_of_a_name_shares_one_string_until_none_holds_it() {
         let (ns, name) = ("name-tests", "shared-until-unused");
-        let a = NsName::new(ns, name);
-        let b = NsName::new(ns, name);
+        let a = NsName::shared(ns, name);
+        let b = NsName::shared(ns, name);
         assert!(Arc::ptr_eq(&a.0, &b.0), "one string for both");
         drop(a);
         NsName::forget_unused();
-        let c = NsName::new(ns, name);
+        let c = NsName::shared(ns, name);
         assert!(Arc::ptr_eq(&b.0, &c.0), "still held by b: kept");
         drop((b, c));
         NsName::forget_unused();
@@ -138,5 +161,18 @@ mod tests {
             in_use().get(&*format!("{ns}/{name}")).is_none(),
             "dropped once nothing holds it"
         );
+    }
+
+    #[test]
+    fn a_name_made_to_look_up_is_not_added_to_the_names_in_use() {
+        let (ns, name) = ("name-tests", "looked-up-only");
+        let looked_up = NsName::new(ns, name);
+        assert!(in_use().get(looked_up.to_string().as_str()).is_none());
+        let kept = NsName::shared(ns, name);
+        assert!(!Arc::ptr_eq(&looked_up.0, &kept.0));
+        assert_eq!(looked_up, kept, "the same name all the same");
+        let mut map = std::collections::HashMap::new();
+        map.insert(kept, 1);
+        assert_eq!(map.get(&looked_up), Some(&1));
     }
 }

@@ -214,7 +214,7 @@ impl FairSlots {
         deadline: Instant,
     ) -> Option<(Slot, Instant)> {
         let now = Instant::now();
-        let key = NsName::of(key);
+        let key = NsName::shared_of(key);
         let mut state = self.lock();
         if let Some((since, _)) = state.reserved.remove(&key) {
             return Some((self.slot(), since));

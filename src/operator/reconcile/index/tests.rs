@@ -307,3 +307,15 @@ fn a_target_is_named_while_a_cached_lease_names_it_and_through_a_relist() {
     assert!(!c.index.names_target("ns", "u"));
     assert!(c.index.names_target("ns", "v"));
 }
+
+#[test]
+fn a_notice_whose_namespace_holds_a_slash_names_no_target() {
+    let mut c = Cache::new();
+    // ns "ns", target "a/t": "ns/a/t" as one string.
+    c.send(Event::Apply(tl("x", "a/t", 1)));
+    assert!(c.index.names_target("ns", "a/t"));
+    assert!(
+        !c.index.names_target("ns/a", "t"),
+        "not another namespace's target"
+    );
+}
