@@ -229,6 +229,7 @@ pub async fn control(
         published: Default::default(),
         clock: cfg.clock.clone(),
         keeper: cfg.keeper.clone(),
+        renewals: Default::default(),
     });
     cfg.keeper.wake_through(Some(ctx.wake.clone()));
     let sweeper = tokio::spawn(sweep::sweep(ctx.clone()));
@@ -252,6 +253,8 @@ pub async fn control(
     };
     // ...and so does every key whose turn for a slot came (one is set aside).
     let triggers = futures::stream::select(woken, slot_turns);
+    // Renewals come due here, not from the controller's scheduler (see `renewals`).
+    let triggers = futures::stream::select(triggers, ctx.renewals.clone().come_due());
     let mapped = ctx.clone();
     controller
         // Every due reconcile starts at once and takes one of the

@@ -24,6 +24,7 @@ pub mod plan;
 pub mod pod_index;
 pub mod pods;
 pub mod queue;
+pub mod renewals;
 pub mod selectors;
 pub mod slots;
 pub mod spec;
@@ -96,6 +97,8 @@ pub struct Context {
     /// What Valkey last confirmed of each lease; renews published leases whose
     /// reconcile is late (lives across leadership terms).
     pub keeper: Arc<Keeper>,
+    /// When each published lease's next renewal pass is due.
+    pub renewals: Arc<renewals::Renewals>,
 }
 
 /// Per-TargetLease state kept between passes.
@@ -220,6 +223,7 @@ impl Context {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         all.remove(&name::NsName::of(key));
         self.echoes.forget(key);
+        self.renewals.forget(key);
     }
 
     /// The store's clock now, never behind it ([`clock`]; the local wall
@@ -258,6 +262,7 @@ impl Context {
     pub fn forget_vanished(&self, exists: impl Fn(&name::NsName) -> bool) {
         let mut all = self.carryover.lock().unwrap_or_else(|p| p.into_inner());
         all.retain(|k, _| exists(k));
+        self.renewals.retain(&exists);
         self.echoes.retain(exists);
     }
 }

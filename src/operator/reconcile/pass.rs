@@ -74,6 +74,9 @@ impl<'a> Pass<'a> {
             m.reread = false;
             m.renewal_at = None;
         });
+        // This pass asks again when it ends, as the controller's scheduler
+        // would have dropped its request once anything triggered the pass.
+        ctx.renewals.forget(&key);
         let working = tl.status.clone().unwrap_or_default();
         let spec = spec::validate(&tl).map_err(|e| e.to_string());
         let pass = Self {
@@ -397,6 +400,11 @@ impl<'a> Pass<'a> {
         let failures = self.ctx.recall(&self.key).failures;
         let renewal_at = matches!(next, Next::Renewal).then(|| Instant::now() + renewal);
         self.ctx.remember(&self.key, |m| m.renewal_at = renewal_at);
+        if let Some(at) = renewal_at {
+            // Kept in `renewals`, not in the controller's scheduler.
+            self.ctx.renewals.schedule(&self.key, at);
+            return Action::await_change();
+        }
         timing::action(next, renewal, failures, with_jitter)
     }
 }

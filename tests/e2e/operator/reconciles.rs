@@ -55,3 +55,27 @@ async fn the_operators_own_writes_trigger_no_reconcile() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(reconciles(&env) - before, spent, "no reconcile while idle");
 }
+
+#[tokio::test]
+async fn a_held_lease_is_reconciled_again_each_time_its_renewal_is_due() {
+    let env = OperatorEnv::start("renewals-due").await;
+    env.create(
+        "renewed",
+        lease_for("t").identity("job").durations("4s", "1s"),
+    )
+    .await;
+    env.wait_phase("renewed", Phase::Held, SOON).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = reconciles(&env);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let spent = reconciles(&env) - before;
+    eprintln!("{spent} reconciles in 6 s of a lease renewed every second");
+    // About six: one per renewal (the keeper would renew it in Valkey, but
+    // only its reconcile publishes what each renewal confirmed), and not a
+    // loop that never waits.
+    assert!(
+        (4.0..=12.0).contains(&spent),
+        "{spent} reconciles in 6 s of a lease renewed every second"
+    );
+    env.wait_phase("renewed", Phase::Held, SOON).await;
+}

@@ -107,6 +107,7 @@ async fn the_sweep_forgets_a_vanished_lease_and_unmarks_only_the_pod_it_judged()
         published: Default::default(),
         clock: clock.clone(),
         keeper: Arc::new(Keeper::new(store, clock)),
+        renewals: Default::default(),
     };
     let (gone, present) = (
         ObjectRef::<TargetLease>::new("gone").within(&env.ns),

@@ -171,6 +171,19 @@ async fn a_release_withdraws_held_before_the_store_lets_go() {
     assert_eq!(h.token_in_store().await, None);
 }
 
+/// A held lease's pass asks for its next pass in `renewals`; any later
+/// pass, whatever triggered it, takes that back when it starts, and asks
+/// again only if it still has a lease to renew.
+#[tokio::test]
+async fn a_held_lease_asks_for_its_next_renewal_and_its_release_takes_that_back() {
+    let h = acquired().await;
+    assert_eq!(h.ctx.renewals.len(), 1, "the acquiring pass asks to renew");
+    h.edit(|o| o["spec"]["holder"] = json!({"identity": "web-0", "podName": "gone"}));
+    let (result, _) = h.reconcile().await;
+    result.unwrap();
+    assert!(h.ctx.renewals.is_empty(), "nothing is left to renew");
+}
+
 #[tokio::test]
 async fn a_deletion_withdraws_held_then_raises_the_floor_then_releases_then_lets_go() {
     let h = acquired().await;

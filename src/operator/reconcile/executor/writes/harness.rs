@@ -318,6 +318,7 @@ impl Harness {
             published: Default::default(),
             clock: clock.clone(),
             keeper: Arc::new(Keeper::new(store.clone(), clock)),
+            renewals: Default::default(),
         });
         Self { api, ctx, store }
     }
