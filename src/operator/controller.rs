@@ -98,6 +98,25 @@ fn watching(timeout: Duration) -> watcher::Config {
         .page_size(LIST_PAGE)
 }
 
+/// The controller's triggers are never paused. kube's controller would pause
+/// all of them together (wake-ups, slot turns, renewals coming due) while any
+/// one watch backs off after an error; each watch backs off on its own
+/// instead, so one failing watch (a pod list refused, say) holds back no
+/// renewal.
+struct NeverPaused;
+
+impl Iterator for NeverPaused {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for NeverPaused {
+    fn reset(&mut self) {}
+}
+
 /// Runs the controller until `stop` resolves. `release_notices` are targets that
 /// may have become free (releases from anywhere, including outside
 /// Kubernetes); their TargetLeases are woken at once.
@@ -136,6 +155,9 @@ pub async fn control(
         // Each pod is slimmed as it is decoded (`CachedPod`).
         watcher(api::<CachedPod>(&client, &cfg.watch_namespace), watching()),
     )
+    // A failing watch waits before it lists again; only that watch waits
+    // (see `NeverPaused`).
+    .backoff(backoff())
     // After the cache took the event (see `index`).
     .inspect_ok({
         let index = pod_index.clone();
@@ -168,6 +190,7 @@ pub async fn control(
         )
         .map_ok(lease_event),
     )
+    .backoff(backoff())
     // A member that stops publishing Held or leaves the queue wakes its
     // target's others, once the cache shows it (see `LeaseIndex`): whoever
     // wrote it, and even though the operator's own writes trigger no
@@ -263,7 +286,7 @@ pub async fn control(
         // them by due time, letting one namespace's backlog delay every
         // other namespace's renewals.
         .with_config(ControllerConfig::default())
-        .trigger_backoff(backoff())
+        .trigger_backoff(NeverPaused)
         .watches_stream(pod_stream, move |pod: CachedPod| {
             // The pod's own TargetLeases (of its namespace), and every lease
             // queued on their targets: a head of queue that stops wanting the

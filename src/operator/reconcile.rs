@@ -272,6 +272,12 @@ impl Context {
 /// reconciles the newest cached version of the object.
 pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::ResourceExt;
+    // Whatever triggered it, this reconcile takes back the renewal asked
+    // for: its pass asks again when it ends, and each way out before a pass
+    // (caches not synced, the key left in its line, an error) brings the
+    // key back ([`renewals`]).
+    let key = key_of(&tl);
+    ctx.renewals.forget(&key);
     // Never plan from caches that have not synced: wait for them, before a
     // slot is taken (nothing can use one until then), and not past a second,
     // so a term that ends before they sync is not held up by the reconciles
@@ -284,7 +290,6 @@ pub async fn reconcile(tl: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::requeue(Duration::ZERO));
     }
     let queued = Instant::now();
-    let key = key_of(&tl);
     // What is remembered is read here, once.
     let scheduled = {
         let m = ctx.remember(&key, |m| {

@@ -74,9 +74,6 @@ impl<'a> Pass<'a> {
             m.reread = false;
             m.renewal_at = None;
         });
-        // This pass asks again when it ends, as the controller's scheduler
-        // would have dropped its request once anything triggered the pass.
-        ctx.renewals.forget(&key);
         let working = tl.status.clone().unwrap_or_default();
         let spec = spec::validate(&tl).map_err(|e| e.to_string());
         let pass = Self {

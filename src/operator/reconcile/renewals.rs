@@ -9,8 +9,8 @@
 //! at once (it never holds them long).
 //!
 //! As in the controller's scheduler, a key asked for twice is due at the
-//! earlier time, and it is forgotten once it came due or once any pass of it
-//! starts, whatever triggered it: each pass asks again when it ends.
+//! earlier time, and it is forgotten once it came due or once any reconcile
+//! of it starts, whatever triggered it: each pass asks again when it ends.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -64,8 +64,8 @@ impl Renewals {
         }
     }
 
-    /// Nothing is due for `key`: it is gone, or a pass of it is under way
-    /// (which asks again when it ends).
+    /// Nothing is due for `key`: it is gone, or a reconcile of it started
+    /// (its pass asks again when it ends).
     pub fn forget(&self, key: &ObjectRef<TargetLease>) {
         let mut due = self.lock();
         if let Some((name, at)) = due.at.remove_entry(&NsName::of(key)) {

@@ -79,3 +79,82 @@ async fn a_held_lease_is_reconciled_again_each_time_its_renewal_is_due() {
     );
     env.wait_phase("renewed", Phase::Held, SOON).await;
 }
+
+/// One watch that keeps failing holds back no renewal: here the operator may
+/// no longer list or watch pods (its Role lost the rule), so its pod watch
+/// fails each time it is made again, once a second.
+#[tokio::test]
+async fn a_failing_pod_watch_holds_back_no_renewal() {
+    use k8s_openapi::api::rbac::v1::Role;
+    let mut env = OperatorEnv::start_without_operator("watch-fails").await;
+    let dir = tempfile::tempdir().unwrap();
+    let sa = "tl-operator";
+    support::chart_identity::chart_service_account(env.cp, &env.ns, sa).await;
+    let server = env.cp.server_url();
+    let kubeconfig = support::chart_identity::service_account_kubeconfig(
+        env.cp,
+        &env.ns,
+        sa,
+        &server,
+        dir.path(),
+    )
+    .await;
+    env.run_operators_as(kubeconfig);
+    env.start_operator_with(&["--watch-timeout", "1s"]);
+    env.create(
+        "renewed",
+        lease_for("t").identity("job").durations("6s", "2s"),
+    )
+    .await;
+    env.wait_phase("renewed", Phase::Held, SOON).await;
+    // The Role that lets the operator list and watch pods loses that rule.
+    let roles: kube::Api<Role> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    let mut role = roles
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|r| {
+            r.rules
+                .iter()
+                .flatten()
+                .any(|rule| rule.resources.iter().flatten().any(|res| res == "pods"))
+        })
+        .expect("the chart's Role grants pods");
+    for rule in role.rules.iter_mut().flatten() {
+        if let Some(resources) = rule.resources.as_mut() {
+            resources.retain(|res| res != "pods");
+        }
+    }
+    // A rule must name a resource: one left with none goes.
+    if let Some(rules) = role.rules.as_mut() {
+        rules.retain(|rule| rule.resources.as_ref().is_some_and(|r| !r.is_empty()));
+    }
+    let rules = role.rules.clone();
+    roles
+        .patch(
+            &role.metadata.name.clone().unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "rules": rules })),
+        )
+        .await
+        .unwrap();
+    // Its watch ends within a second and is refused from then on.
+    support::kube_env::eventually("the pod watch to be refused", SOON, || async {
+        let log = env.operator_log(0);
+        (log.contains("403") || log.contains("forbidden")).then_some(())
+    })
+    .await;
+    // Six renewals in 12 s. With every trigger paused while the pod watch
+    // backs off (0.5 s, doubling to 3 s, until something else comes through),
+    // each renewal came up to a few seconds late: 3 or 4.
+    let before = reconciles(&env);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let spent = reconciles(&env) - before;
+    eprintln!("{spent} reconciles in 12 s of a lease renewed every 2 s, its pod watch failing");
+    assert!(
+        (5.0..=12.0).contains(&spent),
+        "{spent} reconciles in 12 s of a lease renewed every 2 s, its pod watch failing"
+    );
+}

@@ -64,7 +64,7 @@ fn a_forgotten_key_never_comes_due() {
 async fn the_stream_sends_each_key_when_it_comes_due() {
     let r = Arc::new(Renewals::default());
     let started = Instant::now();
-    r.schedule(&key("later"), started + Duration::from_millis(300));
+    r.schedule(&key("later"), started + Duration::from_secs(3));
     let mut due = Box::pin(r.clone().come_due());
     // Asked for while the stream sleeps until the later one: it wakes sooner.
     let r2 = r.clone();
@@ -80,8 +80,8 @@ async fn the_stream_sends_each_key_when_it_comes_due() {
     assert_eq!(first.name, "sooner");
     assert_eq!(first.namespace.as_deref(), Some("ns"));
     assert!(
-        at >= Duration::from_millis(100) && at < Duration::from_millis(300),
-        "sent when due, before the later key: {at:?}"
+        at >= Duration::from_millis(100) && at < Duration::from_secs(3),
+        "sent when due, well before the later key: {at:?}"
     );
     let second = tokio::time::timeout(Duration::from_secs(5), due.next()).await;
     let second = second
@@ -89,7 +89,7 @@ async fn the_stream_sends_each_key_when_it_comes_due() {
         .expect("the stream goes on");
     assert_eq!(second.name, "later");
     assert!(
-        started.elapsed() >= Duration::from_millis(300),
+        started.elapsed() >= Duration::from_secs(3),
         "not before it is due"
     );
     assert!(r.is_empty());
