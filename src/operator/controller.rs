@@ -128,8 +128,8 @@ pub async fn control(
     let client = cfg.client.clone();
     let watching = || watching(cfg.watch_timeout);
     // Back on watching within seconds once the API server is back (kube's
-    // default waits up to 30 s after a few failures, and pauses every
-    // trigger of the controller meanwhile, leaving caches stale).
+    // default waits up to 30 s after a few failures). Each watch backs off
+    // on its own; the controller's triggers never pause (`NeverPaused`).
     let backoff = || {
         ResetTimerBackoff::new(
             watcher::ExponentialBackoff::from(

@@ -27,8 +27,9 @@
 //! that slot. A slot set aside for a TargetLease that went away meanwhile
 //! is handed on as soon as the controller says so ([`FairSlots::not_coming`]);
 //! one not taken for another reason, after [`RESERVED_FOR`]. The key reaches
-//! the controller through its triggers, which pause while its watches back
-//! off after an error (at most a few seconds): [`RESERVED_FOR`] is longer.
+//! the controller through its triggers, which are never paused (a watch
+//! that fails backs off on its own): [`RESERVED_FOR`] only has to outlast
+//! the controller's own scheduling, with a wide margin.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -41,9 +42,10 @@ use kube::runtime::reflector::ObjectRef;
 use super::name::NsName;
 use crate::operator::crd::TargetLease;
 
-/// How long a slot set aside for a key waits for its reconcile: longer than
-/// the controller's triggers pause while a watch backs off (3 s, doubled
-/// at most by jitter), so a reservation outlives the pause.
+/// How long a slot set aside for a key waits for its reconcile: far longer
+/// than the controller takes to start it (its triggers are never paused; a
+/// watch that fails backs off on its own, up to 3 s doubled at most by
+/// jitter, and would not hold a reservation back even if they were).
 pub const RESERVED_FOR: Duration = Duration::from_secs(10);
 
 type Key = ObjectRef<TargetLease>;
