@@ -40,7 +40,7 @@ local id_sha = redis.sha1hex(lease_id)
 local fp = fingerprint(ARGV[2], ARGV[3], ARGV[5], ARGV[6], lease_id)
 
 if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
-local f, bad = fields(key, { 'lease', 'fence', request })
+local f, bad = fields(key, 'lease', 'fence', request)
 if not f then return reply('corrupt_state', now, bad) end
 local state, r, why = read_lease(key, f[1], f[2], now)
 -- A new request id (no cache entry) skips building the replay rule.
@@ -64,7 +64,7 @@ if redis.call('PTTL', key) >= 0 then return reply('corrupt_state', now, 'target 
 local counter = f[2]
 if counter then
   if not is_uint(counter) then return reply('corrupt_state', now, 'fence counter is not a number') end
-  if field_expiry(key, { 'fence' })[1] ~= -1 then
+  if field_expiry(key, 'fence') ~= -1 then
     return reply('corrupt_state', now, 'fence counter has an expiry')
   end
 else

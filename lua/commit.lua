@@ -25,7 +25,7 @@ local fp = fingerprint(token, ARGV[2], ARGV[3])
 if not (field_of('q:', request) and field_of('c:', commit)) then
   return reply('corrupt_state', now, 'not a request or commit field')
 end
-local f, bad = fields(key, { 'lease', commit, request, 'fence' })
+local f, bad = fields(key, 'lease', commit, request, 'fence')
 if not f then return reply('corrupt_state', now, bad) end
 local state, r, why = read_lease(key, f[1], f[4], now)
 local replayed = replay(key, request, f[3], fp, now, state, r, why, {
@@ -45,6 +45,6 @@ if f[2] then
     return reply('stale_token', now, 'a higher token was already committed for this key')
   end
 end
-remember(key, request, fp, '', token, tonumber(ARGV[4]))
+remember(key, request, fp, '', token, ARGV[4])
 redis.call('HSET', key, commit, token .. ':' .. str(now) .. ':' .. ARGV[3])
 return reply_lease('committed', now, 'value committed', r, '')

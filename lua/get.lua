@@ -10,7 +10,7 @@
 --   not_found                     none
 --   corrupt_state                 unreadable record; nothing changed
 local now = now_ms()
-local f, bad = fields(KEYS[1], { 'lease', 'fence' })
+local f, bad = fields(KEYS[1], 'lease', 'fence')
 if not f then return reply('corrupt_state', now, bad) end
 local state, r, why = read_lease(KEYS[1], f[1], f[2], now)
 if state == 'corrupt' then return reply('corrupt_state', now, why) end

@@ -1,10 +1,15 @@
 -- lib.lua: helpers prepended to every targetlease script (not a script itself).
 --
--- Every script returns one flat array of strings, decoded in one place
--- (src/store/valkey/reply.rs):
---   { outcome, now_ms, message }                                    -- no lease
---   { outcome, now_ms, message, lease_id, owner, token,
---     acquired_ms, expires_ms, max_expires_ms, metadata }           -- with a lease
+-- Every script returns one string of fields joined by NUL bytes, decoded in
+-- one place (src/store/valkey/reply.rs):
+--   outcome, now_ms, message                                        -- no lease
+--   outcome, now_ms, message, lease_id, token, acquired_ms,
+--     expires_ms, max_expires_ms, metadata, owner                   -- with a lease
+-- One string, not an array: the server builds an array reply with a length
+-- it only knows at the end, which costs about as much as a command. No field
+-- holds a NUL but the last (the messages are the scripts' own, the lease id
+-- is the caller's, metadata is strict JSON); the owner is last, so even a
+-- record written by hand with a NUL in its owner decodes whole.
 -- lease_id is "" whenever the caller is not proven to be the holder (it is
 -- never stored, so a script can only echo the one its caller proved).
 -- max_expires_ms and metadata are "" when absent. Numbers are decimal strings:
@@ -64,6 +69,15 @@ local function is_uint(s)
   if #s > 1 and string.sub(s, 1, 1) == '0' then return false end
   if #s > 19 or (#s == 19 and s > MAX_TOKEN) then return false end
   return true
+end
+
+-- A canonical unsigned decimal in a signed 64-bit integer, for a string
+-- already known to be digits only (a record field its pattern captured):
+-- no leading zero, at most MAX_TOKEN. Cheaper than is_uint, which matches.
+local function canonical(s)
+  local n = #s
+  if n > 1 and string.byte(s) == 48 then return false end
+  return n < 19 or (n == 19 and s <= MAX_TOKEN)
 end
 
 -- a < b for canonical decimals, exact at any size.
@@ -172,18 +186,19 @@ local function type_of(key)
   return redis.call('TYPE', key).ok
 end
 
--- The target's fields named in `names`, in order (false where absent), by one
--- HMGET; nil and why when the key is not a hash (nothing may be written then).
-local function fields(key, names)
-  local v = redis.pcall('HMGET', key, unpack(names))
+-- The target's fields named by the arguments after `key`, in order (false
+-- where absent), by one HMGET (no table of names: each table a script builds
+-- costs time); nil and why when the key is not a hash (nothing may be written then).
+local function fields(key, ...)
+  local v = redis.pcall('HMGET', key, ...)
   if v.err then return nil, 'target key holds a ' .. type_of(key) end
   return v
 end
 
--- The expiry (Unix ms) of each of the target's fields named in `names`, by
--- one HPEXPIRETIME: -1 for a field without expiry, -2 for no such field.
-local function field_expiry(key, names)
-  return redis.call('HPEXPIRETIME', key, 'FIELDS', #names, unpack(names))
+-- The expiry (Unix ms) of the target's field `field`, by one HPEXPIRETIME:
+-- -1 for a field without expiry, -2 for no such field.
+local function field_expiry(key, field)
+  return redis.call('HPEXPIRETIME', key, 'FIELDS', 1, field)[1]
 end
 
 -- The next canonical decimal after `s`, exact at any size.
@@ -195,14 +210,15 @@ local function dec_incr(s)
 end
 
 local function reply(outcome, now, message)
-  return { outcome, str(now), message }
+  return outcome .. '\0' .. str(now) .. '\0' .. message
 end
 
 -- A reply with the lease `r`; `id` is the lease id the caller proved ("" when
 -- it proved none).
 local function reply_lease(outcome, now, message, r, id)
-  return { outcome, str(now), message, id, r.owner, r.token,
-           r.acquired_ms, r.expires_ms, r.max_expires_ms, r.meta }
+  return outcome .. '\0' .. str(now) .. '\0' .. message .. '\0' .. id .. '\0' .. r.token
+    .. '\0' .. r.acquired_ms .. '\0' .. r.expires_ms .. '\0' .. r.max_expires_ms
+    .. '\0' .. r.meta .. '\0' .. r.owner
 end
 
 -- The lease field packed from a record.
@@ -231,18 +247,18 @@ local function read_lease(key, packed, fence, now)
   if not token and string.match(packed, '^(%w+):') ~= '1' then
     return 'corrupt', nil, 'lease record has an unknown version'
   end
-  if not token or tonumber(olen) > #rest then
-    return 'corrupt', nil, 'lease record is unparsable'
-  end
+  if not token then return 'corrupt', nil, 'lease record is unparsable' end
+  olen = tonumber(olen)
+  if olen > #rest then return 'corrupt', nil, 'lease record is unparsable' end
   local r = {
     token = token, acquired_ms = acquired, expires_ms = expires,
     max_expires_ms = max_expires, id_sha = id_sha,
-    owner = string.sub(rest, 1, tonumber(olen)), meta = string.sub(rest, tonumber(olen) + 1),
+    owner = string.sub(rest, 1, olen), meta = string.sub(rest, olen + 1),
   }
   local ident = nil
-  if is_uint(token) and token ~= '0' and #id_sha == 40 and is_utf8(r.owner) then ident = r end
-  if not (ident and is_uint(acquired) and is_uint(expires)
-          and (max_expires == '' or is_uint(max_expires))) then
+  if canonical(token) and token ~= '0' and #id_sha == 40 and is_utf8(r.owner) then ident = r end
+  if not (ident and canonical(acquired) and canonical(expires)
+          and (max_expires == '' or canonical(max_expires))) then
     return 'corrupt', ident, 'lease record is unparsable'
   end
   if not (is_uint(fence or '') and not dec_lt(fence, token)) then
@@ -287,7 +303,7 @@ end
 -- expiry, so a durability WAIT after the replay (on any connection) also
 -- covers the original write, which precedes it in the replication stream.
 local function touch(key, field)
-  local at = field_expiry(key, { field })[1]
+  local at = field_expiry(key, field)
   if at >= 0 then redis.call('HPEXPIREAT', key, at, 'FIELDS', 1, field) end
 end
 

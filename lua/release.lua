@@ -29,7 +29,7 @@ local id_sha = redis.sha1hex(lease_id)
 local fp = fingerprint(lease_id, token)
 
 if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
-local f, bad = fields(key, { 'lease', 'fence', request })
+local f, bad = fields(key, 'lease', 'fence', request)
 if not f then return reply('corrupt_state', now, bad) end
 local state, r, why = read_lease(key, f[1], f[2], now)
 local replayed = replay(key, request, f[3], fp, now, state, r, why, {
@@ -50,7 +50,7 @@ elseif not handle_matches(r, owner, id_sha, token) then
 else
   out = reply_lease('released', now, 'lease released', r, lease_id)
 end
-remember(key, request, fp, id_sha, token, tonumber(ARGV[4]))
+remember(key, request, fp, id_sha, token, ARGV[4])
 redis.call('HDEL', key, 'lease')
 notify_free(key)
 return out

@@ -29,7 +29,7 @@ local extend = ARGV[7] == '1'
 local fp = extend and fingerprint(lease_id, token, ARGV[4], 'extend') or fingerprint(lease_id, token, ARGV[4])
 
 if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
-local f, bad = fields(key, { 'lease', 'fence', request })
+local f, bad = fields(key, 'lease', 'fence', request)
 if not f then return reply('corrupt_state', now, bad) end
 local state, r, why = read_lease(key, f[1], f[2], now)
 -- A new request id (no cache entry) skips building the replay rule.
@@ -55,5 +55,5 @@ if r.max_expires_ms ~= '' and tonumber(r.max_expires_ms) < expires then
 end
 r.expires_ms = str(expires)
 redis.call('HSETEX', key, 'PXAT', expires, 'FIELDS', 1, 'lease', pack_lease(r))
-remember(key, request, fp, id_sha, token, tonumber(ARGV[5]))
+remember(key, request, fp, id_sha, token, ARGV[5])
 return reply_lease('renewed', now, 'lease renewed', r, lease_id)

@@ -26,7 +26,7 @@ local now = now_ms()
 local fp = fingerprint(token)
 
 if not field_of('q:', request) then return reply('corrupt_state', now, 'not a request field') end
-local f, bad = fields(key, { 'lease', 'fence', request })
+local f, bad = fields(key, 'lease', 'fence', request)
 if not f then return reply('corrupt_state', now, bad) end
 local state, r, why = read_lease(key, f[1], f[2], now)
 local replayed = replay(key, request, f[3], fp, now, state, r, why, {
@@ -46,17 +46,18 @@ if token ~= '' then
     return reply('corrupt_state', now, why)
   end
 end
-local out
+local outcome, out = 'revoked'
 if state == 'none' then
-  out = reply('not_found', now, 'target has no live lease')
+  outcome = 'not_found'
+  out = reply(outcome, now, 'target has no live lease')
 elseif state == 'corrupt' then
-  out = reply('revoked', now, 'corrupt lease record removed')
+  out = reply(outcome, now, 'corrupt lease record removed')
 else
-  out = reply_lease('revoked', now, 'lease revoked', r, '')
+  out = reply_lease(outcome, now, 'lease revoked', r, '')
 end
 local id, tok = '', ''
 if r then id, tok = r.id_sha, r.token end
-remember(key, request, fp, id, tok, tonumber(ARGV[2]), out[1])
+remember(key, request, fp, id, tok, ARGV[2], outcome)
 if f[1] then redis.call('HDEL', key, 'lease') end
 -- Removing a record never lowers the counter: one whose counter went
 -- missing or fell behind leaves it at the record's token at least.

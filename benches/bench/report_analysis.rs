@@ -117,10 +117,14 @@ pub fn text(run: &Run) -> String {
              (`HSETEX`, hash-field expiry), checked against the record with `HPEXPIRETIME`; \
              `PTTL` checks that the key itself, which keeps the counter, has no expiry; the \
              next token is a decimal string incremented in Lua (exact past 2^53); and the \
-             scripts define only the helpers each one uses. What is left beyond the commands \
-             is Lua itself: every call re-creates the helpers a script carries as closures and builds its reply table, a few µs that \
-             the minimal script does not pay; Valkey Functions (`FUNCTION LOAD`, `FCALL`) would \
-             create the helpers once per load instead of once per call. Client efficiency \
+             scripts define only the helpers each one uses. Each script answers with one \
+             string (its fields joined by NUL bytes), not an array: the server builds an array \
+             reply with a length it learns only at the end, which cost about as much as one \
+             more command. What is left beyond the commands is Lua itself: every call \
+             re-creates the helpers its script carries as closures, and each string-library \
+             call (a pattern match, a number formatted, a SHA-1) costs a fraction of a command; \
+             Valkey Functions (`FUNCTION LOAD`, `FCALL`) would create the helpers once per \
+             load instead of once per call. Client efficiency \
              compares our client with redis-benchmark on the very same script, so it isolates \
              the client's cost per call.\n",
             per_op.join(", ")

@@ -8,19 +8,14 @@
 use super::wire::resp::Value;
 use crate::store::{Committed, Lease, Outcome, ReadReply, Reply, Target, metadata_from_json};
 
-/// A script's flat array of strings, with its outcome, server time and message.
-fn fields_of(raw: &Value) -> Result<(Vec<String>, Outcome, u64, String), String> {
-    let Value::Array(items) = raw else {
-        return Err("the script did not return an array".into());
+/// A script's reply split into its fields (at most `max`, the last one
+/// taking the rest), with its outcome, server time and message.
+fn fields_of(raw: &Value, max: usize) -> Result<(Vec<String>, Outcome, u64, String), String> {
+    let Value::Bulk(bytes) = raw else {
+        return Err("the script did not return a string".into());
     };
-    let fields = items
-        .iter()
-        .map(|v| match v {
-            Value::Bulk(b) => String::from_utf8(b.clone()).map_err(|_| "a field is not UTF-8"),
-            Value::Simple(s) => Ok(s.clone()),
-            _ => Err("a field is not a string"),
-        })
-        .collect::<Result<Vec<String>, _>>()?;
+    let text = std::str::from_utf8(bytes).map_err(|_| "the reply is not UTF-8")?;
+    let fields: Vec<String> = text.splitn(max, '\0').map(str::to_owned).collect();
     let outcome = fields
         .first()
         .and_then(|o| Outcome::parse(o))
@@ -35,14 +30,14 @@ fn fields_of(raw: &Value) -> Result<(Vec<String>, Outcome, u64, String), String>
 
 /// Turns the read script's reply into a [`ReadReply`], or says why it cannot.
 pub fn decode_read(key: &str, raw: &Value) -> Result<ReadReply, String> {
-    let (fields, outcome, server_time_ms, message) = fields_of(raw)?;
+    let (fields, outcome, server_time_ms, message) = fields_of(raw, 6)?;
     let committed = match fields.len() {
         3 => None,
         6 => Some(Committed {
             key: key.to_owned(),
             fencing_token: fields[3].parse().map_err(|_| "unreadable token")?,
-            value: fields[4].clone(),
-            committed_at_ms: fields[5].parse().map_err(|_| "unreadable commit time")?,
+            committed_at_ms: fields[4].parse().map_err(|_| "unreadable commit time")?,
+            value: fields[5].clone(),
         }),
         n => return Err(format!("{n} fields")),
     };
@@ -54,9 +49,9 @@ pub fn decode_read(key: &str, raw: &Value) -> Result<ReadReply, String> {
     })
 }
 
-/// Turns a script's flat array of strings into a typed reply, or says why it cannot.
+/// Turns a script's reply into a typed reply, or says why it cannot.
 pub fn decode(target: &Target, raw: &Value) -> Result<Reply, String> {
-    let (fields, outcome, server_time_ms, message) = fields_of(raw)?;
+    let (fields, outcome, server_time_ms, message) = fields_of(raw, 10)?;
     let lease = match fields.len() {
         3 => None,
         10 => Some(decode_lease(target, &fields[3..])?),
@@ -74,22 +69,22 @@ fn decode_lease(target: &Target, f: &[String]) -> Result<Lease, String> {
     let num = |s: &String, what: &str| -> Result<u64, String> {
         s.parse().map_err(|_| format!("unreadable {what}"))
     };
-    let metadata = match f[6].as_str() {
+    let metadata = match f[5].as_str() {
         "" => None,
         text => Some(metadata_from_json(text).ok_or("unreadable metadata")?),
     };
     Ok(Lease {
         target: target.name.clone(),
         lease_id: (!f[0].is_empty()).then(|| f[0].clone()),
-        owner: f[1].clone(),
-        fencing_token: num(&f[2], "token")?,
-        acquired_at_ms: num(&f[3], "acquisition time")?,
-        expires_at_ms: num(&f[4], "expiry")?,
-        max_expires_at_ms: match f[5].as_str() {
+        fencing_token: num(&f[1], "token")?,
+        acquired_at_ms: num(&f[2], "acquisition time")?,
+        expires_at_ms: num(&f[3], "expiry")?,
+        max_expires_at_ms: match f[4].as_str() {
             "" => None,
             s => Some(num(&s.to_owned(), "maximum expiry")?),
         },
         metadata,
+        owner: f[6].clone(),
     })
 }
 
@@ -98,7 +93,7 @@ mod tests {
     use super::*;
 
     fn raw(v: &[&[u8]]) -> Value {
-        Value::Array(v.iter().map(|x| Value::Bulk(x.to_vec())).collect())
+        Value::Bulk(v.join(&b"\0"[..]))
     }
 
     #[test]
@@ -111,12 +106,12 @@ mod tests {
                 b"1000",
                 b"ok",
                 b"L",
-                b"o",
                 b"9007199254740993",
                 b"1000",
                 b"2000",
                 b"",
                 b"{\"a\":1}",
+                b"o",
             ]),
         )
         .unwrap();
@@ -125,6 +120,31 @@ mod tests {
         assert_eq!(lease.fencing_token, 9_007_199_254_740_993);
         assert_eq!(lease.lease_id.as_deref(), Some("L"));
         assert_eq!(lease.max_expires_at_ms, None);
+        assert_eq!(lease.owner, "o");
+    }
+
+    /// The owner is the last field, so whatever it holds (a record written
+    /// by hand may hold a NUL) is read whole, never taken for a separator.
+    #[test]
+    fn an_owner_holding_a_nul_is_read_whole() {
+        let t = Target::new("ns", "t");
+        let r = decode(
+            &t,
+            &raw(&[
+                b"found", b"1", b"x", b"", b"7", b"1", b"2", b"", b"", b"a\0b",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(r.lease.unwrap().owner, "a\0b");
+    }
+
+    #[test]
+    fn a_commit_reads_back_with_its_token_time_and_value() {
+        let r = decode_read("k", &raw(&[b"found", b"5", b"m", b"3", b"4", b"v\0w"])).unwrap();
+        let c = r.committed.unwrap();
+        assert_eq!((c.fencing_token, c.committed_at_ms), (3, 4));
+        assert_eq!(c.value, "v\0w");
+        assert!(decode_read("k", &raw(&[b"found", b"5", b"m", b"3"])).is_err());
     }
 
     #[test]
@@ -133,7 +153,7 @@ mod tests {
         assert!(decode(&t, &raw(&[b"granted", b"1", b"x"])).is_err());
         let lease = |meta: &[u8], owner: &[u8]| {
             raw(&[
-                b"found", b"1", b"x", b"", owner, b"1", b"1", b"2", b"", meta,
+                b"found", b"1", b"x", b"", b"1", b"1", b"2", b"", meta, owner,
             ])
         };
         assert!(decode(&t, &lease(b"{}", b"o")).is_ok());
@@ -144,5 +164,8 @@ mod tests {
         let deep = format!("{}1{}", "{\"a\":".repeat(65), "}".repeat(65));
         assert!(decode(&t, &lease(deep.as_bytes(), b"o")).is_err());
         assert!(decode(&t, &Value::Error("ERR".into())).is_err());
+        assert!(decode(&t, &raw(&[b"found", b"1", b"x", b"", b"1"])).is_err());
+        let array = Value::Array(vec![Value::Bulk(b"not_found".to_vec())]);
+        assert!(decode(&t, &array).is_err());
     }
 }
