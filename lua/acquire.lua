@@ -13,7 +13,7 @@
 -- ARGV[6] floor      the token issued is > this ("0" = none)
 -- ARGV[7] window     idempotency window ms (added to the ttl for the cache entry)
 -- ARGV[8] request    the request cache field, q:acquire:<owner>:<request id hash>
--- uses: MAX_TOKEN, now_ms, str, is_uint, dec_lt, unwritable, fields,
+-- uses: MAX_TOKEN, now_ms, str, is_uint, dec_lt, unwritable, unechoable, fields,
 -- uses: field_expiry, dec_incr, reply, reply_lease, pack_lease, read_lease,
 -- uses: remember, field_of, fingerprint, replay
 --
@@ -30,9 +30,9 @@
 --   expired                       this request id's lease has ended
 --   idempotency_conflict          the request id was used with other inputs
 --   corrupt_state                 unreadable record/counter/cache, or counter exhausted
---   (error reply) ERR <why>       owner or metadata the client would not send
+--   (error reply) ERR <why>       owner, metadata or lease id the client would not send
 local key, owner, ttl, max_life = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local unfit = unwritable(owner, ARGV[5])
+local unfit = unwritable(owner, ARGV[5]) or unechoable(ARGV[4])
 if unfit then return redis.error_reply('ERR ' .. unfit) end
 local lease_id, request = ARGV[4], ARGV[8]
 local now = now_ms()

@@ -45,6 +45,6 @@ if f[2] then
     return reply('stale_token', now, 'a higher token was already committed for this key')
   end
 end
-remember(key, request, fp, '', token, ARGV[4])
+remember(key, request, fp, '', token, tonumber(ARGV[4]))
 redis.call('HSET', key, commit, token .. ':' .. str(now) .. ':' .. ARGV[3])
 return reply_lease('committed', now, 'value committed', r, '')

@@ -5,11 +5,13 @@
 --   outcome, now_ms, message                                        -- no lease
 --   outcome, now_ms, message, lease_id, token, acquired_ms,
 --     expires_ms, max_expires_ms, metadata, owner                   -- with a lease
+--   outcome, now_ms, message, token, committed_ms, value           -- read, a commit
 -- One string, not an array: the server builds an array reply with a length
 -- it only knows at the end, which costs about as much as a command. No field
--- holds a NUL but the last (the messages are the scripts' own, the lease id
--- is the caller's, metadata is strict JSON); the owner is last, so even a
--- record written by hand with a NUL in its owner decodes whole.
+-- holds a NUL but the last (the messages are the scripts' own, a lease id
+-- with one is refused: unechoable, metadata is strict JSON); the owner and a
+-- committed value are last, so even one written by hand with a NUL decodes
+-- whole.
 -- lease_id is "" whenever the caller is not proven to be the holder (it is
 -- never stored, so a script can only echo the one its caller proved).
 -- max_expires_ms and metadata are "" when absent. Numbers are decimal strings:
@@ -71,10 +73,10 @@ local function is_uint(s)
   return true
 end
 
--- A canonical unsigned decimal in a signed 64-bit integer, for a string
--- already known to be digits only (a record field its pattern captured):
--- no leading zero, at most MAX_TOKEN. Cheaper than is_uint, which matches.
-local function canonical(s)
+-- The same test as is_uint for a string already known to be digits only (a
+-- field the record's pattern captured): no leading zero, at most MAX_TOKEN.
+-- Cheaper: no pattern match.
+local function uint_digits(s)
   local n = #s
   if n > 1 and string.byte(s) == 48 then return false end
   return n < 19 or (n == 19 and s <= MAX_TOKEN)
@@ -181,6 +183,15 @@ local function unwritable(owner, meta)
   return nil
 end
 
+-- Why a caller's lease id cannot be echoed in a reply (nil when it can): a
+-- NUL byte would split the reply's fields. The client never sends one (no
+-- control characters); a raw EVALSHA that does is refused before anything
+-- is written.
+local function unechoable(id)
+  if string.find(id, '\0', 1, true) then return 'lease id holds a NUL byte' end
+  return nil
+end
+
 -- The type of a key that answered a read with an error (WRONGTYPE).
 local function type_of(key)
   return redis.call('TYPE', key).ok
@@ -256,9 +267,9 @@ local function read_lease(key, packed, fence, now)
     owner = string.sub(rest, 1, olen), meta = string.sub(rest, olen + 1),
   }
   local ident = nil
-  if canonical(token) and token ~= '0' and #id_sha == 40 and is_utf8(r.owner) then ident = r end
-  if not (ident and canonical(acquired) and canonical(expires)
-          and (max_expires == '' or canonical(max_expires))) then
+  if uint_digits(token) and token ~= '0' and #id_sha == 40 and is_utf8(r.owner) then ident = r end
+  if not (ident and uint_digits(acquired) and uint_digits(expires)
+          and (max_expires == '' or uint_digits(max_expires))) then
     return 'corrupt', ident, 'lease record is unparsable'
   end
   if not (is_uint(fence or '') and not dec_lt(fence, token)) then

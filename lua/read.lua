@@ -5,7 +5,8 @@
 -- uses: now_ms, str, is_uint, is_utf8, fields, reply, field_of
 --
 -- Read-only (no-writes, called with EVALSHA_RO). Needs no lease.
--- Returns outcome, now_ms, message[, token, committed_ms, value] (see lib.lua):
+-- Returns outcome, now_ms, message[, token, committed_ms, value], one string
+-- (see lib.lua):
 --   found + token, committed_ms, value    a value was committed
 --   not_found                             nothing committed under this key
 --   corrupt_state                         unreadable record; nothing changed

@@ -7,7 +7,7 @@
 -- ARGV[4] window     idempotency window ms
 -- ARGV[5] request    the request cache field, q:release:<owner>:<request id hash>
 -- uses: now_ms, fields, reply, reply_lease, read_lease, handle_matches,
--- uses: remember, notify_free, field_of, fingerprint, replay
+-- uses: remember, notify_free, field_of, fingerprint, replay, unechoable
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
 -- Publishes the target's key "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).
@@ -19,10 +19,13 @@
 --   expired                       no live lease
 --   idempotency_conflict          the request id was used with other inputs
 --   corrupt_state                 unreadable record; nothing changed
+--   (error reply) ERR <why>       a lease id the client would not send
 -- Cleanup rule: a corrupt lease record (no expiry, unknown fields) whose
 -- token, lease id and owner still read exactly as given is removed and
 -- reported as released: only the holder can prove that identity.
 local key, owner, lease_id, token = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local unfit = unechoable(lease_id)
+if unfit then return redis.error_reply('ERR ' .. unfit) end
 local request = ARGV[5]
 local now = now_ms()
 local id_sha = redis.sha1hex(lease_id)
@@ -50,7 +53,7 @@ elseif not handle_matches(r, owner, id_sha, token) then
 else
   out = reply_lease('released', now, 'lease released', r, lease_id)
 end
-remember(key, request, fp, id_sha, token, ARGV[4])
+remember(key, request, fp, id_sha, token, tonumber(ARGV[4]))
 redis.call('HDEL', key, 'lease')
 notify_free(key)
 return out

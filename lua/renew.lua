@@ -10,7 +10,7 @@
 -- ARGV[7] extend     '1': never move the expiry earlier (the later of the
 --                    current expiry and now + ttl); '0': now + ttl
 -- uses: now_ms, str, fields, reply, reply_lease, pack_lease, read_lease,
--- uses: handle_matches, remember, field_of, fingerprint, replay
+-- uses: handle_matches, remember, field_of, fingerprint, replay, unechoable
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.
@@ -20,8 +20,11 @@
 --   expired                       no live lease
 --   idempotency_conflict          the request id was used with other inputs
 --   corrupt_state                 unreadable record or cache; nothing changed
+--   (error reply) ERR <why>       a lease id the client would not send
 local key, owner, lease_id, token, ttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local request = ARGV[6]
+local unfit = unechoable(lease_id)
+if unfit then return redis.error_reply('ERR ' .. unfit) end
 local now = now_ms()
 local id_sha = redis.sha1hex(lease_id)
 local extend = ARGV[7] == '1'
@@ -55,5 +58,5 @@ if r.max_expires_ms ~= '' and tonumber(r.max_expires_ms) < expires then
 end
 r.expires_ms = str(expires)
 redis.call('HSETEX', key, 'PXAT', expires, 'FIELDS', 1, 'lease', pack_lease(r))
-remember(key, request, fp, id_sha, token, ARGV[5])
+remember(key, request, fp, id_sha, token, tonumber(ARGV[5]))
 return reply_lease('renewed', now, 'lease renewed', r, lease_id)

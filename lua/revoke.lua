@@ -57,7 +57,7 @@ else
 end
 local id, tok = '', ''
 if r then id, tok = r.id_sha, r.token end
-remember(key, request, fp, id, tok, ARGV[2], outcome)
+remember(key, request, fp, id, tok, tonumber(ARGV[2]), outcome)
 if f[1] then redis.call('HDEL', key, 'lease') end
 -- Removing a record never lowers the counter: one whose counter went
 -- missing or fell behind leaves it at the record's token at least.

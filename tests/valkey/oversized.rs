@@ -142,3 +142,76 @@ async fn acquire_refuses_a_raw_callers_oversized_metadata_and_writes_nothing() {
         "{lease:?}"
     );
 }
+
+/// A raw caller's lease id with a NUL byte (the client never sends one) is
+/// refused by every script that would echo it, before anything is written:
+/// in the one-string reply a NUL would split the fields, and the decoder
+/// would read a wrong token instead of failing.
+#[tokio::test]
+async fn a_lease_id_holding_a_nul_is_refused_before_anything_is_written() {
+    use crate::support::resp::Resp;
+    use targetlease::store::valkey::keys::request_field;
+    use targetlease::store::valkey::scripts::SCRIPTS;
+
+    let server = ValkeyServer::start();
+    let s = store(&server).await; // loads the scripts
+    let t = Target::new("ns", "nul-id");
+    let key = s.keys().target(&t);
+    let id = "id-part\u{0}5";
+    let acquire = server.conn().cmd(&[
+        "EVALSHA",
+        &SCRIPTS.acquire.sha,
+        "1",
+        &key,
+        "alice",
+        "30000",
+        "0",
+        id,
+        "",
+        "0",
+        "60000",
+        &request_field("acquire", "alice", "nul-1"),
+    ]);
+    assert!(
+        matches!(&acquire, Resp::Error(e) if e.contains("lease id holds a NUL byte")),
+        "{acquire:?}"
+    );
+    assert_eq!(server.conn().cmd(&["EXISTS", &key]), Resp::Int(0), "nothing written");
+
+    // Renew and release of a live lease with that id (as if an older
+    // version had granted it) are refused too, and change nothing.
+    let held = s.acquire(&super::protocol::acquire(&t, "alice")).await.unwrap();
+    let token = held.lease.unwrap().fencing_token.to_string();
+    let before = server.conn().cmd(&["DUMP", &key]);
+    let renew = server.conn().cmd(&[
+        "EVALSHA",
+        &SCRIPTS.renew.sha,
+        "1",
+        &key,
+        "alice",
+        id,
+        &token,
+        "30000",
+        "60000",
+        &request_field("renew", "alice", "nul-2"),
+        "0",
+    ]);
+    let release = server.conn().cmd(&[
+        "EVALSHA",
+        &SCRIPTS.release.sha,
+        "1",
+        &key,
+        "alice",
+        id,
+        &token,
+        "60000",
+        &request_field("release", "alice", "nul-3"),
+    ]);
+    for (op, r) in [("renew", renew), ("release", release)] {
+        assert!(
+            matches!(&r, Resp::Error(e) if e.contains("lease id holds a NUL byte")),
+            "{op}: {r:?}"
+        );
+    }
+    assert_eq!(server.conn().cmd(&["DUMP", &key]), before, "nothing changed");
+}
