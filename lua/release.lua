@@ -6,8 +6,8 @@
 -- ARGV[3] token      the holder's fencing token
 -- ARGV[4] window     idempotency window ms
 -- ARGV[5] request    the request cache field, q:release:<owner>:<request id hash>
--- uses: now_ms, fields, reply, reply_lease, read_lease, handle_matches,
--- uses: remember, notify_free, field_of, fingerprint, replay, unechoable
+-- uses: now_ms, unechoable, fields, reply, reply_lease, read_lease,
+-- uses: handle_matches, remember, notify_free, field_of, fingerprint, replay
 --
 -- Runs under OOM (allow-oom): freeing a lease must work on a full server.
 -- Publishes the target's key "<prefix>:{<ns>:<target>}" on "<prefix>:events" (best effort).

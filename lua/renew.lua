@@ -9,8 +9,8 @@
 -- ARGV[6] request    the request cache field, q:renew:<owner>:<request id hash>
 -- ARGV[7] extend     '1': never move the expiry earlier (the later of the
 --                    current expiry and now + ttl); '0': now + ttl
--- uses: now_ms, str, fields, reply, reply_lease, pack_lease, read_lease,
--- uses: handle_matches, remember, field_of, fingerprint, replay, unechoable
+-- uses: now_ms, str, unechoable, fields, reply, reply_lease, pack_lease,
+-- uses: read_lease, handle_matches, remember, field_of, fingerprint, replay
 --
 -- A successful replay rewrites its cache entry's expiry (a write), so a
 -- durability WAIT after it covers the original write too.

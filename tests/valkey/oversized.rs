@@ -176,11 +176,18 @@ async fn a_lease_id_holding_a_nul_is_refused_before_anything_is_written() {
         matches!(&acquire, Resp::Error(e) if e.contains("lease id holds a NUL byte")),
         "{acquire:?}"
     );
-    assert_eq!(server.conn().cmd(&["EXISTS", &key]), Resp::Int(0), "nothing written");
+    assert_eq!(
+        server.conn().cmd(&["EXISTS", &key]),
+        Resp::Int(0),
+        "nothing written"
+    );
 
     // Renew and release of a live lease with that id (as if an older
     // version had granted it) are refused too, and change nothing.
-    let held = s.acquire(&super::protocol::acquire(&t, "alice")).await.unwrap();
+    let held = s
+        .acquire(&super::protocol::acquire(&t, "alice"))
+        .await
+        .unwrap();
     let token = held.lease.unwrap().fencing_token.to_string();
     let before = server.conn().cmd(&["DUMP", &key]);
     let renew = server.conn().cmd(&[
@@ -213,5 +220,9 @@ async fn a_lease_id_holding_a_nul_is_refused_before_anything_is_written() {
             "{op}: {r:?}"
         );
     }
-    assert_eq!(server.conn().cmd(&["DUMP", &key]), before, "nothing changed");
+    assert_eq!(
+        server.conn().cmd(&["DUMP", &key]),
+        before,
+        "nothing changed"
+    );
 }

@@ -119,9 +119,11 @@ async fn a_release_keeps_its_lease_alive_until_held_is_withdrawn() {
     // off the pod watch telling the operator the pod is not Ready. A write
     // is counted as it starts, so the mark is given half a second to finish.
     let marks = writes_sent(&env, 0, "pod_mark");
-    eventually("a renewal's marks written", Duration::from_secs(20), || async {
-        (writes_sent(&env, 0, "pod_mark") > marks).then_some(())
-    })
+    eventually(
+        "a renewal's marks written",
+        Duration::from_secs(20),
+        || async { (writes_sent(&env, 0, "pod_mark") > marks).then_some(()) },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (unmarks, statuses) = (
