@@ -2,7 +2,7 @@
 --
 -- KEYS[1] target     the target's hash (fields: see lib.lua)
 -- ARGV[1] commit     the commit field, c:<key>
--- uses: now_ms, str, is_uint, is_utf8, fields, reply, field_of
+-- uses: now_ms, is_uint, is_utf8, fields, reply, field_of
 --
 -- Read-only (no-writes, called with EVALSHA_RO). Needs no lease.
 -- Returns outcome, now_ms, message[, token, committed_ms, value], one string
@@ -19,4 +19,4 @@ local token, at, value = string.match(f[1], '^(%d+):(%d+):(.*)$')
 if not (is_uint(token) and token ~= '0' and is_uint(at) and is_utf8(value)) then
   return reply('corrupt_state', now, 'commit record is unparsable')
 end
-return 'found\0' .. str(now) .. '\0value committed\0' .. token .. '\0' .. at .. '\0' .. value
+return reply('found', now, 'value committed') .. '\0' .. token .. '\0' .. at .. '\0' .. value
