@@ -3,7 +3,7 @@
 -- KEYS[1] target     the target's hash (fields: see lib.lua)
 -- uses: now_ms, fields, reply, reply_lease, read_lease
 --
--- Read-only (no-writes, called with EVALSHA_RO): it runs on a full server,
+-- Read-only (no-writes, called with FCALL_RO): it runs on a full server,
 -- with min-replicas-to-write unmet, and on a replica.
 -- Returns:
 --   found + lease without id      a live lease exists

@@ -1,4 +1,7 @@
--- lib.lua: helpers prepended to every targetlease script (not a script itself).
+-- lib.lua: the helpers of the targetlease function library (not a script
+-- itself): src/store/valkey/scripts.rs puts this file first in the library
+-- and each lua/<op>.lua after it as a function of its own, so a helper is
+-- defined once when the library loads, not on every call.
 --
 -- Every script returns one string of fields joined by NUL bytes, decoded in
 -- one place (src/store/valkey/reply.rs):
@@ -32,11 +35,11 @@
 --                 hashed by the client: a derived lease id follows from it)
 --   c:<key>       the last fenced commit under <key>: "<token>:<committed_ms>:<value>"
 --
--- Only the helpers a script lists on its "-- uses:" header lines (and what
--- they name) are sent with it (src/store/valkey/scripts.rs; a test checks
--- the list against the helpers the script's code names): each helper starts
--- at a line "local function NAME" or "local NAME =", with its comment just
--- above.
+-- Each script lists the helpers it calls on its "-- uses:" header lines (a
+-- test checks the list against the helpers the script's code names): each
+-- helper starts at a line "local function NAME" or "local NAME =", with its
+-- comment just above. Nothing here may call the server when the library
+-- loads (Valkey refuses it then): helpers run only inside a call.
 
 local MAX_TOKEN = '9223372036854775807'
 -- Deepest metadata nesting (objects and arrays) accepted: the same limit as
@@ -51,7 +54,7 @@ local META_DEPTH = 64
 local RECORD_BYTES = 256 + 4096 + 200
 -- The longest owner and metadata a script accepts: MAX_NAME_BYTES and
 -- MAX_METADATA_BYTES of src/store/mod.rs (a test ties them). The client never
--- sends more; a raw EVALSHA that does is refused before anything is
+-- sends more; a raw FCALL that does is refused before anything is
 -- written, so no script writes a record larger than RECORD_BYTES.
 local NAME_BYTES = 256
 local META_BYTES = 4096
@@ -185,7 +188,7 @@ end
 
 -- Why a caller's lease id cannot be echoed in a reply (nil when it can): a
 -- NUL byte would split the reply's fields. The client never sends one (no
--- control characters); a raw EVALSHA that does is refused before anything
+-- control characters); a raw FCALL that does is refused before anything
 -- is written.
 local function unechoable(id)
   if string.find(id, '\0', 1, true) then return 'lease id holds a NUL byte' end

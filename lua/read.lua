@@ -4,7 +4,7 @@
 -- ARGV[1] commit     the commit field, c:<key>
 -- uses: now_ms, is_uint, is_utf8, fields, reply, field_of
 --
--- Read-only (no-writes, called with EVALSHA_RO). Needs no lease.
+-- Read-only (no-writes, called with FCALL_RO). Needs no lease.
 -- Returns outcome, now_ms, message[, token, committed_ms, value], one string
 -- (see lib.lua):
 --   found + token, committed_ms, value    a value was committed

@@ -116,15 +116,15 @@ pub fn text(run: &Run) -> String {
              cache entry; the lease and the cache entry are fields with their own expiry \
              (`HSETEX`, hash-field expiry), checked against the record with `HPEXPIRETIME`; \
              `PTTL` checks that the key itself, which keeps the counter, has no expiry; the \
-             next token is a decimal string incremented in Lua (exact past 2^53); and the \
-             scripts define only the helpers each one uses. Each script answers with one \
-             string (its fields joined by NUL bytes), not an array: the server builds an array \
-             reply with a length it learns only at the end, which cost about as much as one \
-             more command. What is left beyond the commands is Lua itself: every call \
-             re-creates the helpers its script carries as closures, and each string-library \
-             call (a pattern match, a number formatted, a SHA-1) costs a fraction of a command; \
-             Valkey Functions (`FUNCTION LOAD`, `FCALL`) would create the helpers once per \
-             load instead of once per call. Client efficiency \
+             next token is a decimal string incremented in Lua (exact past 2^53). The \
+             operations are functions of one library (`FUNCTION LOAD`, called by `FCALL`), so \
+             the helpers they share are created once when the library loads, not on every \
+             call as a script's would be. Each answers with one string (its fields joined by \
+             NUL bytes), not an array: the server builds an array reply with a length it \
+             learns only at the end, which cost about as much as one more command. What is \
+             left beyond the commands is Lua itself: each string-library call (a pattern \
+             match, a number formatted, a SHA-1) costs a fraction of a command. Client \
+             efficiency \
              compares our client with redis-benchmark on the very same script, so it isolates \
              the client's cost per call.\n",
             per_op.join(", ")

@@ -66,7 +66,7 @@ pub fn section(w: &mut String, o: &Results) {
          and one transaction guarded by their revisions; an acquire also grants the record's \
          etcd lease first, and a release revokes it afterwards, off the caller's path. **Our \
          Valkey store**: the same calls through our client (pool of {} connections) against the \
-         bench's valkey-server (no persistence): two EVALSHA calls, each with the request cache, \
+         bench's valkey-server (no persistence): two FCALL calls, each with the request cache, \
          the token counter and the lease record. All are closed-loop with N workers on one \
          load-generator thread (`GOMAXPROCS=1` for the Go program), run one after the other \
          while the control plane is idle, on the same 2 cores. All give a fencing token per \

@@ -51,7 +51,7 @@ pub fn section(w: &mut String, s: &store::Results) {
          generators are single-threaded and share the 2 cores with valkey-server. Three \
          baselines per concurrency, same server, same run: PING; the **minimal script** \
          (`EXISTS lease; INCR fence; SET lease owner PX ttl`, by EVALSHA, fresh keys); and \
-         **our own script** of each operation run by redis-benchmark by EVALSHA with the keys \
+         **our own script** of each operation (a function of the lease library) run by redis-benchmark by FCALL with the keys \
          and arguments our client sends. {DESCRIBE}\n\n\
          - **script cost** = minimal-script ops/s ÷ our-script ops/s, both under redis-benchmark, \
          and the server time per call of each (`INFO commandstats`, reset before every cell; \

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::connection::{ConnectionArgs, StoreConfig};
 use super::logging::{self, LogArgs};
 use super::output::{self, Format, OutputArgs};
-use crate::store::valkey::{Durability, ScriptsReady, ValkeyStore};
+use crate::store::valkey::{Durability, ValkeyStore};
 use crate::store::{LeaseHandle, LeaseStore, ReleaseRequest, StoreError, Target};
 
 mod etcd;
@@ -215,13 +215,7 @@ pub async fn run_checks(
         ),
     });
     checks.push(match ask!("scripts", store.load_scripts()) {
-        Ok(ScriptsReady::Loaded) => check("scripts", Verdict::Ok, "all lease scripts load"),
-        Ok(ScriptsReady::FoundLoaded) => check(
-            "scripts",
-            Verdict::Ok,
-            "all lease scripts found loaded (this user may not load scripts: \
-             a user that may, such as the operator's, loaded them)",
-        ),
+        Ok(ready) => check("scripts", Verdict::Ok, ready.describe()),
         Err(e) => check("scripts", Verdict::Fail, e.to_string()),
     });
     // The read path (get) and the write path (a release that finds nothing,

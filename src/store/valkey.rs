@@ -1,11 +1,12 @@
-//! The Valkey backend: one Lua script per operation, called by hash, over a
-//! client of our own that sends every request at most once.
+//! The Valkey backend: one Lua function per operation, in one library, over
+//! a client of our own that sends every request at most once.
 //!
 //! Two layers. Below, [`wire`]: a Valkey client knowing nothing of leases
 //! (RESP, dial, TLS, pipelined links, pools, routing per topology), whose one
 //! error type says whether a request may have run. On top, the lease
-//! mapping: this file runs a call end to end (EVALSHA, the one NOSCRIPT
-//! recovery, the reply, the durability wait on the connection that wrote);
+//! mapping: this file runs a call end to end (FCALL, the one recovery when
+//! the library is missing, the reply, the durability wait on the connection
+//! that wrote);
 //! argument order lives in [`calls`], key names in [`keys`], reply shapes in
 //! [`reply`], what a wire failure means for a lease in `errors.rs`, the
 //! scripts in [`scripts`], release notices in [`notices`], `list` in
@@ -32,7 +33,7 @@ use tokio::time::Instant;
 
 use calls::ScriptCall;
 pub use config::{Durability, Secret, TlsFiles, ValkeyConfig, redact_url};
-use errors::{Effect, server_error, unanswered};
+use errors::{Effect, function_missing, server_error, unanswered};
 pub use keys::KeySpace;
 pub use preload::ScriptsReady;
 use prepare::prepare;
@@ -65,11 +66,12 @@ pub fn check_url(url: &str) -> Result<(), String> {
 }
 
 impl ValkeyStore {
-    /// Connects, then loads every script so a broken one fails here, not later.
-    /// Bounded by the connect timeout, then the operation timeout. A primary
-    /// that cannot be reached is skipped (its scripts load on first use, by
-    /// the NOSCRIPT path), so one dead Cluster node does not stop the others
-    /// being used; a server that answers with a refusal still fails it.
+    /// Connects, then loads the function library so a broken one fails here,
+    /// not later. Bounded by the connect timeout, then the operation timeout.
+    /// A primary that cannot be reached is skipped (the library loads there
+    /// on first use, when a call finds it missing), so one dead Cluster node
+    /// does not stop the others being used; a server that answers with a
+    /// refusal still fails it.
     pub async fn connect(cfg: &ValkeyConfig) -> Result<Self, StoreError> {
         let store = Self::connect_only(cfg).await?;
         if let Err(e) = store.preload_scripts(false).await {
@@ -79,8 +81,8 @@ impl ValkeyStore {
         Ok(store)
     }
 
-    /// Connects without loading the scripts (for `targetlease check`, which
-    /// reports a script that cannot load as a finding, not as unreachable).
+    /// Connects without loading the library (for `targetlease check`, which
+    /// reports a library that cannot load as a finding, not as unreachable).
     pub async fn connect_only(cfg: &ValkeyConfig) -> Result<Self, StoreError> {
         let keys = KeySpace::new(&cfg.key_prefix)?;
         let (endpoint, dialer) = prepare(cfg)?;
@@ -134,10 +136,10 @@ impl ValkeyStore {
         &self.keys
     }
 
-    /// Loads every script on every primary, in one round trip per primary,
-    /// within the operation timeout; any primary that cannot be reached fails
-    /// it (`targetlease check`).
-    /// Says whether it loaded them or, for a user that may not, found them
+    /// Loads the function library on every primary, in one round trip per
+    /// primary, within the operation timeout; any primary that cannot be
+    /// reached fails it (`targetlease check`).
+    /// Says whether it loaded it or, for a user that may not, found it
     /// loaded.
     pub async fn load_scripts(&self) -> Result<ScriptsReady, StoreError> {
         self.preload_scripts(true).await
@@ -163,9 +165,13 @@ impl ValkeyStore {
         }
     }
 
-    /// Runs a script by hash; on NOSCRIPT (flushed cache, restarted or failed-over
-    /// server) it is sent once in full, which also reloads it. That is the only
-    /// recovery, and the only re-send: NOSCRIPT means the script did not run.
+    /// Runs an operation's function; when the server says the function is
+    /// not there (a server that lost the library: `FUNCTION FLUSH`, a restart
+    /// without persistence, a node that was down at connect), loads the
+    /// library and calls once more. That is the only recovery, and the only
+    /// re-send: "Function not found" means nothing ran. A second "not found"
+    /// comes back with what the load said (a user that may not load it); a
+    /// load that fails is a definite failure, since the operation never ran.
     async fn script(
         &self,
         call: &ScriptCall,
@@ -180,18 +186,47 @@ impl ValkeyStore {
         let route = Route::Slot(slot);
         let mut sent = self
             .client
-            .send(route, how, &[eval(call, false)], deadline)
+            .send(route, how, &[fcall(call)], deadline)
             .await?;
-        if matches!(sent.replies.first(), Some(Value::Error(e)) if e.starts_with("NOSCRIPT")) {
+        if matches!(sent.replies.first(), Some(Value::Error(e)) if function_missing(e)) {
             tracing::debug!(
                 script = call.script.name,
-                "script cache miss; sending source"
+                "lease function missing; loading the library"
             );
             sent.link.give_back();
+            let load = Cmd::new("FUNCTION")
+                .arg("LOAD")
+                .arg(&scripts::SCRIPTS.library.source);
+            // The operation has not run: a load that gets no answer leaves it
+            // not run, whatever the load did.
+            let loaded = self
+                .client
+                .send(route, Use::Shared, &[load], deadline)
+                .await
+                .map_err(|e| {
+                    wire::Error::new(
+                        wire::Kind::Refused,
+                        format!(
+                            "the lease functions were missing, and loading them failed: {}",
+                            e.detail
+                        ),
+                    )
+                })?;
+            let said = match loaded.replies.first() {
+                Some(Value::Error(e)) if !e.contains("already exists") => dial::first_words(e),
+                _ => String::new(),
+            };
+            loaded.link.give_back();
             sent = self
                 .client
-                .send(route, how, &[eval(call, true)], deadline)
+                .send(route, how, &[fcall(call)], deadline)
                 .await?;
+            if let Some(Value::Error(e)) = sent.replies.first_mut()
+                && function_missing(e)
+                && !said.is_empty()
+            {
+                *e = format!("{e}; loading the library: {said}");
+            }
         }
         let value = sent.replies.into_iter().next().unwrap_or(Value::Nil);
         Ok((value, sent.link))
@@ -326,18 +361,11 @@ impl ValkeyStore {
     }
 }
 
-/// `EVALSHA` (or `EVAL` with the source), `_RO` for read-only scripts.
-fn eval(call: &ScriptCall, with_source: bool) -> Cmd {
+/// `FCALL` of the operation's function, `FCALL_RO` for a read-only one.
+fn fcall(call: &ScriptCall) -> Cmd {
     let s: &Script = call.script;
-    let name = match (with_source, s.read_only) {
-        (false, false) => "EVALSHA",
-        (false, true) => "EVALSHA_RO",
-        (true, false) => "EVAL",
-        (true, true) => "EVAL_RO",
-    };
-    let body = if with_source { &s.source } else { &s.sha };
-    Cmd::new(name)
-        .arg(body)
+    Cmd::new(if s.read_only { "FCALL_RO" } else { "FCALL" })
+        .arg(&s.function)
         .arg(call.keys.len().to_string())
         .args(call.keys.iter().map(|(_, k)| k))
         .args(call.args.iter().map(|(_, a)| a))

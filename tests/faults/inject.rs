@@ -201,15 +201,15 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, mut pace: Pace) ->
                 }
             }
         }
-        Fault::ScriptFlush => {
+        Fault::FunctionFlush => {
             let v = valkey();
             while !pace.wait(Duration::from_millis(500)).await {
-                rec.fault("SCRIPT FLUSH");
+                rec.fault("FUNCTION FLUSH");
                 let v = v.clone();
-                let ok = blocking(move || v.on_primary(&["SCRIPT", "FLUSH"])).await;
+                let ok = blocking(move || v.on_primary(&["FUNCTION", "FLUSH"])).await;
                 rec.healed();
                 if ok == Some(Resp::Simple("OK".into())) {
-                    rec.effect("SCRIPT FLUSH done", 1);
+                    rec.effect("FUNCTION FLUSH done", 1);
                 }
             }
         }
@@ -247,8 +247,8 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, mut pace: Pace) ->
             let v = valkey();
             let proxy = v.proxy.as_ref().expect("a proxied deployment");
             while !pace.wait(Duration::from_millis(300)).await {
-                rec.fault("reset after forwarding EVALSHA");
-                proxy.cut_before_reply("EVALSHA");
+                rec.fault("reset after forwarding FCALL");
+                proxy.cut_before_reply("FCALL");
                 rec.healed();
             }
         }
@@ -264,7 +264,7 @@ pub async fn run(fault: Fault, mut t: Targets, rec: Recorder, mut pace: Pace) ->
                     "the next {} call lost before it runs",
                     script.name
                 ));
-                proxy.silence_from(&format!("EVALSHA {}", script.sha));
+                proxy.silence_from(&format!("FCALL {}", script.function));
                 rec.healed();
             }
         }

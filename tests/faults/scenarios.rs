@@ -34,17 +34,17 @@ pub enum Fault {
     PowerCut,
     /// Move Valkey's clock forward past every lease (libfaketime).
     ClockJump,
-    /// `SCRIPT FLUSH` on the server.
-    ScriptFlush,
+    /// `FUNCTION FLUSH` on the server: the lease library is lost.
+    FunctionFlush,
     /// A script that keeps the server busy past `busy-reply-threshold`.
     Busy,
     /// `maxmemory` below what is used: every write is refused (OOM).
     Oom,
-    /// The proxy forwards the next EVALSHA and resets the connection before
+    /// The proxy forwards the next FCALL and resets the connection before
     /// its reply, every 300 ms.
     ProxyCut,
     /// The proxy loses the next renew, release or commit call in turn (its
-    /// EVALSHA is never forwarded: it does not run; its connection goes
+    /// FCALL is never forwarded: it does not run; its connection goes
     /// silent), every 200 ms.
     ProxyLoseWrites,
     /// The proxy holds every reply 900 ms (past the 500 ms deadline) for 1.5 s.

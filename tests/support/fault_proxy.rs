@@ -10,16 +10,16 @@
 //!
 //! ```ignore
 //! let proxy = FaultProxy::start(&server.addr());   // or FaultProxy::silent()
-//! proxy.cut_before_reply("EVALSHA");  // the next EVALSHA runs, its reply is lost (RST)
-//! proxy.cut_after_reply("EVALSHA");   // ... its reply arrives, then the connection closes
-//! proxy.refuse("EVALSHA", "READONLY …", 3); // answered with an error, not forwarded
-//! proxy.silence_from("EVALSHA");      // that connection goes silent from there on
-//! proxy.drop_reply("EVALSHA");        // the next EVALSHA runs, its reply alone vanishes
-//! proxy.hold_reply("EVALSHA");        // the next EVALSHA's reply (and, in order, every
+//! proxy.cut_before_reply("FCALL");  // the next FCALL runs, its reply is lost (RST)
+//! proxy.cut_after_reply("FCALL");   // ... its reply arrives, then the connection closes
+//! proxy.refuse("FCALL", "READONLY …", 3); // answered with an error, not forwarded
+//! proxy.silence_from("FCALL");      // that connection goes silent from there on
+//! proxy.drop_reply("FCALL");        // the next FCALL runs, its reply alone vanishes
+//! proxy.hold_reply("FCALL");        // the next FCALL's reply (and, in order, every
 //! proxy.release();                    //   later one on its connection) waits for release()
 //! proxy.set(Fault::Delay(d));         // standing faults: Pass, Delay, DropReplies,
 //! proxy.set(Fault::Silent);           //   Silent, Reset (live and new connections)
-//! assert_eq!(proxy.forwarded("EVALSHA"), 1);
+//! assert_eq!(proxy.forwarded("FCALL"), 1);
 //! ```
 //!
 //! It runs on its own thread and runtime, so sync tests (which spawn the CLI)
@@ -178,7 +178,7 @@ impl FaultProxy {
         self.shared.changed.send_modify(|g| *g += 1);
     }
 
-    /// The next command named `name` (e.g. `EVALSHA`, `SCRIPT LOAD`) reaches the
+    /// The next command named `name` (e.g. `FCALL`, `FUNCTION LOAD`) reaches the
     /// server; the client's connection is reset before the reply comes back.
     pub fn cut_before_reply(&self, name: &str) {
         self.trap(Trap::CutBeforeReply(name.to_owned()));
@@ -280,7 +280,7 @@ impl Drop for FaultProxy {
     }
 }
 
-/// `name` is one word (`EVALSHA`) or two (`SCRIPT LOAD`), compared case-insensitively.
+/// `name` is one word (`FCALL`) or two (`FUNCTION LOAD`), compared case-insensitively.
 fn named(command: &str, name: &str) -> bool {
     let words: Vec<&str> = command.split(' ').collect();
     let want: Vec<&str> = name.split(' ').collect();

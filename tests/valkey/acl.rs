@@ -44,7 +44,7 @@ fn tenant_rule() -> Vec<String> {
         .collect()
 }
 
-/// A server with the tenant user of docs/valkey.md, and no script loaded.
+/// A server with the tenant user of docs/valkey.md, and no library loaded.
 fn server_with_tenant() -> ValkeyServer {
     let server = ValkeyServer::start();
     let rule = tenant_rule();
@@ -62,8 +62,8 @@ fn tenant_config(server: &ValkeyServer) -> ValkeyConfig {
     }
 }
 
-/// What the operator does when it starts: load every script, with the
-/// deployment's user of docs/valkey.md.
+/// What the operator does when it starts: load the lease functions, with
+/// the deployment's user of docs/valkey.md.
 async fn load_scripts_as_the_deployment(server: &ValkeyServer) {
     let rule = documented_rule();
     let args: Vec<&str> = rule.iter().map(String::as_str).collect();
@@ -75,8 +75,8 @@ async fn load_scripts_as_the_deployment(server: &ValkeyServer) {
         ..ValkeyConfig::default()
     })
     .await
-    .expect("the deployment's user loads the scripts");
-    store.load_scripts().await.expect("load every script");
+    .expect("the deployment's user loads the library");
+    store.load_scripts().await.expect("load the library");
     store.close().await;
 }
 
@@ -165,9 +165,14 @@ async fn every_lease_operation_works_with_the_documented_user() {
     assert_eq!(r.outcome, Outcome::Revoked);
     store.health().await.expect("health as the ACL user");
 
-    // NOSCRIPT recovery (EVAL) works for the user too.
-    server.conn().cmd(&["SCRIPT", "FLUSH"]);
+    // The library lost (FUNCTION FLUSH): the user loads it again itself.
+    server.conn().cmd(&["FUNCTION", "FLUSH"]);
     assert_eq!(store.get(&t).await.unwrap().outcome, Outcome::NotFound);
+    assert_eq!(
+        server.calls("function|load"),
+        2,
+        "at connect, then once more"
+    );
 
     // The scripts' wake-up notice is allowed on the events channel.
     let mut c = as_user(&server);
@@ -388,10 +393,10 @@ async fn a_tenant_user_reaches_only_its_namespace() {
 }
 
 /// The tenant's rule grants no Lua of its own: `EVAL`, `SCRIPT LOAD` and
-/// functions are refused, so it cannot block the server with a script that
-/// loops. It runs the lease scripts once a user that may has loaded them;
-/// before that, and after the server forgets them, it is refused in words
-/// that say who must load them, and nothing runs.
+/// `FUNCTION LOAD` are refused, so it cannot block the server with a script
+/// that loops. It runs the lease functions once a user that may has loaded
+/// them; before that, and after the server loses them, it is refused in
+/// words that say who must load them, and nothing runs.
 #[tokio::test]
 async fn a_tenant_user_runs_no_lua_of_its_own_and_works_once_the_scripts_are_loaded() {
     let server = server_with_tenant();
@@ -409,7 +414,9 @@ async fn a_tenant_user_runs_no_lua_of_its_own_and_works_once_the_scripts_are_loa
             "LOAD",
             "#!lua name=x\nredis.register_function('x', function() return 1 end)",
         ],
-        &["FCALL", "x", "0"],
+        &["FUNCTION", "FLUSH"],
+        &["FUNCTION", "DELETE", "x"],
+        &["FUNCTION", "RESTORE", "x"],
     ];
     for cmd in lua {
         match c.cmd(cmd) {
@@ -418,15 +425,16 @@ async fn a_tenant_user_runs_no_lua_of_its_own_and_works_once_the_scripts_are_loa
         }
     }
 
-    // Nothing loaded yet: the connect says which scripts are missing and
-    // who must load them.
+    // Nothing loaded yet: the connect says which library is missing and
+    // who must load it.
     let why = match ValkeyStore::connect(&tenant_config(&server)).await {
         Err(targetlease::store::StoreError::BackendUnavailable(why)) => why,
         Err(other) => panic!("backend_unavailable, got {other:?}"),
         Ok(_) => panic!("the tenant cannot connect before the scripts are loaded"),
     };
+    let library = &targetlease::store::valkey::scripts::SCRIPTS.library.name;
     assert!(
-        why.contains("not loaded") && why.contains("may not load") && why.contains("acquire"),
+        why.contains("not loaded") && why.contains("may not load") && why.contains(library),
         "{why}"
     );
     assert!(!why.contains(PASSWORD), "{why}");
@@ -444,10 +452,11 @@ async fn a_tenant_user_runs_no_lua_of_its_own_and_works_once_the_scripts_are_loa
     assert_eq!(r.outcome, Outcome::Acquired);
     let holder = r.lease.unwrap().handle().unwrap();
 
-    // The server forgets its scripts (a restart, a failover): the tenant is
-    // refused before anything runs, in words, and may not send the source.
-    assert_eq!(server.conn().cmd(&["SCRIPT", "FLUSH"]).text(), "OK");
-    let evals_before = server.calls("eval");
+    // The server loses the library (FUNCTION FLUSH, a restart without
+    // persistence): the tenant is refused before anything runs, in words,
+    // and may not load it.
+    assert_eq!(server.conn().cmd(&["FUNCTION", "FLUSH"]).text(), "OK");
+    let loads_before = server.calls("function|load");
     match store
         .renew(&RenewRequest::new(t.clone(), holder.clone(), ttl))
         .await
@@ -459,9 +468,13 @@ async fn a_tenant_user_runs_no_lua_of_its_own_and_works_once_the_scripts_are_loa
         other => panic!("a definite refusal that says why, got {other:?}"),
     }
     assert_eq!(
-        server.calls("eval"),
-        evals_before,
-        "the tenant's EVAL ran nothing"
+        server.calls("function|load"),
+        loads_before,
+        "the tenant's FUNCTION LOAD ran nothing"
+    );
+    assert!(
+        server.command_stat("function|load", "rejected_calls") >= 1,
+        "it was tried"
     );
     let r = store.get(&t).await;
     assert!(

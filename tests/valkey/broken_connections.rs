@@ -88,7 +88,7 @@ async fn a_lost_revoke_reply_is_unknown_and_the_revoke_ran_once() {
         .unwrap();
     assert_eq!(a.outcome, Outcome::Acquired);
 
-    proxy.cut_before_reply("EVALSHA");
+    proxy.cut_before_reply("FCALL");
     let revoked = store
         .revoke(&RevokeRequest {
             ..RevokeRequest::new(t.clone())
@@ -96,7 +96,7 @@ async fn a_lost_revoke_reply_is_unknown_and_the_revoke_ran_once() {
         .await;
     assert_unknown(&revoked, "revoke");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(proxy.forwarded("EVALSHA"), 1, "sent at most once");
+    assert_eq!(proxy.forwarded("FCALL"), 1, "sent at most once");
     assert_eq!(admin.get(&t).await.unwrap().outcome, Outcome::NotFound);
 }
 
@@ -109,16 +109,16 @@ async fn a_refusal_of_a_resent_copy_is_never_reported_when_the_first_copy_ran() 
 
     // The first copy runs and its reply is lost; any later copy is refused as
     // a replica would refuse it after a failover.
-    proxy.cut_before_reply("EVALSHA");
+    proxy.cut_before_reply("FCALL");
     proxy.refuse(
-        "EVALSHA",
+        "FCALL",
         "READONLY You can't write against a read only replica.",
         10,
     );
     let got = store.acquire(&req).await;
     assert_unknown(&got, "acquire");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(proxy.forwarded("EVALSHA"), 1, "sent at most once");
+    assert_eq!(proxy.forwarded("FCALL"), 1, "sent at most once");
     let seen = admin.get(&t).await.unwrap();
     assert_eq!(seen.outcome, Outcome::Found, "the first copy did acquire");
     // The caller resolves it with the same request id: the same lease, one token.
@@ -152,7 +152,7 @@ async fn durability_is_never_confirmed_on_a_connection_that_did_not_write() {
     // The replica stays connected but acknowledges nothing: a WAIT on the
     // connection that wrote cannot be satisfied, a WAIT on a fresh one is at once.
     replica.freeze(true);
-    proxy.cut_after_reply("EVALSHA");
+    proxy.cut_after_reply("FCALL");
     let got = store
         .acquire(&AcquireRequest::new(target("durable"), "alice", TTL))
         .await;
@@ -265,7 +265,7 @@ async fn reset_connections_fail_definitely_until_the_network_heals() {
         matches!(got, Err(StoreError::BackendUnavailable(_))),
         "{got:?}"
     );
-    let before = server.calls("evalsha");
+    let before = server.calls("fcall");
     let (got, _) = within(
         TIMEOUT + CONNECT_TIMEOUT + SLACK,
         "acquire",
@@ -276,7 +276,7 @@ async fn reset_connections_fail_definitely_until_the_network_heals() {
         matches!(got, Err(StoreError::BackendUnavailable(_))),
         "nothing could be sent: {got:?}"
     );
-    assert_eq!(server.calls("evalsha"), before, "nothing ran");
+    assert_eq!(server.calls("fcall"), before, "nothing ran");
     proxy.set(Fault::Pass);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -344,25 +344,59 @@ async fn release_events_survive_a_broken_subscription() {
 }
 
 #[tokio::test]
-async fn a_lost_reply_to_the_script_source_or_to_the_wait_is_unknown() {
+async fn a_lost_reply_to_the_library_load_is_definite_to_the_call_after_it_or_the_wait_unknown() {
     // With an append-only file, so the wait itself would succeed.
     let server = ValkeyServer::start_with(&["--appendonly", "yes"]);
     let proxy = FaultProxy::start(&server.addr());
     let store = through(&proxy).await;
     let admin = direct(&server).await;
 
-    // After a flushed script cache the source is sent once; its reply is lost.
-    server.conn().cmd(&["SCRIPT", "FLUSH"]);
-    proxy.cut_before_reply("EVAL");
-    let req = AcquireRequest::new(target("eval-cut"), "alice", TTL);
+    // The library is lost; the call that finds it missing loads it, and the
+    // load's reply is lost: the acquire itself never ran.
+    server.conn().cmd(&["FUNCTION", "FLUSH"]);
+    let loads = proxy.forwarded("FUNCTION LOAD"); // the connect's
+    proxy.cut_before_reply("FUNCTION LOAD");
+    let req = AcquireRequest::new(target("load-cut"), "alice", TTL);
     let got = store.acquire(&req).await;
-    assert_unknown(&got, "acquire whose EVAL reply was lost");
+    assert!(
+        matches!(&got, Err(StoreError::BackendUnavailable(why)) if why.contains("loading them")),
+        "the acquire never ran: a definite failure, got {got:?}"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(proxy.forwarded("EVALSHA"), 1);
-    assert_eq!(proxy.forwarded("EVAL"), 1, "the source went once");
     assert_eq!(
-        admin.acquire(&req).await.unwrap().outcome,
-        Outcome::Acquired
+        proxy.forwarded("FCALL"),
+        1,
+        "the call that found it missing"
+    );
+    assert_eq!(
+        proxy.forwarded("FUNCTION LOAD"),
+        loads + 1,
+        "the library went once"
+    );
+    let key = store.keys().target(&target("load-cut"));
+    assert_eq!(
+        server.conn().cmd(&["EXISTS", &key]).int(),
+        0,
+        "nothing written"
+    );
+
+    // The call sent again after the load loses its reply: it ran, unknown.
+    proxy.refuse("FCALL", "ERR Function not found", 1);
+    proxy.cut_before_reply("FCALL");
+    let req = AcquireRequest::new(target("call-cut"), "alice", TTL);
+    let got = store.acquire(&req).await;
+    assert_unknown(&got, "acquire whose call after the load lost its reply");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.forwarded("FUNCTION LOAD"), loads + 2);
+    assert_eq!(proxy.forwarded("FCALL"), 2, "sent once after the load");
+    let key = store.keys().target(&target("call-cut"));
+    assert_eq!(server.conn().cmd(&["EXISTS", &key]).int(), 1, "it ran");
+    let again = admin.acquire(&req).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Acquired);
+    assert_eq!(
+        again.lease.unwrap().fencing_token,
+        1,
+        "the same grant, replayed"
     );
 
     // The durability wait's own reply is lost.

@@ -167,6 +167,9 @@ fn the_least_privilege_user_can_run_every_check() {
         "-eval",
         "-evalsha",
         "-script",
+        "-fcall",
+        "-fcall_ro",
+        "-function",
     ]);
     std::fs::write(dir.path().join("ns"), "ns-pw").unwrap();
     let ns = dir.path().join("ns");
@@ -185,9 +188,9 @@ fn the_least_privilege_user_can_run_every_check() {
     assert_eq!(status(&r, "permissions"), "fail", "{r}");
 }
 
-/// A tenant's user (docs/valkey.md: `+evalsha`, no `SCRIPT LOAD`) did not
-/// load the scripts: the check says it found them loaded, and says "load"
-/// only for a user that loaded them.
+/// A tenant's user (docs/valkey.md: `+fcall`, no `FUNCTION LOAD`) did not
+/// load the lease functions: the check says it found them loaded, and says
+/// "load" only for a user that loaded them.
 #[test]
 fn a_user_that_may_not_load_scripts_is_told_it_found_them_loaded() {
     let server = ValkeyServer::start();
@@ -219,15 +222,20 @@ fn a_user_that_may_not_load_scripts_is_told_it_found_them_loaded() {
     let (_, out) = check(&server.url(), &[]);
     let r = report(&out);
     assert_eq!(status(&r, "scripts"), "ok", "{r}");
-    assert_eq!(detail(&r), "all lease scripts load", "{r}");
+    let library = &targetlease::store::valkey::scripts::SCRIPTS.library.name;
+    assert_eq!(
+        detail(&r),
+        format!("the lease functions load (library {library})"),
+        "{r}"
+    );
 
     // The tenant finds them loaded, and is told so.
     let (_, out) = check(&server.url(), &tenant);
     let r = report(&out);
     assert_eq!(status(&r, "scripts"), "ok", "{r}");
     let said = detail(&r);
-    assert!(said.starts_with("all lease scripts found loaded"), "{r}");
-    assert!(!said.contains("scripts load"), "{r}");
+    assert!(said.starts_with("the lease functions found loaded"), "{r}");
+    assert!(!said.contains("functions load"), "{r}");
 }
 
 #[test]

@@ -86,17 +86,17 @@ async fn proxied(t: &Target) -> Proxied {
 }
 
 impl Proxied {
-    /// EVALSHA calls the node owning the target's slot has run.
-    fn evalsha_calls(&self) -> u64 {
-        self.c.nodes[self.owner].calls("evalsha")
+    /// FCALL calls the node owning the target's slot has run.
+    fn fcall_calls(&self) -> u64 {
+        self.c.nodes[self.owner].calls("fcall")
     }
 
-    /// The next 10,000 EVALSHA through the proxy (more than a call makes
+    /// The next 10,000 FCALL through the proxy (more than a call makes
     /// in its timeout, restarting after pauses) are answered with a MOVED
     /// back to the proxy itself, without reaching the node.
-    fn redirect_evalsha_to_itself(&self) {
+    fn redirect_fcall_to_itself(&self) {
         let moved = format!("MOVED {} 127.0.0.1:{}", self.slot, self.proxy.port());
-        self.proxy.refuse("EVALSHA", &moved, 10_000);
+        self.proxy.refuse("FCALL", &moved, 10_000);
     }
 
     async fn acquire(&self, t: &Target) -> Result<Reply, StoreError> {
@@ -110,26 +110,26 @@ impl Proxied {
 async fn cluster_a_redirected_resend_after_a_lost_reply_is_unknown() {
     let t = target("cluster-cut");
     let p = proxied(&t).await;
-    let before = p.evalsha_calls();
+    let before = p.fcall_calls();
 
     // The first copy runs; any later copy is redirected until the client gives up.
-    p.proxy.cut_before_reply("EVALSHA");
-    p.redirect_evalsha_to_itself();
+    p.proxy.cut_before_reply("FCALL");
+    p.redirect_fcall_to_itself();
     let got = p.acquire(&t).await;
     assert!(
         matches!(got, Err(StoreError::OutcomeUnknown(_))),
         "a copy may have run: outcome_unknown, got {got:?}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(p.evalsha_calls(), before + 1, "ran once");
+    assert_eq!(p.fcall_calls(), before + 1, "ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
     let t = target("cluster-moved-loop");
     let p = proxied(&t).await;
-    let before = p.evalsha_calls();
-    p.redirect_evalsha_to_itself();
+    let before = p.fcall_calls();
+    p.redirect_fcall_to_itself();
     let started = Instant::now();
     let got = p.acquire(&t).await;
     assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
@@ -138,7 +138,7 @@ async fn cluster_redirections_that_never_ran_are_a_definite_refusal() {
             if why.contains("too many redirections")),
         "nothing ran: a definite refusal, got {got:?}"
     );
-    assert_eq!(p.evalsha_calls(), before, "never ran");
+    assert_eq!(p.fcall_calls(), before, "never ran");
 }
 
 /// A 3-primary cluster that keeps serving the slots it still covers when a

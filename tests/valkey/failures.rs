@@ -210,10 +210,10 @@ async fn server_killed_mid_operation_is_unknown_and_the_retry_allocates_one_toke
 }
 
 #[tokio::test]
-async fn noscript_after_flush_and_restart_is_recovered_exactly_once() {
+async fn a_lost_library_is_loaded_again_exactly_once() {
     let mut server = ValkeyServer::start();
     let store = connect(&server).await;
-    server.conn().cmd(&["SCRIPT", "FLUSH"]);
+    server.conn().cmd(&["FUNCTION", "FLUSH"]);
     server.conn().cmd(&["CONFIG", "RESETSTAT"]);
     let r = store
         .acquire(&AcquireRequest::new(target("flush"), "a", TTL))
@@ -224,19 +224,39 @@ async fn noscript_after_flush_and_restart_is_recovered_exactly_once() {
         .acquire(&AcquireRequest::new(target("flush"), "b", TTL))
         .await
         .unwrap();
-    assert_eq!(server.calls("eval"), 1, "one full send after the flush");
-    assert_eq!(server.calls("evalsha"), 2);
+    assert_eq!(server.calls("function|load"), 1, "one load after the flush");
+    assert_eq!(
+        server.calls("fcall"),
+        3,
+        "the call that missed, then two that ran"
+    );
+    assert_eq!(server.command_stat("fcall", "failed_calls"), 1);
 
+    // A restart without persistence loses the library: one load brings back
+    // every operation (get, read-only, finds it loaded by acquire's miss).
     server.restart();
     let req = AcquireRequest::new(target("restart"), "a", TTL);
     let r = retry_until_connected(&store, &req).await.unwrap();
     assert_eq!(r.outcome, Outcome::Acquired);
     store.get(&target("restart")).await.unwrap();
     store.get(&target("restart")).await.unwrap();
-    // acquire and get each missed once after the restart (get is read-only: EVAL_RO).
-    assert_eq!(server.calls("eval"), 1);
-    assert_eq!(server.calls("eval_ro"), 1);
-    assert_eq!(server.calls("evalsha_ro"), 2);
+    assert_eq!(server.calls("function|load"), 1);
+    assert_eq!(server.calls("fcall_ro"), 2);
+    assert_eq!(server.command_stat("fcall_ro", "failed_calls"), 0);
+}
+
+/// The library is kept with the data: a server restarted from its AOF still
+/// has it, and nothing is loaded again.
+#[tokio::test]
+async fn a_server_restarted_with_persistence_keeps_the_library() {
+    let mut server = ValkeyServer::start_with(&["--appendonly", "yes"]);
+    let store = connect(&server).await;
+    server.restart();
+    let req = AcquireRequest::new(target("kept"), "a", TTL);
+    let r = retry_until_connected(&store, &req).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Acquired);
+    assert_eq!(server.calls("function|load"), 0, "nothing loaded again");
+    assert_eq!(server.command_stat("fcall", "failed_calls"), 0);
 }
 
 #[tokio::test]
@@ -306,12 +326,36 @@ async fn replica_is_a_definite_refusal() {
     let primary = ValkeyServer::start();
     let replica =
         ValkeyServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    // A replica cannot load the library: before the primary has it, the
+    // connect says so.
+    let why = match ValkeyStore::connect(&config(replica.url())).await {
+        Err(StoreError::BackendUnavailable(why)) => why,
+        other => panic!("backend_unavailable, got {:?}", other.err()),
+    };
+    assert!(
+        why.contains("READONLY") && why.contains("not loaded"),
+        "{why}"
+    );
+    // Loaded on the primary, it reaches the replica, which then serves
+    // reads and refuses writes definitely.
+    connect(&primary).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replica.conn().cmd(&["FUNCTION", "LIST"]) == Resp::Array(Some(vec![])) {
+        assert!(
+            Instant::now() < deadline,
+            "the library never reached the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let store = connect(&replica).await;
     let t = target("ro");
     assert_refused(
-        store.acquire(&AcquireRequest::new(t, "a", TTL)).await,
+        store
+            .acquire(&AcquireRequest::new(t.clone(), "a", TTL))
+            .await,
         "READONLY",
     );
+    assert_eq!(store.get(&t).await.unwrap().outcome, Outcome::NotFound);
 }
 
 #[tokio::test]

@@ -108,7 +108,7 @@ async fn one_reply_held_past_its_deadline_costs_one_request_not_the_connection()
     let accepted = proxy.accepted();
     assert_eq!(opened, 1, "one shared connection (pool size 1)");
 
-    proxy.hold_reply("EVALSHA");
+    proxy.hold_reply("FCALL");
     let held = AcquireRequest::new(target("held"), "held-owner", TTL);
     let first = {
         let (store, req) = (store.clone(), held.clone());
@@ -147,7 +147,7 @@ async fn one_reply_held_past_its_deadline_costs_one_request_not_the_connection()
     // The held acquire ran once: its retry is the same lease, token 1.
     let retry = store.acquire(&held).await;
     assert_own_lease("held", "held-owner", retry);
-    assert_eq!(server.calls("evalsha"), 1000 + 1, "every call ran once");
+    assert_eq!(server.calls("fcall"), 1000 + 1, "every call ran once");
     assert_eq!(store.connections_opened(), opened);
 }
 
@@ -168,8 +168,8 @@ async fn a_full_connection_refuses_at_once_and_sends_nothing() {
         .unwrap(),
     );
     store.get(&target("warm")).await.unwrap();
-    let before = server.calls("evalsha");
-    proxy.hold_reply("EVALSHA");
+    let before = server.calls("fcall");
+    proxy.hold_reply("FCALL");
     let call = |i: usize| {
         let store = store.clone();
         tokio::spawn(async move {
@@ -221,7 +221,7 @@ async fn a_full_connection_refuses_at_once_and_sends_nothing() {
         let (name, owner, got, _) = within(TIMEOUT, "admitted calls", task).await.unwrap();
         assert_own_lease(&name, &owner, got);
     }
-    assert_eq!(server.calls("evalsha") - before, 8, "only the admitted ran");
+    assert_eq!(server.calls("fcall") - before, 8, "only the admitted ran");
     assert_eq!(store.connections_opened(), 1);
 }
 
@@ -252,7 +252,7 @@ async fn calls_spread_over_pool_size_connections() {
     }
     assert_eq!(store.connections_opened(), 4, "pool-size connections");
     assert_eq!(proxy.accepted(), 4);
-    let shares = proxy.forwarded_per_connection("EVALSHA");
+    let shares = proxy.forwarded_per_connection("FCALL");
     assert_eq!(shares.len(), 4, "{shares:?}");
     for n in &shares {
         assert!(
@@ -327,7 +327,7 @@ async fn durable_writes_reuse_warm_connections() {
 async fn a_missing_reply_is_caught_and_never_shifts_answers() {
     const TIMEOUT: Duration = Duration::from_secs(1);
     let (_server, proxy, store) = warm_behind_a_proxy(TIMEOUT).await;
-    proxy.drop_reply("EVALSHA");
+    proxy.drop_reply("FCALL");
     let lost = AcquireRequest::new(target("lost"), "lost-owner", TTL);
     let got = within(
         TIMEOUT * 3,
@@ -368,8 +368,8 @@ async fn a_call_past_its_deadline_before_its_turn_is_never_sent() {
     // The grace past a missed deadline is at least 1s: longer than a call.
     const TIMEOUT: Duration = Duration::from_millis(500);
     let (server, proxy, store) = warm_behind_a_proxy(TIMEOUT).await;
-    let before = server.calls("evalsha");
-    proxy.hold_reply("EVALSHA");
+    let before = server.calls("fcall");
+    proxy.hold_reply("FCALL");
     let late = AcquireRequest::new(target("late"), "late-owner", TTL);
     let got = within(TIMEOUT * 4, "the held call", store.acquire(&late)).await;
     assert!(matches!(got, Err(StoreError::OutcomeUnknown(_))), "{got:?}");
@@ -401,7 +401,7 @@ async fn a_call_past_its_deadline_before_its_turn_is_never_sent() {
         "the refused call ran"
     );
     assert_eq!(
-        server.calls("evalsha") - before,
+        server.calls("fcall") - before,
         2,
         "the late call and the next"
     );
@@ -418,7 +418,7 @@ async fn a_reply_late_by_less_than_the_grace_keeps_the_connection() {
     const TIMEOUT: Duration = Duration::from_secs(2);
     let (_server, proxy, store) = warm_behind_a_proxy(TIMEOUT).await;
     let (opened, accepted) = (store.connections_opened(), proxy.accepted());
-    proxy.hold_reply("EVALSHA");
+    proxy.hold_reply("FCALL");
     let slow = AcquireRequest::new(target("slow"), "slow-owner", TTL);
     let started = Instant::now();
     let got = within(TIMEOUT * 2, "the held call", store.acquire(&slow)).await;

@@ -55,7 +55,7 @@ async fn a_planted_record_larger_than_any_script_writes_is_corrupt_and_untouched
     assert_eq!(server.conn().cmd(&["DUMP", &key]), before);
 }
 
-/// A caller with EVALSHA (any tenant's user) but not the client: acquire
+/// A caller with FCALL (any tenant's user) but not the client: acquire
 /// refuses an owner or metadata past the client's limits, and metadata that
 /// is not a JSON object, with an error that says why and nothing written;
 /// metadata at the limit is granted and reads back whole.
@@ -67,17 +67,17 @@ async fn acquire_refuses_a_raw_callers_oversized_metadata_and_writes_nothing() {
     use targetlease::store::valkey::scripts::SCRIPTS;
 
     let server = ValkeyServer::start();
-    let s = store(&server).await; // loads the scripts
+    let s = store(&server).await; // loads the lease functions
     let t = Target::new("ns", "raw");
     let key = s.keys().target(&t);
-    let sha = SCRIPTS.acquire.sha.clone();
+    let function = SCRIPTS.acquire.function.clone();
     // `{"n":"…"}` of exactly `bytes` bytes.
     let meta_of = |bytes: usize| format!(r#"{{"n":"{}"}}"#, "x".repeat(bytes - 8));
-    let evalsha = |owner: &str, meta: &str| {
+    let fcall = |owner: &str, meta: &str| {
         let field = request_field("acquire", owner, "raw-1");
         server.conn().cmd(&[
-            "EVALSHA",
-            &sha,
+            "FCALL",
+            &function,
             "1",
             &key,
             owner,
@@ -116,7 +116,7 @@ async fn acquire_refuses_a_raw_callers_oversized_metadata_and_writes_nothing() {
         ),
     ];
     for (owner, meta, why) in &cases {
-        match evalsha(owner, meta) {
+        match fcall(owner, meta) {
             Resp::Error(e) => assert!(e.contains(why), "{e} (expected {why})"),
             other => panic!("{} bytes of metadata were accepted: {other:?}", meta.len()),
         }
@@ -129,7 +129,7 @@ async fn acquire_refuses_a_raw_callers_oversized_metadata_and_writes_nothing() {
     // At the limit: granted, and it reads back whole, not corrupt.
     let at_limit = meta_of(MAX_METADATA_BYTES);
     assert_eq!(at_limit.len(), MAX_METADATA_BYTES);
-    match evalsha("a", &at_limit) {
+    match fcall("a", &at_limit) {
         Resp::Bulk(Some(reply)) => assert!(reply.starts_with("acquired\0"), "{reply:?}"),
         other => panic!("metadata at the limit refused: {other:?}"),
     }
@@ -154,13 +154,13 @@ async fn a_lease_id_holding_a_nul_is_refused_before_anything_is_written() {
     use targetlease::store::valkey::scripts::SCRIPTS;
 
     let server = ValkeyServer::start();
-    let s = store(&server).await; // loads the scripts
+    let s = store(&server).await; // loads the lease functions
     let t = Target::new("ns", "nul-id");
     let key = s.keys().target(&t);
     let id = "id-part\u{0}5";
     let acquire = server.conn().cmd(&[
-        "EVALSHA",
-        &SCRIPTS.acquire.sha,
+        "FCALL",
+        &SCRIPTS.acquire.function,
         "1",
         &key,
         "alice",
@@ -191,8 +191,8 @@ async fn a_lease_id_holding_a_nul_is_refused_before_anything_is_written() {
     let token = held.lease.unwrap().fencing_token.to_string();
     let before = server.conn().cmd(&["DUMP", &key]);
     let renew = server.conn().cmd(&[
-        "EVALSHA",
-        &SCRIPTS.renew.sha,
+        "FCALL",
+        &SCRIPTS.renew.function,
         "1",
         &key,
         "alice",
@@ -204,8 +204,8 @@ async fn a_lease_id_holding_a_nul_is_refused_before_anything_is_written() {
         "0",
     ]);
     let release = server.conn().cmd(&[
-        "EVALSHA",
-        &SCRIPTS.release.sha,
+        "FCALL",
+        &SCRIPTS.release.function,
         "1",
         &key,
         "alice",

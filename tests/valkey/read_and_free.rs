@@ -87,8 +87,8 @@ async fn unmet_min_replicas_still_answers_get_and_refuses_writes_definitely() {
         .conn()
         .cmd(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
     let (ran, rejected) = (
-        server.calls("evalsha"),
-        server.command_stat("evalsha", "rejected_calls"),
+        server.calls("fcall"),
+        server.command_stat("fcall", "rejected_calls"),
     );
     let got = store.get(&t).await.expect("get with too few replicas");
     assert_eq!(got.outcome, Outcome::Found);
@@ -112,9 +112,9 @@ async fn unmet_min_replicas_still_answers_get_and_refuses_writes_definitely() {
             .await,
         "NOREPLICAS",
     );
-    assert_eq!(server.calls("evalsha"), ran, "none ran");
+    assert_eq!(server.calls("fcall"), ran, "none ran");
     assert_eq!(
-        server.command_stat("evalsha", "rejected_calls"),
+        server.command_stat("fcall", "rejected_calls"),
         rejected + 3,
         "each sent once, and refused"
     );

@@ -226,8 +226,8 @@ async fn scripts_refuse_field_names_of_another_kind() {
     let token = lease.fencing_token.to_string();
     let before = server.conn().cmd(&["DUMP", &key]);
     let commit = server.conn().cmd(&[
-        "EVALSHA",
-        &scripts.commit.sha,
+        "FCALL",
+        &scripts.commit.function,
         "1",
         &key,
         &token,
@@ -239,10 +239,10 @@ async fn scripts_refuse_field_names_of_another_kind() {
     ]);
     let read = server
         .conn()
-        .cmd(&["EVALSHA_RO", &scripts.read.sha, "1", &key, "lease"]);
+        .cmd(&["FCALL_RO", &scripts.read.function, "1", &key, "lease"]);
     let renew = server.conn().cmd(&[
-        "EVALSHA",
-        &scripts.renew.sha,
+        "FCALL",
+        &scripts.renew.function,
         "1",
         &key,
         "a",

@@ -207,14 +207,14 @@ async fn a_named_server_that_is_not_the_primary_is_sent_nothing_after_the_questi
         assert!(seen.iter().any(|c| c == asked), "{seen:?}");
         assert!(seen.iter().all(allowed), "{role:?}/{info}: sent {seen:?}");
     }
-    // The control: a primary by either answer gets the scripts.
+    // The control: a primary by either answer is asked for the library.
     for (role, info) in [(Some("master"), ""), (None, "master")] {
         let node = RecordingServer::start(None, data_node(role, info));
         let sentinel = RecordingServer::start(None, names(node.port));
         let _ = ValkeyStore::connect(&sentinel_config(sentinel.port, None)).await;
         let seen = node.received.commands();
         assert!(
-            seen.iter().any(|c| c == "SCRIPT LOAD"),
+            seen.iter().any(|c| c == "FUNCTION LIST"),
             "{role:?}/{info}: {seen:?}"
         );
     }

@@ -8,7 +8,7 @@
 //! Both sides run closed-loop workers, each on its own lock (no waiting for
 //! another holder), on one load-generator thread (`GOMAXPROCS=1`; our
 //! workers share one task). A cycle is two round trips on both: Lock (one
-//! Txn) and Unlock (one Delete) in etcd, acquire and release (one EVALSHA
+//! Txn) and Unlock (one Delete) in etcd, acquire and release (one FCALL
 //! each) in Valkey. etcd runs as the tests start it (`--unsafe-no-fsync`),
 //! Valkey without persistence.
 

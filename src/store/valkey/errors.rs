@@ -3,14 +3,14 @@
 //! Three facts decide it: whether the request can have reached the server,
 //! whether the server refused it before running it, and whether the operation
 //! writes. The client never re-sends a request that may have run (only after
-//! `NOSCRIPT`, `MOVED` or `ASK`, which the server answers instead of running
-//! the command), so when a refusal code comes back, no copy of the request
-//! has run.
+//! "Function not found", `MOVED` or `ASK`, which the server answers instead
+//! of running the command), so when a refusal code comes back, no copy of the
+//! request has run.
 //!
 //! | what happened | read | write |
 //! |---|---|---|
 //! | nothing was sent (no connection, refused connect, queue never reached) | `backend_unavailable` | `backend_unavailable` |
-//! | refused before running (codes below, no `script:` in the message) | `backend_unavailable` | `backend_unavailable` |
+//! | refused before running (codes below or "Function not found", no `script:` in the message) | `backend_unavailable` | `backend_unavailable` |
 //! | redirected until the limit (every copy `MOVED`/`ASK`), or redirected outside a cluster | `backend_unavailable` | `backend_unavailable` |
 //! | sent, no complete reply (deadline, reset, EOF) | `backend_unavailable` | `outcome_unknown` |
 //! | failed while running (any other error) | `backend_unavailable` | `outcome_unknown` |
@@ -36,7 +36,7 @@ pub(super) enum Effect {
 
 /// Error codes the server answers before running a command: nothing ran.
 /// (`MOVED`/`ASK` are followed in a cluster; one that gets here could not be.)
-const REFUSED_BEFORE_RUNNING: [&str; 16] = [
+const REFUSED_BEFORE_RUNNING: [&str; 15] = [
     "MOVED",
     "ASK",
     "BUSY",
@@ -52,15 +52,22 @@ const REFUSED_BEFORE_RUNNING: [&str; 16] = [
     "CROSSSLOT",
     "NOREPLICAS",
     "MISCONF",
-    "NOSCRIPT",
 ];
+
+/// True when `FCALL` was answered that its function is not loaded: nothing
+/// ran (the library is loaded and the call sent once more). Not an error
+/// raised by a command inside a running function, which carries "script:".
+pub(super) fn function_missing(error: &str) -> bool {
+    error.starts_with("ERR Function not found") && !error.contains("script:")
+}
 
 /// True when an error reply says the server did not run the command.
 pub(super) fn refused_before_running(error: &str) -> bool {
     let code = error.split_whitespace().next().unwrap_or("");
     // Errors raised inside a running script carry "script:" (e.g. "NOPERM …
     // script: …" from a command the script called after it wrote).
-    REFUSED_BEFORE_RUNNING.contains(&code) && !error.contains("script:")
+    (REFUSED_BEFORE_RUNNING.contains(&code) && !error.contains("script:"))
+        || function_missing(error)
 }
 
 /// The server answered `error` to a request sent once.
@@ -75,13 +82,21 @@ pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
              targetlease needs Valkey 9.0 or newer"
         ));
     }
-    // `EVAL` is sent only after `NOSCRIPT`: a user refused it (a tenant's
-    // user, allowed `EVALSHA` only) needs someone else to load the scripts.
-    if error.starts_with("NOPERM") && (error.contains("'eval'") || error.contains("'eval_ro'")) {
+    // Still missing after this client tried to load it: a user that may
+    // not load the library (a tenant's) needs someone else to.
+    if function_missing(error) {
+        let load = error.split_once("; ").map_or("", |(_, load)| load);
+        let who = if load.contains("NOPERM") {
+            format!(" and this user may not load them ({load})")
+        } else if load.is_empty() {
+            String::new()
+        } else {
+            format!(" and could not be loaded ({load})")
+        };
         return StoreError::BackendUnavailable(format!(
-            "valkey refused the operation: the lease script is not loaded on the server and \
-             this user may not load it ({said}); a user that may must load the scripts (the \
-             operator does when it starts, and so does `targetlease check` run with its user)"
+            "valkey refused the operation: the lease functions are not loaded on the \
+             server{who}; a user that may load them must, on the primary (the operator does \
+             when it starts, and so does `targetlease check` run with its user)"
         ));
     }
     if refused_before_running(error) {
@@ -153,6 +168,31 @@ mod tests {
                 StoreError::BackendUnavailable(_)
             ));
         }
+    }
+
+    #[test]
+    fn a_missing_function_ran_nothing_and_says_who_must_load_it() {
+        assert!(refused_before_running("ERR Function not found"));
+        let tenant = "ERR Function not found; loading the library: NOPERM User team-a has no \
+                      permissions to run the 'function|load' command";
+        for (e, said) in [
+            ("ERR Function not found", "primary"),
+            (tenant, "may not load"),
+        ] {
+            match server_error(e, Effect::Write) {
+                StoreError::BackendUnavailable(m) => {
+                    assert!(m.contains("not loaded") && m.contains(said), "{m}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Raised by a command inside a running function: it may have written.
+        let inside = "ERR Function not found script: targetlease_0_acquire, on @user_function:3.";
+        assert!(!refused_before_running(inside));
+        assert!(matches!(
+            server_error(inside, Effect::Write),
+            StoreError::OutcomeUnknown(_)
+        ));
     }
 
     #[test]

@@ -1,18 +1,18 @@
-//! Loading the lease scripts at connect, so a broken script fails there and
-//! not at the first lease.
+//! Loading the lease function library at connect, so a broken library fails
+//! there and not at the first lease.
 //!
-//! A user that may not load scripts (a tenant's user, which is granted
-//! `EVALSHA` but neither `EVAL` nor `SCRIPT LOAD`, so that it cannot run Lua
-//! of its own) works when a user that may has loaded them: the operator does
-//! when it starts, and so does `targetlease check` run with its user. For
-//! such a user the connect checks with `SCRIPT EXISTS` that every script is
-//! there, and says who must load them when one is not.
+//! A user that may not load functions (a tenant's user, which is granted
+//! `FCALL` but not `FUNCTION LOAD`, so that it cannot run Lua of its own)
+//! works when a user that may has loaded the library: the operator does when
+//! it starts, and so does `targetlease check` run with its user. For such a
+//! user the connect checks with `FUNCTION LIST` that the library is there,
+//! and says who must load it when it is not.
 
 use tokio::time::Instant;
 
 use super::ValkeyStore;
 use super::errors::{Effect, unanswered};
-use super::scripts::{SCRIPTS, Script, lacks_field_expiry};
+use super::scripts::{SCRIPTS, lacks_field_expiry};
 use super::wire::dial::first_words;
 use super::wire::pool::Checkout;
 use super::wire::resp::{Cmd, Value};
@@ -21,27 +21,45 @@ use crate::store::StoreError;
 /// What [`ValkeyStore::load_scripts`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScriptsReady {
-    /// This user loaded every script on every primary that answered.
+    /// The library is loaded on every primary that answered, by this user
+    /// (or by another one just before: a library's name is its code's hash).
     Loaded,
-    /// This user may not load scripts; on some primary it found every
-    /// script already loaded (by a user that may), and used them as they are.
+    /// This user may not load functions; on some primary it found the
+    /// library already loaded (by a user that may), and used it as it is.
     FoundLoaded,
+}
+
+impl ScriptsReady {
+    /// What `targetlease check` says of it.
+    pub fn describe(self) -> String {
+        let library = &SCRIPTS.library.name;
+        match self {
+            Self::Loaded => format!("the lease functions load (library {library})"),
+            Self::FoundLoaded => format!(
+                "the lease functions found loaded (library {library}; this user may not load \
+                 functions: a user that may, such as the operator's, loaded them)"
+            ),
+        }
+    }
 }
 
 impl ValkeyStore {
     /// [`Self::load_scripts`]; unless `strict`, a primary that gives no answer
     /// (no connection, no reply in time) is skipped with a warning, as long
-    /// as one primary answered. A refusal or a wrong hash always fails, but
-    /// for a user that may not load scripts and finds them all loaded.
+    /// as one primary answered. A refusal always fails, but for a user that
+    /// may not load functions and finds the library loaded.
     pub(super) async fn preload_scripts(&self, strict: bool) -> Result<ScriptsReady, StoreError> {
-        let all = SCRIPTS.all();
+        let library = &SCRIPTS.library;
+        let load = || Cmd::new("FUNCTION").arg("LOAD").arg(&library.source);
         // The server's version first: the scripts need hash-field expiry.
-        let cmds: Vec<Cmd> = std::iter::once(Cmd::new("INFO").arg("server"))
-            .chain(
-                all.iter()
-                    .map(|s| Cmd::new("SCRIPT").arg("LOAD").arg(&s.source)),
-            )
-            .collect();
+        // At connect, look before loading: FUNCTION LOAD is a write, which
+        // a write pause (CLIENT PAUSE WRITE, a FAILOVER in progress) holds
+        // back, and the library is almost always there. `check` loads, to
+        // prove this user may.
+        let cmds = [
+            Cmd::new("INFO").arg("server"),
+            if strict { load() } else { list() },
+        ];
         let deadline = Instant::now() + self.timeout;
         let per_node = self
             .client
@@ -56,7 +74,7 @@ impl ValkeyStore {
                 Ok(sent) => sent,
                 Err(e) => {
                     let e = unanswered(e, Effect::Read, self.timeout);
-                    unreachable.push(format!("cannot load the scripts on {node}: {e}"));
+                    unreachable.push(format!("cannot load the lease functions on {node}: {e}"));
                     continue;
                 }
             };
@@ -65,37 +83,59 @@ impl ValkeyStore {
             {
                 return Err(StoreError::BackendUnavailable(format!("{node} {why}")));
             }
-            let mut may_not_load = None;
-            for (script, reply) in all.iter().zip(sent.replies.iter().skip(1)) {
-                match reply {
-                    Value::Error(e) if e.starts_with("NOPERM") => {
-                        may_not_load.get_or_insert_with(|| first_words(e));
-                    }
-                    Value::Error(e) => {
+            let mut reply = sent.replies.get(1).cloned();
+            if !strict {
+                match reply.as_ref().map(listed) {
+                    Some(Ok(true)) => continue,
+                    Some(Ok(false)) => {}
+                    Some(Err(why)) => {
                         return Err(StoreError::BackendUnavailable(format!(
-                            "cannot load script {} on {node}: {}",
-                            script.name,
-                            first_words(e)
+                            "cannot check the lease functions on {node}: {why}"
                         )));
                     }
-                    v if v.text().as_deref() == Some(script.sha.as_str()) => {}
-                    v => {
+                    None => {
                         return Err(StoreError::BackendUnavailable(format!(
-                            "script {} loaded on {node} with hash {}, expected {}",
-                            script.name,
-                            v.text().unwrap_or_default(),
-                            script.sha
+                            "no reply to FUNCTION LIST from {node}"
                         )));
                     }
                 }
+                reply = match sent.link.link().request(&[load()], deadline).await {
+                    Ok(replies) => replies.into_iter().next(),
+                    Err(e) => {
+                        let e = unanswered(e, Effect::Read, self.timeout);
+                        unreachable.push(format!("cannot load the lease functions on {node}: {e}"));
+                        continue;
+                    }
+                };
             }
-            if let Some(refusal) = may_not_load {
-                match self
-                    .loaded(&all, &node, &refusal, &sent.link, deadline)
-                    .await?
-                {
-                    Ok(()) => ready = ScriptsReady::FoundLoaded,
-                    Err(unanswered) => unreachable.push(unanswered),
+            match reply.as_ref() {
+                // Loaded by another client since this one looked: the name is
+                // the code's hash, so it is this code.
+                Some(Value::Error(e)) if e.contains("already exists") => {}
+                // A user that may not load (a tenant's), or a replica: the
+                // library may be there all the same (loaded by another user,
+                // replicated from the primary).
+                Some(Value::Error(e)) if e.starts_with("NOPERM") || e.starts_with("READONLY") => {
+                    match self
+                        .loaded(&node, &first_words(e), &sent.link, deadline)
+                        .await?
+                    {
+                        Ok(()) => ready = ScriptsReady::FoundLoaded,
+                        Err(unanswered) => unreachable.push(unanswered),
+                    }
+                }
+                Some(Value::Error(e)) => {
+                    return Err(StoreError::BackendUnavailable(format!(
+                        "cannot load the lease functions on {node}: {}",
+                        first_words(e)
+                    )));
+                }
+                Some(v) if v.text().as_deref() == Some(library.name.as_str()) => {}
+                v => {
+                    return Err(StoreError::BackendUnavailable(format!(
+                        "unexpected reply to FUNCTION LOAD from {node}: {:?}",
+                        v.and_then(Value::text).unwrap_or_default()
+                    )));
                 }
             }
         }
@@ -108,63 +148,84 @@ impl ValkeyStore {
         for why in &unreachable {
             tracing::warn!(
                 error = %why,
-                "a primary is unreachable; its scripts load on first use"
+                "a primary is unreachable; the lease functions load there on first use"
             );
         }
         Ok(ready)
     }
 
-    /// For a user refused `SCRIPT LOAD` on `node`: `Ok(Ok(()))` when every
-    /// script is loaded there all the same, an error saying who must load them
-    /// when one is not, `Ok(Err(why))` when the question got no answer.
+    /// For a `FUNCTION LOAD` refused on `node` (`NOPERM`: a user that may not
+    /// load; `READONLY`: a replica): `Ok(Ok(()))` when the
+    /// library is loaded there all the same, an error saying who must load it
+    /// when it is not, `Ok(Err(why))` when the question got no answer.
     async fn loaded(
         &self,
-        all: &[&Script],
         node: &str,
         refusal: &str,
         link: &Checkout,
         deadline: Instant,
     ) -> Result<Result<(), String>, StoreError> {
-        let exists = Cmd::new("SCRIPT")
-            .arg("EXISTS")
-            .args(all.iter().map(|s| &s.sha));
-        let replies = match link.link().request(&[exists], deadline).await {
+        let name = &SCRIPTS.library.name;
+        let replies = match link.link().request(&[list()], deadline).await {
             Ok(replies) => replies,
             Err(e) => {
                 let e = unanswered(e, Effect::Read, self.timeout);
-                return Ok(Err(format!("cannot check the scripts on {node}: {e}")));
-            }
-        };
-        let flags = match replies.into_iter().next() {
-            Some(Value::Array(flags)) if flags.len() == all.len() => flags,
-            Some(Value::Error(e)) => {
-                return Err(StoreError::BackendUnavailable(format!(
-                    "this user may neither load the lease scripts on {node} ({refusal}) nor check \
-                 that they are loaded ({}): grant it +script|load, or +script|exists and have a \
-                 user that may load them do so",
-                    first_words(&e)
-                )));
-            }
-            other => {
-                return Err(StoreError::BackendUnavailable(format!(
-                    "unexpected reply to SCRIPT EXISTS from {node}: {other:?}"
+                return Ok(Err(format!(
+                    "cannot check the lease functions on {node}: {e}"
                 )));
             }
         };
-        let missing: Vec<&str> = all
-            .iter()
-            .zip(&flags)
-            .filter(|(_, flag)| **flag != Value::Int(1))
-            .map(|(s, _)| s.name)
-            .collect();
-        if missing.is_empty() {
+        let found = match replies.first().map(listed) {
+            Some(Ok(found)) => found,
+            Some(Err(why)) => {
+                return Err(StoreError::BackendUnavailable(format!(
+                    "this user may neither load the lease functions on {node} ({refusal}) nor \
+                     check that they are loaded ({why}): grant it +function|load, or \
+                     +function|list and have a user that may load them do so"
+                )));
+            }
+            None => {
+                return Err(StoreError::BackendUnavailable(format!(
+                    "no reply to FUNCTION LIST from {node}"
+                )));
+            }
+        };
+        if found {
             return Ok(Ok(()));
         }
+        let who = if refusal.starts_with("NOPERM") {
+            "this user may not load them"
+        } else {
+            "they cannot be loaded there"
+        };
         Err(StoreError::BackendUnavailable(format!(
-            "the lease scripts {} are not loaded on {node} and this user may not load them \
-         ({refusal}): a user that may must load them first (the operator does when it starts, \
-         and so does `targetlease check` run with its user)",
-            missing.join(", ")
+            "the lease functions (library {name}) are not loaded on {node} and {who} \
+             ({refusal}): a user that may must load them first, on the primary (the operator \
+             does when it starts, and so does `targetlease check` run with its user)"
         )))
+    }
+}
+
+/// `FUNCTION LIST` of the lease library (`LIBRARYNAME` is a pattern; the
+/// name holds no pattern characters, but only an exact match counts).
+fn list() -> Cmd {
+    Cmd::new("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(&SCRIPTS.library.name)
+}
+
+/// Whether a reply to [`list`] names the lease library; an error reply's
+/// first words otherwise.
+fn listed(reply: &Value) -> Result<bool, String> {
+    let name = SCRIPTS.library.name.as_str();
+    match reply {
+        Value::Array(libraries) => Ok(libraries.iter().any(|lib| {
+            matches!(lib, Value::Array(fields)
+                if fields.chunks(2).any(|kv| kv[0].text().as_deref() == Some("library_name")
+                    && kv.get(1).and_then(Value::text).as_deref() == Some(name)))
+        })),
+        Value::Error(e) => Err(first_words(e)),
+        other => Err(format!("unexpected reply to FUNCTION LIST: {other:?}")),
     }
 }

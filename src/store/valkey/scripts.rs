@@ -1,75 +1,117 @@
-//! The Lua scripts, compiled into the binary and called by hash.
+//! The Lua scripts, compiled into the binary as one Valkey function library.
 //!
-//! Each script is the part of `lua/lib.lua` it uses (the helpers its header
-//! lists on `-- uses:` lines, and those they name in turn: every helper is a
-//! closure created on each call, so unused ones cost time) followed by
-//! `lua/<op>.lua`, behind a `#!lua`
-//! shebang: with the shebang the server refuses a writing script up front
-//! under OOM, on a read-only replica or with too few replicas, instead of
-//! failing half way. Flags relax that where it matters: `get` is
-//! `no-writes` (called with `EVALSHA_RO`, it runs whatever the write state),
-//! `release` and `revoke` are `allow-oom` (freeing a lease must work on a
-//! full server).
+//! The library is `lua/lib.lua` (the helpers, defined once when the library
+//! loads, not on every call) followed by each `lua/<op>.lua` as a function
+//! of its own, `targetlease_<hash>_<op>`, called with `FCALL`. The hash is
+//! the library's own (the first 16 hex digits of its SHA-1), so two versions
+//! of targetlease run side by side during an upgrade, each on its own
+//! library. Valkey keeps a library with the data: it is replicated, written
+//! to the RDB and AOF, and survives a failover or a restart with
+//! persistence.
+//!
+//! A function refuses to write, up front, under OOM, on a read-only replica
+//! or with too few replicas, instead of failing half way. Flags relax that
+//! where it matters: `get` and `read` are `no-writes` (called with
+//! `FCALL_RO`, they run whatever the write state), `release` and `revoke`
+//! are `allow-oom` (freeing a lease must work on a full server).
 
 use std::sync::LazyLock;
 
-/// One compiled-in script and its SHA-1.
+/// One operation of the library.
 #[derive(Debug)]
 pub struct Script {
     /// Operation name, for logs and metrics.
     pub name: &'static str,
-    /// Full source as sent to the server.
-    pub source: String,
-    /// Hex SHA-1 of `source`, as EVALSHA wants it.
-    pub sha: String,
-    /// Declared `no-writes`: sent with `EVALSHA_RO`/`EVAL_RO`.
+    /// The function's name in the library, as `FCALL` wants it.
+    pub function: String,
+    /// Declared `no-writes`: sent with `FCALL_RO`.
     pub read_only: bool,
+    /// The function's flags, as registered (`no-writes`, `allow-oom` or none).
+    pub flags: &'static str,
     /// The script's own text (its header is the KEYS/ARGV contract).
     pub body: &'static str,
 }
 
-impl Script {
-    fn new(name: &'static str, flags: &str, body: &'static str) -> Self {
-        let shebang = match flags {
-            "" => "#!lua".to_owned(),
-            f => format!("#!lua flags={f}"),
-        };
-        let source = format!(
-            "{shebang}\n{}\n{}",
-            library_for(include_str!("../../../lua/lib.lua"), &uses(body)),
-            body
-        );
-        let sha = sha1_smol::Sha1::from(source.as_bytes())
-            .digest()
-            .to_string();
-        Self {
-            name,
-            source,
-            sha,
-            read_only: flags == "no-writes",
-            body,
-        }
+/// The function library every operation lives in.
+#[derive(Debug)]
+pub struct Library {
+    /// `targetlease_<first 16 hex digits of sha>`.
+    pub name: String,
+    /// Full source as sent with `FUNCTION LOAD`.
+    pub source: String,
+    /// Hex SHA-1 of the source after its `#!lua name=` line.
+    pub sha: String,
+}
+
+/// The operations, in the order they are registered: name, flags, body.
+const OPERATIONS: [(&str, &str, &str); 7] = [
+    ("acquire", "", include_str!("../../../lua/acquire.lua")),
+    ("renew", "", include_str!("../../../lua/renew.lua")),
+    (
+        "release",
+        "allow-oom",
+        include_str!("../../../lua/release.lua"),
+    ),
+    ("get", "no-writes", include_str!("../../../lua/get.lua")),
+    (
+        "revoke",
+        "allow-oom",
+        include_str!("../../../lua/revoke.lua"),
+    ),
+    ("commit", "", include_str!("../../../lua/commit.lua")),
+    ("read", "no-writes", include_str!("../../../lua/read.lua")),
+];
+
+/// The library's code after its `#!lua name=` line: lib.lua, then each
+/// operation as a local function taking `KEYS` and `ARGV` (so each body
+/// reads as the script it is), then the registrations, each naming its
+/// function `<prefix><op>`.
+fn library_code(prefix: &str) -> String {
+    let mut code = String::from(include_str!("../../../lua/lib.lua"));
+    for (op, _, body) in OPERATIONS {
+        code.push_str(&format!(
+            "\nlocal function op_{op}(KEYS, ARGV)\n{body}\nend\n"
+        ));
     }
+    for (op, flags, _) in OPERATIONS {
+        let flags = match flags {
+            "" => String::new(),
+            f => format!(", flags = {{ '{f}' }}"),
+        };
+        code.push_str(&format!(
+            "server.register_function{{ function_name = '{prefix}{op}', callback = op_{op}{flags} }}\n"
+        ));
+    }
+    code
 }
 
-/// The name a lib.lua helper defines on its first line, if it starts one:
-/// `local function NAME(` or `local NAME =`.
-fn defines(line: &str) -> Option<&str> {
-    let rest = line.strip_prefix("local ")?;
-    let rest = rest.strip_prefix("function ").unwrap_or(rest);
-    let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
-    (end > 0).then(|| &rest[..end])
-}
-
-/// Whether `text` uses the identifier `name` (not as part of a longer one).
-fn names(text: &str, name: &str) -> bool {
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    text.match_indices(name)
-        .any(|(at, _)| !text[..at].ends_with(ident) && !text[at + name.len()..].starts_with(ident))
+fn library() -> (Library, Vec<Script>) {
+    // The names inside the code depend on the hash, so the hash is taken
+    // over the code with a placeholder prefix: it changes with every
+    // helper, body, flag and registration, and with nothing else.
+    let sha = sha1_smol::Sha1::from(library_code("targetlease_@_").as_bytes())
+        .digest()
+        .to_string();
+    let name = format!("targetlease_{}", &sha[..16]);
+    let prefix = format!("{name}_");
+    let source = format!("#!lua name={name}\n{}", library_code(&prefix));
+    let scripts = OPERATIONS
+        .iter()
+        .map(|&(op, flags, body)| Script {
+            name: op,
+            function: format!("{prefix}{op}"),
+            read_only: flags == "no-writes",
+            flags,
+            body,
+        })
+        .collect();
+    (Library { name, source, sha }, scripts)
 }
 
 /// The lib.lua helpers a script's header lists on its `-- uses:` lines
-/// (comma-separated, several lines allowed), in order.
+/// (comma-separated, several lines allowed), in order: what the body
+/// calls, for its reader.
+#[cfg(test)]
 pub(super) fn uses(body: &str) -> Vec<&str> {
     body.lines()
         .take_while(|l| l.starts_with("--"))
@@ -78,6 +120,24 @@ pub(super) fn uses(body: &str) -> Vec<&str> {
         .map(str::trim)
         .filter(|n| !n.is_empty())
         .collect()
+}
+
+/// The name a lib.lua helper defines on its first line, if it starts one:
+/// `local function NAME(` or `local NAME =`.
+#[cfg(test)]
+fn defines(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("local ")?;
+    let rest = rest.strip_prefix("function ").unwrap_or(rest);
+    let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
+    (end > 0).then(|| &rest[..end])
+}
+
+/// Whether `text` uses the identifier `name` (not as part of a longer one).
+#[cfg(test)]
+fn names(text: &str, name: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(name)
+        .any(|(at, _)| !text[..at].ends_with(ident) && !text[at + name.len()..].starts_with(ident))
 }
 
 /// The lib.lua helpers that the code of `body` (not its comments) names, in
@@ -95,62 +155,7 @@ pub(super) fn helpers_named(body: &str) -> Vec<&'static str> {
         .collect()
 }
 
-/// The helpers of `lib` named in `uses`, and those they name in turn, in
-/// lib order. A helper is its defining line, what follows up to the next
-/// helper, and the comment lines just above it; the lib's opening comment
-/// is kept.
-fn library_for(lib: &str, uses: &[&str]) -> String {
-    let lines: Vec<&str> = lib.lines().collect();
-    let starts: Vec<usize> = (0..lines.len())
-        .filter(|&i| defines(lines[i]).is_some())
-        .map(|i| {
-            let mut s = i;
-            while s > 0 && lines[s - 1].starts_with("--") {
-                s -= 1;
-            }
-            s
-        })
-        .collect();
-    let Some(&first) = starts.first() else {
-        return lib.to_owned();
-    };
-    let blocks: Vec<(&str, String)> = starts
-        .iter()
-        .enumerate()
-        .map(|(k, &s)| {
-            let end = starts.get(k + 1).copied().unwrap_or(lines.len());
-            let text = lines[s..end].join("\n");
-            let name = lines[s..end].iter().find_map(|l| defines(l)).unwrap_or("");
-            (name, text)
-        })
-        .collect();
-    let mut needed = vec![false; blocks.len()];
-    let mut changed = true;
-    while changed {
-        changed = false;
-        for k in 0..blocks.len() {
-            if needed[k] {
-                continue;
-            }
-            let used = uses.contains(&blocks[k].0)
-                || (0..blocks.len()).any(|j| needed[j] && names(&blocks[j].1, blocks[k].0));
-            if used {
-                needed[k] = true;
-                changed = true;
-            }
-        }
-    }
-    let mut out = lines[..first].join("\n");
-    for (k, (_, text)) in blocks.iter().enumerate() {
-        if needed[k] {
-            out.push('\n');
-            out.push_str(text);
-        }
-    }
-    out
-}
-
-/// Every script the store runs.
+/// Every operation the store runs, and their library.
 #[derive(Debug)]
 pub struct Scripts {
     /// `lua/acquire.lua`.
@@ -167,10 +172,12 @@ pub struct Scripts {
     pub commit: Script,
     /// `lua/read.lua`.
     pub read: Script,
+    /// The library they are loaded in.
+    pub library: Library,
 }
 
 impl Scripts {
-    /// All scripts, for preloading.
+    /// All operations.
     pub fn all(&self) -> [&Script; 7] {
         [
             &self.acquire,
@@ -184,23 +191,21 @@ impl Scripts {
     }
 }
 
-/// The scripts, built once.
-pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new("acquire", "", include_str!("../../../lua/acquire.lua")),
-    renew: Script::new("renew", "", include_str!("../../../lua/renew.lua")),
-    release: Script::new(
-        "release",
-        "allow-oom",
-        include_str!("../../../lua/release.lua"),
-    ),
-    get: Script::new("get", "no-writes", include_str!("../../../lua/get.lua")),
-    revoke: Script::new(
-        "revoke",
-        "allow-oom",
-        include_str!("../../../lua/revoke.lua"),
-    ),
-    commit: Script::new("commit", "", include_str!("../../../lua/commit.lua")),
-    read: Script::new("read", "no-writes", include_str!("../../../lua/read.lua")),
+/// The library, built once.
+pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+    let (library, scripts) = library();
+    let [acquire, renew, release, get, revoke, commit, read]: [Script; 7] =
+        scripts.try_into().expect("seven operations");
+    Scripts {
+        acquire,
+        renew,
+        release,
+        get,
+        revoke,
+        commit,
+        read,
+        library,
+    }
 });
 
 /// Why a server that answered `INFO server` with `info` cannot run the
@@ -299,46 +304,95 @@ mod tests {
     }
 
     #[test]
-    fn each_script_carries_only_the_helpers_it_uses() {
+    fn the_library_defines_each_helper_once_and_registers_every_operation() {
         let s = &*SCRIPTS;
-        assert!(s.acquire.source.contains("local function dec_incr("));
-        assert!(s.acquire.source.contains("local function replay("));
-        assert!(!s.get.source.contains("local function replay("));
-        assert!(!s.get.source.contains("local function dec_incr("));
-        // What read_lease needs comes along with it.
-        assert!(s.get.source.contains("local function is_metadata("));
-        assert!(s.get.source.contains("local META_DEPTH = "));
-        // Every helper a script's text names is defined in it.
+        let lib = &s.library;
+        assert!(
+            lib.source
+                .starts_with(&format!("#!lua name={}\n", lib.name))
+        );
+        assert_eq!(lib.name, format!("targetlease_{}", &lib.sha[..16]));
+        for name in include_str!("../../../lua/lib.lua")
+            .lines()
+            .filter_map(defines)
+        {
+            let defined = lib
+                .source
+                .lines()
+                .filter(|l| defines(l) == Some(name))
+                .count();
+            assert_eq!(defined, 1, "{name} is defined once");
+        }
         for script in s.all() {
-            let lib = include_str!("../../../lua/lib.lua");
-            for name in lib.lines().filter_map(defines) {
-                let defined = script.source.lines().any(|l| defines(l) == Some(name));
-                let used = script
-                    .source
-                    .lines()
-                    .filter(|l| defines(l) != Some(name) && !l.trim_start().starts_with("--"))
-                    .any(|l| names(l, name));
-                assert!(!used || defined, "{} uses {name} without it", script.name);
+            assert_eq!(script.function, format!("{}_{}", lib.name, script.name));
+            assert_eq!(
+                lib.source
+                    .matches(&format!("function_name = '{}'", script.function))
+                    .count(),
+                1,
+                "{} is registered once",
+                script.name
+            );
+            // Every lib helper its code names is defined before it.
+            let at = lib
+                .source
+                .find(&format!("local function op_{}(", script.name))
+                .unwrap();
+            for name in helpers_named(script.body) {
+                let def = lib.source.lines().position(|l| defines(l) == Some(name));
+                let op = lib.source[..at].lines().count();
+                assert!(
+                    def.is_some_and(|d| d < op),
+                    "{} uses {name} before it",
+                    script.name
+                );
             }
         }
     }
 
     #[test]
+    fn the_librarys_name_changes_with_its_code() {
+        let code = library_code("targetlease_@_");
+        assert_ne!(
+            sha1_smol::Sha1::from(code.as_bytes()).digest().to_string(),
+            sha1_smol::Sha1::from(code.replace("allow-oom", "no-writes").as_bytes())
+                .digest()
+                .to_string()
+        );
+        assert_eq!(
+            SCRIPTS.library.sha,
+            sha1_smol::Sha1::from(code.as_bytes()).digest().to_string()
+        );
+    }
+
+    #[test]
     fn flags_match_what_each_operation_does() {
         let s = &*SCRIPTS;
+        let registered = |script: &Script| {
+            s.library
+                .source
+                .lines()
+                .find(|l| l.contains(&format!("function_name = '{}'", script.function)))
+                .unwrap()
+                .to_owned()
+        };
         for read in [&s.get, &s.read] {
-            assert!(read.source.starts_with("#!lua flags=no-writes\n") && read.read_only);
+            assert!(read.read_only && registered(read).contains("flags = { 'no-writes' }"));
         }
         for free in [&s.release, &s.revoke] {
+            assert!(!free.read_only);
             assert!(
-                free.source.starts_with("#!lua flags=allow-oom\n"),
+                registered(free).contains("flags = { 'allow-oom' }"),
                 "{}",
                 free.name
             );
-            assert!(!free.read_only);
         }
         for write in [&s.acquire, &s.renew, &s.commit] {
-            assert!(write.source.starts_with("#!lua\n"), "{}", write.name);
+            assert!(
+                !write.read_only && !registered(write).contains("flags"),
+                "{}",
+                write.name
+            );
         }
     }
 }

@@ -24,7 +24,10 @@ fn an_unreachable_server_is_backend_unavailable_within_the_deadline() {
 fn a_server_that_stops_answering_gives_outcome_unknown_then_the_same_request_id_resolves_it() {
     let s = ValkeyServer::start();
     let u = s.url();
-    // Write commands (scripts) wait; connecting and loading scripts still work.
+    // The library is loaded (the first connect loads it), then write
+    // commands (the lease functions, a load) wait; connecting and finding
+    // the library still work.
+    get_db(&u).ok("not_found", 1);
     let paused_at = Instant::now();
     s.conn().cmd(&["CLIENT", "PAUSE", "5000", "WRITE"]);
     let acquire = lease(&u, "acquire")
@@ -107,12 +110,12 @@ fn a_silent_server_is_reported_within_the_connect_timeout() {
 fn a_server_that_stops_answering_mid_call_is_bounded_by_the_timeout() {
     let s = ValkeyServer::start();
     let proxy = fault_proxy::FaultProxy::start(&s.addr());
-    proxy.silence_from("EVALSHA_RO");
+    proxy.silence_from("FCALL_RO");
     let (r, took) = within(&get_db(&proxy.url()), Duration::from_secs(4));
     assert_eq!(r.json["outcome"], "backend_unavailable", "{}", r.stdout);
     assert_plain(&r);
     eprintln!("get with no reply: {took:?}");
-    proxy.silence_from("EVALSHA");
+    proxy.silence_from("FCALL");
     let acquire = acquire_db(&proxy.url(), "10s").request_id("req-silent");
     let (r, took) = within(&acquire, Duration::from_secs(4));
     assert_eq!(r.json["outcome"], "outcome_unknown", "{}", r.stdout);
@@ -137,14 +140,14 @@ fn a_lost_reply_is_outcome_unknown_and_never_sent_twice() {
     let proxy = fault_proxy::FaultProxy::start(&s.addr());
     let u = s.url();
     acquire(&u, "db", "alice", "30s");
-    proxy.cut_before_reply("EVALSHA");
+    proxy.cut_before_reply("FCALL");
     let revoke = lease(&proxy.url(), "revoke")
         .target("db")
         .request_id("rv-1");
     let (r, _) = within(&revoke, Duration::from_secs(4));
     assert_eq!(r.json["outcome"], "outcome_unknown", "{}", r.stdout);
     assert!(r.json["message"].as_str().unwrap().contains("rv-1"));
-    assert_eq!(proxy.forwarded("EVALSHA"), 1, "sent once");
+    assert_eq!(proxy.forwarded("FCALL"), 1, "sent once");
     // Bob takes the target; the retry of the lost revoke must not end his lease.
     let bob = acquire(&u, "db", "bob", "30s");
     let r = lease(&u, "revoke")

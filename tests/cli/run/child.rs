@@ -150,7 +150,7 @@ fn sigterm_during_the_final_release_ends_run_at_once() {
     );
     started.wait(Duration::from_secs(10));
     // The release will get no answer; run would retry it for several seconds.
-    proxy.silence_from("EVALSHA");
+    proxy.silence_from("FCALL");
     std::thread::sleep(Duration::from_millis(1500));
     let sent = Instant::now();
     sigterm(&child);

@@ -108,9 +108,9 @@ fn a_grant_that_may_have_happened_is_never_reported_as_nothing_happened() {
     let ran = Scratch::new("ran");
     // The first acquire runs and its reply is lost; every retry is refused
     // before running, as by a replica after a failover.
-    proxy.cut_before_reply("EVALSHA");
+    proxy.cut_before_reply("FCALL");
     proxy.refuse(
-        "EVALSHA",
+        "FCALL",
         "READONLY You can't write against a read only replica.",
         100,
     );

@@ -97,7 +97,7 @@ pub fn all() -> Vec<Scenario> {
         ),
         product_control(
             "control-lost-reply-unavailable",
-            "the store reports a write whose reply was lost as `backend_unavailable` (`lost-reply-unavailable`), the connection reset after an EVALSHA is forwarded (every 300 ms)",
+            "the store reports a write whose reply was lost as `backend_unavailable` (`lost-reply-unavailable`), the connection reset after an FCALL is forwarded (every 300 ms)",
             Backend::Valkey(Setup::Proxied),
             Fault::ProxyCut,
             &[("lost-reply-unavailable", "return")],

@@ -132,7 +132,7 @@ pub fn all() -> Vec<Scenario> {
         ),
         scenario(
             "proxy-cut-after-forward",
-            "the connection is reset after an EVALSHA is forwarded, before its reply (every 300 ms)",
+            "the connection is reset after an FCALL is forwarded, before its reply (every 300 ms)",
             Backend::Valkey(Setup::Proxied),
             Fault::ProxyCut,
         ),
@@ -171,10 +171,10 @@ pub fn all() -> Vec<Scenario> {
             )
         },
         scenario(
-            "script-flush",
-            "`SCRIPT FLUSH` every 500 ms",
+            "function-flush",
+            "`FUNCTION FLUSH` every 500 ms (the lease library is lost and loaded again)",
             standalone(),
-            Fault::ScriptFlush,
+            Fault::FunctionFlush,
         ),
         scenario(
             "busy",

@@ -194,8 +194,8 @@ impl Valkey {
                     if let Some(e) = key.strip_prefix("errorstat_") {
                         *out.entry(format!("{e} errors")).or_default() +=
                             count("count=").unwrap_or(0);
-                    } else if key == "cmdstat_eval" {
-                        *out.entry("EVAL calls".into()).or_default() +=
+                    } else if key == "cmdstat_function|load" {
+                        *out.entry("FUNCTION LOAD calls".into()).or_default() +=
                             count("calls=").unwrap_or(0);
                     } else if key == "cmdstat_waitaof" {
                         *out.entry("WAITAOF calls".into()).or_default() +=

@@ -15,7 +15,7 @@ fn number(bytes: &[u8]) -> i64 {
 }
 
 /// One complete command at the start of `buf`: its length and its first two
-/// words (upper-cased), e.g. `SCRIPT LOAD`.
+/// words (upper-cased), e.g. `FUNCTION LOAD`.
 pub fn split_command(buf: &[u8]) -> Option<(usize, String)> {
     if buf.first() != Some(&b'*') {
         // An inline command: one line.

@@ -66,7 +66,7 @@ async fn cluster_moved_to_an_empty_endpoint_is_followed_not_unknown() {
             .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
         assert_eq!(r, Resp::Simple("OK".into()), "SETSLOT NODE on {i}");
     }
-    // The old owner now answers the client's EVALSHA with a redirection.
+    // The old owner now answers the client's FCALL with a redirection.
     let mut probe = c.nodes[from].conn();
     let moved = probe.cmd(&["GET", &lease_key]);
     eprintln!("the old owner answers: {moved:?}");
@@ -98,20 +98,12 @@ async fn a_plain_url_at_a_cluster_node_reports_moved_as_unknown() {
         .map(|i| target(&format!("elsewhere-{i}")))
         .find(|t| c.owner_of_slot(c.keyslot(&store.keys().target(t))) != 0)
         .unwrap();
-    let before: u64 = c
-        .nodes
-        .iter()
-        .map(|n| n.calls("evalsha") + n.calls("eval"))
-        .sum();
+    let before: u64 = c.nodes.iter().map(|n| n.calls("fcall")).sum();
     let r = store
         .acquire(&AcquireRequest::new(t.clone(), "a", TTL))
         .await;
-    let after: u64 = c
-        .nodes
-        .iter()
-        .map(|n| n.calls("evalsha") + n.calls("eval"))
-        .sum();
-    assert_eq!(before, after, "no script ran on any node");
+    let after: u64 = c.nodes.iter().map(|n| n.calls("fcall")).sum();
+    assert_eq!(before, after, "no function ran on any node");
     assert!(
         matches!(r, Err(StoreError::BackendUnavailable(_))),
         "nothing ran, so this is a definite refusal: {r:?}"

@@ -11,7 +11,7 @@ enum Answer {
     EndlessLine,
     /// Nothing, ever.
     Silence,
-    /// `PING` and `SCRIPT LOAD` answered as a server would; `-ERR` otherwise.
+    /// `PING` and `FUNCTION LIST`/`LOAD` answered as a server would; `-ERR` otherwise.
     Default,
 }
 
@@ -26,7 +26,7 @@ struct Fake {
 
 impl Fake {
     /// A fake standalone server answering each command by `answer(name)`
-    /// (`Answer::Default`: `PING` and `SCRIPT LOAD` as a real server would).
+    /// (`Answer::Default`: `PING` and `FUNCTION LOAD` as a real server would).
     async fn start(answer: impl Fn(&str) -> Answer + Send + Sync + 'static) -> Fake {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -52,10 +52,17 @@ impl Fake {
                             sn.lock().unwrap().push(name.clone());
                             let a = match (name.as_str(), answer(&name)) {
                                 ("PING", Answer::Default) => Answer::Bytes(b"+PONG\r\n".to_vec()),
-                                ("SCRIPT", Answer::Default) => {
-                                    let sha =
-                                        sha1_smol::Sha1::from(&args[2][..]).digest().to_string();
-                                    Answer::Bytes(bulk(sha.as_bytes()))
+                                // LIST: the library is there; LOAD: loaded.
+                                ("FUNCTION", Answer::Default) => {
+                                    let name = SCRIPTS.library.name.as_bytes();
+                                    Answer::Bytes(if args[1].eq_ignore_ascii_case(b"LIST") {
+                                        let mut r = b"*1\r\n*2\r\n".to_vec();
+                                        r.extend(bulk(b"library_name"));
+                                        r.extend(bulk(name));
+                                        r
+                                    } else {
+                                        bulk(name)
+                                    })
                                 }
                                 (_, Answer::Default) => {
                                     Answer::Bytes(b"-ERR unexpected\r\n".to_vec())
@@ -166,7 +173,7 @@ fn bulk(b: &[u8]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endless_reply_line_is_refused_early_not_buffered_until_the_deadline() {
     let fake = Fake::start(|name| match name {
-        "EVALSHA" => Answer::EndlessLine,
+        "FCALL" => Answer::EndlessLine,
         _ => Answer::Default,
     })
     .await;
@@ -200,7 +207,7 @@ async fn resp3_frames_fail_closed_for_writes_and_reads() {
     let push = b">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nx\r\n".to_vec();
     let p = push.clone();
     let fake = Fake::start(move |name| match name {
-        "EVALSHA" | "EVALSHA_RO" => Answer::Bytes(p.clone()),
+        "FCALL" | "FCALL_RO" => Answer::Bytes(p.clone()),
         _ => Answer::Default,
     })
     .await;
@@ -223,7 +230,7 @@ async fn resp3_frames_fail_closed_for_writes_and_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirection_in_standalone_mode_is_not_unknown() {
     let fake = Fake::start(|name| match name {
-        "EVALSHA" => Answer::Bytes(b"-MOVED 1234 127.0.0.1:1\r\n".to_vec()),
+        "FCALL" => Answer::Bytes(b"-MOVED 1234 127.0.0.1:1\r\n".to_vec()),
         _ => Answer::Default,
     })
     .await;
@@ -238,12 +245,12 @@ async fn a_redirection_in_standalone_mode_is_not_unknown() {
 }
 
 /// Deadlines: a server that answers the handshake and
-/// then never answers the script preload: `connect` ends within the
+/// then never answers the library preload: `connect` ends within the
 /// operation timeout, and the connection is not left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_silent_after_the_handshake_is_bounded() {
     let fake = Fake::start(|name| match name {
-        "SCRIPT" => Answer::Silence,
+        "FUNCTION" => Answer::Silence,
         _ => Answer::Default,
     })
     .await;
@@ -256,7 +263,7 @@ async fn a_server_silent_after_the_handshake_is_bounded() {
     );
     assert!(started.elapsed() < CONNECT_TIMEOUT + TIMEOUT + SLACK);
     assert!(
-        fake.seen("SCRIPT") >= 1,
+        fake.seen("FUNCTION") >= 1,
         "the handshake passed, the preload hung"
     );
     assert_eq!(fake.connections.load(Ordering::SeqCst), 1);
@@ -322,6 +329,6 @@ async fn escaped_and_literal_escape_names_are_distinct_targets() {
 
 #[test]
 fn scripts_are_exported_for_the_fake() {
-    // (keeps the SCRIPTS import honest: the fake answers SCRIPT LOAD with the real sha)
+    // (keeps the SCRIPTS import honest: the fake answers FUNCTION LOAD with the real name)
     assert_eq!(SCRIPTS.all().len(), 7);
 }

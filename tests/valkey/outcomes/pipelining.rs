@@ -32,7 +32,7 @@ async fn a_cancelled_caller_never_hands_its_reply_to_the_next_caller() {
         got.lease.unwrap().lease_id.is_none(),
         "get never shows a lease id"
     );
-    assert_eq!(server.calls("evalsha"), 1, "the acquire ran exactly once");
+    assert_eq!(server.calls("fcall"), 1, "the acquire ran exactly once");
 }
 
 /// Contract: every call sent at most once; replies matched in order. 200
@@ -53,7 +53,7 @@ async fn cancelled_pipelined_callers_never_shift_replies_or_run_twice() {
         .unwrap(),
     );
     proxy.set(Fault::Delay(Duration::from_millis(15)));
-    let before = server.calls("evalsha");
+    let before = server.calls("fcall");
     let n = 200;
     let tasks: Vec<_> = (0..n)
         .map(|i| {
@@ -103,10 +103,10 @@ async fn cancelled_pipelined_callers_never_shift_replies_or_run_twice() {
             "storm-{i}: fence {v:?}: ran twice"
         );
     }
-    let ran = server.calls("evalsha") - before;
+    let ran = server.calls("fcall") - before;
     assert_eq!(
         ran as usize,
-        proxy.forwarded("EVALSHA"),
+        proxy.forwarded("FCALL"),
         "server runs vs sends"
     );
     // And the connection is still usable with correct answers.

@@ -12,8 +12,8 @@
 //! request id, is the caller's business. A request that never left its
 //! connection's queue before that connection closed ([`Kind::Closed`])
 //! cannot have run: it goes once more, on another connection, within its
-//! deadline. `NOSCRIPT`, the other "did not run" answer, is handled one
-//! layer up, where the script source is known.
+//! deadline. "Function not found", the other "did not run" answer, is
+//! handled one layer up, where the lease library is known.
 
 use std::sync::Arc;
 use std::time::Duration;
