@@ -193,30 +193,28 @@ impl ValkeyStore {
                 script = call.script.name,
                 "lease function missing; loading the library"
             );
-            sent.link.give_back();
             let load = Cmd::new("FUNCTION")
                 .arg("LOAD")
                 .arg(&scripts::SCRIPTS.library.source);
-            // The operation has not run: a load that gets no answer leaves it
-            // not run, whatever the load did.
-            let loaded = self
-                .client
-                .send(route, Use::Shared, &[load], deadline)
-                .await
-                .map_err(|e| {
-                    wire::Error::new(
-                        wire::Kind::Refused,
-                        format!(
-                            "the lease functions were missing, and loading them failed: {}",
-                            e.detail
-                        ),
-                    )
-                })?;
-            let said = match loaded.replies.first() {
-                Some(Value::Error(e)) if !e.contains("already exists") => dial::first_words(e),
+            // On the node that answered (after an `ASK`, the importing node,
+            // which the slot map does not name yet). The operation has not
+            // run: a load that gets no answer leaves it not run, whatever
+            // the load did.
+            let loaded = sent.link.link().request(&[load], deadline).await;
+            sent.link.give_back();
+            let loaded = loaded.map_err(|e| {
+                wire::Error::new(
+                    wire::Kind::Refused,
+                    format!(
+                        "the lease functions were missing, and loading them failed: {}",
+                        e.detail
+                    ),
+                )
+            })?;
+            let said = match loaded.first() {
+                Some(Value::Error(e)) if !scripts::already_loaded(e) => dial::first_words(e),
                 _ => String::new(),
             };
-            loaded.link.give_back();
             sent = self
                 .client
                 .send(route, how, &[fcall(call)], deadline)

@@ -287,7 +287,7 @@ pub struct History {
     #[serde(default)]
     pub hangs: Vec<String>,
     /// What the fault did, as the servers and the harness counted it
-    /// (`FUNCTION LOAD calls`, `proxy cuts`, …): a fault must show its effect.
+    /// (`failed FCALLs`, `proxy cuts`, …): a fault must show its effect.
     #[serde(default)]
     pub effects: std::collections::BTreeMap<String, u64>,
     /// When the workload was told to stop (local ms; 0 in histories from

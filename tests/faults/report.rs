@@ -65,7 +65,7 @@ fn required_effect(fault: Fault) -> &'static [&'static str] {
         ],
         Fault::PowerCut => &["power cuts (restarted from the fsynced AOF)"],
         Fault::ClockJump => &["Valkey TIME moved forward (ms)"],
-        Fault::FunctionFlush => &["FUNCTION FLUSH done", "FUNCTION LOAD calls"],
+        Fault::FunctionFlush => &["FUNCTION FLUSH done", "failed FCALLs", "FUNCTION LOADs"],
         Fault::Busy => &["1.5 s scripts run", "BUSY errors", "BUSY answers"],
         Fault::Oom => &["maxmemory 1 set and reset", "OOM errors", "OOM answers"],
         Fault::ProxyCut => &["proxy cuts"],

@@ -116,7 +116,13 @@ async fn leases_keep_working_while_their_slot_migrates() {
     // Mid-migration every operation works, however long the migration
     // stays unfinished: a target is one key, so it is wholly on one node;
     // the source answers ASK and the store asks the destination (ASKING).
-    // A target first used now is created on the importing node.
+    // A target first used now is created on the importing node. That node
+    // has lost the lease library (as a node added empty has none): the first
+    // call it is asked finds it missing, and the library is loaded there, on
+    // the node that answered, not on the slot's owner in the slot map.
+    assert_eq!(dst_conn.cmd(&["FUNCTION", "FLUSH"]).text(), "OK");
+    let src_loads = cluster.nodes[src].calls("function|load");
+    let dst_loads = cluster.nodes[dst].calls("function|load");
     let renew = RenewRequest::new(t.clone(), alice.clone(), TTL);
     let bob = AcquireRequest::new(t.clone(), "bob", TTL);
     let fresh = (0..)
@@ -155,6 +161,16 @@ async fn leases_keep_working_while_their_slot_migrates() {
         // Longer than the calls' deadline in all: the migration is stuck.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    assert_eq!(
+        cluster.nodes[dst].calls("function|load"),
+        dst_loads + 1,
+        "the library was loaded once, on the importing node"
+    );
+    assert_eq!(
+        cluster.nodes[src].calls("function|load"),
+        src_loads,
+        "and not on the source"
+    );
     assert!(
         cluster.nodes[dst].calls("asking") > 0,
         "the calls went through ASKING on the importing node"

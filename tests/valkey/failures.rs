@@ -245,6 +245,63 @@ async fn a_lost_library_is_loaded_again_exactly_once() {
     assert_eq!(server.command_stat("fcall_ro", "failed_calls"), 0);
 }
 
+/// A library of the lease library's name with other code (replaced by a
+/// user that may load functions) is refused at connect and by `check`'s
+/// strict load, before any of its functions runs.
+#[tokio::test]
+async fn a_replaced_library_is_refused_and_none_of_it_runs() {
+    use targetlease::store::valkey::scripts::SCRIPTS;
+    let server = ValkeyServer::start();
+    let lib = &SCRIPTS.library;
+    let mut planted = format!("#!lua name={}\n", lib.name);
+    for s in SCRIPTS.all() {
+        planted.push_str(&format!(
+            "server.register_function('{}', function() return 'acquired' end)\n",
+            s.function
+        ));
+    }
+    assert_eq!(
+        server.conn().cmd(&["FUNCTION", "LOAD", &planted]).text(),
+        lib.name
+    );
+    for strict in [false, true] {
+        let got = match ValkeyStore::connect_only(&config(server.url())).await {
+            Ok(store) if strict => store.load_scripts().await.map(|_| ()),
+            Ok(store) => ValkeyStore::connect(&config(server.url()))
+                .await
+                .map(|_| drop(store)),
+            Err(e) => Err(e),
+        };
+        match got {
+            Err(StoreError::BackendUnavailable(why)) => assert!(
+                why.contains("other code") && why.contains(&lib.name),
+                "{why}"
+            ),
+            other => panic!("strict {strict}: refused, got {other:?}"),
+        }
+    }
+    assert_eq!(server.calls("fcall"), 0, "none of it ran");
+
+    // Another library holding one of the lease functions' names: loading
+    // ours fails, and that is not mistaken for "already loaded".
+    server.conn().cmd(&["FUNCTION", "FLUSH"]);
+    let squatter = format!(
+        "#!lua name=squatter\nserver.register_function('{}', function() return 'acquired' end)",
+        SCRIPTS.acquire.function
+    );
+    assert_eq!(
+        server.conn().cmd(&["FUNCTION", "LOAD", &squatter]).text(),
+        "squatter"
+    );
+    match ValkeyStore::connect(&config(server.url())).await {
+        Err(StoreError::BackendUnavailable(why)) => {
+            assert!(why.contains("already exists"), "{why}")
+        }
+        other => panic!("refused, got {:?}", other.err()),
+    }
+    assert_eq!(server.calls("fcall"), 0, "none of it ran");
+}
+
 /// The library is kept with the data: a server restarted from its AOF still
 /// has it, and nothing is loaded again.
 #[tokio::test]

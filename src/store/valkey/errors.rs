@@ -76,7 +76,10 @@ pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
     // A server without hash-field expiry (one that joined after the version
     // check at connect, say): every script calls one of those commands
     // before its first write (lua/lib.lua), so nothing ran.
-    if error.contains("Unknown Redis command called from script") {
+    // (Redis says "Unknown Redis command", Valkey "Unknown command".)
+    if error.contains("Unknown Redis command called from script")
+        || error.contains("Unknown command called from script")
+    {
         return StoreError::BackendUnavailable(format!(
             "valkey refused the operation ({said}): the server lacks hash-field expiry; \
              targetlease needs Valkey 9.0 or newer"
@@ -187,7 +190,7 @@ mod tests {
             }
         }
         // Raised by a command inside a running function: it may have written.
-        let inside = "ERR Function not found script: targetlease_0_acquire, on @user_function:3.";
+        let inside = "ERR Function not found script: on @user_function:3.";
         assert!(!refused_before_running(inside));
         assert!(matches!(
             server_error(inside, Effect::Write),

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::ValkeyStore;
 use super::errors::{Effect, unanswered};
-use super::scripts::{SCRIPTS, lacks_field_expiry};
+use super::scripts::{SCRIPTS, already_loaded, lacks_field_expiry};
 use super::wire::dial::first_words;
 use super::wire::pool::Checkout;
 use super::wire::resp::{Cmd, Value};
@@ -37,7 +37,8 @@ impl ScriptsReady {
             Self::Loaded => format!("the lease functions load (library {library})"),
             Self::FoundLoaded => format!(
                 "the lease functions found loaded (library {library}; this user may not load \
-                 functions: a user that may, such as the operator's, loaded them)"
+                 functions, or the server is a replica: a user that may, such as the \
+                 operator's, loaded them)"
             ),
         }
     }
@@ -86,8 +87,9 @@ impl ValkeyStore {
             let mut reply = sent.replies.get(1).cloned();
             if !strict {
                 match reply.as_ref().map(listed) {
-                    Some(Ok(true)) => continue,
-                    Some(Ok(false)) => {}
+                    Some(Ok(Some(true))) => continue,
+                    Some(Ok(Some(false))) => return Err(replaced(&node)),
+                    Some(Ok(None)) => {}
                     Some(Err(why)) => {
                         return Err(StoreError::BackendUnavailable(format!(
                             "cannot check the lease functions on {node}: {why}"
@@ -109,9 +111,18 @@ impl ValkeyStore {
                 };
             }
             match reply.as_ref() {
-                // Loaded by another client since this one looked: the name is
-                // the code's hash, so it is this code.
-                Some(Value::Error(e)) if e.contains("already exists") => {}
+                // Loaded before (by another client since this one looked, or
+                // for `check`, long ago): its name is this code's hash, but
+                // whoever may load functions may replace one, so the code is
+                // compared.
+                Some(Value::Error(e)) if already_loaded(e) => {
+                    if let Err(unanswered) = self
+                        .loaded(&node, &first_words(e), &sent.link, deadline)
+                        .await?
+                    {
+                        unreachable.push(unanswered);
+                    }
+                }
                 // A user that may not load (a tenant's), or a replica: the
                 // library may be there all the same (loaded by another user,
                 // replicated from the primary).
@@ -176,7 +187,9 @@ impl ValkeyStore {
             }
         };
         let found = match replies.first().map(listed) {
-            Some(Ok(found)) => found,
+            Some(Ok(Some(true))) => true,
+            Some(Ok(Some(false))) => return Err(replaced(node)),
+            Some(Ok(None)) => false,
             Some(Err(why)) => {
                 return Err(StoreError::BackendUnavailable(format!(
                     "this user may neither load the lease functions on {node} ({refusal}) nor \
@@ -206,26 +219,58 @@ impl ValkeyStore {
     }
 }
 
-/// `FUNCTION LIST` of the lease library (`LIBRARYNAME` is a pattern; the
-/// name holds no pattern characters, but only an exact match counts).
+/// `FUNCTION LIST` of the lease library, with its code (`LIBRARYNAME` is a
+/// pattern; the name holds no pattern characters, but only an exact match
+/// counts).
 fn list() -> Cmd {
     Cmd::new("FUNCTION")
         .arg("LIST")
         .arg("LIBRARYNAME")
         .arg(&SCRIPTS.library.name)
+        .arg("WITHCODE")
 }
 
-/// Whether a reply to [`list`] names the lease library; an error reply's
-/// first words otherwise.
-fn listed(reply: &Value) -> Result<bool, String> {
-    let name = SCRIPTS.library.name.as_str();
+/// What a reply to [`list`] says of the lease library: `None` when it is not
+/// there, `Some(true)` when it is with this code, `Some(false)` when a
+/// library of its name holds other code; an error reply's first words.
+fn listed(reply: &Value) -> Result<Option<bool>, String> {
+    let library = &SCRIPTS.library;
+    let field = |fields: &[Value], key: &str| {
+        fields
+            .chunks(2)
+            .find(|kv| kv[0].text().as_deref() == Some(key))
+            .and_then(|kv| kv.get(1).cloned())
+    };
     match reply {
-        Value::Array(libraries) => Ok(libraries.iter().any(|lib| {
-            matches!(lib, Value::Array(fields)
-                if fields.chunks(2).any(|kv| kv[0].text().as_deref() == Some("library_name")
-                    && kv.get(1).and_then(Value::text).as_deref() == Some(name)))
+        Value::Array(libraries) => Ok(libraries.iter().find_map(|lib| match lib {
+            Value::Array(fields)
+                if field(fields, "library_name")
+                    .and_then(|v| v.text())
+                    .as_deref()
+                    == Some(library.name.as_str()) =>
+            {
+                Some(
+                    field(fields, "library_code")
+                        == Some(Value::Bulk(library.source.clone().into_bytes())),
+                )
+            }
+            _ => None,
         })),
         Value::Error(e) => Err(first_words(e)),
         other => Err(format!("unexpected reply to FUNCTION LIST: {other:?}")),
     }
+}
+
+/// A library of the lease library's name holds other code: someone who may
+/// load functions replaced it (Valkey's ACL cannot refuse `REPLACE` to a
+/// user that may load). Fail closed: its functions would run with this
+/// user's permissions.
+fn replaced(node: &str) -> StoreError {
+    let name = &SCRIPTS.library.name;
+    StoreError::BackendUnavailable(format!(
+        "the function library {name} on {node} holds other code than this version of \
+         targetlease: it was replaced by a user that may load functions; nothing was run. \
+         Delete it (FUNCTION DELETE {name}), load it again (`targetlease check` with the \
+         deployment's user), and find out who replaced it"
+    ))
 }

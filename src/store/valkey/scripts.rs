@@ -39,7 +39,8 @@ pub struct Library {
     pub name: String,
     /// Full source as sent with `FUNCTION LOAD`.
     pub source: String,
-    /// Hex SHA-1 of the source after its `#!lua name=` line.
+    /// Hex SHA-1 of the library's code with `targetlease_@_` in place of its
+    /// name's prefix (the name cannot be inside what it is the hash of).
     pub sha: String,
 }
 
@@ -106,6 +107,16 @@ fn library() -> (Library, Vec<Script>) {
         })
         .collect();
     (Library { name, source, sha }, scripts)
+}
+
+/// True when `FUNCTION LOAD` was refused because this very library is
+/// loaded (its name is its code's hash). Not when another library holds one
+/// of its function names ("Function … already exists"): that is an error.
+pub fn already_loaded(error: &str) -> bool {
+    error.starts_with(&format!(
+        "ERR Library '{}' already exists",
+        SCRIPTS.library.name
+    ))
 }
 
 /// The lib.lua helpers a script's header lists on its `-- uses:` lines

@@ -195,8 +195,13 @@ impl Valkey {
                         *out.entry(format!("{e} errors")).or_default() +=
                             count("count=").unwrap_or(0);
                     } else if key == "cmdstat_function|load" {
-                        *out.entry("FUNCTION LOAD calls".into()).or_default() +=
+                        *out.entry("FUNCTION LOADs".into()).or_default() +=
                             count("calls=").unwrap_or(0);
+                    } else if key == "cmdstat_fcall" || key == "cmdstat_fcall_ro" {
+                        // A lease call refused before it ran: where nothing
+                        // else fails, one that found the library missing.
+                        *out.entry("failed FCALLs".into()).or_default() +=
+                            count("failed_calls=").unwrap_or(0);
                     } else if key == "cmdstat_waitaof" {
                         *out.entry("WAITAOF calls".into()).or_default() +=
                             count("calls=").unwrap_or(0);

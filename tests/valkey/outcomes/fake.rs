@@ -56,9 +56,11 @@ impl Fake {
                                 ("FUNCTION", Answer::Default) => {
                                     let name = SCRIPTS.library.name.as_bytes();
                                     Answer::Bytes(if args[1].eq_ignore_ascii_case(b"LIST") {
-                                        let mut r = b"*1\r\n*2\r\n".to_vec();
+                                        let mut r = b"*1\r\n*4\r\n".to_vec();
                                         r.extend(bulk(b"library_name"));
                                         r.extend(bulk(name));
+                                        r.extend(bulk(b"library_code"));
+                                        r.extend(bulk(SCRIPTS.library.source.as_bytes()));
                                         r
                                     } else {
                                         bulk(name)
