@@ -200,7 +200,27 @@ impl ValkeyStore {
             // which the slot map does not name yet). The operation has not
             // run: a load that gets no answer leaves it not run, whatever
             // the load did.
-            let loaded = sent.link.link().request(&[load], deadline).await;
+            let loaded = match sent
+                .link
+                .link()
+                .request(std::slice::from_ref(&load), deadline)
+                .await
+            {
+                // Never written (the connection closed first): the slot's
+                // owner, as any request that never left its queue.
+                Err(e) if e.kind == wire::Kind::Closed => self
+                    .client
+                    .send(route, Use::Shared, &[load], deadline)
+                    .await
+                    .map(|sent| {
+                        sent.link.give_back();
+                        sent.replies
+                    }),
+                loaded => loaded,
+            };
+            if let Ok(replies) = &loaded {
+                wire::forget_if_not_primary(sent.link.link(), replies);
+            }
             sent.link.give_back();
             let loaded = loaded.map_err(|e| {
                 wire::Error::new(
@@ -212,7 +232,11 @@ impl ValkeyStore {
                 )
             })?;
             let said = match loaded.first() {
-                Some(Value::Error(e)) if !scripts::already_loaded(e) => dial::first_words(e),
+                // Our library's name is there, without this function.
+                Some(Value::Error(e)) if scripts::already_loaded(e) => {
+                    "a library of its name without this function is loaded: it was replaced".into()
+                }
+                Some(Value::Error(e)) => dial::first_words(e),
                 _ => String::new(),
             };
             sent = self

@@ -99,7 +99,8 @@ pub(super) fn server_error(error: &str, effect: Effect) -> StoreError {
         return StoreError::BackendUnavailable(format!(
             "valkey refused the operation: the lease functions are not loaded on the \
              server{who}; a user that may load them must, on the primary (the operator does \
-             when it starts, and so does `targetlease check` run with its user)"
+             when it starts if its user may, and so does `targetlease check` run as such a \
+             user)"
         ));
     }
     if refused_before_running(error) {

@@ -190,11 +190,17 @@ impl ValkeyStore {
             Some(Ok(Some(true))) => true,
             Some(Ok(Some(false))) => return Err(replaced(node)),
             Some(Ok(None)) => false,
-            Some(Err(why)) => {
+            Some(Err(why)) if refusal.starts_with("NOPERM") => {
                 return Err(StoreError::BackendUnavailable(format!(
                     "this user may neither load the lease functions on {node} ({refusal}) nor \
                      check that they are loaded ({why}): grant it +function|load, or \
                      +function|list and have a user that may load them do so"
+                )));
+            }
+            Some(Err(why)) => {
+                return Err(StoreError::BackendUnavailable(format!(
+                    "cannot check the lease functions on {node} ({refusal}), and this user may \
+                     not list them ({why}): grant it +function|list"
                 )));
             }
             None => {
@@ -214,7 +220,8 @@ impl ValkeyStore {
         Err(StoreError::BackendUnavailable(format!(
             "the lease functions (library {name}) are not loaded on {node} and {who} \
              ({refusal}): a user that may must load them first, on the primary (the operator \
-             does when it starts, and so does `targetlease check` run with its user)"
+             does when it starts if its user may, and so does `targetlease check` run as such a \
+             user)"
         )))
     }
 }
@@ -270,7 +277,51 @@ fn replaced(node: &str) -> StoreError {
     StoreError::BackendUnavailable(format!(
         "the function library {name} on {node} holds other code than this version of \
          targetlease: it was replaced by a user that may load functions; nothing was run. \
-         Delete it (FUNCTION DELETE {name}), load it again (`targetlease check` with the \
-         deployment's user), and find out who replaced it"
+         Delete it (FUNCTION DELETE {name}), load it again (`targetlease check` run as a \
+         user that may load functions), and find out who replaced it"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::Bulk(s.as_bytes().to_vec())
+    }
+
+    /// One library as `FUNCTION LIST … WITHCODE` gives it in RESP2.
+    fn library(name: &str, code: Option<&str>) -> Value {
+        let function = Value::Array(vec![bulk("name"), bulk("library_name"), bulk("flags")]);
+        let mut fields = vec![
+            bulk("library_name"),
+            bulk(name),
+            bulk("engine"),
+            bulk("LUA"),
+            bulk("functions"),
+            Value::Array(vec![function]),
+        ];
+        if let Some(code) = code {
+            fields.extend([bulk("library_code"), bulk(code)]);
+        }
+        Value::Array(fields)
+    }
+
+    #[test]
+    fn a_listed_library_counts_only_by_its_name_and_exact_code() {
+        let ours = &SCRIPTS.library;
+        let name = ours.name.as_str();
+        let list = |libs: Vec<Value>| listed(&Value::Array(libs));
+        assert_eq!(list(vec![]), Ok(None));
+        // Another library first, whose code names "library_name" and ours.
+        let other = library("other", Some(&format!("-- library_name {name}")));
+        assert_eq!(list(vec![other.clone()]), Ok(None));
+        let same = library(name, Some(&ours.source));
+        assert_eq!(list(vec![other.clone(), same]), Ok(Some(true)));
+        let changed = library(name, Some(&ours.source.replace("allow-oom", "no-writes")));
+        assert_eq!(list(vec![other, changed]), Ok(Some(false)));
+        // No code in the reply: not proven ours.
+        assert_eq!(list(vec![library(name, None)]), Ok(Some(false)));
+        assert!(listed(&Value::Error("NOPERM no".into())).is_err());
+    }
 }

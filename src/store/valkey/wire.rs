@@ -22,5 +22,6 @@ pub mod sentinel;
 mod standalone;
 pub mod tls;
 
+pub(super) use client::forget_if_not_primary;
 pub use client::{Client, Route, Use};
 pub use error::{Error, Kind};

@@ -300,7 +300,7 @@ impl Client {
 /// failover happened): retire it, so the next call finds the primary again
 /// (Sentinel asks again, Cluster relearns its map), while the requests
 /// already on it still get their (definite) answers.
-pub(super) fn forget_if_not_primary(link: &Link, replies: &[Value]) -> bool {
+pub(in crate::store::valkey) fn forget_if_not_primary(link: &Link, replies: &[Value]) -> bool {
     let demoted = replies
         .iter()
         .any(|r| matches!(r, Value::Error(e) if e.starts_with("READONLY")));
